@@ -1,0 +1,1 @@
+"""dpsweep's Hydra configs, installed as the package ``dpsweep.conf`` (``pkg://dpsweep.conf``)."""

@@ -1,0 +1,284 @@
+"""Typed configuration: dataclass schemas registered in Hydra's ConfigStore, and input validation.
+
+The YAML files under ``conf/`` hold the values; the dataclasses here hold the keys and their types,
+so a misspelt key or a value of the wrong type fails at composition with Hydra's own message::
+
+    dpsweep train.bach_size=64      # Key 'bach_size' not in 'TrainConfig'
+    dpsweep train.device=gpu        # Invalid value 'gpu', expected one of [auto, cpu, cuda]
+
+Range checks that types cannot express (``noise_multiplier > 0``, ``delta < 1/N``, ...) are done by
+:func:`validate` and :func:`validate_for_dataset` before any training starts. Each failure raises
+:class:`ConfigError`, whose message names the key, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of its allowed range.
+
+    The message always has the form ``<key>=<value>: <what is allowed>``.
+    """
+
+    def __init__(self, key: str, value: Any, allowed: str) -> None:
+        self.key = key
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{key}={value!r} is invalid: {allowed}")
+
+
+class Accountant(str, Enum):
+    """Privacy accountants (Opacus names)."""
+
+    rdp = "rdp"  # Rényi DP, Mironov 2017; ε via the improved conversion of Balle et al. 2020
+    prv = "prv"  # privacy random variables, Gopi et al. 2021
+
+
+class Device(str, Enum):
+    auto = "auto"  # cuda when available, else cpu
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+# ---------------------------------------------------------------------------------------------
+# dataset/
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class DatasetConfig:
+    name: str = MISSING
+    # Side length in pixels the images are served at (square); null keeps the dataset's own size.
+    image_size: int | None = None
+
+
+@dataclass
+class DigitsConfig(DatasetConfig):
+    """scikit-learn's 8x8 handwritten digits (1,797 images, ships offline)."""
+
+    name: str = "digits"
+    image_size: int | None = 28
+    test_fraction: float = 0.2  # share of the data held out, stratified by class
+    split_seed: int = 0  # fixed split: the same train/test partition in every run
+
+
+@dataclass
+class TorchvisionDatasetConfig(DatasetConfig):
+    """A dataset read by a torchvision loader from ``root``."""
+
+    root: str = "data"
+    download: bool = False  # true fetches the files into root (needs internet)
+
+
+@dataclass
+class Flowers102Config(TorchvisionDatasetConfig):
+    name: str = "flowers102"
+    downscale: int = 1  # F: images are served at 224/F pixels unless image_size is set
+    # Official splits to train on; the official train split holds only 1,020 images, so
+    # [train, val] is common. The N used is logged as the tag dataset.n_train.
+    train_splits: list[str] = field(default_factory=lambda: ["train"])
+
+
+# ---------------------------------------------------------------------------------------------
+# model/
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    hidden_units: int = 32  # width of the trained dense layer
+
+
+@dataclass
+class CNNConfig(ModelConfig):
+    """The Opacus MNIST example network, trained from scratch."""
+
+    name: str = "cnn"
+    hidden_units: int = 32
+
+
+@dataclass
+class VGG16FrozenConfig(ModelConfig):
+    """torchvision VGG16 with frozen convolutional features and a trained MLP head."""
+
+    name: str = "vgg16_frozen"
+    hidden_units: int = 512
+    pretrained: bool = True  # ImageNet weights (torchvision's IMAGENET1K_V1)
+    dropout: float = 0.0  # dropout probability between the head's two layers
+
+
+# ---------------------------------------------------------------------------------------------
+# dp/, optimizer/, train/, tracking/
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class DPConfig:
+    enabled: bool = True
+    noise_multiplier: float = 1.0  # σ: noise std relative to max_grad_norm
+    max_grad_norm: float = 1.0  # C: per-sample gradient clipping norm (L2)
+    delta: float = 1e-5  # δ of the (ε, δ) guarantee
+    accountant: Accountant = Accountant.rdp
+    target_epsilon: float | None = None  # when set, σ is calibrated so that ε <= target_epsilon
+    allow_large_delta: bool = False  # permit δ >= 1/N, which makes the guarantee void
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = MISSING
+    lr: float = 0.05
+    weight_decay: float = 0.0
+
+
+@dataclass
+class SGDConfig(OptimizerConfig):
+    name: str = "sgd"
+    momentum: float = 0.0
+
+
+@dataclass
+class AdamConfig(OptimizerConfig):
+    name: str = "adam"
+    lr: float = 1e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 64  # logical (expected) batch size B; with DP the sample rate is ~B/N
+    epochs: int = 10
+    seed: int = 0
+    device: Device = Device.auto
+    eval_batch_size: int = 1024
+    progress: bool = True  # tqdm bars for epochs and steps
+
+
+@dataclass
+class TrackingConfig:
+    uri: str = "sqlite:///mlflow.db"  # relative to the directory dpsweep is run from
+    experiment_name: str = "dpsweep"
+    run_name: str | None = None
+
+
+@dataclass
+class Config:
+    dataset: Any = MISSING  # a DatasetConfig subclass, chosen by the dataset/ group
+    model: Any = MISSING  # a ModelConfig subclass
+    dp: DPConfig = MISSING
+    optimizer: Any = MISSING  # an OptimizerConfig subclass
+    train: TrainConfig = MISSING
+    tracking: TrackingConfig = MISSING
+
+
+def register_configs() -> None:
+    """Register every schema in Hydra's ConfigStore (idempotent).
+
+    Each YAML option under ``conf/<group>/`` names its schema first in its defaults list.
+    """
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    cs.store(group="dataset", name="base_digits", node=DigitsConfig)
+    cs.store(group="dataset", name="base_torchvision", node=TorchvisionDatasetConfig)
+    cs.store(group="dataset", name="base_flowers102", node=Flowers102Config)
+    cs.store(group="model", name="base_cnn", node=CNNConfig)
+    cs.store(group="model", name="base_vgg16_frozen", node=VGG16FrozenConfig)
+    cs.store(group="dp", name="base_dp", node=DPConfig)
+    cs.store(group="optimizer", name="base_sgd", node=SGDConfig)
+    cs.store(group="optimizer", name="base_adam", node=AdamConfig)
+    cs.store(group="train", name="base_train", node=TrainConfig)
+    cs.store(group="tracking", name="base_tracking", node=TrackingConfig)
+
+
+register_configs()
+
+
+def to_config(cfg: DictConfig | Config) -> Config:
+    """Return the typed :class:`Config` object for a composed DictConfig (or pass one through)."""
+    if isinstance(cfg, Config):
+        return cfg
+    obj = OmegaConf.to_object(cfg)
+    if not isinstance(obj, Config):
+        raise TypeError(
+            "train() needs a config composed against the dpsweep schema "
+            "(hydra.compose(config_name='config') or the dpsweep CLI), got a plain mapping"
+        )
+    return obj
+
+
+def flatten(cfg: DictConfig | Config) -> dict[str, Any]:
+    """Flatten a config to dotted keys: ``{"dp.noise_multiplier": 1.0, ...}`` (enums as strings)."""
+    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
+    container = OmegaConf.to_container(node, resolve=True, enum_to_str=True)
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            out[prefix] = value
+
+    walk("", container)
+    return out
+
+
+def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(key, value, allowed)
+
+
+def validate(cfg: Config) -> None:
+    """Check the ranges that need no data. Raises :class:`ConfigError` on the first bad value."""
+    t, dp, m, opt = cfg.train, cfg.dp, cfg.model, cfg.optimizer
+    _require(t.batch_size > 0, "train.batch_size", t.batch_size, "a positive integer (at most N)")
+    _require(t.epochs > 0, "train.epochs", t.epochs, "a positive integer")
+    _require(t.eval_batch_size > 0, "train.eval_batch_size", t.eval_batch_size, "a positive integer")
+    _require(m.hidden_units > 0, "model.hidden_units", m.hidden_units, "a positive integer")
+    if isinstance(m, VGG16FrozenConfig):
+        _require(0.0 <= m.dropout < 1.0, "model.dropout", m.dropout, "a probability in [0, 1)")
+    _require(opt.lr > 0, "optimizer.lr", opt.lr, "a positive learning rate")
+    img = cfg.dataset.image_size
+    _require(img is None or img > 0, "dataset.image_size", img, "a positive number of pixels or null")
+    if isinstance(cfg.dataset, Flowers102Config):
+        _require(cfg.dataset.downscale > 0, "dataset.downscale", cfg.dataset.downscale, "a positive integer")
+        allowed_splits = {"train", "val"}
+        bad = [s for s in cfg.dataset.train_splits if s not in allowed_splits]
+        _require(
+            bool(cfg.dataset.train_splits) and not bad,
+            "dataset.train_splits",
+            list(cfg.dataset.train_splits),
+            "a non-empty subset of [train, val] (test is held out for evaluation)",
+        )
+    if not dp.enabled:
+        return
+    _require(0.0 < dp.delta < 1.0, "dp.delta", dp.delta, "a probability in the open interval (0, 1)")
+    _require(dp.max_grad_norm > 0, "dp.max_grad_norm", dp.max_grad_norm, "a positive clipping norm")
+    if dp.target_epsilon is None:
+        _require(
+            dp.noise_multiplier > 0,
+            "dp.noise_multiplier",
+            dp.noise_multiplier,
+            "a positive noise multiplier when DP is on (use dp=off for a non-private baseline)",
+        )
+    else:
+        _require(dp.target_epsilon > 0, "dp.target_epsilon", dp.target_epsilon, "a positive ε or null")
+
+
+def validate_for_dataset(cfg: Config, n_train: int) -> None:
+    """Check the ranges that depend on the training-set size N."""
+    _require(
+        cfg.train.batch_size <= n_train,
+        "train.batch_size",
+        cfg.train.batch_size,
+        f"at most the training-set size N={n_train}",
+    )
+    if cfg.dp.enabled and not cfg.dp.allow_large_delta:
+        _require(
+            cfg.dp.delta < 1.0 / n_train,
+            "dp.delta",
+            cfg.dp.delta,
+            f"below 1/N = {1.0 / n_train:.3g} for N={n_train}; a larger δ makes the guarantee void "
+            "(set dp.allow_large_delta=true to allow it anyway)",
+        )

@@ -1,0 +1,175 @@
+"""Datasets: a registry of loaders that return train and test splits as torch Datasets.
+
+``digits`` (scikit-learn, offline) is the default; ``mnist``, ``cifar10`` and ``flowers102`` use the
+real torchvision loaders, reading from ``dataset.root`` and downloading only with ``download=true``.
+
+    python -c "from dpsweep import config, data; print(data.build(config.DigitsConfig()))"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+from torch.utils.data import ConcatDataset, Dataset, TensorDataset
+from torchvision import datasets as tvd
+from torchvision import transforms as T
+
+from dpsweep.config import DatasetConfig, DigitsConfig, Flowers102Config, TorchvisionDatasetConfig
+from dpsweep.registry import Registry
+
+# Per-channel normalisation constants (the ones the datasets' reference code uses).
+MNIST_MEAN_STD = ((0.1307,), (0.3081,))
+CIFAR10_MEAN_STD = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
+IMAGENET_MEAN_STD = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+FLOWERS102_FULL_SIZE = 224  # pixels: the VGG input size that dataset.downscale divides
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """Dataset files are missing (or corrupt) and ``download`` is off."""
+
+
+@dataclass(frozen=True)
+class DataSplits:
+    train: Dataset[Any]
+    test: Dataset[Any]
+    num_classes: int
+    input_shape: tuple[int, int, int]  # (channels, height, width) of one example
+
+    @property
+    def n_train(self) -> int:
+        """N, the training-set size: the population that the privacy guarantee is about."""
+        return len(self.train)  # type: ignore[arg-type]
+
+
+DatasetLoader = Callable[[Any], DataSplits]
+DATASETS: Registry[DatasetLoader] = Registry("dataset")
+
+
+def build(cfg: DatasetConfig) -> DataSplits:
+    """Load the dataset that ``cfg.name`` names."""
+    return DATASETS.get(cfg.name, key="dataset.name")(cfg)
+
+
+def _splits(train: Dataset[Any], test: Dataset[Any], num_classes: int) -> DataSplits:
+    x0 = train[0][0]
+    return DataSplits(train, test, num_classes, tuple(x0.shape))  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# digits: scikit-learn, offline
+# ---------------------------------------------------------------------------------------------
+@DATASETS.register("digits")
+def load_digits_splits(cfg: DigitsConfig) -> DataSplits:
+    """Digits as float tensors (N, 1, S, S), S = image_size, normalised by the training split."""
+    bunch = load_digits()
+    x = bunch.images.astype(np.float32) / 16.0  # pixel values 0..16 -> [0, 1]
+    y = bunch.target.astype(np.int64)
+    x_tr, x_te, y_tr, y_te = train_test_split(
+        x, y, test_size=cfg.test_fraction, stratify=y, random_state=cfg.split_seed
+    )
+    size = cfg.image_size or 8
+
+    def tensor(a: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(a).unsqueeze(1)
+        if size != t.shape[-1]:
+            t = F.interpolate(t, size=(size, size), mode="bilinear", align_corners=False)
+        return t
+
+    t_tr, t_te = tensor(x_tr), tensor(x_te)
+    mean, std = t_tr.mean(), t_tr.std()
+    train = TensorDataset((t_tr - mean) / std, torch.from_numpy(y_tr))
+    test = TensorDataset((t_te - mean) / std, torch.from_numpy(y_te))
+    return _splits(train, test, num_classes=10)
+
+
+# ---------------------------------------------------------------------------------------------
+# torchvision datasets
+# ---------------------------------------------------------------------------------------------
+def _transform(image_size: int | None, mean_std: tuple[tuple[float, ...], tuple[float, ...]]) -> T.Compose:
+    steps: list[Any] = []
+    if image_size is not None:
+        steps += [T.Resize(image_size), T.CenterCrop(image_size)]
+    steps += [T.ToTensor(), T.Normalize(*mean_std)]
+    return T.Compose(steps)
+
+
+def _open(
+    name: str,
+    cfg: TorchvisionDatasetConfig,
+    expected: Path,
+    how: str,
+    factory: Callable[[], DataSplits],
+) -> DataSplits:
+    """Run a torchvision loader; turn its 'not found' into an error that says where and how."""
+    if not cfg.download and not expected.exists():
+        raise DatasetNotFoundError(
+            f"dataset.root={cfg.root!r}: {name} files not found; expected them under {expected}. "
+            f"Set dataset.download=true to download them (needs internet), or {how}."
+        )
+    try:
+        return factory()
+    except RuntimeError as err:  # torchvision: "Dataset not found or corrupted."
+        if cfg.download:
+            raise
+        raise DatasetNotFoundError(
+            f"dataset.root={cfg.root!r}: {name} files under {expected} are missing or corrupt "
+            f"({err}). Set dataset.download=true to download them again, or {how}."
+        ) from err
+
+
+@DATASETS.register("mnist")
+def load_mnist(cfg: TorchvisionDatasetConfig) -> DataSplits:
+    root = Path(cfg.root)
+    tf = _transform(cfg.image_size, MNIST_MEAN_STD)
+
+    def make() -> DataSplits:
+        train = tvd.MNIST(str(root), train=True, transform=tf, download=cfg.download)
+        test = tvd.MNIST(str(root), train=False, transform=tf, download=cfg.download)
+        return _splits(train, test, num_classes=10)
+
+    how = "copy train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte there"
+    return _open("MNIST", cfg, root / "MNIST" / "raw", how, make)
+
+
+@DATASETS.register("cifar10")
+def load_cifar10(cfg: TorchvisionDatasetConfig) -> DataSplits:
+    root = Path(cfg.root)
+    tf = _transform(cfg.image_size, CIFAR10_MEAN_STD)
+
+    def make() -> DataSplits:
+        train = tvd.CIFAR10(str(root), train=True, transform=tf, download=cfg.download)
+        test = tvd.CIFAR10(str(root), train=False, transform=tf, download=cfg.download)
+        return _splits(train, test, num_classes=10)
+
+    how = "unpack cifar-10-python.tar.gz into dataset.root"
+    return _open("CIFAR-10", cfg, root / "cifar-10-batches-py", how, make)
+
+
+def flowers102_image_size(cfg: Flowers102Config) -> int:
+    """Pixels Flowers-102 is served at: ``image_size`` if set, else 224 / ``downscale``."""
+    return cfg.image_size if cfg.image_size is not None else FLOWERS102_FULL_SIZE // cfg.downscale
+
+
+@DATASETS.register("flowers102")
+def load_flowers102(cfg: Flowers102Config) -> DataSplits:
+    root = Path(cfg.root)
+    tf = _transform(flowers102_image_size(cfg), IMAGENET_MEAN_STD)
+
+    def make() -> DataSplits:
+        parts = [
+            tvd.Flowers102(str(root), split=s, transform=tf, download=cfg.download) for s in cfg.train_splits
+        ]
+        train: Dataset[Any] = parts[0] if len(parts) == 1 else ConcatDataset(parts)
+        test = tvd.Flowers102(str(root), split="test", transform=tf, download=cfg.download)
+        return _splits(train, test, num_classes=102)
+
+    how = "copy jpg/, imagelabels.mat and setid.mat from the Oxford VGG site there"
+    return _open("Flowers-102", cfg, root / "flowers-102", how, make)

@@ -1,0 +1,185 @@
+"""Memory at the four stages of the first training iteration, behind one small interface.
+
+Stages, in order: ``model_load`` (model and DP wrapper on the device), ``batch_load`` (first batch on
+the device), ``backward`` (after ``loss.backward()``), ``optimizer_step`` (after ``optimizer.step()``).
+
+Two backends, chosen by the training device:
+
+- ``cuda`` (CUDA only): the caching allocator's own counters, ``torch.cuda.memory_allocated``,
+  ``max_memory_allocated`` (reset between stages) and ``memory_reserved``. These are GPU figures.
+- ``cpu-tensors`` (the CPU twin): a census of the bytes of live tensors at the same stage boundaries,
+  measured from a baseline taken when the monitor is created. It sees tensors reachable from Python
+  (parameters, their ``.grad`` and Opacus's ``.grad_sample``, optimizer state, batches), not
+  temporaries freed inside a stage, so its "peak" is the largest census at a boundary: a lower bound
+  on the true peak. Runs tag ``memory.backend`` so nobody takes these for GPU figures.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from dpsweep.registry import Registry
+
+STAGES: tuple[str, ...] = ("model_load", "batch_load", "backward", "optimizer_step")
+
+
+class MemoryMonitor(Protocol):
+    backend: str
+
+    def allocated_bytes(self) -> int:
+        """Bytes allocated now (relative to the monitor's baseline for the CPU twin)."""
+
+    def peak_bytes(self) -> int:
+        """Highest allocated bytes since the last :meth:`reset_peak`."""
+
+    def reserved_bytes(self) -> int:
+        """Bytes held by the allocator (CUDA's cache); the allocated bytes for the CPU twin."""
+
+    def reserved_peak_bytes(self) -> int:
+        """Highest reserved bytes since the last :meth:`reset_peak`."""
+
+    def reset_peak(self) -> None: ...
+
+
+MONITORS: Registry[type] = Registry("memory backend")
+
+
+@MONITORS.register("cuda")
+class CudaMemoryMonitor:
+    """CUDA only: reads the caching allocator of ``device``."""
+
+    backend = "cuda"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+    def allocated_bytes(self) -> int:
+        torch.cuda.synchronize(self.device)
+        return int(torch.cuda.memory_allocated(self.device))
+
+    def peak_bytes(self) -> int:
+        torch.cuda.synchronize(self.device)
+        return int(torch.cuda.max_memory_allocated(self.device))
+
+    def reserved_bytes(self) -> int:
+        return int(torch.cuda.memory_reserved(self.device))
+
+    def reserved_peak_bytes(self) -> int:
+        return int(torch.cuda.max_memory_reserved(self.device))
+
+    def reset_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+
+def live_tensor_bytes(device: torch.device) -> int:
+    """Bytes of the distinct storages of all live tensors on ``device`` reachable from Python."""
+    seen: dict[int, int] = {}
+
+    def add(t: object) -> None:
+        if isinstance(t, torch.Tensor) and t.device == device and t.layout == torch.strided:
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+
+    tensor_type, parameter_type = torch.Tensor, torch.nn.Parameter
+    for obj in gc.get_objects():
+        kind = type(obj)  # not isinstance(): that reads __class__, which some lazy proxies warn on
+        if issubclass(kind, tensor_type):
+            add(obj)
+            if issubclass(kind, parameter_type):
+                # .grad is created in C++ and has no Python object until it is read
+                add(obj.grad)
+    seen.pop(0, None)  # empty storages
+    return sum(seen.values())
+
+
+@MONITORS.register("cpu")
+class CpuTensorMonitor:
+    """CPU twin: live-tensor census at stage boundaries, relative to a baseline (see module doc)."""
+
+    backend = "cpu-tensors"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.baseline = live_tensor_bytes(device)
+        self._peak = 0
+
+    def allocated_bytes(self) -> int:
+        now = max(0, live_tensor_bytes(self.device) - self.baseline)
+        self._peak = max(self._peak, now)
+        return now
+
+    def peak_bytes(self) -> int:
+        return self._peak  # largest census since reset_peak: a lower bound on the true peak
+
+    def reserved_bytes(self) -> int:
+        return self.allocated_bytes()
+
+    def reserved_peak_bytes(self) -> int:
+        return self.peak_bytes()
+
+    def reset_peak(self) -> None:
+        self._peak = 0
+
+
+def monitor_for(device: torch.device) -> MemoryMonitor:
+    """The memory monitor for a training device; create it before the model is built."""
+    monitor: MemoryMonitor = MONITORS.get(device.type)(device)
+    return monitor
+
+
+@dataclass
+class StageRecorder:
+    """Records each stage of the first iteration once: its level, delta and in-stage peak."""
+
+    monitor: MemoryMonitor
+    levels: dict[str, int] = field(default_factory=dict)
+    peaks: dict[str, int] = field(default_factory=dict)
+    run_peak: int = 0
+    reserved_peak: int = 0
+
+    def __post_init__(self) -> None:
+        self.monitor.reset_peak()
+
+    def mark(self, stage: str) -> None:
+        """Close ``stage``; later calls for a stage already recorded do nothing."""
+        if stage in self.levels:
+            return
+        if stage not in STAGES:
+            raise ValueError(f"unknown memory stage {stage!r}; valid: {', '.join(STAGES)}")
+        self.levels[stage] = self.monitor.allocated_bytes()
+        self.peaks[stage] = self.monitor.peak_bytes()
+        self.run_peak = max(self.run_peak, self.peaks[stage])
+        self.reserved_peak = max(self.reserved_peak, self.monitor.reserved_peak_bytes())
+        self.monitor.reset_peak()
+
+    @property
+    def complete(self) -> bool:
+        return len(self.levels) == len(STAGES)
+
+    def observe(self) -> int:
+        """Fold the current level and peak into the run peak (call it e.g. once per epoch)."""
+        self.monitor.allocated_bytes()  # the CPU twin's census happens here
+        self.run_peak = max(self.run_peak, self.monitor.peak_bytes())
+        self.reserved_peak = max(self.reserved_peak, self.monitor.reserved_peak_bytes())
+        return self.run_peak
+
+    def metrics(self) -> dict[str, float]:
+        """``memory.<stage>_bytes`` levels, ``memory.<stage>_delta_bytes`` and the first-iteration peaks."""
+        out: dict[str, float] = {}
+        previous = 0
+        for stage in STAGES:
+            if stage not in self.levels:
+                continue
+            out[f"memory.{stage}_bytes"] = self.levels[stage]
+            out[f"memory.{stage}_delta_bytes"] = self.levels[stage] - previous
+            previous = self.levels[stage]
+        if self.peaks:
+            out["memory.iteration_peak_bytes"] = max(self.peaks.values())
+            out["memory.reserved_peak_bytes"] = self.reserved_peak
+        return out

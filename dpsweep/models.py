@@ -1,0 +1,138 @@
+"""Models: a registry of image classifiers that Opacus can make private.
+
+- ``cnn``: the network of Opacus's MNIST example, trained from scratch.
+- ``vgg16_frozen``: torchvision's VGG16 with frozen convolutional features and a trained MLP head.
+
+    python -c "from dpsweep import config, models; print(models.build(config.CNNConfig(), (1, 28, 28), 10))"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torchvision.models import VGG16_Weights, vgg16
+
+from dpsweep.config import CNNConfig, ConfigError, ModelConfig, VGG16FrozenConfig
+from dpsweep.registry import Registry
+
+
+class PretrainedWeightsError(FileNotFoundError):
+    """Pretrained weights are neither in torch's cache nor downloadable."""
+
+
+ModelBuilder = Callable[[Any, tuple[int, int, int], int], nn.Module]
+MODELS: Registry[ModelBuilder] = Registry("model")
+
+
+def build(cfg: ModelConfig, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    """Build the model ``cfg.name`` for inputs of shape (C, H, W) and ``num_classes`` outputs."""
+    return MODELS.get(cfg.name, key="model.name")(cfg, input_shape, num_classes)
+
+
+def trainable_parameters(model: nn.Module) -> int:
+    """P: the number of parameters that receive gradients (and per-sample gradients under DP)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+class OpacusCNN(nn.Module):
+    """Opacus MNIST example CNN (opacus/examples/mnist.py, ``SampleConvNet``).
+
+    conv(16, k8, s2, p3) -> ReLU -> maxpool(2, s1) -> conv(32, k4, s2) -> ReLU -> maxpool(2, s1)
+    -> dense(hidden_units) -> ReLU -> dense(classes). On 1x28x28 inputs the first dense layer has
+    32*4*4 = 512 inputs; other channel counts and sizes are measured with a dry run.
+    """
+
+    def __init__(self, input_shape: tuple[int, int, int], num_classes: int, hidden_units: int = 32) -> None:
+        super().__init__()
+        channels, height, width = input_shape
+        self.conv1 = nn.Conv2d(channels, 16, kernel_size=8, stride=2, padding=3)
+        self.conv2 = nn.Conv2d(16, 32, kernel_size=4, stride=2)
+        with torch.no_grad():
+            try:
+                flat = self._features(torch.zeros(1, channels, height, width)).shape[1]
+            except RuntimeError as err:
+                raise ConfigError(
+                    "dataset.image_size", height, "at least 13 pixels for model cnn"
+                ) from err
+        self.fc1 = nn.Linear(flat, hidden_units)
+        self.fc2 = nn.Linear(hidden_units, num_classes)
+
+    def _features(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2, 1)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2, 1)
+        return x.flatten(1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.relu(self.fc1(self._features(x))))
+
+
+@MODELS.register("cnn")
+def build_cnn(cfg: CNNConfig, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    return OpacusCNN(input_shape, num_classes, cfg.hidden_units)
+
+
+VGG16_MIN_SIZE = 32  # pixels: VGG16's five 2x2 max-pools need at least 32x32 inputs
+VGG16_FEATURES = 512 * 7 * 7  # after torchvision's AdaptiveAvgPool2d((7, 7))
+
+
+class FrozenVGG16(nn.Module):
+    """VGG16 convolutional features (frozen, no gradients) + MLP head (trained).
+
+    The head is Linear(25088 -> hidden_units), ReLU, [Dropout(p)], Linear(hidden_units -> classes).
+    Grey-scale inputs are repeated to three channels.
+    """
+
+    def __init__(self, num_classes: int, hidden_units: int, pretrained: bool, dropout: float = 0.0) -> None:
+        super().__init__()
+        backbone = vgg16(weights=_imagenet_weights() if pretrained else None)
+        self.features = backbone.features
+        self.avgpool = backbone.avgpool
+        for p in [*self.features.parameters(), *self.avgpool.parameters()]:
+            p.requires_grad_(False)
+        layers: list[nn.Module] = [nn.Linear(VGG16_FEATURES, hidden_units), nn.ReLU()]
+        if dropout > 0:
+            layers.append(nn.Dropout(dropout))
+        layers.append(nn.Linear(hidden_units, num_classes))
+        self.head = nn.Sequential(*layers)
+
+    def extract(self, x: torch.Tensor) -> torch.Tensor:
+        """Frozen features (B, 25088); no autograd graph is built through them."""
+        if x.shape[1] == 1:
+            x = x.expand(-1, 3, -1, -1)
+        with torch.no_grad():
+            return torch.flatten(self.avgpool(self.features(x)), 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.extract(x))
+
+
+def _imagenet_weights() -> VGG16_Weights:
+    """ImageNet weights, from torch's cache or downloaded; a clear error when neither works."""
+    weights = VGG16_Weights.IMAGENET1K_V1
+    cached = Path(torch.hub.get_dir()) / "checkpoints" / Path(weights.url).name
+    if cached.exists():
+        return weights
+    try:
+        torch.hub.load_state_dict_from_url(weights.url, progress=True)
+    except OSError as err:  # URLError and socket errors are OSErrors
+        raise PretrainedWeightsError(
+            f"model.pretrained=True: VGG16 ImageNet weights are not in torch's cache ({cached}) and "
+            f"could not be downloaded ({err}). Download {weights.url} into {cached.parent} "
+            "(or set TORCH_HOME), or set model.pretrained=false."
+        ) from err
+    return weights
+
+
+@MODELS.register("vgg16_frozen")
+def build_vgg16_frozen(cfg: VGG16FrozenConfig, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    channels, height, width = input_shape
+    if min(height, width) < VGG16_MIN_SIZE:
+        raise ConfigError("dataset.image_size", height, f"at least {VGG16_MIN_SIZE} pixels for model vgg16_frozen")
+    if channels not in (1, 3):
+        raise ConfigError("dataset", f"{channels} channels", "1 or 3 channels for model vgg16_frozen")
+    return FrozenVGG16(num_classes, cfg.hidden_units, cfg.pretrained, cfg.dropout)

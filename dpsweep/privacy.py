@@ -1,0 +1,194 @@
+"""Privacy accounting as pure functions over Opacus's accountants (no model, no data).
+
+    python -c "from dpsweep.privacy import epsilon; print(epsilon(n=60000, batch_size=150, noise_multiplier=1.3, epochs=15, delta=1e-5))"
+
+Step-count convention (shared by the trainer and every ε dpsweep prints). It is the one Opacus's
+Poisson loader defines, ``DPDataLoader.from_data_loader`` and ``PrivacyEngine.make_private``:
+
+- an ordinary ``DataLoader(batch_size=B, drop_last=False)`` has ``k = ceil(N / B)`` batches;
+- the Poisson loader includes each example in a step independently with probability ``1 / k``
+  and yields ``steps_per_epoch = int(1 / (1 / k))`` steps per epoch (one fewer than ``k`` when
+  floating point rounds ``1 / (1 / k)`` below ``k``, e.g. ``k = 93``);
+- the accountant records every optimizer step with ``sample_rate = 1 / steps_per_epoch``, which
+  is never below the true inclusion probability, so ε is never under-stated;
+- ``steps = epochs * steps_per_epoch``.
+
+Accountants: ``rdp`` (Mironov 2017, "Rényi Differential Privacy", with the subsampled-Gaussian
+bound of Mironov, Talwar & Zhang 2019) and ``prv`` (Gopi, Lee & Wutschitz 2021, "Numerical
+Composition of Differential Privacy"). RDP -> (ε, δ) conversions:
+
+- ``improved`` (default, what Opacus reports): Balle et al. 2020, "Hypothesis Testing
+  Interpretations and Renyi Differential Privacy", Prop. 12:
+  ε = min_α rdp(α) + log((α-1)/α) - (log δ + log α) / (α - 1);
+- ``classic``: Mironov 2017, Prop. 3: ε = min_α rdp(α) + log(1/δ) / (α - 1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from opacus.accountants import PRVAccountant, RDPAccountant
+from opacus.accountants.analysis import rdp as rdp_analysis
+from opacus.accountants.utils import get_noise_multiplier
+
+from dpsweep.registry import Registry
+
+DEFAULT_ALPHAS: tuple[float, ...] = tuple(RDPAccountant.DEFAULT_ALPHAS)
+
+# Opacus's accountant history: (noise_multiplier, sample_rate, steps) per constant segment.
+History = Sequence[tuple[float, float, int]]
+
+
+@dataclass(frozen=True)
+class PoissonSchedule:
+    """Sampling and step counts for a training set of N examples and logical batch size B."""
+
+    n: int
+    batch_size: int
+    inclusion_probability: float  # 1 / ceil(N/B): the probability the sampler uses
+    steps_per_epoch: int  # len(DPDataLoader)
+    sample_rate: float  # q the accountant records per step: 1 / steps_per_epoch
+
+    def steps(self, epochs: int) -> int:
+        return epochs * self.steps_per_epoch
+
+
+def poisson_schedule(n: int, batch_size: int) -> PoissonSchedule:
+    """The Opacus Poisson-loader convention (see the module docstring)."""
+    if n <= 0 or batch_size <= 0:
+        raise ValueError(f"need N > 0 and B > 0, got N={n}, B={batch_size}")
+    k = math.ceil(n / batch_size)
+    inclusion = 1 / k
+    steps_per_epoch = int(1 / inclusion)  # UniformWithReplacementSampler.__len__
+    return PoissonSchedule(n, batch_size, inclusion, steps_per_epoch, 1 / steps_per_epoch)
+
+
+# ---------------------------------------------------------------------------------------------
+# RDP -> (ε, δ) conversions and accountants
+# ---------------------------------------------------------------------------------------------
+Conversion = Callable[[np.ndarray, np.ndarray, float], tuple[float, float]]
+CONVERSIONS: Registry[Conversion] = Registry("RDP conversion")
+
+
+@CONVERSIONS.register("improved")
+def _improved(orders: np.ndarray, rdp: np.ndarray, delta: float) -> tuple[float, float]:
+    eps, alpha = rdp_analysis.get_privacy_spent(orders=orders, rdp=rdp, delta=delta)
+    return float(eps), float(alpha)
+
+
+@CONVERSIONS.register("classic")
+def _classic(orders: np.ndarray, rdp: np.ndarray, delta: float) -> tuple[float, float]:
+    eps = rdp + math.log(1 / delta) / (orders - 1)
+    if np.isnan(eps).all():
+        return math.inf, math.nan
+    i = int(np.nanargmin(eps))
+    return float(eps[i]), float(orders[i])
+
+
+def rdp_curve(history: History, orders: Sequence[float] = DEFAULT_ALPHAS) -> np.ndarray:
+    """Total RDP at each order, summed over the history's segments."""
+    total = np.zeros(len(orders))
+    for sigma, q, steps in history:
+        total += np.asarray(rdp_analysis.compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=orders))
+    return total
+
+
+Accounting = Callable[[History, float, str, Sequence[float]], tuple[float, float | None]]
+ACCOUNTANTS: Registry[Accounting] = Registry("accountant")
+
+
+@ACCOUNTANTS.register("rdp")
+def _rdp(history: History, delta: float, conversion: str, orders: Sequence[float]) -> tuple[float, float | None]:
+    return CONVERSIONS.get(conversion)(np.asarray(orders, dtype=float), rdp_curve(history, orders), delta)
+
+
+@ACCOUNTANTS.register("prv")
+def _prv(history: History, delta: float, conversion: str, orders: Sequence[float]) -> tuple[float, float | None]:
+    accountant = PRVAccountant()
+    accountant.history = list(history)
+    return float(accountant.get_epsilon(delta=delta)), None
+
+
+def epsilon_from_history(
+    history: History,
+    delta: float,
+    accountant: str = "rdp",
+    conversion: str = "improved",
+    alphas: Sequence[float] = DEFAULT_ALPHAS,
+) -> tuple[float, float | None]:
+    """(ε, optimal α) for an Opacus accountant history; α is None for PRV; ε is 0 for no steps."""
+    if not history or sum(s for _, _, s in history) == 0:
+        return 0.0, None
+    return ACCOUNTANTS.get(accountant)(history, delta, conversion, alphas)
+
+
+@dataclass(frozen=True)
+class EpsilonResult:
+    epsilon: float
+    delta: float
+    alpha: float | None  # optimal RDP order; None for PRV
+    steps: int
+    sample_rate: float
+    noise_multiplier: float
+    accountant: str
+    conversion: str | None  # None for PRV
+
+
+def epsilon(
+    *,
+    n: int,
+    batch_size: int,
+    noise_multiplier: float,
+    delta: float,
+    epochs: int | None = None,
+    steps: int | None = None,
+    accountant: str = "rdp",
+    conversion: str = "improved",
+    alphas: Sequence[float] = DEFAULT_ALPHAS,
+) -> EpsilonResult:
+    """ε after ``epochs`` (or ``steps``) of DP-SGD on N examples at logical batch size B."""
+    schedule = poisson_schedule(n, batch_size)
+    total = _steps(schedule, epochs, steps)
+    eps, alpha = epsilon_from_history([(noise_multiplier, schedule.sample_rate, total)], delta, accountant, conversion, alphas)
+    return EpsilonResult(
+        eps, delta, alpha, total, schedule.sample_rate, noise_multiplier, accountant,
+        conversion if accountant == "rdp" else None,
+    )  # fmt: skip
+
+
+def _steps(schedule: PoissonSchedule, epochs: int | None, steps: int | None) -> int:
+    if (epochs is None) == (steps is None):
+        raise ValueError("give exactly one of epochs and steps")
+    return schedule.steps(epochs) if epochs is not None else int(steps)  # type: ignore[arg-type]
+
+
+def calibrate_noise(
+    *,
+    target_epsilon: float,
+    n: int,
+    batch_size: int,
+    delta: float,
+    epochs: int | None = None,
+    steps: int | None = None,
+    accountant: str = "rdp",
+    epsilon_tolerance: float = 0.01,
+) -> float:
+    """Smallest σ found (to ``epsilon_tolerance``) whose ε does not exceed ``target_epsilon``.
+
+    Opacus's bisection (``get_noise_multiplier``) keeps the upper end of the bracket, whose ε is
+    always <= target, so the result never lands over the target.
+    """
+    schedule = poisson_schedule(n, batch_size)
+    return float(
+        get_noise_multiplier(
+            target_epsilon=target_epsilon,
+            target_delta=delta,
+            sample_rate=schedule.sample_rate,
+            steps=_steps(schedule, epochs, steps),
+            accountant=accountant,
+            epsilon_tolerance=epsilon_tolerance,
+        )
+    )

@@ -1,0 +1,306 @@
+"""Training: one DP-SGD (or non-private baseline) run of one config, logged to one MLflow run.
+
+    dpsweep                                          # one run on the defaults (digits, cnn, DP-SGD)
+    dpsweep dp.noise_multiplier=1.3 train.epochs=5   # one run with overrides
+    dpsweep -m experiment=demo                       # the README's demo sweep (4 runs)
+
+From Python, without the CLI::
+
+    from hydra import compose, initialize_config_module
+    from dpsweep.train import train
+    with initialize_config_module("dpsweep.conf", version_base="1.3"):
+        result = train(compose("config", overrides=["train.epochs=2"]))
+
+Order of work: every check that can reject the input (config ranges, dataset files, N-dependent
+ranges, pretrained weights, σ calibration) runs before the MLflow run is created, so bad input
+leaves no run behind. Once the run exists, it always ends FINISHED, FAILED or KILLED.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import sys
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import hydra
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from opacus import PrivacyEngine
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+
+from dpsweep import data as datasets
+from dpsweep import memory, privacy
+from dpsweep import models as model_zoo
+from dpsweep.config import (
+    AdamConfig,
+    Config,
+    ConfigError,
+    Device,
+    OptimizerConfig,
+    SGDConfig,
+    flatten,
+    to_config,
+    validate,
+    validate_for_dataset,
+)
+from dpsweep.data import DatasetNotFoundError
+from dpsweep.models import PretrainedWeightsError
+from dpsweep.registry import Registry, UnknownNameError
+from dpsweep.tracking import Tracker, environment_tags, tracked_run
+
+log = logging.getLogger("dpsweep")
+
+# Known, understood warnings: secure_mode is off (recorded as the tag dp.secure_mode), and Opacus's
+# backward hooks fire on modules whose inputs need no gradient (the images).
+warnings.filterwarnings("ignore", message="Secure RNG turned off")
+warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
+
+# Errors that mean "the input is wrong": reported in one line, exit code 2.
+INPUT_ERRORS = (ConfigError, UnknownNameError, DatasetNotFoundError, PretrainedWeightsError)
+
+OptimizerFactory = Callable[[Any, Iterable[nn.Parameter]], torch.optim.Optimizer]
+OPTIMIZERS: Registry[OptimizerFactory] = Registry("optimizer")
+
+
+@OPTIMIZERS.register("sgd")
+def _sgd(cfg: SGDConfig, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+
+@OPTIMIZERS.register("adam")
+def _adam(cfg: AdamConfig, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    b1, b2 = cfg.betas
+    return torch.optim.Adam(params, lr=cfg.lr, betas=(b1, b2), weight_decay=cfg.weight_decay)
+
+
+def build_optimizer(cfg: OptimizerConfig, model: nn.Module) -> torch.optim.Optimizer:
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return OPTIMIZERS.get(cfg.name, key="optimizer.name")(cfg, trainable)
+
+
+@dataclass
+class TrainResult:
+    run_id: str
+    test_accuracy: float  # after the last epoch
+    train_loss: float  # mean over the last epoch's examples
+    n_train: int  # N
+    steps: int  # optimizer steps actually taken
+    epsilon: float | None = None  # final ε under dp.accountant; None without DP
+    epsilons: dict[str, float] = field(default_factory=dict)  # final ε by accountant: rdp, prv
+    delta: float | None = None
+    noise_multiplier: float | None = None  # σ used (calibrated when dp.target_epsilon is set)
+    sample_rate: float | None = None  # q the accountant used
+    accountant_history: list[tuple[float, float, int]] = field(default_factory=list)
+    epochs: list[dict[str, float]] = field(default_factory=list)  # per-epoch metrics
+
+
+def resolve_device(requested: Device) -> torch.device:
+    if requested == Device.auto:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if requested == Device.cuda and not torch.cuda.is_available():
+        raise ConfigError("train.device", requested.value, "cpu or auto: no CUDA device is available here")
+    return torch.device(requested.value)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def resolve_noise(cfg: Config, n_train: int) -> float | None:
+    """σ to train with: the configured one, or calibrated to ``dp.target_epsilon`` (ε never above it)."""
+    dp = cfg.dp
+    if not dp.enabled:
+        return None
+    if dp.target_epsilon is None:
+        return dp.noise_multiplier
+    try:
+        return privacy.calibrate_noise(
+            target_epsilon=dp.target_epsilon,
+            n=n_train,
+            batch_size=cfg.train.batch_size,
+            delta=dp.delta,
+            epochs=cfg.train.epochs,
+            accountant=dp.accountant.value,
+        )
+    except ValueError as err:  # "The privacy budget is too low."
+        raise ConfigError(
+            "dp.target_epsilon", dp.target_epsilon, f"a budget reachable with σ <= 1e6 ({err})"
+        ) from err
+
+
+def run_params(cfg: Config, noise_multiplier: float | None) -> dict[str, Any]:
+    """MLflow params: the flattened resolved config. Without DP only ``dp.enabled`` is kept,
+    since σ, C, δ and the accountant have no effect on a non-private run."""
+    params = flatten(cfg)
+    if not cfg.dp.enabled:
+        params = {k: v for k, v in params.items() if not k.startswith("dp.") or k == "dp.enabled"}
+    else:
+        params["dp.noise_multiplier"] = noise_multiplier
+    return params
+
+
+def train(cfg: DictConfig | Config) -> TrainResult:
+    """Train one config and log it to MLflow; returns the final metrics and privacy cost."""
+    config = to_config(cfg)
+    validate(config)
+    seed_everything(config.train.seed)
+    device = resolve_device(config.train.device)
+    data = datasets.build(config.dataset)
+    validate_for_dataset(config, data.n_train)
+    sigma = resolve_noise(config, data.n_train)
+    monitor = memory.monitor_for(device)  # baseline before the model exists
+    model = model_zoo.build(config.model, data.input_shape, data.num_classes)
+
+    tags: dict[str, Any] = {
+        **environment_tags(device),
+        "memory.backend": monitor.backend,
+        "dataset.n_train": data.n_train,
+        "dataset.n_test": len(data.test),  # type: ignore[arg-type]
+        "model.trainable_params": model_zoo.trainable_parameters(model),
+        "dp.enabled": config.dp.enabled,
+    }
+    if config.dp.enabled:
+        tags |= {"dp.delta": config.dp.delta, "dp.accountant": config.dp.accountant.value, "dp.secure_mode": False}
+        if config.dp.target_epsilon is not None:
+            tags["dp.noise_multiplier_calibrated"] = sigma
+    with tracked_run(config.tracking, tags) as run:
+        run.log_params(run_params(config, sigma))
+        resolved = OmegaConf.structured(config)
+        if sigma is not None:
+            resolved.dp.noise_multiplier = sigma
+        run.log_text(OmegaConf.to_yaml(resolved), "config.yaml")
+        result = _fit(config, data, model, device, sigma, monitor, run)
+    _print_summary(config, result)
+    return result
+
+
+def _fit(
+    cfg: Config,
+    data: datasets.DataSplits,
+    model: nn.Module,
+    device: torch.device,
+    sigma: float | None,
+    monitor: memory.MemoryMonitor,
+    run: Tracker,
+) -> TrainResult:
+    stages = memory.StageRecorder(monitor)
+    model = model.to(device)
+    optimizer = build_optimizer(cfg.optimizer, model)
+    generator = torch.Generator().manual_seed(cfg.train.seed)
+    loader: DataLoader[Any] = DataLoader(
+        data.train, batch_size=cfg.train.batch_size, shuffle=not cfg.dp.enabled, generator=generator
+    )
+    engine: PrivacyEngine | None = None
+    if cfg.dp.enabled:
+        assert sigma is not None
+        engine = PrivacyEngine(accountant=cfg.dp.accountant.value)
+        model, optimizer, loader = engine.make_private(
+            module=model,
+            optimizer=optimizer,
+            data_loader=loader,
+            noise_multiplier=sigma,
+            max_grad_norm=cfg.dp.max_grad_norm,
+            poisson_sampling=True,  # the accountants analyse Poisson subsampling
+        )
+    stages.mark("model_load")
+
+    criterion = nn.CrossEntropyLoss()
+    result = TrainResult(run_id=run.run_id, test_accuracy=float("nan"), train_loss=float("nan"), n_train=data.n_train, steps=0)
+    show = cfg.train.progress
+    for epoch in tqdm(range(1, cfg.train.epochs + 1), desc="epochs", disable=not show, file=sys.stderr):
+        model.train()
+        loss_sum, seen = 0.0, 0
+        for x, y in tqdm(loader, desc=f"epoch {epoch} steps", leave=False, disable=not show, file=sys.stderr):
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            stages.mark("batch_load")
+            optimizer.zero_grad(set_to_none=True)
+            loss = criterion(model(x), y)
+            loss.backward()
+            stages.mark("backward")
+            optimizer.step()  # with DP: clip per sample, add noise, account for the step
+            result.steps += 1
+            if not stages.complete:
+                stages.mark("optimizer_step")
+                run.log_metrics(stages.metrics(), step=0)
+            if len(y):  # a Poisson batch may be empty
+                loss_sum += float(loss.detach()) * len(y)
+                seen += len(y)
+        metrics = {
+            "test_accuracy": evaluate(model, data.test, cfg.train.eval_batch_size, device),
+            "train_loss": loss_sum / max(seen, 1),
+            "memory.peak_bytes": float(stages.observe()),
+        }
+        if engine is not None:
+            metrics["epsilon"] = engine.get_epsilon(cfg.dp.delta)
+        run.log_metrics(metrics, step=epoch)
+        result.epochs.append({"epoch": float(epoch), **metrics})
+
+    result.test_accuracy = result.epochs[-1]["test_accuracy"]
+    result.train_loss = result.epochs[-1]["train_loss"]
+    if engine is not None:
+        _finish_privacy(cfg, engine, sigma, result, run)
+    return result
+
+
+def _finish_privacy(cfg: Config, engine: PrivacyEngine, sigma: float | None, result: TrainResult, run: Tracker) -> None:
+    """Final ε over the steps actually taken, under both accountants, from the engine's history."""
+    history = [(float(s), float(q), int(n)) for s, q, n in engine.accountant.history]
+    delta = cfg.dp.delta
+    result.accountant_history = history
+    result.epsilons = {name: privacy.epsilon_from_history(history, delta, name)[0] for name in ("rdp", "prv")}
+    result.epsilon = result.epsilons[cfg.dp.accountant.value]
+    result.delta, result.noise_multiplier = delta, sigma
+    result.sample_rate = history[0][1] if history else None
+    run.log_metrics({f"epsilon_{name}": eps for name, eps in result.epsilons.items()}, step=cfg.train.epochs)
+    run.set_tags({"dp.steps": result.steps, "dp.sample_rate": result.sample_rate, "dp.conversion": "improved"})
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, dataset: Dataset[Any], batch_size: int, device: torch.device) -> float:
+    """Top-1 accuracy on ``dataset``."""
+    model.eval()
+    correct = total = 0
+    for x, y in DataLoader(dataset, batch_size=batch_size):
+        pred = model(x.to(device)).argmax(dim=1)
+        correct += int((pred == y.to(device)).sum())
+        total += len(y)
+    return correct / max(total, 1)
+
+
+def _print_summary(cfg: Config, r: TrainResult) -> None:
+    if cfg.dp.enabled:
+        privacy_text = (
+            f"ε={r.epsilon:.3f} ({cfg.dp.accountant.value}, δ={cfg.dp.delta:g}; "
+            f"rdp {r.epsilons['rdp']:.3f}, prv {r.epsilons['prv']:.3f})  "
+            f"σ={r.noise_multiplier:.3g} C={cfg.dp.max_grad_norm:g}"
+        )
+    else:
+        privacy_text = "non-private (no ε)"
+    print(
+        f"dpsweep: run {r.run_id[:8]} {cfg.dataset.name}/{cfg.model.name} B={cfg.train.batch_size} "
+        f"epochs={cfg.train.epochs}  test_accuracy={r.test_accuracy:.4f}  {privacy_text}",
+        flush=True,
+    )
+
+
+@hydra.main(version_base="1.3", config_path="pkg://dpsweep.conf", config_name="config")
+def main(cfg: DictConfig) -> float:
+    """Console entry point ``dpsweep``; returns the metric a sweeper optimises."""
+    try:
+        return train(cfg).test_accuracy
+    except INPUT_ERRORS as err:
+        print(f"dpsweep: error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from err
+
+
+if __name__ == "__main__":
+    main()
