@@ -14,7 +14,7 @@ Range checks that types cannot express (``noise_multiplier > 0``, ``delta < 1/N`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -34,14 +34,14 @@ class ConfigError(ValueError):
         super().__init__(f"{key}={value!r} is invalid: {allowed}")
 
 
-class Accountant(str, Enum):
+class Accountant(StrEnum):
     """Privacy accountants (Opacus names)."""
 
     rdp = "rdp"  # Rényi DP, Mironov 2017; ε via the improved conversion of Balle et al. 2020
     prv = "prv"  # privacy random variables, Gopi et al. 2021
 
 
-class Device(str, Enum):
+class Device(StrEnum):
     auto = "auto"  # cuda when available, else cpu
     cpu = "cpu"
     cuda = "cuda"
@@ -135,7 +135,7 @@ class OptimizerConfig:
 @dataclass
 class SGDConfig(OptimizerConfig):
     name: str = "sgd"
-    momentum: float = 0.0
+    momentum: float = 0.9
 
 
 @dataclass

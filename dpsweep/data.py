@@ -8,6 +8,7 @@ real torchvision loaders, reading from ``dataset.root`` and downloading only wit
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,7 +61,7 @@ def build(cfg: DatasetConfig) -> DataSplits:
 
 def _splits(train: Dataset[Any], test: Dataset[Any], num_classes: int) -> DataSplits:
     x0 = train[0][0]
-    return DataSplits(train, test, num_classes, tuple(x0.shape))  # type: ignore[arg-type]
+    return DataSplits(train, test, num_classes, tuple(x0.shape))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -116,7 +117,17 @@ def _open(
         )
     try:
         return factory()
-    except RuntimeError as err:  # torchvision: "Dataset not found or corrupted."
+    # torchvision says "Dataset not found or corrupted." (RuntimeError); malformed files surface as
+    # assertion, parsing or unpickling errors.
+    except (
+        RuntimeError,
+        AssertionError,
+        ValueError,
+        TypeError,
+        OSError,
+        EOFError,
+        pickle.UnpicklingError,
+    ) as err:
         if cfg.download:
             raise
         raise DatasetNotFoundError(
@@ -135,7 +146,10 @@ def load_mnist(cfg: TorchvisionDatasetConfig) -> DataSplits:
         test = tvd.MNIST(str(root), train=False, transform=tf, download=cfg.download)
         return _splits(train, test, num_classes=10)
 
-    how = "copy train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte there"
+    how = (
+        "copy train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and "
+        "t10k-labels-idx1-ubyte there"
+    )
     return _open("MNIST", cfg, root / "MNIST" / "raw", how, make)
 
 
@@ -169,6 +183,14 @@ def load_flowers102(cfg: Flowers102Config) -> DataSplits:
         ]
         train: Dataset[Any] = parts[0] if len(parts) == 1 else ConcatDataset(parts)
         test = tvd.Flowers102(str(root), split="test", transform=tf, download=cfg.download)
+        # torchvision opens each JPEG only when it is read: check them all now, not mid-training.
+        missing = [
+            f for ds in [*parts, test] for f in getattr(ds, "_image_files", []) if not Path(f).is_file()
+        ]
+        if missing:
+            raise FileNotFoundError(
+                f"{len(missing)} images listed in setid.mat are missing, e.g. {missing[0]}"
+            )
         return _splits(train, test, num_classes=102)
 
     how = "copy jpg/, imagelabels.mat and setid.mat from the Oxford VGG site there"

@@ -86,13 +86,19 @@ def live_tensor_bytes(device: torch.device) -> int:
             storage = t.untyped_storage()
             seen[storage.data_ptr()] = storage.nbytes()
 
-    tensor_type, parameter_type = torch.Tensor, torch.nn.Parameter
+    # type -> 0 (not a tensor), 1 (tensor), 2 (parameter); type() rather than isinstance(), which
+    # reads __class__ and makes some lazy proxies warn.
+    kinds: dict[type, int] = {}
     for obj in gc.get_objects():
-        kind = type(obj)  # not isinstance(): that reads __class__, which some lazy proxies warn on
-        if issubclass(kind, tensor_type):
+        kind = type(obj)
+        found = kinds.get(kind)
+        if found is None:
+            found = kinds[kind] = (
+                2 if issubclass(kind, torch.nn.Parameter) else 1 if issubclass(kind, torch.Tensor) else 0
+            )
+        if found:
             add(obj)
-            if issubclass(kind, parameter_type):
-                # .grad is created in C++ and has no Python object until it is read
+            if found == 2:  # .grad is created in C++ and has no Python object until it is read
                 add(obj.grad)
     seen.pop(0, None)  # empty storages
     return sum(seen.values())

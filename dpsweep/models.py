@@ -56,9 +56,7 @@ class OpacusCNN(nn.Module):
             try:
                 flat = self._features(torch.zeros(1, channels, height, width)).shape[1]
             except RuntimeError as err:
-                raise ConfigError(
-                    "dataset.image_size", height, "at least 13 pixels for model cnn"
-                ) from err
+                raise ConfigError("dataset.image_size", height, "at least 13 pixels for model cnn") from err
         self.fc1 = nn.Linear(flat, hidden_units)
         self.fc2 = nn.Linear(hidden_units, num_classes)
 
@@ -129,10 +127,14 @@ def _imagenet_weights() -> VGG16_Weights:
 
 
 @MODELS.register("vgg16_frozen")
-def build_vgg16_frozen(cfg: VGG16FrozenConfig, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+def build_vgg16_frozen(
+    cfg: VGG16FrozenConfig, input_shape: tuple[int, int, int], num_classes: int
+) -> nn.Module:
     channels, height, width = input_shape
     if min(height, width) < VGG16_MIN_SIZE:
-        raise ConfigError("dataset.image_size", height, f"at least {VGG16_MIN_SIZE} pixels for model vgg16_frozen")
+        raise ConfigError(
+            "dataset.image_size", height, f"at least {VGG16_MIN_SIZE} pixels for model vgg16_frozen"
+        )
     if channels not in (1, 3):
         raise ConfigError("dataset", f"{channels} channels", "1 or 3 channels for model vgg16_frozen")
     return FrozenVGG16(num_classes, cfg.hidden_units, cfg.pretrained, cfg.dropout)

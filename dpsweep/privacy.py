@@ -1,6 +1,8 @@
 """Privacy accounting as pure functions over Opacus's accountants (no model, no data).
 
-    python -c "from dpsweep.privacy import epsilon; print(epsilon(n=60000, batch_size=150, noise_multiplier=1.3, epochs=15, delta=1e-5))"
+    >>> from dpsweep.privacy import epsilon
+    >>> epsilon(n=60000, batch_size=150, noise_multiplier=1.3, epochs=15, delta=1e-5).epsilon
+    0.7242234026109339
 
 Step-count convention (shared by the trainer and every ε dpsweep prints). It is the one Opacus's
 Poisson loader defines, ``DPDataLoader.from_data_loader`` and ``PrivacyEngine.make_private``:
@@ -101,12 +103,16 @@ ACCOUNTANTS: Registry[Accounting] = Registry("accountant")
 
 
 @ACCOUNTANTS.register("rdp")
-def _rdp(history: History, delta: float, conversion: str, orders: Sequence[float]) -> tuple[float, float | None]:
+def _rdp(
+    history: History, delta: float, conversion: str, orders: Sequence[float]
+) -> tuple[float, float | None]:
     return CONVERSIONS.get(conversion)(np.asarray(orders, dtype=float), rdp_curve(history, orders), delta)
 
 
 @ACCOUNTANTS.register("prv")
-def _prv(history: History, delta: float, conversion: str, orders: Sequence[float]) -> tuple[float, float | None]:
+def _prv(
+    history: History, delta: float, conversion: str, orders: Sequence[float]
+) -> tuple[float, float | None]:
     accountant = PRVAccountant()
     accountant.history = list(history)
     return float(accountant.get_epsilon(delta=delta)), None
@@ -152,7 +158,9 @@ def epsilon(
     """ε after ``epochs`` (or ``steps``) of DP-SGD on N examples at logical batch size B."""
     schedule = poisson_schedule(n, batch_size)
     total = _steps(schedule, epochs, steps)
-    eps, alpha = epsilon_from_history([(noise_multiplier, schedule.sample_rate, total)], delta, accountant, conversion, alphas)
+    eps, alpha = epsilon_from_history(
+        [(noise_multiplier, schedule.sample_rate, total)], delta, accountant, conversion, alphas
+    )
     return EpsilonResult(
         eps, delta, alpha, total, schedule.sample_rate, noise_multiplier, accountant,
         conversion if accountant == "rdp" else None,

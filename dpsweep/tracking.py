@@ -108,7 +108,9 @@ def tracked_run(cfg: TrackingConfig, tags: Mapping[str, Any] | None = None) -> I
 
 def _record_failure(tracker: Tracker, err: BaseException, kind: str) -> None:
     try:
-        tracker.set_tags({"error": f"{type(err).__name__}: {err}", "error.type": type(err).__name__, "failure.kind": kind})
+        tracker.set_tags(
+            {"error": f"{type(err).__name__}: {err}", "error.type": type(err).__name__, "failure.kind": kind}
+        )
         tracker.log_text("".join(traceback.format_exception(err)), "error.txt")
     except Exception:  # recording must never hide the original error or keep the run RUNNING
         pass

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 from opacus import PrivacyEngine
+from opacus.optimizers import DPOptimizer
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
@@ -43,6 +44,7 @@ from dpsweep.config import (
     Config,
     ConfigError,
     Device,
+    DPConfig,
     OptimizerConfig,
     SGDConfig,
     flatten,
@@ -169,7 +171,11 @@ def train(cfg: DictConfig | Config) -> TrainResult:
         "dp.enabled": config.dp.enabled,
     }
     if config.dp.enabled:
-        tags |= {"dp.delta": config.dp.delta, "dp.accountant": config.dp.accountant.value, "dp.secure_mode": False}
+        tags |= {
+            "dp.delta": config.dp.delta,
+            "dp.accountant": config.dp.accountant.value,
+            "dp.secure_mode": False,
+        }
         if config.dp.target_epsilon is not None:
             tags["dp.noise_multiplier_calibrated"] = sigma
     with tracked_run(config.tracking, tags) as run:
@@ -181,6 +187,27 @@ def train(cfg: DictConfig | Config) -> TrainResult:
         result = _fit(config, data, model, device, sigma, monitor, run)
     _print_summary(config, result)
     return result
+
+
+def make_private(
+    dp: DPConfig,
+    noise_multiplier: float,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loader: DataLoader[Any],
+) -> tuple[PrivacyEngine, nn.Module, DPOptimizer, DataLoader[Any]]:
+    """Opacus DP-SGD: per-sample clipping to ``dp.max_grad_norm``, Gaussian noise of std σ·C,
+    Poisson sampling at rate 1/len(loader), every step recorded by ``dp.accountant``."""
+    engine = PrivacyEngine(accountant=dp.accountant.value)
+    private_model, private_optimizer, private_loader = engine.make_private(
+        module=model,
+        optimizer=optimizer,
+        data_loader=loader,
+        noise_multiplier=noise_multiplier,
+        max_grad_norm=dp.max_grad_norm,
+        poisson_sampling=True,  # the accountants analyse Poisson subsampling
+    )
+    return engine, private_model, private_optimizer, private_loader
 
 
 def _fit(
@@ -202,19 +229,13 @@ def _fit(
     engine: PrivacyEngine | None = None
     if cfg.dp.enabled:
         assert sigma is not None
-        engine = PrivacyEngine(accountant=cfg.dp.accountant.value)
-        model, optimizer, loader = engine.make_private(
-            module=model,
-            optimizer=optimizer,
-            data_loader=loader,
-            noise_multiplier=sigma,
-            max_grad_norm=cfg.dp.max_grad_norm,
-            poisson_sampling=True,  # the accountants analyse Poisson subsampling
-        )
+        engine, model, optimizer, loader = make_private(cfg.dp, sigma, model, optimizer, loader)
     stages.mark("model_load")
 
     criterion = nn.CrossEntropyLoss()
-    result = TrainResult(run_id=run.run_id, test_accuracy=float("nan"), train_loss=float("nan"), n_train=data.n_train, steps=0)
+    result = TrainResult(
+        run_id=run.run_id, test_accuracy=float("nan"), train_loss=float("nan"), n_train=data.n_train, steps=0
+    )
     show = cfg.train.progress
     for epoch in tqdm(range(1, cfg.train.epochs + 1), desc="epochs", disable=not show, file=sys.stderr):
         model.train()
@@ -251,7 +272,9 @@ def _fit(
     return result
 
 
-def _finish_privacy(cfg: Config, engine: PrivacyEngine, sigma: float | None, result: TrainResult, run: Tracker) -> None:
+def _finish_privacy(
+    cfg: Config, engine: PrivacyEngine, sigma: float | None, result: TrainResult, run: Tracker
+) -> None:
     """Final ε over the steps actually taken, under both accountants, from the engine's history."""
     history = [(float(s), float(q), int(n)) for s, q, n in engine.accountant.history]
     delta = cfg.dp.delta
@@ -261,7 +284,9 @@ def _finish_privacy(cfg: Config, engine: PrivacyEngine, sigma: float | None, res
     result.delta, result.noise_multiplier = delta, sigma
     result.sample_rate = history[0][1] if history else None
     run.log_metrics({f"epsilon_{name}": eps for name, eps in result.epsilons.items()}, step=cfg.train.epochs)
-    run.set_tags({"dp.steps": result.steps, "dp.sample_rate": result.sample_rate, "dp.conversion": "improved"})
+    run.set_tags(
+        {"dp.steps": result.steps, "dp.sample_rate": result.sample_rate, "dp.conversion": "improved"}
+    )
 
 
 @torch.no_grad()

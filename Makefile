@@ -1,0 +1,37 @@
+# dpsweep's two commands (Python >= 3.11; no GPU, no internet beyond the package registry):
+#   make demo   # set up .venv, then run the main job: DP on/off x two noise levels on digits
+#   make test   # set up .venv, then run lint, type checks and the test suite
+# Both create .venv on first use and reuse it afterwards (re-installed when pyproject.toml changes).
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup demo test lint ui clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/dpsweep -m experiment=demo
+	@echo "Results are in ./mlflow.db; browse them with: make ui"
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest
+
+ui: $(STAMP)
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000
+
+clean:
+	rm -rf $(VENV) outputs multirun mlruns mlartifacts mlflow.db .pytest_cache .mypy_cache .ruff_cache

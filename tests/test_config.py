@@ -1,0 +1,157 @@
+"""Config schemas: every option composes, typos and wrong types fail at composition, and each
+range that types cannot express is rejected by validate() with the key, value and what is allowed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import Composer
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf import OmegaConf
+
+from dpsweep import config as C
+from dpsweep.config import ConfigError, to_config, validate, validate_for_dataset
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and not p.name.startswith("__"))
+OPTIONS = [(g, y.stem) for g in GROUPS for y in sorted((CONF / g).glob("*.yaml"))]
+
+SCHEMA_OF_OPTION = {
+    ("dataset", "digits"): C.DigitsConfig,
+    ("dataset", "mnist"): C.TorchvisionDatasetConfig,
+    ("dataset", "cifar10"): C.TorchvisionDatasetConfig,
+    ("dataset", "flowers102"): C.Flowers102Config,
+    ("model", "cnn"): C.CNNConfig,
+    ("model", "vgg16_frozen"): C.VGG16FrozenConfig,
+    ("optimizer", "sgd"): C.SGDConfig,
+    ("optimizer", "adam"): C.AdamConfig,
+}
+
+
+def test_every_group_has_options() -> None:
+    assert {"dataset", "model", "dp", "optimizer", "train", "tracking", "experiment"} <= set(GROUPS)
+    assert len(OPTIONS) >= 13
+
+
+@pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_option_composes_to_its_schema(make_cfg: Composer, group: str, option: str) -> None:
+    cfg = make_cfg(f"{group}={option}")
+    typed = to_config(cfg)
+    assert isinstance(typed, C.Config)
+    expected = SCHEMA_OF_OPTION.get((group, option))
+    if expected is not None:
+        assert type(getattr(typed, group)) is expected
+        assert getattr(typed, group).name == option
+    if group != "experiment":
+        validate(typed)  # every shipped default is in range
+
+
+def test_dp_off_is_a_disabled_dp_config(make_cfg: Composer) -> None:
+    assert to_config(make_cfg("dp=off")).dp.enabled is False
+    assert to_config(make_cfg("dp=dpsgd")).dp.enabled is True
+
+
+def test_defaults_are_digits_cnn_dpsgd_on_sqlite(make_cfg: Composer) -> None:
+    with pytest.MonkeyPatch.context():
+        cfg = to_config(make_cfg(fast=False))
+    assert (cfg.dataset.name, cfg.model.name, cfg.dp.enabled) == ("digits", "cnn", True)
+    assert cfg.dataset.image_size == 28
+
+
+def test_shipped_tracking_default_is_local_sqlite() -> None:
+    assert OmegaConf.load(CONF / "tracking" / "sqlite.yaml").uri == "sqlite:///mlflow.db"
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "train.bach_size=64",  # misspelt key
+        "train.batch_size=abc",  # wrong type
+        "model.hidden_units=1.5",  # float for an int
+        "train.device=gpu",  # not one of auto, cpu, cuda
+        "dp.accountant=gdp",  # not one of rdp, prv
+        "dataset.downscale=2",  # key of another dataset's schema
+    ],
+)
+def test_typos_and_wrong_types_fail_at_composition(make_cfg: Composer, override: str) -> None:
+    with pytest.raises(ConfigCompositionException):
+        make_cfg(override)
+
+
+@pytest.mark.parametrize("override", ["dataset=imagenet", "model=resnet50", "dp=laplace"])
+def test_unknown_option_lists_the_valid_ones(make_cfg: Composer, override: str) -> None:
+    with pytest.raises(MissingConfigException) as info:
+        make_cfg(override)
+    group = override.split("=")[0]
+    for option in [o for g, o in OPTIONS if g == group]:
+        assert option in str(info.value)
+
+
+BAD_STATIC = [
+    ("dp.noise_multiplier=0", "dp.noise_multiplier", "0.0"),
+    ("dp.noise_multiplier=-1", "dp.noise_multiplier", "-1.0"),
+    ("dp.max_grad_norm=0", "dp.max_grad_norm", "0.0"),
+    ("dp.delta=0", "dp.delta", "0.0"),
+    ("dp.delta=1.5", "dp.delta", "1.5"),
+    ("train.batch_size=0", "train.batch_size", "0"),
+    ("train.epochs=0", "train.epochs", "0"),
+    ("train.epochs=-3", "train.epochs", "-3"),
+    ("model.hidden_units=0", "model.hidden_units", "0"),
+    ("optimizer.lr=0", "optimizer.lr", "0.0"),
+    ("dp.target_epsilon=-1", "dp.target_epsilon", "-1.0"),
+]
+
+
+@pytest.mark.parametrize(("override", "key", "value"), BAD_STATIC, ids=[b[0] for b in BAD_STATIC])
+def test_validate_names_key_value_and_allowed(
+    make_cfg: Composer, override: str, key: str, value: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        validate(to_config(make_cfg(override)))
+    assert info.value.key == key
+    message = str(info.value)
+    assert message.startswith(f"{key}={value}")
+    assert "invalid:" in message and len(info.value.allowed) > 10
+
+
+def test_noise_checks_apply_only_with_dp_on(make_cfg: Composer) -> None:
+    validate(to_config(make_cfg("dp=off", "dp.noise_multiplier=0", "dp.delta=5")))
+
+
+def test_target_epsilon_replaces_the_noise_check(make_cfg: Composer) -> None:
+    validate(to_config(make_cfg("dp.noise_multiplier=0", "dp.target_epsilon=2.0")))
+
+
+def test_batch_larger_than_n_is_rejected(make_cfg: Composer) -> None:
+    cfg = to_config(make_cfg("train.batch_size=2000"))
+    with pytest.raises(ConfigError, match=r"train.batch_size=2000 .*N=1437"):
+        validate_for_dataset(cfg, n_train=1437)
+
+
+def test_delta_at_or_above_one_over_n_needs_explicit_permission(make_cfg: Composer) -> None:
+    cfg = to_config(make_cfg("dp.delta=0.001"))
+    with pytest.raises(ConfigError, match=r"dp.delta=0.001 .*1/N.*allow_large_delta"):
+        validate_for_dataset(cfg, n_train=1437)
+    validate_for_dataset(to_config(make_cfg("dp.delta=0.001", "dp.allow_large_delta=true")), n_train=1437)
+    validate_for_dataset(to_config(make_cfg("dp.delta=1e-4")), n_train=1437)  # 1e-4 < 1/1437
+
+
+def test_flowers_train_splits_must_exclude_test(make_cfg: Composer) -> None:
+    cfg = to_config(make_cfg("dataset=flowers102", "model=vgg16_frozen", "dataset.train_splits=[train,test]"))
+    with pytest.raises(ConfigError, match=r"dataset.train_splits"):
+        validate(cfg)
+
+
+def test_flatten_uses_dotted_keys_and_plain_values(make_cfg: Composer) -> None:
+    flat = C.flatten(make_cfg("dp.noise_multiplier=1.3"))
+    assert flat["dp.noise_multiplier"] == 1.3
+    assert flat["dp.accountant"] == "rdp"  # enums become their names
+    assert flat["train.device"] == "auto"
+    assert "tracking.uri" in flat
+    assert not any(isinstance(v, dict) for v in flat.values())
+
+
+def test_to_config_rejects_a_plain_mapping() -> None:
+    with pytest.raises(TypeError, match="schema"):
+        to_config(OmegaConf.create({"dataset": {"name": "digits"}}))

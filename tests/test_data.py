@@ -1,0 +1,46 @@
+"""The offline default dataset: scikit-learn's digits with a fixed stratified split."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dpsweep import data
+from dpsweep.config import DigitsConfig
+from dpsweep.registry import UnknownNameError
+
+
+def test_digits_split_is_fixed_stratified_and_28px() -> None:
+    splits = data.build(DigitsConfig())
+    assert (splits.n_train, len(splits.test)) == (1437, 360)  # type: ignore[arg-type]
+    assert splits.input_shape == (1, 28, 28) and splits.num_classes == 10
+    y_train = splits.train.tensors[1].numpy()  # type: ignore[attr-defined]
+    y_test = splits.test.tensors[1].numpy()  # type: ignore[attr-defined]
+    train_share = np.bincount(y_train) / len(y_train)
+    test_share = np.bincount(y_test) / len(y_test)
+    assert np.abs(train_share - test_share).max() < 0.01  # stratified
+    again = data.build(DigitsConfig())
+    assert torch.equal(again.train.tensors[0], splits.train.tensors[0])  # type: ignore[attr-defined]
+
+
+def test_digits_native_size_and_train_normalisation() -> None:
+    splits = data.build(DigitsConfig(image_size=8))
+    x = splits.train.tensors[0]  # type: ignore[attr-defined]
+    assert x.shape == (1437, 1, 8, 8)
+    assert abs(float(x.mean())) < 1e-5 and abs(float(x.std()) - 1) < 1e-4
+
+
+def test_split_seed_changes_the_split() -> None:
+    a = data.build(DigitsConfig(split_seed=0)).test.tensors[1]  # type: ignore[attr-defined]
+    b = data.build(DigitsConfig(split_seed=1)).test.tensors[1]  # type: ignore[attr-defined]
+    assert not torch.equal(a, b)
+
+
+def test_unknown_dataset_names_the_key_and_the_valid_ones() -> None:
+    with pytest.raises(UnknownNameError) as info:
+        data.build(DigitsConfig(name="imagenet"))
+    assert str(info.value) == (
+        "dataset.name='imagenet' is invalid: unknown dataset 'imagenet'; "
+        "valid: cifar10, digits, flowers102, mnist"
+    )

@@ -1,0 +1,71 @@
+"""Tracking against a real MLflow sqlite store: runs always end FINISHED, FAILED or KILLED."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import runs_of
+from mlflow.tracking import MlflowClient
+
+from dpsweep.config import TrackingConfig
+from dpsweep.tracking import environment_tags, experiment_id, git_commit, tracked_run
+
+
+def _cfg(uri: str, name: str) -> TrackingConfig:
+    return TrackingConfig(uri=uri, experiment_name=name)
+
+
+def test_finished_run_keeps_params_metrics_tags_and_text(
+    mlflow_uri: str, experiment_name: str, client: MlflowClient
+) -> None:
+    with tracked_run(_cfg(mlflow_uri, experiment_name), tags={"k": 1}) as run:
+        run.log_params({f"p{i}": i for i in range(150)})  # more than one 100-param batch
+        run.log_metrics({"acc": 0.5}, step=1)
+        run.log_metrics({"acc": 0.75}, step=2)
+        run.log_text("a: 1\n", "config.yaml")
+    [r] = runs_of(client, experiment_name)
+    assert r.info.status == "FINISHED"
+    assert len(r.data.params) == 150 and r.data.tags["k"] == "1"
+    assert [m.value for m in client.get_metric_history(r.info.run_id, "acc")] == [0.5, 0.75]
+    assert [a.path for a in client.list_artifacts(r.info.run_id)] == ["config.yaml"]
+
+
+def test_raising_run_ends_failed_with_the_error(
+    mlflow_uri: str, experiment_name: str, client: MlflowClient
+) -> None:
+    with pytest.raises(RuntimeError, match="boom"), tracked_run(_cfg(mlflow_uri, experiment_name)) as run:
+        run.log_metrics({"acc": 0.5}, step=1)
+        raise RuntimeError("boom")
+    [r] = runs_of(client, experiment_name)
+    assert r.info.status == "FAILED"
+    assert r.data.tags["error"] == "RuntimeError: boom" and r.data.tags["failure.kind"] == "exception"
+    assert r.data.metrics["acc"] == 0.5  # what was logged before the failure is kept
+    assert "error.txt" in [a.path for a in client.list_artifacts(r.info.run_id)]
+
+
+def test_out_of_memory_is_tagged_as_such(mlflow_uri: str, experiment_name: str, client: MlflowClient) -> None:
+    with pytest.raises(torch.OutOfMemoryError), tracked_run(_cfg(mlflow_uri, experiment_name)):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    [r] = runs_of(client, experiment_name)
+    assert r.info.status == "FAILED" and r.data.tags["failure.kind"] == "oom"
+
+
+def test_interrupted_run_ends_killed(mlflow_uri: str, experiment_name: str, client: MlflowClient) -> None:
+    with pytest.raises(KeyboardInterrupt), tracked_run(_cfg(mlflow_uri, experiment_name)):
+        raise KeyboardInterrupt
+    [r] = runs_of(client, experiment_name)
+    assert r.info.status == "KILLED" and r.data.tags["failure.kind"] == "interrupted"
+
+
+def test_experiment_is_created_once(mlflow_uri: str, experiment_name: str, client: MlflowClient) -> None:
+    first = experiment_id(client, experiment_name)
+    assert experiment_id(client, experiment_name) == first
+
+
+def test_environment_tags_name_versions_and_commit() -> None:
+    tags = environment_tags(torch.device("cpu"))
+    assert tags["torch.version"] == torch.__version__
+    assert tags["device.name"].startswith("cpu")
+    commit = git_commit()
+    assert tags["git.commit"] == commit
+    assert commit == "unknown" or len(commit.split("-")[0]) == 40

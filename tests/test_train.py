@@ -1,0 +1,217 @@
+"""End-to-end training on digits against a real MLflow sqlite store."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import yaml
+from helpers import Composer, runs_of
+from mlflow.tracking import MlflowClient
+
+from dpsweep import data, models, privacy
+from dpsweep.config import ConfigError, DigitsConfig, DPConfig, flatten, to_config
+from dpsweep.data import DatasetNotFoundError
+from dpsweep.memory import STAGES
+from dpsweep.train import TrainResult, make_private, train
+
+MEMORY_METRICS = {
+    *(f"memory.{s}_bytes" for s in STAGES),
+    *(f"memory.{s}_delta_bytes" for s in STAGES),
+    "memory.iteration_peak_bytes",
+    "memory.reserved_peak_bytes",
+    "memory.peak_bytes",
+}
+DP_METRICS = {"test_accuracy", "train_loss", "epsilon", "epsilon_rdp", "epsilon_prv", *MEMORY_METRICS}
+OUR_TAGS = {
+    "git.commit", "torch.version", "opacus.version", "device.name", "memory.backend",
+    "dataset.n_train", "dataset.n_test", "model.trainable_params", "dp.enabled",
+}  # fmt: skip
+DP_TAGS = {"dp.delta", "dp.accountant", "dp.secure_mode", "dp.steps", "dp.sample_rate", "dp.conversion"}
+
+
+@pytest.fixture(scope="module")
+def dp_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[TrainResult, MlflowClient, str, dict[str, object]]:
+    """One short DP-SGD run on digits, shared by the assertions below."""
+    from hydra import compose, initialize_config_module
+
+    uri = f"sqlite:///{tmp_path_factory.mktemp('dp_run') / 'mlflow.db'}"
+    with initialize_config_module("dpsweep.conf", version_base="1.3"):
+        cfg = compose("config", overrides=[
+            "train.epochs=3", "train.progress=false", f"tracking.uri={uri}", "tracking.experiment_name=dp",
+            "dp.noise_multiplier=1.1", "dp.max_grad_norm=1.5",
+        ])  # fmt: skip
+    return train(cfg), MlflowClient(uri), "dp", flatten(cfg)
+
+
+def test_dp_run_logs_exactly_the_documented_params(dp_run: tuple) -> None:  # type: ignore[type-arg]
+    result, client, exp, flat = dp_run
+    [run] = runs_of(client, exp)
+    assert run.info.status == "FINISHED" and run.info.run_id == result.run_id
+    assert set(run.data.params) == set(flat)
+    assert run.data.params["dp.noise_multiplier"] == "1.1"
+    assert run.data.params["train.batch_size"] == "64"
+    assert run.data.params["model.hidden_units"] == "32"
+    assert run.data.params["dataset.name"] == "digits"
+
+
+def test_dp_run_logs_exactly_the_documented_metrics(dp_run: tuple) -> None:  # type: ignore[type-arg]
+    result, client, exp, _ = dp_run
+    [run] = runs_of(client, exp)
+    assert set(run.data.metrics) == DP_METRICS
+    for name in ("test_accuracy", "train_loss", "epsilon", "memory.peak_bytes"):
+        history = client.get_metric_history(run.info.run_id, name)
+        assert [m.step for m in history] == [1, 2, 3], name  # step = epoch
+    eps = [m.value for m in client.get_metric_history(run.info.run_id, "epsilon")]
+    assert eps[0] < eps[1] < eps[2] == result.epsilon  # ε accumulates over epochs
+    assert run.data.metrics["epsilon_rdp"] == result.epsilons["rdp"] == result.epsilon
+    assert 0 < run.data.metrics["epsilon_prv"] <= run.data.metrics["epsilon_rdp"]
+    m = run.data.metrics
+    assert m["memory.model_load_bytes"] > 0  # the CNN's weights
+    assert m["memory.backward_bytes"] > m["memory.batch_load_bytes"]  # grads and per-sample grads
+    assert m["memory.peak_bytes"] >= m["memory.iteration_peak_bytes"] >= m["memory.optimizer_step_bytes"]
+    assert 0.5 < result.test_accuracy <= 1.0
+
+
+def test_dp_run_logs_the_documented_tags_and_config(dp_run: tuple) -> None:  # type: ignore[type-arg]
+    result, client, exp, _ = dp_run
+    [run] = runs_of(client, exp)
+    tags = run.data.tags
+    assert set(tags) >= OUR_TAGS | DP_TAGS
+    assert tags["memory.backend"] == "cpu-tensors"
+    assert (
+        tags["dataset.n_train"] == "1437" and tags["dp.delta"] == "1e-05" and tags["dp.accountant"] == "rdp"
+    )
+    assert tags["dp.steps"] == str(3 * 23) == str(result.steps)
+    assert tags["torch.version"] == torch.__version__
+    artifact = client.download_artifacts(run.info.run_id, "config.yaml")
+    with open(artifact) as f:
+        logged = yaml.safe_load(f)
+    assert logged["dp"]["noise_multiplier"] == 1.1 and logged["train"]["epochs"] == 3
+
+
+def test_planner_epsilon_equals_trainer_epsilon(dp_run: tuple) -> None:  # type: ignore[type-arg]
+    result, *_ = dp_run
+    for accountant in ("rdp", "prv"):
+        planned = privacy.epsilon(
+            n=1437, batch_size=64, noise_multiplier=1.1, epochs=3, delta=1e-5, accountant=accountant
+        )
+        assert planned.epsilon == result.epsilons[accountant]  # exactly: same convention, same maths
+        assert planned.steps == result.steps
+    assert result.accountant_history == [(1.1, planned.sample_rate, planned.steps)]
+
+
+def test_dp_off_logs_no_epsilon(make_cfg: Composer, client: MlflowClient, experiment_name: str) -> None:
+    result = train(make_cfg("dp=off", "train.epochs=1"))
+    [run] = runs_of(client, experiment_name)
+    assert run.info.status == "FINISHED"
+    assert not any(k.startswith("epsilon") for k in run.data.metrics)
+    assert "test_accuracy" in run.data.metrics and set(run.data.metrics) >= MEMORY_METRICS
+    assert not {"dp.delta", "dp.accountant"} & set(run.data.tags) and run.data.tags["dp.enabled"] == "False"
+    assert [k for k in run.data.params if k.startswith("dp.")] == ["dp.enabled"]
+    assert result.epsilon is None and result.epsilons == {}
+
+
+def test_target_epsilon_calibrates_and_logs_sigma(
+    make_cfg: Composer, client: MlflowClient, experiment_name: str
+) -> None:
+    result = train(make_cfg("dp.target_epsilon=2.0", "train.epochs=2"))
+    [run] = runs_of(client, experiment_name)
+    sigma = float(run.data.params["dp.noise_multiplier"])
+    assert sigma == result.noise_multiplier == float(run.data.tags["dp.noise_multiplier_calibrated"])
+    assert sigma != 1.0  # not the configured default
+    assert 2.0 - 0.01 <= result.epsilon <= 2.0  # type: ignore[operator]
+
+
+def test_same_seed_same_result(make_cfg: Composer) -> None:
+    a = train(make_cfg("train.epochs=1", "train.seed=3"))
+    b = train(make_cfg("train.epochs=1", "train.seed=3"))
+    assert a.test_accuracy == b.test_accuracy and a.train_loss == b.train_loss
+
+
+def test_per_sample_clipping_bounds_each_gradient() -> None:
+    """Each clipped per-sample gradient has norm <= C, and a batch's summed gradient is the sum of them."""
+    torch.manual_seed(0)
+    splits = data.build(DigitsConfig())
+    model = models.build(models.CNNConfig(), splits.input_shape, 10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(splits.train, batch_size=64)
+    c = 0.05  # small, so that clipping is active for most samples
+    _, model, opt, _ = make_private(DPConfig(noise_multiplier=1.0, max_grad_norm=c), 1.0, model, opt, loader)
+    x, y = splits.train.tensors[0][:16], splits.train.tensors[1][:16]  # type: ignore[attr-defined]
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def clipped_sum(xb: torch.Tensor, yb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(xb), yb).backward()
+        raw = torch.stack([p.grad_sample.flatten(1).norm(dim=1) for p in model.parameters()]).norm(dim=0)
+        opt.clip_and_accumulate()
+        return torch.cat([p.summed_grad.flatten() for p in model.parameters()]), raw
+
+    singles, raw_norms = [], []
+    for i in range(len(y)):
+        g, raw = clipped_sum(x[i : i + 1], y[i : i + 1])
+        singles.append(g)
+        raw_norms.append(float(raw))
+    norms = [float(g.norm()) for g in singles]
+    assert all(n <= c * (1 + 1e-5) for n in norms)
+    assert sum(r > c for r in raw_norms) >= 8  # clipping really happened
+    for n, r in zip(norms, raw_norms, strict=True):
+        assert n == pytest.approx(min(r, c), rel=1e-3)  # clipped to C, never inflated
+    batch, _ = clipped_sum(x, y)
+    assert torch.allclose(batch, torch.stack(singles).sum(0), atol=1e-6)
+
+
+def test_vgg16_frozen_run_trains_only_the_head(
+    make_cfg: Composer, client: MlflowClient, experiment_name: str
+) -> None:
+    result = train(make_cfg(
+        "model=vgg16_frozen", "model.pretrained=false", "model.hidden_units=8",
+        "dataset.image_size=32", "train.epochs=1", "train.batch_size=256", "optimizer.lr=0.01",
+    ))  # fmt: skip
+    [run] = runs_of(client, experiment_name)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["model.trainable_params"] == str(25088 * 8 + 8 + 8 * 10 + 10)
+    assert result.epsilon is not None and math.isfinite(result.test_accuracy)
+
+
+BAD_INPUT = [
+    (["dp.noise_multiplier=0"], ConfigError, "dp.noise_multiplier=0.0"),
+    (["dp.max_grad_norm=-1"], ConfigError, "dp.max_grad_norm=-1.0"),
+    (["dp.delta=1.0"], ConfigError, "dp.delta=1.0"),
+    (["dp.delta=0.01"], ConfigError, "1/N"),
+    (["train.batch_size=0"], ConfigError, "train.batch_size=0"),
+    (["train.batch_size=5000"], ConfigError, "N=1437"),
+    (["train.epochs=0"], ConfigError, "train.epochs=0"),
+    (["model.hidden_units=-2"], ConfigError, "model.hidden_units=-2"),
+    (["dp.target_epsilon=1e-9"], ConfigError, "dp.target_epsilon"),
+    (
+        ["dataset=mnist", "dataset.root=/nonexistent/data"],
+        DatasetNotFoundError,
+        "/nonexistent/data/MNIST/raw",
+    ),
+    (["train.device=cuda"], ConfigError, "no CUDA device") if not torch.cuda.is_available() else None,
+]
+
+
+@pytest.mark.parametrize(("overrides", "error", "text"), [b for b in BAD_INPUT if b], ids=lambda v: str(v))
+def test_bad_input_fails_before_any_run(
+    make_cfg: Composer,
+    client: MlflowClient,
+    experiment_name: str,
+    overrides: list[str],
+    error: type,
+    text: str,
+) -> None:
+    with pytest.raises(error) as info:
+        train(make_cfg(*overrides))
+    assert text in str(info.value)
+    assert runs_of(client, experiment_name) == []  # nothing started, nothing left RUNNING
+
+
+def test_train_accepts_the_typed_config(make_cfg: Composer) -> None:
+    cfg = to_config(make_cfg("train.epochs=1", "dp=off"))
+    assert train(cfg).n_train == 1437
