@@ -163,6 +163,13 @@ class TrackingConfig:
 
 
 @dataclass
+class SweepConfig:
+    # Drop configs whose planned ε (dp.accountant, over all their steps) exceeds this budget:
+    # dpsweep-plan marks them and dpsweep -m skips them. null keeps every config.
+    max_epsilon: float | None = None
+
+
+@dataclass
 class Config:
     dataset: Any = MISSING  # a DatasetConfig subclass, chosen by the dataset/ group
     model: Any = MISSING  # a ModelConfig subclass
@@ -170,6 +177,7 @@ class Config:
     optimizer: Any = MISSING  # an OptimizerConfig subclass
     train: TrainConfig = MISSING
     tracking: TrackingConfig = MISSING
+    sweep: SweepConfig = field(default_factory=SweepConfig)
 
 
 def register_configs() -> None:
@@ -264,6 +272,8 @@ def validate(cfg: Config) -> None:
         )
     else:
         _require(dp.target_epsilon > 0, "dp.target_epsilon", dp.target_epsilon, "a positive ε or null")
+    limit = cfg.sweep.max_epsilon
+    _require(limit is None or limit > 0, "sweep.max_epsilon", limit, "a positive ε budget or null")
 
 
 def validate_for_dataset(cfg: Config, n_train: int) -> None:

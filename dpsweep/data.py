@@ -147,8 +147,7 @@ def load_mnist(cfg: TorchvisionDatasetConfig) -> DataSplits:
         return _splits(train, test, num_classes=10)
 
     how = (
-        "copy train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and "
-        "t10k-labels-idx1-ubyte there"
+        "copy train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte there"
     )
     return _open("MNIST", cfg, root / "MNIST" / "raw", how, make)
 
@@ -178,19 +177,13 @@ def load_flowers102(cfg: Flowers102Config) -> DataSplits:
     tf = _transform(flowers102_image_size(cfg), IMAGENET_MEAN_STD)
 
     def make() -> DataSplits:
-        parts = [
-            tvd.Flowers102(str(root), split=s, transform=tf, download=cfg.download) for s in cfg.train_splits
-        ]
+        parts = [tvd.Flowers102(str(root), split=s, transform=tf, download=cfg.download) for s in cfg.train_splits]
         train: Dataset[Any] = parts[0] if len(parts) == 1 else ConcatDataset(parts)
         test = tvd.Flowers102(str(root), split="test", transform=tf, download=cfg.download)
         # torchvision opens each JPEG only when it is read: check them all now, not mid-training.
-        missing = [
-            f for ds in [*parts, test] for f in getattr(ds, "_image_files", []) if not Path(f).is_file()
-        ]
+        missing = [f for ds in [*parts, test] for f in getattr(ds, "_image_files", []) if not Path(f).is_file()]
         if missing:
-            raise FileNotFoundError(
-                f"{len(missing)} images listed in setid.mat are missing, e.g. {missing[0]}"
-            )
+            raise FileNotFoundError(f"{len(missing)} images listed in setid.mat are missing, e.g. {missing[0]}")
         return _splits(train, test, num_classes=102)
 
     how = "copy jpg/, imagelabels.mat and setid.mat from the Oxford VGG site there"

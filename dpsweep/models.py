@@ -127,14 +127,10 @@ def _imagenet_weights() -> VGG16_Weights:
 
 
 @MODELS.register("vgg16_frozen")
-def build_vgg16_frozen(
-    cfg: VGG16FrozenConfig, input_shape: tuple[int, int, int], num_classes: int
-) -> nn.Module:
+def build_vgg16_frozen(cfg: VGG16FrozenConfig, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     channels, height, width = input_shape
     if min(height, width) < VGG16_MIN_SIZE:
-        raise ConfigError(
-            "dataset.image_size", height, f"at least {VGG16_MIN_SIZE} pixels for model vgg16_frozen"
-        )
+        raise ConfigError("dataset.image_size", height, f"at least {VGG16_MIN_SIZE} pixels for model vgg16_frozen")
     if channels not in (1, 3):
         raise ConfigError("dataset", f"{channels} channels", "1 or 3 channels for model vgg16_frozen")
     return FrozenVGG16(num_classes, cfg.hidden_units, cfg.pretrained, cfg.dropout)

@@ -27,8 +27,12 @@ Composition of Differential Privacy"). RDP -> (ε, δ) conversions:
 
 from __future__ import annotations
 
+import itertools
 import math
+import multiprocessing
+import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,7 +94,7 @@ def _classic(orders: np.ndarray, rdp: np.ndarray, delta: float) -> tuple[float, 
     return float(eps[i]), float(orders[i])
 
 
-def rdp_curve(history: History, orders: Sequence[float] = DEFAULT_ALPHAS) -> np.ndarray:
+def rdp_curve(history: History, orders: Sequence[float] | np.ndarray = DEFAULT_ALPHAS) -> np.ndarray:
     """Total RDP at each order, summed over the history's segments."""
     total = np.zeros(len(orders))
     for sigma, q, steps in history:
@@ -103,16 +107,12 @@ ACCOUNTANTS: Registry[Accounting] = Registry("accountant")
 
 
 @ACCOUNTANTS.register("rdp")
-def _rdp(
-    history: History, delta: float, conversion: str, orders: Sequence[float]
-) -> tuple[float, float | None]:
+def _rdp(history: History, delta: float, conversion: str, orders: Sequence[float]) -> tuple[float, float | None]:
     return CONVERSIONS.get(conversion)(np.asarray(orders, dtype=float), rdp_curve(history, orders), delta)
 
 
 @ACCOUNTANTS.register("prv")
-def _prv(
-    history: History, delta: float, conversion: str, orders: Sequence[float]
-) -> tuple[float, float | None]:
+def _prv(history: History, delta: float, conversion: str, orders: Sequence[float]) -> tuple[float, float | None]:
     accountant = PRVAccountant()
     accountant.history = list(history)
     return float(accountant.get_epsilon(delta=delta)), None
@@ -200,3 +200,97 @@ def calibrate_noise(
             epsilon_tolerance=epsilon_tolerance,
         )
     )
+
+
+def calibrate_epochs(
+    *,
+    target_epsilon: float,
+    n: int,
+    batch_size: int,
+    noise_multiplier: float,
+    delta: float,
+    accountant: str = "rdp",
+    max_epochs: int = 100_000,
+) -> int:
+    """Most epochs whose ε stays <= ``target_epsilon`` at this σ (0 if even one epoch exceeds it).
+
+    ε grows monotonically with the number of steps, so this is a bisection over whole epochs.
+    """
+
+    def eps(e: int) -> float:
+        return epsilon(n=n, batch_size=batch_size, noise_multiplier=noise_multiplier, delta=delta,
+                       epochs=e, accountant=accountant).epsilon  # fmt: skip
+
+    if eps(1) > target_epsilon:
+        return 0
+    lo, hi = 1, 2
+    while hi <= max_epochs and eps(hi) <= target_epsilon:
+        lo, hi = hi, hi * 2
+    hi = min(hi, max_epochs + 1)
+    while hi - lo > 1:  # invariant: eps(lo) <= target < eps(hi) (or hi past max_epochs)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if eps(mid) <= target_epsilon else (lo, mid)
+    return lo
+
+
+def epsilon_curve(
+    *,
+    n: int,
+    batch_size: int,
+    noise_multiplier: float,
+    delta: float,
+    epochs: int,
+    conversion: str = "improved",
+    alphas: Sequence[float] = DEFAULT_ALPHAS,
+) -> list[float]:
+    """RDP ε after each epoch 1..``epochs`` (one RDP evaluation: RDP is linear in steps)."""
+    return epsilon_grid(
+        n=n, batch_sizes=[batch_size], noise_multipliers=[noise_multiplier], epochs=range(1, epochs + 1),
+        delta=delta, conversion=conversion, alphas=alphas,
+    )[0, 0, :].tolist()  # fmt: skip
+
+
+def epsilon_grid(
+    *,
+    n: int,
+    batch_sizes: Sequence[int],
+    noise_multipliers: Sequence[float],
+    epochs: Sequence[int],
+    delta: float,
+    conversion: str = "improved",
+    alphas: Sequence[float] = DEFAULT_ALPHAS,
+    workers: int | None = None,
+) -> np.ndarray:
+    """RDP ε for every (B, σ, epochs) in the grid, shape (len(B), len(σ), len(epochs)).
+
+    RDP composes linearly in the number of steps, so one Opacus ``compute_rdp`` per (q, σ) pair
+    gives the per-step curve over all orders; each grid point scales it and converts to ε.
+    """
+    orders = np.asarray(alphas, dtype=float)
+    convert = CONVERSIONS.get(conversion)
+    epochs_arr = np.asarray(epochs, dtype=int)
+    schedules = [poisson_schedule(n, b) for b in batch_sizes]
+    pairs = [(s.sample_rate, float(sigma)) for s in schedules for sigma in noise_multipliers]
+    per_step = iter(_per_step_rdp(pairs, orders, workers))
+    out = np.empty((len(batch_sizes), len(noise_multipliers), len(epochs_arr)))
+    for i, schedule in enumerate(schedules):
+        for j in range(len(noise_multipliers)):
+            rdp1 = next(per_step)
+            for k, e in enumerate(epochs_arr):
+                out[i, j, k] = convert(orders, rdp1 * schedule.steps(int(e)), delta)[0]
+    return out
+
+
+def _rdp_one(pair: tuple[float, float], orders: np.ndarray) -> np.ndarray:
+    q, sigma = pair
+    return rdp_curve([(sigma, q, 1)], orders)
+
+
+def _per_step_rdp(pairs: list[tuple[float, float]], orders: np.ndarray, workers: int | None) -> list[np.ndarray]:
+    """Per-step RDP curves for (q, σ) pairs; independent pure computations, spread over processes
+    (fork, Linux) when there are many. The values are the same as computed serially."""
+    workers = workers if workers is not None else (os.cpu_count() or 1)
+    if workers <= 1 or len(pairs) < 8 * workers or "fork" not in multiprocessing.get_all_start_methods():
+        return [_rdp_one(p, orders) for p in pairs]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        return list(pool.map(_rdp_one, pairs, itertools.repeat(orders), chunksize=max(1, len(pairs) // (4 * workers))))

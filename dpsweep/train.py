@@ -29,6 +29,7 @@ from typing import Any
 import hydra
 import numpy as np
 import torch
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from opacus import PrivacyEngine
 from opacus.optimizers import DPOptimizer
@@ -54,6 +55,7 @@ from dpsweep.config import (
 )
 from dpsweep.data import DatasetNotFoundError
 from dpsweep.models import PretrainedWeightsError
+from dpsweep.plan import OverBudget, check_budget, resolve_noise
 from dpsweep.registry import Registry, UnknownNameError
 from dpsweep.tracking import Tracker, environment_tags, tracked_run
 
@@ -117,28 +119,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def resolve_noise(cfg: Config, n_train: int) -> float | None:
-    """σ to train with: the configured one, or calibrated to ``dp.target_epsilon`` (ε never above it)."""
-    dp = cfg.dp
-    if not dp.enabled:
-        return None
-    if dp.target_epsilon is None:
-        return dp.noise_multiplier
-    try:
-        return privacy.calibrate_noise(
-            target_epsilon=dp.target_epsilon,
-            n=n_train,
-            batch_size=cfg.train.batch_size,
-            delta=dp.delta,
-            epochs=cfg.train.epochs,
-            accountant=dp.accountant.value,
-        )
-    except ValueError as err:  # "The privacy budget is too low."
-        raise ConfigError(
-            "dp.target_epsilon", dp.target_epsilon, f"a budget reachable with σ <= 1e6 ({err})"
-        ) from err
-
-
 def run_params(cfg: Config, noise_multiplier: float | None) -> dict[str, Any]:
     """MLflow params: the flattened resolved config. Without DP only ``dp.enabled`` is kept,
     since σ, C, δ and the accountant have no effect on a non-private run."""
@@ -159,6 +139,7 @@ def train(cfg: DictConfig | Config) -> TrainResult:
     data = datasets.build(config.dataset)
     validate_for_dataset(config, data.n_train)
     sigma = resolve_noise(config, data.n_train)
+    check_budget(config, data.n_train, sigma)
     monitor = memory.monitor_for(device)  # baseline before the model exists
     model = model_zoo.build(config.model, data.input_shape, data.num_classes)
 
@@ -272,9 +253,7 @@ def _fit(
     return result
 
 
-def _finish_privacy(
-    cfg: Config, engine: PrivacyEngine, sigma: float | None, result: TrainResult, run: Tracker
-) -> None:
+def _finish_privacy(cfg: Config, engine: PrivacyEngine, sigma: float | None, result: TrainResult, run: Tracker) -> None:
     """Final ε over the steps actually taken, under both accountants, from the engine's history."""
     history = [(float(s), float(q), int(n)) for s, q, n in engine.accountant.history]
     delta = cfg.dp.delta
@@ -284,9 +263,7 @@ def _finish_privacy(
     result.delta, result.noise_multiplier = delta, sigma
     result.sample_rate = history[0][1] if history else None
     run.log_metrics({f"epsilon_{name}": eps for name, eps in result.epsilons.items()}, step=cfg.train.epochs)
-    run.set_tags(
-        {"dp.steps": result.steps, "dp.sample_rate": result.sample_rate, "dp.conversion": "improved"}
-    )
+    run.set_tags({"dp.steps": result.steps, "dp.sample_rate": result.sample_rate, "dp.conversion": "improved"})
 
 
 @torch.no_grad()
@@ -317,11 +294,21 @@ def _print_summary(cfg: Config, r: TrainResult) -> None:
     )
 
 
+def _job_overrides() -> str:
+    try:
+        return " ".join(HydraConfig.get().overrides.task) or "(defaults)"
+    except ValueError:  # not running under Hydra
+        return "(config)"
+
+
 @hydra.main(version_base="1.3", config_path="pkg://dpsweep.conf", config_name="config")
-def main(cfg: DictConfig) -> float:
+def main(cfg: DictConfig) -> float | None:
     """Console entry point ``dpsweep``; returns the metric a sweeper optimises."""
     try:
         return train(cfg).test_accuracy
+    except OverBudget as why:  # not an error: the sweep goes on without this config
+        print(f"dpsweep: skip {_job_overrides()}: {why}", flush=True)
+        return None
     except INPUT_ERRORS as err:
         print(f"dpsweep: error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(2) from err

@@ -58,9 +58,7 @@ IDX_LABELS_MAGIC = 2049  # 0x00000801: unsigned byte, 1 dimension
 def write_idx_images(path: Path, images: U8) -> None:
     """IDX3 file: magic 2051, then N, rows, cols as big-endian uint32, then the pixels row-major."""
     n, rows, cols = images.shape
-    path.write_bytes(
-        struct.pack(">IIII", IDX_IMAGES_MAGIC, n, rows, cols) + images.astype(np.uint8).tobytes()
-    )
+    path.write_bytes(struct.pack(">IIII", IDX_IMAGES_MAGIC, n, rows, cols) + images.astype(np.uint8).tobytes())
 
 
 def write_idx_labels(path: Path, labels: U8) -> None:
@@ -120,9 +118,7 @@ def _cifar_batch(path: Path, name: str, data: U8, labels: list[int]) -> None:
         pickle.dump(entry, f, protocol=2)
 
 
-def fabricate_cifar10(
-    root: Path, batch_sizes: tuple[int, ...] = (2, 1, 3, 1, 2), n_test: int = 3
-) -> FakeCIFAR10:
+def fabricate_cifar10(root: Path, batch_sizes: tuple[int, ...] = (2, 1, 3, 1, 2), n_test: int = 3) -> FakeCIFAR10:
     """Five training batches of ``batch_sizes`` images and a test batch of ``n_test`` random images."""
     assert len(batch_sizes) == len(CIFAR10_TRAIN_BATCHES)
     folder = root / "cifar-10-batches-py"

@@ -15,9 +15,7 @@ DPSWEEP = str(Path(sys.executable).with_name("dpsweep"))
 
 def run_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run(
-        [DPSWEEP, *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env, check=False
-    )
+    return subprocess.run([DPSWEEP, *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env, check=False)
 
 
 def run_statuses(db: Path) -> list[str]:
@@ -52,9 +50,7 @@ def test_sweep_runs_each_job_and_prints_accuracy_and_epsilon(tmp_path: Path) -> 
         (["dataset=cifar10", "dataset.root=nowhere"], "cifar-10-batches-py"),
     ],
 )
-def test_bad_input_exits_2_with_one_clear_line_and_no_run(
-    tmp_path: Path, args: list[str], needle: str
-) -> None:
+def test_bad_input_exits_2_with_one_clear_line_and_no_run(tmp_path: Path, args: list[str], needle: str) -> None:
     proc = run_cli(tmp_path, *args)
     assert proc.returncode == 2
     assert f"dpsweep: error: {needle}" in proc.stderr or needle in proc.stderr
@@ -68,9 +64,7 @@ def test_bad_input_exits_2_with_one_clear_line_and_no_run(
     ("args", "needle"),
     [(["dataset=imagenet"], "Could not find 'dataset/imagenet'"), (["train.bach_size=3"], "bach_size")],
 )
-def test_composition_errors_exit_nonzero_with_hydras_message(
-    tmp_path: Path, args: list[str], needle: str
-) -> None:
+def test_composition_errors_exit_nonzero_with_hydras_message(tmp_path: Path, args: list[str], needle: str) -> None:
     proc = run_cli(tmp_path, *args)
     assert proc.returncode != 0
     assert needle in proc.stderr

@@ -104,9 +104,7 @@ BAD_STATIC = [
 
 
 @pytest.mark.parametrize(("override", "key", "value"), BAD_STATIC, ids=[b[0] for b in BAD_STATIC])
-def test_validate_names_key_value_and_allowed(
-    make_cfg: Composer, override: str, key: str, value: str
-) -> None:
+def test_validate_names_key_value_and_allowed(make_cfg: Composer, override: str, key: str, value: str) -> None:
     with pytest.raises(ConfigError) as info:
         validate(to_config(make_cfg(override)))
     assert info.value.key == key

@@ -169,9 +169,7 @@ def test_cifar10_split_sizes_shapes_labels_and_pixels(
     torch.testing.assert_close(x5, _cifar_expected(cifar10.train_data[5]), rtol=0, atol=1e-5)
 
 
-def test_cifar10_image_size_resizes(
-    cifar10: FakeCIFAR10, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_cifar10_image_size_resizes(cifar10: FakeCIFAR10, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     patch_cifar10_md5s(monkeypatch, cifar10.md5s)
     splits = build(_cifar_cfg(tmp_path, image_size=16))
     assert splits.input_shape == (3, 16, 16)
@@ -199,9 +197,7 @@ def test_cifar10_one_corrupt_file_raises_corrupt(
     _assert_not_found(_cifar_cfg(tmp_path), cifar10.folder, "corrupt")
 
 
-def test_cifar10_missing_batch_raises(
-    cifar10: FakeCIFAR10, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_cifar10_missing_batch_raises(cifar10: FakeCIFAR10, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     patch_cifar10_md5s(monkeypatch, cifar10.md5s)
     (cifar10.folder / "data_batch_5").unlink()
     _assert_not_found(_cifar_cfg(tmp_path), cifar10.folder, "missing or corrupt")

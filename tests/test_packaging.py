@@ -63,3 +63,8 @@ def test_console_entry_point_is_the_hydra_app(wheel_names: set[str]) -> None:
 
     [ep] = [e for e in entry_points(group="console_scripts") if e.name == "dpsweep"]
     assert ep.value == "dpsweep.train:main"
+
+
+def test_every_config_group_is_packaged(wheel_names: set[str], repo_root: Path) -> None:
+    for yaml in (repo_root / "conf").rglob("*.yaml"):
+        assert f"dpsweep/conf/{yaml.relative_to(repo_root / 'conf').as_posix()}" in wheel_names

@@ -121,3 +121,29 @@ def test_default_alphas_are_opacus_defaults() -> None:
 
     assert list(privacy.DEFAULT_ALPHAS) == RDPAccountant.DEFAULT_ALPHAS
     assert not math.isnan(epsilon(n=100, batch_size=10, noise_multiplier=1, delta=1e-3, epochs=1).epsilon)
+
+
+def test_grid_equals_pointwise_epsilon_serial_and_parallel() -> None:
+    kw = dict(
+        n=5000, batch_sizes=[50, 100, 250, 500], noise_multipliers=[0.7, 1.0, 1.3, 2.0], epochs=[1, 3, 7], delta=1e-5
+    )
+    serial = privacy.epsilon_grid(**kw, workers=1)  # type: ignore[arg-type]
+    parallel = privacy.epsilon_grid(**kw, workers=2)  # type: ignore[arg-type]  # 16 pairs: the process pool
+    assert serial.shape == (4, 4, 3)
+    assert (serial == parallel).all()
+    for i, b in enumerate(kw["batch_sizes"]):  # type: ignore[arg-type]
+        for j, s in enumerate(kw["noise_multipliers"]):  # type: ignore[arg-type]
+            assert serial[i, j, 2] == epsilon(n=5000, batch_size=b, noise_multiplier=s, epochs=7, delta=1e-5).epsilon
+
+
+def test_epsilon_curve_and_epoch_calibration_agree() -> None:
+    curve = privacy.epsilon_curve(n=1437, batch_size=64, noise_multiplier=1.0, delta=1e-5, epochs=12)
+    assert all(a < b for a, b in itertools.pairwise(curve))
+    e = privacy.calibrate_epochs(
+        target_epsilon=curve[6] + 1e-9, n=1437, batch_size=64, noise_multiplier=1.0, delta=1e-5
+    )
+    assert e == 7
+    assert (
+        privacy.calibrate_epochs(target_epsilon=curve[0] / 2, n=1437, batch_size=64, noise_multiplier=1.0, delta=1e-5)
+        == 0
+    )

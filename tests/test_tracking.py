@@ -30,9 +30,7 @@ def test_finished_run_keeps_params_metrics_tags_and_text(
     assert [a.path for a in client.list_artifacts(r.info.run_id)] == ["config.yaml"]
 
 
-def test_raising_run_ends_failed_with_the_error(
-    mlflow_uri: str, experiment_name: str, client: MlflowClient
-) -> None:
+def test_raising_run_ends_failed_with_the_error(mlflow_uri: str, experiment_name: str, client: MlflowClient) -> None:
     with pytest.raises(RuntimeError, match="boom"), tracked_run(_cfg(mlflow_uri, experiment_name)) as run:
         run.log_metrics({"acc": 0.5}, step=1)
         raise RuntimeError("boom")

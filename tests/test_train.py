@@ -82,9 +82,7 @@ def test_dp_run_logs_the_documented_tags_and_config(dp_run: tuple) -> None:  # t
     tags = run.data.tags
     assert set(tags) >= OUR_TAGS | DP_TAGS
     assert tags["memory.backend"] == "cpu-tensors"
-    assert (
-        tags["dataset.n_train"] == "1437" and tags["dp.delta"] == "1e-05" and tags["dp.accountant"] == "rdp"
-    )
+    assert tags["dataset.n_train"] == "1437" and tags["dp.delta"] == "1e-05" and tags["dp.accountant"] == "rdp"
     assert tags["dp.steps"] == str(3 * 23) == str(result.steps)
     assert tags["torch.version"] == torch.__version__
     artifact = client.download_artifacts(run.info.run_id, "config.yaml")
@@ -165,9 +163,7 @@ def test_per_sample_clipping_bounds_each_gradient() -> None:
     assert torch.allclose(batch, torch.stack(singles).sum(0), atol=1e-6)
 
 
-def test_vgg16_frozen_run_trains_only_the_head(
-    make_cfg: Composer, client: MlflowClient, experiment_name: str
-) -> None:
+def test_vgg16_frozen_run_trains_only_the_head(make_cfg: Composer, client: MlflowClient, experiment_name: str) -> None:
     result = train(make_cfg(
         "model=vgg16_frozen", "model.pretrained=false", "model.hidden_units=8",
         "dataset.image_size=32", "train.epochs=1", "train.batch_size=256", "optimizer.lr=0.01",

@@ -1,0 +1,178 @@
+"""``dpsweep-plan``: the jobs a ``dpsweep -m`` sweep would launch, with their ε, without training.
+
+    dpsweep-plan experiment=demo
+    dpsweep-plan train.batch_size=64,256 dp.noise_multiplier=0.8,1.1 train.epochs=10,30
+    dpsweep-plan dp.noise_multiplier=0.5,1,2 sweep.max_epsilon=3     # over-budget jobs are dropped
+    dpsweep-plan experiment=demo --json
+
+It takes exactly the overrides ``dpsweep -m`` takes and expands them with Hydra's own basic-sweeper
+logic (``hydra.sweeper.params`` from the config first, then the command line), so the rows are the
+jobs, in the order Hydra launches them. ε uses the trainer's step convention
+(``dpsweep.privacy.poisson_schedule``), so it equals the ε each run logs at its end.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from hydra import compose, initialize_config_module
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+
+from dpsweep import data as datasets
+from dpsweep import privacy
+from dpsweep.config import Config, ConfigError, to_config, validate, validate_for_dataset
+
+CONFIG_MODULE = "dpsweep.conf"
+
+
+def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
+    """The override lists of the jobs ``dpsweep -m <overrides>`` launches, in launch order."""
+    parser = OverridesParser.create()
+    parsed = parser.parse_overrides(list(overrides))
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override() and o.input_line is not None]
+    hydra_cfg = compose("config", overrides=fixed, return_hydra_config=True).hydra
+    node = hydra_cfg.sweeper.get("params")
+    params = OmegaConf.to_container(node, resolve=False) if node is not None else {}
+    assert isinstance(params, dict)
+    lines = [f"{k!s}={v!s}" for k, v in params.items()] + list(overrides)
+    [jobs] = BasicSweeper.split_arguments(parser.parse_overrides(lines), max_batch_size=None)
+    return jobs
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    job: int
+    overrides: str
+    dataset: str
+    model: str
+    batch_size: int
+    noise_multiplier: float | None  # σ; calibrated when dp.target_epsilon is set
+    max_grad_norm: float | None
+    lr: float
+    epochs: int
+    delta: float | None
+    epsilon: float | None  # under ``accountant``; None without DP
+    accountant: str | None
+    steps: int
+    n_train: int
+    over_budget: bool  # ε > sweep.max_epsilon: dpsweep -m skips it
+
+
+class OverBudget(Exception):
+    """A config whose planned ε exceeds ``sweep.max_epsilon``; ``dpsweep -m`` skips it."""
+
+
+def planned_epsilon(cfg: Config, n_train: int, noise_multiplier: float) -> privacy.EpsilonResult:
+    return privacy.epsilon(
+        n=n_train, batch_size=cfg.train.batch_size, noise_multiplier=noise_multiplier, delta=cfg.dp.delta,
+        epochs=cfg.train.epochs, accountant=cfg.dp.accountant.value,
+    )  # fmt: skip
+
+
+def resolve_noise(cfg: Config, n_train: int) -> float | None:
+    """σ to train with: the configured one, or calibrated to ``dp.target_epsilon`` (ε never above it)."""
+    dp = cfg.dp
+    if not dp.enabled:
+        return None
+    if dp.target_epsilon is None:
+        return dp.noise_multiplier
+    try:
+        return privacy.calibrate_noise(
+            target_epsilon=dp.target_epsilon, n=n_train, batch_size=cfg.train.batch_size, delta=dp.delta,
+            epochs=cfg.train.epochs, accountant=dp.accountant.value,
+        )  # fmt: skip
+    except ValueError as err:  # "The privacy budget is too low."
+        raise ConfigError("dp.target_epsilon", dp.target_epsilon, f"a budget reachable with σ <= 1e6 ({err})") from err
+
+
+def check_budget(cfg: Config, n_train: int, noise_multiplier: float | None) -> None:
+    """Raise :class:`OverBudget` when the planned ε exceeds ``sweep.max_epsilon``."""
+    limit = cfg.sweep.max_epsilon
+    if noise_multiplier is None or limit is None:
+        return
+    eps = planned_epsilon(cfg, n_train, noise_multiplier).epsilon
+    if eps > limit:
+        raise OverBudget(f"ε={eps:.4g} ({cfg.dp.accountant.value}, δ={cfg.dp.delta:g}) > sweep.max_epsilon={limit:g}")
+
+
+def plan_job(job: int, overrides: list[str], cfg: Config, n_train: int) -> PlanRow:
+    validate(cfg)
+    validate_for_dataset(cfg, n_train)
+    steps = privacy.poisson_schedule(n_train, cfg.train.batch_size).steps(cfg.train.epochs)
+    sigma = resolve_noise(cfg, n_train)
+    eps = planned_epsilon(cfg, n_train, sigma) if sigma is not None else None
+    limit = cfg.sweep.max_epsilon
+    return PlanRow(
+        job=job, overrides=" ".join(overrides), dataset=cfg.dataset.name, model=cfg.model.name,
+        batch_size=cfg.train.batch_size, noise_multiplier=sigma,
+        max_grad_norm=cfg.dp.max_grad_norm if cfg.dp.enabled else None, lr=cfg.optimizer.lr,
+        epochs=cfg.train.epochs, delta=cfg.dp.delta if cfg.dp.enabled else None,
+        epsilon=eps.epsilon if eps else None, accountant=cfg.dp.accountant.value if cfg.dp.enabled else None,
+        steps=steps, n_train=n_train, over_budget=bool(eps and limit is not None and eps.epsilon > limit),
+    )  # fmt: skip
+
+
+def plan(overrides: Sequence[str]) -> list[PlanRow]:
+    """One row per job of ``dpsweep -m <overrides>``; needs Hydra initialised on dpsweep.conf."""
+    rows = []
+    sizes: dict[str, int] = {}  # N per dataset config: load each dataset once
+    for job, job_overrides in enumerate(expand_sweep(overrides)):
+        cfg = to_config(compose("config", overrides=job_overrides))
+        key = json.dumps(OmegaConf.to_container(OmegaConf.structured(cfg.dataset)), sort_keys=True)
+        if key not in sizes:
+            sizes[key] = datasets.build(cfg.dataset).n_train
+        rows.append(plan_job(job, job_overrides, cfg, sizes[key]))
+    return rows
+
+
+def format_table(rows: Sequence[PlanRow]) -> str:
+    cols = ("job", "dataset", "model", "B", "σ", "C", "lr", "epochs", "δ", "ε")
+    lines = ["{:>3}  {:<10} {:<12} {:>5} {:>7} {:>6} {:>8} {:>6} {:>8} {:>9}".format(*cols)]
+    for r in rows:
+        dash = "—"
+        sigma = f"{r.noise_multiplier:.4g}" if r.noise_multiplier is not None else dash
+        clip = f"{r.max_grad_norm:g}" if r.max_grad_norm is not None else dash
+        delta = f"{r.delta:.0e}" if r.delta is not None else dash
+        eps = f"{r.epsilon:.4g}" if r.epsilon is not None else "non-DP"
+        lines.append(
+            f"{r.job:>3}  {r.dataset:<10} {r.model:<12} {r.batch_size:>5} {sigma:>7} {clip:>6} {r.lr:>8.3g} "
+            f"{r.epochs:>6} {delta:>8} {eps:>9}" + ("  over budget: skipped" if r.over_budget else "")
+        )
+    accountants = sorted({r.accountant for r in rows if r.accountant})
+    if accountants:
+        lines.append(f"ε: {', '.join(accountants)} accountant(s) over each job's steps (Opacus Poisson convention)")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in args
+    args = [a for a in args if a != "--json"]
+    if "-h" in args or "--help" in args:
+        print(__doc__)
+        return
+    warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+    try:
+        with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+            rows = plan(args)
+    except (ConfigError, KeyError, FileNotFoundError, HydraException) as err:
+        print(f"dpsweep-plan: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from err
+    if as_json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+    else:
+        print(format_table(rows))
+        dropped = [r for r in rows if r.over_budget]
+        if dropped:
+            print(f"{len(dropped)} of {len(rows)} jobs exceed sweep.max_epsilon and would be skipped")
+
+
+if __name__ == "__main__":
+    main()

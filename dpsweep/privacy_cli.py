@@ -1,0 +1,173 @@
+"""``dpsweep-epsilon``: the privacy cost of a DP-SGD configuration, before training.
+
+In the style of the field's ``compute_dp_sgd_privacy`` script::
+
+    dpsweep-epsilon -s 60000 -b 150 -n 1.3 -e 15                 # ε after 15 epochs
+    dpsweep-epsilon -s 60000 -b 150 -n 1.3 -e 15 --json          # one JSON object
+    dpsweep-epsilon -s 60000 -b 150 -e 15 --target-epsilon 2     # σ for ε <= 2
+    dpsweep-epsilon -s 60000 -b 150 -n 1.3 --target-epsilon 2    # most epochs with ε <= 2
+    dpsweep-epsilon -s 60000 -b 150 -n 1.3 -e 15 --plot plots/   # ε against each knob, as PNG
+
+Steps follow Opacus's Poisson loader (see ``dpsweep.privacy``), so the ε printed here is exactly the
+ε ``dpsweep`` logs at the end of a run with the same N, B, σ, epochs and δ. Bad input exits with 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dpsweep import privacy
+
+EXIT_USAGE = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dpsweep-epsilon",
+        description="Privacy cost (ε, δ) of DP-SGD with Poisson sampling, computed with Opacus's accountants.",
+    )
+    p.add_argument("-s", "--dataset-size", type=int, required=True, metavar="N", help="training-set size N")
+    p.add_argument("-b", "--batch-size", type=int, required=True, metavar="B", help="logical batch size B")
+    p.add_argument("-n", "--noise-multiplier", type=float, metavar="SIGMA", help="noise multiplier σ")
+    p.add_argument("-e", "--epochs", type=int, help="number of epochs (or give --steps)")
+    p.add_argument("--steps", type=int, help="number of optimizer steps (or give -e)")
+    p.add_argument("-d", "--delta", type=float, default=1e-5, help="δ, in (0, 1) and below 1/N (default 1e-5)")
+    p.add_argument("--accountant", choices=privacy.ACCOUNTANTS.names(), default="rdp")
+    p.add_argument("--conversion", choices=privacy.CONVERSIONS.names(), default="improved",
+                   help="RDP to (ε, δ): improved (Balle et al. 2020, Opacus) or classic (Mironov 2017)")  # fmt: skip
+    p.add_argument("--alphas", type=float, nargs="+", metavar="ALPHA", help="RDP orders (default: Opacus's)")
+    p.add_argument("--target-epsilon", type=float, metavar="EPS",
+                   help="calibrate σ (given -e/--steps) or the epochs (given -n) so that ε <= EPS")  # fmt: skip
+    p.add_argument("--allow-large-delta", action="store_true", help="permit δ >= 1/N (voids the guarantee)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", type=Path, metavar="DIR", help="write PNG plots of ε against each knob to DIR")
+    return p
+
+
+def _check(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Reject bad input with the flag, the value and the allowed range (exit code 2)."""
+    if a.dataset_size <= 0:
+        p.error(f"-s/--dataset-size={a.dataset_size}: must be a positive number of examples")
+    if a.batch_size <= 0:
+        p.error(f"-b/--batch-size={a.batch_size}: must be positive")
+    if a.batch_size > a.dataset_size:
+        p.error(
+            f"-b/--batch-size={a.batch_size} with -s/--dataset-size={a.dataset_size}: the sample rate "
+            f"B/N = {a.batch_size / a.dataset_size:.3g} is above 1; B must be at most N"
+        )
+    if a.noise_multiplier is not None and a.noise_multiplier <= 0:
+        p.error(f"-n/--noise-multiplier={a.noise_multiplier}: σ must be > 0")
+    if not 0 < a.delta < 1:
+        p.error(f"-d/--delta={a.delta}: δ must be in the open interval (0, 1)")
+    if a.delta >= 1 / a.dataset_size and not a.allow_large_delta:
+        p.error(
+            f"-d/--delta={a.delta}: δ must be below 1/N = {1 / a.dataset_size:.3g}, or the guarantee is "
+            "void; pass --allow-large-delta to compute it anyway"
+        )
+    for flag, value in (("-e/--epochs", a.epochs), ("--steps", a.steps)):
+        if value is not None and value <= 0:
+            p.error(f"{flag}={value}: must be positive")
+    if a.alphas is not None and any(alpha <= 1 for alpha in a.alphas):
+        p.error(f"--alphas={a.alphas}: RDP orders must be > 1")
+    if a.target_epsilon is not None and a.target_epsilon <= 0:
+        p.error(f"--target-epsilon={a.target_epsilon}: must be > 0")
+    given = (a.epochs is not None) + (a.steps is not None)
+    if given == 2:
+        p.error("give -e/--epochs or --steps, not both")
+    if a.target_epsilon is not None and a.noise_multiplier is not None:
+        if given:
+            p.error("with --target-epsilon give -n (to calibrate the epochs) or -e/--steps (to calibrate σ), not both")
+    elif a.target_epsilon is None and a.noise_multiplier is None:
+        p.error("-n/--noise-multiplier is required (or give --target-epsilon to calibrate it)")
+    elif given == 0 and not (a.target_epsilon is not None and a.noise_multiplier is not None):
+        p.error("give the training length: -e/--epochs or --steps")
+
+
+def _result(a: argparse.Namespace, sigma: float, epochs: int | None, steps: int | None) -> privacy.EpsilonResult:
+    return privacy.epsilon(
+        n=a.dataset_size, batch_size=a.batch_size, noise_multiplier=sigma, delta=a.delta, epochs=epochs,
+        steps=steps, accountant=a.accountant, conversion=a.conversion,
+        alphas=tuple(a.alphas) if a.alphas else privacy.DEFAULT_ALPHAS,
+    )  # fmt: skip
+
+
+def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Parse, check and compute; returns the JSON object (also printed)."""
+    p = _parser()
+    a = p.parse_args(argv)
+    _check(p, a)
+    warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+    epochs, steps, sigma = a.epochs, a.steps, a.noise_multiplier
+    calibrated: str | None = None
+    if a.target_epsilon is not None and sigma is None:
+        try:
+            sigma = privacy.calibrate_noise(
+                target_epsilon=a.target_epsilon, n=a.dataset_size, batch_size=a.batch_size, delta=a.delta,
+                epochs=epochs, steps=steps, accountant=a.accountant,
+            )  # fmt: skip
+        except ValueError:
+            p.error(f"--target-epsilon={a.target_epsilon}: cannot be reached with σ <= 1e6 at this B, N and length")
+        calibrated = "noise_multiplier"
+    elif a.target_epsilon is not None:
+        epochs = privacy.calibrate_epochs(
+            target_epsilon=a.target_epsilon, n=a.dataset_size, batch_size=a.batch_size, noise_multiplier=sigma,
+            delta=a.delta, accountant=a.accountant,
+        )  # fmt: skip
+        if epochs == 0:
+            p.error(f"--target-epsilon={a.target_epsilon}: even one epoch at σ={sigma} costs more")
+        calibrated = "epochs"
+    r = _result(a, sigma, epochs, steps)
+    out: dict[str, Any] = {
+        "epsilon": r.epsilon, "delta": r.delta, "alpha": r.alpha, "steps": r.steps,
+        "sample_rate": r.sample_rate, "noise_multiplier": r.noise_multiplier, "accountant": r.accountant,
+        "conversion": r.conversion,
+    }  # fmt: skip
+    if calibrated:
+        out |= {"target_epsilon": a.target_epsilon, "calibrated": calibrated}
+    if epochs is not None:
+        out["epochs"] = epochs
+    if a.plot is not None:
+        from dpsweep.analysis.privacy_plots import plot_all
+
+        paths = plot_all(
+            a.plot, n=a.dataset_size, batch_size=a.batch_size, noise_multiplier=r.noise_multiplier, steps=r.steps,
+            delta=a.delta,
+        )  # fmt: skip
+        out["plots"] = [str(f) for f in paths]
+    print(json.dumps(out) if a.json else statement(out))
+    return out
+
+
+def statement(o: dict[str, Any]) -> str:
+    """The readable form of the result."""
+    how = f"{o['accountant'].upper()} accountant" + (f", {o['conversion']} conversion" if o["conversion"] else "")
+    text = (
+        f"DP-SGD with sample rate q = {o['sample_rate']:.6g} and noise multiplier σ = {o['noise_multiplier']:.6g}, "
+        f"iterated over {o['steps']} steps{_epochs(o)}, satisfies differential privacy with "
+        f"ε = {o['epsilon']:.6g} and δ = {o['delta']:g} ({how})."
+    )
+    if o["alpha"] is not None:
+        text += f"\nThe optimal RDP order is α = {o['alpha']:g}."
+    if o.get("calibrated"):
+        text += f"\n{o['calibrated']} was calibrated for ε <= {o['target_epsilon']:g}."
+    for f in o.get("plots", []):
+        text += f"\nwrote {f}"
+    return text
+
+
+def _epochs(o: dict[str, Any]) -> str:
+    return f" ({o['epochs']} epochs)" if "epochs" in o else ""
+
+
+def main() -> None:
+    run(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""``dpsweep-plan``: the same jobs as ``dpsweep -m``, with the ε each run will log."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hydra import initialize_config_module
+from mlflow.tracking import MlflowClient
+
+from dpsweep import privacy
+from dpsweep.plan import expand_sweep, plan
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture()
+def hydra_ctx() -> Iterator[None]:
+    with initialize_config_module("dpsweep.conf", version_base="1.3"):
+        yield
+
+
+def test_expansion_is_the_cartesian_product_in_hydra_order(hydra_ctx: None) -> None:
+    jobs = expand_sweep(["train.batch_size=32,64", "dp.noise_multiplier=0.5,1.0,2.0", "train.epochs=3"])
+    assert len(jobs) == 6
+    assert jobs[0] == ["train.batch_size=32", "dp.noise_multiplier=0.5", "train.epochs=3"]
+    assert jobs[-1] == ["train.batch_size=64", "dp.noise_multiplier=2.0", "train.epochs=3"]
+
+
+def test_sweeper_params_of_a_preset_come_first_and_the_command_line_wins(hydra_ctx: None) -> None:
+    jobs = expand_sweep(["experiment=demo"])
+    assert [j[:2] for j in jobs] == [
+        ["dp=off", "dp.noise_multiplier=0.8"], ["dp=off", "dp.noise_multiplier=1.6"],
+        ["dp=dpsgd", "dp.noise_multiplier=0.8"], ["dp=dpsgd", "dp.noise_multiplier=1.6"],
+    ]  # fmt: skip
+    assert len(expand_sweep(["experiment=demo", "dp.noise_multiplier=1.0"])) == 2
+
+
+def test_rows_carry_the_trainers_epsilon_and_budget(hydra_ctx: None) -> None:
+    rows = plan(["dp=off,dpsgd", "dp.noise_multiplier=0.7,1.5", "train.epochs=4", "sweep.max_epsilon=5"])
+    off = [r for r in rows if r.epsilon is None]
+    dp = [r for r in rows if r.epsilon is not None]
+    assert len(off) == 2 and all(r.noise_multiplier is None and not r.over_budget for r in off)
+    for r in dp:
+        expected = privacy.epsilon(n=1437, batch_size=64, noise_multiplier=r.noise_multiplier, epochs=4, delta=1e-5)
+        assert r.epsilon == expected.epsilon and r.steps == expected.steps == 4 * 23
+        assert r.over_budget == (r.epsilon > 5)
+    assert [r.over_budget for r in dp] == [True, False]
+
+
+def test_target_epsilon_rows_show_the_calibrated_sigma(hydra_ctx: None) -> None:
+    [row] = plan(["dp.target_epsilon=2.0", "train.epochs=3"])
+    assert row.noise_multiplier != 1.0 and 1.99 <= row.epsilon <= 2.0  # type: ignore[operator]
+
+
+def _run(exe: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run([str(BIN / exe), *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_plan_rows_match_the_jobs_dpsweep_m_launches(tmp_path: Path) -> None:
+    sweep = ["train.batch_size=32,128", "dp.noise_multiplier=0.6,1.4", "train.epochs=1", "sweep.max_epsilon=3"]
+    planned = _run("dpsweep-plan", [*sweep, "--json"], tmp_path)
+    assert planned.returncode == 0, planned.stderr
+    rows = json.loads(planned.stdout)
+    assert len(rows) == 4
+    kept = {(r["batch_size"], r["noise_multiplier"]): r["epsilon"] for r in rows if not r["over_budget"]}
+    dropped = [r for r in rows if r["over_budget"]]
+    assert kept and dropped  # the budget splits this grid
+
+    swept = _run("dpsweep", ["-m", *sweep, "train.progress=false"], tmp_path)
+    assert swept.returncode == 0, swept.stderr
+    skips = [line for line in swept.stdout.splitlines() if line.startswith("dpsweep: skip")]
+    assert len(skips) == len(dropped)
+    for r in dropped:
+        assert any(
+            f"train.batch_size={r['batch_size']} dp.noise_multiplier={r['noise_multiplier']}" in s for s in skips
+        )
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("dpsweep")
+    runs = client.search_runs([exp.experiment_id])
+    assert all(run.info.status == "FINISHED" for run in runs)
+    logged = {
+        (int(run.data.params["train.batch_size"]), float(run.data.params["dp.noise_multiplier"])): run.data.metrics[
+            "epsilon_rdp"
+        ]
+        for run in runs
+    }
+    assert logged == kept  # same jobs, and exactly the planned ε
+
+
+def test_plan_table_and_bad_input(tmp_path: Path) -> None:
+    table = _run("dpsweep-plan", ["experiment=demo"], tmp_path)
+    assert table.returncode == 0
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == ["job", "dataset", "model", "B", "σ", "C", "lr", "epochs", "δ", "ε"]
+    assert sum("non-DP" in line for line in lines) == 2 and "7.417" in table.stdout
+    bad = _run("dpsweep-plan", ["dp.noise_multiplier=0,1"], tmp_path)
+    assert bad.returncode == 2 and "dp.noise_multiplier=0.0 is invalid" in bad.stderr
+    unknown = _run("dpsweep-plan", ["dataset=imagenet"], tmp_path)
+    assert unknown.returncode == 2 and "imagenet" in unknown.stderr

@@ -1,0 +1,112 @@
+"""``dpsweep-epsilon``: statements, JSON, calibration, plots, and exit code 2 on bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from dpsweep import privacy
+from dpsweep.privacy_cli import run
+
+JSON_KEYS = {"epsilon", "delta", "alpha", "steps", "sample_rate", "noise_multiplier", "accountant", "conversion"}
+
+
+def test_statement_for_the_mnist_reference(capsys: pytest.CaptureFixture[str]) -> None:
+    run(["-s", "60000", "-b", "150", "-n", "1.3", "-e", "15"])
+    text = capsys.readouterr().out
+    assert "q = 0.0025" in text and "6000 steps" in text and "ε = 0.724223" in text
+    assert "δ = 1e-05" in text and "α = 19" in text and "RDP accountant, improved conversion" in text
+
+
+@pytest.mark.parametrize(("conversion", "expected"), [("classic", 0.941870567), ("improved", 0.7242234026)])
+def test_json_has_exactly_the_documented_keys(
+    capsys: pytest.CaptureFixture[str], conversion: str, expected: float
+) -> None:
+    run(["-s", "60000", "-b", "150", "-n", "1.3", "-e", "15", "--json", "--conversion", conversion])
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == JSON_KEYS | {"epochs"}
+    assert out["epsilon"] == pytest.approx(expected, rel=1e-6)
+    assert (out["steps"], out["alpha"], out["accountant"], out["conversion"]) == (6000, 19, "rdp", conversion)
+
+
+def test_custom_orders_and_steps(capsys: pytest.CaptureFixture[str]) -> None:
+    # q = 0.01 (N=10000, B=100), σ=1, 300 steps, orders {2, 5, 10, 20, 100}: ε = 2.39 at α = 5
+    run(["-s", "10000", "-b", "100", "-n", "1.0", "--steps", "300", "--alphas", "2", "5", "10", "20", "100", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert round(out["epsilon"], 2) == 2.39 and out["alpha"] == 5 and out["sample_rate"] == 0.01
+
+
+def test_prv_has_no_order(capsys: pytest.CaptureFixture[str]) -> None:
+    run(["-s", "60000", "-b", "150", "-n", "1.3", "-e", "15", "--accountant", "prv", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["alpha"] is None and out["conversion"] is None and out["epsilon"] < 0.7242234026
+
+
+def test_target_epsilon_calibrates_sigma(capsys: pytest.CaptureFixture[str]) -> None:
+    run(["-s", "60000", "-b", "256", "-e", "10", "--target-epsilon", "1.5", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["calibrated"] == "noise_multiplier" and 1.49 <= out["epsilon"] <= 1.5
+    again = privacy.epsilon(n=60000, batch_size=256, noise_multiplier=out["noise_multiplier"], epochs=10, delta=1e-5)
+    assert again.epsilon == out["epsilon"]
+
+
+def test_target_epsilon_calibrates_epochs(capsys: pytest.CaptureFixture[str]) -> None:
+    run(["-s", "1437", "-b", "64", "-n", "1.0", "--target-epsilon", "4", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    e = out["epochs"]
+    assert out["calibrated"] == "epochs" and out["epsilon"] <= 4
+    assert privacy.epsilon(n=1437, batch_size=64, noise_multiplier=1.0, epochs=e + 1, delta=1e-5).epsilon > 4
+
+
+def test_plots_are_valid_pngs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = run(["-s", "60000", "-b", "256", "-n", "1.1", "-e", "20", "--plot", str(tmp_path / "plots"), "--json"])
+    names = sorted(Path(p).name for p in out["plots"])
+    assert names == sorted(f"epsilon_vs_{k}.png" for k in ("epochs", "noise", "batch_size", "dataset_size", "delta"))
+    for path in out["plots"]:
+        with Image.open(path) as img:
+            assert img.format == "PNG" and img.size[0] >= 300
+
+
+BAD = [
+    (["-s", "100", "-b", "150", "-n", "1", "-e", "1"], "-b/--batch-size=150", "above 1"),
+    (["-s", "1000", "-b", "10", "-n", "0", "-e", "1"], "-n/--noise-multiplier=0.0", "> 0"),
+    (["-s", "1000", "-b", "10", "-n", "-1", "-e", "1"], "-n/--noise-multiplier=-1.0", "> 0"),
+    (["-s", "1000", "-b", "10", "-n", "1", "-e", "1", "-d", "0"], "-d/--delta=0.0", "(0, 1)"),
+    (["-s", "1000", "-b", "10", "-n", "1", "-e", "1", "-d", "1.5"], "-d/--delta=1.5", "(0, 1)"),
+    (["-s", "1000", "-b", "10", "-n", "1", "-e", "1", "-d", "0.01"], "-d/--delta=0.01", "--allow-large-delta"),
+    (["-s", "1000", "-b", "10", "-n", "1", "-e", "1", "--steps", "5"], "-e/--epochs or --steps", "not both"),
+    (["-s", "1000", "-b", "10", "-n", "1"], "-e/--epochs or --steps", "length"),
+    (["-s", "1000", "-b", "10", "-e", "1000", "--target-epsilon", "1e-9"], "--target-epsilon=1e-09", "cannot"),
+    (["-s", "1000", "-b", "500", "-n", "0.3", "--target-epsilon", "0.01"], "--target-epsilon=0.01", "one epoch"),
+]
+
+
+@pytest.mark.parametrize(("argv", "flag", "allowed"), BAD, ids=[" ".join(b[0]) for b in BAD])
+def test_bad_input_exits_2_naming_the_flag(
+    capsys: pytest.CaptureFixture[str], argv: list[str], flag: str, allowed: str
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        run(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert flag in err and allowed in err
+
+
+def test_large_delta_can_be_allowed(capsys: pytest.CaptureFixture[str]) -> None:
+    run(["-s", "1000", "-b", "10", "-n", "1", "-e", "1", "-d", "0.01", "--allow-large-delta", "--json"])
+    assert json.loads(capsys.readouterr().out)["delta"] == 0.01
+
+
+def test_console_script() -> None:
+    exe = Path(sys.executable).with_name("dpsweep-epsilon")
+    ok = subprocess.run(
+        [exe, "-s", "60000", "-b", "150", "-n", "1.3", "-e", "15", "--json"], capture_output=True, text=True
+    )
+    assert ok.returncode == 0 and json.loads(ok.stdout)["steps"] == 6000
+    bad = subprocess.run([exe, "-s", "60000", "-b", "150", "-n", "1.3"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "dpsweep-epsilon: error:" in bad.stderr
