@@ -152,7 +152,11 @@ class TrainConfig:
     seed: int = 0
     device: Device = Device.auto
     eval_batch_size: int = 1024
-    progress: bool = True  # tqdm bars for epochs and steps
+    progress: bool = True  # tqdm bars for epochs and steps (off by themselves when not on a terminal)
+    # Per-epoch checkpoints (model, optimizer, accountant, RNG, MLflow run id); a run started again
+    # with the same directory and config resumes from the last completed epoch. The dpsweep command
+    # uses the Hydra job's output directory when this is null.
+    checkpoint_dir: str | None = None
 
 
 @dataclass
@@ -167,6 +171,22 @@ class SweepConfig:
     # Drop configs whose planned ε (dp.accountant, over all their steps) exceeds this budget:
     # dpsweep-plan marks them and dpsweep -m skips them. null keeps every config.
     max_epsilon: float | None = None
+    id: str | None = None  # set by the dpsweep sweeper on every job of a sweep; tagged on its runs
+
+
+@dataclass
+class LauncherConfig:
+    """Resources, said once; each launcher maps them to its scheduler (conf/launcher/*.yaml)."""
+
+    name: str = "inline"  # inline (in-process, one after another) | local | slurm | sge
+    gpus_per_job: int = 0
+    cpus_per_job: int = 1
+    mem_gb: int = 4  # memory per job, GiB
+    timeout_min: int = 60  # wall-clock limit per job, minutes
+    partition: str | None = None  # Slurm partition or SGE queue; null: the scheduler's default
+    max_parallel: int = 1  # jobs running at once (local: processes; clusters: array throttle)
+    setup: list[str] = field(default_factory=list)  # shell lines run before each job (module load, venv)
+    gpu_resource: str = "gpu={gpus}"  # SGE only: the -l resource string sites use for GPUs
 
 
 @dataclass
@@ -178,6 +198,7 @@ class Config:
     train: TrainConfig = MISSING
     tracking: TrackingConfig = MISSING
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
 
 
 def register_configs() -> None:
@@ -197,6 +218,14 @@ def register_configs() -> None:
     cs.store(group="optimizer", name="base_adam", node=AdamConfig)
     cs.store(group="train", name="base_train", node=TrainConfig)
     cs.store(group="tracking", name="base_tracking", node=TrackingConfig)
+    # hydra/launcher=dpsweep_* and hydra/sweeper=dpsweep (their nodes are stored on import). Hydra's
+    # plugin scan finds the plugin classes in a wheel install but not through an editable install's
+    # import hook, so register them here as well (registering twice is harmless).
+    from hydra.core.plugins import Plugins
+    from hydra_plugins.dpsweep_launchers import PLUGINS
+
+    for plugin in PLUGINS:
+        Plugins.instance().register(plugin)
 
 
 register_configs()
@@ -274,6 +303,32 @@ def validate(cfg: Config) -> None:
         _require(dp.target_epsilon > 0, "dp.target_epsilon", dp.target_epsilon, "a positive ε or null")
     limit = cfg.sweep.max_epsilon
     _require(limit is None or limit > 0, "sweep.max_epsilon", limit, "a positive ε budget or null")
+
+
+def validate_launcher(launcher: LauncherConfig) -> None:
+    """Resources must be satisfiable: positive counts, memory in GiB, time in minutes."""
+    _require(launcher.gpus_per_job >= 0, "launcher.gpus_per_job", launcher.gpus_per_job, "0 or more GPUs")
+    _require(launcher.cpus_per_job >= 1, "launcher.cpus_per_job", launcher.cpus_per_job, "1 or more CPUs")
+    _require(launcher.mem_gb > 0, "launcher.mem_gb", launcher.mem_gb, "a positive amount of memory in GiB, e.g. 16")
+    _require(
+        launcher.timeout_min > 0, "launcher.timeout_min", launcher.timeout_min, "a positive time in minutes, e.g. 120"
+    )
+    _require(launcher.max_parallel >= 1, "launcher.max_parallel", launcher.max_parallel, "1 or more jobs at once")
+    _require(
+        "{gpus}" in launcher.gpu_resource,
+        "launcher.gpu_resource",
+        launcher.gpu_resource,
+        "an SGE resource string with a {gpus} placeholder, e.g. gpu={gpus} or h_gpu={gpus}",
+    )
+
+
+# Keys that do not change what a run computes: where it is tracked, launched or checkpointed.
+NON_IDENTITY_PREFIXES = ("tracking.", "launcher.", "sweep.", "train.checkpoint_dir", "train.progress")
+
+
+def identity(flat: dict[str, Any]) -> dict[str, Any]:
+    """The part of a flattened config that determines the run's result (for hashes and resume)."""
+    return {k: v for k, v in flat.items() if not k.startswith(NON_IDENTITY_PREFIXES)}
 
 
 def validate_for_dataset(cfg: Config, n_train: int) -> None:

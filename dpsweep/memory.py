@@ -144,6 +144,7 @@ class StageRecorder:
     """Records each stage of the first iteration once: its level, delta and in-stage peak."""
 
     monitor: MemoryMonitor
+    active: bool = True  # False for a resumed run: its first iteration was recorded before
     levels: dict[str, int] = field(default_factory=dict)
     peaks: dict[str, int] = field(default_factory=dict)
     run_peak: int = 0
@@ -154,7 +155,7 @@ class StageRecorder:
 
     def mark(self, stage: str) -> None:
         """Close ``stage``; later calls for a stage already recorded do nothing."""
-        if stage in self.levels:
+        if stage in self.levels or not self.active:
             return
         if stage not in STAGES:
             raise ValueError(f"unknown memory stage {stage!r}; valid: {', '.join(STAGES)}")
@@ -166,7 +167,7 @@ class StageRecorder:
 
     @property
     def complete(self) -> bool:
-        return len(self.levels) == len(STAGES)
+        return len(self.levels) == len(STAGES) or not self.active
 
     def observe(self) -> int:
         """Fold the current level and peak into the run peak (call it e.g. once per epoch)."""

@@ -11,13 +11,17 @@ Out-of-memory failures are tagged ``failure.kind=oom``, since they are data for 
 
 from __future__ import annotations
 
+import os
 import platform
+import socket
 import subprocess
 import traceback
+import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import mlflow
 import opacus
@@ -84,12 +88,24 @@ def _is_oom(err: BaseException) -> bool:
 
 
 @contextmanager
-def tracked_run(cfg: TrackingConfig, tags: Mapping[str, Any] | None = None) -> Iterator[Tracker]:
-    """Start an MLflow run; end it FINISHED, FAILED (error recorded) or KILLED, whatever happens."""
+def tracked_run(
+    cfg: TrackingConfig, tags: Mapping[str, Any] | None = None, resume_run_id: str | None = None
+) -> Iterator[Tracker]:
+    """Start an MLflow run (or reopen ``resume_run_id``, e.g. after a requeue); end it FINISHED,
+    FAILED (error recorded) or KILLED, whatever happens."""
     mlflow.set_tracking_uri(cfg.uri)
     client = MlflowClient(cfg.uri)
-    exp = experiment_id(client, cfg.experiment_name)
-    run = client.create_run(exp, run_name=cfg.run_name, tags={k: str(v) for k, v in (tags or {}).items()})
+    str_tags = {k: str(v) for k, v in (tags or {}).items()}
+    if resume_run_id is not None:
+        client.update_run(resume_run_id, status="RUNNING")
+        run = client.get_run(resume_run_id)
+        previous = int(run.data.tags.get("resume.count", "0"))
+        client.log_batch(
+            resume_run_id, tags=[RunTag(k, v) for k, v in (str_tags | {"resume.count": str(previous + 1)}).items()]
+        )
+    else:
+        exp = experiment_id(client, cfg.experiment_name)
+        run = client.create_run(exp, run_name=cfg.run_name, tags=str_tags)
     tracker = Tracker(client, run.info.run_id)
     status = "FAILED"
     try:
@@ -104,6 +120,68 @@ def tracked_run(cfg: TrackingConfig, tags: Mapping[str, Any] | None = None) -> I
         raise
     finally:
         client.set_terminated(run.info.run_id, status)
+
+
+def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """Raise ConnectionError, fast, if jobs could not log to ``uri`` (checked before submitting)."""
+    parsed = urlparse(uri)
+    scheme = parsed.scheme.split("+")[0]
+    if scheme == "sqlite":
+        db = Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else Path(parsed.path)
+        folder = db.parent if str(db.parent) else Path(".")
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise ConnectionError(
+                f"tracking.uri={uri}: the directory {folder.absolute()} does not exist or is not writable"
+            )
+    elif scheme in ("http", "https"):
+        health = uri.rstrip("/") + "/health"
+        try:
+            with urllib.request.urlopen(health, timeout=timeout_s) as reply:
+                ok = reply.status == 200
+        except (OSError, ValueError) as err:
+            raise ConnectionError(
+                f"tracking.uri={uri}: no MLflow server answers at {health} ({err}); start one "
+                "(launchers/scripts/mlflow_server_up.sh) or correct the URI"
+            ) from err
+        if not ok:
+            raise ConnectionError(f"tracking.uri={uri}: {health} did not answer OK")
+    elif scheme in ("postgresql", "mysql", "mssql"):
+        default_port = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}[scheme]
+        try:
+            socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or default_port), timeout_s).close()
+        except OSError as err:
+            raise ConnectionError(f"tracking.uri={uri}: cannot connect to the database ({err})") from err
+
+
+def ensure_experiments(pairs: set[tuple[str, str]]) -> None:
+    """Create each (tracking URI, experiment name) once, before jobs fan out."""
+    for uri, name in sorted(pairs):
+        experiment_id(MlflowClient(uri), name)
+
+
+def runs_of_sweep(uri: str, experiment: str, sweep_id: str) -> dict[str, str]:
+    """{run id: status} of the runs tagged with ``sweep.id``."""
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return {}
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`sweep.id` = '{sweep_id}'", max_results=50000)
+    return {r.info.run_id: r.info.status for r in runs}
+
+
+def close_orphaned_runs(uri: str, experiment: str, sweep_id: str) -> list[str]:
+    """Mark KILLED the runs of a finished sweep still RUNNING: their job died without closing them."""
+    client = MlflowClient(uri)
+    orphans = [run_id for run_id, status in runs_of_sweep(uri, experiment, sweep_id).items() if status == "RUNNING"]
+    for run_id in orphans:
+        Tracker(client, run_id).set_tags(
+            {
+                "error": "the job ended without closing its run (killed by the scheduler or the OS)",
+                "failure.kind": "killed",
+            }
+        )
+        client.set_terminated(run_id, "KILLED")
+    return sorted(orphans)
 
 
 def _record_failure(tracker: Tracker, err: BaseException, kind: str) -> None:

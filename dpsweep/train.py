@@ -20,16 +20,21 @@ from __future__ import annotations
 
 import logging
 import random
+import signal
 import sys
+import threading
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import hydra
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from opacus import PrivacyEngine
 from opacus.optimizers import DPOptimizer
@@ -37,8 +42,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
+from dpsweep import checkpoint, memory, privacy
 from dpsweep import data as datasets
-from dpsweep import memory, privacy
 from dpsweep import models as model_zoo
 from dpsweep.config import (
     AdamConfig,
@@ -49,6 +54,7 @@ from dpsweep.config import (
     OptimizerConfig,
     SGDConfig,
     flatten,
+    identity,
     to_config,
     validate,
     validate_for_dataset,
@@ -140,6 +146,9 @@ def train(cfg: DictConfig | Config) -> TrainResult:
     validate_for_dataset(config, data.n_train)
     sigma = resolve_noise(config, data.n_train)
     check_budget(config, data.n_train, sigma)
+    run_hash = checkpoint.config_hash(identity(flatten(config)))
+    ckpt_dir = Path(config.train.checkpoint_dir) if config.train.checkpoint_dir else None
+    resume = checkpoint.peek(ckpt_dir, run_hash) if ckpt_dir else None
     monitor = memory.monitor_for(device)  # baseline before the model exists
     model = model_zoo.build(config.model, data.input_shape, data.num_classes)
 
@@ -150,7 +159,10 @@ def train(cfg: DictConfig | Config) -> TrainResult:
         "dataset.n_test": len(data.test),  # type: ignore[arg-type]
         "model.trainable_params": model_zoo.trainable_parameters(model),
         "dp.enabled": config.dp.enabled,
+        "config.hash": run_hash,
     }
+    if config.sweep.id:
+        tags["sweep.id"] = config.sweep.id
     if config.dp.enabled:
         tags |= {
             "dp.delta": config.dp.delta,
@@ -159,15 +171,38 @@ def train(cfg: DictConfig | Config) -> TrainResult:
         }
         if config.dp.target_epsilon is not None:
             tags["dp.noise_multiplier_calibrated"] = sigma
-    with tracked_run(config.tracking, tags) as run:
-        run.log_params(run_params(config, sigma))
-        resolved = OmegaConf.structured(config)
-        if sigma is not None:
-            resolved.dp.noise_multiplier = sigma
-        run.log_text(OmegaConf.to_yaml(resolved), "config.yaml")
-        result = _fit(config, data, model, device, sigma, monitor, run)
+    resume_id = resume.run_id if resume else None
+    with terminate_as_interrupt(), tracked_run(config.tracking, tags, resume_run_id=resume_id) as run:
+        if resume is None:
+            run.log_params(run_params(config, sigma))
+            resolved = OmegaConf.structured(config)
+            if sigma is not None:
+                resolved.dp.noise_multiplier = sigma
+            run.log_text(OmegaConf.to_yaml(resolved), "config.yaml")
+        else:
+            log.info(f"resuming run {resume.run_id} after epoch {resume.epoch} from {ckpt_dir}")
+        result = _fit(config, data, model, device, sigma, monitor, run, ckpt_dir, run_hash)
+    if ckpt_dir is not None:
+        checkpoint.remove(ckpt_dir)  # the run is complete; a rerun starts afresh
     _print_summary(config, result)
     return result
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (scancel, qdel, preemption) interrupts training, so its MLflow run ends KILLED."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"terminated by signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def make_private(
@@ -199,8 +234,9 @@ def _fit(
     sigma: float | None,
     monitor: memory.MemoryMonitor,
     run: Tracker,
+    ckpt_dir: Path | None = None,
+    run_hash: str = "",
 ) -> TrainResult:
-    stages = memory.StageRecorder(monitor)
     model = model.to(device)
     optimizer = build_optimizer(cfg.optimizer, model)
     generator = torch.Generator().manual_seed(cfg.train.seed)
@@ -211,17 +247,28 @@ def _fit(
     if cfg.dp.enabled:
         assert sigma is not None
         engine, model, optimizer, loader = make_private(cfg.dp, sigma, model, optimizer, loader)
-    stages.mark("model_load")
-
-    criterion = nn.CrossEntropyLoss()
     result = TrainResult(
         run_id=run.run_id, test_accuracy=float("nan"), train_loss=float("nan"), n_train=data.n_train, steps=0
     )
+    state = checkpoint.load(ckpt_dir, run_hash, model, optimizer, engine) if ckpt_dir else None
+    stages = memory.StageRecorder(monitor, active=state is None)  # a resumed run recorded them before
+    first_epoch = 1
+    if state is not None:
+        checkpoint.restore_rng(state.rng, generator)
+        result.epochs, result.steps, stages.run_peak = state.epochs, state.steps, state.run_peak_bytes
+        first_epoch = state.epoch + 1
+    stages.mark("model_load")
+
+    criterion = nn.CrossEntropyLoss()
     show = cfg.train.progress
-    for epoch in tqdm(range(1, cfg.train.epochs + 1), desc="epochs", disable=not show, file=sys.stderr):
+    for epoch in tqdm(
+        range(first_epoch, cfg.train.epochs + 1), desc="epochs", disable=None if show else True, file=sys.stderr
+    ):
         model.train()
         loss_sum, seen = 0.0, 0
-        for x, y in tqdm(loader, desc=f"epoch {epoch} steps", leave=False, disable=not show, file=sys.stderr):
+        for x, y in tqdm(
+            loader, desc=f"epoch {epoch} steps", leave=False, disable=None if show else True, file=sys.stderr
+        ):
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             stages.mark("batch_load")
             optimizer.zero_grad(set_to_none=True)
@@ -245,6 +292,17 @@ def _fit(
             metrics["epsilon"] = engine.get_epsilon(cfg.dp.delta)
         run.log_metrics(metrics, step=epoch)
         result.epochs.append({"epoch": float(epoch), **metrics})
+        if ckpt_dir is not None:
+            saved = checkpoint.TrainingState(
+                run_hash,
+                run.run_id,
+                epoch,
+                result.steps,
+                result.epochs,
+                stages.run_peak,
+                checkpoint.capture_rng(generator),
+            )
+            checkpoint.save(ckpt_dir, saved, model, optimizer, engine)
 
     result.test_accuracy = result.epochs[-1]["test_accuracy"]
     result.train_loss = result.epochs[-1]["train_loss"]
@@ -304,12 +362,17 @@ def _job_overrides() -> str:
 @hydra.main(version_base="1.3", config_path="pkg://dpsweep.conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """Console entry point ``dpsweep``; returns the metric a sweeper optimises."""
+    hydra_cfg = HydraConfig.get()
+    if cfg.train.checkpoint_dir is None:  # the job's own directory: stable when a cluster requeues it
+        cfg.train.checkpoint_dir = str(Path(hydra_cfg.runtime.output_dir) / "checkpoint")
     try:
         return train(cfg).test_accuracy
     except OverBudget as why:  # not an error: the sweep goes on without this config
         print(f"dpsweep: skip {_job_overrides()}: {why}", flush=True)
         return None
     except INPUT_ERRORS as err:
+        if hydra_cfg.mode == RunMode.MULTIRUN:
+            raise  # the sweeper records this job as failed and goes on
         print(f"dpsweep: error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(2) from err
 

@@ -1,0 +1,127 @@
+"""Per-epoch checkpoints, so that a preempted or requeued job resumes where it stopped.
+
+A checkpoint holds the model, the optimizer, the privacy accountant (its history of steps), the RNG
+states, the MLflow run id and the per-epoch metrics so far. Steps taken after the last checkpoint
+are discarded with the model state and redone from the restored RNG state: they are the same steps
+on the same samples and noise, and nothing of the discarded ones was released, so the ε reported
+after a resume (the restored accountant plus the steps since) covers every step behind the model.
+DP runs are saved with Opacus's ``PrivacyEngine.save_checkpoint``; a checkpoint is only resumed by
+a run of the same config (its hash is stored and compared).
+
+    dpsweep train.checkpoint_dir=ckpt/  # kill it, run it again: it continues from the last epoch
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from opacus import PrivacyEngine
+from torch import nn
+
+FILENAME = "checkpoint.pt"
+
+
+def config_hash(flat_config: dict[str, Any]) -> str:
+    """Stable hash of a flattened config (keys sorted; values as JSON)."""
+    blob = json.dumps(flat_config, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+@dataclass
+class TrainingState:
+    """What a resumed run needs besides the model, optimizer and accountant."""
+
+    config_hash: str
+    run_id: str
+    epoch: int  # last completed epoch
+    steps: int  # optimizer steps taken so far
+    epochs: list[dict[str, float]] = field(default_factory=list)
+    run_peak_bytes: int = 0
+    rng: dict[str, Any] = field(default_factory=dict)
+
+
+def capture_rng(loader_generator: torch.Generator) -> dict[str, Any]:
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+        "loader": loader_generator.get_state(),
+    }
+
+
+def restore_rng(rng: dict[str, Any], loader_generator: torch.Generator) -> None:
+    torch.set_rng_state(rng["torch"])
+    np.random.set_state(rng["numpy"])
+    random.setstate(rng["python"])
+    loader_generator.set_state(rng["loader"])
+
+
+def save(
+    directory: Path,
+    state: TrainingState,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    engine: PrivacyEngine | None,
+) -> Path:
+    """Write the checkpoint atomically (temporary file, then rename)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / FILENAME
+    tmp = directory / f".{FILENAME}.{os.getpid()}.tmp"
+    extra = {"training_state": state.__dict__}
+    if engine is not None:
+        engine.save_checkpoint(path=tmp, module=model, optimizer=optimizer, checkpoint_dict=extra)
+    else:
+        torch.save(
+            {**extra, "module_state_dict": model.state_dict(), "optimizer_state_dict": optimizer.state_dict()}, tmp
+        )
+    tmp.replace(path)
+    return path
+
+
+def peek(directory: Path, expected_hash: str) -> TrainingState | None:
+    """The saved training state (run id, epoch) without loading the model; None if no checkpoint."""
+    path = directory / FILENAME
+    if not path.exists():
+        return None
+    state = TrainingState(**torch.load(path, weights_only=False, map_location="cpu")["training_state"])
+    if state.config_hash != expected_hash:
+        raise RuntimeError(
+            f"{path} belongs to another config (hash {state.config_hash}, this run {expected_hash}); "
+            "remove it or use another train.checkpoint_dir"
+        )
+    return state
+
+
+def load(
+    directory: Path,
+    expected_hash: str,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    engine: PrivacyEngine | None,
+) -> TrainingState | None:
+    """Restore model, optimizer and accountant from ``directory``; None if there is nothing to resume.
+
+    A checkpoint of another config is not resumed: it raises, so that no run silently mixes two.
+    """
+    if peek(directory, expected_hash) is None:
+        return None
+    path = directory / FILENAME
+    if engine is not None:
+        blob = engine.load_checkpoint(path=path, module=model, optimizer=optimizer)
+    else:
+        blob = torch.load(path, weights_only=False, map_location="cpu")
+        model.load_state_dict(blob["module_state_dict"])
+        optimizer.load_state_dict(blob["optimizer_state_dict"])
+    return TrainingState(**blob["training_state"])
+
+
+def remove(directory: Path) -> None:
+    (directory / FILENAME).unlink(missing_ok=True)

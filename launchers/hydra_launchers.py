@@ -1,0 +1,171 @@
+"""Hydra launchers for dpsweep: local processes, Slurm and Grid Engine, all through submitit.
+
+They extend hydra-submitit-launcher's launchers in two ways:
+
+- a job that dies outside Python (killed, out of memory, node failure) becomes a FAILED
+  ``JobReturn`` instead of an exception that would drop every other job's result;
+- on Slurm clusters without accounting (``sacct`` disabled), job states come from ``squeue``.
+
+Select them with ``launcher=local|slurm|sge`` (conf/launcher/); the Hydra plugin shim lives in
+``hydra_plugins.dpsweep_launchers``.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, LocalQueueConf, SlurmQueueConf
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
+from omegaconf import OmegaConf
+from submitit.slurm.slurm import SlurmInfoWatcher
+
+log = logging.getLogger(__name__)
+PLUGIN_MODULE = "hydra_plugins.dpsweep_launchers"
+
+
+class _DpsweepSubmititLauncher(BaseSubmititLauncher):
+    """Same executor set-up as hydra-submitit-launcher; results are collected job by job."""
+
+    _INIT_KEYS = frozenset({"max_num_timeout"})
+
+    def _executor(self) -> Any:
+        import submitit
+
+        init = {"folder": self.params["submitit_folder"]}
+        init |= {f"{self._EXECUTOR}_{k}": v for k, v in self.params.items() if k in self._INIT_KEYS}
+        executor = submitit.AutoExecutor(cluster=self._EXECUTOR, **init)
+        generic = set(OmegaConf.structured(BaseQueueConf).keys())
+        params = {
+            k if k in generic else f"{self._EXECUTOR}_{k}": v
+            for k, v in self.params.items()
+            if k not in self._INIT_KEYS | {"submitit_folder"}
+        }
+        executor.update_parameters(**params)
+        return executor
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        assert self.config is not None
+        executor = self._executor()
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        log.info(f"Submitit '{self._EXECUTOR}' sweep output dir : {sweep_dir}")
+        job_params = []
+        for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
+            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+            job_params.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state()))
+        jobs = executor.map_array(self, *zip(*job_params, strict=True))
+        self._watch(jobs)
+        return [self._collect(job, overrides) for job, overrides in zip(jobs, job_overrides, strict=True)]
+
+    def _watch(self, jobs: list[Any]) -> None:
+        """Hook for a launcher to replace submitit's state watcher."""
+
+    @staticmethod
+    def _collect(job: Any, overrides: Sequence[str]) -> JobReturn:
+        try:
+            result: JobReturn = job.results()[0]
+            return result
+        except Exception as err:  # the job ended without a result: killed, OOM-killed, node failure
+            log.error(f"job {job.job_id} ({' '.join(overrides)}) ended without a result: {err}")
+            ret = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)
+            ret.return_value = err  # JobReturn stores it; reading return_value re-raises it
+            return ret
+
+
+class LocalLauncher(_DpsweepSubmititLauncher):
+    _EXECUTOR = "local"
+
+
+class SqueueInfoWatcher(SlurmInfoWatcher):
+    """Job states from ``squeue`` for clusters whose ``sacct`` is disabled (no accounting).
+
+    A job that squeue no longer lists has left the cluster (state ``GONE``); the launcher then reads
+    its result pickle, or reports that it ended without one.
+    """
+
+    def _make_command(self) -> list[str] | None:
+        ids = {x.split("_")[0] for x in self._registered - self._finished}
+        if not ids:
+            return None
+        return ["squeue", "--noheader", "--states=all", "--array", "--format=%i|%T", "--jobs", ",".join(sorted(ids))]
+
+    def read_info(self, string: bytes | str) -> dict[str, dict[str, str]]:
+        text = string.decode() if isinstance(string, bytes) else string
+        info = {}
+        for line in text.splitlines():
+            job_id, _, state = line.strip().partition("|")
+            if job_id:
+                info[job_id] = {"JobID": job_id, "State": state}
+        for job_id in self._registered - self._finished:
+            info.setdefault(job_id, {"JobID": job_id, "State": "GONE"})  # no longer listed: it left the queue
+        return info
+
+
+def sacct_works() -> bool:
+    try:
+        proc = subprocess.run(["sacct", "--noheader", "-j", "1"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return proc.returncode == 0 and "disabled" not in (proc.stderr + proc.stdout).lower()
+
+
+class SlurmLauncher(_DpsweepSubmititLauncher):
+    _EXECUTOR = "slurm"
+
+    def _watch(self, jobs: list[Any]) -> None:
+        if jobs and not sacct_works():
+            watcher = SqueueInfoWatcher(delay_s=60)
+            for job in jobs:
+                job.watcher = watcher
+                watcher.register_job(job.job_id)
+
+
+class SgeLauncher(_DpsweepSubmititLauncher):
+    _EXECUTOR = "sge"
+
+
+# ---------------------------------------------------------------------------------------------
+# hydra/launcher config nodes: dpsweep_local, dpsweep_slurm, dpsweep_sge
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class DpsweepLocalConf(LocalQueueConf):
+    _target_: str = f"{PLUGIN_MODULE}.LocalLauncher"
+
+
+@dataclass
+class DpsweepSlurmConf(SlurmQueueConf):
+    _target_: str = f"{PLUGIN_MODULE}.SlurmLauncher"
+
+
+@dataclass
+class DpsweepSgeConf(BaseQueueConf):
+    """Grid Engine parameters (see ``dpsweep.launchers.sge.make_qsub_script``)."""
+
+    _target_: str = f"{PLUGIN_MODULE}.SgeLauncher"
+    queue: str | None = None  # -q
+    parallel_env: str = "smp"  # -pe <parallel_env> <cpus_per_task> when cpus_per_task > 1
+    gpu_resource: str = "gpu={gpus}"  # -l resource string for GPUs
+    memory_resource: str = "mem_free"  # -l <memory_resource>=<MiB per slot>M
+    signal_delay_s: int = 90  # s_rt = h_rt - this: SIGUSR1 lets the job checkpoint first
+    max_num_timeout: int = 3
+    array_parallelism: int = 256  # -tc
+    setup: list[str] | None = None
+    additional_parameters: dict[str, str] = field(default_factory=dict)
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(group="hydra/launcher", name="dpsweep_local", node=DpsweepLocalConf(), provider="dpsweep")
+    cs.store(group="hydra/launcher", name="dpsweep_slurm", node=DpsweepSlurmConf(), provider="dpsweep")
+    cs.store(group="hydra/launcher", name="dpsweep_sge", node=DpsweepSgeConf(), provider="dpsweep")
+
+
+register_configs()

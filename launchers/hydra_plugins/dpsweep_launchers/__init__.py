@@ -1,0 +1,27 @@
+"""Hydra plugin shim: Hydra instantiates plugins only from classes defined under ``hydra_plugins``.
+
+The code lives in ``dpsweep.launchers``; these subclasses give it the module path Hydra requires
+(``_target_: hydra_plugins.dpsweep_launchers.<Class>``). A wheel install is found by Hydra's plugin
+scan; ``dpsweep.config`` also registers them, for editable installs the scan cannot see.
+"""
+
+from dpsweep.launchers import hydra_launchers, sweeper
+
+
+class LocalLauncher(hydra_launchers.LocalLauncher):
+    """Sweep jobs as local processes (submitit's local executor)."""
+
+
+class SlurmLauncher(hydra_launchers.SlurmLauncher):
+    """Sweep jobs as one Slurm job array."""
+
+
+class SgeLauncher(hydra_launchers.SgeLauncher):
+    """Sweep jobs as one Grid Engine array job."""
+
+
+class DpsweepSweeper(sweeper.DpsweepSweeper):
+    """Grid sweeps that record failures, go on, and summarise."""
+
+
+PLUGINS = (LocalLauncher, SlurmLauncher, SgeLauncher, DpsweepSweeper)
