@@ -228,6 +228,14 @@ def register_configs() -> None:
         Plugins.instance().register(plugin)
 
 
+def gpus_or_one() -> int:
+    """Default number of local jobs at once: one per GPU, or 1 without a GPU."""
+    import torch
+
+    return max(1, torch.cuda.device_count())
+
+
+OmegaConf.register_new_resolver("dpsweep.gpus_or_one", gpus_or_one, replace=True)
 register_configs()
 
 

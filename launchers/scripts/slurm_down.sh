@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# slurm_down.sh -- stop the single-node Slurm cluster started by slurm_up.sh.
+#
+# Usage (as root):
+#   bash launchers/scripts/slurm_down.sh          # stop slurmd, slurmctld, slurmdbd
+#   bash launchers/scripts/slurm_down.sh --all    # ... and also mariadbd and munged
+#
+# Each daemon gets SIGTERM, then SIGKILL if it is still alive after 30 s.
+# Idempotent: daemons that are not running are skipped, and the exit status
+# is 0 unless a daemon could not be stopped.
+# Slurm state is kept in /var/lib/slurm/slurmctld, so pending jobs survive a
+# down/up cycle; jobs already running keep running in their slurmstepd.
+set -euo pipefail
+
+log() { printf '[slurm_down] %s\n' "$*"; }
+die() { printf '[slurm_down] ERROR: %s\n' "$*" >&2; exit 1; }
+
+ALL=0
+case "${1:-}" in
+    "") ;;
+    --all) ALL=1 ;;
+    *) die "usage: $0 [--all]" ;;
+esac
+
+[ "$(id -u)" -eq 0 ] || die "must be run as root"
+
+alive() { # $1 = pid; true if it exists and is not a zombie
+    local st
+    st=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
+    [ -n "$st" ] && [ "${st#Z}" = "$st" ]
+}
+
+daemon_pid() { # $1 = command name, $2 = pidfile; prints pid or nothing
+    # Zombies are skipped: PID 1 here may be slow to reap the intermediate
+    # processes the daemons leave behind when they fork into the background.
+    local name=$1 pidfile=$2 pid
+    if [ -r "$pidfile" ]; then
+        pid=$(tr -dc '0-9' <"$pidfile" || true)
+        if [ -n "$pid" ] && alive "$pid" &&
+            [ "$(ps -o comm= -p "$pid" 2>/dev/null || true)" = "$name" ]; then
+            echo "$pid"; return 0
+        fi
+    fi
+    ps -eo pid=,stat=,comm= | awk -v n="$name" '$3 == n && $2 !~ /^Z/ {print $1; exit}'
+}
+
+stop_daemon() { # $1 = name, $2 = pidfile
+    local name=$1 pidfile=$2 pid
+    pid=$(daemon_pid "$name" "$pidfile")
+    if [ -z "$pid" ]; then
+        log "$name not running"
+        return 0
+    fi
+    log "stopping $name (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 60); do
+        if ! alive "$pid"; then
+            return 0
+        fi
+        sleep 0.5
+    done
+    log "$name did not stop in 30 s; sending SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    sleep 0.5
+    if alive "$pid"; then
+        die "could not stop $name (pid $pid)"
+    fi
+}
+
+# Compute daemon first, controller next, then the accounting daemon.
+stop_daemon slurmd /run/slurmd.pid
+stop_daemon slurmctld /run/slurmctld.pid
+stop_daemon slurmdbd /run/slurmdbd.pid
+if [ "$ALL" -eq 1 ]; then
+    stop_daemon mariadbd /run/mysqld/mysqld.pid
+    stop_daemon munged /run/munge/munged.pid
+fi
+log "stopped"

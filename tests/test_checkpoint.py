@@ -1,0 +1,77 @@
+"""Resume: a run killed mid-training and started again continues its MLflow run from the last
+completed epoch, and reports the same ε (and, with restored RNG state, the same model) as a run
+that was never interrupted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from helpers import Composer, runs_of
+from mlflow.tracking import MlflowClient
+
+from dpsweep import checkpoint, privacy
+from dpsweep.train import train
+
+DPSWEEP = str(Path(sys.executable).with_name("dpsweep"))
+EPOCHS = 5
+
+
+def _saved_epoch(ckpt: Path) -> int:
+    try:
+        return int(torch.load(ckpt / checkpoint.FILENAME, weights_only=False)["training_state"]["epoch"])
+    except (FileNotFoundError, EOFError, RuntimeError, KeyError):
+        return 0
+
+
+def test_sigterm_then_resume_matches_an_uninterrupted_run(
+    tmp_path: Path, make_cfg: Composer, mlflow_uri: str, experiment_name: str, client: MlflowClient
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    args = [
+        DPSWEEP, f"train.epochs={EPOCHS}", "train.progress=false", f"train.checkpoint_dir={ckpt}",
+        f"tracking.uri={mlflow_uri}", f"tracking.experiment_name={experiment_name}",
+    ]  # fmt: skip
+    first = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while _saved_epoch(ckpt) < 2 and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert first.poll() is None, first.communicate()
+    os.kill(first.pid, signal.SIGTERM)  # what scancel, qdel and preemption send
+    first.communicate(timeout=120)
+    assert first.returncode != 0
+    [killed] = runs_of(client, experiment_name)
+    assert killed.info.status == "KILLED" and killed.data.tags["failure.kind"] == "interrupted"
+    done_before = _saved_epoch(ckpt)
+    assert 2 <= done_before < EPOCHS
+
+    second = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    [resumed] = runs_of(client, experiment_name)  # the same run, reopened
+    assert resumed.info.run_id == killed.info.run_id and resumed.info.status == "FINISHED"
+    assert resumed.data.tags["resume.count"] == "1"
+    steps = [m.step for m in client.get_metric_history(resumed.info.run_id, "test_accuracy")]
+    assert sorted(set(steps)) == list(range(1, EPOCHS + 1))
+    assert not (ckpt / checkpoint.FILENAME).exists()  # removed once the run finished
+
+    planned = privacy.epsilon(n=1437, batch_size=64, noise_multiplier=1.0, epochs=EPOCHS, delta=1e-5).epsilon
+    assert resumed.data.metrics["epsilon_rdp"] == planned  # all steps of all epochs, exactly once
+
+    straight = train(make_cfg(f"train.epochs={EPOCHS}", "tracking.experiment_name=uninterrupted"))
+    assert straight.epsilons["rdp"] == resumed.data.metrics["epsilon_rdp"]
+    assert straight.test_accuracy == resumed.data.metrics["test_accuracy"]  # same samples, same noise
+
+
+def test_a_checkpoint_of_another_config_is_refused(tmp_path: Path, make_cfg: Composer) -> None:
+    state = checkpoint.TrainingState(config_hash="0" * 16, run_id="x", epoch=1, steps=1)
+    model = torch.nn.Linear(2, 2)
+    checkpoint.save(tmp_path, state, model, torch.optim.SGD(model.parameters(), lr=0.1), None)
+    import pytest
+
+    with pytest.raises(RuntimeError, match="belongs to another config"):
+        train(make_cfg(f"train.checkpoint_dir={tmp_path}"))

@@ -1,0 +1,127 @@
+"""The dpsweep sweeper through the real CLI: failures are data, bad input stops a sweep early."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+BIN = Path(sys.executable).parent
+FAST = ["train.epochs=1", "train.progress=false"]
+
+
+def dpsweep(
+    cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "dpsweep"), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})},
+    )  # fmt: skip
+
+
+def statuses(cwd: Path, experiment: str = "dpsweep") -> dict[str, str]:
+    client = MlflowClient(f"sqlite:///{cwd / 'mlflow.db'}")
+    exp = client.get_experiment_by_name(experiment)
+    return {} if exp is None else {r.info.run_id: r.info.status for r in client.search_runs([exp.experiment_id])}
+
+
+def summary(proc: subprocess.CompletedProcess[str]) -> str:
+    [line] = [x for x in proc.stdout.splitlines() if x.startswith("dpsweep: sweep ")]
+    return line
+
+
+def test_a_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path: Path) -> None:
+    proc = dpsweep(tmp_path, "-m", "dataset=mnist,digits", *FAST)  # no MNIST files under ./data
+    assert proc.returncode == 1, proc.stderr
+    assert ": 1 finished, 0 skipped, 1 failed" in summary(proc)
+    assert "MNIST files not found" in proc.stderr + proc.stdout
+    assert list(statuses(tmp_path).values()) == ["FINISHED"]  # the digits job ran after the failure
+
+
+def test_jobs_carry_the_sweep_id(tmp_path: Path) -> None:
+    proc = dpsweep(tmp_path, "-m", "dp.noise_multiplier=1.0,2.0", *FAST)
+    assert proc.returncode == 0, proc.stderr
+    sweep_id = summary(proc).split()[2].rstrip(":")
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("dpsweep").experiment_id])
+    assert len(runs) == 2 and {r.data.tags["sweep.id"] for r in runs} == {sweep_id}
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["dp.noise_multiplier=1.0,0"], {}, "job dp.noise_multiplier=0 "),
+        (
+            ["launcher=slurm", "launcher.mem_gb=0"],
+            {},
+            "launcher.mem_gb=0 is invalid: a positive amount of memory in GiB",
+        ),
+        (
+            ["launcher=sge", "launcher.timeout_min=-5"],
+            {},
+            "launcher.timeout_min=-5 is invalid: a positive time in minutes",
+        ),
+        (["launcher=slurm"], {"PATH": "/nonexistent"}, "launcher=slurm needs 'sbatch' on PATH"),
+        (["launcher=sge"], {"PATH": "/nonexistent"}, "launcher=sge needs 'qsub' on PATH"),
+        (
+            ["launcher=local", "tracking.uri=http://127.0.0.1:9"],
+            {},
+            "tracking.uri=http://127.0.0.1:9: no MLflow server answers",
+        ),
+        (["tracking.uri=sqlite:////nonexistent/dir/mlflow.db"], {}, "does not exist or is not writable"),
+    ],
+)
+def test_bad_sweeps_stop_before_any_job(tmp_path: Path, args: list[str], env: dict[str, str], needle: str) -> None:
+    proc = dpsweep(tmp_path, "-m", *args, *FAST, env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"dpsweep: error: {needle}" in proc.stderr or needle in proc.stderr
+    assert "Launching" not in proc.stdout + proc.stderr and "#0 :" not in proc.stdout + proc.stderr
+    assert statuses(tmp_path) == {}
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [(["launcher=pbs"], "Could not find 'launcher/pbs'"), (["launcher.timeout_min=2h"], "launcher.timeout_min")],
+)
+def test_unknown_launcher_and_wrong_units_fail_at_composition(tmp_path: Path, args: list[str], needle: str) -> None:
+    proc = dpsweep(tmp_path, "-m", *args, *FAST)
+    assert proc.returncode != 0 and needle in proc.stderr
+    assert statuses(tmp_path) == {}
+
+
+def test_local_jobs_run_in_their_own_processes_and_a_killed_one_is_closed(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    args = [str(BIN / "dpsweep"), "-m", "launcher=local", "launcher.max_parallel=2", "train.epochs=1,400",
+            "train.progress=false", f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victim = None
+    deadline = time.monotonic() + 300
+    while victim is None and time.monotonic() < deadline and proc.poll() is None:
+        running = [p for p in statuses(tmp_path).values() if p == "RUNNING"]
+        found = subprocess.run(["pgrep", "-f", f"submitit.core._submit {sweep_dir}"], capture_output=True, text=True)
+        pids = [int(x) for x in found.stdout.split()]
+        # the 400-epoch job is the one still running once the 1-epoch job finished
+        if len(pids) == 1 and running and "FINISHED" in statuses(tmp_path).values():
+            victim = pids[0]
+        time.sleep(0.5)
+    assert victim is not None, "the long job never ran alone"
+    os.kill(victim, signal.SIGKILL)  # what the OOM killer does: no Python cleanup at all
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out + err
+    line = next(x for x in out.splitlines() if x.startswith("dpsweep: sweep "))
+    assert ": 1 finished, 0 skipped, 1 failed" in line and "killed runs: " in line
+    assert sorted(statuses(tmp_path).values()) == ["FINISHED", "KILLED"]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    killed = [
+        r
+        for r in client.search_runs([client.get_experiment_by_name("dpsweep").experiment_id])
+        if r.info.status == "KILLED"
+    ]
+    assert killed[0].data.tags["failure.kind"] == "killed"
+    assert len(list((sweep_dir / ".submitit").iterdir())) >= 2  # one submitit folder per job process
