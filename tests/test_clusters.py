@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "launchers" / "scripts"
 BIN = Path(sys.executable).parent
 SGE_ENV = {"SGE_ROOT": "/var/lib/gridengine", "SGE_CELL": "default"}
+pytestmark = pytest.mark.xdist_group("schedulers")  # one worker runs them in turn: they share a 2-slot node
 GRID = ["dp.noise_multiplier=0.8,1.6", "train.seed=0,1", "train.epochs=1", "train.progress=false"]
 
 
@@ -123,8 +124,8 @@ def test_slurm_scancel_is_recorded_and_the_sweep_goes_on(tmp_path: Path, slurm: 
         tmp_path, "launcher=slurm", "train.epochs=1,200", "train.progress=false", f"hydra.sweep.dir={sweep_dir}"
     )
     deadline = time.monotonic() + 600
-    while _saved_epoch(sweep_dir) < 1 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.5)  # the 200-epoch job has saved a checkpoint, so it is well under way
+    while _saved_epoch(sweep_dir / "1") < 1 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)  # job 1 (200 epochs; its own output dir) has saved a checkpoint: its run exists
     folders = sorted(p.name for p in (sweep_dir / ".submitit").iterdir() if p.is_dir())
     long_job = next(f for f in folders if f.endswith("_1"))  # the array index of train.epochs=200
     subprocess.run(["scancel", long_job], check=True, timeout=60)

@@ -54,7 +54,9 @@ def test_configs_ship_inside_the_package(wheel_names: set[str]) -> None:
 
 def test_no_generic_top_level_module_leaks(wheel_names: set[str]) -> None:
     top = {name.split("/")[0] for name in wheel_names}
-    assert {t for t in top if not t.endswith(".dist-info")} == {"dpsweep"}
+    # hydra_plugins is Hydra's namespace for plugins (a namespace package: no __init__.py of ours)
+    assert {t for t in top if not t.endswith(".dist-info")} == {"dpsweep", "hydra_plugins"}
+    assert {n for n in wheel_names if n.startswith("hydra_plugins/")} == {"hydra_plugins/dpsweep_launchers/__init__.py"}
 
 
 def test_console_entry_point_is_the_hydra_app(wheel_names: set[str]) -> None:

@@ -1,0 +1,230 @@
+"""Tracking against a real MLflow tracking server backed by PostgreSQL, as on a cluster.
+
+The module fixture brings the server up with ``launchers/scripts/mlflow_server_up.sh`` (root on
+Debian: it installs and runs PostgreSQL) and leaves it running, so a second session reuses it in
+about a second; ``launchers/scripts/mlflow_server_down.sh`` stops it.
+
+The 32 jobs are separate OS processes forked from a multiprocessing forkserver that has imported
+``dpsweep.tracking`` once: each job then has its own interpreter state, MLflow client and
+connections, but the 32 imports of torch (~6 s of CPU and ~0.5 GB each) are not paid 32 times.
+
+Released together, the jobs still reach the server one after the other on a small machine: the first
+creates the experiment before most others have asked for it. To make the race of
+``experiment_id()`` certain, the test holds a lock on PostgreSQL's ``experiments`` table that lets
+reads through but blocks inserts, until every job has found no experiment and waits to create it.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.synchronize import Barrier
+from pathlib import Path
+
+import pytest
+import requests
+import sqlalchemy
+from mlflow.entities import Run, ViewType
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+
+from dpsweep.config import TrackingConfig
+from dpsweep.tracking import tracked_run
+
+REPO = Path(__file__).resolve().parents[1]
+SERVER_UP = REPO / "launchers" / "scripts" / "mlflow_server_up.sh"
+JOBS = 32
+STEPS = 5
+DEAD_URI = "http://127.0.0.1:9"  # the discard port: nothing listens, connections are refused at once
+
+
+@pytest.fixture(scope="module")
+def server_uri() -> str:
+    """URI of the PostgreSQL-backed tracking server, started by the launcher script if not up."""
+    assert os.geteuid() == 0 and shutil.which("apt-get"), "needs root on Debian: the script installs PostgreSQL"
+    env = {**os.environ, "DPSWEEP_VENV": sys.prefix}  # the server runs the mlflow of this interpreter
+    proc = subprocess.run(["bash", str(SERVER_UP)], capture_output=True, text=True, timeout=900, env=env)
+    if proc.returncode != 0:
+        pytest.fail(f"{SERVER_UP.name} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def backend_engine(server_uri: str) -> Iterator[sqlalchemy.Engine]:
+    """The server's PostgreSQL database, with the defaults of mlflow_server_up.sh."""
+    env = os.environ.get
+    url = sqlalchemy.URL.create(
+        "postgresql",  # the driver is the one mlflow_server_up.sh made sure of
+        username=env("DPSWEEP_PG_USER", "mlflow"),
+        password=env("DPSWEEP_PG_PASSWORD", "mlflow"),
+        host="127.0.0.1",
+        port=int(env("DPSWEEP_PG_PORT", "5433")),
+        database=env("DPSWEEP_PG_DB", "mlflow"),
+    )
+    engine = sqlalchemy.create_engine(url)
+    yield engine
+    engine.dispose()
+
+
+def _expected_params(index: int) -> dict[str, str]:
+    return {"job.index": str(index), "train.lr": str(0.01 * (index + 1)), "model.name": f"net-{index}"}
+
+
+def _expected_metrics(index: int) -> dict[str, list[tuple[int, float]]]:
+    # Sums of powers of 2 are exact in binary: the values that come back can be compared with ==.
+    return {
+        "train_loss": [(step, index + 1 / 2**step) for step in range(STEPS)],
+        "test_accuracy": [(step, index + step / 8) for step in range(STEPS)],
+    }
+
+
+def _expected_artifact(index: int) -> str:
+    return f"job {index}\nsome: config\n"
+
+
+def _job(uri: str, experiment: str, index: int, barrier: Barrier, out_dir: str) -> None:
+    """One training job: waits for all the others, then logs through the real ``tracked_run``."""
+    result: dict[str, str] = {}
+    try:
+        MlflowClient(uri).search_experiments(max_results=1)  # warm up (lazy imports), so that after
+        barrier.wait(timeout=120)  # the barrier all 32 race to create the experiment at the same moment
+        cfg = TrackingConfig(uri=uri, experiment_name=experiment)
+        with tracked_run(cfg, tags={"job.index": index}) as run:
+            run.log_params(_expected_params(index))
+            for step in range(STEPS):
+                run.log_metrics({name: hist[step][1] for name, hist in _expected_metrics(index).items()}, step=step)
+            run.log_text(_expected_artifact(index), "notes/job.txt")
+        result["run_id"] = run.run_id
+    except BaseException:
+        result["error"] = traceback.format_exc()
+    Path(out_dir, f"{index}.json").write_text(json.dumps(result))
+
+
+def _check_run(client: MlflowClient, run: Run, dst: Path) -> None:
+    """The run is FINISHED with the params, full metric histories and artifact its job logged."""
+    index, run_id = int(run.data.tags["job.index"]), run.info.run_id
+    assert run.info.status == "FINISHED", (index, run.info.status, run.data.tags.get("error"))
+    assert run.data.params == _expected_params(index)
+    for name, history in _expected_metrics(index).items():
+        logged = sorted((m.step, m.value) for m in client.get_metric_history(run_id, name))
+        assert logged == history, (index, name)
+    assert [a.path for a in client.list_artifacts(run_id, "notes")] == ["notes/job.txt"]
+    (dst / str(index)).mkdir(parents=True)
+    local = client.download_artifacts(run_id, "notes/job.txt", str(dst / str(index)))
+    assert Path(local).read_text() == _expected_artifact(index)
+
+
+def _inserts_waiting(conn: sqlalchemy.Connection) -> int:
+    query = "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'experiments'::regclass"
+    return int(conn.execute(sqlalchemy.text(query)).scalar_one())
+
+
+def test_32_concurrent_jobs_each_log_a_complete_run(
+    server_uri: str, backend_engine: sqlalchemy.Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # 32 downloads, 32 bars otherwise
+    experiment = f"test-concurrent-{uuid.uuid4().hex[:12]}"  # the server outlives test sessions
+    start = time.monotonic()
+    ctx = multiprocessing.get_context("forkserver")
+    # Not this module: before Python 3.12 the forkserver imports its preload list before it sets sys.path
+    # (and ignores the ImportError), so a test module is not found. Each job imports it in ~0.2 s.
+    ctx.set_forkserver_preload(["dpsweep.tracking", "pytest", "requests"])
+    barrier = ctx.Barrier(JOBS + 1)
+    procs = [
+        ctx.Process(target=_job, args=(server_uri, experiment, i, barrier, str(tmp_path)), name=f"job-{i}")
+        for i in range(JOBS)
+    ]
+    try:
+        for p in procs:
+            p.start()
+        with backend_engine.connect() as lock, backend_engine.connect() as probe:
+            # Reads pass, inserts wait: every job sees no experiment, then all 32 try to create it.
+            lock.execute(sqlalchemy.text("LOCK TABLE experiments IN SHARE ROW EXCLUSIVE MODE"))
+            barrier.wait(timeout=180)  # every job is started and waiting: release them together
+            released = time.monotonic()
+            ready_in = released - start
+            while (contenders := _inserts_waiting(probe)) < JOBS and time.monotonic() - released < 20:
+                time.sleep(0.05)
+            lock.commit()
+        for p in procs:
+            p.join(timeout=120)
+        logged_in = time.monotonic() - released
+        assert [p.exitcode for p in procs] == [0] * JOBS
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+    results = {i: json.loads((tmp_path / f"{i}.json").read_text()) for i in range(JOBS)}
+    errors = {i: r["error"] for i, r in results.items() if "error" in r}
+    assert not errors, "\n".join(f"job {i}:\n{e}" for i, e in errors.items())
+    # Each blocked insert is one job's create_experiment: the race really happened. Fewer means requests
+    # queued in the server for a database connection (SQLAlchemy's default pool is 5+10 per worker).
+    assert contenders == JOBS, f"only {contenders} jobs reached the database together"
+
+    client = MlflowClient(server_uri)
+    [exp] = client.search_experiments(view_type=ViewType.ALL, filter_string=f"name = '{experiment}'")
+    runs = client.search_runs([exp.experiment_id], run_view_type=ViewType.ALL, max_results=1000)
+    assert len(runs) == JOBS
+    assert {r.info.run_id for r in runs} == {r["run_id"] for r in results.values()}
+    with ThreadPoolExecutor(max_workers=8) as pool:  # ~0.5 s of requests per run
+        list(pool.map(lambda run: _check_run(client, run, tmp_path / "artifacts"), runs))
+    assert sorted(int(r.data.tags["job.index"]) for r in runs) == list(range(JOBS))
+    print(
+        f"\n{JOBS} jobs ready in {ready_in:.1f} s, raced and logged in {logged_in:.1f} s, "
+        f"checked in {time.monotonic() - start - ready_in - logged_in:.1f} s"
+    )
+
+
+def _tracking_uri_error(uri: str, timeout_s: float = 3.0) -> str | None:
+    """Why an http(s) tracking URI cannot be used, or None: one request, no retries, bounded time.
+
+    Any HTTP answer proves the server is reachable (what it thinks of the request is for MLflow to
+    report); only a refused or timed-out connection is an error. Other schemes (sqlite, file) are local.
+    """
+    if not uri.startswith(("http://", "https://")):
+        return None
+    try:
+        requests.get(f"{uri.rstrip('/')}/health", timeout=timeout_s)
+    except requests.RequestException as err:
+        return f"tracking.uri={uri} is unreachable: {type(err).__name__}: {err}"
+    return None
+
+
+def test_unreachable_tracking_uri_raises_only_after_mlflow_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow retries a refused connection with exponential backoff before raising MlflowException.
+
+    With its defaults (7 retries, backoff factor 2, jitter 1 s, backoff capped at 120 s) entering
+    ``tracked_run`` blocks about 4 minutes; here 2 retries with factor 1 keep it to ~2 s.
+    """
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_JITTER", "0")
+    start = time.monotonic()
+    # _use_tracking_uri restores the global URI (and MLFLOW_TRACKING_URI) that tracked_run overwrites
+    with (
+        _use_tracking_uri(DEAD_URI),
+        pytest.raises(MlflowException, match=r"Max retries exceeded.*Connection refused"),
+        tracked_run(TrackingConfig(uri=DEAD_URI, experiment_name="never-created")),
+    ):
+        pass
+    elapsed = time.monotonic() - start
+    assert 1.5 < elapsed < 30  # backoffs of 0 s then 2 s: MLflow did retry, and did not hang
+
+
+def test_a_single_probe_detects_an_unreachable_uri_at_once(server_uri: str) -> None:
+    start = time.monotonic()
+    error = _tracking_uri_error(DEAD_URI)
+    assert error is not None and "ConnectionError" in error
+    assert time.monotonic() - start < 1
+    assert _tracking_uri_error(server_uri) is None
+    assert _tracking_uri_error("sqlite:///mlflow.db") is None
