@@ -171,7 +171,20 @@ class SweepConfig:
     # Drop configs whose planned ε (dp.accountant, over all their steps) exceeds this budget:
     # dpsweep-plan marks them and dpsweep -m skips them. null keeps every config.
     max_epsilon: float | None = None
-    id: str | None = None  # set by the dpsweep sweeper on every job of a sweep; tagged on its runs
+    force: bool = False  # re-run configs that already FINISHED in the experiment (default: skip them)
+    # Stop a sweep or study that is mostly failing: checked once at least min_jobs_for_failure_rate
+    # jobs have ended. Below the rate, failures are reported at the end.
+    max_failure_rate: float = 0.5
+    min_jobs_for_failure_rate: int = 4
+    # Set by dpsweep's sweepers on every job; each becomes a tag of the job's MLflow run.
+    id: str | None = None
+    parent_run_id: str | None = None  # the sweep's parent MLflow run (mlflow.parentRunId)
+    study: str | None = None  # Optuna study name
+    trial: int | None = None  # Optuna trial number
+    storage: str | None = None  # Optuna storage URL, for reporting per-epoch accuracy (pruning)
+    pruner: str | None = None  # Optuna pruner the job consults each epoch (median), or null
+    pruner_startup_trials: int = 2  # the median pruner prunes nothing until this many trials completed
+    pruner_warmup_epochs: int = 1  # ... nor before this many epochs of a trial
 
 
 @dataclass
@@ -218,9 +231,17 @@ def register_configs() -> None:
     cs.store(group="optimizer", name="base_adam", node=AdamConfig)
     cs.store(group="train", name="base_train", node=TrainConfig)
     cs.store(group="tracking", name="base_tracking", node=TrackingConfig)
-    # hydra/launcher=dpsweep_* and hydra/sweeper=dpsweep (their nodes are stored on import). Hydra's
-    # plugin scan finds the plugin classes in a wheel install but not through an editable install's
-    # import hook, so register them here as well (registering twice is harmless).
+    from dpsweep.launchers import nodes  # light: no import of the rest of dpsweep
+
+    nodes.register()  # hydra/launcher=dpsweep_*, hydra/sweeper=dpsweep
+
+
+def register_hydra_plugins() -> None:
+    """Register dpsweep's sweeper and launchers with Hydra, for the dpsweep command.
+
+    Hydra's plugin scan finds them in a wheel install but not through an editable install's import
+    hook; registering twice is harmless.
+    """
     from hydra.core.plugins import Plugins
     from hydra_plugins.dpsweep_launchers import PLUGINS
 
@@ -311,6 +332,8 @@ def validate(cfg: Config) -> None:
         _require(dp.target_epsilon > 0, "dp.target_epsilon", dp.target_epsilon, "a positive ε or null")
     limit = cfg.sweep.max_epsilon
     _require(limit is None or limit > 0, "sweep.max_epsilon", limit, "a positive ε budget or null")
+    rate = cfg.sweep.max_failure_rate
+    _require(0 < rate <= 1, "sweep.max_failure_rate", rate, "a share of failed jobs in (0, 1]")
 
 
 def validate_launcher(launcher: LauncherConfig) -> None:
@@ -335,8 +358,16 @@ NON_IDENTITY_PREFIXES = ("tracking.", "launcher.", "sweep.", "train.checkpoint_d
 
 
 def identity(flat: dict[str, Any]) -> dict[str, Any]:
-    """The part of a flattened config that determines the run's result (for hashes and resume)."""
-    return {k: v for k, v in flat.items() if not k.startswith(NON_IDENTITY_PREFIXES)}
+    """The part of a flattened config that determines the run's result (for hashes and resume).
+
+    Without DP, σ, C, δ and the accountant have no effect, so only ``dp.enabled`` is kept.
+    """
+    dp_off = flat.get("dp.enabled") is False
+    return {
+        k: v
+        for k, v in flat.items()
+        if not k.startswith(NON_IDENTITY_PREFIXES) and not (dp_off and k.startswith("dp.") and k != "dp.enabled")
+    }
 
 
 def validate_for_dataset(cfg: Config, n_train: int) -> None:

@@ -50,6 +50,13 @@ class DataSplits:
         return len(self.train)  # type: ignore[arg-type]
 
 
+# Official training-set sizes, for planning before the files are downloaded (dpsweep-plan).
+OFFICIAL_N_TRAIN: dict[str, Callable[[Any], int]] = {
+    "mnist": lambda cfg: 60_000,
+    "cifar10": lambda cfg: 50_000,
+    "flowers102": lambda cfg: 1_020 * len(cfg.train_splits),  # train and val hold 1,020 images each
+}
+
 DatasetLoader = Callable[[Any], DataSplits]
 DATASETS: Registry[DatasetLoader] = Registry("dataset")
 

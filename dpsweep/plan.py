@@ -119,6 +119,21 @@ def plan_job(job: int, overrides: list[str], cfg: Config, n_train: int) -> PlanR
     )  # fmt: skip
 
 
+def training_set_size(cfg: Config) -> int:
+    """N from the dataset's files or, when they are not downloaded yet, from its official size."""
+    try:
+        return datasets.build(cfg.dataset).n_train
+    except datasets.DatasetNotFoundError:
+        if cfg.dataset.name not in datasets.OFFICIAL_N_TRAIN:
+            raise
+        n = datasets.OFFICIAL_N_TRAIN[cfg.dataset.name](cfg.dataset)
+        print(
+            f"dpsweep-plan: note: {cfg.dataset.name} files not found; using its official training-set size N={n}",
+            file=sys.stderr,
+        )
+        return n
+
+
 def plan(overrides: Sequence[str]) -> list[PlanRow]:
     """One row per job of ``dpsweep -m <overrides>``; needs Hydra initialised on dpsweep.conf."""
     rows = []
@@ -127,7 +142,7 @@ def plan(overrides: Sequence[str]) -> list[PlanRow]:
         cfg = to_config(compose("config", overrides=job_overrides))
         key = json.dumps(OmegaConf.to_container(OmegaConf.structured(cfg.dataset)), sort_keys=True)
         if key not in sizes:
-            sizes[key] = datasets.build(cfg.dataset).n_train
+            sizes[key] = training_set_size(cfg)
         rows.append(plan_job(job, job_overrides, cfg, sizes[key]))
     return rows
 

@@ -36,6 +36,15 @@ MAX_TAG_CHARS = 5000  # MLflow's limit on tag values is 8000 characters
 MAX_PARAM_CHARS = 6000  # MLflow's limit on param values
 
 
+class RunEnded(Exception):
+    """Raised inside a run to end it early with a given status and tags (e.g. a pruned trial)."""
+
+    def __init__(self, message: str, status: str, tags: Mapping[str, str]) -> None:
+        super().__init__(message)
+        self.status = status
+        self.tags = dict(tags)
+
+
 class Tracker:
     """Logs to one MLflow run by id (no global 'active run' state)."""
 
@@ -111,6 +120,10 @@ def tracked_run(
     try:
         yield tracker
         status = "FINISHED"
+    except RunEnded as end:  # a planned early end, not a failure: keep what was logged, tag why
+        status = end.status
+        tracker.set_tags(end.tags | {"ended.reason": str(end)})
+        raise
     except (KeyboardInterrupt, SystemExit) as err:
         status = "KILLED"
         _record_failure(tracker, err, kind="interrupted")
@@ -166,7 +179,40 @@ def runs_of_sweep(uri: str, experiment: str, sweep_id: str) -> dict[str, str]:
     if exp is None:
         return {}
     runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`sweep.id` = '{sweep_id}'", max_results=50000)
-    return {r.info.run_id: r.info.status for r in runs}
+    return {r.info.run_id: r.info.status for r in runs if r.data.tags.get("sweep.role") != "parent"}
+
+
+def finished_runs_by_hash(uri: str, experiment: str) -> dict[str, str]:
+    """{config hash: run id} of the experiment's FINISHED runs (the newest run per hash)."""
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return {}
+    out: dict[str, str] = {}
+    token = None
+    while True:
+        page = client.search_runs(
+            [exp.experiment_id], filter_string="attributes.status = 'FINISHED'", max_results=10000,
+            order_by=["attributes.start_time ASC"], page_token=token,
+        )  # fmt: skip
+        for run in page:
+            if "config.hash" in run.data.tags:
+                out[run.data.tags["config.hash"]] = run.info.run_id
+        token = page.token
+        if not token:
+            return out
+
+
+def trial_run(uri: str, experiment: str, sweep_id: str, trial: int) -> Any:
+    """The MLflow run of an Optuna trial of a sweep (None if the job never started one)."""
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    found = client.search_runs(
+        [exp.experiment_id], filter_string=f"tags.`sweep.id` = '{sweep_id}' and tags.`optuna.trial` = '{trial}'"
+    )
+    return found[0] if found else None
 
 
 def close_orphaned_runs(uri: str, experiment: str, sweep_id: str) -> list[str]:

@@ -18,6 +18,7 @@ leaves no run behind. Once the run exists, it always ends FINISHED, FAILED or KI
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import signal
@@ -55,6 +56,7 @@ from dpsweep.config import (
     SGDConfig,
     flatten,
     identity,
+    register_hydra_plugins,
     to_config,
     validate,
     validate_for_dataset,
@@ -63,7 +65,8 @@ from dpsweep.data import DatasetNotFoundError
 from dpsweep.models import PretrainedWeightsError
 from dpsweep.plan import OverBudget, check_budget, resolve_noise
 from dpsweep.registry import Registry, UnknownNameError
-from dpsweep.tracking import Tracker, environment_tags, tracked_run
+from dpsweep.search import TrialReporter
+from dpsweep.tracking import RunEnded, Tracker, environment_tags, tracked_run
 
 log = logging.getLogger("dpsweep")
 
@@ -125,6 +128,27 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def run_name(cfg: Config, sigma: float | None) -> str:
+    """A readable MLflow run name, e.g. ``digits-cnn-σ1.1-C1-B64-e10-s0`` (``nodp`` without DP)."""
+    privacy_part = f"σ{sigma:.3g}-C{cfg.dp.max_grad_norm:g}" if sigma is not None else "nodp"
+    t = cfg.train
+    name = f"{cfg.dataset.name}-{cfg.model.name}-{privacy_part}-B{t.batch_size}-e{t.epochs}-s{t.seed}"
+    return name if cfg.sweep.trial is None else f"trial{cfg.sweep.trial}-{name}"
+
+
+def sweep_tags(cfg: Config) -> dict[str, Any]:
+    """Tags that place a run in its sweep: the sweep id, the parent run (so MLflow shows a tree),
+    and the Optuna study and trial."""
+    s = cfg.sweep
+    tags = {
+        "sweep.id": s.id,
+        "mlflow.parentRunId": s.parent_run_id,
+        "optuna.study": s.study,
+        "optuna.trial": s.trial,
+    }
+    return {k: v for k, v in tags.items() if v is not None}
+
+
 def run_params(cfg: Config, noise_multiplier: float | None) -> dict[str, Any]:
     """MLflow params: the flattened resolved config. Without DP only ``dp.enabled`` is kept,
     since σ, C, δ and the accountant have no effect on a non-private run."""
@@ -161,8 +185,7 @@ def train(cfg: DictConfig | Config) -> TrainResult:
         "dp.enabled": config.dp.enabled,
         "config.hash": run_hash,
     }
-    if config.sweep.id:
-        tags["sweep.id"] = config.sweep.id
+    tags |= sweep_tags(config)
     if config.dp.enabled:
         tags |= {
             "dp.delta": config.dp.delta,
@@ -172,7 +195,10 @@ def train(cfg: DictConfig | Config) -> TrainResult:
         if config.dp.target_epsilon is not None:
             tags["dp.noise_multiplier_calibrated"] = sigma
     resume_id = resume.run_id if resume else None
-    with terminate_as_interrupt(), tracked_run(config.tracking, tags, resume_run_id=resume_id) as run:
+    tracking = config.tracking
+    if tracking.run_name is None:  # MLflow's random names repeat here: seeding resets Python's RNG
+        tracking = dataclasses.replace(tracking, run_name=run_name(config, sigma))
+    with terminate_as_interrupt(), tracked_run(tracking, tags, resume_run_id=resume_id) as run:
         if resume is None:
             run.log_params(run_params(config, sigma))
             resolved = OmegaConf.structured(config)
@@ -260,6 +286,7 @@ def _fit(
     stages.mark("model_load")
 
     criterion = nn.CrossEntropyLoss()
+    reporter = TrialReporter(cfg.sweep) if TrialReporter.enabled(cfg.sweep) else None
     show = cfg.train.progress
     for epoch in tqdm(
         range(first_epoch, cfg.train.epochs + 1), desc="epochs", disable=None if show else True, file=sys.stderr
@@ -292,6 +319,12 @@ def _fit(
             metrics["epsilon"] = engine.get_epsilon(cfg.dp.delta)
         run.log_metrics(metrics, step=epoch)
         result.epochs.append({"epoch": float(epoch), **metrics})
+        if reporter is not None and reporter.should_prune(epoch, metrics["test_accuracy"]):
+            raise RunEnded(
+                f"pruned by the {cfg.sweep.pruner} pruner after epoch {epoch}",
+                status="KILLED",
+                tags={"optuna.pruned": "true", "failure.kind": "pruned"},
+            )
         if ckpt_dir is not None:
             saved = checkpoint.TrainingState(
                 run_hash,
@@ -357,6 +390,9 @@ def _job_overrides() -> str:
         return " ".join(HydraConfig.get().overrides.task) or "(defaults)"
     except ValueError:  # not running under Hydra
         return "(config)"
+
+
+register_hydra_plugins()
 
 
 @hydra.main(version_base="1.3", config_path="pkg://dpsweep.conf", config_name="config")

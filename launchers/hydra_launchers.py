@@ -15,20 +15,17 @@ from __future__ import annotations
 import logging
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
-from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, LocalQueueConf, SlurmQueueConf
+from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from omegaconf import OmegaConf
 from submitit.slurm.slurm import SlurmInfoWatcher
 
 log = logging.getLogger(__name__)
-PLUGIN_MODULE = "hydra_plugins.dpsweep_launchers"
 
 
 class _DpsweepSubmititLauncher(BaseSubmititLauncher):
@@ -130,42 +127,3 @@ class SlurmLauncher(_DpsweepSubmititLauncher):
 
 class SgeLauncher(_DpsweepSubmititLauncher):
     _EXECUTOR = "sge"
-
-
-# ---------------------------------------------------------------------------------------------
-# hydra/launcher config nodes: dpsweep_local, dpsweep_slurm, dpsweep_sge
-# ---------------------------------------------------------------------------------------------
-@dataclass
-class DpsweepLocalConf(LocalQueueConf):
-    _target_: str = f"{PLUGIN_MODULE}.LocalLauncher"
-
-
-@dataclass
-class DpsweepSlurmConf(SlurmQueueConf):
-    _target_: str = f"{PLUGIN_MODULE}.SlurmLauncher"
-
-
-@dataclass
-class DpsweepSgeConf(BaseQueueConf):
-    """Grid Engine parameters (see ``dpsweep.launchers.sge.make_qsub_script``)."""
-
-    _target_: str = f"{PLUGIN_MODULE}.SgeLauncher"
-    queue: str | None = None  # -q
-    parallel_env: str = "smp"  # -pe <parallel_env> <cpus_per_task> when cpus_per_task > 1
-    gpu_resource: str = "gpu={gpus}"  # -l resource string for GPUs
-    memory_resource: str = "mem_free"  # -l <memory_resource>=<MiB per slot>M
-    signal_delay_s: int = 90  # s_rt = h_rt - this: SIGUSR1 lets the job checkpoint first
-    max_num_timeout: int = 3
-    array_parallelism: int = 256  # -tc
-    setup: list[str] | None = None
-    additional_parameters: dict[str, str] = field(default_factory=dict)
-
-
-def register_configs() -> None:
-    cs = ConfigStore.instance()
-    cs.store(group="hydra/launcher", name="dpsweep_local", node=DpsweepLocalConf(), provider="dpsweep")
-    cs.store(group="hydra/launcher", name="dpsweep_slurm", node=DpsweepSlurmConf(), provider="dpsweep")
-    cs.store(group="hydra/launcher", name="dpsweep_sge", node=DpsweepSgeConf(), provider="dpsweep")
-
-
-register_configs()

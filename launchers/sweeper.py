@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
+from dpsweep.launchers.nodes import OptunaSearchConf
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
@@ -41,16 +41,6 @@ class SweepError(Exception):
 
 
 @dataclass
-class DpsweepSweeperConf:
-    _target_: str = "hydra_plugins.dpsweep_launchers.DpsweepSweeper"
-    max_batch_size: int | None = None  # jobs launched (and waited for) at once; null: all
-    params: dict[str, str] | None = None  # sweep axes, as for Hydra's basic sweeper
-
-
-ConfigStore.instance().store(group="hydra/sweeper", name="dpsweep", node=DpsweepSweeperConf, provider="dpsweep")
-
-
-@dataclass
 class SweepOutcome:
     sweep_id: str
     finished: int = 0
@@ -58,6 +48,7 @@ class SweepOutcome:
     failed: int = 0
     failed_runs: list[str] | None = None
     killed_runs: list[str] | None = None
+    aborted: str | None = None  # why the failure policy stopped the sweep
 
     def line(self) -> str:
         text = f"dpsweep: sweep {self.sweep_id}: {self.finished} finished, {self.skipped} skipped, {self.failed} failed"
@@ -75,9 +66,15 @@ class DpsweepSweeper(Sweeper):
     scan re-executes ``basic_sweeper.py``, which would leave a subclass with a stale base class.
     """
 
-    def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, max_batch_size: int | None = None, params: dict[str, str] | None = None, optuna: Any = None
+    ) -> None:
         self.max_batch_size = max_batch_size
         self.params = dict(params or {})
+        self.optuna: OptunaSearchConf | None = None
+        if optuna is not None:
+            node = OmegaConf.merge(OmegaConf.structured(OptunaSearchConf), optuna)
+            self.optuna = OmegaConf.to_object(node)  # type: ignore[assignment]
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.launcher: Launcher | None = None
@@ -113,24 +110,103 @@ class DpsweepSweeper(Sweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         assert self.config is not None and self.launcher is not None
+        if self.optuna is not None:
+            if self.params:
+                _fail(
+                    "give either grid axes (hydra.sweeper.params) or an Optuna search (hydra.sweeper.optuna), not both"
+                )
+            from dpsweep.launchers.optuna_sweeper import OptunaSearch
+
+            return OptunaSearch(self.optuna, self).run(arguments)
+        from dpsweep.config import TrackingConfig, to_config
+        from dpsweep.tracking import tracked_run
+
         sweep_id = uuid.uuid4().hex[:12]
         jobs = self._jobs(arguments, sweep_id)
         configs = [self._compose(job) for job in jobs]
         preflight(configs, jobs)
+        first = to_config(configs[0])
+        todo, skipped = select_jobs(jobs, configs)
+        for line in skipped:
+            print(f"dpsweep: skip {line}", flush=True)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        log.info(f"dpsweep sweep {sweep_id}: {len(jobs)} jobs, launcher={configs[0].launcher.name}")
 
-        batch_size = self.max_batch_size or len(jobs)
-        returns: list[Sequence[JobReturn]] = []
-        for start in range(0, len(jobs), batch_size):
-            returns.append(self.launcher.launch(jobs[start : start + batch_size], initial_job_idx=start))
-        outcome = summarise(sweep_id, [r for batch in returns for r in batch], configs[0])
+        parent_cfg = TrackingConfig(first.tracking.uri, first.tracking.experiment_name, f"sweep-{sweep_id}")
+        parent_tags = {"sweep.id": sweep_id, "sweep.role": "parent", "sweep.launcher": first.launcher.name}
+        outcome = SweepOutcome(sweep_id, skipped=len(skipped))
+        try:
+            with tracked_run(parent_cfg, parent_tags) as parent:
+                parent.log_params(
+                    {"sweep.overrides": " ".join(arguments), "sweep.launcher": first.launcher.name,
+                     "sweep.n_configs": len(jobs), "sweep.n_skipped": len(skipped), "sweep.dir": str(sweep_dir)}
+                )  # fmt: skip
+                todo = [[*job, f"sweep.parent_run_id={parent.run_id}"] for job in todo]
+                log.info(f"dpsweep sweep {sweep_id}: {len(todo)} jobs to run, launcher={first.launcher.name}")
+                returns = self._launch(todo, outcome, first)
+                finish(outcome, first)
+                parent.log_metrics({"sweep.finished": outcome.finished, "sweep.failed": outcome.failed,
+                                    "sweep.skipped": outcome.skipped})  # fmt: skip
+                if outcome.aborted:
+                    raise SweepAborted(outcome.aborted)
+        except SweepAborted:
+            pass  # the parent run ended FAILED with the reason; report and exit below
         print(outcome.line(), flush=True)
-        if outcome.failed:
+        if outcome.failed or outcome.aborted:
             raise SystemExit(1)
         return returns
+
+    def _launch(self, jobs: list[list[str]], outcome: SweepOutcome, first: Any) -> list[Sequence[JobReturn]]:
+        """Launch in batches; stop once the share of failed jobs exceeds sweep.max_failure_rate."""
+        assert self.launcher is not None
+        # inline jobs run one at a time anyway: batches of one let the failure policy act early
+        size = self.max_batch_size or (1 if first.launcher.name == "inline" else max(1, len(jobs)))
+        returns: list[Sequence[JobReturn]] = []
+        for start in range(0, len(jobs), size):
+            batch = self.launcher.launch(jobs[start : start + size], initial_job_idx=start)
+            returns.append(batch)
+            count(outcome, batch)
+            ended = outcome.finished + outcome.failed
+            rate, floor = first.sweep.max_failure_rate, first.sweep.min_jobs_for_failure_rate
+            if start + size < len(jobs) and ended >= floor and outcome.failed / ended > rate:
+                outcome.aborted = (
+                    f"stopping: {outcome.failed} of {ended} jobs failed ({outcome.failed / ended:.0%} > "
+                    f"sweep.max_failure_rate={rate:.0%}); {len(jobs) - start - size} jobs not launched"
+                )
+                print(f"dpsweep: {outcome.aborted}", flush=True)
+                break
+        return returns
+
+
+class SweepAborted(Exception):
+    """The failure policy stopped the sweep."""
+
+
+def select_jobs(jobs: Sequence[list[str]], configs: Sequence[DictConfig]) -> tuple[list[list[str]], list[str]]:
+    """Jobs to launch, and one line per job skipped: its config already FINISHED in the experiment
+    (matched by the hash of its identity, see dpsweep.config.identity), or repeats an earlier job."""
+    from dpsweep.checkpoint import config_hash
+    from dpsweep.config import flatten, identity, to_config
+    from dpsweep.tracking import finished_runs_by_hash
+
+    typed = [to_config(c) for c in configs]
+    done: dict[str, str] = {}
+    if not typed[0].sweep.force:
+        for uri, name in sorted({(c.tracking.uri, c.tracking.experiment_name) for c in typed}):
+            done |= finished_runs_by_hash(uri, name)
+    todo, skipped, seen = [], [], {}
+    for index, (job, cfg) in enumerate(zip(jobs, typed, strict=True)):
+        shown = " ".join(job[:-1])  # without sweep.id
+        h = config_hash(identity(flatten(cfg)))
+        if h in done:
+            skipped.append(f"{shown}: already FINISHED as run {done[h]} (sweep.force=true runs it again)")
+        elif h in seen:
+            skipped.append(f"{shown}: same config as job {seen[h]}")
+        else:
+            seen[h] = index
+            todo.append(job)
+    return todo, skipped
 
 
 def preflight(configs: Sequence[DictConfig], jobs: Sequence[Sequence[str]]) -> None:
@@ -168,11 +244,8 @@ def _fail(message: str) -> None:
     raise SystemExit(2)
 
 
-def summarise(sweep_id: str, results: Sequence[JobReturn], config: DictConfig) -> SweepOutcome:
-    """Count outcomes; close runs left RUNNING by killed jobs; name the failed runs."""
-    from dpsweep.tracking import close_orphaned_runs, runs_of_sweep
-
-    outcome = SweepOutcome(sweep_id)
+def count(outcome: SweepOutcome, results: Sequence[JobReturn]) -> None:
+    """Add a batch's job results: a job returning None was skipped (over sweep.max_epsilon)."""
     for r in results:
         if r.status == JobStatus.COMPLETED:
             if r._return_value is None:
@@ -182,8 +255,13 @@ def summarise(sweep_id: str, results: Sequence[JobReturn], config: DictConfig) -
         else:
             outcome.failed += 1
             log.error(f"job {' '.join(r.overrides or [])} failed: {r._return_value!r}")
-    uri, experiment = str(config.tracking.uri), str(config.tracking.experiment_name)
-    outcome.killed_runs = close_orphaned_runs(uri, experiment, sweep_id)
-    runs = runs_of_sweep(uri, experiment, sweep_id)
+
+
+def finish(outcome: SweepOutcome, first: Any) -> None:
+    """Close runs left RUNNING by killed jobs; name the failed runs."""
+    from dpsweep.tracking import close_orphaned_runs, runs_of_sweep
+
+    uri, experiment = first.tracking.uri, first.tracking.experiment_name
+    outcome.killed_runs = close_orphaned_runs(uri, experiment, outcome.sweep_id)
+    runs = runs_of_sweep(uri, experiment, outcome.sweep_id)
     outcome.failed_runs = sorted(run_id for run_id, status in runs.items() if status in ("FAILED", "KILLED"))
-    return outcome

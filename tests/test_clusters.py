@@ -55,7 +55,9 @@ def dpsweep(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subproc
 def finished_runs(cwd: Path) -> list[Run]:
     client = MlflowClient(f"sqlite:///{cwd / 'mlflow.db'}")
     exp = client.get_experiment_by_name("dpsweep")
-    return [] if exp is None else list(client.search_runs([exp.experiment_id]))
+    if exp is None:
+        return []
+    return [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("sweep.role") != "parent"]
 
 
 def _assert_four_finished(cwd: Path, proc: subprocess.Popen[str]) -> None:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 BIN = Path(sys.executable).parent
@@ -28,7 +29,13 @@ def dpsweep(
 def statuses(cwd: Path, experiment: str = "dpsweep") -> dict[str, str]:
     client = MlflowClient(f"sqlite:///{cwd / 'mlflow.db'}")
     exp = client.get_experiment_by_name(experiment)
-    return {} if exp is None else {r.info.run_id: r.info.status for r in client.search_runs([exp.experiment_id])}
+    if exp is None:
+        return {}
+    return {r.info.run_id: r.info.status for r in client.search_runs([exp.experiment_id]) if not is_parent(r)}
+
+
+def is_parent(run: Run) -> bool:
+    return run.data.tags.get("sweep.role") == "parent"
 
 
 def summary(proc: subprocess.CompletedProcess[str]) -> str:
@@ -49,8 +56,13 @@ def test_jobs_carry_the_sweep_id(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     sweep_id = summary(proc).split()[2].rstrip(":")
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("dpsweep").experiment_id])
+    everything = client.search_runs([client.get_experiment_by_name("dpsweep").experiment_id])
+    [parent] = [r for r in everything if is_parent(r)]
+    runs = [r for r in everything if not is_parent(r)]
     assert len(runs) == 2 and {r.data.tags["sweep.id"] for r in runs} == {sweep_id}
+    assert {r.data.tags["mlflow.parentRunId"] for r in runs} == {parent.info.run_id}  # a tree in the MLflow UI
+    assert parent.data.tags["sweep.id"] == sweep_id and parent.info.status == "FINISHED"
+    assert parent.data.params["sweep.n_configs"] == "2" and parent.data.metrics["sweep.finished"] == 2
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ class SgeLauncher(hydra_launchers.SgeLauncher):
 
 
 class DpsweepSweeper(sweeper.DpsweepSweeper):
-    """Grid sweeps that record failures, go on, and summarise."""
+    """Grid sweeps and Optuna studies that record failures, go on, and summarise."""
 
 
 PLUGINS = (LocalLauncher, SlurmLauncher, SgeLauncher, DpsweepSweeper)

@@ -1,0 +1,170 @@
+"""``dpsweep-report``: the privacy–accuracy table and plots of an experiment or a sweep, from MLflow.
+
+    dpsweep-report --experiment demo                                   # markdown table on stdout
+    dpsweep-report --experiment demo --sweep 3d13dc24edc7 --format tex --out report/
+    dpsweep-report --experiment demo --format csv > table.csv          # notes go to stderr
+    dpsweep-report --experiment demo --out report/ --sort epsilon --runs 41b733ba 9f0c2d11
+
+One row per config (runs equal but for the seed): dataset, model, B, σ, C, lr, epochs, δ,
+accountant, ε, test accuracy mean ± std over seeds, its drop against the non-private baseline of
+the same dataset and model, and the number of runs. Only FINISHED runs count; the notes say how
+many failed, were pruned or are still running, and warn about mixed accountants or δ and missing
+metrics. With ``--out DIR`` the table is also written to ``DIR/report.<format>`` with the plots
+(pareto.png, accuracy_vs_<param>.png, curves.png, memory.png; see dpsweep.analysis.report_plots).
+When the sweep has a parent run (tag ``sweep.role=parent``) they are logged on it under
+``report/``, so they appear in the MLflow UI.
+
+Bad input exits with code 2 and names the option, its value and what is allowed, e.g.
+``dpsweep-report: error: --format=docx: unknown format; valid: csv, html, md, tex``.
+The same tables are importable as DataFrames: see ``dpsweep.analysis.report``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from dpsweep.analysis import report as rep
+
+DEFAULT_URI = "sqlite:///mlflow.db"  # dpsweep's default (tracking.uri), relative to where it ran
+ARTIFACT_DIR = "report"  # where the files go on the sweep's parent run
+DEFAULT_CURVES = 3  # runs on curves.png unless --runs names them
+FLAGS = {"tracking_uri": "--tracking-uri"}  # ReportError.option -> flag, where not just --<option>
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dpsweep-report",
+        description="Privacy–accuracy table and plots of an MLflow experiment or dpsweep sweep.",
+    )
+    p.add_argument("--experiment", required=True, metavar="NAME", help="MLflow experiment (tracking.experiment_name)")
+    p.add_argument("--sweep", metavar="ID", help="only the runs of this sweep (tag sweep.id)")
+    p.add_argument("--format", default="md", metavar="|".join(rep.FORMATS.names()),
+                   help="table format (default md)")  # fmt: skip
+    p.add_argument("--out", type=Path, metavar="DIR", help="write report.<format> and the PNG plots here")
+    p.add_argument("--sort", default="accuracy", metavar="|".join(rep.SORT_KEYS.names()),
+                   help="row order per dataset and model: accuracy (best first) or epsilon (least first)")  # fmt: skip
+    p.add_argument("--runs", nargs="+", metavar="ID",
+                   help=f"runs (ids or unique prefixes) for curves.png; default: the {DEFAULT_CURVES} most "
+                   "accurate private runs")  # fmt: skip
+    p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI),
+                   help=f"MLflow tracking URI (default $MLFLOW_TRACKING_URI or {DEFAULT_URI})")  # fmt: skip
+    p.add_argument("--no-log", action="store_true", help="do not log the files on the sweep's parent run")
+    return p
+
+
+def _fail(p: argparse.ArgumentParser, err: rep.ReportError) -> NoReturn:
+    p.error(f"{FLAGS.get(err.option, '--' + err.option)}={err.value}: {err.reason}")
+
+
+def _check_out(p: argparse.ArgumentParser, out: Path) -> None:
+    """--out must be (or become) a directory we can write files in: try it."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        p.error(f"--out={out}: not a writable directory ({err.strerror or err}); give a directory you can write to")
+
+
+def _check_uri(p: argparse.ArgumentParser, uri: str) -> None:
+    """A sqlite store must exist already (MLflow would create an empty one); a server must answer."""
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///") :])
+        if not db.is_file():
+            p.error(
+                f"--tracking-uri={uri}: no MLflow database at {db.absolute()}; run dpsweep-report where dpsweep "
+                "ran, or pass the URI dpsweep logged to (tracking.uri)"
+            )
+    elif uri.startswith(("http://", "https://")):
+        from dpsweep.tracking import check_reachable  # imports torch: only when needed
+
+        try:
+            check_reachable(uri)
+        except ConnectionError as err:
+            p.error(f"--tracking-uri={uri}: {err}")
+
+
+def _chosen_runs(p: argparse.ArgumentParser, report: rep.Report, wanted: Sequence[str] | None) -> list[str]:
+    if not wanted:
+        return rep.best_runs(report.runs, DEFAULT_CURVES) or rep.best_runs(report.runs, DEFAULT_CURVES, private=None)
+    known = list(report.runs["run_id"])
+    chosen = []
+    for prefix in wanted:
+        matches = [r for r in known if r.startswith(prefix)]
+        if len(matches) != 1:
+            why = "matches no run" if not matches else f"matches {len(matches)} runs"
+            p.error(f"--runs={prefix}: {why} of the {report.selection}; give a run id (or a unique prefix) from it")
+        chosen.append(matches[0])
+    return chosen
+
+
+def _log_on_parent(report: rep.Report, paths: Sequence[Path]) -> None:
+    if report.sweep_id is None:
+        return
+    if report.parent_run_id is None:
+        print(f"dpsweep-report: sweep {report.sweep_id} has no parent run; the files are only on disk", file=sys.stderr)
+        return
+    client = MlflowClient(report.uri)
+    try:
+        for path in paths:
+            client.log_artifact(report.parent_run_id, str(path), artifact_path=ARTIFACT_DIR)
+    except (MlflowException, OSError) as err:
+        print(f"dpsweep-report: warning: could not log the files on run {report.parent_run_id}: {err}", file=sys.stderr)
+        return
+    print(f"dpsweep-report: logged {len(paths)} files on the parent run {report.parent_run_id} under {ARTIFACT_DIR}/",
+          file=sys.stderr)  # fmt: skip
+
+
+def run(argv: Sequence[str] | None = None) -> rep.Report:
+    """Parse, check, report; returns the report (the table is also printed)."""
+    p = _parser()
+    a = p.parse_args(argv)
+    try:
+        rep.lookup(rep.FORMATS, a.format, "format")
+        rep.lookup(rep.SORT_KEYS, a.sort, "sort")
+    except rep.ReportError as err:
+        _fail(p, err)
+    if a.out is not None:
+        _check_out(p, a.out)
+    _check_uri(p, a.tracking_uri)
+    try:
+        report = rep.build_report(a.tracking_uri, a.experiment, a.sweep, a.sort)
+    except rep.ReportError as err:
+        _fail(p, err)
+    except MlflowException as err:
+        p.error(f"--tracking-uri={a.tracking_uri}: MLflow cannot read it ({err.message})")
+    chosen = _chosen_runs(p, report, a.runs)
+    text = rep.render(report, a.format)
+    sys.stdout.write(text)
+    sys.stdout.flush()  # before the notes and file lines on stderr
+    if a.format == "csv":  # the CSV itself stays pure
+        for note in report.notes():
+            print(f"dpsweep-report: {note}", file=sys.stderr)
+    if a.out is None:
+        return report
+    from dpsweep.analysis.report_plots import plot_report  # matplotlib only when plotting
+
+    paths = [rep.write(report, a.format, a.out)]
+    paths += plot_report(report, a.out, rep.metric_histories(report.uri, chosen))
+    for path in paths:
+        print(f"dpsweep-report: wrote {path}", file=sys.stderr)
+    if not a.no_log:
+        _log_on_parent(report, paths)
+    return report
+
+
+def main() -> None:
+    run(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()

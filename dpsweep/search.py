@@ -1,0 +1,188 @@
+"""Optuna search, the parts shared by the sweeper and the training job: samplers, objectives,
+storages and pruners as registries, search-space checks, and the job's per-epoch trial reporter.
+
+    dpsweep -m search=accuracy_tpe                       # conf/search/accuracy_tpe.yaml
+    dpsweep -m search=pareto_nsga2 hydra.sweeper.optuna.n_trials=30
+
+The sweeper lives in ``dpsweep.launchers.optuna_sweeper``. Current Optuna (>= 4) is used directly:
+the hydra-optuna-sweeper package pins optuna < 3.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+
+from dpsweep.config import ConfigError, SweepConfig
+from dpsweep.launchers.nodes import ParamSpec
+from dpsweep.registry import Registry
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def distribution(name: str, spec: ParamSpec) -> BaseDistribution:
+    """The Optuna distribution of a search axis; a clear error for an empty or malformed range."""
+    where = f"hydra.sweeper.optuna.params.{name}"
+    if spec.type == "categorical":
+        if not spec.choices:
+            raise ConfigError(where, list(spec.choices), "a non-empty list of choices")
+        return CategoricalDistribution(list(spec.choices))
+    if spec.type not in ("float", "int"):
+        raise ConfigError(f"{where}.type", spec.type, "one of float, int, categorical")
+    if spec.low is None or spec.high is None or not spec.low < spec.high:
+        raise ConfigError(where, f"[{spec.low}, {spec.high}]", "a range with low < high")
+    if spec.log and spec.low <= 0:
+        raise ConfigError(f"{where}.low", spec.low, "a positive lower bound for a log-scale range")
+    if spec.type == "int":
+        step = int(spec.step or 1)
+        return IntDistribution(int(spec.low), int(spec.high), log=spec.log, step=step)
+    return FloatDistribution(spec.low, spec.high, log=spec.log, step=spec.step)
+
+
+def grid_values(name: str, spec: ParamSpec) -> list[Any]:
+    """The points of an axis for the grid sampler: the choices, or low..high by step."""
+    if spec.type == "categorical":
+        return list(distribution(name, spec).choices)  # type: ignore[attr-defined]
+    distribution(name, spec)  # range checks
+    if spec.step is None:
+        raise ConfigError(f"hydra.sweeper.optuna.params.{name}.step", None, "a step, to grid-search a numeric range")
+    n = math.floor((spec.high - spec.low) / spec.step + 1e-9) + 1
+    values = [spec.low + i * spec.step for i in range(n)]
+    return [int(v) for v in values] if spec.type == "int" else [round(v, 12) for v in values]
+
+
+# ---------------------------------------------------------------------------------------------
+# objectives: what a trial returns to the study
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Objective:
+    directions: tuple[str, ...]
+    metrics: tuple[str, ...]  # MLflow metrics, in the order of directions
+    extra_overrides: Callable[[float | None], list[str]] = lambda budget: []
+    forbidden_params: tuple[str, ...] = ()
+    description: str = ""
+
+    @property
+    def multi(self) -> bool:
+        return len(self.directions) > 1
+
+
+OBJECTIVES: Registry[Objective] = Registry("objective")
+OBJECTIVES.register("accuracy")(Objective(("maximize",), ("test_accuracy",), description="maximise test_accuracy"))
+OBJECTIVES.register("accuracy_epsilon")(
+    Objective(("maximize", "minimize"), ("test_accuracy", "epsilon"), description="test_accuracy up, ε down")
+)
+OBJECTIVES.register("accuracy_under_budget")(
+    Objective(
+        ("maximize",),
+        ("test_accuracy",),
+        extra_overrides=lambda budget: [f"dp.target_epsilon={budget}"],
+        forbidden_params=("dp.noise_multiplier", "dp.target_epsilon"),
+        description="best test_accuracy at ε <= epsilon_budget: each trial calibrates σ to the budget",
+    )
+)
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    build: Callable[[int | None, Mapping[str, list[Any]]], optuna.samplers.BaseSampler]
+    multi_objective_only: bool = False
+
+
+SAMPLERS: Registry[SamplerSpec] = Registry("sampler")
+SAMPLERS.register("tpe")(SamplerSpec(lambda seed, grid: optuna.samplers.TPESampler(seed=seed)))
+SAMPLERS.register("random")(SamplerSpec(lambda seed, grid: optuna.samplers.RandomSampler(seed=seed)))
+SAMPLERS.register("grid")(SamplerSpec(lambda seed, grid: optuna.samplers.GridSampler(dict(grid), seed=seed)))
+SAMPLERS.register("nsga2")(
+    SamplerSpec(lambda seed, grid: optuna.samplers.NSGAIISampler(seed=seed), multi_objective_only=True)
+)
+
+PRUNERS: Registry[Callable[[SweepConfig], optuna.pruners.BasePruner]] = Registry("pruner")
+PRUNERS.register("median")(
+    lambda s: optuna.pruners.MedianPruner(
+        n_startup_trials=s.pruner_startup_trials, n_warmup_steps=s.pruner_warmup_epochs
+    )
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# storages: sqlite (default), any SQLAlchemy URL (PostgreSQL for clusters), or a journal file
+# ---------------------------------------------------------------------------------------------
+def open_storage(url: str) -> optuna.storages.BaseStorage:
+    """``sqlite:///optuna.db``, ``postgresql://...`` or ``journal:///path/to/study.log``."""
+    if url.startswith("journal://"):
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        path = Path(url[len("journal://") :])
+        _writable_dir("hydra.sweeper.optuna.storage", url, path.parent)
+        return JournalStorage(JournalFileBackend(str(path)))
+    if url.startswith("sqlite:///"):
+        _writable_dir("hydra.sweeper.optuna.storage", url, Path(url[len("sqlite:///") :]).parent)
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url))
+    except Exception as err:  # SQLAlchemy raises many kinds for an unreachable or malformed URL
+        raise ConfigError(
+            "hydra.sweeper.optuna.storage", url, f"a reachable Optuna storage ({type(err).__name__}: {err})"
+        ) from err
+
+
+def _engine_kwargs(url: str) -> dict[str, Any]:
+    scheme = urlparse(url).scheme
+    return {"connect_args": {"connect_timeout": 5}} if scheme.startswith("postgresql") else {}
+
+
+def _writable_dir(key: str, value: str, folder: Path) -> None:
+    folder = folder if str(folder) else Path(".")
+    if not folder.is_dir():
+        raise ConfigError(key, value, f"a storage in an existing directory ({folder.absolute()} does not exist)")
+
+
+# ---------------------------------------------------------------------------------------------
+# inside the training job
+# ---------------------------------------------------------------------------------------------
+class TrialReporter:
+    """Reports a job's per-epoch test_accuracy to its Optuna trial; says when the pruner stops it."""
+
+    def __init__(self, sweep: SweepConfig) -> None:
+        assert sweep.study and sweep.storage and sweep.trial is not None and sweep.pruner
+        pruner = PRUNERS.get(sweep.pruner, key="sweep.pruner")(sweep)
+        self.study = optuna.load_study(study_name=sweep.study, storage=open_storage(sweep.storage), pruner=pruner)
+        trial_id = self.study._storage.get_trial_id_from_study_id_trial_number(self.study._study_id, sweep.trial)
+        self.trial = optuna.Trial(self.study, trial_id)
+
+    @staticmethod
+    def enabled(sweep: SweepConfig) -> bool:
+        return bool(sweep.pruner and sweep.study and sweep.storage and sweep.trial is not None)
+
+    def should_prune(self, epoch: int, test_accuracy: float) -> bool:
+        self.trial.report(test_accuracy, step=epoch)
+        return self.trial.should_prune()
+
+
+def check_search_space(
+    params: Mapping[str, ParamSpec], known_keys: Sequence[str], objective: Objective, sampler: str
+) -> dict[str, BaseDistribution]:
+    """Distributions for the search space; a clear error for an unknown key or empty range."""
+    if not params:
+        raise ConfigError("hydra.sweeper.optuna.params", {}, "at least one parameter to search")
+    known = set(known_keys)
+    out = {}
+    for name, spec in params.items():
+        if name not in known:
+            close = sorted(k for k in known if k.split(".")[-1] == name.split(".")[-1])
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError("hydra.sweeper.optuna.params", name, f"a key of the dpsweep config{hint}")
+        if name in objective.forbidden_params:
+            raise ConfigError("hydra.sweeper.optuna.params", name, "a parameter this objective does not set itself")
+        out[name] = distribution(name, spec)
+        if sampler == "grid":
+            grid_values(name, spec)
+    return out
