@@ -28,8 +28,9 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # 3 workers: the scheduler and subprocess tests mostly wait; scheduler tests share one worker.
+# One torch thread per process, so that parallel tests do not oversubscribe the cores.
 test: lint
-	$(BIN)/pytest -n 3 --dist loadgroup
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/pytest -n 3 --dist loadgroup
 
 ui: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000

@@ -96,7 +96,7 @@ def _check_uri(p: argparse.ArgumentParser, uri: str) -> None:
 def _chosen_runs(p: argparse.ArgumentParser, report: rep.Report, wanted: Sequence[str] | None) -> list[str]:
     if not wanted:
         return rep.best_runs(report.runs, DEFAULT_CURVES) or rep.best_runs(report.runs, DEFAULT_CURVES, private=None)
-    known = list(report.runs["run_id"])
+    known = list(report.table_runs["run_id"])
     chosen = []
     for prefix in wanted:
         matches = [r for r in known if r.startswith(prefix)]

@@ -10,6 +10,7 @@ the hydra-optuna-sweeper package pins optuna < 3.
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -177,7 +178,7 @@ def check_search_space(
     out = {}
     for name, spec in params.items():
         if name not in known:
-            close = sorted(k for k in known if k.split(".")[-1] == name.split(".")[-1])
+            close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.8)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise ConfigError("hydra.sweeper.optuna.params", name, f"a key of the dpsweep config{hint}")
         if name in objective.forbidden_params:

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import os
 import platform
+import signal
 import socket
 import subprocess
+import threading
 import traceback
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -133,6 +135,23 @@ def tracked_run(
         raise
     finally:
         client.set_terminated(run.info.run_id, status)
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (scancel, qdel, preemption) interrupts training, so its MLflow run ends KILLED."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"terminated by signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def check_reachable(uri: str, timeout_s: float = 5.0) -> None:

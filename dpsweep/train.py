@@ -21,12 +21,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-import signal
 import sys
-import threading
 import warnings
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,7 +63,7 @@ from dpsweep.models import PretrainedWeightsError
 from dpsweep.plan import OverBudget, check_budget, resolve_noise
 from dpsweep.registry import Registry, UnknownNameError
 from dpsweep.search import TrialReporter
-from dpsweep.tracking import RunEnded, Tracker, environment_tags, tracked_run
+from dpsweep.tracking import RunEnded, Tracker, environment_tags, terminate_as_interrupt, tracked_run
 
 log = logging.getLogger("dpsweep")
 
@@ -212,23 +209,6 @@ def train(cfg: DictConfig | Config) -> TrainResult:
         checkpoint.remove(ckpt_dir)  # the run is complete; a rerun starts afresh
     _print_summary(config, result)
     return result
-
-
-@contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM (scancel, qdel, preemption) interrupts training, so its MLflow run ends KILLED."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"terminated by signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def make_private(

@@ -41,7 +41,7 @@ class OptunaSearch:
 
         from dpsweep.config import ConfigError, TrackingConfig, flatten, to_config
         from dpsweep.search import OBJECTIVES, SAMPLERS, check_search_space, grid_values, open_storage
-        from dpsweep.tracking import tracked_run
+        from dpsweep.tracking import terminate_as_interrupt, tracked_run
 
         launcher = self.sweeper.launcher
         assert launcher is not None
@@ -95,7 +95,7 @@ class OptunaSearch:
         }
         failed = told = 0
         aborted = None
-        with tracked_run(parent_cfg, tags) as parent:
+        with terminate_as_interrupt(), tracked_run(parent_cfg, tags) as parent:
             parent.log_params(
                 {
                     "optuna.sampler": c.sampler,

@@ -119,7 +119,7 @@ class DpsweepSweeper(Sweeper):
 
             return OptunaSearch(self.optuna, self).run(arguments)
         from dpsweep.config import TrackingConfig, to_config
-        from dpsweep.tracking import tracked_run
+        from dpsweep.tracking import terminate_as_interrupt, tracked_run
 
         sweep_id = uuid.uuid4().hex[:12]
         jobs = self._jobs(arguments, sweep_id)
@@ -137,7 +137,7 @@ class DpsweepSweeper(Sweeper):
         parent_tags = {"sweep.id": sweep_id, "sweep.role": "parent", "sweep.launcher": first.launcher.name}
         outcome = SweepOutcome(sweep_id, skipped=len(skipped))
         try:
-            with tracked_run(parent_cfg, parent_tags) as parent:
+            with terminate_as_interrupt(), tracked_run(parent_cfg, parent_tags) as parent:
                 parent.log_params(
                     {"sweep.overrides": " ".join(arguments), "sweep.launcher": first.launcher.name,
                      "sweep.n_configs": len(jobs), "sweep.n_skipped": len(skipped), "sweep.dir": str(sweep_dir)}

@@ -136,3 +136,14 @@ def test_slurm_scancel_is_recorded_and_the_sweep_goes_on(tmp_path: Path, slurm: 
     assert ": 1 finished, 0 skipped, 1 failed" in out
     statuses = sorted(r.info.status for r in finished_runs(tmp_path))
     assert statuses == ["FINISHED", "KILLED"]
+
+
+def test_optuna_study_through_slurm(tmp_path: Path, slurm: None) -> None:
+    proc = dpsweep(tmp_path, "search=grid", "launcher=slurm", "hydra.sweeper.optuna.n_trials=2", *GRID[2:])
+    out, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out + err
+    assert "dpsweep: study digits_grid: 2 trials (2 complete)" in out
+    runs = finished_runs(tmp_path)
+    assert sorted(r.data.tags["optuna.trial"] for r in runs) == ["0", "1"]
+    assert all(r.info.status == "FINISHED" and r.data.tags["optuna.study"] == "digits_grid" for r in runs)
+    assert next((tmp_path / "multirun").rglob("*_submission.sh")).read_text().count("#SBATCH --array=0-1%") == 1

@@ -115,11 +115,11 @@ def test_local_jobs_run_in_their_own_processes_and_a_killed_one_is_closed(tmp_pa
     victim = None
     deadline = time.monotonic() + 300
     while victim is None and time.monotonic() < deadline and proc.poll() is None:
-        running = [p for p in statuses(tmp_path).values() if p == "RUNNING"]
+        # job 1 (400 epochs) has checkpointed, so its run exists; job 0 (1 epoch) has ended, so
+        # the one job process left is job 1's (files and processes only: no reads of the MLflow store)
         found = subprocess.run(["pgrep", "-f", f"submitit.core._submit {sweep_dir}"], capture_output=True, text=True)
         pids = [int(x) for x in found.stdout.split()]
-        # the 400-epoch job is the one still running once the 1-epoch job finished
-        if len(pids) == 1 and running and "FINISHED" in statuses(tmp_path).values():
+        if len(pids) == 1 and list((sweep_dir / "1").rglob("checkpoint.pt")):
             victim = pids[0]
         time.sleep(0.5)
     assert victim is not None, "the long job never ran alone"
@@ -137,3 +137,50 @@ def test_local_jobs_run_in_their_own_processes_and_a_killed_one_is_closed(tmp_pa
     ]
     assert killed[0].data.tags["failure.kind"] == "killed"
     assert len(list((sweep_dir / ".submitit").iterdir())) >= 2  # one submitit folder per job process
+
+
+def _child_runs(cwd: Path) -> list[Run]:
+    client = MlflowClient(f"sqlite:///{cwd / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("dpsweep")
+    return [r for r in client.search_runs([exp.experiment_id]) if not is_parent(r)]
+
+
+def test_an_interrupted_sweep_rerun_completes_without_duplicates(tmp_path: Path) -> None:
+    grid = ["dp.noise_multiplier=0.7,0.9,1.1,1.3", "train.epochs=6", "train.progress=false"]  # ~4 s a job
+    args = [str(BIN / "dpsweep"), "-m", *grid]
+    first = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert first.stdout is not None
+    done = 0
+    for line in first.stdout:  # each finished job prints one "dpsweep: run" line
+        done += line.startswith("dpsweep: run ")
+        if done == 2:
+            break
+    os.kill(first.pid, signal.SIGTERM)  # kill the sweep midway (k = 2 jobs done)
+    first.communicate(timeout=120)
+    done_before = list(statuses(tmp_path).values()).count("FINISHED")
+    assert 2 <= done_before < 4
+
+    again = dpsweep(tmp_path, "-m", *grid)
+    assert again.returncode == 0, again.stderr
+    skips = [x for x in again.stdout.splitlines() if x.startswith("dpsweep: skip ")]
+    assert len(skips) == done_before and all("already FINISHED as run" in x for x in skips)
+    finished = [r for r in _child_runs(tmp_path) if r.info.status == "FINISHED"]
+    hashes = [r.data.tags["config.hash"] for r in finished]
+    assert len(hashes) == 4 and len(set(hashes)) == 4  # every config once, no duplicate FINISHED runs
+    assert f"{4 - done_before} finished, {done_before} skipped, 0 failed" in summary(again)
+
+
+def test_force_reruns_finished_configs(tmp_path: Path) -> None:
+    assert dpsweep(tmp_path, "-m", "train.seed=0", *FAST).returncode == 0
+    again = dpsweep(tmp_path, "-m", "train.seed=0", "sweep.force=true", *FAST)
+    assert again.returncode == 0 and ": 1 finished, 0 skipped" in summary(again)
+    assert [r.info.status for r in _child_runs(tmp_path)] == ["FINISHED", "FINISHED"]
+
+
+def test_failure_policy_stops_a_mostly_failing_sweep(tmp_path: Path) -> None:
+    proc = dpsweep(tmp_path, "-m", "dataset=mnist", "train.seed=0,1,2,3,4,5", *FAST)  # no MNIST files: all fail
+    assert proc.returncode == 1
+    assert (
+        "dpsweep: stopping: 4 of 4 jobs failed (100% > sweep.max_failure_rate=50%); 2 jobs not launched" in proc.stdout
+    )
+    assert ": 0 finished, 0 skipped, 4 failed" in summary(proc)

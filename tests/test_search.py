@@ -1,0 +1,207 @@
+"""Optuna search through the dpsweep sweeper: studies, resume, Pareto sets, failures, pruning, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from dpsweep.launchers.nodes import ParamSpec
+from mlflow.tracking import MlflowClient
+
+from dpsweep.config import ConfigError
+from dpsweep.search import OBJECTIVES, check_search_space, distribution, grid_values, open_storage
+
+BIN = Path(sys.executable).parent
+FAST = ["train.epochs=1", "train.progress=false"]
+
+
+def dpsweep(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "dpsweep"), "-m", *args], cwd=cwd, capture_output=True, text=True, timeout=900,
+        env={**os.environ, "HYDRA_FULL_ERROR": "0"},
+    )  # fmt: skip
+
+
+def write_search(folder: Path, name: str, body: str) -> list[str]:
+    """A user's own search file, added with --config-dir."""
+    (folder / "search").mkdir(parents=True, exist_ok=True)
+    (folder / "search" / f"{name}.yaml").write_text("# @package _global_\n" + body)
+    return ["--config-dir", str(folder), f"search={name}"]
+
+
+def trial_runs(cwd: Path, study: str) -> list[object]:
+    client = MlflowClient(f"sqlite:///{cwd / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("dpsweep")
+    return client.search_runs([exp.experiment_id], filter_string=f"tags.`optuna.study` = '{study}'")
+
+
+def load(cwd: Path, study: str) -> optuna.Study:
+    return optuna.load_study(study_name=study, storage=f"sqlite:///{cwd / 'optuna.db'}")
+
+
+def test_study_runs_resumes_and_tags_its_trials(tmp_path: Path) -> None:
+    args = ["search=accuracy_tpe", "hydra.sweeper.optuna.pruner=null", "hydra.sweeper.optuna.n_jobs=2", *FAST]
+    first = dpsweep(tmp_path, *args, "hydra.sweeper.optuna.n_trials=6")
+    assert first.returncode == 0, first.stderr
+    assert "dpsweep: study digits_accuracy_tpe: 6 trials (6 complete)" in first.stdout
+    second = dpsweep(tmp_path, *args, "hydra.sweeper.optuna.n_trials=9")  # same study name: resume
+    assert second.returncode == 0, second.stderr
+    study = load(tmp_path, "digits_accuracy_tpe")
+    assert [t.number for t in study.trials] == list(range(9))  # exactly 3 added, numbering continued
+    runs = [r for r in trial_runs(tmp_path, "digits_accuracy_tpe") if r.data.tags.get("sweep.role") != "parent"]  # type: ignore[attr-defined]
+    assert sorted(int(r.data.tags["optuna.trial"]) for r in runs) == list(range(9))  # type: ignore[attr-defined]
+    for trial in study.trials:
+        [run] = [r for r in runs if r.data.tags["optuna.trial"] == str(trial.number)]  # type: ignore[attr-defined]
+        assert trial.values == [run.data.metrics["test_accuracy"]]  # type: ignore[attr-defined]
+        assert float(run.data.params["dp.noise_multiplier"]) == trial.params["dp.noise_multiplier"]  # type: ignore[attr-defined]
+
+
+def test_multi_objective_study_writes_its_pareto_set(tmp_path: Path) -> None:
+    proc = dpsweep(tmp_path, "search=pareto_nsga2", "hydra.sweeper.optuna.n_trials=4", "train.progress=false")
+    assert proc.returncode == 0, proc.stderr
+    assert "Pareto set: trial" in proc.stdout
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    [parent] = [r for r in trial_runs(tmp_path, "digits_pareto_nsga2") if r.data.tags.get("sweep.role") == "parent"]  # type: ignore[attr-defined]
+    pareto = json.loads(Path(client.download_artifacts(parent.info.run_id, "pareto.json")).read_text())  # type: ignore[attr-defined]
+    complete = [t for t in load(tmp_path, "digits_pareto_nsga2").trials if t.values]
+    assert pareto and all(len(p["values"]) == 2 for p in pareto)
+    for p in pareto:  # no complete trial dominates a Pareto member (accuracy up, ε down)
+        acc, eps = p["values"]
+        assert not any(t.values[0] >= acc and t.values[1] <= eps and t.values != [acc, eps] for t in complete)
+
+
+def test_a_failing_trial_does_not_stop_the_study(tmp_path: Path) -> None:
+    args = write_search(tmp_path / "conf", "fails", """
+hydra:
+  sweeper:
+    optuna:
+      sampler: grid
+      n_trials: 2
+      study_name: fails
+      params:
+        train.batch_size: {type: categorical, choices: [64, 5000]}
+""")  # fmt: skip
+    proc = dpsweep(tmp_path, *args, *FAST)
+    assert proc.returncode == 0, proc.stderr
+    states = sorted(t.state.name for t in load(tmp_path, "fails").trials)
+    assert states == ["COMPLETE", "FAIL"]  # B=5000 > N failed; the other trial still ran
+    assert "2 trials (1 complete, 1 fail)" in proc.stdout
+
+
+def test_pruning_stops_a_trial_whose_accuracy_lags(tmp_path: Path) -> None:
+    def phase(name: str, lr: float, trials: int) -> subprocess.CompletedProcess[str]:
+        # a narrow float range pins the learning rate (categorical choices may not change within a study)
+        args = write_search(tmp_path / f"conf_{name}", name, f"""
+hydra:
+  sweeper:
+    optuna:
+      sampler: random
+      n_trials: {trials}
+      study_name: prune
+      pruner: median
+      params:
+        optimizer.lr: {{type: float, low: {lr}, high: {lr * 1.0001}}}
+""")  # fmt: skip
+        return dpsweep(tmp_path, *args, "train.epochs=4", "train.progress=false", "sweep.pruner_startup_trials=1")
+
+    assert phase("good", 0.05, 1).returncode == 0  # one healthy trial sets the median
+    lagging = phase("bad", 1e-5, 2)  # a learning rate that learns nothing
+    assert lagging.returncode == 0, lagging.stderr
+    study = load(tmp_path, "prune")
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "PRUNED"]
+    [run] = [r for r in trial_runs(tmp_path, "prune") if r.data.tags.get("optuna.trial") == "1"]  # type: ignore[attr-defined]
+    assert run.info.status == "KILLED" and run.data.tags["optuna.pruned"] == "true"  # type: ignore[attr-defined]
+    history = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_metric_history(run.info.run_id, "test_accuracy")  # type: ignore[attr-defined]
+    assert 1 <= len(history) < 4  # stopped early, partial metrics kept
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (
+            ["search=accuracy_tpe", "hydra.sweeper.optuna.sampler=cmaes"],
+            "unknown sampler 'cmaes'; valid: grid, nsga2, random, tpe",
+        ),
+        (["search=accuracy_tpe", "hydra.sweeper.optuna.objective=loss"], "unknown objective 'loss'; valid: accuracy"),
+        (
+            ["search=accuracy_tpe", "hydra.sweeper.optuna.sampler=nsga2"],
+            "hydra.sweeper.optuna.sampler='nsga2' is invalid",
+        ),
+        (["search=accuracy_tpe", "hydra.sweeper.optuna.n_trials=0"], "hydra.sweeper.optuna.n_trials=0 is invalid"),
+        (
+            ["search=accuracy_tpe", "hydra.sweeper.optuna.storage=postgresql://u:p@127.0.0.1:1/db"],
+            "a reachable Optuna storage",
+        ),
+        (["search=accuracy_tpe", "hydra.sweeper.optuna.storage=sqlite:////no/such/dir/optuna.db"], "does not exist"),
+    ],
+)
+def test_bad_studies_stop_before_any_trial(tmp_path: Path, args: list[str], needle: str) -> None:
+    proc = dpsweep(tmp_path, *args, *FAST)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert needle in proc.stderr
+    assert not (tmp_path / "mlflow.db").exists() or trial_runs(tmp_path, "digits_accuracy_tpe") == []
+
+
+def test_unknown_parameter_and_empty_range_in_a_search_file(tmp_path: Path) -> None:
+    unknown = write_search(
+        tmp_path / "c1",
+        "typo",
+        """
+hydra: {sweeper: {optuna: {params: {dp.noise_multiplyer: {type: float, low: 0.5, high: 2}}}}}
+""",
+    )
+    proc = dpsweep(tmp_path, *unknown, *FAST)
+    assert (
+        proc.returncode == 2
+        and "dp.noise_multiplyer" in proc.stderr
+        and "did you mean dp.noise_multiplier" in proc.stderr
+    )
+    empty = write_search(
+        tmp_path / "c2",
+        "empty",
+        """
+hydra: {sweeper: {optuna: {params: {optimizer.lr: {type: float, low: 0.5, high: 0.5}}}}}
+""",
+    )
+    proc = dpsweep(tmp_path, *empty, *FAST)
+    assert (
+        proc.returncode == 2
+        and "hydra.sweeper.optuna.params.optimizer.lr='[0.5, 0.5]' is invalid: a range with low < high" in proc.stderr
+    )
+
+
+def test_distributions_and_grids() -> None:
+    assert distribution("x", ParamSpec(type="float", low=0.1, high=1.0, log=True)).log
+    assert grid_values("x", ParamSpec(type="float", low=0.8, high=1.6, step=0.4)) == [0.8, 1.2, 1.6]
+    assert grid_values("b", ParamSpec(type="int", low=32, high=128, step=32)) == [32, 64, 96, 128]
+    for bad, message in [
+        (ParamSpec(type="categorical"), "non-empty list"),
+        (ParamSpec(type="float", low=1.0, high=0.1), "low < high"),
+        (ParamSpec(type="float", low=0.0, high=1.0, log=True), "positive lower bound"),
+        (ParamSpec(type="normal", low=0.0, high=1.0), "float, int, categorical"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            distribution("x", bad)
+    with pytest.raises(ConfigError, match="a step, to grid-search"):
+        grid_values("x", ParamSpec(type="float", low=0.1, high=1.0))
+
+
+def test_budget_objective_calibrates_sigma_itself() -> None:
+    budget = OBJECTIVES.get("accuracy_under_budget")
+    assert budget.extra_overrides(2.5) == ["dp.target_epsilon=2.5"]
+    with pytest.raises(ConfigError, match="does not set itself"):
+        check_search_space({"dp.noise_multiplier": ParamSpec(low=0.5, high=2)}, ["dp.noise_multiplier"], budget, "tpe")
+
+
+def test_journal_storage(tmp_path: Path) -> None:
+    storage = open_storage(f"journal://{tmp_path / 'study.log'}")
+    study = optuna.create_study(storage=storage, study_name="j")
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    assert (
+        len(optuna.load_study(study_name="j", storage=open_storage(f"journal://{tmp_path / 'study.log'}")).trials) == 2
+    )
