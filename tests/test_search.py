@@ -205,3 +205,18 @@ def test_journal_storage(tmp_path: Path) -> None:
     assert (
         len(optuna.load_study(study_name="j", storage=open_storage(f"journal://{tmp_path / 'study.log'}")).trials) == 2
     )
+
+
+def test_budget_study_calibrates_each_trial_to_the_budget(tmp_path: Path) -> None:
+    budget = ["hydra.sweeper.optuna.n_trials=2", "hydra.sweeper.optuna.epsilon_budget=1.5"]
+    proc = dpsweep(tmp_path, "search=budget_tpe", *budget, "train.progress=false")
+    assert proc.returncode == 0, proc.stderr
+    runs = [
+        r
+        for r in trial_runs(tmp_path, "digits_budget_tpe")
+        if r.data.tags.get("sweep.role") != "parent"  # type: ignore[attr-defined]
+    ]
+    assert len(runs) == 2
+    for run in runs:
+        assert run.data.params["dp.target_epsilon"] == "1.5"  # type: ignore[attr-defined]
+        assert 1.49 <= run.data.metrics["epsilon"] <= 1.5  # type: ignore[attr-defined]  # calibrated σ, never over

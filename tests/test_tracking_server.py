@@ -228,3 +228,21 @@ def test_a_single_probe_detects_an_unreachable_uri_at_once(server_uri: str) -> N
     assert time.monotonic() - start < 1
     assert _tracking_uri_error(server_uri) is None
     assert _tracking_uri_error("sqlite:///mlflow.db") is None
+
+
+def test_optuna_study_on_postgresql_storage(server_uri: str) -> None:
+    """Studies on clusters keep their trials in an RDB: the same PostgreSQL serves as Optuna storage."""
+    import optuna
+
+    from dpsweep.search import open_storage
+
+    env = os.environ.get
+    url = (
+        f"postgresql://{env('DPSWEEP_PG_USER', 'mlflow')}:{env('DPSWEEP_PG_PASSWORD', 'mlflow')}"
+        f"@127.0.0.1:{env('DPSWEEP_PG_PORT', '5433')}/{env('DPSWEEP_PG_OPTUNA_DB', 'optuna')}"
+    )
+    name = f"pg-{os.getpid()}-{time.time_ns()}"
+    study = optuna.create_study(study_name=name, storage=open_storage(url))
+    study.optimize(lambda t: (t.suggest_float("x", -1, 1)) ** 2, n_trials=3)
+    resumed = optuna.load_study(study_name=name, storage=open_storage(url))
+    assert len(resumed.trials) == 3 and resumed.best_value == study.best_value

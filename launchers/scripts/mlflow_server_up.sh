@@ -129,10 +129,16 @@ CREATE ROLE :"role" LOGIN;
 \endif
 ALTER ROLE :"role" WITH LOGIN PASSWORD :'pw';
 SQL
-if [[ -z $(psql_admin -tA -v db="$pg_db" <<<"SELECT 1 FROM pg_database WHERE datname = :'db'") ]]; then
-    log "creating database '$pg_db'"
-    as_postgres createdb -p "$pg_port" -O "$pg_user" -E UTF8 "$pg_db"
-fi
+# The MLflow backend store, and a second database for Optuna studies (storage
+# postgresql://<user>:<password>@127.0.0.1:<port>/<optuna db>): both keep an alembic_version
+# table, so they cannot share one database.
+pg_optuna_db=${DPSWEEP_PG_OPTUNA_DB:-optuna}
+for db in "$pg_db" "$pg_optuna_db"; do
+    if [[ -z $(psql_admin -tA -v db="$db" <<<"SELECT 1 FROM pg_database WHERE datname = :'db'") ]]; then
+        log "creating database '$db'"
+        as_postgres createdb -p "$pg_port" -O "$pg_user" -E UTF8 "$db"
+    fi
+done
 
 # --- 4. the driver SQLAlchemy uses for the backend URI --------------------------------------------
 # postgresql:// means psycopg (v3) with SQLAlchemy >= 2.1 and psycopg2 with SQLAlchemy < 2.1.
