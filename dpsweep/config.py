@@ -354,7 +354,9 @@ def validate_launcher(launcher: LauncherConfig) -> None:
 
 
 # Keys that do not change what a run computes: where it is tracked, launched or checkpointed.
-NON_IDENTITY_PREFIXES = ("tracking.", "launcher.", "sweep.", "train.checkpoint_dir", "train.progress")
+NON_IDENTITY_PREFIXES = (
+    "tracking.", "launcher.", "sweep.", "train.checkpoint_dir", "train.progress", "train.eval_batch_size",
+)  # fmt: skip
 
 
 def identity(flat: dict[str, Any]) -> dict[str, Any]:

@@ -23,8 +23,9 @@ import uuid
 from typing import Any
 
 import optuna
-from dpsweep.launchers.nodes import OptunaSearchConf
 from hydra.core.utils import JobReturn, JobStatus
+
+from dpsweep.launchers.nodes import OptunaSearchConf
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +38,8 @@ class OptunaSearch:
         self.sweeper = sweeper
 
     def run(self, arguments: list[str]) -> Any:
-        from dpsweep.launchers.sweeper import _fail, preflight
-
         from dpsweep.config import ConfigError, TrackingConfig, flatten, to_config
+        from dpsweep.launchers.sweeper import _fail, preflight
         from dpsweep.search import OBJECTIVES, SAMPLERS, check_search_space, grid_values, open_storage
         from dpsweep.tracking import terminate_as_interrupt, tracked_run
 
@@ -81,7 +81,7 @@ class OptunaSearch:
         typed = to_config(base)
         study = optuna.create_study(
             study_name=c.study_name, storage=storage, sampler=sampler_spec.build(c.seed, grid),
-            directions=list(objective.directions), load_if_exists=True,
+            directions=[optuna.study.StudyDirection[d.upper()] for d in objective.directions], load_if_exists=True,
         )  # fmt: skip
         for stale in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             study.tell(stale.number, state=optuna.trial.TrialState.FAIL)  # left by an interrupted sweep

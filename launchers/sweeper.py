@@ -23,13 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpsweep.launchers.nodes import OptunaSearchConf
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
+
+from dpsweep.launchers.nodes import OptunaSearchConf
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class DpsweepSweeper(Sweeper):
         self.optuna: OptunaSearchConf | None = None
         if optuna is not None:
             node = OmegaConf.merge(OmegaConf.structured(OptunaSearchConf), optuna)
-            self.optuna = OmegaConf.to_object(node)  # type: ignore[assignment]
+            self.optuna = OmegaConf.to_object(node)
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.launcher: Launcher | None = None
@@ -195,7 +196,9 @@ def select_jobs(jobs: Sequence[list[str]], configs: Sequence[DictConfig]) -> tup
     if not typed[0].sweep.force:
         for uri, name in sorted({(c.tracking.uri, c.tracking.experiment_name) for c in typed}):
             done |= finished_runs_by_hash(uri, name)
-    todo, skipped, seen = [], [], {}
+    todo: list[list[str]] = []
+    skipped: list[str] = []
+    seen: dict[str, int] = {}
     for index, (job, cfg) in enumerate(zip(jobs, typed, strict=True)):
         shown = " ".join(job[:-1])  # without sweep.id
         h = config_hash(identity(flatten(cfg)))

@@ -13,6 +13,13 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
 
+@pytest.fixture(autouse=True)
+def _run_in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test runs from its own directory: relative outputs (./mlruns artifacts of sqlite stores,
+    outputs/, multirun/) never land in the repository."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture(scope="session")
 def mlflow_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
     """One sqlite MLflow store for the session (creating the schema takes seconds)."""

@@ -39,7 +39,8 @@ def test_sweep_runs_each_job_and_prints_accuracy_and_epsilon(tmp_path: Path) -> 
     assert len(lines) == 2
     assert "non-private" in lines[0] and "test_accuracy=" in lines[0]
     assert "ε=" in lines[1] and "δ=1e-05" in lines[1] and "rdp" in lines[1]
-    assert run_statuses(tmp_path / "mlflow.db") == ["FINISHED", "FINISHED"]  # default sqlite:///mlflow.db
+    # default sqlite:///mlflow.db: the 2 jobs and the sweep's parent run
+    assert run_statuses(tmp_path / "mlflow.db") == ["FINISHED", "FINISHED", "FINISHED"]
 
 
 @pytest.mark.parametrize(

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import optuna
 import pytest
-from dpsweep.launchers.nodes import ParamSpec
 from mlflow.tracking import MlflowClient
 
 from dpsweep.config import ConfigError
+from dpsweep.launchers.nodes import ParamSpec
 from dpsweep.search import OBJECTIVES, check_search_space, distribution, grid_values, open_storage
 
 BIN = Path(sys.executable).parent

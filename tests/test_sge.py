@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 import submitit
+from submitit.core.plugins import get_executors
+
 from dpsweep.launchers.sge import SgeExecutor, SgeJobEnvironment, make_qsub_script
 from dpsweep.launchers.sge.executor import parse_qacct, parse_qstat_xml
-from submitit.core.plugins import get_executors
 
 GOLDEN = Path(__file__).parent / "golden"
 

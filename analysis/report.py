@@ -1,0 +1,819 @@
+"""Privacy–accuracy reports from MLflow runs, as pandas DataFrames (the library behind ``dpsweep-report``).
+
+    dpsweep-report --experiment demo                                  # the table, markdown, on stdout
+    dpsweep-report --experiment demo --sweep 3d13dc24edc7 --format tex --out report/
+
+From Python, e.g. in a notebook::
+
+    from dpsweep.analysis import report
+    r = report.build_report("sqlite:///mlflow.db", "demo", sweep_id=None, sort="accuracy")
+    r.table                            # one row per config, seeds pooled: ε, accuracy mean ± std, drop
+    r.runs                             # one row per run (mlflow.search_runs layout), with its outcome
+    r.counts                           # {"total": .., "finished": .., "failed": .., "pruned": .., "running": ..}
+    r.warnings                         # mixed accountants or δ, missing metrics, missing baselines
+    report.memory_table(r.table_runs)  # bytes per memory stage, per config
+    report.pareto_front(r.table)       # the private rows no other row beats on both ε and accuracy
+    print(report.render(r, "md"))      # or "csv", "tex", "html"
+
+What a row is: the FINISHED runs whose hyperparameters are equal once the seed and the keys that
+do not change a result (``dpsweep.config.NON_IDENTITY_PREFIXES``: tracking, launcher, sweep,
+checkpoint directory, progress bars; and ``train.eval_batch_size``) are set aside. Accuracies are
+fractions in [0, 1] in the DataFrames; ``test_accuracy_std`` is the sample standard deviation
+(n − 1; NaN for one run). ``epsilon`` is the final ε under the row's own accountant (``dp.accountant``)
+at its δ: the ``epsilon`` metric, the largest among the row's runs (equal across seeds).
+``accuracy_drop`` is the baseline's mean accuracy minus the row's: the non-private row of the same
+dataset and model whose other hyperparameters match the row's best.
+
+Runs are read with one paginated ``MlflowClient.search_runs`` query (metric histories only for the
+few runs of the accuracy-against-epoch plot). Memory probes (tag ``probe=true``) and a sweep's
+parent run (tag ``sweep.role=parent``) are never part of a report. Runs that did not finish count
+as failed, pruned (KILLED with tag ``optuna.pruned=true``) or running.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from html import escape as html_escape
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import pandas as pd
+from mlflow.entities import Run, ViewType
+from mlflow.tracking import MlflowClient
+
+from dpsweep.config import identity
+from dpsweep.registry import Registry
+
+PAGE_SIZE = 10_000  # runs per search_runs page (MLflow allows up to 50,000)
+
+# Table column -> the MLflow param it shows. Every other hyperparameter that varies gets its own
+# column as well (see swept_params), so that no two rows look alike.
+HYPERPARAMETERS: dict[str, str] = {
+    "dataset": "dataset.name",
+    "model": "model.name",
+    "batch_size": "train.batch_size",
+    "noise_multiplier": "dp.noise_multiplier",
+    "max_grad_norm": "dp.max_grad_norm",
+    "lr": "optimizer.lr",
+    "epochs": "train.epochs",
+    "delta": "dp.delta",
+    "accountant": "dp.accountant",
+}
+INTEGER_COLUMNS = ("batch_size", "epochs")
+FLOAT_COLUMNS = ("noise_multiplier", "max_grad_norm", "lr", "delta")
+# Runs that differ only in these are replicates of one config (identity() keeps them, since they
+# change a run's numbers, but not what the run measures).
+REPLICATE_PARAMS = ("train.seed",)
+# Not in NON_IDENTITY_PREFIXES yet, but it cannot change a result: evaluation is deterministic.
+NOT_HYPERPARAMETERS = ("train.eval_batch_size",)
+# Params that say which kind of run it is rather than how it was tuned; never a swept axis.
+ROW_KIND_PARAMS = ("dataset.name", "model.name", "dp.enabled")
+
+# Memory of the first training iteration at each stage (levels, not increments), and the peaks.
+MEMORY_STAGES: dict[str, str] = {
+    "model_load_bytes": "memory.model_load_bytes",
+    "batch_load_bytes": "memory.batch_load_bytes",
+    "backward_bytes": "memory.backward_bytes",
+    "optimizer_step_bytes": "memory.optimizer_step_bytes",
+    "iteration_peak_bytes": "memory.iteration_peak_bytes",
+    "run_peak_bytes": "memory.peak_bytes",
+}
+
+# MLflow run status -> outcome in the report (KILLED and tagged optuna.pruned=true: pruned).
+OUTCOMES: dict[str, str] = {
+    "FINISHED": "finished",
+    "FAILED": "failed",
+    "KILLED": "failed",
+    "RUNNING": "running",
+    "SCHEDULED": "running",
+}
+OUTCOME_ORDER = ("finished", "failed", "pruned", "running")
+MISSING = "\0missing"  # stands for a param a run did not log, where missing must equal missing
+
+T = TypeVar("T")
+
+
+class ReportError(ValueError):
+    """The selection cannot be reported on. ``option`` names the input at fault (``experiment``,
+    ``sweep``, ``runs``, ``tracking_uri``), ``value`` its value and ``reason`` what is allowed."""
+
+    def __init__(self, option: str, value: Any, reason: str) -> None:
+        self.option, self.value, self.reason = option, value, reason
+        super().__init__(f"{option}={value}: {reason}")
+
+
+def lookup(registry: Registry[T], name: str, option: str) -> T:
+    """``registry``'s entry ``name``; an unknown name raises ReportError listing the valid ones."""
+    if name not in registry:
+        raise ReportError(option, name, f"unknown {registry.kind}; valid: {', '.join(registry.names())}")
+    return registry.get(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# reading runs
+# ---------------------------------------------------------------------------------------------
+def search_runs(
+    uri: str, experiment: str, sweep_id: str | None = None, filter_string: str = "", page_size: int = PAGE_SIZE
+) -> pd.DataFrame:
+    """All active runs of ``experiment`` (tagged ``sweep.id=<sweep_id>`` when given), one row each,
+    in the layout of ``mlflow.search_runs``: run_id, status, start_time (ms), ``params.*``,
+    ``metrics.*`` (final values), ``tags.*``. Parent runs and probes are included; see report_runs."""
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        names = sorted(e.name for e in client.search_experiments())
+        raise ReportError("experiment", experiment, f"no such experiment at {uri}; experiments there: {_few(names)}")
+    filters = [filter_string] if filter_string else []
+    if sweep_id is not None:
+        if "'" in sweep_id or "`" in sweep_id:
+            raise ReportError("sweep", sweep_id, "a sweep id has no quotes (12 hex digits, e.g. 3d13dc24edc7)")
+        filters.append(f"tags.`sweep.id` = '{sweep_id}'")
+    runs = _paginate(client, str(exp.experiment_id), " and ".join(filters), page_size)
+    if sweep_id is not None and not runs:
+        ids = _sweep_ids(client, str(exp.experiment_id), page_size)
+        raise ReportError(
+            "sweep", sweep_id, f"no run of experiment {experiment!r} is tagged sweep.id={sweep_id}; sweeps there: {ids}"
+        )
+    return runs_frame(runs)
+
+
+def _paginate(client: MlflowClient, experiment_id: str, filter_string: str, page_size: int) -> list[Run]:
+    runs: list[Run] = []
+    token: str | None = None
+    while True:
+        page = client.search_runs(
+            [experiment_id], filter_string, ViewType.ACTIVE_ONLY, max_results=page_size,
+            order_by=["attributes.start_time ASC"], page_token=token,
+        )  # fmt: skip
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def _sweep_ids(client: MlflowClient, experiment_id: str, page_size: int) -> str:
+    counts: dict[str, int] = {}
+    for run in _paginate(client, experiment_id, "", page_size):
+        sid = run.data.tags.get("sweep.id")
+        if sid and run.data.tags.get("sweep.role") != "parent":
+            counts[sid] = counts.get(sid, 0) + 1
+    return _few([f"{sid} ({n} runs)" for sid, n in counts.items()])
+
+
+def _few(items: Sequence[str], limit: int = 10) -> str:
+    if not items:
+        return "none"
+    more = f", … ({len(items) - limit} more)" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
+
+
+def runs_frame(runs: Iterable[Run]) -> pd.DataFrame:
+    """MLflow runs as one DataFrame row each, in ``mlflow.search_runs``'s column layout."""
+    records = []
+    for run in runs:
+        record: dict[str, Any] = {
+            "run_id": run.info.run_id,
+            "status": run.info.status,
+            "start_time": run.info.start_time,
+        }
+        record.update({f"params.{k}": v for k, v in run.data.params.items()})
+        record.update({f"metrics.{k}": v for k, v in run.data.metrics.items()})
+        record.update({f"tags.{k}": v for k, v in run.data.tags.items()})
+        records.append(record)
+    frame = pd.DataFrame.from_records(records)
+    if frame.empty:
+        frame = pd.DataFrame(columns=["run_id", "status", "start_time"])
+    metric_columns = [c for c in frame.columns if c.startswith("metrics.")]
+    frame[metric_columns] = frame[metric_columns].astype(float)
+    return frame
+
+
+def column(frame: pd.DataFrame, name: str) -> pd.Series:
+    """``frame[name]``, or all-missing when no run has it (a param, metric or tag nobody logged)."""
+    if name in frame.columns:
+        return frame[name]
+    return pd.Series(np.nan if name.startswith("metrics.") else None, index=frame.index, dtype=object)
+
+
+def param_or_tag(frame: pd.DataFrame, key: str) -> pd.Series:
+    """The param ``key``, falling back to the tag of the same name (e.g. dp.delta, dp.accountant)."""
+    return column(frame, f"params.{key}").where(column(frame, f"params.{key}").notna(), column(frame, f"tags.{key}"))
+
+
+def parent_run_id(raw: pd.DataFrame) -> str | None:
+    """The sweep's parent run (tag ``sweep.role=parent``) among ``raw``, if any (the newest)."""
+    parents = raw[column(raw, "tags.sweep.role") == "parent"]
+    return None if parents.empty else str(parents.sort_values("start_time")["run_id"].iloc[-1])
+
+
+def report_runs(raw: pd.DataFrame) -> pd.DataFrame:
+    """The runs a report is about: ``raw`` without parent runs and memory probes, plus the columns
+    ``outcome`` (finished, failed, pruned, running), ``private`` (DP on) and ``config_id`` (equal
+    for the runs of one row)."""
+    keep = (column(raw, "tags.sweep.role") != "parent") & (column(raw, "tags.probe").astype(str).str.lower() != "true")
+    runs = raw[keep].reset_index(drop=True)
+    outcome = runs["status"].map(OUTCOMES).fillna("running")
+    pruned = (runs["status"] == "KILLED") & (column(runs, "tags.optuna.pruned").astype(str).str.lower() == "true")
+    runs["outcome"] = outcome.where(~pruned, "pruned")
+    runs["private"] = param_or_tag(runs, "dp.enabled").astype(str) == "True"
+    keys = hyperparameter_keys(runs)
+    values = runs[[f"params.{k}" for k in keys]].astype(object)
+    values = values.where(values.notna(), None)
+    runs["config_id"] = [_config_id(keys, row) for row in values.itertuples(index=False, name=None)]
+    return runs
+
+
+def hyperparameter_keys(runs: pd.DataFrame) -> list[str]:
+    """The params that make a row: dpsweep.config.identity() of the logged params, without the seed."""
+    logged = [c.removeprefix("params.") for c in runs.columns if c.startswith("params.")]
+    kept = identity(dict.fromkeys(logged))
+    return sorted(k for k in kept if k not in REPLICATE_PARAMS + NOT_HYPERPARAMETERS)
+
+
+def _config_id(keys: Sequence[str], values: Sequence[Any]) -> str:
+    present = {k: v for k, v in zip(keys, values, strict=True) if v is not None}
+    return hashlib.sha1(json.dumps(present, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def outcome_counts(runs: pd.DataFrame) -> dict[str, int]:
+    """How many runs of the selection finished, failed, were pruned or are still running."""
+    counts = runs["outcome"].value_counts() if "outcome" in runs else pd.Series(dtype=int)
+    return {"total": len(runs), **{name: int(counts.get(name, 0)) for name in OUTCOME_ORDER}}
+
+
+# ---------------------------------------------------------------------------------------------
+# the table
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SortKey:
+    column: str
+    ascending: bool
+
+
+SORT_KEYS: Registry[SortKey] = Registry("sort key")
+SORT_KEYS.register("accuracy")(SortKey("test_accuracy_mean", ascending=False))  # best first
+SORT_KEYS.register("epsilon")(SortKey("epsilon", ascending=True))  # most private first
+
+
+def summary_table(runs: pd.DataFrame, sort: str = "accuracy") -> pd.DataFrame:
+    """One row per config over the FINISHED runs of ``runs`` (from report_runs).
+
+    Columns: config_id, dataset, model, private, batch_size, noise_multiplier, max_grad_norm, lr,
+    epochs, delta, accountant, epsilon, test_accuracy_mean, test_accuracy_std, accuracy_drop,
+    runs (FINISHED runs pooled), runs_without_accuracy, baseline_config_id, run_ids, and
+    ``params.<key>`` for every hyperparameter (the raw strings). Rows are in blocks per dataset and
+    model, the non-private baseline first, then by ``sort`` (a SORT_KEYS name); NaN last.
+    """
+    order = lookup(SORT_KEYS, sort, "sort")
+    done = runs[runs["outcome"] == "finished"]
+    keys = hyperparameter_keys(done)
+    accuracy = column(done, "metrics.test_accuracy")
+    work = pd.DataFrame(
+        {
+            "config_id": done["config_id"],
+            "run_id": done["run_id"],
+            "accuracy": accuracy,
+            "epsilon": column(done, "metrics.epsilon"),
+            "missing": accuracy.isna(),
+        }
+    )
+    grouped = work.groupby("config_id", sort=False)
+    table = pd.DataFrame(
+        {
+            "epsilon": grouped["epsilon"].max(),
+            "test_accuracy_mean": grouped["accuracy"].mean(),
+            "test_accuracy_std": grouped["accuracy"].std(ddof=1),
+            "runs": grouped.size(),
+            "runs_without_accuracy": grouped["missing"].sum().astype(int),
+            "run_ids": grouped["run_id"].agg(tuple),
+        }
+    )
+    first = done.drop_duplicates("config_id").set_index("config_id")
+    table["private"] = first["private"]
+    for name, key in HYPERPARAMETERS.items():
+        table[name] = param_or_tag(first, key)
+    for name in INTEGER_COLUMNS:
+        table[name] = pd.to_numeric(table[name], errors="coerce").astype("Int64")
+    for name in FLOAT_COLUMNS:
+        table[name] = pd.to_numeric(table[name], errors="coerce").astype(float)
+    for key in keys:
+        table[f"params.{key}"] = first[f"params.{key}"]
+    table = table.reset_index()
+    table[["accuracy_drop", "baseline_config_id"]] = _baselines(table, keys)
+    head = ["config_id", *HYPERPARAMETERS, "private", "epsilon", "test_accuracy_mean", "test_accuracy_std"]
+    tail = ["accuracy_drop", "runs", "runs_without_accuracy", "baseline_config_id", "run_ids"]
+    table = table[head + tail + [f"params.{k}" for k in keys]]
+    return _sorted(table, order)
+
+
+def _baselines(table: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """For each private row, the best-matching non-private row of the same dataset and model (most
+    equal non-DP hyperparameters; then more runs) and the accuracy drop against it."""
+    shared = [f"params.{k}" for k in keys if not k.startswith("dp.") and k not in ROW_KIND_PARAMS]
+    out = pd.DataFrame({"accuracy_drop": np.nan, "baseline_config_id": None}, index=table.index)
+    values = table[shared].fillna(MISSING).astype(str).to_numpy()  # missing equals missing
+    for _, block in table.groupby(["dataset", "model"], sort=False):
+        rows, candidates = block.index[block["private"]], block.index[~block["private"]]
+        if rows.empty or candidates.empty:
+            continue
+        at = table.index.get_indexer
+        same = values[at(rows)][:, None, :] == values[at(candidates)][None, :, :]  # row x candidate x key
+        runs = table.loc[candidates, "runs"].to_numpy()
+        score = same.sum(axis=2) * (runs.max() + 1) + runs[None, :]  # matching keys first, then more runs
+        best = candidates[score.argmax(axis=1)]
+        out.loc[rows, "accuracy_drop"] = (
+            table.loc[best, "test_accuracy_mean"].to_numpy() - table.loc[rows, "test_accuracy_mean"].to_numpy()
+        )
+        out.loc[rows, "baseline_config_id"] = table.loc[best, "config_id"].to_numpy()
+    return out
+
+
+def _sorted(table: pd.DataFrame, order: SortKey) -> pd.DataFrame:
+    by = ["dataset", "model", "_private", order.column, "test_accuracy_mean", "config_id"]
+    ascending = [True, True, True, order.ascending, False, True]
+    ready = table.assign(_private=table["private"].astype(int))
+    ready = ready.sort_values(by, ascending=ascending, na_position="last", kind="mergesort")
+    return ready.drop(columns="_private").reset_index(drop=True)
+
+
+def swept_params(table: pd.DataFrame) -> list[str]:
+    """Hyperparameters (MLflow param keys) that take more than one value among the table's rows,
+    besides the dataset, the model and DP on/off. Non-DP keys count over every row, dp.* keys over
+    the private rows (the baseline has none)."""
+    out = []
+    for name in [c for c in table.columns if c.startswith("params.")]:
+        key = name.removeprefix("params.")
+        if key in ROW_KIND_PARAMS:
+            continue
+        rows = table[table["private"]] if key.startswith("dp.") else table
+        if rows[name].nunique(dropna=False) > 1:
+            out.append(key)
+    return out
+
+
+def extra_columns(table: pd.DataFrame) -> list[str]:
+    """Swept hyperparameters that have no column of their own in the table (e.g. model.hidden_units)."""
+    shown = set(HYPERPARAMETERS.values())
+    return [k for k in swept_params(table) if k not in shown]
+
+
+SHORT_NAMES = {
+    "train.batch_size": "B",
+    "dp.noise_multiplier": "σ",
+    "dp.max_grad_norm": "C",
+    "optimizer.lr": "lr",
+    "train.epochs": "epochs",
+    "dp.delta": "δ",
+    "dp.accountant": "accountant",
+}
+
+
+def config_labels(table: pd.DataFrame) -> pd.Series:
+    """A short label per row (indexed by config_id), naming only what differs between rows, e.g.
+    ``digits/cnn σ=1 B=64`` or ``digits/cnn non-private``."""
+    several = table[["dataset", "model"]].drop_duplicates().shape[0] > 1
+    swept = swept_params(table)
+    labels = {}
+    for _, row in table.iterrows():
+        parts = [f"{row['dataset']}/{row['model']}"] if several else []
+        if not row["private"]:
+            parts.append("non-private")
+        for key in swept:
+            if key.startswith("dp.") and not row["private"]:
+                continue
+            parts.append(f"{SHORT_NAMES.get(key, key)}={_text(row[f'params.{key}'])}")
+        labels[row["config_id"]] = " ".join(parts) or f"{row['dataset']}/{row['model']}"
+    return pd.Series(labels, name="label")
+
+
+def _sort_key(value: Any) -> tuple[int, float, str]:
+    """Numbers in numeric order, then other values in text order."""
+    try:
+        return (0, float(value), "")
+    except (TypeError, ValueError):
+        return (1, 0.0, str(value))
+
+
+def _text(value: Any) -> str:
+    """A param string as a table shows it: numbers in %g form ("1.0" -> "1"), others as they are."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return f"{number:g}"
+
+
+def pareto_front(table: pd.DataFrame) -> pd.DataFrame:
+    """The private rows on the privacy–accuracy Pareto front of their dataset and model: no other
+    row has both a smaller-or-equal ε and a higher-or-equal mean accuracy, one of them strictly.
+    Sorted by ε. Rows without ε or accuracy take no part."""
+    dp = table[table["private"] & table["epsilon"].notna() & table["test_accuracy_mean"].notna()]
+    keep = []
+    for _, block in dp.groupby(["dataset", "model"], sort=True):
+        eps, acc = block["epsilon"].to_numpy(), block["test_accuracy_mean"].to_numpy()
+        for i, index in enumerate(block.index):
+            beaten = (eps <= eps[i]) & (acc >= acc[i]) & ((eps < eps[i]) | (acc > acc[i]))
+            if not beaten.any():
+                keep.append(index)
+    return table.loc[keep].sort_values(["dataset", "model", "epsilon"]).reset_index(drop=True)
+
+
+def memory_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Memory per config over its FINISHED runs: the mean bytes at each stage of the first training
+    iteration (model_load, batch_load, backward, optimizer_step), the first iteration's peak and the
+    run's peak, with the measuring backend (``cuda`` or ``cpu-tensors``). One row per config_id."""
+    done = runs[runs["outcome"] == "finished"]
+    frame = pd.DataFrame({name: column(done, f"metrics.{metric}") for name, metric in MEMORY_STAGES.items()})
+    frame = frame.astype(float)
+    frame["config_id"] = done["config_id"]
+    frame["backend"] = column(done, "tags.memory.backend").fillna("unknown")
+    grouped = frame.groupby("config_id", sort=False)
+    out = grouped[list(MEMORY_STAGES)].mean()
+    out["backend"] = grouped["backend"].agg(lambda b: ", ".join(sorted(set(b))))
+    out["runs"] = grouped.size()
+    return out.reset_index()
+
+
+def memory_groups(memory: pd.DataFrame, table: pd.DataFrame, resolution_bytes: float = 2.0**14) -> pd.DataFrame:
+    """memory_table's configs pooled where their figures agree to ``resolution_bytes`` (memory
+    depends on few hyperparameters: σ, C or lr change nothing), each group labelled with the swept
+    hyperparameters its configs share, e.g. ``B=512 (40 configs)``. Largest run peak first."""
+    kinds = table[["config_id", "dataset", "model", "private"]]
+    swept = swept_params(table)
+    merged = memory.merge(table[["config_id", "dataset", "model", "private", *[f"params.{k}" for k in swept]]],
+                          on="config_id", how="left")  # fmt: skip
+    levels = merged[list(MEMORY_STAGES)].div(resolution_bytes).round().fillna(-1).astype(int).astype(str)
+    key = levels.agg("/".join, axis=1) + merged["backend"] + merged["dataset"].astype(str) + merged["model"].astype(str)
+    several = kinds[["dataset", "model"]].drop_duplicates().shape[0] > 1
+    rows = []
+    for _, group in merged.groupby(key + merged["private"].astype(str), sort=False):
+        first = group.iloc[0]
+        parts = [f"{first['dataset']}/{first['model']}"] if several else []
+        parts += [] if first["private"] else ["non-private"]
+        varying = []
+        for k in swept:
+            values = sorted(group[f"params.{k}"].dropna().unique(), key=_sort_key)
+            if not first["private"] and k.startswith("dp."):
+                continue
+            if len(values) == 1:
+                parts.append(f"{SHORT_NAMES.get(k, k)}={_text(values[0])}")
+            elif len(values) <= 3:
+                varying.append(f"{SHORT_NAMES.get(k, k)}∈{{{', '.join(_text(v) for v in values)}}}")
+        label = " ".join(parts or varying) or ("private" if first["private"] else "non-private")
+        if len(group) > 1:
+            label += f" ({len(group)} configs)"
+        figures = group[list(MEMORY_STAGES)].mean()
+        rows.append({"label": label, **figures, "backend": first["backend"], "configs": len(group),
+                     "config_ids": tuple(group["config_id"])})  # fmt: skip
+    out = pd.DataFrame(rows, columns=["label", *MEMORY_STAGES, "backend", "configs", "config_ids"])
+    return out.sort_values("run_peak_bytes", ascending=False, na_position="last", kind="mergesort").reset_index(
+        drop=True
+    )
+
+
+def best_runs(runs: pd.DataFrame, n: int = 3, private: bool | None = True) -> list[str]:
+    """The ``n`` FINISHED runs with the highest final test accuracy: private ones (``private=True``),
+    non-private ones (False) or any (None)."""
+    done = runs[runs["outcome"] == "finished"]
+    if private is not None:
+        done = done[done["private"] == private]
+    ranked = done.assign(_acc=column(done, "metrics.test_accuracy")).dropna(subset=["_acc"])
+    return ranked.sort_values(["_acc", "start_time"], ascending=[False, True])["run_id"].head(n).tolist()
+
+
+def metric_histories(
+    uri: str, run_ids: Sequence[str], metrics: Sequence[str] = ("test_accuracy", "epsilon")
+) -> pd.DataFrame:
+    """Per-step values (step = epoch) of ``metrics`` for a few runs: columns run_id, metric, step,
+    value. One MLflow call per run and metric, so keep ``run_ids`` short."""
+    client = MlflowClient(uri)
+    rows = [
+        (run_id, name, m.step, m.value)
+        for run_id in run_ids
+        for name in metrics
+        for m in client.get_metric_history(run_id, name)
+    ]
+    frame = pd.DataFrame(rows, columns=["run_id", "metric", "step", "value"])
+    return frame.sort_values(["run_id", "metric", "step"]).reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# checks
+# ---------------------------------------------------------------------------------------------
+def check(runs: pd.DataFrame, table: pd.DataFrame) -> list[str]:
+    """What a reader of the table must know: a row whose runs mix accountants or δ (their ε differ
+    in meaning), rows of one dataset and model under different accountants or δ (their ε are not
+    comparable on one front), FINISHED runs without accuracy or ε, and missing or mismatched
+    baselines."""
+    labels = config_labels(table) if not table.empty else pd.Series(dtype=str)
+    done = runs[runs["outcome"] == "finished"]
+    notes: list[str] = []
+    for config_id, group in done.groupby("config_id", sort=False):
+        if not group["private"].any():
+            continue
+        for key, what in (("dp.accountant", "accountants"), ("dp.delta", "δ")):
+            logged = pd.concat([column(group, f"params.{key}"), column(group, f"tags.{key}")]).dropna()
+            seen = {_text(v) for v in logged}  # δ as a number: "1e-05" and "0.00001" agree
+            if len(seen) > 1:
+                notes.append(
+                    f"row {labels.get(config_id, config_id)} mixes {what} ({', '.join(sorted(map(str, seen)))}) "
+                    f"across its runs ({', '.join(r[:8] for r in group['run_id'])}): its ε are not one guarantee"
+                )
+    for (dataset, model), block in table[table["private"]].groupby(["dataset", "model"], sort=True):
+        for name, what in (("accountant", "accountants"), ("delta", "δ")):
+            values = sorted({_text(v) for v in block[name]})
+            if len(values) > 1:
+                notes.append(
+                    f"{dataset}/{model}: the rows use different {what} ({', '.join(values)}); their ε are "
+                    "not comparable, nor is the Pareto front across them"
+                )
+    for metric, who in (("test_accuracy", done), ("epsilon", done[done["private"]])):
+        lacking = who[column(who, f"metrics.{metric}").isna()]
+        for _, run in lacking.iterrows():
+            notes.append(
+                f"run {run['run_id']} ({labels.get(run['config_id'], run['config_id'])}) is FINISHED but has "
+                f"no {metric} metric; its row's {'accuracy' if metric == 'test_accuracy' else 'ε'} leaves it out"
+            )
+    for (dataset, model), block in table.groupby(["dataset", "model"], sort=True):
+        if block["private"].all():
+            notes.append(f"{dataset}/{model}: no FINISHED non-private run; no accuracy drop can be given")
+    notes += _baseline_mismatches(table, labels)
+    return notes
+
+
+def _baseline_mismatches(table: pd.DataFrame, labels: pd.Series) -> list[str]:
+    notes = []
+    by_id = table.set_index("config_id")
+    shared = [c for c in table.columns if c.startswith("params.") and not c.startswith("params.dp.")]
+    shared = [c for c in shared if c.removeprefix("params.") not in ROW_KIND_PARAMS]
+    for _, row in table[table["private"] & table["baseline_config_id"].notna()].iterrows():
+        base = by_id.loc[row["baseline_config_id"]]
+        differ = [
+            f"{c.removeprefix('params.')} {_text(row[c])} vs {_text(base[c])}"
+            for c in shared
+            if not (row[c] == base[c] or (pd.isna(row[c]) and pd.isna(base[c])))
+        ]
+        if differ:
+            notes.append(
+                f"row {labels.get(row['config_id'])}: no baseline with the same settings; its drop is against "
+                f"{labels.get(row['baseline_config_id'])}, which differs in {'; '.join(differ)}"
+            )
+    return notes
+
+
+# ---------------------------------------------------------------------------------------------
+# the report
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Report:
+    uri: str
+    experiment: str
+    sweep_id: str | None
+    runs: pd.DataFrame  # the selection's runs (report_runs), every status
+    table: pd.DataFrame  # summary_table over the FINISHED runs (+ outside baselines, see warnings)
+    counts: dict[str, int]
+    parent_run_id: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    # FINISHED non-private runs from outside a sweep that has none, pooled into its baseline rows
+    baseline_runs: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @property
+    def table_runs(self) -> pd.DataFrame:
+        """The runs behind the table's rows: the selection's and the borrowed baseline runs."""
+        return pd.concat([self.runs, self.baseline_runs], ignore_index=True) if len(self.baseline_runs) else self.runs
+
+    @property
+    def selection(self) -> str:
+        return f"experiment {self.experiment!r}" + (f", sweep {self.sweep_id}" if self.sweep_id else "")
+
+    def notes(self) -> list[str]:
+        """The lines printed under the table: what was counted, what the columns mean, warnings."""
+        c = self.counts
+        lines = [
+            f"{self.selection}: {c['finished']} of {c['total']} runs FINISHED; {c['failed']} failed, "
+            f"{c['pruned']} pruned, {c['running']} running.",
+            "ε: final ε under each row's accountant at its δ. Test accuracy: mean ± sample std over seeds, "
+            "in %. Drop: non-private baseline minus row, in percentage points.",
+        ]
+        return lines + [f"warning: {w}" for w in self.warnings]
+
+
+def build_report(uri: str, experiment: str, sweep_id: str | None = None, sort: str = "accuracy") -> Report:
+    """Read, check and tabulate a selection. Raises ReportError on an unknown experiment or sweep,
+    an unknown sort key, or a selection without FINISHED runs."""
+    lookup(SORT_KEYS, sort, "sort")  # fail before reading anything
+    raw = search_runs(uri, experiment, sweep_id)
+    runs = report_runs(raw)
+    counts = outcome_counts(runs)
+    if counts["finished"] == 0:
+        where = ("sweep", sweep_id) if sweep_id else ("experiment", experiment)
+        others = ", ".join(f"{counts[k]} {k}" for k in OUTCOME_ORDER[1:] if counts[k])
+        raise ReportError(
+            *where, f"0 FINISHED runs of {counts['total']}{f' ({others})' if others else ''}; nothing to report"
+        )
+    report = Report(uri, experiment, sweep_id, runs, pd.DataFrame(), counts, parent_run_id(raw))
+    borrowed: list[str] = []  # notes on baseline runs taken from outside the sweep
+    if sweep_id is not None:
+        report.baseline_runs, borrowed = _outside_baselines(uri, experiment, runs)
+    report.table = summary_table(report.table_runs, sort)
+    report.warnings = borrowed + check(report.table_runs, report.table)
+    return report
+
+
+def _outside_baselines(uri: str, experiment: str, runs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """For a sweep without non-private runs of a dataset and model: the experiment's FINISHED
+    non-private runs of it (sweeps usually reuse one baseline), and a note saying so."""
+    done = runs[runs["outcome"] == "finished"]
+    missing = set(_pairs(done)) - set(_pairs(done[~done["private"]]))
+    if not missing:
+        return pd.DataFrame(), []
+    raw = search_runs(uri, experiment, filter_string="attributes.status = 'FINISHED' and params.`dp.enabled` = 'False'")
+    if raw.empty:
+        return pd.DataFrame(), []
+    outside = report_runs(raw)
+    wanted = pd.Series(_pairs(outside), index=outside.index, dtype=object).isin(missing)
+    outside = outside[wanted & ~outside["run_id"].isin(runs["run_id"])]
+    notes = []
+    for (dataset, model), block in outside.groupby(pd.Series(_pairs(outside), index=outside.index), sort=True):
+        notes.append(
+            f"{dataset}/{model}: the sweep has no non-private run; the baseline rows pool the experiment's "
+            f"{_runs(len(block))} of it, FINISHED and non-private ({', '.join(r[:8] for r in block['run_id'])})"
+        )
+    return outside, notes
+
+
+def _runs(n: int) -> str:
+    return f"{n} run" if n == 1 else f"{n} runs"
+
+
+def _pairs(runs: pd.DataFrame) -> list[tuple[Any, Any]]:
+    """(dataset, model) of each run."""
+    return list(zip(param_or_tag(runs, "dataset.name"), param_or_tag(runs, "model.name"), strict=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# rendering: md, csv, tex, html
+# ---------------------------------------------------------------------------------------------
+PERCENT = 100.0
+
+
+def _num(value: Any, spec: str) -> str:
+    if value is None or pd.isna(value):
+        return "—"
+    return format(value, spec)
+
+
+def _epsilon(value: Any) -> str:
+    if value is None or pd.isna(value):
+        return "—"
+    return f"{value:.3g}" if value < 1000 else f"{value:.0f}"
+
+
+def _accuracy(row: pd.Series) -> str:
+    mean, std = row["test_accuracy_mean"], row["test_accuracy_std"]
+    if pd.isna(mean):
+        return "—"
+    return f"{mean * PERCENT:.2f}" + ("" if pd.isna(std) else f" ± {std * PERCENT:.2f}")
+
+
+Cell = Callable[[pd.Series], str]
+
+
+def display_columns(table: pd.DataFrame) -> list[tuple[str, str, Cell]]:
+    """(header, LaTeX header, cell formatter) per column of the paper table."""
+
+    def param(key: str) -> Cell:
+        return lambda row: _text(row[f"params.{key}"]) if row["private"] or not key.startswith("dp.") else "—"
+
+    cols: list[tuple[str, str, Cell]] = [
+        ("dataset", "dataset", lambda r: _text(r["dataset"])),
+        ("model", "model", lambda r: _text(r["model"])),
+        ("B", "$B$", lambda r: _num(r["batch_size"], "d")),
+        ("σ", r"$\sigma$", lambda r: _num(r["noise_multiplier"], "g")),
+        ("C", "$C$", lambda r: _num(r["max_grad_norm"], "g")),
+        ("lr", "lr", lambda r: _num(r["lr"], "g")),
+        ("epochs", "epochs", lambda r: _num(r["epochs"], "d")),
+    ]
+    cols += [(key, _latex_cell(key), param(key)) for key in extra_columns(table)]
+    cols += [
+        ("δ", r"$\delta$", lambda r: _num(r["delta"], "g")),
+        ("accountant", "accountant", lambda r: str(r["accountant"]) if r["private"] else "non-private"),
+        ("ε", r"$\varepsilon$", lambda r: _epsilon(r["epsilon"])),
+        ("test accuracy (%)", r"test accuracy (\%)", _accuracy),
+        ("drop (pp)", "drop (pp)", lambda r: _num(r["accuracy_drop"] * PERCENT, ".2f")),
+        ("runs", "runs", lambda r: str(int(r["runs"]))),
+    ]
+    return cols
+
+
+def paper_table(table: pd.DataFrame, latex: bool = False) -> pd.DataFrame:
+    """The table as text cells, with the headers a paper shows (unicode, or LaTeX when ``latex``)."""
+    cols = display_columns(table)
+    rows = [row for _, row in table.iterrows()]
+    cells = {(tex if latex else plain): [fmt(row) for row in rows] for plain, tex, fmt in cols}
+    return pd.DataFrame(cells, columns=[tex if latex else plain for plain, tex, _ in cols])
+
+
+TEXT_COLUMNS = ("dataset", "model", "accountant")
+
+
+def _right_aligned(shown: pd.DataFrame) -> list[bool]:
+    """Per column of a paper_table: numbers (or dashes, or "mean ± std") are right-aligned."""
+
+    def number(cell: str) -> bool:
+        try:
+            float(cell.partition(" ± ")[0])
+        except ValueError:
+            return cell == "—"
+        return True
+
+    return [h not in TEXT_COLUMNS and all(number(c) for c in shown[h]) for h in shown.columns]
+
+
+def to_markdown(report: Report) -> str:
+    """A GitHub-flavoured markdown table (numbers right-aligned), then the notes as a list."""
+    shown = paper_table(report.table).map(lambda c: c.replace("|", r"\|"))
+    widths = [max(3, len(h), *(len(v) for v in shown[h])) for h in shown.columns]  # a rule needs 3 dashes
+    right = _right_aligned(shown)
+
+    def line(cells: Sequence[str]) -> str:
+        padded = [c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True)]
+        return "| " + " | ".join(padded) + " |"
+
+    rule = ["-" * (w - 1) + ":" if r else "-" * w for w, r in zip(widths, right, strict=True)]
+    lines = [line(list(shown.columns)), line(rule)]
+    lines += [line(list(row)) for row in shown.itertuples(index=False, name=None)]
+    return "\n".join([*lines, "", *[f"- {note}" for note in report.notes()]]) + "\n"
+
+
+def to_csv(report: Report) -> str:
+    """The numbers at full precision (accuracies as fractions), one row per config, no notes."""
+    extras = [f"params.{k}" for k in extra_columns(report.table)]
+    names = ["config_id", *HYPERPARAMETERS, "private", *extras, "epsilon", "test_accuracy_mean"]
+    names += ["test_accuracy_std", "accuracy_drop", "runs", "runs_without_accuracy", "run_ids"]
+    out = report.table[names].rename(columns={e: e.removeprefix("params.") for e in extras})
+    out = out.assign(run_ids=out["run_ids"].map(" ".join))
+    return str(out.to_csv(index=False, lineterminator="\n"))
+
+
+LATEX_SPECIAL = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+}
+
+
+def _latex_cell(text: str) -> str:
+    escaped = "".join(LATEX_SPECIAL.get(ch, ch) for ch in text)
+    return escaped.replace(" ± ", r" $\pm$ ").replace("—", "--")
+
+
+def to_latex(report: Report) -> str:
+    """A booktabs ``tabular`` (needs ``\\usepackage{booktabs}``), the notes as ``%`` comments."""
+    shown = paper_table(report.table, latex=True)
+    spec = "".join("r" if r else "l" for r in _right_aligned(paper_table(report.table)))
+    lines = [f"% {note}" for note in report.notes()]
+    lines += [f"\\begin{{tabular}}{{{spec}}}", r"\toprule", " & ".join(shown.columns) + r" \\", r"\midrule"]
+    lines += [" & ".join(_latex_cell(c) for c in row) + r" \\" for row in shown.itertuples(index=False, name=None)]
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def to_html(report: Report) -> str:
+    """An HTML ``<table>`` and the notes as paragraphs (no page around them)."""
+    table = paper_table(report.table).to_html(index=False, border=0, escape=True)
+    notes = "\n".join(f"<p>{html_escape(n)}</p>" for n in report.notes())
+    return f"{table}\n{notes}\n"
+
+
+FORMATS: Registry[Callable[[Report], str]] = Registry("format")
+FORMATS.register("md")(to_markdown)
+FORMATS.register("csv")(to_csv)
+FORMATS.register("tex")(to_latex)
+FORMATS.register("html")(to_html)
+
+
+def render(report: Report, fmt: str = "md") -> str:
+    """The report as text in ``fmt`` (a FORMATS name)."""
+    return lookup(FORMATS, fmt, "format")(report)
+
+
+def write(report: Report, fmt: str, out_dir: Path) -> Path:
+    """Write ``report.<fmt>`` into ``out_dir``; returns its path."""
+    path = out_dir / f"report.{fmt}"
+    path.write_text(render(report, fmt), encoding="utf-8")
+    return path

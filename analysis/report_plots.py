@@ -1,0 +1,268 @@
+"""Plots of a privacy–accuracy report (PNG, matplotlib): what ``dpsweep-report --out DIR`` draws.
+
+    dpsweep-report --experiment demo --out report/             # the table and these plots in report/
+    dpsweep-report --experiment demo --out report/ --runs ID1 ID2   # curves.png for chosen runs
+
+Files, one panel per dataset and model:
+
+- ``pareto.png``: test accuracy (%) against ε, each config with its seed-to-seed std; the Pareto
+  front highlighted; the non-private baseline as a horizontal line.
+- ``accuracy_vs_<param>.png``, one per swept hyperparameter (e.g. ``accuracy_vs_dp.noise_multiplier.png``):
+  test accuracy against its values, one line per setting of the other swept hyperparameters.
+- ``curves.png``: test accuracy against epoch, ε on a twin axis, for chosen runs (default: the 3
+  most accurate private runs).
+- ``memory.png``: memory (MiB) after each stage of the first training iteration, its peak and
+  the run's peak, per config (configs with equal figures drawn once, labelled with what they
+  share), titled with the measuring backend.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from dpsweep.analysis import report as rep
+
+PERCENT = 100.0
+MIB = 2.0**20
+MAX_LEGEND_ENTRIES = 8
+MAX_BASELINES = 3  # non-private rows drawn as lines; with more, only the most accurate
+MAX_MEMORY_GROUPS = 15  # beyond this, memory.png keeps the groups with the largest run peak
+STAGE_LABELS = {
+    "model_load_bytes": "model load",
+    "batch_load_bytes": "batch load",
+    "backward_bytes": "backward",
+    "optimizer_step_bytes": "optimizer step",
+    "iteration_peak_bytes": "first-iteration peak",
+    "run_peak_bytes": "run peak",
+}
+BACKEND_NOTES = {
+    "cuda": "CUDA allocator",
+    "cpu-tensors": "live CPU tensors: lower bounds, not GPU figures",
+}
+
+
+def _panels(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """(title, rows) per dataset and model."""
+    return [(f"{d}/{m}", block) for (d, m), block in table.groupby(["dataset", "model"], sort=True)]
+
+
+def _figure(n: int, width: float = 5.5, height: float = 4.0) -> tuple[Figure, list[Axes]]:
+    cols = min(n, 3)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), dpi=100, squeeze=False)
+    flat = list(axes.ravel())
+    for extra in flat[n:]:
+        extra.set_visible(False)
+    return fig, flat[:n]
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _log_scale_if_wide(ax: Axes, values: Sequence[float], axis: str = "x") -> None:
+    positive = [v for v in values if v > 0 and math.isfinite(v)]
+    if len(positive) == len(values) and positive and max(positive) / min(positive) >= 20:
+        (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+
+
+def _privacy_label(rows: pd.DataFrame) -> str:
+    accountants = sorted({str(a) for a in rows["accountant"].dropna()})
+    deltas = sorted({f"{d:g}" for d in rows["delta"].dropna()})
+    if len(accountants) == 1 and len(deltas) == 1:
+        return f"ε (final, {accountants[0]} accountant, δ={deltas[0]})"
+    return f"ε (final; accountants {', '.join(accountants)}; δ {', '.join(deltas)}: not comparable)"
+
+
+def _baselines(ax: Axes, baseline: pd.DataFrame, labels: pd.Series) -> None:
+    """The non-private rows as horizontal lines; beyond MAX_BASELINES, only the most accurate."""
+    rows = baseline.dropna(subset=["test_accuracy_mean"]).sort_values("test_accuracy_mean", ascending=False)
+    for i, (_, row) in enumerate(rows.head(MAX_BASELINES if len(rows) <= MAX_BASELINES else 1).iterrows()):
+        acc = row["test_accuracy_mean"] * PERCENT
+        name = labels.get(row["config_id"], "non-private")
+        name = name if len(rows) <= MAX_BASELINES else f"best of {len(rows)} non-private rows ({name})"
+        ax.axhline(acc, color="black", linestyle="--", linewidth=1, alpha=0.8 - 0.2 * i, label=f"{name}: {acc:.1f}%")
+
+
+def plot_pareto(table: pd.DataFrame, path: Path) -> Path:
+    """Test accuracy against ε per config; the Pareto front highlighted; the baseline as a line."""
+    front = set(rep.pareto_front(table)["config_id"])
+    labels = rep.config_labels(table)
+    panels = _panels(table)
+    fig, axes = _figure(len(panels))
+    for ax, (title, rows) in zip(axes, panels, strict=True):
+        dp = rows[rows["private"] & rows["epsilon"].notna() & rows["test_accuracy_mean"].notna()]
+        on = dp[dp["config_id"].isin(front)].sort_values("epsilon")
+        ax.errorbar(
+            dp["epsilon"], dp["test_accuracy_mean"] * PERCENT, yerr=dp["test_accuracy_std"].fillna(0) * PERCENT,
+            fmt="o", color="tab:blue", alpha=0.6, capsize=3, label="configs (mean ± std over seeds)",
+        )  # fmt: skip
+        ax.plot(on["epsilon"], on["test_accuracy_mean"] * PERCENT, "-D", color="crimson", markersize=7,
+                drawstyle="steps-post", label="Pareto front")  # fmt: skip
+        for i, (_, row) in enumerate(on.iterrows()):  # staggered, so that close points stay legible
+            xy = (row["epsilon"], row["test_accuracy_mean"] * PERCENT)
+            ax.annotate(labels.get(row["config_id"], ""), xy, textcoords="offset points", xytext=(4, 6 + 9 * (i % 3)),
+                        fontsize=7, color="crimson")  # fmt: skip
+        _baselines(ax, rows[~rows["private"]], labels)
+        _log_scale_if_wide(ax, list(dp["epsilon"]))
+        ax.set_xlabel(_privacy_label(dp if not dp.empty else rows))
+        ax.set_ylabel("test accuracy (%)")
+        ax.set_title(f"{title}: privacy–accuracy trade-off", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    return _save(fig, path)
+
+
+def _axis_values(values: pd.Series) -> tuple[pd.Series, list[str] | None]:
+    """Numbers stay numbers; anything else becomes categories 0, 1, ... with their names."""
+    numbers = pd.to_numeric(values, errors="coerce")
+    if numbers.notna().all():
+        return numbers.astype(float), None
+    names = sorted({str(v) for v in values})
+    return values.map(lambda v: float(names.index(str(v)))), names
+
+
+def plot_accuracy_vs(table: pd.DataFrame, key: str, path: Path) -> Path:
+    """Test accuracy against the hyperparameter ``key`` (an MLflow param), one line per setting of
+    the other swept hyperparameters; the baseline as a line when ``key`` is a DP setting."""
+    swept = rep.swept_params(table)
+    others = [k for k in swept if k != key]
+    labels = rep.config_labels(table)
+    panels = _panels(table)
+    fig, axes = _figure(len(panels))
+    for ax, (title, rows) in zip(axes, panels, strict=True):
+        usable = rows[rows[f"params.{key}"].notna() & rows["test_accuracy_mean"].notna()]
+        x, names = _axis_values(usable[f"params.{key}"].map(rep._text))
+        usable = usable.assign(_x=x)
+        series = list(usable.groupby([usable["private"], *[usable[f"params.{k}"].fillna("—") for k in others]],
+                                     sort=True))  # fmt: skip
+        for group_key, line in series:
+            line = line.sort_values("_x")
+            private, *rest = group_key
+            name = ", ".join(f"{rep.SHORT_NAMES.get(k, k)}={rep._text(v)}" for k, v in zip(others, rest, strict=True))
+            name = (name or "private") if private else f"non-private {name}".strip()
+            xs = line["_x"].to_numpy()
+            mean = line["test_accuracy_mean"].to_numpy() * PERCENT
+            std = line["test_accuracy_std"].fillna(0).to_numpy() * PERCENT
+            style = "-o" if private else "--s"  # non-private lines dashed, with square markers
+            [drawn] = ax.plot(xs, mean, style, markersize=4, label=name if len(series) <= MAX_LEGEND_ENTRIES else None)
+            ax.vlines(xs, mean - std, mean + std, colors=drawn.get_color(), linewidth=1)  # ± std over seeds
+        if key.startswith("dp."):
+            _baselines(ax, rows[~rows["private"]], labels)
+        if names is not None:
+            ax.set_xticks(range(len(names)), names)
+        else:
+            _log_scale_if_wide(ax, list(usable["_x"]))
+        ax.set_xlabel(_param_label(key))
+        ax.set_ylabel("test accuracy (%)")
+        more = "" if len(series) <= MAX_LEGEND_ENTRIES else f" ({len(series)} lines, one per setting of the others)"
+        ax.set_title(f"{title}: accuracy against {rep.SHORT_NAMES.get(key, key)}{more}", fontsize=9)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="lower right")
+    return _save(fig, path)
+
+
+PARAM_LABELS = {
+    "train.batch_size": "batch size B (examples)",
+    "dp.noise_multiplier": "noise multiplier σ",
+    "dp.max_grad_norm": "clipping threshold C (L2 norm)",
+    "optimizer.lr": "learning rate",
+    "train.epochs": "epochs",
+    "dp.delta": "δ",
+    "dp.accountant": "accountant",
+}
+
+
+def _param_label(key: str) -> str:
+    return f"{PARAM_LABELS.get(key, key)}  [{key}]"
+
+
+def plot_sweeps(table: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """One ``accuracy_vs_<param>.png`` per swept hyperparameter."""
+    return [plot_accuracy_vs(table, key, out_dir / f"accuracy_vs_{key}.png") for key in rep.swept_params(table)]
+
+
+def plot_curves(histories: pd.DataFrame, labels: dict[str, str], path: Path) -> Path:
+    """Test accuracy against epoch (solid, left axis) and ε (dashed, right axis) per run."""
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    twin = ax.twinx()
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (run_id, run) in enumerate(histories.groupby("run_id", sort=False)):
+        color = colors[i % len(colors)]
+        acc = run[run["metric"] == "test_accuracy"].sort_values("step")
+        eps = run[run["metric"] == "epsilon"].sort_values("step")
+        name = labels.get(str(run_id), str(run_id)[:8])
+        ax.plot(acc["step"], acc["value"] * PERCENT, "-o", color=color, markersize=4, label=f"{name}: accuracy")
+        if not eps.empty:
+            twin.plot(eps["step"], eps["value"], "--", color=color, label=f"{name}: ε")
+    ax.set_xlabel("epoch")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("test accuracy (%) — solid")
+    twin.set_ylabel("ε under the run's accountant — dashed")
+    ax.set_title("test accuracy and ε per epoch", fontsize=10)
+    ax.grid(alpha=0.3)
+    handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+    if handles:
+        ax.legend(handles, [str(h.get_label()) for h in handles], fontsize=7, loc="lower right")
+    return _save(fig, path)
+
+
+def plot_memory(groups: pd.DataFrame, path: Path) -> Path:
+    """Memory (MiB) after each stage of the first iteration, its peak and the run's peak, per group
+    of configs with the same figures (report.memory_groups)."""
+    shown = groups.head(MAX_MEMORY_GROUPS).iloc[::-1]  # the largest at the top of a horizontal bar chart
+    stages = list(STAGE_LABELS)
+    height = 0.8 / len(stages)
+    fig, ax = plt.subplots(figsize=(8, max(4.0, 1.6 + 0.16 * len(stages) * len(shown))), dpi=100)
+    y = np.arange(len(shown))
+    for i, stage in enumerate(stages):
+        ax.barh(y + ((len(stages) - 1) / 2 - i) * height, shown[stage] / MIB, height=height,  # first on top
+                label=STAGE_LABELS[stage])  # fmt: skip
+    ax.set_yticks(y, list(shown["label"]), fontsize=8)
+    ax.set_xlabel("memory (MiB)")
+    backends = sorted({b for text in groups["backend"] for b in str(text).split(", ")})
+    how = "; ".join(f"{b} ({BACKEND_NOTES.get(b, 'unknown backend')})" for b in backends)
+    cut = "" if len(groups) <= MAX_MEMORY_GROUPS else f", the {MAX_MEMORY_GROUPS} largest of {len(groups)} groups"
+    ax.set_title(f"memory per stage, first training iteration{cut}\nbackend: {how}", fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    return _save(fig, path)
+
+
+def run_labels(report: rep.Report, run_ids: Sequence[str]) -> dict[str, str]:
+    """'<config label> seed=<seed> (<run id>)' per run."""
+    labels = rep.config_labels(report.table)
+    runs = report.table_runs.set_index("run_id")
+    seeds = rep.column(runs, "params.train.seed")
+    return {
+        run_id: f"{labels.get(runs.at[run_id, 'config_id'], '')} seed={seeds.get(run_id)} ({run_id[:8]})".strip()
+        for run_id in run_ids
+    }
+
+
+def plot_report(report: rep.Report, out_dir: Path, histories: pd.DataFrame) -> list[Path]:
+    """Every plot of the report into ``out_dir``; returns their paths (pareto, sweeps, curves, memory)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = report.table
+    paths = [plot_pareto(table, out_dir / "pareto.png"), *plot_sweeps(table, out_dir)]
+    ids = list(dict.fromkeys(histories["run_id"]))
+    paths.append(plot_curves(histories, run_labels(report, ids), out_dir / "curves.png"))
+    memory = rep.memory_table(report.table_runs)
+    paths.append(plot_memory(rep.memory_groups(memory, table), out_dir / "memory.png"))
+    return paths

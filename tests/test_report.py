@@ -1,0 +1,497 @@
+"""``dpsweep-report`` and ``dpsweep.analysis.report``: tables from a real sweep, plots, formats, bad input.
+
+A real sweep on digits (σ ∈ {1, 2} × seeds {0, 1} through the ``dpsweep -m`` CLI, plus a
+non-private baseline for the same seeds, one epoch each) is trained once for the module; the other
+tests log small synthetic runs with the MLflow client, into this session's sqlite store.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from mlflow.entities import Metric, Param
+from mlflow.tracking import MlflowClient
+from PIL import Image
+
+from dpsweep.analysis import report as rep
+from dpsweep.report_cli import run
+from dpsweep.train import train
+
+pytestmark = pytest.mark.xdist_group("report")  # one worker: the real sweep is trained once
+
+BIN = Path(sys.executable).parent
+EXPERIMENT = "rep"
+PLOTS = {"pareto.png", "accuracy_vs_dp.noise_multiplier.png", "curves.png", "memory.png"}
+
+
+# ---------------------------------------------------------------------------------------------
+# the real sweep
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Sweep:
+    uri: str
+    sweep_id: str  # the private sweep (σ × seed)
+    parent_run_id: str  # its parent run, made by the sweeper
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
+    """``dpsweep -m`` over σ=1,2 × seed=0,1 with DP and, meanwhile, the non-private baseline for
+    seeds 0 and 1, trained in this process (outside the sweep, as a baseline usually is): 6 runs
+    of 1 epoch, into one sqlite store."""
+    cwd = tmp_path_factory.mktemp("report-sweep")
+    uri = f"sqlite:///{cwd / 'mlflow.db'}"
+    # the store exists before two processes write to it; artifacts stay in the temporary directory
+    MlflowClient(uri).create_experiment(EXPERIMENT, artifact_location=(cwd / "mlruns").as_uri())
+    common = ["train.epochs=1", "train.progress=false", "dataset.image_size=16",  # 16 px: a third of the compute
+              f"tracking.uri={uri}", f"tracking.experiment_name={EXPERIMENT}"]  # fmt: skip
+    sweep_job = subprocess.Popen(
+        [BIN / "dpsweep", "-m", "dp=dpsgd", "dp.noise_multiplier=1.0,2.0", "train.seed=0,1", *common], cwd=cwd,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "HYDRA_FULL_ERROR": "0", "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one core each: two processes of 2 threads on 2 cores run several times slower
+    try:
+        with initialize_config_module("dpsweep.conf", version_base="1.3"):
+            for seed in (0, 1):
+                train(compose("config", overrides=["dp=off", f"train.seed={seed}", *common]))
+    finally:
+        torch.set_num_threads(threads)
+        out, err = sweep_job.communicate(timeout=300)
+    assert sweep_job.returncode == 0, out + err
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    assert exp is not None
+    exp_id = exp.experiment_id
+    private = client.search_runs([exp_id], "params.`dp.enabled` = 'True'")
+    [sweep_id] = {r.data.tags["sweep.id"] for r in private}
+    [parent] = client.search_runs([exp_id], f"tags.`sweep.id` = '{sweep_id}' and tags.`sweep.role` = 'parent'")
+    assert {r.data.tags["mlflow.parentRunId"] for r in private} == {parent.info.run_id}
+    return Sweep(uri, sweep_id, parent.info.run_id)
+
+
+@contextmanager
+def tracking_uri(uri: str) -> Iterator[None]:
+    """mlflow.search_runs reads the global tracking URI: set it for the block only."""
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(before)
+
+
+def independent_aggregates(uri: str) -> pd.DataFrame:
+    """The table's numbers computed from mlflow.search_runs alone, by σ ("off": the baseline)."""
+    with tracking_uri(uri):
+        runs = mlflow.search_runs(experiment_names=[EXPERIMENT], output_format="pandas")
+    runs = runs[(runs["status"] == "FINISHED") & (runs["tags.sweep.role"] != "parent")]
+    grouped = runs.groupby(runs["params.dp.noise_multiplier"].fillna("off"))
+    out = pd.DataFrame(
+        {
+            "mean": grouped["metrics.test_accuracy"].mean(),
+            "std": grouped["metrics.test_accuracy"].std(),
+            "n": grouped.size(),
+            "epsilon": grouped["metrics.epsilon"].max(),
+            "seeds": grouped["params.train.seed"].agg(lambda s: sorted(s)),
+        }
+    )
+    out["drop"] = out.at["off", "mean"] - out["mean"]
+    return out
+
+
+def _row(table: pd.DataFrame, sigma: float | None) -> pd.Series:
+    match = table["noise_multiplier"].isna() if sigma is None else table["noise_multiplier"] == sigma
+    [index] = table.index[match]
+    return table.loc[index]
+
+
+def test_table_equals_aggregates_computed_independently(sweep: Sweep) -> None:
+    r = rep.build_report(sweep.uri, EXPERIMENT)
+    expected = independent_aggregates(sweep.uri)
+    assert len(r.table) == 3 and r.counts == {"total": 6, "finished": 6, "failed": 0, "pruned": 0, "running": 0}
+    for sigma in (None, 1.0, 2.0):
+        row = _row(r.table, sigma)
+        want = expected.loc["off" if sigma is None else str(sigma)]
+        assert want["seeds"] == ["0", "1"] and row["runs"] == want["n"] == 2
+        assert row["test_accuracy_mean"] == pytest.approx(want["mean"], rel=1e-12)
+        assert row["test_accuracy_std"] == pytest.approx(want["std"], rel=1e-12)
+        fixed = (row["dataset"], row["model"], row["batch_size"], row["lr"], row["epochs"])
+        assert fixed == ("digits", "cnn", 64, 0.05, 1)
+        if sigma is None:
+            assert not row["private"] and pd.isna(row["epsilon"]) and pd.isna(row["accuracy_drop"])
+            assert row["accountant"] is None or pd.isna(row["accountant"])
+        else:
+            assert row["private"] and (row["max_grad_norm"], row["delta"], row["accountant"]) == (1.0, 1e-5, "rdp")
+            assert row["epsilon"] == pytest.approx(want["epsilon"], rel=1e-12)
+            assert row["accuracy_drop"] == pytest.approx(want["drop"], rel=1e-12)
+            assert row["baseline_config_id"] == _row(r.table, None)["config_id"]
+    assert _row(r.table, 2.0)["epsilon"] < _row(r.table, 1.0)["epsilon"]  # more noise, less privacy loss
+    assert not r.table.iloc[0]["private"]  # the baseline leads its block
+    assert r.warnings == []
+
+
+def test_sweep_report_writes_valid_pngs_and_logs_them_on_the_parent_run(
+    sweep: Sweep, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "report"
+    r = run(["--experiment", EXPERIMENT, "--sweep", sweep.sweep_id, "--out", str(out), "--tracking-uri", sweep.uri])
+    stdout = capsys.readouterr().out
+    assert r.parent_run_id == sweep.parent_run_id and r.counts["total"] == 4  # the parent is not a run of it
+    assert {p.name for p in out.iterdir()} == PLOTS | {"report.md"}
+    assert (out / "report.md").read_text() == stdout
+    for name in PLOTS:
+        with Image.open(out / name) as img:
+            assert img.format == "PNG" and img.size[0] >= 400 and img.size[1] >= 300
+            img.verify()
+    client = MlflowClient(sweep.uri)
+    logged = {a.path for a in client.list_artifacts(sweep.parent_run_id, "report")}
+    assert logged == {f"report/{n}" for n in PLOTS | {"report.md"}}
+    groups = rep.memory_groups(rep.memory_table(r.table_runs), r.table)  # the bars of memory.png
+    assert groups["configs"].sum() == 3 and (groups["run_peak_bytes"] > 0).all()
+    assert list(groups["run_peak_bytes"]) == sorted(groups["run_peak_bytes"], reverse=True)
+    # the sweep holds no baseline: it comes from the experiment's non-private runs, and says so
+    assert len(r.table) == 3 and (~r.table["private"]).sum() == 1
+    assert any("the sweep has no non-private run" in w for w in r.warnings)
+    whole = rep.build_report(sweep.uri, EXPERIMENT)
+    columns = ["config_id", "epsilon", "test_accuracy_mean", "test_accuracy_std", "accuracy_drop", "runs"]
+    pd.testing.assert_frame_equal(
+        r.table[columns].sort_values("config_id", ignore_index=True),
+        whole.table[columns].sort_values("config_id", ignore_index=True),
+    )
+
+
+def test_curves_show_the_chosen_runs(sweep: Sweep, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    r = rep.build_report(sweep.uri, EXPERIMENT)
+    best = rep.best_runs(r.runs)
+    accuracies = r.runs.set_index("run_id").loc[best, "metrics.test_accuracy"]
+    assert len(best) == 3 and list(accuracies) == sorted(accuracies, reverse=True)
+    assert set(best) <= set(r.runs.loc[r.runs["private"], "run_id"])
+    history = rep.metric_histories(sweep.uri, best[:1])
+    assert list(history["metric"]) == ["epsilon", "test_accuracy"] and set(history["step"]) == {1}
+    chosen = r.runs.loc[~r.runs["private"], "run_id"].iloc[0]
+    run(["--experiment", EXPERIMENT, "--out", str(tmp_path), "--tracking-uri", sweep.uri, "--runs", chosen[:10]])
+    assert "wrote" in capsys.readouterr().err and (tmp_path / "curves.png").stat().st_size > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# formats parse back to the same numbers
+# ---------------------------------------------------------------------------------------------
+def _split_accuracy(cell: str) -> tuple[float, float | None]:
+    mean, _, std = cell.partition("±")
+    return float(mean), float(std) if std.strip() else None
+
+
+def _rows_md(text: str) -> list[list[str]]:
+    lines = [x for x in text.splitlines() if x.startswith("|")]
+    return [[c.strip() for c in x.strip().strip("|").split("|")] for x in lines]
+
+
+def _rows_tex(text: str) -> list[list[str]]:
+    body = text.split(r"\toprule")[1].split(r"\bottomrule")[0].replace(r"\midrule", "")
+    rows = [x.strip().removesuffix(r"\\").strip() for x in body.splitlines() if x.strip()]
+    return [[c.strip().replace(r"$\pm$", "±") for c in x.split(" & ")] for x in rows]
+
+
+class _Cells(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[list[str]] = []
+        self._in_cell = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "tr":
+            self.rows.append([])
+        self._in_cell = tag in ("td", "th")
+        if self._in_cell:
+            self.rows[-1].append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        self._in_cell = False if tag in ("td", "th") else self._in_cell
+
+    def handle_data(self, data: str) -> None:
+        if self._in_cell:
+            self.rows[-1][-1] += data
+
+
+def _rows_html(text: str) -> list[list[str]]:
+    parser = _Cells()
+    parser.feed(text)
+    return [[c.strip() for c in row] for row in parser.rows]
+
+
+MISSING_CELLS = {"—", "--"}
+
+
+def _check_text_rows(rows: list[list[str]], table: pd.DataFrame, header: list[str]) -> None:
+    """Rounded cells equal the table's numbers: accuracy in %, 2 decimals; ε to 3 significant digits."""
+    assert len(rows) == len(table)
+    for cells, (_, row) in zip(rows, table.iterrows(), strict=True):
+        cell = dict(zip(header, cells, strict=True))
+        assert (cell["dataset"], cell["model"], int(cell["B"]), float(cell["lr"])) == ("digits", "cnn", 64, 0.05)
+        mean, std = _split_accuracy(cell["test accuracy"])
+        assert mean == pytest.approx(row["test_accuracy_mean"] * 100, abs=0.0051)
+        assert std == pytest.approx(row["test_accuracy_std"] * 100, abs=0.0051)
+        assert int(cell["runs"]) == row["runs"]
+        if row["private"]:
+            assert float(cell["σ"]) == row["noise_multiplier"] and float(cell["δ"]) == row["delta"]
+            assert float(cell["ε"]) == pytest.approx(row["epsilon"], rel=6e-3)  # 3 significant digits
+            assert float(cell["drop"]) == pytest.approx(row["accuracy_drop"] * 100, abs=0.0051)
+        else:
+            assert {cell["σ"], cell["ε"], cell["drop"]} <= MISSING_CELLS and cell["accountant"] == "non-private"
+
+
+HEADER = ["dataset", "model", "B", "σ", "C", "lr", "epochs", "δ", "accountant", "ε", "test accuracy", "drop", "runs"]
+
+
+@pytest.mark.parametrize(("fmt", "rows"), [("md", _rows_md), ("tex", _rows_tex), ("html", _rows_html)])
+def test_text_formats_parse_back_to_the_same_numbers(
+    sweep: Sweep, fmt: str, rows: Callable[[str], list[list[str]]]
+) -> None:
+    r = rep.build_report(sweep.uri, EXPERIMENT, sort="epsilon")
+    parsed = rows(rep.render(r, fmt))
+    assert len(parsed[0]) == len(HEADER) and parsed[0][9] in ("ε", r"$\varepsilon$")
+    _check_text_rows(parsed[2:] if fmt == "md" else parsed[1:], r.table, HEADER)  # md: a rule under the header
+
+
+def test_csv_parses_back_to_the_same_numbers_exactly(sweep: Sweep) -> None:
+    r = rep.build_report(sweep.uri, EXPERIMENT)
+    back = pd.read_csv(io.StringIO(rep.render(r, "csv")), float_precision="round_trip")
+    numbers = ["epsilon", "test_accuracy_mean", "test_accuracy_std", "accuracy_drop", "noise_multiplier", "delta"]
+    pd.testing.assert_frame_equal(back[numbers], r.table[numbers].reset_index(drop=True))
+    assert list(back["runs"]) == list(r.table["runs"]) and list(back["private"]) == list(r.table["private"])
+    assert back["run_ids"].str.split().map(len).tolist() == [2, 2, 2]
+
+
+def test_sort_keys_order_rows_within_the_block(sweep: Sweep) -> None:
+    by_eps = rep.build_report(sweep.uri, EXPERIMENT, sort="epsilon").table
+    by_acc = rep.build_report(sweep.uri, EXPERIMENT, sort="accuracy").table
+    for table in (by_eps, by_acc):
+        assert list(table["private"]) == [False, True, True]  # the baseline leads
+    assert by_eps["epsilon"].iloc[1] < by_eps["epsilon"].iloc[2]
+    assert by_acc["test_accuracy_mean"].iloc[1] >= by_acc["test_accuracy_mean"].iloc[2]
+
+
+# ---------------------------------------------------------------------------------------------
+# synthetic runs: missing metrics, counts, warnings, baselines, the Pareto front
+# ---------------------------------------------------------------------------------------------
+DP = {
+    "dataset.name": "digits", "model.name": "cnn", "dp.enabled": "True", "train.batch_size": "64",
+    "dp.noise_multiplier": "1.0", "dp.max_grad_norm": "1.0", "dp.delta": "1e-05", "dp.accountant": "rdp",
+    "optimizer.lr": "0.05", "train.epochs": "2", "train.seed": "0", "train.eval_batch_size": "1024",
+    "model.hidden_units": "32", "tracking.uri": "elsewhere", "train.checkpoint_dir": "/tmp/x",
+}  # fmt: skip
+OFF = {k: v for k, v in DP.items() if not k.startswith("dp.")} | {"dp.enabled": "False"}
+
+
+def log_run(
+    client: MlflowClient,
+    experiment: str,
+    params: dict[str, str],
+    metrics: dict[str, float] | None = None,
+    tags: dict[str, str] | None = None,
+    status: str = "FINISHED",
+) -> str:
+    exp = client.get_experiment_by_name(experiment)
+    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
+    run_id = client.create_run(exp_id, tags=tags or {}).info.run_id
+    now = int(time.time() * 1000)
+    client.log_batch(
+        run_id, metrics=[Metric(k, v, now, 2) for k, v in (metrics or {}).items()],
+        params=[Param(k, v) for k, v in params.items()],
+    )  # fmt: skip
+    client.set_terminated(run_id, status)
+    return run_id
+
+
+def test_a_run_with_a_missing_metric_is_reported_not_crashed_on(
+    mlflow_uri: str, experiment_name: str, client: MlflowClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log_run(client, experiment_name, OFF, {"test_accuracy": 0.9})
+    log_run(client, experiment_name, DP, {"test_accuracy": 0.6, "epsilon": 3.0})
+    no_accuracy = log_run(client, experiment_name, DP | {"train.seed": "1"}, {"epsilon": 3.0})
+    no_epsilon = log_run(client, experiment_name, DP | {"dp.noise_multiplier": "2.0"}, {"test_accuracy": 0.5})
+    nothing = log_run(client, experiment_name, DP | {"dp.noise_multiplier": "4.0"}, {})
+    r = rep.build_report(mlflow_uri, experiment_name)
+    one = _row(r.table, 1.0)
+    assert (one["runs"], one["runs_without_accuracy"], one["test_accuracy_mean"]) == (2, 1, 0.6)
+    assert pd.isna(one["test_accuracy_std"]) and one["accuracy_drop"] == pytest.approx(0.3)
+    assert pd.isna(_row(r.table, 2.0)["epsilon"]) and pd.isna(_row(r.table, 4.0)["test_accuracy_mean"])
+    text = "\n".join(r.warnings)
+    assert f"run {no_accuracy} (σ=1) is FINISHED but has no test_accuracy metric" in text
+    assert f"run {no_epsilon} (σ=2) is FINISHED but has no epsilon metric" in text
+    assert f"run {nothing} (σ=4)" in text
+    for fmt in ("md", "tex", "html"):  # the notes under the table name the run
+        assert f"run {no_accuracy} (σ=1) is FINISHED but has no test_accuracy metric" in rep.render(r, fmt)
+    cells = {row[3]: row[-3] for row in _rows_md(rep.render(r, "md"))[2:]}  # σ -> test accuracy
+    assert cells == {"—": "90.00", "1": "60.00", "2": "50.00", "4": "—"}  # one run: no ±; none: a dash
+    assert len(pd.read_csv(io.StringIO(rep.render(r, "csv")))) == 4
+    run(["--experiment", experiment_name, "--tracking-uri", mlflow_uri, "--out", str(tmp_path)])  # no memory metrics
+    assert {p.name for p in tmp_path.iterdir()} == PLOTS | {"report.md"} and "wrote" in capsys.readouterr().err
+
+
+def test_counts_failed_pruned_and_running_and_ignores_probes_and_the_parent(
+    mlflow_uri: str, experiment_name: str, client: MlflowClient, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep = {"sweep.id": "abc123def456"}
+    log_run(client, experiment_name, DP, {"test_accuracy": 0.6, "epsilon": 3.0}, sweep)
+    log_run(client, experiment_name, DP, {}, sweep, status="FAILED")
+    log_run(client, experiment_name, DP, {}, sweep, status="KILLED")
+    log_run(client, experiment_name, DP, {}, sweep | {"optuna.pruned": "true"}, status="KILLED")
+    log_run(client, experiment_name, DP, {}, sweep, status="RUNNING")
+    log_run(client, experiment_name, DP, {"test_accuracy": 0.99}, sweep | {"probe": "true"})
+    parent = log_run(client, experiment_name, {}, {}, sweep | {"sweep.role": "parent"})
+    run(["--experiment", experiment_name, "--sweep", "abc123def456", "--tracking-uri", mlflow_uri, "--format", "csv"])
+    captured = capsys.readouterr()
+    r = rep.build_report(mlflow_uri, experiment_name, "abc123def456")
+    assert r.counts == {"total": 5, "finished": 1, "failed": 2, "pruned": 1, "running": 1}
+    assert r.parent_run_id == parent and len(r.table) == 1 and r.table["test_accuracy_mean"].iloc[0] == 0.6
+    assert "1 of 5 runs FINISHED; 2 failed, 1 pruned, 1 running" in captured.err  # CSV: notes on stderr
+    assert "FINISHED" not in captured.out and len(captured.out.splitlines()) == 2
+
+
+def test_mixed_accountants_and_delta_are_warned(mlflow_uri: str, experiment_name: str, client: MlflowClient) -> None:
+    # one row whose runs carry different accountants and δ (runs logged without those params, only tags)
+    bare = {k: v for k, v in DP.items() if k not in ("dp.accountant", "dp.delta")}
+    log_run(client, experiment_name, bare, {"test_accuracy": 0.6, "epsilon": 3.0},
+            {"dp.accountant": "rdp", "dp.delta": "1e-05"})  # fmt: skip
+    log_run(client, experiment_name, bare | {"train.seed": "1"}, {"test_accuracy": 0.6, "epsilon": 2.5},
+            {"dp.accountant": "prv", "dp.delta": "1e-06"})  # fmt: skip
+    # two rows of one dataset and model under different accountants: not one front
+    log_run(client, experiment_name, DP | {"dp.noise_multiplier": "2.0"}, {"test_accuracy": 0.5, "epsilon": 1.0})
+    log_run(client, experiment_name, DP | {"dp.noise_multiplier": "2.0", "dp.accountant": "prv"},
+            {"test_accuracy": 0.5, "epsilon": 0.9})  # fmt: skip
+    r = rep.build_report(mlflow_uri, experiment_name)
+    text = "\n".join(r.warnings)
+    assert "mixes accountants (prv, rdp) across its runs" in text and "mixes δ (1e-05, 1e-06)" in text
+    assert "digits/cnn: the rows use different accountants (prv, rdp)" in text
+    assert "digits/cnn: no FINISHED non-private run" in text
+    assert len(r.table) == 3  # accountant is a hyperparameter of the row: rdp and prv rows stay apart
+
+
+def test_each_row_is_compared_with_the_best_matching_baseline(
+    mlflow_uri: str, experiment_name: str, client: MlflowClient
+) -> None:
+    log_run(client, experiment_name, OFF, {"test_accuracy": 0.90})
+    log_run(client, experiment_name, OFF | {"train.epochs": "5"}, {"test_accuracy": 0.95})
+    log_run(client, experiment_name, DP, {"test_accuracy": 0.60, "epsilon": 3.0})
+    log_run(client, experiment_name, DP | {"train.epochs": "5"}, {"test_accuracy": 0.70, "epsilon": 5.0})
+    log_run(client, experiment_name, DP | {"train.epochs": "5", "optimizer.lr": "0.1"},
+            {"test_accuracy": 0.75, "epsilon": 5.0})  # fmt: skip
+    log_run(client, experiment_name, DP | {"model.hidden_units": "64"}, {"test_accuracy": 0.65, "epsilon": 3.0})
+    r = rep.build_report(mlflow_uri, experiment_name)
+    t = r.table.set_index("config_id")
+    dp = t[t["private"]]
+    drops = {
+        (int(row["epochs"]), row["lr"], row["params.model.hidden_units"]): row["accuracy_drop"]
+        for _, row in dp.iterrows()
+    }
+    expected = {(2, 0.05, "32"): 0.30, (5, 0.05, "32"): 0.25, (5, 0.1, "32"): 0.20, (2, 0.05, "64"): 0.25}
+    assert drops == pytest.approx(expected)  # epochs 5 rows against the epochs 5 baseline, the rest against 2
+    text = "\n".join(r.warnings)
+    assert "differs in optimizer.lr 0.1 vs 0.05" in text and "differs in model.hidden_units 64 vs 32" in text
+    md = rep.render(r, "md")
+    assert "model.hidden_units" in md.splitlines()[0]  # a swept hyperparameter gets its own column
+    assert "model.hidden\\_units" in rep.render(r, "tex")
+
+
+def test_pareto_front_keeps_only_undominated_private_rows(
+    mlflow_uri: str, experiment_name: str, client: MlflowClient
+) -> None:
+    points = {"0.5": (1.0, 0.50), "1.0": (2.0, 0.70), "1.5": (2.5, 0.65), "2.0": (3.0, 0.80), "3.0": (3.0, 0.75)}
+    for sigma, (eps, acc) in points.items():
+        log_run(client, experiment_name, DP | {"dp.noise_multiplier": sigma}, {"test_accuracy": acc, "epsilon": eps})
+    log_run(client, experiment_name, OFF, {"test_accuracy": 0.99})
+    r = rep.build_report(mlflow_uri, experiment_name)
+    front = rep.pareto_front(r.table)
+    assert list(front["noise_multiplier"]) == [0.5, 1.0, 2.0] and list(front["epsilon"]) == [1.0, 2.0, 3.0]
+    memory = rep.memory_table(r.runs)
+    assert list(memory.columns[1:7]) == list(rep.MEMORY_STAGES) and len(memory) == 6
+
+
+def test_search_runs_reads_every_page(mlflow_uri: str, experiment_name: str, client: MlflowClient) -> None:
+    for seed in range(5):
+        log_run(client, experiment_name, DP | {"train.seed": str(seed)}, {"test_accuracy": 0.5 + seed / 100})
+    paged = rep.search_runs(mlflow_uri, experiment_name, page_size=2)
+    whole = rep.search_runs(mlflow_uri, experiment_name)
+    assert len(paged) == 5 and set(paged["run_id"]) == set(whole["run_id"])
+    assert rep.summary_table(rep.report_runs(paged))["runs"].tolist() == [5]
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input: exit 2, one line naming the option, its value and what is allowed
+# ---------------------------------------------------------------------------------------------
+def test_an_empty_selection_says_why(
+    mlflow_uri: str, experiment_name: str, client: MlflowClient, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep = {"sweep.id": "0123456789ab"}
+    for status in ("FAILED", "FAILED", "KILLED"):
+        log_run(client, experiment_name, DP, {}, sweep, status=status)
+    log_run(client, experiment_name, DP, {}, sweep | {"optuna.pruned": "true"}, status="KILLED")
+    with pytest.raises(SystemExit) as info:
+        run(["--experiment", experiment_name, "--sweep", "0123456789ab", "--tracking-uri", mlflow_uri])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "dpsweep-report: error: --sweep=0123456789ab: 0 FINISHED runs of 4 (3 failed, 1 pruned)" in err
+
+
+BAD = [
+    (["--experiment", "nope"], "--experiment=nope: no such experiment at sqlite:///", "experiments there: "),
+    (["--sweep", "feedfeedfeed"], "--sweep=feedfeedfeed: no run of experiment 'rep' is tagged", "sweeps there: "),
+    (["--format", "docx"], "--format=docx: unknown format", "valid: csv, html, md, tex"),
+    (["--sort", "loss"], "--sort=loss: unknown sort key", "valid: accuracy, epsilon"),
+    (["--runs", "zzzz"], "--runs=zzzz: matches no run of the experiment 'rep'", "give a run id"),
+    (["--out", "/proc/dpsweep-report"], "--out=/proc/dpsweep-report: not a writable directory", "you can write to"),
+]
+
+
+@pytest.mark.parametrize(("argv", "what", "allowed"), BAD, ids=[b[0][0] for b in BAD])
+def test_bad_input_exits_2_naming_the_option(
+    sweep: Sweep, capsys: pytest.CaptureFixture[str], argv: list[str], what: str, allowed: str
+) -> None:
+    args = ["--experiment", EXPERIMENT, "--tracking-uri", sweep.uri, *argv]
+    with pytest.raises(SystemExit) as info:
+        run(args)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"dpsweep-report: error: {what}" in err and allowed in err
+
+
+def test_an_out_path_that_is_a_file_is_rejected(
+    sweep: Sweep, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "report.md"
+    a_file.write_text("not a directory")
+    with pytest.raises(SystemExit) as info:
+        run(["--experiment", EXPERIMENT, "--tracking-uri", sweep.uri, "--out", str(a_file)])
+    assert info.value.code == 2 and f"--out={a_file}: not a writable directory" in capsys.readouterr().err
+
+
+def test_a_missing_database_is_not_created(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    uri = f"sqlite:///{tmp_path / 'absent.db'}"
+    with pytest.raises(SystemExit) as info:
+        run(["--experiment", EXPERIMENT, "--tracking-uri", uri])
+    assert info.value.code == 2 and "no MLflow database at" in capsys.readouterr().err
+    assert not (tmp_path / "absent.db").exists()
+
+
+def test_console_script(sweep: Sweep) -> None:
+    ok = subprocess.run([BIN / "dpsweep-report", "--experiment", EXPERIMENT, "--tracking-uri", sweep.uri,
+                         "--format", "csv"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert len(pd.read_csv(io.StringIO(ok.stdout))) == 3 and "6 of 6 runs FINISHED" in ok.stderr
