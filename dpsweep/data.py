@@ -143,16 +143,23 @@ def _open(
         ) from err
 
 
+def _train_test(
+    dataset_class: Callable[..., Dataset[Any]], cfg: TorchvisionDatasetConfig, tf: T.Compose, num_classes: int
+) -> Callable[[], DataSplits]:
+    """A loader for torchvision datasets with a ``train=True/False`` switch (MNIST, CIFAR-10)."""
+
+    def make() -> DataSplits:
+        train = dataset_class(cfg.root, train=True, transform=tf, download=cfg.download)
+        test = dataset_class(cfg.root, train=False, transform=tf, download=cfg.download)
+        return _splits(train, test, num_classes)
+
+    return make
+
+
 @DATASETS.register("mnist")
 def load_mnist(cfg: TorchvisionDatasetConfig) -> DataSplits:
     root = Path(cfg.root)
-    tf = _transform(cfg.image_size, MNIST_MEAN_STD)
-
-    def make() -> DataSplits:
-        train = tvd.MNIST(str(root), train=True, transform=tf, download=cfg.download)
-        test = tvd.MNIST(str(root), train=False, transform=tf, download=cfg.download)
-        return _splits(train, test, num_classes=10)
-
+    make = _train_test(tvd.MNIST, cfg, _transform(cfg.image_size, MNIST_MEAN_STD), num_classes=10)
     how = (
         "copy train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte there"
     )
@@ -162,13 +169,7 @@ def load_mnist(cfg: TorchvisionDatasetConfig) -> DataSplits:
 @DATASETS.register("cifar10")
 def load_cifar10(cfg: TorchvisionDatasetConfig) -> DataSplits:
     root = Path(cfg.root)
-    tf = _transform(cfg.image_size, CIFAR10_MEAN_STD)
-
-    def make() -> DataSplits:
-        train = tvd.CIFAR10(str(root), train=True, transform=tf, download=cfg.download)
-        test = tvd.CIFAR10(str(root), train=False, transform=tf, download=cfg.download)
-        return _splits(train, test, num_classes=10)
-
+    make = _train_test(tvd.CIFAR10, cfg, _transform(cfg.image_size, CIFAR10_MEAN_STD), num_classes=10)
     how = "unpack cifar-10-python.tar.gz into dataset.root"
     return _open("CIFAR-10", cfg, root / "cifar-10-batches-py", how, make)
 
