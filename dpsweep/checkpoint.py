@@ -49,8 +49,11 @@ class TrainingState:
 
 
 def capture_rng(loader_generator: torch.Generator) -> dict[str, Any]:
+    """Every RNG a step draws from: Opacus draws its noise on the parameters' device, so on a GPU
+    the CUDA generators must be restored too, or a resumed run would repeat earlier noise."""
     return {
         "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         "numpy": np.random.get_state(),
         "python": random.getstate(),
         "loader": loader_generator.get_state(),
@@ -59,6 +62,8 @@ def capture_rng(loader_generator: torch.Generator) -> dict[str, Any]:
 
 def restore_rng(rng: dict[str, Any], loader_generator: torch.Generator) -> None:
     torch.set_rng_state(rng["torch"])
+    if rng.get("cuda") is not None:
+        torch.cuda.set_rng_state_all(rng["cuda"])
     np.random.set_state(rng["numpy"])
     random.setstate(rng["python"])
     loader_generator.set_state(rng["loader"])

@@ -305,17 +305,42 @@ def validate(cfg: Config) -> None:
     if isinstance(m, VGG16FrozenConfig):
         _require(0.0 <= m.dropout < 1.0, "model.dropout", m.dropout, "a probability in [0, 1)")
     _require(opt.lr > 0, "optimizer.lr", opt.lr, "a positive learning rate")
+    _require(opt.weight_decay >= 0, "optimizer.weight_decay", opt.weight_decay, "0 or a positive L2 penalty")
+    if isinstance(opt, SGDConfig):
+        _require(opt.momentum >= 0, "optimizer.momentum", opt.momentum, "0 or a positive momentum")
+    if isinstance(opt, AdamConfig):
+        betas = list(opt.betas)
+        _require(
+            len(betas) == 2 and all(0 <= b < 1 for b in betas), "optimizer.betas", betas, "two decay rates in [0, 1)"
+        )
+    if isinstance(cfg.dataset, DigitsConfig):
+        frac = cfg.dataset.test_fraction
+        _require(0 < frac < 1, "dataset.test_fraction", frac, "a share of the data in (0, 1)")
+    s = cfg.sweep
+    _require(
+        s.max_epsilon is None or s.max_epsilon > 0, "sweep.max_epsilon", s.max_epsilon, "a positive ε budget or null"
+    )
+    _require(
+        0 < s.max_failure_rate <= 1, "sweep.max_failure_rate", s.max_failure_rate, "a share of failed jobs in (0, 1]"
+    )
+    _require(
+        s.min_jobs_for_failure_rate >= 1,
+        "sweep.min_jobs_for_failure_rate",
+        s.min_jobs_for_failure_rate,
+        "1 or more jobs",
+    )
     img = cfg.dataset.image_size
     _require(img is None or img > 0, "dataset.image_size", img, "a positive number of pixels or null")
     if isinstance(cfg.dataset, Flowers102Config):
         _require(cfg.dataset.downscale > 0, "dataset.downscale", cfg.dataset.downscale, "a positive integer")
         allowed_splits = {"train", "val"}
         bad = [s for s in cfg.dataset.train_splits if s not in allowed_splits]
+        splits = list(cfg.dataset.train_splits)
         _require(
-            bool(cfg.dataset.train_splits) and not bad,
+            bool(splits) and not bad and len(set(splits)) == len(splits),
             "dataset.train_splits",
             list(cfg.dataset.train_splits),
-            "a non-empty subset of [train, val] (test is held out for evaluation)",
+            "a non-empty subset of [train, val] without repeats (test is held out; a repeat would count images twice)",
         )
     if not dp.enabled:
         return
@@ -330,10 +355,6 @@ def validate(cfg: Config) -> None:
         )
     else:
         _require(dp.target_epsilon > 0, "dp.target_epsilon", dp.target_epsilon, "a positive ε or null")
-    limit = cfg.sweep.max_epsilon
-    _require(limit is None or limit > 0, "sweep.max_epsilon", limit, "a positive ε budget or null")
-    rate = cfg.sweep.max_failure_rate
-    _require(0 < rate <= 1, "sweep.max_failure_rate", rate, "a share of failed jobs in (0, 1]")
 
 
 def validate_launcher(launcher: LauncherConfig) -> None:

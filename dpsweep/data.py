@@ -30,6 +30,7 @@ from dpsweep.registry import Registry
 MNIST_MEAN_STD = ((0.1307,), (0.3081,))
 CIFAR10_MEAN_STD = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
 IMAGENET_MEAN_STD = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+DIGITS_MEAN_STD = (0.5, 0.5)  # data-independent: pixel values 0..16 -> [0, 1] -> [-1, 1]
 FLOWERS102_FULL_SIZE = 224  # pixels: the VGG input size that dataset.downscale divides
 
 
@@ -76,7 +77,7 @@ def _splits(train: Dataset[Any], test: Dataset[Any], num_classes: int) -> DataSp
 # ---------------------------------------------------------------------------------------------
 @DATASETS.register("digits")
 def load_digits_splits(cfg: DigitsConfig) -> DataSplits:
-    """Digits as float tensors (N, 1, S, S), S = image_size, normalised by the training split."""
+    """Digits as float tensors (N, 1, S, S), S = image_size, scaled to [-1, 1]."""
     bunch = load_digits()
     x = bunch.images.astype(np.float32) / 16.0  # pixel values 0..16 -> [0, 1]
     y = bunch.target.astype(np.int64)
@@ -91,10 +92,11 @@ def load_digits_splits(cfg: DigitsConfig) -> DataSplits:
             t = F.interpolate(t, size=(size, size), mode="bilinear", align_corners=False)
         return t
 
-    t_tr, t_te = tensor(x_tr), tensor(x_te)
-    mean, std = t_tr.mean(), t_tr.std()
-    train = TensorDataset((t_tr - mean) / std, torch.from_numpy(y_tr))
-    test = TensorDataset((t_te - mean) / std, torch.from_numpy(y_te))
+    # Fixed, data-independent scaling to [-1, 1]: statistics of the private training split would
+    # leak into every released model outside the DP guarantee.
+    mean, std = DIGITS_MEAN_STD
+    train = TensorDataset((tensor(x_tr) - mean) / std, torch.from_numpy(y_tr))
+    test = TensorDataset((tensor(x_te) - mean) / std, torch.from_numpy(y_te))
     return _splits(train, test, num_classes=10)
 
 

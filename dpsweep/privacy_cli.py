@@ -77,6 +77,11 @@ def _check(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error(f"--alphas={a.alphas}: RDP orders must be > 1")
     if a.target_epsilon is not None and a.target_epsilon <= 0:
         p.error(f"--target-epsilon={a.target_epsilon}: must be > 0")
+    if a.target_epsilon is not None and (a.conversion != "improved" or a.alphas is not None):
+        p.error(
+            "--target-epsilon calibrates with the improved conversion over Opacus's default orders, as the "
+            "trainer does: drop --conversion classic / --alphas, or calibrate without them"
+        )
     given = (a.epochs is not None) + (a.steps is not None)
     if given == 2:
         p.error("give -e/--epochs or --steps, not both")

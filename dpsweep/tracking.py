@@ -34,6 +34,7 @@ from mlflow.tracking import MlflowClient
 
 from dpsweep.config import TrackingConfig
 
+FAILURE_TAGS = frozenset({"error", "error.type", "failure.kind"})  # set when a run fails or is interrupted
 MAX_TAG_CHARS = 5000  # MLflow's limit on tag values is 8000 characters
 MAX_PARAM_CHARS = 6000  # MLflow's limit on param values
 
@@ -108,18 +109,19 @@ def tracked_run(
     client = MlflowClient(cfg.uri)
     str_tags = {k: str(v) for k, v in (tags or {}).items()}
     if resume_run_id is not None:
-        client.update_run(resume_run_id, status="RUNNING")
         run = client.get_run(resume_run_id)
-        previous = int(run.data.tags.get("resume.count", "0"))
-        client.log_batch(
-            resume_run_id, tags=[RunTag(k, v) for k, v in (str_tags | {"resume.count": str(previous + 1)}).items()]
-        )
     else:
         exp = experiment_id(client, cfg.experiment_name)
         run = client.create_run(exp, run_name=cfg.run_name, tags=str_tags)
     tracker = Tracker(client, run.info.run_id)
     status = "FAILED"
     try:
+        if resume_run_id is not None:  # reopened after an interruption: it is no longer a failure
+            client.update_run(resume_run_id, status="RUNNING")
+            for stale in FAILURE_TAGS & set(run.data.tags):
+                client.delete_tag(resume_run_id, stale)
+            previous = int(run.data.tags.get("resume.count", "0"))
+            tracker.set_tags(str_tags | {"resume.count": previous + 1})
         yield tracker
         status = "FINISHED"
     except RunEnded as end:  # a planned early end, not a failure: keep what was logged, tag why

@@ -41,7 +41,7 @@ class OptunaSearch:
         from dpsweep.config import ConfigError, TrackingConfig, flatten, to_config
         from dpsweep.launchers.sweeper import _fail, preflight
         from dpsweep.search import OBJECTIVES, SAMPLERS, check_search_space, grid_values, open_storage
-        from dpsweep.tracking import terminate_as_interrupt, tracked_run
+        from dpsweep.tracking import close_orphaned_runs, terminate_as_interrupt, tracked_run
 
         launcher = self.sweeper.launcher
         assert launcher is not None
@@ -49,7 +49,9 @@ class OptunaSearch:
         sweep_id = uuid.uuid4().hex[:12]
         base = self.sweeper._compose([*arguments, f"sweep.id={sweep_id}"])
         try:
-            if any("," in a.split("=", 1)[-1] and not a.startswith("hydra.") for a in arguments):
+            from hydra.core.override_parser.overrides_parser import OverridesParser
+
+            if any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(arguments)):
                 raise ConfigError(
                     "overrides", arguments, "fixed values only: the search space is hydra.sweeper.optuna.params"
                 )
@@ -129,6 +131,10 @@ class OptunaSearch:
             best = _best(study, objective.multi)
             parent.log_text(json.dumps(best, indent=1), "pareto.json" if objective.multi else "best.json")
             parent.log_metrics({"optuna.trials": len(study.trials), "optuna.failed_this_run": failed})
+            # trials killed outright (SIGKILL, OOM killer, scancel) could not close their runs
+            close_orphaned_runs(typed.tracking.uri, typed.tracking.experiment_name, sweep_id)
+            if aborted:
+                parent.set_tags({"error": aborted, "failure.kind": "failure_rate"})
         print(_summary(c.study_name, study, best, objective.multi, objective.metrics), flush=True)
         if aborted:
             print(f"dpsweep: {aborted}", flush=True)

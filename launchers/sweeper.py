@@ -170,7 +170,7 @@ class DpsweepSweeper(Sweeper):
             count(outcome, batch)
             ended = outcome.finished + outcome.failed
             rate, floor = first.sweep.max_failure_rate, first.sweep.min_jobs_for_failure_rate
-            if start + size < len(jobs) and ended >= floor and outcome.failed / ended > rate:
+            if start + size < len(jobs) and ended >= max(floor, 1) and outcome.failed / ended > rate:
                 outcome.aborted = (
                     f"stopping: {outcome.failed} of {ended} jobs failed ({outcome.failed / ended:.0%} > "
                     f"sweep.max_failure_rate={rate:.0%}); {len(jobs) - start - size} jobs not launched"
@@ -224,6 +224,7 @@ def preflight(configs: Sequence[DictConfig], jobs: Sequence[Sequence[str]]) -> N
                 validate(cfg)
             except ConfigError as err:
                 raise SweepError(f"job {' '.join(job[:-1])}: {err}") from err
+        check_dataset_ranges(typed, jobs)
         launcher = typed[0].launcher
         validate_launcher(launcher)
     except (ConfigError, SweepError) as err:
@@ -240,6 +241,25 @@ def preflight(configs: Sequence[DictConfig], jobs: Sequence[Sequence[str]]) -> N
         except ConnectionError as err:
             _fail(str(err))
     ensure_experiments({(cfg.tracking.uri, cfg.tracking.experiment_name) for cfg in typed})
+
+
+def check_dataset_ranges(typed: Sequence[Any], jobs: Sequence[Sequence[str]]) -> None:
+    """B <= N and δ < 1/N for every job, with N read once per dataset config (official sizes when the
+    files are not on this submit host)."""
+    import json
+
+    from dpsweep.config import ConfigError, validate_for_dataset
+    from dpsweep.plan import training_set_size
+
+    sizes: dict[str, int] = {}
+    for cfg, job in zip(typed, jobs, strict=True):
+        key = json.dumps(OmegaConf.to_container(OmegaConf.structured(cfg.dataset)), sort_keys=True)
+        if key not in sizes:
+            sizes[key] = training_set_size(cfg)
+        try:
+            validate_for_dataset(cfg, sizes[key])
+        except ConfigError as err:
+            raise SweepError(f"job {' '.join(job[:-1])}: {err}") from err
 
 
 def _fail(message: str) -> None:

@@ -55,6 +55,7 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(
     [resumed] = runs_of(client, experiment_name)  # the same run, reopened
     assert resumed.info.run_id == killed.info.run_id and resumed.info.status == "FINISHED"
     assert resumed.data.tags["resume.count"] == "1"
+    assert not {"error", "error.type", "failure.kind"} & set(resumed.data.tags)  # no longer a failure
     steps = [m.step for m in client.get_metric_history(resumed.info.run_id, "test_accuracy")]
     assert sorted(set(steps)) == list(range(1, EPOCHS + 1))
     assert not (ckpt / checkpoint.FILENAME).exists()  # removed once the run finished

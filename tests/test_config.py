@@ -100,6 +100,11 @@ BAD_STATIC = [
     ("model.hidden_units=0", "model.hidden_units", "0"),
     ("optimizer.lr=0", "optimizer.lr", "0.0"),
     ("dp.target_epsilon=-1", "dp.target_epsilon", "-1.0"),
+    ("optimizer.momentum=-0.5", "optimizer.momentum", "-0.5"),
+    ("optimizer.weight_decay=-1", "optimizer.weight_decay", "-1.0"),
+    ("dataset.test_fraction=1.5", "dataset.test_fraction", "1.5"),
+    ("sweep.min_jobs_for_failure_rate=0", "sweep.min_jobs_for_failure_rate", "0"),
+    ("sweep.max_failure_rate=0", "sweep.max_failure_rate", "0.0"),
 ]
 
 
@@ -133,6 +138,19 @@ def test_delta_at_or_above_one_over_n_needs_explicit_permission(make_cfg: Compos
         validate_for_dataset(cfg, n_train=1437)
     validate_for_dataset(to_config(make_cfg("dp.delta=0.001", "dp.allow_large_delta=true")), n_train=1437)
     validate_for_dataset(to_config(make_cfg("dp.delta=1e-4")), n_train=1437)  # 1e-4 < 1/1437
+
+
+def test_adam_betas_and_sweep_settings_without_dp(make_cfg: Composer) -> None:
+    with pytest.raises(ConfigError, match=r"optimizer.betas=\[0.9\] is invalid: two decay rates"):
+        validate(to_config(make_cfg("optimizer=adam", "optimizer.betas=[0.9]")))
+    with pytest.raises(ConfigError, match=r"sweep\.max_epsilon"):  # checked with DP off too
+        validate(to_config(make_cfg("dp=off", "sweep.max_epsilon=-1")))
+
+
+def test_flowers_train_splits_must_not_repeat(make_cfg: Composer) -> None:
+    cfg = to_config(make_cfg("dataset=flowers102", "model=vgg16_frozen", "dataset.train_splits=[train,train]"))
+    with pytest.raises(ConfigError, match="without repeats"):
+        validate(cfg)
 
 
 def test_flowers_train_splits_must_exclude_test(make_cfg: Composer) -> None:

@@ -83,6 +83,11 @@ BAD = [
     (["-s", "1000", "-b", "10", "-n", "1"], "-e/--epochs or --steps", "length"),
     (["-s", "1000", "-b", "10", "-e", "1000", "--target-epsilon", "1e-9"], "--target-epsilon=1e-09", "cannot"),
     (["-s", "1000", "-b", "500", "-n", "0.3", "--target-epsilon", "0.01"], "--target-epsilon=0.01", "one epoch"),
+    (
+        ["-s", "60000", "-b", "150", "-e", "15", "--target-epsilon", "2", "--conversion", "classic"],
+        "--target-epsilon",
+        "improved",
+    ),
 ]
 
 

@@ -69,6 +69,7 @@ def test_jobs_carry_the_sweep_id(tmp_path: Path) -> None:
     ("args", "env", "needle"),
     [
         (["dp.noise_multiplier=1.0,0"], {}, "job dp.noise_multiplier=0 "),
+        (["train.batch_size=64,5000"], {}, "train.batch_size=5000 is invalid: at most the training-set size N=1437"),
         (
             ["launcher=slurm", "launcher.mem_gb=0"],
             {},
