@@ -14,10 +14,8 @@
 # accounting data are kept; sge_up.sh brings the same cluster back.
 set -euo pipefail
 
-export SGE_ROOT=/var/lib/gridengine
-export SGE_CELL=default
-export PATH="/usr/bin:/usr/sbin:/bin:/sbin:${PATH}"
-export LC_ALL=C
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+sge_environment
 
 HOST="$(hostname)"
 QMASTER_PID="/var/spool/gridengine/qmaster/qmaster.pid"

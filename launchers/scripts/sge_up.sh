@@ -32,11 +32,8 @@
 # and SGE_CELL=default is recommended and harmless.
 set -euo pipefail
 
-export SGE_ROOT=/var/lib/gridengine
-export SGE_CELL=default
-export PATH="/usr/bin:/usr/sbin:/bin:/sbin:${PATH}"
-# Tools print dates/numbers; keep the output parseable.
-export LC_ALL=C
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+sge_environment
 
 SLOTS="${SGE_UP_SLOTS:-$(nproc)}"
 TIMEOUT="${SGE_UP_TIMEOUT:-60}"

@@ -11,6 +11,7 @@
 # Slurm state is kept in /var/lib/slurm/slurmctld, so pending jobs survive a
 # down/up cycle; jobs already running keep running in their slurmstepd.
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 log() { printf '[slurm_down] %s\n' "$*"; }
 die() { printf '[slurm_down] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -24,25 +25,6 @@ esac
 
 [ "$(id -u)" -eq 0 ] || die "must be run as root"
 
-alive() { # $1 = pid; true if it exists and is not a zombie
-    local st
-    st=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
-    [ -n "$st" ] && [ "${st#Z}" = "$st" ]
-}
-
-daemon_pid() { # $1 = command name, $2 = pidfile; prints pid or nothing
-    # Zombies are skipped: PID 1 here may be slow to reap the intermediate
-    # processes the daemons leave behind when they fork into the background.
-    local name=$1 pidfile=$2 pid
-    if [ -r "$pidfile" ]; then
-        pid=$(tr -dc '0-9' <"$pidfile" || true)
-        if [ -n "$pid" ] && alive "$pid" &&
-            [ "$(ps -o comm= -p "$pid" 2>/dev/null || true)" = "$name" ]; then
-            echo "$pid"; return 0
-        fi
-    fi
-    ps -eo pid=,stat=,comm= | awk -v n="$name" '$3 == n && $2 !~ /^Z/ {print $1; exit}'
-}
 
 stop_daemon() { # $1 = name, $2 = pidfile
     local name=$1 pidfile=$2 pid

@@ -38,6 +38,7 @@
 # Exits 0 when the cluster accepts jobs, non-zero with a message otherwise.
 # Stop it again with launchers/scripts/slurm_down.sh.
 set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 log() { printf '[slurm_up] %s\n' "$*"; }
 die() { printf '[slurm_up] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -99,25 +100,6 @@ done
 # process with the expected command name, or (fallback) a live process with
 # exactly that command name exists.
 # ---------------------------------------------------------------------------
-alive() { # $1 = pid; true if it exists and is not a zombie
-    local st
-    st=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
-    [ -n "$st" ] && [ "${st#Z}" = "$st" ]
-}
-
-daemon_pid() { # $1 = command name, $2 = pidfile; prints pid or nothing
-    # Zombies are skipped: PID 1 here may be slow to reap the intermediate
-    # processes the daemons leave behind when they fork into the background.
-    local name=$1 pidfile=$2 pid
-    if [ -r "$pidfile" ]; then
-        pid=$(tr -dc '0-9' <"$pidfile" || true)
-        if [ -n "$pid" ] && alive "$pid" &&
-            [ "$(ps -o comm= -p "$pid" 2>/dev/null || true)" = "$name" ]; then
-            echo "$pid"; return 0
-        fi
-    fi
-    ps -eo pid=,stat=,comm= | awk -v n="$name" '$3 == n && $2 !~ /^Z/ {print $1; exit}'
-}
 
 stop_daemon() { # $1 = name, $2 = pidfile; SIGTERM, wait up to 30 s, SIGKILL
     local name=$1 pidfile=$2 pid

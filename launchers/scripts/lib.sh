@@ -1,0 +1,32 @@
+# lib.sh -- helpers shared by the cluster scripts in this folder (sourced, not run):
+#   . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+# Process helpers (Slurm's daemons).
+alive() { # $1 = pid; true if it exists and is not a zombie
+    local st
+    st=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
+    [ -n "$st" ] && [ "${st#Z}" = "$st" ]
+}
+
+daemon_pid() { # $1 = command name, $2 = pidfile; prints pid or nothing
+    # Zombies are skipped: PID 1 here may be slow to reap the intermediate
+    # processes the daemons leave behind when they fork into the background.
+    local name=$1 pidfile=$2 pid
+    if [ -r "$pidfile" ]; then
+        pid=$(tr -dc '0-9' <"$pidfile" || true)
+        if [ -n "$pid" ] && alive "$pid" &&
+            [ "$(ps -o comm= -p "$pid" 2>/dev/null || true)" = "$name" ]; then
+            echo "$pid"; return 0
+        fi
+    fi
+    ps -eo pid=,stat=,comm= | awk -v n="$name" '$3 == n && $2 !~ /^Z/ {print $1; exit}'
+}
+
+# Environment for Grid Engine's tools: Debian's wrappers in /usr/bin need SGE_ROOT/SGE_CELL, and
+# the tools' output (dates, numbers) stays parseable under LC_ALL=C.
+sge_environment() {
+    export SGE_ROOT=/var/lib/gridengine
+    export SGE_CELL=default
+    export PATH="/usr/bin:/usr/sbin:/bin:/sbin:${PATH}"
+    export LC_ALL=C
+}
