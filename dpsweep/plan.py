@@ -134,16 +134,26 @@ def training_set_size(cfg: Config) -> int:
         return n
 
 
+class TrainingSetSizes:
+    """N per dataset config, each dataset read once (a sweep's jobs mostly share one)."""
+
+    def __init__(self) -> None:
+        self._sizes: dict[str, int] = {}
+
+    def __call__(self, cfg: Config) -> int:
+        key = json.dumps(OmegaConf.to_container(OmegaConf.structured(cfg.dataset)), sort_keys=True)
+        if key not in self._sizes:
+            self._sizes[key] = training_set_size(cfg)
+        return self._sizes[key]
+
+
 def plan(overrides: Sequence[str]) -> list[PlanRow]:
     """One row per job of ``dpsweep -m <overrides>``; needs Hydra initialised on dpsweep.conf."""
     rows = []
-    sizes: dict[str, int] = {}  # N per dataset config: load each dataset once
+    n_train = TrainingSetSizes()
     for job, job_overrides in enumerate(expand_sweep(overrides)):
         cfg = to_config(compose("config", overrides=job_overrides))
-        key = json.dumps(OmegaConf.to_container(OmegaConf.structured(cfg.dataset)), sort_keys=True)
-        if key not in sizes:
-            sizes[key] = training_set_size(cfg)
-        rows.append(plan_job(job, job_overrides, cfg, sizes[key]))
+        rows.append(plan_job(job, job_overrides, cfg, n_train(cfg)))
     return rows
 
 

@@ -246,18 +246,13 @@ def preflight(configs: Sequence[DictConfig], jobs: Sequence[Sequence[str]]) -> N
 def check_dataset_ranges(typed: Sequence[Any], jobs: Sequence[Sequence[str]]) -> None:
     """B <= N and δ < 1/N for every job, with N read once per dataset config (official sizes when the
     files are not on this submit host)."""
-    import json
-
     from dpsweep.config import ConfigError, validate_for_dataset
-    from dpsweep.plan import training_set_size
+    from dpsweep.plan import TrainingSetSizes
 
-    sizes: dict[str, int] = {}
+    n_train = TrainingSetSizes()
     for cfg, job in zip(typed, jobs, strict=True):
-        key = json.dumps(OmegaConf.to_container(OmegaConf.structured(cfg.dataset)), sort_keys=True)
-        if key not in sizes:
-            sizes[key] = training_set_size(cfg)
         try:
-            validate_for_dataset(cfg, sizes[key])
+            validate_for_dataset(cfg, n_train(cfg))
         except ConfigError as err:
             raise SweepError(f"job {' '.join(job[:-1])}: {err}") from err
 
