@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -39,6 +40,15 @@ class Accountant(StrEnum):
 
     rdp = "rdp"  # Rényi DP, Mironov 2017; ε via the improved conversion of Balle et al. 2020
     prv = "prv"  # privacy random variables, Gopi et al. 2021
+
+
+class GradSampleMode(StrEnum):
+    """How Opacus computes per-sample gradients (``grad_sample_mode`` of ``PrivacyEngine.make_private``)."""
+
+    hooks = "hooks"  # module hooks materialise every per-sample gradient (memory ~ B x P)
+    ghost = "ghost"  # ghost clipping: per-sample norms without per-sample gradients, two backward passes
+    functorch = "functorch"  # torch.func vmap per-sample gradients
+    ew = "ew"  # torch's ExpandedWeights
 
 
 class Device(StrEnum):
@@ -123,6 +133,7 @@ class DPConfig:
     accountant: Accountant = Accountant.rdp
     target_epsilon: float | None = None  # when set, σ is calibrated so that ε <= target_epsilon
     allow_large_delta: bool = False  # permit δ >= 1/N, which makes the guarantee void
+    grad_sample_mode: GradSampleMode = GradSampleMode.hooks  # how Opacus computes per-sample gradients
 
 
 @dataclass
@@ -157,6 +168,15 @@ class TrainConfig:
     # with the same directory and config resumes from the last completed epoch. The dpsweep command
     # uses the Hydra job's output directory when this is null.
     checkpoint_dir: str | None = None
+    # Examples per forward/backward pass (Opacus's BatchMemoryManager): a logical batch is split into
+    # physical batches of at most this size, with one optimizer step (and one privacy step) per
+    # logical batch, so the privacy accounting is unchanged. null: chosen from train.memory_model and
+    # launcher.gpu_memory when both are set, else the whole logical batch in one pass.
+    physical_batch_size: int | None = None
+    memory_model: str | None = None  # a dpsweep-memory fit JSON file (used to choose physical_batch_size)
+    # Memory probe: run only the first iteration on a batch of exactly batch_size examples, record the
+    # four memory stages (tag probe=true), and stop; no evaluation, no ε. See dpsweep-memory probe.
+    probe: bool = False
 
 
 @dataclass
@@ -200,6 +220,9 @@ class LauncherConfig:
     max_parallel: int = 1  # jobs running at once (local: processes; clusters: array throttle)
     setup: list[str] = field(default_factory=list)  # shell lines run before each job (module load, venv)
     gpu_resource: str = "gpu={gpus}"  # SGE only: the -l resource string sites use for GPUs
+    # Memory of each job's GPU with units, e.g. 16GiB or 80GB: dpsweep-plan flags configs predicted
+    # not to fit (with train.memory_model), and training picks the physical batch from it.
+    gpu_memory: str | None = None
 
 
 @dataclass
@@ -301,6 +324,16 @@ def validate(cfg: Config) -> None:
     _require(t.batch_size > 0, "train.batch_size", t.batch_size, "a positive integer (at most N)")
     _require(t.epochs > 0, "train.epochs", t.epochs, "a positive integer")
     _require(t.eval_batch_size > 0, "train.eval_batch_size", t.eval_batch_size, "a positive integer")
+    pb = t.physical_batch_size
+    _require(pb is None or pb > 0, "train.physical_batch_size", pb, "a positive number of examples or null")
+    _require(
+        not (t.probe and pb is not None),
+        "train.physical_batch_size",
+        pb,
+        "null with train.probe=true: a probe measures one pass over exactly train.batch_size examples",
+    )
+    if t.memory_model is not None and not Path(t.memory_model).is_file():
+        raise ConfigError("train.memory_model", t.memory_model, "an existing dpsweep-memory fit JSON file or null")
     _require(m.hidden_units > 0, "model.hidden_units", m.hidden_units, "a positive integer")
     if isinstance(m, VGG16FrozenConfig):
         _require(0.0 <= m.dropout < 1.0, "model.dropout", m.dropout, "a probability in [0, 1)")
@@ -366,6 +399,10 @@ def validate_launcher(launcher: LauncherConfig) -> None:
         launcher.timeout_min > 0, "launcher.timeout_min", launcher.timeout_min, "a positive time in minutes, e.g. 120"
     )
     _require(launcher.max_parallel >= 1, "launcher.max_parallel", launcher.max_parallel, "1 or more jobs at once")
+    if launcher.gpu_memory is not None:
+        from dpsweep.memory import parse_bytes  # torch is heavy: only when a figure is given
+
+        parse_bytes(launcher.gpu_memory, key="launcher.gpu_memory")
     _require(
         "{gpus}" in launcher.gpu_resource,
         "launcher.gpu_resource",
@@ -377,6 +414,7 @@ def validate_launcher(launcher: LauncherConfig) -> None:
 # Keys that do not change what a run computes: where it is tracked, launched or checkpointed.
 NON_IDENTITY_PREFIXES = (
     "tracking.", "launcher.", "sweep.", "train.checkpoint_dir", "train.progress", "train.eval_batch_size",
+    "train.memory_model",
 )  # fmt: skip
 
 

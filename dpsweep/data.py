@@ -58,6 +58,35 @@ OFFICIAL_N_TRAIN: dict[str, Callable[[Any], int]] = {
     "flowers102": lambda cfg: 1_020 * len(cfg.train_splits),  # train and val hold 1,020 images each
 }
 
+
+@dataclass(frozen=True)
+class DatasetFacts:
+    """What planning needs from a dataset, without training: N, one example's shape, the classes."""
+
+    n_train: int
+    input_shape: tuple[int, int, int]
+    num_classes: int
+
+
+def _square(channels: int, default_size: int) -> Callable[[Any], tuple[int, int, int]]:
+    return lambda cfg: (channels, cfg.image_size or default_size, cfg.image_size or default_size)
+
+
+# Official shapes and classes, for planning before the files are downloaded (as OFFICIAL_N_TRAIN).
+OFFICIAL_INPUT_SHAPE: dict[str, Callable[[Any], tuple[int, int, int]]] = {
+    "mnist": _square(1, 28),
+    "cifar10": _square(3, 32),
+    "flowers102": lambda cfg: (3, flowers102_image_size(cfg), flowers102_image_size(cfg)),
+}
+OFFICIAL_NUM_CLASSES: dict[str, int] = {"mnist": 10, "cifar10": 10, "flowers102": 102}
+
+
+def official_facts(cfg: DatasetConfig) -> DatasetFacts:
+    """N, shape and classes from the dataset's official description (KeyError for other datasets)."""
+    name = cfg.name
+    return DatasetFacts(OFFICIAL_N_TRAIN[name](cfg), OFFICIAL_INPUT_SHAPE[name](cfg), OFFICIAL_NUM_CLASSES[name])
+
+
 DatasetLoader = Callable[[Any], DataSplits]
 DATASETS: Registry[DatasetLoader] = Registry("dataset")
 

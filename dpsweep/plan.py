@@ -4,6 +4,7 @@
     dpsweep-plan train.batch_size=64,256 dp.noise_multiplier=0.8,1.1 train.epochs=10,30
     dpsweep-plan dp.noise_multiplier=0.5,1,2 sweep.max_epsilon=3     # over-budget jobs are dropped
     dpsweep-plan experiment=demo --json
+    dpsweep-plan train.batch_size=64,512 --memory-model memory_model.json --gpu-memory 16GiB   # peak memory
 
 It takes exactly the overrides ``dpsweep -m`` takes and expands them with Hydra's own basic-sweeper
 logic (``hydra.sweeper.params`` from the config first, then the command line), so the rows are the
@@ -13,6 +14,7 @@ jobs, in the order Hydra launches them. ε uses the trainer's step convention
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import warnings
@@ -63,6 +65,9 @@ class PlanRow:
     steps: int
     n_train: int
     over_budget: bool  # ε > sweep.max_epsilon: dpsweep -m skips it
+    peak_bytes: float | None = None  # predicted iteration peak (with --memory-model)
+    gpu_memory: str | None = None  # the budget it is compared with
+    fits_memory: bool | None = None  # None: no memory model or no budget
 
 
 class OverBudget(Exception):
@@ -119,64 +124,129 @@ def plan_job(job: int, overrides: list[str], cfg: Config, n_train: int) -> PlanR
     )  # fmt: skip
 
 
-def training_set_size(cfg: Config) -> int:
-    """N from the dataset's files or, when they are not downloaded yet, from its official size."""
+def dataset_facts(cfg: Config) -> datasets.DatasetFacts:
+    """N, input shape and classes from the dataset's files or, when they are not downloaded yet,
+    from its official description."""
     try:
-        return datasets.build(cfg.dataset).n_train
+        splits = datasets.build(cfg.dataset)
+        return datasets.DatasetFacts(splits.n_train, splits.input_shape, splits.num_classes)
     except datasets.DatasetNotFoundError:
         if cfg.dataset.name not in datasets.OFFICIAL_N_TRAIN:
             raise
-        n = datasets.OFFICIAL_N_TRAIN[cfg.dataset.name](cfg.dataset)
+        facts = datasets.official_facts(cfg.dataset)
         print(
-            f"dpsweep-plan: note: {cfg.dataset.name} files not found; using its official training-set size N={n}",
+            f"dpsweep-plan: note: {cfg.dataset.name} files not found; using its official training-set size "
+            f"N={facts.n_train}",
             file=sys.stderr,
         )
-        return n
+        return facts
+
+
+def training_set_size(cfg: Config) -> int:
+    """N from the dataset's files or, when they are not downloaded yet, from its official size."""
+    return dataset_facts(cfg).n_train
 
 
 class TrainingSetSizes:
-    """N per dataset config, each dataset read once (a sweep's jobs mostly share one)."""
+    """N (and the other :class:`~dpsweep.data.DatasetFacts`) per dataset config, each dataset read
+    once (a sweep's jobs mostly share one)."""
 
     def __init__(self) -> None:
-        self._sizes: dict[str, int] = {}
+        self._facts: dict[str, datasets.DatasetFacts] = {}
+
+    def facts(self, cfg: Config) -> datasets.DatasetFacts:
+        key = json.dumps(OmegaConf.to_container(OmegaConf.structured(cfg.dataset)), sort_keys=True)
+        if key not in self._facts:
+            self._facts[key] = dataset_facts(cfg)
+        return self._facts[key]
 
     def __call__(self, cfg: Config) -> int:
-        key = json.dumps(OmegaConf.to_container(OmegaConf.structured(cfg.dataset)), sort_keys=True)
-        if key not in self._sizes:
-            self._sizes[key] = training_set_size(cfg)
-        return self._sizes[key]
+        return self.facts(cfg).n_train
 
 
-def plan(overrides: Sequence[str]) -> list[PlanRow]:
+@dataclass(frozen=True)
+class MemoryCheck:
+    """``--memory-model FILE [--gpu-memory SIZE] [--backend B]``: predict each job's peak memory."""
+
+    model_file: str
+    gpu_memory: str | None = None  # default: each job's launcher.gpu_memory
+    backend: str = "cuda"
+
+    def apply(self, row: PlanRow, cfg: Config, sizes: TrainingSetSizes) -> PlanRow:
+        from dpsweep.analysis import memory_model, memory_predict  # pandas, scipy: only when asked
+        from dpsweep.memory import parse_bytes
+
+        figure = self.gpu_memory or cfg.launcher.gpu_memory
+        key = "--gpu-memory" if self.gpu_memory else "launcher.gpu_memory"
+        budget = parse_bytes(figure, key=key) if figure is not None else None
+        models = memory_model.load_models(self.model_file)
+        fitted = memory_predict.model_for(models, cfg.model.name, self.backend)
+        p = memory_predict.predict_config(fitted, cfg, sizes.facts(cfg), None)
+        fits = None if budget is None else p.peak_bytes <= budget
+        return dataclasses.replace(row, peak_bytes=p.peak_bytes, gpu_memory=figure, fits_memory=fits)
+
+
+def plan(overrides: Sequence[str], memory: MemoryCheck | None = None) -> list[PlanRow]:
     """One row per job of ``dpsweep -m <overrides>``; needs Hydra initialised on dpsweep.conf."""
     rows = []
     n_train = TrainingSetSizes()
     for job, job_overrides in enumerate(expand_sweep(overrides)):
         cfg = to_config(compose("config", overrides=job_overrides))
-        rows.append(plan_job(job, job_overrides, cfg, n_train(cfg)))
+        row = plan_job(job, job_overrides, cfg, n_train(cfg))
+        rows.append(memory.apply(row, cfg, n_train) if memory is not None else row)
     return rows
 
 
 def format_table(rows: Sequence[PlanRow]) -> str:
+    from dpsweep.memory import format_bytes
+
     cols = ("job", "dataset", "model", "B", "σ", "C", "lr", "epochs", "δ", "ε")
-    lines = ["{:>3}  {:<10} {:<12} {:>5} {:>7} {:>6} {:>8} {:>6} {:>8} {:>9}".format(*cols)]
+    memory = any(r.peak_bytes is not None for r in rows)
+    header = "{:>3}  {:<10} {:<12} {:>5} {:>7} {:>6} {:>8} {:>6} {:>8} {:>9}".format(*cols)
+    lines = [header + ("  {:>10}".format("peak") if memory else "")]
     for r in rows:
         dash = "—"
         sigma = f"{r.noise_multiplier:.4g}" if r.noise_multiplier is not None else dash
         clip = f"{r.max_grad_norm:g}" if r.max_grad_norm is not None else dash
         delta = f"{r.delta:.0e}" if r.delta is not None else dash
         eps = f"{r.epsilon:.4g}" if r.epsilon is not None else "non-DP"
-        lines.append(
+        line = (
             f"{r.job:>3}  {r.dataset:<10} {r.model:<12} {r.batch_size:>5} {sigma:>7} {clip:>6} {r.lr:>8.3g} "
-            f"{r.epochs:>6} {delta:>8} {eps:>9}" + ("  over budget: skipped" if r.over_budget else "")
+            f"{r.epochs:>6} {delta:>8} {eps:>9}"
         )
+        if memory:
+            line += f"  {format_bytes(r.peak_bytes) if r.peak_bytes is not None else dash:>10}"
+        if r.fits_memory is False:
+            line += f"  will not fit {r.gpu_memory}"
+        lines.append(line + ("  over budget: skipped" if r.over_budget else ""))
     accountants = sorted({r.accountant for r in rows if r.accountant})
     if accountants:
         lines.append(f"ε: {', '.join(accountants)} accountant(s) over each job's steps (Opacus Poisson convention)")
+    if memory:
+        lines.append(
+            "peak: predicted iteration peak (envelope fit; with DP for the run's largest Poisson batch); "
+            "dpsweep-memory predict says what would fit"
+        )
     return "\n".join(lines)
 
 
+def _take_option(args: list[str], flag: str) -> str | None:
+    """Remove ``--flag VALUE`` or ``--flag=VALUE`` from ``args`` and return VALUE."""
+    for i, a in enumerate(args):
+        if a == flag:
+            if i + 1 == len(args):
+                raise ConfigError(flag, None, "a value after the flag")
+            value = args[i + 1]
+            del args[i : i + 2]
+            return value
+        if a.startswith(flag + "="):
+            del args[i]
+            return a.split("=", 1)[1]
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
+    """``dpsweep-plan [--json] [--memory-model FILE [--gpu-memory SIZE] [--backend cuda|cpu-tensors]] OVERRIDES``"""
     args = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in args
     args = [a for a in args if a != "--json"]
@@ -185,9 +255,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
     try:
+        model_file = _take_option(args, "--memory-model")
+        gpu_memory = _take_option(args, "--gpu-memory")
+        backend = _take_option(args, "--backend") or "cuda"
+        if model_file is None and (gpu_memory is not None or backend != "cuda"):
+            raise ConfigError("--gpu-memory", gpu_memory, "used with --memory-model FILE (dpsweep-memory fit)")
+        memory = MemoryCheck(model_file, gpu_memory, backend) if model_file is not None else None
         with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
-            rows = plan(args)
-    except (ConfigError, KeyError, FileNotFoundError, HydraException) as err:
+            rows = plan(args, memory)
+    except (ConfigError, KeyError, FileNotFoundError, HydraException, ValueError) as err:
         print(f"dpsweep-plan: error: {err}", file=sys.stderr)
         raise SystemExit(2) from err
     if as_json:
@@ -197,6 +273,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         dropped = [r for r in rows if r.over_budget]
         if dropped:
             print(f"{len(dropped)} of {len(rows)} jobs exceed sweep.max_epsilon and would be skipped")
+        oom = [r for r in rows if r.fits_memory is False]
+        if oom:
+            print(f"{len(oom)} of {len(rows)} jobs are predicted not to fit the GPU memory")
 
 
 if __name__ == "__main__":

@@ -72,6 +72,19 @@ def poisson_schedule(n: int, batch_size: int) -> PoissonSchedule:
     return PoissonSchedule(n, batch_size, inclusion, steps_per_epoch, 1 / steps_per_epoch)
 
 
+def max_poisson_batch(n: int, batch_size: int, steps: int, tail: float = 1e-6) -> int:
+    """A batch size that no Poisson batch of a run exceeds, except with probability <= ``tail``.
+
+    Each batch is Binomial(N, q) with the trainer's sample rate q; by the union bound over the run's
+    ``steps``, P[some batch > b] <= steps * P[Binomial(N, q) > b], so b is the Binomial's upper
+    (tail / steps) quantile. Memory must be planned for b, not for B: e.g. N=60,000, B=256, 10
+    epochs (2,350 steps) gives b=359. Opacus's BatchMemoryManager caps the physical batch instead."""
+    from scipy.stats import binom  # only planners need it
+
+    q = poisson_schedule(n, batch_size).sample_rate
+    return int(binom.isf(tail / max(steps, 1), n, q))
+
+
 # ---------------------------------------------------------------------------------------------
 # RDP -> (ε, δ) conversions and accountants
 # ---------------------------------------------------------------------------------------------

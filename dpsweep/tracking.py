@@ -289,4 +289,5 @@ def environment_tags(device: torch.device) -> dict[str, str]:
         "torch.version": torch.__version__,
         "opacus.version": opacus.__version__,
         "device.name": device_name(device),
+        "job.pid": str(os.getpid()),  # the process the run trained in (memory probes: one each)
     }

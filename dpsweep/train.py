@@ -23,7 +23,8 @@ import logging
 import random
 import sys
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from opacus import PrivacyEngine
 from opacus.optimizers import DPOptimizer
+from opacus.utils.batch_memory_manager import BatchMemoryManager
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
@@ -49,6 +51,7 @@ from dpsweep.config import (
     ConfigError,
     Device,
     DPConfig,
+    GradSampleMode,
     OptimizerConfig,
     SGDConfig,
     flatten,
@@ -169,7 +172,9 @@ def train(cfg: DictConfig | Config) -> TrainResult:
     check_budget(config, data.n_train, sigma)
     run_hash = checkpoint.config_hash(identity(flatten(config)))
     ckpt_dir = Path(config.train.checkpoint_dir) if config.train.checkpoint_dir else None
-    resume = checkpoint.peek(ckpt_dir, run_hash) if ckpt_dir else None
+    resume = checkpoint.peek(ckpt_dir, run_hash) if ckpt_dir and not config.train.probe else None
+    facts = datasets.DatasetFacts(data.n_train, data.input_shape, data.num_classes)
+    physical = physical_batch_size(config, facts, memory.backend_for(device))
     monitor = memory.monitor_for(device)  # baseline before the model exists
     model = model_zoo.build(config.model, data.input_shape, data.num_classes)
 
@@ -179,22 +184,29 @@ def train(cfg: DictConfig | Config) -> TrainResult:
         "dataset.n_train": data.n_train,
         "dataset.n_test": len(data.test),  # type: ignore[arg-type]
         "model.trainable_params": model_zoo.trainable_parameters(model),
+        "dataset.input_shape": "x".join(map(str, data.input_shape)),  # C x H x W of one example
         "dp.enabled": config.dp.enabled,
         "config.hash": run_hash,
     }
+    if config.train.probe:
+        tags["probe"] = "true"
+    if physical is not None:
+        tags["train.physical_batch_size_used"] = physical
     tags |= sweep_tags(config)
     if config.dp.enabled:
         tags |= {
             "dp.delta": config.dp.delta,
             "dp.accountant": config.dp.accountant.value,
             "dp.secure_mode": False,
+            "dp.grad_sample_mode": config.dp.grad_sample_mode.value,
         }
         if config.dp.target_epsilon is not None:
             tags["dp.noise_multiplier_calibrated"] = sigma
     resume_id = resume.run_id if resume else None
     tracking = config.tracking
     if tracking.run_name is None:  # MLflow's random names repeat here: seeding resets Python's RNG
-        tracking = dataclasses.replace(tracking, run_name=run_name(config, sigma))
+        prefix = "probe-" if config.train.probe else ""
+        tracking = dataclasses.replace(tracking, run_name=prefix + run_name(config, sigma))
     with terminate_as_interrupt(), tracked_run(tracking, tags, resume_run_id=resume_id) as run:
         if resume is None:
             run.log_params(run_params(config, sigma))
@@ -204,11 +216,40 @@ def train(cfg: DictConfig | Config) -> TrainResult:
             run.log_text(OmegaConf.to_yaml(resolved), "config.yaml")
         else:
             log.info(f"resuming run {resume.run_id} after epoch {resume.epoch} from {ckpt_dir}")
-        result = _fit(config, data, model, device, sigma, monitor, run, ckpt_dir, run_hash)
-    if ckpt_dir is not None:
+        result = _fit(config, data, model, device, sigma, monitor, run, ckpt_dir, run_hash, physical)
+    if ckpt_dir is not None and not config.train.probe:
         checkpoint.remove(ckpt_dir)  # the run is complete; a rerun starts afresh
-    _print_summary(config, result)
+    if config.train.probe:
+        _print_probe(config, result, monitor.backend)
+    else:
+        _print_summary(config, result)
     return result
+
+
+def physical_batch_size(cfg: Config, facts: datasets.DatasetFacts, backend: str) -> int | None:
+    """Examples per forward/backward pass: ``train.physical_batch_size``, else the largest pass the
+    memory model (``train.memory_model``) predicts to fit ``launcher.gpu_memory``, else None (the
+    whole logical batch). Raises ConfigError when not even one example is predicted to fit."""
+    t = cfg.train
+    if t.physical_batch_size is not None or t.probe:
+        return t.physical_batch_size
+    if t.memory_model is None or cfg.launcher.gpu_memory is None:
+        return None
+    from dpsweep.analysis import memory_model, memory_predict  # pandas and scipy: only when used
+
+    budget = memory.parse_bytes(cfg.launcher.gpu_memory, key="launcher.gpu_memory")
+    try:
+        fitted = memory_predict.model_for(memory_model.load_models(t.memory_model), cfg.model.name, backend)
+        largest = memory_predict.largest_pass(fitted, cfg, facts, budget)
+    except memory_model.MemoryModelError as err:
+        raise ConfigError("train.memory_model", t.memory_model, str(err)) from err
+    if largest is None:
+        raise ConfigError(
+            "launcher.gpu_memory",
+            cfg.launcher.gpu_memory,
+            f"room for at least one example: {t.memory_model} predicts more for a pass of 1 example",
+        )
+    return largest  # BatchMemoryManager caps every pass, Poisson batches larger than B included
 
 
 def make_private(
@@ -217,19 +258,64 @@ def make_private(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     loader: DataLoader[Any],
-) -> tuple[PrivacyEngine, nn.Module, DPOptimizer, DataLoader[Any]]:
+    criterion: nn.Module,
+) -> tuple[PrivacyEngine, nn.Module, DPOptimizer, nn.Module, DataLoader[Any]]:
     """Opacus DP-SGD: per-sample clipping to ``dp.max_grad_norm``, Gaussian noise of std σ·C,
-    Poisson sampling at rate 1/len(loader), every step recorded by ``dp.accountant``."""
+    Poisson sampling at rate 1/len(loader), every step recorded by ``dp.accountant``.
+
+    ``dp.grad_sample_mode`` picks how per-sample gradients are obtained; ghost clipping also wraps the
+    criterion (its loss runs Opacus's two backward passes), so the criterion to use is returned."""
     engine = PrivacyEngine(accountant=dp.accountant.value)
-    private_model, private_optimizer, private_loader = engine.make_private(
+    made = engine.make_private(
         module=model,
         optimizer=optimizer,
         data_loader=loader,
         noise_multiplier=noise_multiplier,
         max_grad_norm=dp.max_grad_norm,
         poisson_sampling=True,  # the accountants analyse Poisson subsampling
+        grad_sample_mode=dp.grad_sample_mode.value,
+        criterion=criterion,
     )
-    return engine, private_model, private_optimizer, private_loader
+    if dp.grad_sample_mode == GradSampleMode.ghost:
+        private_model, private_optimizer, criterion, private_loader = made
+    else:
+        private_model, private_optimizer, private_loader = made
+    return engine, private_model, private_optimizer, criterion, private_loader
+
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+Pass = tuple[torch.Tensor, torch.Tensor, bool, bool, float]  # x, y, first, last, weight
+
+
+@contextmanager
+def physical_batches(
+    loader: Iterable[Batch], physical_batch_size: int | None, optimizer: torch.optim.Optimizer
+) -> Iterator[Iterable[Pass]]:
+    """Yield ``(x, y, first, last, weight)`` passes of at most ``physical_batch_size`` examples per logical batch.
+
+    With DP this is Opacus's BatchMemoryManager: the DPOptimizer clips and accumulates each pass and
+    steps (adds noise, accounts one step) only at the end of the logical batch, so sampling and
+    accounting are those of the logical batch. Without DP the logical batch is split by hand and the
+    loss of each pass weighted by its share of the examples (``first``: zero the gradients;
+    ``last``: step)."""
+    if physical_batch_size is None:
+        yield ((x, y, True, True, 1.0) for x, y in loader)
+    elif isinstance(optimizer, DPOptimizer):
+        assert isinstance(loader, DataLoader)
+        with BatchMemoryManager(
+            data_loader=loader, max_physical_batch_size=physical_batch_size, optimizer=optimizer
+        ) as split_loader:
+            yield ((x, y, True, True, 1.0) for x, y in split_loader)  # the DPOptimizer skips inner steps
+    else:
+        yield _split(loader, physical_batch_size)
+
+
+def _split(loader: Iterable[Batch], size: int) -> Iterator[Pass]:
+    for x, y in loader:
+        starts = range(0, max(len(y), 1), size)
+        for i in starts:
+            part = y[i : i + size]
+            yield x[i : i + size], part, i == 0, i == starts[-1], len(part) / max(len(y), 1)
 
 
 def _fit(
@@ -242,6 +328,7 @@ def _fit(
     run: Tracker,
     ckpt_dir: Path | None = None,
     run_hash: str = "",
+    physical_batch_size: int | None = None,
 ) -> TrainResult:
     model = model.to(device)
     optimizer = build_optimizer(cfg.optimizer, model)
@@ -249,13 +336,16 @@ def _fit(
     loader: DataLoader[Any] = DataLoader(
         data.train, batch_size=cfg.train.batch_size, shuffle=not cfg.dp.enabled, generator=generator
     )
+    criterion: nn.Module = nn.CrossEntropyLoss()
     engine: PrivacyEngine | None = None
     if cfg.dp.enabled:
         assert sigma is not None
-        engine, model, optimizer, loader = make_private(cfg.dp, sigma, model, optimizer, loader)
+        engine, model, optimizer, criterion, loader = make_private(cfg.dp, sigma, model, optimizer, loader, criterion)
     result = TrainResult(
         run_id=run.run_id, test_accuracy=float("nan"), train_loss=float("nan"), n_train=data.n_train, steps=0
     )
+    if cfg.train.probe:
+        return _probe(cfg, data, model, optimizer, criterion, device, monitor, run, generator, result)
     state = checkpoint.load(ckpt_dir, run_hash, model, optimizer, engine) if ckpt_dir else None
     stages = memory.StageRecorder(monitor, active=state is None)  # a resumed run recorded them before
     first_epoch = 1
@@ -265,7 +355,6 @@ def _fit(
         first_epoch = state.epoch + 1
     stages.mark("model_load")
 
-    criterion = nn.CrossEntropyLoss()
     reporter = TrialReporter(cfg.sweep) if TrialReporter.enabled(cfg.sweep) else None
     show = cfg.train.progress
     for epoch in tqdm(
@@ -273,23 +362,19 @@ def _fit(
     ):
         model.train()
         loss_sum, seen = 0.0, 0
-        for x, y in tqdm(
-            loader, desc=f"epoch {epoch} steps", leave=False, disable=None if show else True, file=sys.stderr
-        ):
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            stages.mark("batch_load")
-            optimizer.zero_grad(set_to_none=True)
-            loss = criterion(model(x), y)
-            loss.backward()
-            stages.mark("backward")
-            optimizer.step()  # with DP: clip per sample, add noise, account for the step
-            result.steps += 1
-            if not stages.complete:
-                stages.mark("optimizer_step")
-                run.log_metrics(stages.metrics(), step=0)
-            if len(y):  # a Poisson batch may be empty
-                loss_sum += float(loss.detach()) * len(y)
-                seen += len(y)
+        with physical_batches(loader, physical_batch_size, optimizer) as passes:
+            for x, y, first, last, weight in tqdm(
+                passes, desc=f"epoch {epoch} steps", leave=False, disable=None if show else True, file=sys.stderr
+            ):
+                loss, stepped = _train_pass(model, optimizer, criterion, x, y, device, stages, first, last, weight)
+                if stepped:
+                    result.steps += 1
+                    if not stages.complete:
+                        stages.mark("optimizer_step")
+                        run.log_metrics(stages.metrics(), step=0)
+                if len(y):  # a Poisson batch may be empty
+                    loss_sum += loss * len(y)
+                    seen += len(y)
         metrics = {
             "test_accuracy": evaluate(model, data.test, cfg.train.eval_batch_size, device),
             "train_loss": loss_sum / max(seen, 1),
@@ -324,6 +409,62 @@ def _fit(
     return result
 
 
+def _train_pass(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    criterion: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    device: torch.device,
+    stages: memory.StageRecorder,
+    first: bool = True,
+    last: bool = True,
+    weight: float = 1.0,
+) -> tuple[float, bool]:
+    """One forward/backward pass; steps the optimizer when ``last``. Returns the mean loss and
+    whether a real optimizer step happened (a DPOptimizer skips it inside a logical batch)."""
+    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    stages.mark("batch_load")
+    if first:
+        optimizer.zero_grad(set_to_none=True)
+    loss = criterion(model(x), y)
+    (loss * weight if weight != 1.0 else loss).backward()
+    stages.mark("backward")
+    if not last:
+        return float(loss.detach()), False
+    optimizer.step()  # with DP: clip per sample, add noise, account for the step
+    stepped = not getattr(optimizer, "_is_last_step_skipped", False)
+    return float(loss.detach()), stepped
+
+
+def _probe(
+    cfg: Config,
+    data: datasets.DataSplits,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    criterion: nn.Module,
+    device: torch.device,
+    monitor: memory.MemoryMonitor,
+    run: Tracker,
+    generator: torch.Generator,
+    result: TrainResult,
+) -> TrainResult:
+    """Memory probe: the first iteration only, on exactly ``train.batch_size`` examples (a Poisson
+    batch would make the measured batch random), recording the four stages."""
+    stages = memory.StageRecorder(monitor)
+    stages.mark("model_load")
+    pick = torch.randperm(data.n_train, generator=generator)[: cfg.train.batch_size].tolist()
+    x, y = next(iter(DataLoader(torch.utils.data.Subset(data.train, pick), batch_size=len(pick))))
+    model.train()
+    loss, _ = _train_pass(model, optimizer, criterion, x, y, device, stages)
+    result.steps = 1
+    stages.mark("optimizer_step")
+    metrics = stages.metrics() | {"memory.peak_bytes": float(stages.observe()), "probe.loss": loss}
+    run.log_metrics(metrics, step=0)
+    result.epochs.append(metrics)
+    return result
+
+
 def _finish_privacy(cfg: Config, engine: PrivacyEngine, sigma: float | None, result: TrainResult, run: Tracker) -> None:
     """Final ε over the steps actually taken, under both accountants, from the engine's history."""
     history = [(float(s), float(q), int(n)) for s, q, n in engine.accountant.history]
@@ -347,6 +488,16 @@ def evaluate(model: nn.Module, dataset: Dataset[Any], batch_size: int, device: t
         correct += int((pred == y.to(device)).sum())
         total += len(y)
     return correct / max(total, 1)
+
+
+def _print_probe(cfg: Config, r: TrainResult, backend: str) -> None:
+    m = r.epochs[-1]
+    stages = "  ".join(f"{s}={memory.format_bytes(m[f'memory.{s}_bytes'])}" for s in memory.STAGES)
+    print(
+        f"dpsweep: probe {r.run_id[:8]} {cfg.dataset.name}/{cfg.model.name} B={cfg.train.batch_size} "
+        f"dp={cfg.dp.enabled}  {stages}  peak={memory.format_bytes(m['memory.iteration_peak_bytes'])} ({backend})",
+        flush=True,
+    )
 
 
 def _print_summary(cfg: Config, r: TrainResult) -> None:

@@ -5,7 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dpsweep.memory import STAGES, CpuTensorMonitor, StageRecorder, live_tensor_bytes, monitor_for
+from dpsweep.config import ConfigError
+from dpsweep.memory import (
+    STAGES,
+    CpuTensorMonitor,
+    StageRecorder,
+    format_bytes,
+    live_tensor_bytes,
+    monitor_for,
+    parse_bytes,
+)
+
+MIB = 2**20
 
 CPU = torch.device("cpu")
 
@@ -69,3 +80,55 @@ def test_cuda_backend_is_registered_behind_the_same_interface() -> None:
     assert MONITORS.get("cuda") is CudaMemoryMonitor and CudaMemoryMonitor.backend == "cuda"
     with pytest.raises(KeyError, match="valid: cpu, cuda"):
         MONITORS.get("mps")
+
+
+def test_format_bytes() -> None:
+    assert format_bytes(4) == "4 B"
+    assert format_bytes(2150.4) == "2.1 KiB"
+    assert format_bytes(1.92 * MIB) == "1.92 MiB"
+    assert format_bytes(16 * 2**30) == "16 GiB"
+    assert format_bytes(-3 * MIB) == "-3 MiB"
+    assert format_bytes(1023.9 * 2**10) == "1024 KiB"
+    assert format_bytes(0.25) == "0.25 B"
+    assert format_bytes(3 * 2**50) == "3072 TiB"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("16GiB", 16 * 2**30),
+        ("16 GiB", 16 * 2**30),
+        ("80GB", 80 * 10**9),
+        ("512MiB", 512 * 2**20),
+        ("1.5TiB", 3 * 2**39),
+        ("12000000000B", 12_000_000_000),
+        ("2kB", 2000),
+        ("2KB", 2000),
+        ("3KiB", 3072),
+        ("1TB", 10**12),
+        (" 0.5 GiB ", 2**29),
+    ],
+)
+def test_parse_bytes(text: str, expected: int) -> None:
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "16",
+            r"memory='16' is invalid: units are required, e.g. 16GiB or 16GB; "
+            r"units: B, kB, KB, MB, GB, TB, KiB, MiB, GiB, TiB",
+        ),
+        ("16 GBytes", r"unknown unit 'GBytes'; one of B, kB"),
+        ("16G", r"unknown unit 'G'"),
+        ("0GiB", r"a positive amount of memory"),
+        ("-1GiB", r"a positive amount of memory"),
+        ("lots GiB", r"a number with a unit, e.g. 16GiB"),
+        ("", r"a number with a unit, e.g. 16GiB"),
+    ],
+)
+def test_parse_bytes_errors(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_bytes(text)

@@ -11,7 +11,7 @@ from helpers import Composer, runs_of
 from mlflow.tracking import MlflowClient
 
 from dpsweep import data, models, privacy
-from dpsweep.config import ConfigError, DigitsConfig, DPConfig, flatten, to_config
+from dpsweep.config import ConfigError, DigitsConfig, DPConfig, GradSampleMode, flatten, to_config
 from dpsweep.data import DatasetNotFoundError
 from dpsweep.memory import STAGES
 from dpsweep.train import TrainResult, make_private, train
@@ -26,9 +26,11 @@ MEMORY_METRICS = {
 DP_METRICS = {"test_accuracy", "train_loss", "epsilon", "epsilon_rdp", "epsilon_prv", *MEMORY_METRICS}
 OUR_TAGS = {
     "git.commit", "torch.version", "opacus.version", "device.name", "memory.backend",
-    "dataset.n_train", "dataset.n_test", "model.trainable_params", "dp.enabled",
+    "dataset.n_train", "dataset.n_test", "model.trainable_params", "dp.enabled", "dataset.input_shape",
 }  # fmt: skip
-DP_TAGS = {"dp.delta", "dp.accountant", "dp.secure_mode", "dp.steps", "dp.sample_rate", "dp.conversion"}
+DP_TAGS = {
+    "dp.delta", "dp.accountant", "dp.secure_mode", "dp.steps", "dp.sample_rate", "dp.conversion", "dp.grad_sample_mode",
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +140,8 @@ def test_per_sample_clipping_bounds_each_gradient() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = torch.utils.data.DataLoader(splits.train, batch_size=64)
     c = 0.05  # small, so that clipping is active for most samples
-    _, model, opt, _ = make_private(DPConfig(noise_multiplier=1.0, max_grad_norm=c), 1.0, model, opt, loader)
+    dp = DPConfig(noise_multiplier=1.0, max_grad_norm=c)
+    _, model, opt, _, _ = make_private(dp, 1.0, model, opt, loader, torch.nn.CrossEntropyLoss())
     x, y = splits.train.tensors[0][:16], splits.train.tensors[1][:16]  # type: ignore[attr-defined]
     loss_fn = torch.nn.CrossEntropyLoss()
 
@@ -161,6 +164,66 @@ def test_per_sample_clipping_bounds_each_gradient() -> None:
         assert n == pytest.approx(min(r, c), rel=1e-3)  # clipped to C, never inflated
     batch, _ = clipped_sum(x, y)
     assert torch.allclose(batch, torch.stack(singles).sum(0), atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", list(GradSampleMode))
+def test_every_grad_sample_mode_clips_per_sample_gradients_to_c(mode: GradSampleMode) -> None:
+    """With σ=0 the DP gradient is exactly sum_i min(1, C/|g_i|) g_i / E[B], g_i each sample's own
+    gradient by plain autograd (Abadi et al. 2016, Algorithm 1), whichever way Opacus gets |g_i|."""
+    torch.manual_seed(0)
+    splits = data.build(DigitsConfig(image_size=16))
+    reference = models.build(models.CNNConfig(hidden_units=16), splits.input_shape, 10)
+    model = models.build(models.CNNConfig(hidden_units=16), splits.input_shape, 10)
+    model.load_state_dict(reference.state_dict())
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    loader = torch.utils.data.DataLoader(splits.train, batch_size=64)
+    c = 0.05  # small, so that clipping binds for most samples
+    dp = DPConfig(noise_multiplier=0.0, max_grad_norm=c, grad_sample_mode=mode)
+    _, model, opt, criterion, _ = make_private(dp, 0.0, model, opt, loader, torch.nn.CrossEntropyLoss())
+    x, y = splits.train.tensors[0][:12], splits.train.tensors[1][:12]  # type: ignore[attr-defined]
+    opt.zero_grad(set_to_none=True)
+    criterion(model(x), y).backward()
+    opt.step()
+    got = torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    expected = torch.zeros_like(got)
+    clipped = 0
+    for i in range(len(y)):
+        reference.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(reference(x[i : i + 1]), y[i : i + 1]).backward()
+        g = torch.cat([p.grad.flatten() for p in reference.parameters()])
+        clipped += int(g.norm() > c)
+        expected += g * min(1.0, c / (float(g.norm()) + 1e-6))
+    expected /= opt.expected_batch_size
+    assert clipped >= 6  # clipping really happened
+    assert torch.allclose(got, expected, rtol=1e-3, atol=1e-7), mode
+
+
+def test_physical_batches_change_memory_not_results(make_cfg: Composer) -> None:
+    """BatchMemoryManager (DP) and split passes (non-DP): same steps, loss, accuracy and ε."""
+    for dp in ("dpsgd", "off"):
+        whole = train(make_cfg(f"dp={dp}", "train.epochs=1", "train.seed=4"))
+        split = train(make_cfg(f"dp={dp}", "train.epochs=1", "train.seed=4", "train.physical_batch_size=16"))
+        assert split.steps == whole.steps == 23
+        assert split.epsilon == whole.epsilon and split.accountant_history == whole.accountant_history
+        assert split.test_accuracy == pytest.approx(whole.test_accuracy, abs=0.01)
+        assert split.train_loss == pytest.approx(whole.train_loss, rel=1e-3)
+
+
+def test_probe_runs_one_iteration_and_records_the_stages(
+    make_cfg: Composer, client: MlflowClient, experiment_name: str
+) -> None:
+    result = train(make_cfg("train.probe=true", "train.batch_size=100"))
+    [run] = runs_of(client, experiment_name)
+    assert run.info.status == "FINISHED" and run.data.tags["probe"] == "true"
+    assert run.data.tags["dataset.input_shape"] == "1x28x28" and run.info.run_name.startswith("probe-")
+    assert result.steps == 1 and "epsilon" not in run.data.metrics and "test_accuracy" not in run.data.metrics
+    m = run.data.metrics
+    levels = [m[f"memory.{s}_bytes"] for s in STAGES]
+    assert 0 < levels[0] < levels[1] < levels[2]
+    assert m["memory.batch_load_delta_bytes"] >= 100 * 28 * 28 * 4  # exactly B images of float32 on the device
+    params = int(run.data.tags["model.trainable_params"])
+    assert m["memory.backward_delta_bytes"] >= 100 * params * 4  # per-sample gradients: B x P floats
 
 
 def test_vgg16_frozen_run_trains_only_the_head(make_cfg: Composer, client: MlflowClient, experiment_name: str) -> None:

@@ -1,0 +1,921 @@
+"""Linear memory models fitted to memory probes: how many bytes a config needs before it is run.
+
+A probe measures the first training iteration of one config (see ``dpsweep.memory``): the bytes
+allocated after each stage (``model_load``, ``batch_load``, ``backward``, ``optimizer_step``), the
+iteration's allocated peak and the CUDA allocator's reserved peak. Each of these six targets is
+fitted, per model, as a linear function of features computed from the config (batch size B,
+trainable parameters P, B·C·H·W input values, B·P, DP on/off, the grad-sample mode, …), twice:
+
+- ``least_squares``: ordinary least squares, the best estimate of the typical figure;
+- ``envelope``: the upper envelope, the linear function that lies on or above every probe with the
+  least total over-prediction. It is the figure to plan with: it under-predicts no fitted probe.
+
+Each fit is scored by k-fold held-out error (k = min(5, probes)). From Python::
+
+    from dpsweep.analysis import memory_model as mm
+    models = mm.fit_all(probes)                         # one MemoryModel per model in the frame
+    m = models["vgg16_frozen"]
+    m.cv                                                # held-out error per target and fit
+    print(mm.formula(m, "iteration_peak"))             # iteration_peak ≈ 1.92 MiB + 4 B × batch_params + …
+    m.predict(configs)                                  # predicted bytes per target (envelope fit)
+    mm.save_models("memory_model.json", models, meta={"experiment": "probes"})
+    mm.load_models("memory_model.json")
+    mm.residual_plot(m.cv_predictions, "residuals.png")
+
+Probe frames have one row per probe and these columns (others are ignored): ``model``, ``dataset``,
+``hidden_units``, ``batch_size``, ``channels``, ``height``, ``width``, ``trainable_params``, ``dp``,
+``grad_sample_mode`` (``none`` without DP), ``backend`` (``cuda`` or ``cpu-tensors``),
+``device_name``, ``torch_version`` and the measured ``<target>_bytes`` of TARGETS. Only the columns
+that the chosen features and targets need are required.
+
+Allocated bytes are what is modelled; the reserved peak is fitted and reported on its own, since
+the CUDA caching allocator rounds requests up to 512 B and packs them into 2 MiB (small) or 20 MiB
+(large) segments, so reserved bytes are a step function of the allocated ones (PyTorch,
+``c10/cuda/CUDACachingAllocator.cpp``: ``kMinBlockSize``, ``kSmallBuffer``, ``kLargeBuffer``).
+Probes of different memory backends (CUDA counters against the CPU twin's tensor census) measure
+different things and are never fitted together.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import linprog
+
+from dpsweep.memory import format_bytes
+from dpsweep.registry import Registry
+
+FORMAT = "dpsweep-memory-model/1"
+CONST = "const"  # the intercept column, in every design
+
+# Target column -> its name in formulas. Levels after each stage, then the peaks.
+TARGETS: dict[str, str] = {
+    "model_load_bytes": "model_load",
+    "batch_load_bytes": "batch_load",
+    "backward_bytes": "backward",
+    "optimizer_step_bytes": "optimizer_step",
+    "iteration_peak_bytes": "iteration_peak",
+    "reserved_peak_bytes": "reserved_peak",
+}
+
+# What each stage holds, hence its default features (an intercept is always added):
+# - model load: the parameters (4 B each in fp32) and whatever the model's size grows with;
+# - batch load: the model plus the batch, B·C·H·W input values;
+# - backward and after: gradients (∝ P), activations (∝ B·C·H·W and ∝ B), and under DP-SGD the
+#   per-sample gradients, B·P values (Opacus's ``grad_sample``), which ghost clipping avoids.
+_TRAINING_FEATURES = (
+    "trainable_params",
+    "input_pixels",
+    "batch_size",
+    "dp:batch_params",
+    "batch_params",
+    "grad_sample_mode:batch_params",
+)
+DEFAULT_FEATURES: dict[str, tuple[str, ...]] = {
+    "model_load_bytes": ("trainable_params", "hidden_units"),
+    "batch_load_bytes": ("trainable_params", "input_pixels"),
+    "backward_bytes": _TRAINING_FEATURES,
+    "optimizer_step_bytes": _TRAINING_FEATURES,
+    "iteration_peak_bytes": _TRAINING_FEATURES,
+    "reserved_peak_bytes": _TRAINING_FEATURES,
+}
+
+DEFAULT_FOLDS = 5
+UNDER_TOLERANCE = 1e-9  # relative shortfall below which a prediction counts as exact, not under
+RANK_RTOL = 1e-9  # a column whose normalised residual singular value is below this adds no rank
+NOT_IDENTIFIABLE = "dropped (not identifiable from these probes)"
+
+
+class MemoryModelError(ValueError):
+    """Probes, features or a model file that cannot be used. ``option`` names the input at fault
+    (``features``, ``probes``, ``backend``, ``model``, ``path``, ``budget``, …), ``value`` its value
+    and ``reason`` what is wrong and what is allowed."""
+
+    def __init__(self, option: str, value: Any, reason: str) -> None:
+        self.option, self.value, self.reason = option, value, reason
+        super().__init__(f"{option}={value}: {reason}")
+
+
+# ---------------------------------------------------------------------------------------------
+# features
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Feature:
+    """A named feature column. Numeric features compute one column from the raw probe columns
+    (``requires``); a categorical one (``values`` None) is the raw column ``requires[0]``, expanded
+    into one 0/1 indicator column per level, named ``<feature>[<level>]``."""
+
+    description: str
+    requires: tuple[str, ...]
+    values: Callable[[pd.DataFrame], np.ndarray] | None = None
+
+    @property
+    def categorical(self) -> bool:
+        return self.values is None
+
+
+FEATURES: Registry[Feature] = Registry("memory feature")
+
+
+def _numeric(name: str, description: str, requires: tuple[str, ...]) -> Callable[[Callable], Callable]:
+    """Register the decorated ``frame -> values`` function as the numeric feature ``name``."""
+
+    def add(fn: Callable[[pd.DataFrame], np.ndarray]) -> Callable[[pd.DataFrame], np.ndarray]:
+        FEATURES.register(name)(Feature(description, requires, fn))
+        return fn
+
+    return add
+
+
+def _numbers(frame: pd.DataFrame, column: str) -> np.ndarray:
+    values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        shown = sorted({str(v) for v in frame[column][bad]})[:5]
+        raise MemoryModelError(column, ", ".join(shown), f"{int(bad.sum())} row(s) are not finite numbers")
+    return values
+
+
+def _flag(frame: pd.DataFrame, column: str) -> np.ndarray:
+    """A 0/1 column given as bools, 0/1 numbers or the strings true/false/1/0 (MLflow params)."""
+    words = {"true": 1.0, "1": 1.0, "1.0": 1.0, "false": 0.0, "0": 0.0, "0.0": 0.0}
+    raw = frame[column]
+    if pd.api.types.is_bool_dtype(raw) or pd.api.types.is_numeric_dtype(raw):
+        values = raw.to_numpy(dtype=float)
+        ok = np.isin(values, (0.0, 1.0))
+    else:
+        mapped = raw.astype(str).str.strip().str.lower().map(words)
+        ok = mapped.notna().to_numpy()
+        values = mapped.fillna(-1.0).to_numpy(dtype=float)
+    if not ok.all():
+        shown = sorted({str(v) for v in raw[~ok]})[:5]
+        raise MemoryModelError(column, ", ".join(shown), "must be a flag: true/false or 1/0")
+    return values
+
+
+@_numeric("hidden_units", "units of the MLP head (model.hidden_units)", ("hidden_units",))
+def _hidden_units(frame: pd.DataFrame) -> np.ndarray:
+    return _numbers(frame, "hidden_units")
+
+
+@_numeric("batch_size", "B, examples in the probed batch", ("batch_size",))
+def _batch_size(frame: pd.DataFrame) -> np.ndarray:
+    return _numbers(frame, "batch_size")
+
+
+@_numeric("input_pixels", "B·C·H·W, input values in the batch", ("batch_size", "channels", "height", "width"))
+def _input_pixels(frame: pd.DataFrame) -> np.ndarray:
+    sizes = [_numbers(frame, c) for c in ("batch_size", "channels", "height", "width")]
+    return np.prod(sizes, axis=0)
+
+
+@_numeric("trainable_params", "P, trainable parameters", ("trainable_params",))
+def _trainable_params(frame: pd.DataFrame) -> np.ndarray:
+    return _numbers(frame, "trainable_params")
+
+
+@_numeric("batch_params", "B·P, values of the per-sample gradients", ("batch_size", "trainable_params"))
+def _batch_params(frame: pd.DataFrame) -> np.ndarray:
+    return _numbers(frame, "batch_size") * _numbers(frame, "trainable_params")
+
+
+@_numeric("dp", "1 with DP-SGD, 0 without", ("dp",))
+def _dp(frame: pd.DataFrame) -> np.ndarray:
+    return _flag(frame, "dp")
+
+
+FEATURES.register("grad_sample_mode")(
+    Feature("Opacus grad-sample mode (hooks, ghost, functorch, ew; none without DP)", ("grad_sample_mode",))
+)
+
+_LEVEL = re.compile(r"^(?P<feature>[^\[\]:]+)\[(?P<level>[^\[\]]*)\]$")
+
+
+def feature_help() -> str:
+    """The valid feature names with their meaning, and the product syntax (for errors and --help)."""
+    lines = [f"  {name}: {FEATURES.get(name).description}" for name in FEATURES.names()]
+    return "\n".join([*lines, "  a:b: the product of features a and b (e.g. dp:batch_params)"])
+
+
+def _feature(name: str, spec: str) -> Feature:
+    if name not in FEATURES:
+        valid = ", ".join(FEATURES.names())
+        where = f" in {spec!r}" if spec != name else ""
+        raise MemoryModelError(
+            "features",
+            name,
+            f"unknown memory feature{where}; valid: {valid}, and products a:b of them (e.g. dp:batch_params)",
+        )
+    return FEATURES.get(name)
+
+
+def parse_features(specs: Iterable[str]) -> list[str]:
+    """``specs`` checked and deduplicated, in order (``const`` is implied and dropped from the list).
+    Unknown names raise MemoryModelError listing the valid ones."""
+    out: list[str] = []
+    for spec in specs:
+        spec = spec.strip()
+        if spec == CONST:
+            continue
+        factors = spec.split(":")
+        if not spec or any(not f.strip() for f in factors):
+            raise MemoryModelError("features", repr(spec), "empty feature name; write a name or a product a:b")
+        for factor in factors:
+            _feature(factor.strip(), spec)
+        normal = ":".join(f.strip() for f in factors)
+        if normal not in out:
+            out.append(normal)
+    return out
+
+
+def required_columns(features: Iterable[str]) -> list[str]:
+    """The raw probe columns that ``features`` (names, products or expanded columns) are computed from."""
+    needed: dict[str, None] = {}
+    for spec in features:
+        if spec == CONST:
+            continue
+        for factor in spec.split(":"):
+            match = _LEVEL.match(factor)
+            name = match["feature"] if match else factor
+            needed.update(dict.fromkeys(_feature(name, spec).requires))
+    return list(needed)
+
+
+def _levels(frame: pd.DataFrame, feature: Feature) -> list[str]:
+    """The levels of a categorical feature present in ``frame``, most common first (ties by name)."""
+    counts = frame[feature.requires[0]].astype(str).value_counts()
+    return sorted(counts.index, key=lambda level: (-counts[level], level))
+
+
+def expand_columns(frame: pd.DataFrame, features: Sequence[str]) -> list[str]:
+    """The design columns of ``features`` on ``frame``: ``const`` first, then each feature's columns.
+
+    A categorical feature on its own gives one indicator per level present other than the most common
+    (the reference, absorbed by ``const``): ``grad_sample_mode[ghost]``. In a product it gives one
+    column per level present, since the other factor may have no main effect in the set:
+    ``grad_sample_mode[ghost]:batch_params``, ``grad_sample_mode[hooks]:batch_params``, …
+    Levels are listed in alphabetical order."""
+    columns = [CONST]
+    for spec in parse_features(features):
+        factors = spec.split(":")
+        parts: list[list[str]] = []
+        for name in factors:
+            feature = FEATURES.get(name)
+            if not feature.categorical:
+                parts.append([name])
+                continue
+            levels = _levels(frame, feature)
+            if len(factors) == 1:
+                levels = levels[1:]
+            parts.append([f"{name}[{level}]" for level in sorted(levels)])
+        combos: list[list[str]] = [[]]
+        for options in parts:
+            combos = [[*c, o] for c in combos for o in options]
+        for combo in combos:
+            column = ":".join(combo)
+            if column not in columns:
+                columns.append(column)
+    return columns
+
+
+def column_values(frame: pd.DataFrame, column: str) -> np.ndarray:
+    """The values of one design column (``const``, a feature, ``feature[level]`` or a product) on ``frame``."""
+    out = np.ones(len(frame), dtype=float)
+    if column == CONST:
+        return out
+    for factor in column.split(":"):
+        match = _LEVEL.match(factor)
+        if match:
+            feature = _feature(match["feature"], column)
+            if not feature.categorical:
+                raise MemoryModelError("features", column, f"{match['feature']!r} is numeric and has no levels")
+            out = out * (frame[feature.requires[0]].astype(str) == match["level"]).to_numpy(dtype=float)
+        else:
+            feature = _feature(factor, column)
+            if feature.values is None:
+                raise MemoryModelError("features", column, f"categorical {factor!r} needs a level: {factor}[<level>]")
+            out = out * feature.values(frame)
+    return out
+
+
+def design_matrix(frame: pd.DataFrame, columns: Sequence[str]) -> np.ndarray:
+    """The n × len(columns) matrix of ``columns`` on ``frame``, as float64."""
+    return np.column_stack([column_values(frame, c) for c in columns]) if len(frame) else np.zeros((0, len(columns)))
+
+
+@dataclass(frozen=True)
+class Identifiable:
+    """Which design columns the probes can tell apart: ``kept`` (full column rank, in order),
+    ``dropped`` (column -> why it is not identifiable) and ``untestable`` (columns left over once
+    there were as many kept columns as probes: more probes would decide them). ``constant``: the
+    dropped columns that had one value in every probe, with that value."""
+
+    kept: list[str]
+    dropped: dict[str, str]
+    untestable: list[str]
+    constant: dict[str, float] = field(default_factory=dict)
+
+
+def identifiable(matrix: np.ndarray, columns: Sequence[str]) -> Identifiable:
+    """Keep columns left to right; drop each column that is constant (other than ``const``) or in
+    the span of the columns kept before it. The rank test is on unit-norm columns (a column is
+    dependent when the smallest singular value falls below RANK_RTOL times the largest), so the
+    bytes-scale of a feature does not matter."""
+    n = matrix.shape[0]
+    kept_idx: list[int] = []
+    dropped: dict[str, str] = {}
+    untestable: list[str] = []
+    constant: dict[str, float] = {}
+    norms = np.linalg.norm(matrix, axis=0)
+    unit = matrix / np.where(norms > 0, norms, 1.0)
+    for j, name in enumerate(columns):
+        col = matrix[:, j]
+        if name != CONST and (n == 0 or np.ptp(col) == 0):
+            value = f"{col[0]:g}" if n else "no probes"
+            dropped[name] = f"{NOT_IDENTIFIABLE}: constant ({value}) in every probe"
+            if n:
+                constant[name] = float(col[0])
+            continue
+        if len(kept_idx) + 1 > n:
+            untestable.append(name)
+            continue
+        singular = np.linalg.svd(unit[:, [*kept_idx, j]], compute_uv=False)
+        if singular[-1] <= RANK_RTOL * singular[0]:
+            span = ", ".join(columns[k] for k in kept_idx)
+            dropped[name] = f"{NOT_IDENTIFIABLE}: a linear combination of the columns kept before it ({span})"
+            continue
+        kept_idx.append(j)
+    return Identifiable([columns[k] for k in kept_idx], dropped, untestable, constant)
+
+
+# ---------------------------------------------------------------------------------------------
+# fits
+# ---------------------------------------------------------------------------------------------
+Fit = Callable[[np.ndarray, np.ndarray], np.ndarray]
+FITS: Registry[Fit] = Registry("memory fit")
+
+
+def _scaled(matrix: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """Columns and targets divided by their largest magnitudes (bytes reach 1e10, indicators 1)."""
+    col_scale = np.abs(matrix).max(axis=0)
+    col_scale = np.where(col_scale > 0, col_scale, 1.0)
+    y_scale = float(np.abs(y).max()) if len(y) and np.abs(y).max() > 0 else 1.0
+    return matrix / col_scale, y / y_scale, col_scale, y_scale
+
+
+def predict_matrix(matrix: np.ndarray, coef: np.ndarray) -> np.ndarray:
+    """Row-wise x·w, summed in the same order for fits and predictions (bit-identical results)."""
+    return (matrix * coef).sum(axis=1)
+
+
+@FITS.register("least_squares")
+def least_squares(matrix: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Ordinary least squares, min ‖Xw − y‖², by ``numpy.linalg.lstsq`` on column-scaled X."""
+    xs, ys, col_scale, y_scale = _scaled(matrix, y)
+    coef_scaled = np.linalg.lstsq(xs, ys, rcond=None)[0]
+    return coef_scaled * y_scale / col_scale
+
+
+@FITS.register("envelope")
+def envelope(matrix: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The upper envelope: the linear program
+
+        minimise Σᵢ (xᵢ·w − yᵢ)  subject to  xᵢ·w ≥ yᵢ for all i,  w free,
+
+    the standard LP formulation of a one-sided (upper) L1 fit, as for deterministic frontiers
+    (Aigner & Chu, "On estimating the industry production function", American Economic Review
+    58(4), 1968; cf. Charnes, Cooper & Ferguson, Management Science 1(2), 1955, for L1 regression
+    as an LP). Solved by HiGHS (``scipy.optimize.linprog(method="highs")``) on column-scaled X and
+    scaled y; the coefficients are then unscaled, and the intercept (first column, ``const``) is
+    raised by any shortfall left by the solver's tolerance, so that no fitted row is under-predicted."""
+    xs, ys, col_scale, y_scale = _scaled(matrix, y)
+    result = linprog(
+        c=xs.sum(axis=0), A_ub=-xs, b_ub=-ys, bounds=[(None, None)] * xs.shape[1], method="highs"
+    )  # the objective drops the constant −Σ yᵢ
+    if result.status != 0 or result.x is None:
+        raise MemoryModelError("fit", "envelope", f"the linear program failed: {result.message}")
+    coef = np.asarray(result.x, dtype=float) * y_scale / col_scale
+    for _ in range(8):
+        shortfall = float(np.max(y - predict_matrix(matrix, coef), initial=0.0))
+        if shortfall <= 0:
+            break
+        coef[0] += max(shortfall, np.spacing(abs(coef[0])))
+    return coef
+
+
+def _fit_name(fit: str) -> Fit:
+    if fit not in FITS:
+        raise MemoryModelError("fit", fit, f"unknown memory fit; valid: {', '.join(FITS.names())}")
+    return FITS.get(fit)
+
+
+def _fit_columns(matrix: np.ndarray, columns: Sequence[str], y: np.ndarray) -> dict[str, np.ndarray]:
+    """Both fits on the identifiable columns; coefficients over all ``columns`` (0 where dropped)."""
+    ident = identifiable(matrix, columns)
+    idx = [columns.index(c) for c in ident.kept]
+    out = {}
+    for name in FITS.names():
+        coef = np.zeros(len(columns))
+        coef[idx] = FITS.get(name)(matrix[:, idx], y)
+        out[name] = coef
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# checks
+# ---------------------------------------------------------------------------------------------
+def _target_column(target: str) -> str:
+    """``iteration_peak`` or ``iteration_peak_bytes`` -> ``iteration_peak_bytes``."""
+    if target in TARGETS:
+        return target
+    if f"{target}_bytes" in TARGETS:
+        return f"{target}_bytes"
+    raise MemoryModelError("target", target, f"unknown memory target; valid: {', '.join(TARGETS.values())}")
+
+
+def _check_columns(frame: pd.DataFrame, needed: Iterable[str], what: str) -> None:
+    needed = list(dict.fromkeys(needed))
+    missing = [c for c in needed if c not in frame.columns]
+    if missing:
+        raise MemoryModelError(
+            "probes", ", ".join(missing), f"missing column(s); {what} needs the columns {', '.join(needed)}"
+        )
+
+
+def _check_backend(frame: pd.DataFrame) -> str:
+    backends = sorted(frame["backend"].astype(str).unique())
+    if len(backends) > 1:
+        counts = frame["backend"].astype(str).value_counts()
+        shown = ", ".join(f"{b} ({counts[b]} probes)" for b in backends)
+        raise MemoryModelError(
+            "backend",
+            shown,
+            "the probes mix memory backends, which measure different things (CUDA allocator counters "
+            "against the CPU twin's census of live tensors); fit each backend separately",
+        )
+    if not backends:
+        raise MemoryModelError("probes", 0, "no probes to fit")
+    return backends[0]
+
+
+def min_probes(n_columns: int, folds: int = DEFAULT_FOLDS) -> int:
+    """The fewest probes that fit ``n_columns`` columns: n ≥ columns + 1, and with k = min(folds, n)
+    every k-fold training fold (n − ⌈n/k⌉ probes) has at least as many probes as columns."""
+    n = n_columns + 1
+    while n - math.ceil(n / min(folds, n)) < n_columns:
+        n += 1
+    return n
+
+
+def _check_enough(n: int, ident: Identifiable, features: Sequence[str], model: str, target: str, folds: int) -> None:
+    columns = [*ident.kept, *ident.untestable]
+    needed = min_probes(len(columns), folds)
+    if n < needed:
+        shown = ", ".join(features) if features else "none"
+        raise MemoryModelError(
+            "probes",
+            n,
+            f"{n} probes of model {model!r} are too few to fit {TARGETS[target]} on {len(features)} feature(s) "
+            f"({shown}): that is {len(columns)} columns with the intercept ({', '.join(columns)}), and "
+            f"{min(folds, needed)}-fold held-out error needs at least {needed} probes "
+            "(probes ≥ columns + 1, and every training fold ≥ columns); probe more configs or use fewer features",
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# the model
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class TargetFit:
+    """One target's fits: the features asked for, the design columns kept and dropped (column ->
+    reason), each fit's coefficients in bytes per unit of its column (``const`` in bytes), and the
+    dropped columns that were constant in every probe, with their value (``fixed``: the model knows
+    nothing of other values)."""
+
+    features: list[str]
+    columns: list[str]
+    dropped: dict[str, str]
+    coefficients: dict[str, dict[str, float]]
+    fixed: dict[str, float] = field(default_factory=dict)
+
+
+CV_METRICS = ("mean_abs_rel_error", "max_abs_rel_error", "share_under_predicted", "max_under_fraction")
+
+
+@dataclass
+class MemoryModel:
+    """The memory model of one ``model`` (e.g. ``cnn``), fitted to ``n_probes`` probes of one
+    memory ``backend``. ``targets`` maps each target column to its TargetFit; ``levels`` the
+    categorical raw columns used to the levels seen; ``provenance`` the datasets, devices and torch
+    versions probed. ``cv`` is the held-out error (see cross_validate); ``cv_predictions`` the
+    held-out predictions behind it (not saved to JSON)."""
+
+    model: str
+    backend: str
+    n_probes: int
+    targets: dict[str, TargetFit]
+    levels: dict[str, list[str]] = field(default_factory=dict)
+    provenance: dict[str, list[str]] = field(default_factory=dict)
+    cv: pd.DataFrame = field(default_factory=pd.DataFrame)
+    cv_predictions: pd.DataFrame | None = None
+
+    @property
+    def features(self) -> dict[str, list[str]]:
+        return {t: f.features for t, f in self.targets.items()}
+
+    def coefficients(self, target: str, fit: str = "envelope") -> dict[str, float]:
+        """Bytes per unit of each kept column (``const``: bytes) of ``target``'s ``fit``."""
+        _fit_name(fit)
+        return dict(self._target(target).coefficients[fit])
+
+    def _target(self, target: str) -> TargetFit:
+        column = _target_column(target)
+        if column not in self.targets:
+            raise MemoryModelError(
+                "target", target, f"not fitted for model {self.model!r}; fitted: {', '.join(self.targets)}"
+            )
+        return self.targets[column]
+
+    def predict(
+        self,
+        frame: pd.DataFrame,
+        fit: str = "envelope",
+        targets: Sequence[str] | None = None,
+        *,
+        allow_unprobed: bool = False,
+    ) -> pd.DataFrame:
+        """Predicted bytes per target (columns ``<target>_bytes``, floats) for configs in the probe
+        schema (only the columns the kept features need; a ``model`` column, if any, must name this
+        model). Rows the probes say nothing about raise MemoryModelError unless ``allow_unprobed``:
+        a level of a categorical feature that no probe had (``grad_sample_mode=ew``), or a value of a
+        column that was constant in every probe (``dp=1`` when every probe had DP off)."""
+        _fit_name(fit)
+        chosen = [_target_column(t) for t in targets] if targets is not None else list(self.targets)
+        fits = [self._target(t) for t in chosen]
+        _check_columns(frame, required_columns(c for f in fits for c in f.columns), f"predicting for {self.model!r}")
+        if "model" in frame.columns:
+            others = sorted(set(frame["model"].astype(str)) - {self.model})
+            if others:
+                raise MemoryModelError("model", ", ".join(others), f"these rows are not of model {self.model!r}")
+        if not allow_unprobed:
+            self._check_probed(frame, fits)
+        out = {}
+        for column, tf in zip(chosen, fits, strict=True):
+            coef = np.array([tf.coefficients[fit][c] for c in tf.columns])
+            out[column] = predict_matrix(design_matrix(frame, tf.columns), coef)
+        return pd.DataFrame(out, index=frame.index)
+
+    def _check_probed(self, frame: pd.DataFrame, fits: Sequence[TargetFit]) -> None:
+        used = set(required_columns(s for f in fits for s in f.features))
+        for raw, seen in self.levels.items():
+            if raw in frame.columns and raw in used:
+                unseen = sorted(set(frame[raw].astype(str)) - set(seen))
+                if unseen:
+                    raise MemoryModelError(
+                        raw,
+                        ", ".join(unseen),
+                        f"no probe of {self.model!r} had it (probed: {', '.join(seen)}); probe it first",
+                    )
+        for tf in fits:
+            for column, value in tf.fixed.items():
+                if not set(required_columns([column])) <= set(frame.columns):
+                    continue
+                values = column_values(frame, column)
+                if not np.all(values == value):
+                    other = sorted(set(values[values != value].tolist()))[:5]
+                    raise MemoryModelError(
+                        column,
+                        ", ".join(f"{v:g}" for v in other),
+                        f"every probe of {self.model!r} had {column}={value:g}, so the model cannot predict "
+                        "other values; probe them first (or pass allow_unprobed)",
+                    )
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict, ``{"format": FORMAT, "model": …, "targets": {…}, "cv": [...], …}``."""
+        cv = json.loads(self.cv.to_json(orient="records")) if not self.cv.empty else []  # NaN -> null
+        return {
+            "format": FORMAT,
+            "model": self.model,
+            "backend": self.backend,
+            "n_probes": self.n_probes,
+            "levels": self.levels,
+            "provenance": self.provenance,
+            "targets": {
+                t: {
+                    "features": f.features,
+                    "columns": f.columns,
+                    "dropped": f.dropped,
+                    "coefficients": f.coefficients,
+                    "fixed": f.fixed,
+                }
+                for t, f in self.targets.items()
+            },
+            "cv": cv,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> MemoryModel:
+        """The model saved by to_json; another format raises MemoryModelError."""
+        if not isinstance(data, Mapping) or data.get("format") != FORMAT:
+            found = data.get("format") if isinstance(data, Mapping) else type(data).__name__
+            raise MemoryModelError("format", found, f"not a memory model; expected format {FORMAT!r}")
+        try:
+            targets = {
+                t: TargetFit(
+                    features=list(f["features"]),
+                    columns=list(f["columns"]),
+                    dropped=dict(f["dropped"]),
+                    coefficients={k: {c: float(v) for c, v in cs.items()} for k, cs in f["coefficients"].items()},
+                    fixed={c: float(v) for c, v in f.get("fixed", {}).items()},
+                )
+                for t, f in data["targets"].items()
+            }
+            return cls(
+                model=str(data["model"]),
+                backend=str(data["backend"]),
+                n_probes=int(data["n_probes"]),
+                targets=targets,
+                levels={k: list(v) for k, v in data.get("levels", {}).items()},
+                provenance={k: list(v) for k, v in data.get("provenance", {}).items()},
+                cv=pd.DataFrame.from_records(data.get("cv", []), columns=_CV_COLUMNS),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise MemoryModelError("format", FORMAT, f"malformed memory model: {type(err).__name__}: {err}") from None
+
+
+_CV_COLUMNS = ["model", "backend", "target", "fit", "n_probes", "folds", *CV_METRICS]
+_PREDICTION_COLUMNS = [
+    "model", "backend", "target", "fit", "fold", "probe", "observed_bytes", "predicted_bytes", "rel_residual"
+]  # fmt: skip
+
+
+def _folds(n: int, folds: int, seed: int) -> list[np.ndarray]:
+    """k = min(folds, n) held-out index sets from a permutation seeded by ``seed`` (sizes as sklearn's KFold)."""
+    perm = np.random.default_rng(seed).permutation(n)
+    return [np.sort(part) for part in np.array_split(perm, min(folds, n))]
+
+
+def cross_validate(
+    matrix: np.ndarray, columns: Sequence[str], y: np.ndarray, folds: int = DEFAULT_FOLDS, seed: int = 0
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Held-out predictions of each fit for every row (k-fold; within each training fold the
+    identifiable columns are chosen afresh), and each row's fold number."""
+    n = len(y)
+    predictions = {name: np.full(n, np.nan) for name in FITS.names()}
+    fold_of = np.zeros(n, dtype=int)
+    for k, held in enumerate(_folds(n, folds, seed)):
+        train = np.setdiff1d(np.arange(n), held)
+        fold_of[held] = k
+        for name, coef in _fit_columns(matrix[train], columns, y[train]).items():
+            predictions[name][held] = predict_matrix(matrix[held], coef)
+    return predictions, fold_of
+
+
+def cv_summary(predictions: pd.DataFrame) -> pd.DataFrame:
+    """Per model, target and fit, from held-out predictions (cv_predictions' layout): the mean and
+    max of |pred − obs| / obs, the share of probes under-predicted (pred < obs) and the largest
+    under-prediction as a fraction of obs (0 when none)."""
+    rows = []
+    keys = ["model", "backend", "target", "fit"]
+    for key, block in predictions.groupby(keys, sort=False):
+        rel = block["rel_residual"].to_numpy(dtype=float)
+        # under-predicted: by more than float round-off (a fit that is exact must not count as under)
+        under = rel < -UNDER_TOLERANCE
+        rows.append(
+            {
+                **dict(zip(keys, key, strict=True)),
+                "n_probes": len(block),
+                "folds": block["fold"].nunique(),
+                "mean_abs_rel_error": float(np.mean(np.abs(rel))),
+                "max_abs_rel_error": float(np.max(np.abs(rel))),
+                "share_under_predicted": float(np.mean(under)),
+                "max_under_fraction": float(max(0.0, np.max(-rel))) if under.any() else 0.0,
+            }
+        )
+    return pd.DataFrame.from_records(rows, columns=_CV_COLUMNS)
+
+
+def fit(
+    frame: pd.DataFrame,
+    features: Sequence[str] | None = None,
+    *,
+    targets: Sequence[str] | None = None,
+    folds: int = DEFAULT_FOLDS,
+    seed: int = 0,
+) -> MemoryModel:
+    """The MemoryModel of the probes in ``frame``, which must all be of one ``model`` and one
+    ``backend`` (see fit_all for a frame of several models). ``features`` (one list for every
+    target) overrides DEFAULT_FEATURES; ``targets`` (names or columns) defaults to all of TARGETS.
+    ``folds`` and ``seed`` set the k-fold held-out error (k = min(folds, probes))."""
+    chosen = [_target_column(t) for t in targets] if targets is not None else list(TARGETS)
+    if not chosen:
+        raise MemoryModelError("targets", "[]", f"no target to fit; valid: {', '.join(TARGETS.values())}")
+    if folds < 2:
+        raise MemoryModelError("folds", folds, "k-fold held-out error needs at least 2 folds")
+    per_target = {t: parse_features(features if features is not None else DEFAULT_FEATURES[t]) for t in chosen}
+    raw = required_columns(f for fs in per_target.values() for f in fs)
+    _check_columns(frame, ["model", "backend", *raw, *chosen], "a memory fit")
+    models = sorted(frame["model"].astype(str).unique())
+    if len(models) > 1:
+        raise MemoryModelError(
+            "model", ", ".join(models), "fit() takes the probes of one model; use fit_all() to fit each model"
+        )
+    backend = _check_backend(frame)
+    model = models[0]
+    n = len(frame)
+    fits: dict[str, TargetFit] = {}
+    cv_rows: list[pd.DataFrame] = []
+    levels: dict[str, list[str]] = {}
+    for target, feats in per_target.items():
+        y = _numbers(frame, target)
+        columns = expand_columns(frame, feats)
+        matrix = design_matrix(frame, columns)
+        ident = identifiable(matrix, columns)
+        _check_enough(n, ident, feats, model, target, folds)
+        kept = ident.kept
+        idx = [columns.index(c) for c in kept]
+        coefficients = {}
+        for name in FITS.names():
+            coef = FITS.get(name)(matrix[:, idx], y)
+            coefficients[name] = {c: float(w) for c, w in zip(kept, coef, strict=True)}
+        fits[target] = TargetFit(feats, kept, ident.dropped, coefficients, ident.constant)
+        for spec in feats:
+            for factor in spec.split(":"):
+                feature = FEATURES.get(factor)
+                if feature.categorical:
+                    levels[feature.requires[0]] = sorted(frame[feature.requires[0]].astype(str).unique())
+        predictions, fold_of = cross_validate(matrix[:, idx], kept, y, folds, seed)
+        for name, pred in predictions.items():
+            with np.errstate(divide="ignore", invalid="ignore"):
+                rel = np.where(y > 0, (pred - y) / y, np.nan)
+            cv_rows.append(
+                pd.DataFrame(
+                    {
+                        "model": model,
+                        "backend": backend,
+                        "target": target,
+                        "fit": name,
+                        "fold": fold_of,
+                        "probe": frame.index.to_numpy(),
+                        "observed_bytes": y,
+                        "predicted_bytes": pred,
+                        "rel_residual": rel,
+                    },
+                    columns=_PREDICTION_COLUMNS,
+                )
+            )
+    cv_predictions = pd.concat(cv_rows, ignore_index=True)
+    provenance = {
+        c: sorted(frame[c].astype(str).unique()) for c in ("dataset", "device_name", "torch_version") if c in frame
+    }
+    return MemoryModel(
+        model=model,
+        backend=backend,
+        n_probes=n,
+        targets=fits,
+        levels=levels,
+        provenance=provenance,
+        cv=cv_summary(cv_predictions),
+        cv_predictions=cv_predictions,
+    )
+
+
+def fit_all(
+    frame: pd.DataFrame,
+    model: str | None = None,
+    features: Sequence[str] | None = None,
+    *,
+    targets: Sequence[str] | None = None,
+    folds: int = DEFAULT_FOLDS,
+    seed: int = 0,
+) -> dict[str, MemoryModel]:
+    """fit() for each model in ``frame`` (or only ``model``), keyed by model name. The frame must
+    hold one memory backend."""
+    _check_columns(frame, ["model", "backend"], "a memory fit")
+    _check_backend(frame)
+    present = sorted(frame["model"].astype(str).unique())
+    if model is not None:
+        if model not in present:
+            raise MemoryModelError("model", model, f"no probes of this model; models probed: {', '.join(present)}")
+        present = [model]
+    names = frame["model"].astype(str)
+    return {name: fit(frame[names == name], features, targets=targets, folds=folds, seed=seed) for name in present}
+
+
+def cv_table(models: Mapping[str, MemoryModel]) -> pd.DataFrame:
+    """The held-out error of several models in one tidy frame (one row per model, target and fit)."""
+    frames = [m.cv for m in models.values() if not m.cv.empty]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=_CV_COLUMNS)
+
+
+# ---------------------------------------------------------------------------------------------
+# files
+# ---------------------------------------------------------------------------------------------
+def save_models(path: str | Path, models: Mapping[str, MemoryModel], meta: Mapping[str, Any]) -> Path:
+    """Write ``{"format": FORMAT, "meta": meta, "models": {name: model.to_json()}}`` to ``path``."""
+    path = Path(path)
+    data = {"format": FORMAT, "meta": dict(meta), "models": {name: m.to_json() for name, m in models.items()}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
+    return path
+
+
+def _read(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise MemoryModelError(
+            "path", str(path), "no such file; write one with save_models (dpsweep-memory fit)"
+        ) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise MemoryModelError("path", str(path), f"not JSON: {err}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("models"), dict):
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise MemoryModelError("path", str(path), f"format {found!r} is not a memory model file (expected {FORMAT!r})")
+    return data
+
+
+def load_models(path: str | Path) -> dict[str, MemoryModel]:
+    """The models saved by save_models, keyed by model name."""
+    return {name: MemoryModel.from_json(m) for name, m in _read(path)["models"].items()}
+
+
+def load_meta(path: str | Path) -> dict[str, Any]:
+    """The ``meta`` dict saved by save_models."""
+    return dict(_read(path).get("meta", {}))
+
+
+def formula(model: MemoryModel, target: str, fit: str = "envelope") -> str:
+    """``target``'s ``fit`` as a formula with units, each coefficient in bytes per unit of its column:
+    ``iteration_peak ≈ 1.92 MiB + 4 B × batch_params + 2.1 KiB × batch_size``."""
+    coefs = model.coefficients(target, fit)
+    const = round(coefs.get(CONST, 0.0))  # whole bytes: what is left is solver round-off
+    text = f"{TARGETS[_target_column(target)]} ≈ {format_bytes(const)}"
+    for column, value in coefs.items():
+        if column == CONST:
+            continue
+        sign = "-" if value < 0 else "+"
+        text += f" {sign} {format_bytes(abs(value))} × {column}"
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# plot
+# ---------------------------------------------------------------------------------------------
+def residual_plot(cv_predictions: pd.DataFrame, path: str | Path) -> Path:
+    """A PNG with one panel per target: the relative residual (pred − obs) / obs (%) of each
+    held-out prediction against the observed MiB (log scale when they span over 30×), per fit
+    (colour) and model (marker), with a zero line. ``cv_predictions`` is MemoryModel.cv_predictions
+    (or several concatenated)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    _check_columns(cv_predictions, ["target", "fit", "observed_bytes", "predicted_bytes"], "a residual plot")
+    if cv_predictions.empty:
+        raise MemoryModelError("cv_predictions", "empty", "no held-out predictions to plot")
+    targets = [t for t in TARGETS if t in set(cv_predictions["target"])]
+    targets += sorted(set(cv_predictions["target"]) - set(targets))
+    ncols = min(3, len(targets))
+    nrows = math.ceil(len(targets) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.5 * ncols, 3.6 * nrows), squeeze=False)
+    colours = {name: f"C{i}" for i, name in enumerate(FITS.names())}
+    rows = cv_predictions.assign(model=cv_predictions["model"].astype(str) if "model" in cv_predictions else "")
+    models = sorted(set(rows["model"]))
+    markers = dict(zip(models, "o^sDvP*X", strict=False))
+    for ax, target in zip(axes.flat, targets, strict=False):
+        block = rows[rows["target"] == target]
+        for (fit_name, model_name), part in block.groupby(["fit", "model"]):
+            obs = part["observed_bytes"].to_numpy(dtype=float)
+            rel = (part["predicted_bytes"].to_numpy(dtype=float) - obs) / obs
+            label = f"{fit_name} ({model_name})" if len(models) > 1 else str(fit_name)
+            ax.scatter(obs / 2**20, 100 * rel, s=14, alpha=0.7, color=colours.get(str(fit_name), "C9"),
+                       marker=markers.get(str(model_name), "o"), label=label)  # fmt: skip
+        ax.axhline(0.0, color="black", linewidth=0.8)
+        observed = block["observed_bytes"].to_numpy(dtype=float)
+        if observed.min() > 0 and observed.max() > 30 * observed.min():
+            ax.set_xscale("log")  # probes that span orders of magnitude
+        ax.set_title(TARGETS.get(target, target))
+        ax.set_xlabel("observed (MiB)")
+        ax.set_ylabel("(pred − obs) / obs (%)")
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(targets) :]:
+        ax.set_visible(False)
+    backends = sorted(set(cv_predictions["backend"].astype(str))) if "backend" in cv_predictions else []
+    fig.suptitle("held-out relative residuals (k-fold)" + (f", backend {', '.join(backends)}" if backends else ""))
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

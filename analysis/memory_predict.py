@@ -1,0 +1,158 @@
+"""Memory of configs before launch: predicted stages and peak, an OOM verdict, and what would fit.
+
+A fitted :class:`~dpsweep.analysis.memory_model.MemoryModel` (``dpsweep-memory fit``) predicts bytes
+from a config's features; this module turns a composed config into those features and applies it::
+
+    from dpsweep.analysis import memory_model as mm, memory_predict as mp
+    model = mp.model_for(mm.load_models("memory_model.json"), "cnn", backend="cpu-tensors")
+    p = mp.predict_config(model, cfg, facts, budget_bytes=16 * 2**30)   # cfg: dpsweep.config.Config
+    p.fits, p.peak_bytes, p.largest_batch_size, p.largest_hidden_units
+
+The batch a pass holds is not always B. With DP, Poisson sampling makes every batch random, so the
+plan is for the largest batch the run will see (:func:`dpsweep.privacy.max_poisson_batch`, exceeded
+with probability <= 1e-6), unless ``train.physical_batch_size`` caps the pass (Opacus's
+BatchMemoryManager). Largest sizes are found by predicting every candidate at once, so they need no
+assumption that the fitted formula grows with B.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy.stats import binom
+
+from dpsweep import memory
+from dpsweep import models as model_zoo
+from dpsweep.analysis.memory_model import MemoryModel, MemoryModelError
+from dpsweep.config import Config
+from dpsweep.data import DatasetFacts
+
+PEAK = "iteration_peak_bytes"
+POISSON_TAIL = 1e-6  # chance that some batch of a run exceeds the planned one
+MAX_HIDDEN_UNITS = 65_536  # search range for the largest head
+
+
+def model_for(models: dict[str, MemoryModel], name: str, backend: str | None = None) -> MemoryModel:
+    """The fitted model of ``model.name``; errors name what the file holds."""
+    if name not in models:
+        held = ", ".join(sorted(models)) or "none"
+        raise MemoryModelError("model.name", name, f"the memory model file holds fits of: {held}; probe {name} first")
+    fitted = models[name]
+    if backend is not None and fitted.backend != backend:
+        raise MemoryModelError(
+            "memory.backend",
+            backend,
+            f"the fit of {name} is of {fitted.backend} probes; a {backend} run needs probes of its own backend",
+        )
+    return fitted
+
+
+def trainable_parameters(cfg: Config, facts: DatasetFacts, hidden_units: int | None = None) -> int:
+    """P of the config's model, built on the meta device (no memory, no pretrained weights)."""
+    model_cfg = cfg.model
+    if hidden_units is not None:
+        model_cfg = dataclasses.replace(model_cfg, hidden_units=hidden_units)
+    if hasattr(model_cfg, "pretrained"):
+        model_cfg = dataclasses.replace(model_cfg, pretrained=False)  # same shapes, nothing to load
+    with torch.device("meta"):
+        return model_zoo.trainable_parameters(model_zoo.build(model_cfg, facts.input_shape, facts.num_classes))
+
+
+def pass_batch_sizes(cfg: Config, n_train: int, batch_sizes: np.ndarray) -> np.ndarray:
+    """Examples in the largest pass a run of each logical batch size makes (see the module doc)."""
+    b = np.asarray(batch_sizes, dtype=np.int64)
+    physical = cfg.train.physical_batch_size
+    if cfg.dp.enabled:
+        k = np.ceil(n_train / b)
+        steps_per_epoch = np.floor(1 / (1 / k))  # Opacus's float convention, as poisson_schedule
+        q = 1 / steps_per_epoch
+        steps = np.maximum(steps_per_epoch * cfg.train.epochs, 1)
+        b = np.minimum(binom.isf(POISSON_TAIL / steps, n_train, q).astype(np.int64), n_train)
+    if physical is not None:
+        b = np.minimum(b, physical)
+    return b
+
+
+@dataclass(frozen=True)
+class MemoryPrediction:
+    row: dict[str, Any]  # the config's features (probe-table columns), batch_size = largest pass
+    batch_size: int  # the logical batch size B
+    pass_reason: str  # why the pass holds row["batch_size"]: poisson | physical | batch
+    stages: dict[str, float]  # predicted bytes per target (envelope fit)
+    typical: dict[str, float]  # the same by least squares: the expected figure, not a bound
+    peak_bytes: float  # envelope prediction of the iteration peak: the figure to plan with
+    budget_bytes: float | None
+    largest_batch_size: int | None  # logical B whose largest pass fits the budget (None: not even 1)
+    largest_hidden_units: int | None  # at this B; None when no head size fits or hidden units were not probed
+    note: str = ""
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.budget_bytes is None else self.peak_bytes <= self.budget_bytes
+
+
+def config_row(cfg: Config, facts: DatasetFacts) -> dict[str, Any]:
+    return memory.config_features(cfg, facts.input_shape, trainable_parameters(cfg, facts))
+
+
+def predict_config(
+    fitted: MemoryModel, cfg: Config, facts: DatasetFacts, budget_bytes: float | None = None
+) -> MemoryPrediction:
+    """Predicted stages and peak of one config, and the largest B and head that fit ``budget_bytes``."""
+    row = config_row(cfg, facts)
+    row["batch_size"] = int(pass_batch_sizes(cfg, facts.n_train, np.array([cfg.train.batch_size]))[0])
+    frame = pd.DataFrame([row])
+    stages = fitted.predict(frame).iloc[0].to_dict()
+    typical = fitted.predict(frame, fit="least_squares").iloc[0].to_dict()
+    largest_b = largest_h = None
+    note = ""
+    if budget_bytes is not None:
+        largest_b = largest_batch_size(fitted, cfg, facts, budget_bytes)
+        try:
+            largest_h = largest_hidden_units(fitted, cfg, facts, budget_bytes)
+        except MemoryModelError as err:  # e.g. every probe had the same hidden_units
+            note = f"largest hidden_units not predicted: {err}"
+    b = cfg.train.batch_size
+    reason = "physical" if cfg.train.physical_batch_size is not None and row["batch_size"] < b else "batch"
+    if cfg.dp.enabled and reason == "batch":
+        reason = "poisson"
+    return MemoryPrediction(row, b, reason, stages, typical, stages[PEAK], budget_bytes, largest_b, largest_h, note)
+
+
+def _largest(fits: np.ndarray, values: np.ndarray) -> int | None:
+    return int(values[fits].max()) if fits.any() else None
+
+
+def largest_batch_size(fitted: MemoryModel, cfg: Config, facts: DatasetFacts, budget_bytes: float) -> int | None:
+    """The largest logical batch size (<= N) whose largest pass is predicted to fit."""
+    candidates = np.arange(1, facts.n_train + 1)
+    frame = pd.DataFrame([config_row(cfg, facts)] * len(candidates))
+    frame["batch_size"] = pass_batch_sizes(cfg, facts.n_train, candidates)
+    return _largest(fitted.predict(frame, targets=[PEAK])[PEAK].to_numpy() <= budget_bytes, candidates)
+
+
+def largest_pass(fitted: MemoryModel, cfg: Config, facts: DatasetFacts, budget_bytes: float) -> int | None:
+    """The largest number of examples one forward/backward pass may hold (a physical batch size)."""
+    candidates = np.arange(1, facts.n_train + 1)
+    frame = pd.DataFrame([config_row(cfg, facts)] * len(candidates))
+    frame["batch_size"] = candidates
+    return _largest(fitted.predict(frame, targets=[PEAK])[PEAK].to_numpy() <= budget_bytes, candidates)
+
+
+def largest_hidden_units(fitted: MemoryModel, cfg: Config, facts: DatasetFacts, budget_bytes: float) -> int | None:
+    """The widest head (hidden units) predicted to fit at the config's batch size. P is affine in
+    the hidden units for both models (two Linear layers around it): P(h) = P(1) + (h - 1)·ΔP."""
+    p1, p2, p3 = (trainable_parameters(cfg, facts, h) for h in (1, 2, 3))
+    if p3 - p2 != p2 - p1:
+        raise MemoryModelError("model.name", cfg.model.name, "a model whose parameters grow linearly in hidden_units")
+    candidates = np.arange(1, MAX_HIDDEN_UNITS + 1)
+    frame = pd.DataFrame([config_row(cfg, facts)] * len(candidates))
+    frame["hidden_units"] = candidates
+    frame["trainable_params"] = p1 + (candidates - 1) * (p2 - p1)
+    frame["batch_size"] = int(pass_batch_sizes(cfg, facts.n_train, np.array([cfg.train.batch_size]))[0])
+    return _largest(fitted.predict(frame, targets=[PEAK])[PEAK].to_numpy() <= budget_bytes, candidates)

@@ -1,0 +1,351 @@
+"""``dpsweep-memory``: probe the memory of configs, fit per-stage memory models, predict OOM before launch.
+
+    dpsweep-memory probe train.batch_size=16,64,256 model.hidden_units=32,128   # one process per config
+    dpsweep-memory probe experiment=flowers_vgg16 launcher=slurm launcher.gpus_per_job=1 \\
+        train.batch_size=8,32,128 model.hidden_units=128,512,2048 dataset.downscale=1,2,4
+    dpsweep-memory fit --experiment dpsweep                  # every model probed in the experiment
+    dpsweep-memory fit --csv probes.csv --model cnn --out memory_model.json
+    dpsweep-memory predict train.batch_size=512 --gpu-memory 16GiB --memory-model memory_model.json
+
+``probe`` runs only the first training iteration of each config (``train.probe=true``), each in a fresh
+process through a launcher (``launcher=local`` unless one is given; never in-process, where the
+allocator's cache would carry over from one config to the next), and in parallel where the device
+allows: one job per GPU, or one per CPU core on the CPU twin. Each probe is an MLflow run tagged
+``probe=true`` holding the four stage levels and deltas, the iteration peak and the reserved peak
+(``memory.*`` metrics, read from the CUDA caching allocator, or from the ``cpu-tensors`` census on
+CPU, tagged ``memory.backend``). The table of all probes of the requested configs (earlier ones
+included: a config probed before is skipped, not probed again) is written as CSV.
+
+``fit`` fits each stage's allocated bytes as a linear function of config features, by least squares
+and as an upper envelope (a linear program), prints the formulas and k-fold held-out errors, writes a
+residual plot and saves the models as JSON for ``predict``, ``dpsweep-plan --memory-model`` and
+``train.memory_model``. See :mod:`dpsweep.analysis.memory_model`.
+
+Bad input exits with code 2 before any work starts, naming the flag or key, the value and what is
+allowed (``--gpu-memory=16: a memory figure with units, e.g. 16GiB ...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pandas as pd
+import torch
+from hydra import compose, initialize_config_module
+from hydra.errors import HydraException
+from mlflow.tracking import MlflowClient
+
+from dpsweep import checkpoint
+from dpsweep.config import Config, ConfigError, flatten, identity, to_config, validate, validate_for_dataset
+from dpsweep.plan import CONFIG_MODULE, TrainingSetSizes, expand_sweep
+from dpsweep.registry import UnknownNameError
+
+DEFAULT_URI = "sqlite:///mlflow.db"
+PROBE_LAUNCHERS = ("local", "slurm", "sge")  # a fresh process per config
+
+# The probe table: config columns (see dpsweep.memory.config_features), then the measurements.
+MEASURED = (
+    "model_load_bytes", "batch_load_bytes", "backward_bytes", "optimizer_step_bytes",
+    "model_load_delta_bytes", "batch_load_delta_bytes", "backward_delta_bytes", "optimizer_step_delta_bytes",
+    "iteration_peak_bytes", "reserved_peak_bytes",
+)  # fmt: skip
+
+
+class MemoryCliError(Exception):
+    def __init__(self, option: str, value: Any, allowed: str) -> None:
+        super().__init__(f"{option}={value!r}: {allowed}")
+
+
+# ---------------------------------------------------------------------------------------------
+# probe
+# ---------------------------------------------------------------------------------------------
+def _override_value(overrides: Sequence[str], key: str) -> str | None:
+    for o in overrides:
+        name, _, value = o.partition("=")
+        if name.lstrip("+~") == key:
+            return value
+    return None
+
+
+def probe_overrides(overrides: Sequence[str]) -> list[str]:
+    """The ``dpsweep -m`` overrides of a probe sweep: probe mode, a fresh process per config, and
+    as many at once as the device allows, unless the user said otherwise."""
+    launcher = _override_value(overrides, "launcher") or "local"
+    if launcher not in PROBE_LAUNCHERS:
+        raise MemoryCliError(
+            "launcher", launcher, f"one of {', '.join(PROBE_LAUNCHERS)}: each probe needs a fresh process"
+        )
+    extra = ["train.probe=true", f"launcher={launcher}"]
+    if launcher == "local" and _override_value(overrides, "launcher.max_parallel") is None:
+        gpus = torch.cuda.device_count()
+        extra.append(f"launcher.max_parallel={gpus or os.cpu_count() or 1}")  # one per GPU, or per core
+        if gpus and _override_value(overrides, "launcher.gpus_per_job") is None:
+            extra.append("launcher.gpus_per_job=1")
+    return [*extra, *[o for o in overrides if not o.startswith("launcher=")]]
+
+
+def plan_probes(overrides: Sequence[str]) -> tuple[list[Config], list[str]]:
+    """The configs of a probe sweep, each checked as ``dpsweep -m`` would, and their config hashes."""
+    configs, hashes = [], []
+    n_train = TrainingSetSizes()
+    for job in expand_sweep(overrides):
+        cfg = to_config(compose("config", overrides=job))
+        validate(cfg)
+        validate_for_dataset(cfg, n_train(cfg))
+        configs.append(cfg)
+        hashes.append(checkpoint.config_hash(identity(flatten(cfg))))
+    return configs, hashes
+
+
+def probe_table(uri: str, experiment: str, hashes: Sequence[str] | None = None) -> pd.DataFrame:
+    """The FINISHED probes of an experiment (only those of ``hashes`` when given), one row each,
+    newest per config: the config columns and the measurements in bytes."""
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise MemoryCliError("--experiment", experiment, f"an experiment of {uri} that holds probes")
+    rows: dict[str, dict[str, Any]] = {}
+    token = None
+    while True:
+        page = client.search_runs(
+            [exp.experiment_id], filter_string="tags.probe = 'true' and attributes.status = 'FINISHED'",
+            max_results=10000, order_by=["attributes.start_time ASC"], page_token=token,
+        )  # fmt: skip
+        for run in page:
+            tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
+            h = tags.get("config.hash")
+            if hashes is not None and h not in hashes:
+                continue
+            channels, height, width = (int(v) for v in tags["dataset.input_shape"].split("x"))
+            dp = params.get("dp.enabled") == "True"
+            row: dict[str, Any] = {
+                "run_id": run.info.run_id,
+                "config_hash": h,
+                "model": params["model.name"],
+                "dataset": params["dataset.name"],
+                "hidden_units": int(params["model.hidden_units"]),
+                "batch_size": int(params["train.batch_size"]),
+                "channels": channels,
+                "height": height,
+                "width": width,
+                "trainable_params": int(tags["model.trainable_params"]),
+                "dp": dp,
+                "grad_sample_mode": params.get("dp.grad_sample_mode", "hooks") if dp else "none",
+                "backend": tags["memory.backend"],
+                "device_name": tags.get("device.name", ""),
+                "torch_version": tags.get("torch.version", ""),
+            }
+            row |= {name: int(metrics[f"memory.{name}"]) for name in MEASURED}
+            rows[str(h)] = row
+        token = page.token
+        if not token:
+            break
+    return pd.DataFrame(list(rows.values()))
+
+
+def run_probes(overrides: Sequence[str], csv: Path) -> pd.DataFrame:
+    """Probe every config of ``overrides`` (a ``dpsweep -m`` sweep) and write the table to ``csv``."""
+    args = probe_overrides(overrides)
+    with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+        configs, hashes = plan_probes(args)
+    first = configs[0]
+    print(f"dpsweep-memory: probing {len(configs)} configs, a fresh process each", flush=True)
+    command = [sys.executable, "-m", "dpsweep", "-m", *args]
+    done = subprocess.run(command, check=False)
+    table = probe_table(first.tracking.uri, first.tracking.experiment_name, hashes)
+    csv.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(csv, index=False)
+    missing = len(set(hashes)) - len(table)
+    print(
+        f"dpsweep-memory: {len(table)} probes written to {csv}"
+        + (f"; {missing} configs have no FINISHED probe (see the sweep's output above)" if missing else ""),
+        flush=True,
+    )
+    if done.returncode != 0 or missing:
+        raise SystemExit(1)
+    return table
+
+
+# ---------------------------------------------------------------------------------------------
+# fit
+# ---------------------------------------------------------------------------------------------
+def load_probes(args: argparse.Namespace) -> tuple[pd.DataFrame, str]:
+    """The probe table from ``--csv`` or from the experiment's probe runs, and where it came from."""
+    if args.csv is not None:
+        if not args.csv.is_file():
+            raise MemoryCliError("--csv", str(args.csv), "an existing probe table (dpsweep-memory probe --csv)")
+        return pd.read_csv(args.csv), str(args.csv)
+    if args.experiment is None:
+        raise MemoryCliError("--experiment", None, "an MLflow experiment holding probes, or --csv FILE")
+    table = probe_table(args.tracking_uri, args.experiment)
+    if table.empty:
+        raise MemoryCliError(
+            "--experiment",
+            args.experiment,
+            f"an experiment with FINISHED probes (tag probe=true) in {args.tracking_uri}",
+        )
+    return table, f"{args.tracking_uri} experiment {args.experiment}"
+
+
+def run_fit(args: argparse.Namespace) -> dict[str, Any]:
+    from dpsweep.analysis import memory_model as mm  # scipy and matplotlib: only here
+
+    features = [f.strip() for f in args.features.split(",") if f.strip()] if args.features else None
+    probes, source = load_probes(args)
+    models = mm.fit_all(probes, args.model, features, folds=args.folds)
+    meta = {"source": source, "created": pd.Timestamp.now(tz="UTC").isoformat(timespec="seconds")}
+    out = mm.save_models(args.out, models, meta)
+    plot = args.plot or out.with_name(out.stem + "_residuals.png")
+    predictions = [m.cv_predictions for m in models.values() if m.cv_predictions is not None]
+    mm.residual_plot(pd.concat(predictions, ignore_index=True), plot)
+    for name, m in models.items():
+        devices = ", ".join(m.provenance.get("device_name", [])) or "?"
+        print(f"\n{name}: {m.n_probes} probes, backend {m.backend} ({devices})")
+        for target, tf in m.targets.items():
+            for fit_name in ("envelope", "least_squares"):
+                print(f"  {fit_name:<13} {mm.formula(m, target, fit_name)}")
+            if tf.dropped:
+                print(f"  {'':<13} not identifiable from these probes: {', '.join(tf.dropped)}")
+    table = mm.cv_table(models)
+    shown = table[["model", "target", "fit", "n_probes", *mm.CV_METRICS]].copy()
+    for column in mm.CV_METRICS:
+        shown[column] = (100 * shown[column]).map("{:.2f}%".format)
+    print(f"\nk-fold held-out error ({args.folds} folds; relative to the observed bytes):")
+    print(shown.to_string(index=False))
+    print(f"\nmodels written to {out}; residual plot {plot}")
+    return {"models": models, "out": out, "plot": plot}
+
+
+# ---------------------------------------------------------------------------------------------
+# predict
+# ---------------------------------------------------------------------------------------------
+def run_predict(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from dpsweep.analysis import memory_model as mm
+    from dpsweep.analysis import memory_predict as mp
+    from dpsweep.memory import parse_bytes
+
+    models = mm.load_models(args.memory_model)
+    rows = []
+    with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+        sizes = TrainingSetSizes()
+        jobs = expand_sweep(args.overrides)
+        configs = []
+        for job in jobs:
+            cfg = to_config(compose("config", overrides=job))
+            validate(cfg)
+            configs.append(cfg)
+    for job, cfg in zip(jobs, configs, strict=True):
+        figure = args.gpu_memory or cfg.launcher.gpu_memory
+        if figure is None:
+            raise MemoryCliError("--gpu-memory", None, "the GPU memory with units, e.g. 16GiB (or launcher.gpu_memory)")
+        budget = parse_bytes(figure, key="--gpu-memory" if args.gpu_memory else "launcher.gpu_memory")
+        facts = sizes.facts(cfg)
+        validate_for_dataset(cfg, facts.n_train)
+        fitted = mp.model_for(models, cfg.model.name, args.backend)
+        p = mp.predict_config(fitted, cfg, facts, budget)
+        largest_pass = mp.largest_pass(fitted, cfg, facts, budget)
+        shown = " ".join(job) or "(defaults)"
+        rows.append({"overrides": shown, "prediction": p, "budget": figure, "largest_pass": largest_pass})
+    for r in rows:
+        _print_prediction(r["overrides"], r["prediction"], r["budget"], r["largest_pass"])
+    if args.json:
+        print(json.dumps([_as_json(r) for r in rows], indent=1))
+    return rows
+
+
+def _print_prediction(overrides: str, p: Any, budget: str, largest_pass: int | None) -> None:
+    from dpsweep.memory import format_bytes
+
+    verdict = "fits" if p.fits else "OUT OF MEMORY"
+    print(f"{overrides}: {verdict}: predicted peak {format_bytes(p.peak_bytes)} for {budget} (envelope fit)")
+    why = {
+        "poisson": f"the largest Poisson batch of B={p.batch_size} in the run (exceeded with probability < 1e-6)",
+        "physical": "train.physical_batch_size caps each pass",
+        "batch": "B, the logical batch",
+    }[p.pass_reason]
+    print(f"  planned for a pass of {p.row['batch_size']} examples: {why}")
+    for stage, value in p.stages.items():
+        print(f"  {stage:<22} {format_bytes(value):>10}   (least squares: {format_bytes(p.typical[stage])})")
+    print(f"  largest train.batch_size that fits: {p.largest_batch_size or 'none'}")
+    if largest_pass is not None and not p.fits:
+        print(f"  or keep B and set train.physical_batch_size={largest_pass} (Opacus BatchMemoryManager)")
+    if p.largest_hidden_units is not None:
+        print(f"  largest model.hidden_units that fits at B={p.batch_size}: {p.largest_hidden_units}")
+    if p.note:
+        print(f"  note: {p.note}")
+
+
+def _as_json(r: dict[str, Any]) -> dict[str, Any]:
+    p = r["prediction"]
+    return {
+        "overrides": r["overrides"], "gpu_memory": r["budget"], "fits": p.fits, "peak_bytes": p.peak_bytes,
+        "pass_batch_size": p.row["batch_size"], "stages_bytes": p.stages, "least_squares_bytes": p.typical,
+        "largest_batch_size": p.largest_batch_size, "largest_hidden_units": p.largest_hidden_units,
+        "largest_physical_batch_size": r["largest_pass"],
+    }  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# command line
+# ---------------------------------------------------------------------------------------------
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dpsweep-memory", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    pr = sub.add_parser("probe", help="measure the first iteration of each config of a sweep")
+    pr.add_argument("--csv", type=Path, default=Path("probes.csv"), help="probe table to write (default probes.csv)")
+    pr.add_argument("overrides", nargs="*", help="Hydra overrides, as for dpsweep -m")
+
+    fi = sub.add_parser("fit", help="fit per-stage memory models to probes")
+    fi.add_argument("--experiment", metavar="NAME", help="MLflow experiment holding the probes (tag probe=true)")
+    fi.add_argument("--csv", type=Path, metavar="FILE", help="a probe table instead of the experiment")
+    fi.add_argument("--model", metavar="M", help="fit only this model (default: each model probed)")
+    fi.add_argument("--features", metavar="F1,F2,...",
+                    help="one feature list for every stage (default: per stage; see the module doc)")  # fmt: skip
+    fi.add_argument("--folds", type=int, default=5, help="k of the k-fold held-out error (default 5)")
+    fi.add_argument(
+        "--out", type=Path, default=Path("memory_model.json"), help="model file (default memory_model.json)"
+    )
+    fi.add_argument("--plot", type=Path, help="residual plot PNG (default <out>_residuals.png)")
+    fi.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI),
+                    help=f"MLflow tracking URI (default $MLFLOW_TRACKING_URI or {DEFAULT_URI})")  # fmt: skip
+
+    pe = sub.add_parser("predict", help="predicted memory, OOM verdict and the largest batch that fits")
+    pe.add_argument(
+        "--gpu-memory", metavar="SIZE", help="GPU memory with units, e.g. 16GiB (default launcher.gpu_memory)"
+    )
+    pe.add_argument("--memory-model", type=Path, default=Path("memory_model.json"),
+                    help="model file from dpsweep-memory fit (default memory_model.json)")  # fmt: skip
+    pe.add_argument("--backend", default="cuda", metavar="cuda|cpu-tensors",
+                    help="memory backend of the probes to use (default cuda: a GPU budget)")  # fmt: skip
+    pe.add_argument("--json", action="store_true", help="also print the predictions as JSON")
+    pe.add_argument("overrides", nargs="*", help="Hydra overrides of the config(s) to predict")
+    return p
+
+
+def _error(message: str) -> NoReturn:
+    print(f"dpsweep-memory: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "probe":
+            run_probes(args.overrides, args.csv)
+        elif args.command == "fit":
+            run_fit(args)
+        else:
+            run_predict(args)
+    except (MemoryCliError, ConfigError, UnknownNameError, HydraException, FileNotFoundError, ValueError) as err:
+        _error(str(err))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""dpsweep-memory: probes in fresh processes through a real launcher and a real MLflow store, the fit,
+and predictions, end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from helpers import runs_of
+from mlflow.tracking import MlflowClient
+
+from dpsweep.memory import parse_bytes
+
+
+def memory_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "dpsweep.memory_cli", *args], capture_output=True, text=True, timeout=600
+    )
+    if check and done.returncode != 0:
+        raise AssertionError(f"dpsweep-memory {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+def test_probe_measures_each_config_in_its_own_process_and_writes_the_table(
+    mlflow_uri: str, experiment_name: str, client: MlflowClient, tmp_path: Path
+) -> None:
+    tracking = [f"tracking.uri={mlflow_uri}", f"tracking.experiment_name={experiment_name}", "train.progress=false"]
+    done = memory_cli("probe", "--csv", "out/probes.csv", "train.batch_size=16,64", "dataset.image_size=16", *tracking)
+    assert "probing 2 configs" in done.stdout and "2 probes written to out/probes.csv" in done.stdout
+    table = pd.read_csv(tmp_path / "out" / "probes.csv")
+    assert sorted(table.batch_size) == [16, 64]
+    assert set(table.backend) == {"cpu-tensors"} and (table.height == 16).all() and table.dp.all()
+    small, large = (table.set_index("batch_size").loc[b] for b in (16, 64))
+    assert small.model_load_bytes == large.model_load_bytes > 0  # the same model
+    for stage in ("batch_load", "backward"):  # more examples: more pixels, more per-sample gradients
+        assert large[f"{stage}_delta_bytes"] > small[f"{stage}_delta_bytes"] > 0
+    assert large.optimizer_step_delta_bytes == small.optimizer_step_delta_bytes  # P-sized state only
+    assert (table.iteration_peak_bytes >= table.optimizer_step_bytes).all()
+    runs = [r for r in runs_of(client, experiment_name) if r.data.tags.get("sweep.role") != "parent"]
+    assert len(runs) == 2 and {r.data.tags["probe"] for r in runs} == {"true"}
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    pids = {r.data.tags.get("job.pid") for r in runs}
+    assert len(pids) == 2 and None not in pids  # a fresh process per config
+
+    # Asked again, with one more config: the probed configs are skipped, the table has all three.
+    again = memory_cli("probe", "--csv", "again.csv", "train.batch_size=16,32,64", "dataset.image_size=16", *tracking)
+    assert "2 skipped" in again.stdout
+    assert sorted(pd.read_csv(tmp_path / "again.csv").batch_size) == [16, 32, 64]
+    assert len([r for r in runs_of(client, experiment_name) if r.data.tags.get("sweep.role") != "parent"]) == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["probe", "launcher=inline"], "launcher='inline': one of local, slurm, sge"),
+        (["probe", "train.batch_size=0"], "train.batch_size=0 is invalid"),
+        (["probe", "train.batch_size=5000"], "at most the training-set size N=1437"),
+        (["probe", "train.physical_batch_size=8"], "train.physical_batch_size=8 is invalid"),
+    ],
+)
+def test_probe_refuses_bad_input_before_any_work(
+    args: list[str], message: str, mlflow_uri: str, experiment_name: str, client: MlflowClient
+) -> None:
+    done = memory_cli(*args, f"tracking.uri={mlflow_uri}", f"tracking.experiment_name={experiment_name}", check=False)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+    assert runs_of(client, experiment_name) == []
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """12 probes of the CNN on 16x16 digits (in-process: the fit does not care how they ran)."""
+    from hydra import compose, initialize_config_module
+
+    from dpsweep.train import train
+
+    root = tmp_path_factory.mktemp("probed")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    with initialize_config_module("dpsweep.conf", version_base="1.3"):
+        for hidden in (16, 64):
+            for batch in (4, 8, 16, 32, 64, 128):
+                train(compose("config", overrides=[
+                    "train.probe=true", f"train.batch_size={batch}", f"model.hidden_units={hidden}",
+                    "dataset.image_size=16", f"tracking.uri={uri}", "tracking.experiment_name=probes",
+                ]))  # fmt: skip
+    return uri, root
+
+
+def test_fit_prints_formulas_and_held_out_error_and_saves_the_model(probed: tuple[str, Path], tmp_path: Path) -> None:
+    from dpsweep.analysis import memory_model as mm
+
+    uri, _ = probed
+    done = memory_cli("fit", "--experiment", "probes", "--tracking-uri", uri, "--out", "models/m.json")
+    assert "cnn: 12 probes, backend cpu-tensors" in done.stdout
+    assert "iteration_peak ≈" in done.stdout and "least_squares" in done.stdout and "envelope" in done.stdout
+    assert "k-fold held-out error" in done.stdout and "share_under_predicted" in done.stdout
+    assert (tmp_path / "models" / "m_residuals.png").read_bytes().startswith(b"\x89PNG")
+    [model] = mm.load_models(tmp_path / "models" / "m.json").values()
+    assert model.model == "cnn" and model.backend == "cpu-tensors" and model.n_probes == 12
+    peak = model.cv.query("target == 'iteration_peak_bytes' and fit == 'envelope'").iloc[0]
+    assert peak.mean_abs_rel_error < 0.05  # the census is close to linear in B and P
+
+
+def predict_json(*args: str) -> list[dict[str, object]]:
+    out = memory_cli("predict", "--json", *args).stdout
+    rows: list[dict[str, object]] = json.loads(out[out.index("\n[") :])
+    return rows
+
+
+def test_predict_gives_the_verdict_and_the_largest_batch_that_really_fits(
+    probed: tuple[str, Path], mlflow_uri: str, experiment_name: str, client: MlflowClient
+) -> None:
+    from hydra import compose, initialize_config_module
+
+    from dpsweep.train import train
+
+    uri, _ = probed
+    memory_cli("fit", "--experiment", "probes", "--tracking-uri", uri, "--out", "m.json")
+    budget = "3MiB"
+    common = ["--memory-model", "m.json", "--backend", "cpu-tensors", "--gpu-memory", budget]
+    config = ["model.hidden_units=64", "dataset.image_size=16"]
+    small = memory_cli("predict", *common, "train.batch_size=8", *config)
+    assert ": fits: predicted peak" in small.stdout and "largest Poisson batch of B=8" in small.stdout
+    large = memory_cli("predict", *common, "train.batch_size=1024", *config)
+    assert "OUT OF MEMORY" in large.stdout and "train.physical_batch_size=" in large.stdout
+    [row] = predict_json(*common, "train.batch_size=1024", *config)
+    assert row["fits"] is False and float(row["peak_bytes"]) > parse_bytes(budget)  # type: ignore[arg-type]
+    largest, physical = int(row["largest_batch_size"]), int(row["largest_physical_batch_size"])  # type: ignore[call-overload]
+    assert 8 < largest < 1024 and physical >= largest  # a Poisson batch may exceed B; a pass never exceeds the cap
+
+    # The largest B is predicted to fit and the next one up not ...
+    assert predict_json(*common, f"train.batch_size={largest}", *config)[0]["fits"] is True
+    assert predict_json(*common, f"train.batch_size={largest + 1}", *config)[0]["fits"] is False
+    # ... and measured: a pass of the largest physical batch predicted to fit stays within the budget.
+    tracking = [f"tracking.uri={mlflow_uri}", f"tracking.experiment_name={experiment_name}"]
+    with initialize_config_module("dpsweep.conf", version_base="1.3"):
+        train(compose("config", overrides=["train.probe=true", f"train.batch_size={physical}", *config, *tracking]))
+    [run] = runs_of(client, experiment_name)
+    assert run.data.metrics["memory.iteration_peak_bytes"] <= parse_bytes(budget)

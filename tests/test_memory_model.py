@@ -1,0 +1,349 @@
+"""``dpsweep.analysis.memory_model``: fits to probes generated from a known linear memory law.
+
+The law (bytes, per stage) has realistic magnitudes: 12 MiB of CUDA context and workspaces, 4 B
+per fp32 parameter, gradient and per-sample gradient (B·P, under DP with hooks), 4 B per input
+value and 2 KiB of activations per example. Ghost clipping keeps no per-sample gradients, only
+1 B per B·P of norms and bookkeeping, so its B·P coefficient is 3 B less than hooks'.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dpsweep.analysis import memory_model as mm
+
+MIB = 2**20
+BASE_BYTES = 12 * MIB
+HEAD_INPUTS = 25088  # VGG16's flattened features feeding the trained head
+
+
+def head_params(hidden_units: int) -> int:
+    """Trainable parameters of vgg16_frozen's head: 25088 → h → 10."""
+    return HEAD_INPUTS * hidden_units + hidden_units + hidden_units * 10 + 10
+
+
+# The law, on the design columns the default features keep on this grid.
+BACKWARD_LAW = {
+    "const": float(BASE_BYTES),
+    "trainable_params": 8.0,
+    "input_pixels": 4.0,
+    "batch_size": 2048.0,
+    "dp:batch_params": 4.0,
+    "batch_params": 0.0,
+    "grad_sample_mode[ghost]:batch_params": -3.0,
+}
+
+
+def law(frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Exact bytes per target for the configs in ``frame``."""
+    p = frame["trainable_params"].to_numpy(float)
+    b = frame["batch_size"].to_numpy(float)
+    pixels = b * (frame["channels"] * frame["height"] * frame["width"]).to_numpy(float)
+    dp = frame["dp"].to_numpy(float)
+    ghost = (frame["grad_sample_mode"] == "ghost").to_numpy(float)
+    model_load = BASE_BYTES + 4 * p
+    batch_load = model_load + 4 * pixels
+    backward = BASE_BYTES + 8 * p + 4 * pixels + 2048 * b + 4 * dp * b * p - 3 * ghost * b * p
+    optimizer_step = backward + 8 * p  # Adam-like state
+    peak = optimizer_step + 1024 * b
+    reserved = np.ceil((peak + 2 * MIB) / (2 * MIB)) * (2 * MIB)
+    return {
+        "model_load_bytes": model_load,
+        "batch_load_bytes": batch_load,
+        "backward_bytes": backward,
+        "optimizer_step_bytes": optimizer_step,
+        "iteration_peak_bytes": peak,
+        "reserved_peak_bytes": reserved,
+    }
+
+
+def configs(batch_sizes: tuple[int, ...] = (16, 32, 64, 96, 128)) -> pd.DataFrame:
+    """The grid: hidden units × batch size × image shape × (off, hooks, ghost), in the raw schema."""
+    rows: list[dict[str, object]] = []
+    shapes = [("cifar10", 3, 32, 32), ("mnist", 1, 28, 28)]
+    modes = [(False, "none"), (True, "hooks"), (True, "ghost")]
+    for h, b, (dataset, c, hh, w), (dp, mode) in itertools.product((64, 128, 256), batch_sizes, shapes, modes):
+        rows.append(
+            {
+                "model": "vgg16_frozen",
+                "dataset": dataset,
+                "hidden_units": h,
+                "batch_size": b,
+                "channels": c,
+                "height": hh,
+                "width": w,
+                "trainable_params": head_params(h),
+                "dp": dp,
+                "grad_sample_mode": mode,
+                "backend": "cuda",
+                "device_name": "NVIDIA H100",
+                "torch_version": "2.5.1",
+                "run_id": f"run{len(rows)}",  # an extra column, ignored
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def probes(noise: float = 0.0, seed: int = 0) -> pd.DataFrame:
+    """The grid with its measured bytes, times 1 + U(−noise, noise) per probe and target."""
+    frame = configs()
+    rng = np.random.default_rng(seed)
+    for column, values in law(frame).items():
+        frame[column] = values * (1 + rng.uniform(-noise, noise, len(frame))) if noise else values
+    return frame
+
+
+@pytest.fixture(scope="module")
+def exact() -> mm.MemoryModel:
+    return mm.fit(probes())
+
+
+@pytest.fixture(scope="module")
+def noisy() -> tuple[pd.DataFrame, mm.MemoryModel]:
+    frame = probes(noise=0.02, seed=1)
+    return frame, mm.fit(frame)
+
+
+def test_least_squares_recovers_the_law(exact: mm.MemoryModel) -> None:
+    coef = exact.coefficients("backward", "least_squares")
+    assert set(coef) == set(BACKWARD_LAW)
+    for column, truth in BACKWARD_LAW.items():
+        assert coef[column] == pytest.approx(truth, rel=1e-6, abs=1e-6), column
+    load = exact.coefficients("model_load_bytes", "least_squares")
+    assert load == pytest.approx({"const": BASE_BYTES, "trainable_params": 4.0}, rel=1e-6)
+    batch = exact.coefficients("batch_load", "least_squares")
+    assert batch == pytest.approx({"const": BASE_BYTES, "trainable_params": 4.0, "input_pixels": 4.0}, rel=1e-6)
+    # exact data: both fits agree, and the held-out error is nil
+    assert exact.coefficients("backward", "envelope") == pytest.approx(BACKWARD_LAW, rel=1e-6, abs=1e-3)
+    stages = exact.cv[exact.cv["target"] != "reserved_peak_bytes"]
+    assert (stages["max_abs_rel_error"] < 1e-6).all()
+
+
+def test_unidentifiable_columns_are_dropped_and_reported(exact: mm.MemoryModel) -> None:
+    # P is linear in hidden_units here, so hidden_units adds nothing to model_load
+    dropped = exact.targets["model_load_bytes"].dropped
+    assert list(dropped) == ["hidden_units"]
+    assert "not identifiable from these probes" in dropped["hidden_units"]
+    assert "trainable_params" in dropped["hidden_units"]
+    # hooks:B·P = dp:B·P − ghost:B·P and none:B·P = B·P − dp:B·P
+    backward = exact.targets["backward_bytes"]
+    assert set(backward.dropped) == {"grad_sample_mode[hooks]:batch_params", "grad_sample_mode[none]:batch_params"}
+    assert "grad_sample_mode[ghost]:batch_params" in backward.columns
+    # a constant column: every probe with DP off
+    off = probes()
+    off = off[~off["dp"]]
+    model = mm.fit(off, ["batch_size", "dp", "dp:batch_params"], targets=["backward"])
+    assert model.targets["backward_bytes"].dropped.keys() == {"dp", "dp:batch_params"}
+    assert "constant (0) in every probe" in model.targets["backward_bytes"].dropped["dp"]
+    assert model.targets["backward_bytes"].columns == ["const", "batch_size"]
+    assert model.targets["backward_bytes"].fixed == {"dp": 0.0, "dp:batch_params": 0.0}
+    # the model knows nothing of DP: it refuses to predict DP rows unless told to
+    with pytest.raises(mm.MemoryModelError, match=r"dp=1: every probe of 'vgg16_frozen' had dp=0"):
+        model.predict(probes())
+    assert len(model.predict(probes(), allow_unprobed=True)) == 90
+
+
+def test_categorical_main_effect_drops_the_most_common_level() -> None:
+    frame = probes()
+    frame = frame[frame["grad_sample_mode"] != "ghost"]
+    frame = pd.concat([frame, frame[frame["dp"]]])  # hooks now the most common level
+    columns = mm.expand_columns(frame, ["grad_sample_mode", "grad_sample_mode:batch_params"])
+    assert columns == [
+        "const",
+        "grad_sample_mode[none]",
+        "grad_sample_mode[hooks]:batch_params",
+        "grad_sample_mode[none]:batch_params",
+    ]
+
+
+def test_envelope_covers_every_probe_with_least_over_prediction(noisy: tuple[pd.DataFrame, mm.MemoryModel]) -> None:
+    frame, model = noisy
+    envelope = model.predict(frame)
+    least = model.predict(frame, fit="least_squares")
+    for target in mm.TARGETS:
+        observed = frame[target].to_numpy()
+        assert (envelope[target].to_numpy() >= observed).all(), target
+        shifted = least[target].to_numpy() + np.max(observed - least[target].to_numpy())
+        over_envelope = np.sum(envelope[target].to_numpy() - observed)
+        over_shifted = np.sum(shifted - observed)
+        assert over_envelope <= over_shifted * (1 + 1e-9), target
+        assert over_envelope < over_shifted  # noisy data: LS shifted is not the optimum
+
+
+def test_held_out_error_with_noise(noisy: tuple[pd.DataFrame, mm.MemoryModel]) -> None:
+    _, model = noisy
+    cv = model.cv.set_index(["target", "fit"])
+    assert list(model.cv.columns) == [
+        "model", "backend", "target", "fit", "n_probes", "folds",
+        "mean_abs_rel_error", "max_abs_rel_error", "share_under_predicted", "max_under_fraction",
+    ]  # fmt: skip
+    assert len(model.cv) == 2 * len(mm.TARGETS)
+    assert (model.cv["folds"] == 5).all() and (model.cv["n_probes"] == 90).all()
+    for target in mm.TARGETS:
+        assert cv.loc[(target, "least_squares"), "mean_abs_rel_error"] < 0.04, target
+        assert cv.loc[(target, "envelope"), "share_under_predicted"] <= 0.2, target
+        assert cv.loc[(target, "envelope"), "max_under_fraction"] < 0.05, target
+        # LS under-predicts about half the held-out probes; the envelope far fewer
+        assert cv.loc[(target, "least_squares"), "share_under_predicted"] > 0.3, target
+    preds = model.cv_predictions
+    assert preds is not None
+    assert len(preds) == 90 * 2 * len(mm.TARGETS)
+    assert sorted(preds["fold"].unique()) == [0, 1, 2, 3, 4]
+    # deterministic folds
+    again = mm.fit(noisy[0])
+    pd.testing.assert_frame_equal(again.cv, model.cv)
+
+
+def test_fit_all_fits_each_model_and_names_a_missing_one() -> None:
+    vgg = probes()
+    cnn = probes(noise=0.01).assign(model="cnn", trainable_params=26010, hidden_units=0)
+    both = pd.concat([vgg, cnn], ignore_index=True)
+    models = mm.fit_all(both)
+    assert sorted(models) == ["cnn", "vgg16_frozen"]
+    assert models["cnn"].n_probes == models["vgg16_frozen"].n_probes == 90
+    assert "trainable_params" in models["cnn"].targets["model_load_bytes"].dropped  # one P for cnn
+    assert list(mm.fit_all(both, "cnn")) == ["cnn"]
+    assert set(mm.cv_table(models)["model"]) == {"cnn", "vgg16_frozen"}
+    with pytest.raises(mm.MemoryModelError, match=r"model=resnet.*no probes.*models probed: cnn, vgg16_frozen"):
+        mm.fit_all(both, "resnet")
+    with pytest.raises(mm.MemoryModelError, match=r"model=cnn, vgg16_frozen: fit\(\) takes the probes of one model"):
+        mm.fit(both)
+
+
+def test_too_few_probes_says_how_many_are_needed() -> None:
+    frame = probes().sample(8, random_state=0)
+    with pytest.raises(mm.MemoryModelError) as err:
+        mm.fit(frame)
+    message = str(err.value)
+    assert "8 probes of model 'vgg16_frozen' are too few" in message
+    assert "6 feature(s) (trainable_params, input_pixels, batch_size, dp:batch_params" in message
+    assert "at least 9 probes" in message  # 7 columns: 9 − ⌈9/5⌉ = 7
+    assert mm.min_probes(7) == 9 and mm.min_probes(1) == 2 and mm.min_probes(3) == 4
+    ok = mm.fit(probes().iloc[::10], targets=["model_load"])  # 9 probes, 2 columns
+    assert ok.n_probes == 9
+
+
+def test_validation_errors_name_the_problem() -> None:
+    frame = probes()
+    with pytest.raises(mm.MemoryModelError, match=r"features=batch_sise: unknown memory feature; valid: .*batch_size"):
+        mm.fit(frame, ["batch_sise"])
+    with pytest.raises(mm.MemoryModelError, match=r"features=nope: unknown memory feature in 'dp:nope'"):
+        mm.fit(frame, ["dp:nope"])
+    assert issubclass(mm.MemoryModelError, ValueError)
+    mixed = frame.copy()
+    mixed.loc[:9, "backend"] = "cpu-tensors"
+    with pytest.raises(mm.MemoryModelError, match=r"cpu-tensors \(10 probes\), cuda \(80 probes\).*separately"):
+        mm.fit(mixed)
+    with pytest.raises(mm.MemoryModelError, match=r"separately"):
+        mm.fit_all(mixed)
+    with pytest.raises(mm.MemoryModelError, match=r"probes=trainable_params, reserved_peak_bytes: missing column"):
+        mm.fit(frame.drop(columns=["trainable_params", "reserved_peak_bytes"]))
+    gap = frame.copy()
+    gap.loc[3, "backward_bytes"] = np.nan
+    with pytest.raises(mm.MemoryModelError, match=r"backward_bytes=nan: 1 row\(s\) are not finite"):
+        mm.fit(gap)
+    flags = frame.assign(dp=frame["dp"].map({True: "yes", False: "no"}))
+    with pytest.raises(mm.MemoryModelError, match=r"dp=no, yes: must be a flag"):
+        mm.fit(flags)
+    with pytest.raises(mm.MemoryModelError, match=r"target=peak: unknown memory target; valid: model_load"):
+        mm.fit(frame, targets=["peak"])
+
+
+def test_dp_given_as_strings_or_numbers(exact: mm.MemoryModel) -> None:
+    frame = probes()
+    as_text = frame.assign(dp=frame["dp"].map({True: "True", False: "False"}))
+    as_int = frame.assign(dp=frame["dp"].astype(int))
+    for other in (as_text, as_int):
+        pd.testing.assert_frame_equal(exact.predict(other), exact.predict(frame))
+
+
+def test_predict_checks_its_rows(exact: mm.MemoryModel) -> None:
+    rows = configs()
+    unseen = rows.assign(grad_sample_mode=rows["grad_sample_mode"].replace("ghost", "ew"))
+    with pytest.raises(mm.MemoryModelError, match=r"grad_sample_mode=ew: no probe of 'vgg16_frozen' had it"):
+        exact.predict(unseen)
+    with pytest.raises(mm.MemoryModelError, match=r"model=cnn: these rows are not of model 'vgg16_frozen'"):
+        exact.predict(rows.assign(model="cnn"))
+    with pytest.raises(mm.MemoryModelError, match=r"probes=width: missing column"):
+        exact.predict(rows.drop(columns=["width"]))
+    with pytest.raises(mm.MemoryModelError, match=r"fit=median: unknown memory fit; valid: envelope, least_squares"):
+        exact.predict(rows, fit="median")
+    # model_load needs only P: a frame with P alone will do
+    only = exact.predict(pd.DataFrame({"trainable_params": [head_params(100)]}), targets=["model_load"])
+    assert only["model_load_bytes"].iloc[0] == pytest.approx(BASE_BYTES + 4 * head_params(100), rel=1e-9)
+
+
+def test_json_round_trip_predicts_identically(noisy: tuple[pd.DataFrame, mm.MemoryModel], tmp_path: Path) -> None:
+    frame, model = noisy
+    other = mm.fit(probes(noise=0.01).assign(model="cnn", trainable_params=26010))
+    path = mm.save_models(tmp_path / "models" / "memory.json", {"vgg16_frozen": model, "cnn": other}, {"git": "abc"})
+    loaded = mm.load_models(path)
+    assert sorted(loaded) == ["cnn", "vgg16_frozen"]
+    assert mm.load_meta(path) == {"git": "abc"}
+    again = loaded["vgg16_frozen"]
+    for fit in mm.FITS:
+        pd.testing.assert_frame_equal(again.predict(frame, fit=fit), model.predict(frame, fit=fit), check_exact=True)
+    pd.testing.assert_frame_equal(again.cv, model.cv)
+    assert again.targets == model.targets and again.levels == model.levels
+    assert again.provenance["device_name"] == ["NVIDIA H100"]
+    assert json.loads(path.read_text())["format"] == "dpsweep-memory-model/1"
+    assert mm.MemoryModel.from_json(model.to_json()).targets == model.targets
+
+
+def test_model_files_fail_clearly(tmp_path: Path) -> None:
+    with pytest.raises(mm.MemoryModelError, match=r"path=.*absent.json: no such file"):
+        mm.load_models(tmp_path / "absent.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(mm.MemoryModelError, match=r"bad.json: not JSON"):
+        mm.load_models(bad)
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"format": "something-else/2", "models": {}}))
+    with pytest.raises(mm.MemoryModelError, match=r"format 'something-else/2' is not a memory model file"):
+        mm.load_models(wrong)
+    with pytest.raises(mm.MemoryModelError, match=r"format=None: not a memory model"):
+        mm.MemoryModel.from_json({"model": "cnn"})
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"format": mm.FORMAT, "models": {"cnn": {"format": mm.FORMAT, "model": "cnn"}}}))
+    with pytest.raises(mm.MemoryModelError, match=r"malformed memory model: KeyError"):
+        mm.load_models(broken)
+
+
+def test_formula_shows_units(exact: mm.MemoryModel) -> None:
+    text = mm.formula(exact, "backward", "least_squares")
+    assert text.startswith("backward ≈ 12 MiB + 8 B × trainable_params + 4 B × input_pixels + 2 KiB × batch_size")
+    assert "+ 4 B × dp:batch_params" in text
+    assert "- 3 B × grad_sample_mode[ghost]:batch_params" in text
+    assert mm.formula(exact, "model_load_bytes", "least_squares") == "model_load ≈ 12 MiB + 4 B × trainable_params"
+
+
+def test_residual_plot_writes_a_png(noisy: tuple[pd.DataFrame, mm.MemoryModel], tmp_path: Path) -> None:
+    _, model = noisy
+    assert model.cv_predictions is not None
+    path = mm.residual_plot(model.cv_predictions, tmp_path / "plots" / "residuals.png")
+    data = path.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
+    with pytest.raises(mm.MemoryModelError, match="no held-out predictions"):
+        mm.residual_plot(model.cv_predictions.iloc[:0], tmp_path / "empty.png")
+
+
+def test_feature_registry_and_help() -> None:
+    assert mm.FEATURES.names() == [
+        "batch_params", "batch_size", "dp", "grad_sample_mode", "hidden_units", "input_pixels", "trainable_params"
+    ]  # fmt: skip
+    assert "a:b" in mm.feature_help()
+    assert mm.parse_features(["const", "dp : batch_params", "dp:batch_params", "batch_size"]) == [
+        "dp:batch_params",
+        "batch_size",
+    ]
+    assert mm.required_columns(["input_pixels", "grad_sample_mode[ghost]:batch_params"]) == [
+        "batch_size", "channels", "height", "width", "grad_sample_mode", "trainable_params"
+    ]  # fmt: skip
+    with pytest.raises(mm.MemoryModelError, match="empty feature name"):
+        mm.parse_features(["dp:"])
