@@ -107,6 +107,7 @@ class CudaMemoryMonitor:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        gc.collect()  # free what earlier runs of this process left in reference cycles
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
 
@@ -163,6 +164,9 @@ class CpuTensorMonitor:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        # Free what earlier runs of this process left in reference cycles first: freed later, it
+        # would be subtracted from this run's figures (a fresh process per probe avoids it all).
+        gc.collect()
         self.baseline = live_tensor_bytes(device)
         self._peak = 0
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -50,6 +52,22 @@ def test_cpu_twin_is_labelled_and_relative_to_its_baseline() -> None:
     monitor.reset_peak()
     assert monitor.peak_bytes() == 0
     del keep
+
+
+def test_cpu_twin_is_not_fooled_by_garbage_of_an_earlier_run() -> None:
+    """Tensors an earlier in-process run left in a reference cycle are freed before the baseline,
+    not in the middle of the next run (where they would be subtracted from its figures)."""
+
+    class Cycle:
+        def __init__(self) -> None:
+            self.me = self
+            self.tensor = torch.zeros(2**18)  # 1 MiB
+
+    Cycle()  # unreachable, but alive until the cycle collector runs
+    monitor = CpuTensorMonitor(torch.device("cpu"))
+    kept = torch.ones(1000)
+    gc.collect()
+    assert monitor.allocated_bytes() == kept.untyped_storage().nbytes()
 
 
 def test_recorder_levels_deltas_and_peaks() -> None:

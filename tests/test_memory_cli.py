@@ -3,6 +3,8 @@ and predictions, end to end."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -14,12 +16,24 @@ from helpers import runs_of
 from mlflow.tracking import MlflowClient
 
 from dpsweep.memory import parse_bytes
+from dpsweep.memory_cli import main, probe_table
 
 
-def memory_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "dpsweep.memory_cli", *args], capture_output=True, text=True, timeout=600
-    )
+def memory_cli(*args: str, check: bool = True, fresh: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run ``dpsweep-memory`` in this process (``fresh``: as its own process, as users run it)."""
+    if fresh:
+        done = subprocess.run(
+            [sys.executable, "-m", "dpsweep.memory_cli", *args], capture_output=True, text=True, timeout=600
+        )
+    else:
+        out, err = io.StringIO(), io.StringIO()
+        code = 0
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main(list(args))
+            except SystemExit as exit_:
+                code = int(exit_.code or 0)
+        done = subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
     if check and done.returncode != 0:
         raise AssertionError(f"dpsweep-memory {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
     return done
@@ -29,7 +43,9 @@ def test_probe_measures_each_config_in_its_own_process_and_writes_the_table(
     mlflow_uri: str, experiment_name: str, client: MlflowClient, tmp_path: Path
 ) -> None:
     tracking = [f"tracking.uri={mlflow_uri}", f"tracking.experiment_name={experiment_name}", "train.progress=false"]
-    done = memory_cli("probe", "--csv", "out/probes.csv", "train.batch_size=16,64", "dataset.image_size=16", *tracking)
+    done = memory_cli(
+        "probe", "--csv", "out/probes.csv", "train.batch_size=16,64", "dataset.image_size=16", *tracking, fresh=True
+    )
     assert "probing 2 configs" in done.stdout and "2 probes written to out/probes.csv" in done.stdout
     table = pd.read_csv(tmp_path / "out" / "probes.csv")
     assert sorted(table.batch_size) == [16, 64]
@@ -47,7 +63,9 @@ def test_probe_measures_each_config_in_its_own_process_and_writes_the_table(
     assert len(pids) == 2 and None not in pids  # a fresh process per config
 
     # Asked again, with one more config: the probed configs are skipped, the table has all three.
-    again = memory_cli("probe", "--csv", "again.csv", "train.batch_size=16,32,64", "dataset.image_size=16", *tracking)
+    again = memory_cli(
+        "probe", "--csv", "again.csv", "train.batch_size=16,32,64", "dataset.image_size=16", *tracking, fresh=True
+    )
     assert "2 skipped" in again.stdout
     assert sorted(pd.read_csv(tmp_path / "again.csv").batch_size) == [16, 32, 64]
     assert len([r for r in runs_of(client, experiment_name) if r.data.tags.get("sweep.role") != "parent"]) == 3
@@ -94,7 +112,7 @@ def test_fit_prints_formulas_and_held_out_error_and_saves_the_model(probed: tupl
     from dpsweep.analysis import memory_model as mm
 
     uri, _ = probed
-    done = memory_cli("fit", "--experiment", "probes", "--tracking-uri", uri, "--out", "models/m.json")
+    done = memory_cli("fit", "--experiment", "probes", "--tracking-uri", uri, "--out", "models/m.json", fresh=True)
     assert "cnn: 12 probes, backend cpu-tensors" in done.stdout
     assert "iteration_peak ≈" in done.stdout and "least_squares" in done.stdout and "envelope" in done.stdout
     assert "k-fold held-out error" in done.stdout and "share_under_predicted" in done.stdout
@@ -141,3 +159,46 @@ def test_predict_gives_the_verdict_and_the_largest_batch_that_really_fits(
         train(compose("config", overrides=["train.probe=true", f"train.batch_size={physical}", *config, *tracking]))
     [run] = runs_of(client, experiment_name)
     assert run.data.metrics["memory.iteration_peak_bytes"] <= parse_bytes(budget)
+
+
+def test_plan_shows_the_predicted_peak_and_flags_what_will_not_fit(probed: tuple[str, Path]) -> None:
+    uri, _ = probed
+    memory_cli("fit", "--experiment", "probes", "--tracking-uri", uri, "--out", "m.json")
+    done = subprocess.run(
+        [sys.executable, "-m", "dpsweep.plan", "--memory-model", "m.json", "--backend", "cpu-tensors",
+         "--gpu-memory", "3MiB", "train.batch_size=8,1024", "model.hidden_units=64", "dataset.image_size=16"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    lines = done.stdout.splitlines()
+    assert "peak" in lines[0]
+    [small] = [line for line in lines if "digits" in line and "     8 " in line]
+    [large] = [line for line in lines if "digits" in line and "  1024 " in line]
+    assert "will not fit 3MiB" in large and "will not fit" not in small
+    assert "1 of 2 jobs are predicted not to fit the GPU memory" in done.stdout
+
+
+def test_fit_and_predict_refuse_bad_input(probed: tuple[str, Path], tmp_path: Path) -> None:
+    uri, _ = probed
+    table = probe_table(uri, "probes")
+    table.to_csv("probes.csv", index=False)
+    table.iloc[:2].to_csv("few.csv", index=False)
+    table.assign(backend=["cuda"] * 6 + ["cpu-tensors"] * 6).to_csv("mixed.csv", index=False)
+    cases = [
+        (["fit", "--csv", "few.csv"], "2 probes of model 'cnn' are too few to fit"),
+        (["fit", "--csv", "probes.csv", "--features", "batch_size,colour"], "colour"),
+        (["fit", "--csv", "mixed.csv"], "cpu-tensors"),
+        (["fit", "--csv", "missing.csv"], "--csv='missing.csv'"),
+        (["fit", "--experiment", "nope", "--tracking-uri", uri], "--experiment='nope'"),
+    ]
+    for args, message in cases:
+        done = memory_cli(*args, check=False)
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+    assert not (tmp_path / "memory_model.json").exists()
+    memory_cli("fit", "--csv", "probes.csv", "--out", "m.json")
+    for figure, message in [("16", "units are required"), ("-1GiB", "a positive amount"), ("0B", "a positive amount")]:
+        done = memory_cli("predict", "--memory-model", "m.json", f"--gpu-memory={figure}", check=False)
+        assert done.returncode == 2 and f"--gpu-memory={figure!r} is invalid: {message}" in done.stderr, done.stderr
+    done = memory_cli("predict", "--memory-model", "m.json", "--gpu-memory", "1GiB", "model=vgg16_frozen", check=False)
+    assert done.returncode == 2 and "model.name=vgg16_frozen" in done.stderr and "fits of: cnn" in done.stderr
+    done = memory_cli("predict", "--memory-model", "m.json", "--gpu-memory", "1GiB", check=False)  # cuda by default
+    assert done.returncode == 2 and "cpu-tensors probes" in done.stderr
