@@ -73,6 +73,7 @@ TARGETS: dict[str, str] = {
 #   per-sample gradients, B·P values (Opacus's ``grad_sample``), which ghost clipping avoids.
 _TRAINING_FEATURES = (
     "trainable_params",
+    "dp:trainable_params",  # DP-only P-sized buffers (Opacus's summed_grad)
     "input_pixels",
     "batch_size",
     "dp:batch_params",
@@ -81,7 +82,7 @@ _TRAINING_FEATURES = (
 )
 DEFAULT_FEATURES: dict[str, tuple[str, ...]] = {
     "model_load_bytes": ("trainable_params", "hidden_units"),
-    "batch_load_bytes": ("trainable_params", "input_pixels"),
+    "batch_load_bytes": ("trainable_params", "input_pixels", "batch_size"),  # B: the labels
     "backward_bytes": _TRAINING_FEATURES,
     "optimizer_step_bytes": _TRAINING_FEATURES,
     "iteration_peak_bytes": _TRAINING_FEATURES,
@@ -89,6 +90,7 @@ DEFAULT_FEATURES: dict[str, tuple[str, ...]] = {
 }
 
 DEFAULT_FOLDS = 5
+NEGLIGIBLE_BYTES = 1e-6  # per unit of a feature: formulas leave out smaller coefficients
 UNDER_TOLERANCE = 1e-9  # relative shortfall below which a prediction counts as exact, not under
 RANK_RTOL = 1e-9  # a column whose normalised residual singular value is below this adds no rank
 NOT_IDENTIFIABLE = "dropped (not identifiable from these probes)"
@@ -861,7 +863,7 @@ def formula(model: MemoryModel, target: str, fit: str = "envelope") -> str:
     const = round(coefs.get(CONST, 0.0))  # whole bytes: what is left is solver round-off
     text = f"{TARGETS[_target_column(target)]} ≈ {format_bytes(const)}"
     for column, value in coefs.items():
-        if column == CONST:
+        if column == CONST or abs(value) < NEGLIGIBLE_BYTES:  # solver round-off, not a term
             continue
         sign = "-" if value < 0 else "+"
         text += f" {sign} {format_bytes(abs(value))} × {column}"

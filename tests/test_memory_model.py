@@ -112,15 +112,19 @@ def noisy() -> tuple[pd.DataFrame, mm.MemoryModel]:
 
 def test_least_squares_recovers_the_law(exact: mm.MemoryModel) -> None:
     coef = exact.coefficients("backward", "least_squares")
-    assert set(coef) == set(BACKWARD_LAW)
+    assert set(coef) == set(BACKWARD_LAW) | {"dp:trainable_params"}  # a default feature the law lacks
+    assert coef["dp:trainable_params"] == pytest.approx(0.0, abs=1e-6)
     for column, truth in BACKWARD_LAW.items():
         assert coef[column] == pytest.approx(truth, rel=1e-6, abs=1e-6), column
     load = exact.coefficients("model_load_bytes", "least_squares")
     assert load == pytest.approx({"const": BASE_BYTES, "trainable_params": 4.0}, rel=1e-6)
     batch = exact.coefficients("batch_load", "least_squares")
-    assert batch == pytest.approx({"const": BASE_BYTES, "trainable_params": 4.0, "input_pixels": 4.0}, rel=1e-6)
+    assert batch == pytest.approx(
+        {"const": BASE_BYTES, "trainable_params": 4.0, "input_pixels": 4.0, "batch_size": 0.0}, rel=1e-6, abs=1e-6
+    )
     # exact data: both fits agree, and the held-out error is nil
-    assert exact.coefficients("backward", "envelope") == pytest.approx(BACKWARD_LAW, rel=1e-6, abs=1e-3)
+    envelope = exact.coefficients("backward", "envelope")
+    assert envelope == pytest.approx(BACKWARD_LAW | {"dp:trainable_params": 0.0}, rel=1e-6, abs=1e-3)
     stages = exact.cv[exact.cv["target"] != "reserved_peak_bytes"]
     assert (stages["max_abs_rel_error"] < 1e-6).all()
 
@@ -222,8 +226,8 @@ def test_too_few_probes_says_how_many_are_needed() -> None:
         mm.fit(frame)
     message = str(err.value)
     assert "8 probes of model 'vgg16_frozen' are too few" in message
-    assert "6 feature(s) (trainable_params, input_pixels, batch_size, dp:batch_params" in message
-    assert "at least 9 probes" in message  # 7 columns: 9 − ⌈9/5⌉ = 7
+    assert "7 feature(s) (trainable_params, dp:trainable_params, input_pixels, batch_size, dp:batch_params" in message
+    assert "at least 13 probes" in message  # 10 columns (3 grad-sample-mode levels): 13 − ⌈13/5⌉ = 10
     assert mm.min_probes(7) == 9 and mm.min_probes(1) == 2 and mm.min_probes(3) == 4
     ok = mm.fit(probes().iloc[::10], targets=["model_load"])  # 9 probes, 2 columns
     assert ok.n_probes == 9
@@ -347,3 +351,38 @@ def test_feature_registry_and_help() -> None:
     ]  # fmt: skip
     with pytest.raises(mm.MemoryModelError, match="empty feature name"):
         mm.parse_features(["dp:"])
+
+
+REFERENCE = Path(__file__).resolve().parents[1] / "analysis" / "data" / "cpu_probes_digits.csv"
+
+
+def test_reference_probes_fit_the_physics_of_fp32_training() -> None:
+    """On the committed CPU probes (real runs, tensor census): 4 bytes per parameter held at model
+    load; weights, gradients and momentum (12 B per parameter) after the step, plus DP-SGD's
+    per-sample gradients (4 B per example and parameter) and its summed gradient (4 B per parameter)."""
+    probes = pd.read_csv(REFERENCE)
+    models = mm.fit_all(probes)
+    assert set(models) == {"cnn", "vgg16_frozen"}
+    for model in models.values():
+        load = model.coefficients("model_load", "least_squares")
+        assert load["trainable_params"] == pytest.approx(4.0, rel=1e-6)
+        step = model.coefficients("optimizer_step", "least_squares")
+        assert step["trainable_params"] == pytest.approx(12.0, rel=1e-6)
+        assert step["dp:trainable_params"] == pytest.approx(4.0, rel=1e-6)
+        assert step["dp:batch_params"] == pytest.approx(4.0, rel=1e-6)
+    frozen = models["vgg16_frozen"].coefficients("model_load", "least_squares")["const"]
+    assert frozen == pytest.approx(4 * 14_714_688, rel=1e-6)  # VGG16's frozen convolutional weights
+
+
+def test_memory_benchmark_meets_its_goals_on_the_reference_probes() -> None:
+    import importlib.util
+
+    path = REFERENCE.parents[2] / "benchmarks" / "memory_fit.py"
+    spec = importlib.util.spec_from_file_location("memory_fit", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    results = bench.evaluate(pd.read_csv(REFERENCE))
+    assert [r["probes_fitted"] for r in results] == [24, 24]
+    for r in results:
+        assert r["passed"] and r["mean_rel_error"] <= 0.05 and r["max_under_prediction"] <= 0.02, r

@@ -1,0 +1,87 @@
+"""Benchmark: memory-model accuracy on probes it was not fitted to. Goals, per model: at most 24
+probes fitted; on every other probe, the predicted iteration peak (envelope fit, the figure plans use)
+within 5% mean relative error, and under-predicting no config by more than 2%.
+
+    .venv/bin/python benchmarks/memory_fit.py                           # the committed CPU reference probes
+    .venv/bin/python benchmarks/memory_fit.py --csv gpu_probes.csv      # probes of your GPU (dpsweep-memory probe)
+    .venv/bin/python benchmarks/memory_fit.py --json results.json       # also write the figures as JSON
+
+It prints, per model, the probes fitted and held out, the held-out mean and max relative error, the
+largest under-prediction, and PASS or FAIL; it exits 1 if any model misses a goal. The fitted probes
+are a seeded random subset (--seed), the same on every run.
+
+The reference probes in ``analysis/data/cpu_probes_digits.csv`` are of the ``cpu-tensors`` backend
+(see ``analysis/data/README.md``), which counts the bytes of live tensors exactly, so a linear model
+fits them to round-off; GPU probes (the CUDA allocator's counters, with activations, workspaces and
+the allocator's rounding) are the real test, and this script runs on them unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dpsweep.analysis import memory_model as mm
+
+REFERENCE = Path(__file__).resolve().parents[1] / "analysis" / "data" / "cpu_probes_digits.csv"
+MAX_PROBES = 24  # fitted per model
+MAX_MEAN_REL_ERROR = 0.05
+MAX_UNDER_PREDICTION = 0.02
+PEAK = "iteration_peak_bytes"
+
+
+def evaluate(probes: pd.DataFrame, max_probes: int = MAX_PROBES, seed: int = 0) -> list[dict[str, Any]]:
+    """Per model: fit the envelope to ``max_probes`` seeded-random probes, score the peak on the rest."""
+    results = []
+    for name, block in probes.groupby("model", sort=True):
+        order = np.random.default_rng(seed).permutation(len(block))
+        fitted_rows, held_out = block.iloc[order[:max_probes]], block.iloc[order[max_probes:]]
+        if held_out.empty:
+            raise SystemExit(f"model {name}: {len(block)} probes leave none held out beyond the {max_probes} fitted")
+        model = mm.fit(fitted_rows)
+        predicted = model.predict(held_out, targets=[PEAK])[PEAK].to_numpy()
+        observed = held_out[PEAK].to_numpy(dtype=float)
+        rel = (predicted - observed) / observed
+        under = float(max(0.0, -rel.min()))
+        mean = float(np.abs(rel).mean())
+        results.append({
+            "model": str(name), "backend": model.backend,
+            "devices": sorted(set(block.get("device_name", pd.Series(dtype=str)).astype(str))),
+            "probes_fitted": len(fitted_rows), "probes_held_out": len(held_out),
+            "mean_rel_error": mean, "max_rel_error": float(np.abs(rel).max()), "max_under_prediction": under,
+            "passed": mean <= MAX_MEAN_REL_ERROR and under <= MAX_UNDER_PREDICTION,
+        })  # fmt: skip
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--csv", type=Path, default=REFERENCE, help="probe table (default: the CPU reference)")
+    parser.add_argument("--max-probes", type=int, default=MAX_PROBES, help="probes fitted per model (default 24)")
+    parser.add_argument("--seed", type=int, default=0, help="which probes are fitted")
+    parser.add_argument("--json", type=Path, help="write the figures here as JSON")
+    args = parser.parse_args()
+    results = evaluate(pd.read_csv(args.csv), args.max_probes, args.seed)
+    print(f"memory-model accuracy on held-out probes ({args.csv}); goals: mean |error| <= "
+          f"{MAX_MEAN_REL_ERROR:.0%}, under-prediction <= {MAX_UNDER_PREDICTION:.0%}")  # fmt: skip
+    for r in results:
+        print(
+            f"  {r['model']:<13} {r['backend']:<12} fitted {r['probes_fitted']:>3}, "
+            f"held out {r['probes_held_out']:>3}: "
+            f"mean |error| {r['mean_rel_error']:.3%}, max |error| {r['max_rel_error']:.3%}, "
+            f"largest under-prediction {r['max_under_prediction']:.3%}  {'PASS' if r['passed'] else 'FAIL'}"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    if not all(r["passed"] for r in results):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
