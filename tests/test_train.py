@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -274,3 +275,28 @@ def test_bad_input_fails_before_any_run(
 def test_train_accepts_the_typed_config(make_cfg: Composer) -> None:
     cfg = to_config(make_cfg("train.epochs=1", "dp=off"))
     assert train(cfg).n_train == 1437
+
+
+def test_memory_model_and_gpu_memory_choose_the_physical_batch(
+    make_cfg: Composer, client: MlflowClient, experiment_name: str, tmp_path: Path
+) -> None:
+    """The largest pass predicted to fit the budget; the privacy batch stays B (same steps, same ε)."""
+    import pandas as pd
+
+    from dpsweep.analysis import memory_model as mm
+
+    reference = Path(__file__).resolve().parents[1] / "analysis" / "data" / "cpu_probes_digits.csv"
+    mm.save_models(tmp_path / "m.json", mm.fit_all(pd.read_csv(reference), "cnn"), meta={})
+    chosen = ["train.memory_model=m.json", "launcher.gpu_memory=3MiB", "train.batch_size=256", "train.epochs=1"]
+    result = train(make_cfg(*chosen))
+    plain = train(make_cfg("train.batch_size=256", "train.epochs=1"))
+    runs = {r.info.run_id: r for r in runs_of(client, experiment_name)}
+    physical = int(runs[result.run_id].data.tags["train.physical_batch_size_used"])
+    assert 1 <= physical < 256 and "train.physical_batch_size_used" not in runs[plain.run_id].data.tags
+    assert runs[result.run_id].data.metrics["memory.peak_bytes"] <= 3 * 2**20  # and it did fit
+    assert runs[plain.run_id].data.metrics["memory.peak_bytes"] > 3 * 2**20  # where B in one pass does not
+    assert result.steps == plain.steps and result.epsilon == plain.epsilon
+    with pytest.raises(ConfigError, match=r"launcher.gpu_memory='1KiB' is invalid: room for at least one example"):
+        train(make_cfg("train.memory_model=m.json", "launcher.gpu_memory=1KiB"))
+    with pytest.raises(ConfigError, match=r"train.memory_model='nope.json' is invalid: an existing"):
+        train(make_cfg("train.memory_model=nope.json", "launcher.gpu_memory=1GiB"))
