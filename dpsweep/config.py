@@ -119,6 +119,10 @@ class VGG16FrozenConfig(ModelConfig):
     hidden_units: int = 512
     pretrained: bool = True  # ImageNet weights (torchvision's IMAGENET1K_V1)
     dropout: float = 0.0  # dropout probability between the head's two layers
+    # Compute the frozen convolutional features once per (dataset, split, image size, weights) and
+    # train the head on them (dpsweep.feature_cache); false recomputes them every step.
+    feature_cache: bool = True
+    feature_cache_dir: str = "cache/features"  # relative to where dpsweep runs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,6 +181,10 @@ class TrainConfig:
     # Memory probe: run only the first iteration on a batch of exactly batch_size examples, record the
     # four memory stages (tag probe=true), and stop; no evaluation, no ε. See dpsweep-memory probe.
     probe: bool = False
+    # Hold the training split on the device and draw Poisson batches there (dpsweep.device_data):
+    # same sample rate and steps as Opacus's loader, without per-example loader overhead. For
+    # datasets that fit in device memory (digits, MNIST, CIFAR-10, cached VGG16 features).
+    device_resident: bool = False
 
 
 @dataclass
@@ -414,7 +422,7 @@ def validate_launcher(launcher: LauncherConfig) -> None:
 # Keys that do not change what a run computes: where it is tracked, launched or checkpointed.
 NON_IDENTITY_PREFIXES = (
     "tracking.", "launcher.", "sweep.", "train.checkpoint_dir", "train.progress", "train.eval_batch_size",
-    "train.memory_model",
+    "train.memory_model", "model.feature_cache_dir",
 )  # fmt: skip
 
 

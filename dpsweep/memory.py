@@ -253,11 +253,17 @@ class StageRecorder:
         return out
 
 
+def model_key(cfg: Config) -> str:
+    """The name memory models are fitted under: the model, with ``+cache`` when VGG16's frozen
+    features come from the feature cache (then only the head is on the device: another model)."""
+    return cfg.model.name + ("+cache" if getattr(cfg.model, "feature_cache", False) else "")
+
+
 def config_features(cfg: Config, input_shape: tuple[int, int, int], trainable_params: int) -> dict[str, object]:
     """One config as a row of the probe table's config columns (what memory models are fitted on)."""
     channels, height, width = input_shape
     return {
-        "model": cfg.model.name,
+        "model": model_key(cfg),
         "dataset": cfg.dataset.name,
         "hidden_units": cfg.model.hidden_units,
         "batch_size": cfg.train.batch_size,

@@ -128,7 +128,7 @@ def probe_table(uri: str, experiment: str, hashes: Sequence[str] | None = None) 
             row: dict[str, Any] = {
                 "run_id": run.info.run_id,
                 "config_hash": h,
-                "model": params["model.name"],
+                "model": params["model.name"] + ("+cache" if params.get("model.feature_cache") == "True" else ""),
                 "dataset": params["dataset.name"],
                 "hidden_units": int(params["model.hidden_units"]),
                 "batch_size": int(params["train.batch_size"]),
@@ -229,7 +229,7 @@ def run_fit(args: argparse.Namespace) -> dict[str, Any]:
 def run_predict(args: argparse.Namespace) -> list[dict[str, Any]]:
     from dpsweep.analysis import memory_model as mm
     from dpsweep.analysis import memory_predict as mp
-    from dpsweep.memory import parse_bytes
+    from dpsweep.memory import model_key, parse_bytes
 
     models = mm.load_models(args.memory_model)
     rows = []
@@ -248,7 +248,7 @@ def run_predict(args: argparse.Namespace) -> list[dict[str, Any]]:
         budget = parse_bytes(figure, key="--gpu-memory" if args.gpu_memory else "launcher.gpu_memory")
         facts = sizes.facts(cfg)
         validate_for_dataset(cfg, facts.n_train)
-        fitted = mp.model_for(models, cfg.model.name, args.backend)
+        fitted = mp.model_for(models, model_key(cfg), args.backend)
         p = mp.predict_config(fitted, cfg, facts, budget)
         largest_pass = mp.largest_pass(fitted, cfg, facts, budget)
         shown = " ".join(job) or "(defaults)"

@@ -98,15 +98,39 @@ class FrozenVGG16(nn.Module):
         layers.append(nn.Linear(hidden_units, num_classes))
         self.head = nn.Sequential(*layers)
 
-    def extract(self, x: torch.Tensor) -> torch.Tensor:
-        """Frozen features (B, 25088); no autograd graph is built through them."""
+    def feature_maps(self, x: torch.Tensor) -> torch.Tensor:
+        """Frozen convolutional maps (B, 512, H/32, W/32); no autograd graph is built through them."""
         if x.shape[1] == 1:
             x = x.expand(-1, 3, -1, -1)
         with torch.no_grad():
-            return torch.flatten(self.avgpool(self.features(x)), 1)
+            return self.features(x)
+
+    def extract(self, x: torch.Tensor) -> torch.Tensor:
+        """Frozen features (B, 25088): the maps pooled to 7x7 by torchvision's adaptive pool."""
+        return torch.flatten(self.avgpool(self.feature_maps(x)), 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.extract(x))
+
+    def cached_head(self, map_shape: tuple[int, int, int]) -> PooledHead:
+        """The trained part for inputs that are flattened :meth:`feature_maps` (the feature cache):
+        ``cached_head(shape)(feature_maps(x).flatten(1)) == self(x)``. It shares ``self.head``."""
+        return PooledHead(self.avgpool, self.head, map_shape)
+
+
+class PooledHead(nn.Module):
+    """Adaptive 7x7 average pool (no parameters) and the MLP head, on flattened convolutional maps.
+
+    The feature cache stores the maps before the pool: at 32 px they are 512 values per image, where
+    the pool would replicate the single position 49 times (25,088 values)."""
+
+    def __init__(self, avgpool: nn.Module, head: nn.Module, map_shape: tuple[int, int, int]) -> None:
+        super().__init__()
+        self.avgpool, self.head, self.map_shape = avgpool, head, map_shape
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        maps = z.view(len(z), *self.map_shape)
+        return self.head(torch.flatten(self.avgpool(maps), 1))
 
 
 def _imagenet_weights() -> VGG16_Weights:

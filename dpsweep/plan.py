@@ -174,13 +174,14 @@ class MemoryCheck:
 
     def apply(self, row: PlanRow, cfg: Config, sizes: TrainingSetSizes) -> PlanRow:
         from dpsweep.analysis import memory_model, memory_predict  # pandas, scipy: only when asked
+        from dpsweep.memory import model_key as memory_key
         from dpsweep.memory import parse_bytes
 
         figure = self.gpu_memory or cfg.launcher.gpu_memory
         key = "--gpu-memory" if self.gpu_memory else "launcher.gpu_memory"
         budget = parse_bytes(figure, key=key) if figure is not None else None
         models = memory_model.load_models(self.model_file)
-        fitted = memory_predict.model_for(models, cfg.model.name, self.backend)
+        fitted = memory_predict.model_for(models, memory_key(cfg), self.backend)
         p = memory_predict.predict_config(fitted, cfg, sizes.facts(cfg), None)
         fits = None if budget is None else p.peak_bytes <= budget
         return dataclasses.replace(row, peak_bytes=p.peak_bytes, gpu_memory=figure, fits_memory=fits)

@@ -42,7 +42,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from dpsweep import checkpoint, memory, privacy
+from dpsweep import checkpoint, device_data, feature_cache, memory, privacy
 from dpsweep import data as datasets
 from dpsweep import models as model_zoo
 from dpsweep.config import (
@@ -77,6 +77,8 @@ warnings.filterwarnings("ignore", message="Full backward hook is firing when gra
 
 # Errors that mean "the input is wrong": reported in one line, exit code 2.
 INPUT_ERRORS = (ConfigError, UnknownNameError, DatasetNotFoundError, PretrainedWeightsError)
+
+EXTRACT_BATCH_SIZE = 64  # images per forward pass of the frozen backbone when the feature cache is built
 
 OptimizerFactory = Callable[[Any, Iterable[nn.Parameter]], torch.optim.Optimizer]
 OPTIMIZERS: Registry[OptimizerFactory] = Registry("optimizer")
@@ -216,7 +218,11 @@ def train(cfg: DictConfig | Config) -> TrainResult:
             run.log_text(OmegaConf.to_yaml(resolved), "config.yaml")
         else:
             log.info(f"resuming run {resume.run_id} after epoch {resume.epoch} from {ckpt_dir}")
-        result = _fit(config, data, model, device, sigma, monitor, run, ckpt_dir, run_hash, physical)
+        trained, splits = model, data
+        if isinstance(model, model_zoo.FrozenVGG16) and getattr(config.model, "feature_cache", False):
+            trained, splits = _cached_features(config, model, data, device, run)
+            del model  # the backbone is not needed on any device from here on
+        result = _fit(config, splits, trained, device, sigma, monitor, run, ckpt_dir, run_hash, physical)
     if ckpt_dir is not None and not config.train.probe:
         checkpoint.remove(ckpt_dir)  # the run is complete; a rerun starts afresh
     if config.train.probe:
@@ -224,6 +230,23 @@ def train(cfg: DictConfig | Config) -> TrainResult:
     else:
         _print_summary(config, result)
     return result
+
+
+def _cached_features(
+    cfg: Config, model: model_zoo.FrozenVGG16, data: datasets.DataSplits, device: torch.device, run: Tracker
+) -> tuple[nn.Module, datasets.DataSplits]:
+    """The frozen features of both splits from the cache (built on ``device`` when missing), and the
+    module to train on them: the pool and head (see dpsweep.feature_cache). N is unchanged."""
+    cached = feature_cache.cached_splits(
+        model, data, dataclasses.asdict(cfg.dataset), root=Path(cfg.model.feature_cache_dir),
+        batch_size=EXTRACT_BATCH_SIZE, device=device,
+    )  # fmt: skip
+    run.set_tags({
+        "feature_cache.train": cached.status["train"], "feature_cache.test": cached.status["test"],
+        "feature_cache.key": cached.keys["train"], "feature_cache.map_shape": "x".join(map(str, cached.map_shape)),
+    })  # fmt: skip
+    splits = datasets.DataSplits(cached.train, cached.test, cached.num_classes, data.input_shape)
+    return cached.head(model), splits
 
 
 def physical_batch_size(cfg: Config, facts: datasets.DatasetFacts, backend: str) -> int | None:
@@ -239,7 +262,7 @@ def physical_batch_size(cfg: Config, facts: datasets.DatasetFacts, backend: str)
 
     budget = memory.parse_bytes(cfg.launcher.gpu_memory, key="launcher.gpu_memory")
     try:
-        fitted = memory_predict.model_for(memory_model.load_models(t.memory_model), cfg.model.name, backend)
+        fitted = memory_predict.model_for(memory_model.load_models(t.memory_model), memory.model_key(cfg), backend)
         largest = memory_predict.largest_pass(fitted, cfg, facts, budget)
     except memory_model.MemoryModelError as err:
         raise ConfigError("train.memory_model", t.memory_model, str(err)) from err
@@ -293,19 +316,21 @@ def physical_batches(
 ) -> Iterator[Iterable[Pass]]:
     """Yield ``(x, y, first, last, weight)`` passes of at most ``physical_batch_size`` examples per logical batch.
 
-    With DP this is Opacus's BatchMemoryManager: the DPOptimizer clips and accumulates each pass and
-    steps (adds noise, accounts one step) only at the end of the logical batch, so sampling and
-    accounting are those of the logical batch. Without DP the logical batch is split by hand and the
-    loss of each pass weighted by its share of the examples (``first``: zero the gradients;
+    With DP and a DataLoader this is Opacus's BatchMemoryManager: the DPOptimizer clips and
+    accumulates each pass and steps (adds noise, accounts one step) only at the end of the logical
+    batch, so sampling and accounting are those of the logical batch. Device-resident batches are
+    split the same way, signalling the DPOptimizer as Opacus's BatchSplittingSampler does. Without DP
+    the loss of each pass is weighted by its share of the examples (``first``: zero the gradients;
     ``last``: step)."""
     if physical_batch_size is None:
         yield ((x, y, True, True, 1.0) for x, y in loader)
-    elif isinstance(optimizer, DPOptimizer):
-        assert isinstance(loader, DataLoader)
+    elif isinstance(optimizer, DPOptimizer) and isinstance(loader, DataLoader):
         with BatchMemoryManager(
             data_loader=loader, max_physical_batch_size=physical_batch_size, optimizer=optimizer
         ) as split_loader:
             yield ((x, y, True, True, 1.0) for x, y in split_loader)  # the DPOptimizer skips inner steps
+    elif isinstance(optimizer, DPOptimizer):
+        yield _split_private(loader, physical_batch_size, optimizer)
     else:
         yield _split(loader, physical_batch_size)
 
@@ -316,6 +341,16 @@ def _split(loader: Iterable[Batch], size: int) -> Iterator[Pass]:
         for i in starts:
             part = y[i : i + size]
             yield x[i : i + size], part, i == 0, i == starts[-1], len(part) / max(len(y), 1)
+
+
+def _split_private(loader: Iterable[Batch], size: int, optimizer: DPOptimizer) -> Iterator[Pass]:
+    """Opacus's BatchSplittingSampler for batches that are already tensors: every pass but the last
+    of a logical batch tells the DPOptimizer to skip its step (it clips and accumulates only)."""
+    for x, y in loader:
+        starts = range(0, max(len(y), 1), size)
+        for i in starts:
+            optimizer.signal_skip_step(do_skip=i != starts[-1])
+            yield x[i : i + size], y[i : i + size], True, True, 1.0
 
 
 def _fit(
@@ -346,6 +381,9 @@ def _fit(
     )
     if cfg.train.probe:
         return _probe(cfg, data, model, optimizer, criterion, device, monitor, run, generator, result)
+    batches: Iterable[Batch] = loader
+    if cfg.train.device_resident:
+        batches, generator = _device_batches(cfg, data, loader, device)  # generator: checkpointed below
     state = checkpoint.load(ckpt_dir, run_hash, model, optimizer, engine) if ckpt_dir else None
     stages = memory.StageRecorder(monitor, active=state is None)  # a resumed run recorded them before
     first_epoch = 1
@@ -362,7 +400,7 @@ def _fit(
     ):
         model.train()
         loss_sum, seen = 0.0, 0
-        with physical_batches(loader, physical_batch_size, optimizer) as passes:
+        with physical_batches(batches, physical_batch_size, optimizer) as passes:
             for x, y, first, last, weight in tqdm(
                 passes, desc=f"epoch {epoch} steps", leave=False, disable=None if show else True, file=sys.stderr
             ):
@@ -376,7 +414,7 @@ def _fit(
                     loss_sum += loss * len(y)
                     seen += len(y)
         metrics = {
-            "test_accuracy": evaluate(model, data.test, cfg.train.eval_batch_size, device),
+            "test_accuracy": evaluate(model, data.test, cfg.train.eval_batch_size, device, cfg.train.device_resident),
             "train_loss": loss_sum / max(seen, 1),
             "memory.peak_bytes": float(stages.observe()),
         }
@@ -407,6 +445,21 @@ def _fit(
     if engine is not None:
         _finish_privacy(cfg, engine, sigma, result, run)
     return result
+
+
+def _device_batches(
+    cfg: Config, data: datasets.DataSplits, loader: DataLoader[Any], device: torch.device
+) -> tuple[Iterable[Batch], torch.Generator]:
+    """The training split on the device, batched there: Poisson batches at the sample rate of the
+    DP loader Opacus made (so the accountant's q and the steps per epoch are those of the loader),
+    or shuffled batches without DP. Returns the batches and their generator (checkpointed)."""
+    x, y = device_data.materialize(data.train)
+    generator = device_data.device_generator(device, cfg.train.seed)
+    if cfg.dp.enabled:
+        q = float(loader.sample_rate)  # type: ignore[attr-defined]  # Opacus's DPDataLoader
+        return device_data.PoissonBatches(x, y, sample_rate=q, device=device, generator=generator), generator
+    size = cfg.train.batch_size
+    return device_data.ShuffledBatches(x, y, batch_size=size, device=device, generator=generator), generator
 
 
 def _train_pass(
@@ -479,11 +532,20 @@ def _finish_privacy(cfg: Config, engine: PrivacyEngine, sigma: float | None, res
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, dataset: Dataset[Any], batch_size: int, device: torch.device) -> float:
-    """Top-1 accuracy on ``dataset``."""
+def evaluate(
+    model: nn.Module, dataset: Dataset[Any], batch_size: int, device: torch.device, resident: bool = False
+) -> float:
+    """Top-1 accuracy on ``dataset`` (``resident``: copied to the device once and batched there)."""
     model.eval()
     correct = total = 0
-    for x, y in DataLoader(dataset, batch_size=batch_size):
+    if resident:
+        xs, ys = (t.to(device) for t in device_data.materialize(dataset))
+        batches: Iterable[Batch] = (
+            (xs[i : i + batch_size], ys[i : i + batch_size]) for i in range(0, len(ys), batch_size)
+        )
+    else:
+        batches = DataLoader(dataset, batch_size=batch_size)
+    for x, y in batches:
         pred = model(x.to(device)).argmax(dim=1)
         correct += int((pred == y.to(device)).sum())
         total += len(y)

@@ -1,0 +1,221 @@
+"""Frozen-feature cache: same logits as the full model, content keys, hits, and rebuilds of bad files."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from dpsweep import feature_cache as fc
+from dpsweep.config import DigitsConfig
+from dpsweep.data import DataSplits, load_digits_splits
+from dpsweep.models import FrozenVGG16
+
+CPU = torch.device("cpu")
+DATASET_CFG = {"name": "synthetic", "root": "data", "download": False, "image_size": 32}
+
+
+@pytest.fixture(scope="module")
+def vgg() -> FrozenVGG16:
+    torch.manual_seed(0)
+    return FrozenVGG16(num_classes=3, hidden_units=8, pretrained=False)
+
+
+@pytest.fixture(scope="module")
+def splits() -> DataSplits:
+    g = torch.Generator().manual_seed(1)
+    train = TensorDataset(torch.randn(24, 1, 32, 32, generator=g), torch.randint(0, 3, (24,), generator=g))
+    test = TensorDataset(torch.randn(10, 1, 32, 32, generator=g), torch.randint(0, 3, (10,), generator=g))
+    return DataSplits(train, test, num_classes=3, input_shape=(1, 32, 32))
+
+
+class CountingBuild:
+    """A build callable that counts its calls."""
+
+    def __init__(self, features: torch.Tensor, labels: torch.Tensor) -> None:
+        self.features, self.labels, self.calls = features, labels, 0
+
+    def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        self.calls += 1
+        return self.features.clone(), self.labels.clone()
+
+
+def _tensors(n: int = 6, dim: int = 5, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, dim, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def test_head_on_cached_features_gives_the_models_logits(vgg: FrozenVGG16, splits: DataSplits, tmp_path: Path) -> None:
+    cached = fc.cached_splits(vgg, splits, DATASET_CFG, root=tmp_path, batch_size=7, device=CPU)
+    assert cached.status == {"train": "built", "test": "built"}
+    assert cached.map_shape == (512, 1, 1) and cached.feature_dim == 512  # 32 px: before the 7x7 pool
+    assert cached.num_classes == 3 and cached.n_train == 24
+    x_train, y_train = splits.train.tensors  # type: ignore[attr-defined]
+    features, labels = cached.train.tensors
+    assert features.dtype == torch.float32 and features.shape == (24, 512)
+    assert labels.dtype == torch.int64 and torch.equal(labels, y_train)  # dataset order
+    vgg.eval()
+    with torch.no_grad():
+        head = cached.head(vgg)
+        assert torch.allclose(head(features), vgg(x_train), atol=1e-5, rtol=1e-4)
+        x_test, _ = splits.test.tensors  # type: ignore[attr-defined]
+        assert torch.allclose(head(cached.test.tensors[0]), vgg(x_test), atol=1e-5, rtol=1e-4)
+
+    again = fc.cached_splits(vgg, splits, DATASET_CFG, root=tmp_path, batch_size=5, device=CPU)
+    assert again.status == {"train": "hit", "test": "hit"}
+    assert again.keys == cached.keys and again.keys["train"] != again.keys["test"]
+    assert torch.equal(again.train.tensors[0], features)
+
+
+def test_extract_features_is_in_dataset_order_and_restores_mode(vgg: FrozenVGG16, splits: DataSplits) -> None:
+    vgg.train()
+    features, labels = fc.extract_features(vgg, splits.test, batch_size=3, device=CPU)
+    assert vgg.training
+    x, y = splits.test.tensors  # type: ignore[attr-defined]
+    assert torch.equal(labels, y)
+    assert torch.allclose(features, vgg.feature_maps(x).flatten(1), atol=1e-6)
+
+
+def _key(vgg: FrozenVGG16, **overrides: object) -> str:
+    args: dict[str, object] = {
+        "dataset": DATASET_CFG,
+        "split": "train",
+        "input_shape": (1, 32, 32),
+        "weights": fc.weights_fingerprint(vgg),
+    }
+    return fc.cache_key(**(args | overrides))  # type: ignore[arg-type]
+
+
+def test_key_changes_with_weights_split_and_size_but_not_download(vgg: FrozenVGG16) -> None:
+    base = _key(vgg)
+    assert len(base) == 64 and base == _key(vgg)
+
+    perturbed = copy.deepcopy(vgg)
+    with torch.no_grad():
+        perturbed.features[0].weight[0, 0, 0, 0] += 1e-3
+    assert fc.weights_fingerprint(perturbed) != fc.weights_fingerprint(vgg)
+    assert _key(perturbed) != base
+
+    head_changed = copy.deepcopy(vgg)  # the trained head does not shape the features
+    with torch.no_grad():
+        head_changed.head[0].weight.add_(1.0)
+    assert _key(head_changed) == base
+
+    assert _key(vgg, split="test") != base
+    assert _key(vgg, input_shape=(1, 40, 40)) != base
+    assert _key(vgg, dataset=DATASET_CFG | {"download": True}) == base
+    assert _key(vgg, dataset=dict(reversed(DATASET_CFG.items()))) == base  # canonical JSON
+    assert _key(vgg, dataset=DATASET_CFG | {"root": "elsewhere"}) != base
+    with pytest.raises(ValueError, match="split='val'"):
+        _key(vgg, split="val")
+
+
+def test_key_of_the_same_dataset_at_32_and_40_px(vgg: FrozenVGG16) -> None:
+    keys = set()
+    for size in (32, 40):
+        cfg = DigitsConfig(image_size=size)
+        data = load_digits_splits(cfg)
+        assert data.input_shape == (1, size, size)
+        keys.add(_key(vgg, dataset=vars(cfg), input_shape=data.input_shape))
+    assert len(keys) == 2
+
+
+def test_second_load_is_a_hit_and_does_not_build(tmp_path: Path) -> None:
+    cache = fc.FeatureCache(tmp_path / "cache")
+    build = CountingBuild(*_tensors())
+    (f1, l1), status1 = cache.load_or_build("a" * 64, build, describe={"split": "train", "shape": (1, 32, 32)})
+    (f2, l2), status2 = cache.load_or_build("a" * 64, build, describe={})
+    assert (status1, status2, build.calls) == ("built", "hit", 1)
+    assert torch.equal(f1, f2) and torch.equal(l1, l2) and torch.equal(f2, build.features)
+    stored = torch.load(cache.path_for("a" * 64), weights_only=True)
+    assert stored["format"] == fc.FORMAT_VERSION and stored["key"] == "a" * 64
+    assert stored["describe"] == {"split": "train", "shape": [1, 32, 32]}
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["a" * 64 + ".pt"]  # no temporary files left
+
+
+def _rebuilt(cache: fc.FeatureCache, key: str, build: CountingBuild, caplog: pytest.LogCaptureFixture) -> str:
+    """Load ``key`` once more, expecting a logged rebuild; return the reason; check the new file."""
+    calls = build.calls
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dpsweep"):
+        (features, labels), status = cache.load_or_build(key, build, describe={})
+    assert build.calls == calls + 1
+    assert status.startswith("rebuilt (") and status.endswith(")")
+    assert torch.equal(features, build.features) and torch.equal(labels, build.labels)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and str(cache.path_for(key)) in warnings[0]
+    assert cache.load_or_build(key, build, describe={})[1] == "hit"  # the overwritten file is good
+    return status[len("rebuilt (") : -1]
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "garbage"])
+def test_corrupt_file_is_detected_and_rebuilt(damage: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cache, key = fc.FeatureCache(tmp_path), "c" * 64
+    build = CountingBuild(*_tensors(n=64, dim=512))  # the features are most of the file
+    cache.load_or_build(key, build, describe={})
+    path = cache.path_for(key)
+    raw = bytearray(path.read_bytes())
+    if damage == "flip":
+        middle = len(raw) // 2  # inside the features' payload
+        raw[middle : middle + 8] = bytes(b ^ 0xFF for b in raw[middle : middle + 8])
+    elif damage == "truncate":
+        raw = raw[: len(raw) // 2]
+    else:
+        raw = bytearray(b"not a torch file")
+    path.write_bytes(bytes(raw))
+    reason = _rebuilt(cache, key, build, caplog)
+    assert reason.startswith(("corrupt", "unreadable"))
+
+
+def test_checksum_mismatch_is_corrupt(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cache, key = fc.FeatureCache(tmp_path), "d" * 64
+    build = CountingBuild(*_tensors())
+    cache.load_or_build(key, build, describe={})
+    stored = torch.load(cache.path_for(key), weights_only=True)
+    stored["features"][0, 0] += 1.0  # the same layout, different numbers
+    torch.save(stored, cache.path_for(key))
+    assert _rebuilt(cache, key, build, caplog).startswith("corrupt: the tensors' sha256")
+
+
+def test_inconsistent_shapes_are_detected(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cache, key = fc.FeatureCache(tmp_path), "e" * 64
+    build = CountingBuild(*_tensors())
+    cache.load_or_build(key, build, describe={})
+    stored = torch.load(cache.path_for(key), weights_only=True)
+    stored["labels"] = stored["labels"][:-1]
+    torch.save(stored, cache.path_for(key))
+    assert "6 feature rows but 5 labels" in _rebuilt(cache, key, build, caplog)
+
+
+def test_stale_file_copied_from_another_key_is_rebuilt(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cache, key_a, key_b = fc.FeatureCache(tmp_path), "a" * 64, "b" * 64
+    build_a, build_b = CountingBuild(*_tensors(seed=1)), CountingBuild(*_tensors(seed=2))
+    cache.load_or_build(key_a, build_a, describe={})
+    shutil.copyfile(cache.path_for(key_a), cache.path_for(key_b))
+    reason = _rebuilt(cache, key_b, build_b, caplog)
+    assert reason == f"stale: holds key {key_a!r}, expected {key_b!r}"
+    assert cache.load_or_build(key_a, build_a, describe={})[1] == "hit"  # A's own file is untouched
+
+
+def test_older_format_is_stale(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cache, key = fc.FeatureCache(tmp_path), "f" * 64
+    build = CountingBuild(*_tensors())
+    cache.load_or_build(key, build, describe={})
+    stored = torch.load(cache.path_for(key), weights_only=True)
+    stored["format"] = fc.FORMAT_VERSION - 1
+    torch.save(stored, cache.path_for(key))
+    assert _rebuilt(cache, key, build, caplog).startswith(f"stale: format {fc.FORMAT_VERSION - 1}")
+
+
+def test_bad_build_output_is_refused_and_not_written(tmp_path: Path) -> None:
+    cache = fc.FeatureCache(tmp_path)
+    with pytest.raises(ValueError, match="bad tensors: 3 feature rows but 2 labels"):
+        cache.load_or_build("g" * 64, lambda: (torch.zeros(3, 4), torch.zeros(2, dtype=torch.int64)), describe={})
+    assert not any(tmp_path.iterdir())
+    with pytest.raises(ValueError, match="not a plain file name"):
+        cache.path_for("../escape")
