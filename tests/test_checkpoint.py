@@ -76,3 +76,17 @@ def test_a_checkpoint_of_another_config_is_refused(tmp_path: Path, make_cfg: Com
 
     with pytest.raises(RuntimeError, match="belongs to another config"):
         train(make_cfg(f"train.checkpoint_dir={tmp_path}"))
+
+
+def test_checkpointed_rng_replays_device_resident_poisson_batches() -> None:
+    """A resumed device-resident run draws the batches the interrupted one would have drawn."""
+    from dpsweep import device_data
+
+    x, y = torch.arange(500.0).unsqueeze(1), torch.arange(500) % 10
+    generator = device_data.device_generator(torch.device("cpu"), seed=3)
+    batches = device_data.PoissonBatches(x, y, sample_rate=0.05, device=torch.device("cpu"), generator=generator)
+    list(batches)  # epoch 1
+    saved = checkpoint.capture_rng(generator)
+    epoch2 = [b.clone() for b, _ in batches]
+    checkpoint.restore_rng(saved, generator)
+    assert all(torch.equal(a, b) for a, (b, _) in zip(epoch2, batches, strict=True))

@@ -300,3 +300,40 @@ def test_memory_model_and_gpu_memory_choose_the_physical_batch(
         train(make_cfg("train.memory_model=m.json", "launcher.gpu_memory=1KiB"))
     with pytest.raises(ConfigError, match=r"train.memory_model='nope.json' is invalid: an existing"):
         train(make_cfg("train.memory_model=nope.json", "launcher.gpu_memory=1GiB"))
+
+
+def test_feature_cache_trains_the_same_run_without_the_backbone_on_the_device(
+    make_cfg: Composer, client: MlflowClient, experiment_name: str, tmp_path: Path
+) -> None:
+    common = [
+        "model=vgg16_frozen", "model.pretrained=false", "model.hidden_units=16", "dataset.image_size=32",
+        "train.epochs=1", "train.batch_size=256", "optimizer.lr=0.05", f"model.feature_cache_dir={tmp_path / 'c'}",
+    ]  # fmt: skip
+    uncached = train(make_cfg(*common, "model.feature_cache=false"))
+    cached = train(make_cfg(*common))
+    again = train(make_cfg(*common, "optimizer.lr=0.1"))  # same data and weights (a seed would change them)
+    assert cached.steps == uncached.steps and cached.epsilon == uncached.epsilon  # the same Poisson process
+    assert cached.accountant_history == uncached.accountant_history
+    assert cached.test_accuracy == pytest.approx(uncached.test_accuracy, abs=1.5 / 360)  # float order only
+    assert cached.train_loss == pytest.approx(uncached.train_loss, rel=1e-4)
+    runs = {r.info.run_id: r for r in runs_of(client, experiment_name)}
+    tags = runs[cached.run_id].data.tags
+    assert tags["feature_cache.train"] == tags["feature_cache.test"] == "built"
+    assert tags["feature_cache.map_shape"] == "512x1x1"
+    assert runs[again.run_id].data.tags["feature_cache.train"] == "hit"
+    assert "feature_cache.train" not in runs[uncached.run_id].data.tags
+    load = {k: runs[r.run_id].data.metrics["memory.model_load_bytes"] for k, r in (("c", cached), ("u", uncached))}
+    assert load["c"] < 0.05 * load["u"]  # only the head: the 14.7 M frozen weights stay off the device
+
+
+def test_device_resident_data_keeps_the_sample_rate_steps_and_epsilon(make_cfg: Composer) -> None:
+    loader = train(make_cfg("train.epochs=2"))
+    resident = train(make_cfg("train.epochs=2", "train.device_resident=true"))
+    assert resident.accountant_history == loader.accountant_history == [(1.0, 1 / 23, 46)]
+    assert resident.epsilon == loader.epsilon and resident.steps == loader.steps
+    assert resident.test_accuracy > 0.5  # it learns
+    split = train(make_cfg("train.epochs=2", "train.device_resident=true", "train.physical_batch_size=16"))
+    assert split.accountant_history == resident.accountant_history
+    assert split.train_loss == pytest.approx(resident.train_loss, rel=1e-3)  # same batches, in passes
+    baseline = train(make_cfg("dp=off", "train.epochs=2", "train.device_resident=true"))
+    assert baseline.steps == 2 * 23 and baseline.test_accuracy > 0.6
