@@ -24,9 +24,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from scipy.stats import binom
 
-from dpsweep import memory
+from dpsweep import memory, privacy
 from dpsweep import models as model_zoo
 from dpsweep.analysis.memory_model import MemoryModel, MemoryModelError
 from dpsweep.config import Config
@@ -66,16 +65,23 @@ def trainable_parameters(cfg: Config, facts: DatasetFacts, hidden_units: int | N
 def pass_batch_sizes(cfg: Config, n_train: int, batch_sizes: np.ndarray) -> np.ndarray:
     """Examples in the largest pass a run of each logical batch size makes (see the module doc)."""
     b = np.asarray(batch_sizes, dtype=np.int64)
-    physical = cfg.train.physical_batch_size
     if cfg.dp.enabled:
-        k = np.ceil(n_train / b)
-        steps_per_epoch = np.floor(1 / (1 / k))  # Opacus's float convention, as poisson_schedule
-        q = 1 / steps_per_epoch
-        steps = np.maximum(steps_per_epoch * cfg.train.epochs, 1)
-        b = np.minimum(binom.isf(POISSON_TAIL / steps, n_train, q).astype(np.int64), n_train)
+        b = privacy.max_poisson_batch(n_train, b, cfg.train.epochs, POISSON_TAIL)
+    physical = cfg.train.physical_batch_size
     if physical is not None:
         b = np.minimum(b, physical)
     return b
+
+
+def with_chosen_physical_batch(fitted: MemoryModel, cfg: Config, facts: DatasetFacts) -> Config:
+    """``cfg`` with the physical batch training would choose: with ``train.memory_model`` and
+    ``launcher.gpu_memory`` and no explicit size, the largest pass predicted to fit (as
+    :func:`dpsweep.train.physical_batch_size` does)."""
+    t = cfg.train
+    if t.physical_batch_size is not None or t.memory_model is None or cfg.launcher.gpu_memory is None:
+        return cfg
+    chosen = largest_pass(fitted, cfg, facts, memory.parse_bytes(cfg.launcher.gpu_memory, key="launcher.gpu_memory"))
+    return dataclasses.replace(cfg, train=dataclasses.replace(t, physical_batch_size=chosen))
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,7 @@ def predict_config(
     fitted: MemoryModel, cfg: Config, facts: DatasetFacts, budget_bytes: float | None = None
 ) -> MemoryPrediction:
     """Predicted stages and peak of one config, and the largest B and head that fit ``budget_bytes``."""
+    cfg = with_chosen_physical_batch(fitted, cfg, facts)
     row = config_row(cfg, facts)
     row["batch_size"] = int(pass_batch_sizes(cfg, facts.n_train, np.array([cfg.train.batch_size]))[0])
     frame = pd.DataFrame([row])

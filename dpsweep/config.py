@@ -342,6 +342,12 @@ def validate(cfg: Config) -> None:
     )
     if t.memory_model is not None and not Path(t.memory_model).is_file():
         raise ConfigError("train.memory_model", t.memory_model, "an existing dpsweep-memory fit JSON file or null")
+    _require(
+        t.memory_model is None or cfg.launcher.gpu_memory is not None,
+        "launcher.gpu_memory",
+        cfg.launcher.gpu_memory,
+        f"the GPU memory with units (e.g. 16GiB) for train.memory_model={t.memory_model!r} to pick the physical batch",
+    )
     _require(m.hidden_units > 0, "model.hidden_units", m.hidden_units, "a positive integer")
     if isinstance(m, VGG16FrozenConfig):
         _require(0.0 <= m.dropout < 1.0, "model.dropout", m.dropout, "a probability in [0, 1)")

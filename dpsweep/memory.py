@@ -87,9 +87,6 @@ class MemoryMonitor(Protocol):
     def peak_bytes(self) -> int:
         """Highest allocated bytes since the last :meth:`reset_peak`."""
 
-    def reserved_bytes(self) -> int:
-        """Bytes held by the allocator (CUDA's cache); the allocated bytes for the CPU twin."""
-
     def reserved_peak_bytes(self) -> int:
         """Highest reserved bytes since the last :meth:`reset_peak`."""
 
@@ -119,9 +116,6 @@ class CudaMemoryMonitor:
         torch.cuda.synchronize(self.device)
         return int(torch.cuda.max_memory_allocated(self.device))
 
-    def reserved_bytes(self) -> int:
-        return int(torch.cuda.memory_reserved(self.device))
-
     def reserved_peak_bytes(self) -> int:
         return int(torch.cuda.max_memory_reserved(self.device))
 
@@ -134,8 +128,13 @@ def live_tensor_bytes(device: torch.device) -> int:
     seen: dict[int, int] = {}
 
     def add(t: object) -> None:
-        if isinstance(t, torch.Tensor) and t.device == device and t.layout == torch.strided:
-            storage = t.untyped_storage()
+        if not isinstance(t, torch.Tensor):
+            return
+        # torch's ExpandedWeight (dp.grad_sample_mode=ew) wraps a parameter and refuses attribute
+        # access: count the tensor it wraps
+        tensor: torch.Tensor = t.__dict__.get("orig_weight", t)
+        if tensor.device == device and tensor.layout == torch.strided:
+            storage = tensor.untyped_storage()
             seen[storage.data_ptr()] = storage.nbytes()
 
     # type -> 0 (not a tensor), 1 (tensor), 2 (parameter); type() rather than isinstance(), which
@@ -177,9 +176,6 @@ class CpuTensorMonitor:
 
     def peak_bytes(self) -> int:
         return self._peak  # largest census since reset_peak: a lower bound on the true peak
-
-    def reserved_bytes(self) -> int:
-        return self.allocated_bytes()
 
     def reserved_peak_bytes(self) -> int:
         return self.peak_bytes()

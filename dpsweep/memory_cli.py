@@ -32,6 +32,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -82,12 +83,13 @@ def probe_overrides(overrides: Sequence[str]) -> list[str]:
         raise MemoryCliError(
             "launcher", launcher, f"one of {', '.join(PROBE_LAUNCHERS)}: each probe needs a fresh process"
         )
-    extra = ["train.probe=true", f"launcher={launcher}"]
+    # Measure afresh: an earlier probe of the same config may be of another device or backend.
+    extra = ["train.probe=true", f"launcher={launcher}", "sweep.force=true"]
+    gpus = torch.cuda.device_count()
     if launcher == "local" and _override_value(overrides, "launcher.max_parallel") is None:
-        gpus = torch.cuda.device_count()
         extra.append(f"launcher.max_parallel={gpus or os.cpu_count() or 1}")  # one per GPU, or per core
-        if gpus and _override_value(overrides, "launcher.gpus_per_job") is None:
-            extra.append("launcher.gpus_per_job=1")
+    if (gpus or launcher != "local") and _override_value(overrides, "launcher.gpus_per_job") is None:
+        extra.append("launcher.gpus_per_job=1")  # probes are of GPU memory wherever GPUs are
     return [*extra, *[o for o in overrides if not o.startswith("launcher=")]]
 
 
@@ -104,9 +106,12 @@ def plan_probes(overrides: Sequence[str]) -> tuple[list[Config], list[str]]:
     return configs, hashes
 
 
-def probe_table(uri: str, experiment: str, hashes: Sequence[str] | None = None) -> pd.DataFrame:
-    """The FINISHED probes of an experiment (only those of ``hashes`` when given), one row each,
-    newest per config: the config columns and the measurements in bytes."""
+def probe_table(
+    uri: str, experiment: str, hashes: Sequence[str] | None = None, since_ms: int | None = None
+) -> pd.DataFrame:
+    """The FINISHED probes of an experiment (only those of ``hashes``, and started at or after
+    ``since_ms``, when given), one row each, newest per config and device: the config columns and
+    the measurements in bytes. Runs that lack a probe's tags or metrics are left out with a note."""
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
@@ -121,33 +126,45 @@ def probe_table(uri: str, experiment: str, hashes: Sequence[str] | None = None) 
         for run in page:
             tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
             h = tags.get("config.hash")
-            if hashes is not None and h not in hashes:
+            if (hashes is not None and h not in hashes) or (since_ms is not None and run.info.start_time < since_ms):
                 continue
-            channels, height, width = (int(v) for v in tags["dataset.input_shape"].split("x"))
-            dp = params.get("dp.enabled") == "True"
-            row: dict[str, Any] = {
-                "run_id": run.info.run_id,
-                "config_hash": h,
-                "model": params["model.name"] + ("+cache" if params.get("model.feature_cache") == "True" else ""),
-                "dataset": params["dataset.name"],
-                "hidden_units": int(params["model.hidden_units"]),
-                "batch_size": int(params["train.batch_size"]),
-                "channels": channels,
-                "height": height,
-                "width": width,
-                "trainable_params": int(tags["model.trainable_params"]),
-                "dp": dp,
-                "grad_sample_mode": params.get("dp.grad_sample_mode", "hooks") if dp else "none",
-                "backend": tags["memory.backend"],
-                "device_name": tags.get("device.name", ""),
-                "torch_version": tags.get("torch.version", ""),
-            }
-            row |= {name: int(metrics[f"memory.{name}"]) for name in MEASURED}
-            rows[str(h)] = row
+            try:
+                row = _probe_row(run, tags, params, metrics)
+            except (KeyError, ValueError) as err:
+                print(f"dpsweep-memory: note: run {run.info.run_id} is not a complete probe ({err}); left out",
+                      file=sys.stderr)  # fmt: skip
+                continue
+            rows[f"{h}/{row['device_name']}"] = row
         token = page.token
         if not token:
             break
     return pd.DataFrame(list(rows.values()))
+
+
+def _probe_row(run: Any, tags: dict[str, str], params: dict[str, str], metrics: dict[str, float]) -> dict[str, Any]:
+    """One probe run as a row of the probe table (KeyError or ValueError when something is missing)."""
+    h = tags.get("config.hash")
+    channels, height, width = (int(v) for v in tags["dataset.input_shape"].split("x"))
+    dp = params.get("dp.enabled") == "True"
+    row: dict[str, Any] = {
+        "run_id": run.info.run_id,
+        "config_hash": h,
+        "model": params["model.name"] + ("+cache" if params.get("model.feature_cache") == "True" else ""),
+        "dataset": params["dataset.name"],
+        "hidden_units": int(params["model.hidden_units"]),
+        "batch_size": int(params["train.batch_size"]),
+        "channels": channels,
+        "height": height,
+        "width": width,
+        "trainable_params": int(tags["model.trainable_params"]),
+        "dp": dp,
+        "grad_sample_mode": params.get("dp.grad_sample_mode", "hooks") if dp else "none",
+        "backend": tags["memory.backend"],
+        "device_name": tags.get("device.name", ""),
+        "torch_version": tags.get("torch.version", ""),
+    }
+    row |= {name: int(metrics[f"memory.{name}"]) for name in MEASURED}
+    return row
 
 
 def run_probes(overrides: Sequence[str], csv: Path) -> pd.DataFrame:
@@ -158,8 +175,9 @@ def run_probes(overrides: Sequence[str], csv: Path) -> pd.DataFrame:
     first = configs[0]
     print(f"dpsweep-memory: probing {len(configs)} configs, a fresh process each", flush=True)
     command = [sys.executable, "-m", "dpsweep", "-m", *args]
+    started_ms = int(time.time() * 1000)
     done = subprocess.run(command, check=False)
-    table = probe_table(first.tracking.uri, first.tracking.experiment_name, hashes)
+    table = probe_table(first.tracking.uri, first.tracking.experiment_name, hashes, since_ms=started_ms)
     csv.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(csv, index=False)
     missing = len(set(hashes)) - len(table)
@@ -194,11 +212,31 @@ def load_probes(args: argparse.Namespace) -> tuple[pd.DataFrame, str]:
     return table, f"{args.tracking_uri} experiment {args.experiment}"
 
 
+def _one_device_per_model(probes: pd.DataFrame, device: str | None) -> pd.DataFrame:
+    """Probes of one device per model: figures of two GPU models are not one memory law."""
+    if "device_name" not in probes.columns:
+        return probes
+    if device is not None:
+        kept = probes[probes["device_name"] == device]
+        if kept.empty:
+            found = ", ".join(sorted(set(probes["device_name"].astype(str))))
+            raise MemoryCliError("--device", device, f"a device the probes ran on: {found}")
+        return kept
+    for model, block in probes.groupby("model"):
+        devices = sorted(set(block["device_name"].astype(str)))
+        if len(devices) > 1:
+            raise MemoryCliError(
+                "--device", None, f"one of {', '.join(devices)}: the probes of {model} ran on several devices"
+            )
+    return probes
+
+
 def run_fit(args: argparse.Namespace) -> dict[str, Any]:
     from dpsweep.analysis import memory_model as mm  # scipy and matplotlib: only here
 
     features = [f.strip() for f in args.features.split(",") if f.strip()] if args.features else None
     probes, source = load_probes(args)
+    probes = _one_device_per_model(probes, args.device)
     models = mm.fit_all(probes, args.model, features, folds=args.folds)
     meta = {"source": source, "created": pd.Timestamp.now(tz="UTC").isoformat(timespec="seconds")}
     out = mm.save_models(args.out, models, meta)
@@ -306,6 +344,7 @@ def _parser() -> argparse.ArgumentParser:
     fi.add_argument("--experiment", metavar="NAME", help="MLflow experiment holding the probes (tag probe=true)")
     fi.add_argument("--csv", type=Path, metavar="FILE", help="a probe table instead of the experiment")
     fi.add_argument("--model", metavar="M", help="fit only this model (default: each model probed)")
+    fi.add_argument("--device", metavar="NAME", help="only the probes of this device (tag device.name)")
     fi.add_argument("--features", metavar="F1,F2,...",
                     help="one feature list for every stage (default: per stage; see the module doc)")  # fmt: skip
     fi.add_argument("--folds", type=int, default=5, help="k of the k-fold held-out error (default 5)")
@@ -322,7 +361,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     pe.add_argument("--memory-model", type=Path, default=Path("memory_model.json"),
                     help="model file from dpsweep-memory fit (default memory_model.json)")  # fmt: skip
-    pe.add_argument("--backend", default="cuda", metavar="cuda|cpu-tensors",
+    pe.add_argument("--backend", default="cuda", choices=("cuda", "cpu-tensors"),
                     help="memory backend of the probes to use (default cuda: a GPU budget)")  # fmt: skip
     pe.add_argument("--json", action="store_true", help="also print the predictions as JSON")
     pe.add_argument("overrides", nargs="*", help="Hydra overrides of the config(s) to predict")

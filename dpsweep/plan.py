@@ -142,11 +142,6 @@ def dataset_facts(cfg: Config) -> datasets.DatasetFacts:
         return facts
 
 
-def training_set_size(cfg: Config) -> int:
-    """N from the dataset's files or, when they are not downloaded yet, from its official size."""
-    return dataset_facts(cfg).n_train
-
-
 class TrainingSetSizes:
     """N (and the other :class:`~dpsweep.data.DatasetFacts`) per dataset config, each dataset read
     once (a sweep's jobs mostly share one)."""
@@ -258,9 +253,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         model_file = _take_option(args, "--memory-model")
         gpu_memory = _take_option(args, "--gpu-memory")
-        backend = _take_option(args, "--backend") or "cuda"
-        if model_file is None and (gpu_memory is not None or backend != "cuda"):
-            raise ConfigError("--gpu-memory", gpu_memory, "used with --memory-model FILE (dpsweep-memory fit)")
+        backend = _take_option(args, "--backend")
+        if backend not in (None, "cuda", "cpu-tensors"):
+            raise ConfigError("--backend", backend, "cuda or cpu-tensors (the memory backend of the probes)")
+        if model_file is None and (gpu_memory is not None or backend is not None):
+            flag, value = ("--gpu-memory", gpu_memory) if gpu_memory is not None else ("--backend", backend)
+            raise ConfigError(flag, value, "used with --memory-model FILE (dpsweep-memory fit)")
+        backend = backend or "cuda"
         memory = MemoryCheck(model_file, gpu_memory, backend) if model_file is not None else None
         with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
             rows = plan(args, memory)

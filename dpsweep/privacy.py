@@ -72,17 +72,21 @@ def poisson_schedule(n: int, batch_size: int) -> PoissonSchedule:
     return PoissonSchedule(n, batch_size, inclusion, steps_per_epoch, 1 / steps_per_epoch)
 
 
-def max_poisson_batch(n: int, batch_size: int, steps: int, tail: float = 1e-6) -> int:
-    """A batch size that no Poisson batch of a run exceeds, except with probability <= ``tail``.
+def max_poisson_batch(n: int, batch_size: int | np.ndarray, epochs: int, tail: float = 1e-6) -> np.ndarray:
+    """Batch sizes that no Poisson batch of a run exceeds, except with probability <= ``tail``.
 
-    Each batch is Binomial(N, q) with the trainer's sample rate q; by the union bound over the run's
-    ``steps``, P[some batch > b] <= steps * P[Binomial(N, q) > b], so b is the Binomial's upper
-    (tail / steps) quantile. Memory must be planned for b, not for B: e.g. N=60,000, B=256, 10
-    epochs (2,350 steps) gives b=359. Opacus's BatchMemoryManager caps the physical batch instead."""
+    For each logical batch size B (an int or an array), with the trainer's sample rate q and
+    T = epochs x steps per epoch (:func:`poisson_schedule`'s convention): each batch is
+    Binomial(N, q), so by the union bound P[some batch > b] <= T * P[Binomial(N, q) > b], and b is
+    the Binomial's upper (tail / T) quantile. Memory must be planned for b, not for B: N=60,000,
+    B=256 and 10 epochs (2,350 steps) give b=359. Opacus's BatchMemoryManager caps passes instead."""
     from scipy.stats import binom  # only planners need it
 
-    q = poisson_schedule(n, batch_size).sample_rate
-    return int(binom.isf(tail / max(steps, 1), n, q))
+    b = np.asarray(batch_size, dtype=np.int64)
+    k = np.ceil(n / b)
+    steps_per_epoch = np.floor(1 / (1 / k))  # int(1/(1/k)) as in poisson_schedule
+    steps = np.maximum(steps_per_epoch * epochs, 1)
+    return np.minimum(binom.isf(tail / steps, n, 1 / steps_per_epoch).astype(np.int64), n)
 
 
 # ---------------------------------------------------------------------------------------------

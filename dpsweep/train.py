@@ -413,8 +413,10 @@ def _fit(
                 if len(y):  # a Poisson batch may be empty
                     loss_sum += loss * len(y)
                     seen += len(y)
+        optimizer.zero_grad(set_to_none=True)  # gradients and per-sample gradients are not needed now
+        plain = getattr(model, "_module", model)  # evaluate without Opacus's per-sample machinery
         metrics = {
-            "test_accuracy": evaluate(model, data.test, cfg.train.eval_batch_size, device, cfg.train.device_resident),
+            "test_accuracy": evaluate(plain, data.test, cfg.train.eval_batch_size, device, cfg.train.device_resident),
             "train_loss": loss_sum / max(seen, 1),
             "memory.peak_bytes": float(stages.observe()),
         }

@@ -62,13 +62,14 @@ def test_probe_measures_each_config_in_its_own_process_and_writes_the_table(
     pids = {r.data.tags.get("job.pid") for r in runs}
     assert len(pids) == 2 and None not in pids  # a fresh process per config
 
-    # Asked again, with one more config: the probed configs are skipped, the table has all three.
+    # Asked again, with one more config: all three are measured afresh (this device, this time).
     again = memory_cli(
         "probe", "--csv", "again.csv", "train.batch_size=16,32,64", "dataset.image_size=16", *tracking, fresh=True
     )
-    assert "2 skipped" in again.stdout
-    assert sorted(pd.read_csv(tmp_path / "again.csv").batch_size) == [16, 32, 64]
-    assert len([r for r in runs_of(client, experiment_name) if r.data.tags.get("sweep.role") != "parent"]) == 3
+    assert "3 finished, 0 skipped" in again.stdout
+    retaken = pd.read_csv(tmp_path / "again.csv")
+    assert sorted(retaken.batch_size) == [16, 32, 64] and not set(retaken.run_id) & set(table.run_id)
+    assert len([r for r in runs_of(client, experiment_name) if r.data.tags.get("sweep.role") != "parent"]) == 5
 
 
 @pytest.mark.parametrize(
@@ -183,10 +184,13 @@ def test_fit_and_predict_refuse_bad_input(probed: tuple[str, Path], tmp_path: Pa
     table.to_csv("probes.csv", index=False)
     table.iloc[:2].to_csv("few.csv", index=False)
     table.assign(backend=["cuda"] * 6 + ["cpu-tensors"] * 6).to_csv("mixed.csv", index=False)
+    table.assign(device_name=["NVIDIA H100"] * 6 + ["NVIDIA A100"] * 6).to_csv("devices.csv", index=False)
     cases = [
         (["fit", "--csv", "few.csv"], "2 probes of model 'cnn' are too few to fit"),
         (["fit", "--csv", "probes.csv", "--features", "batch_size,colour"], "colour"),
         (["fit", "--csv", "mixed.csv"], "cpu-tensors"),
+        (["fit", "--csv", "devices.csv"], "the probes of cnn ran on several devices"),
+        (["fit", "--csv", "devices.csv", "--device", "TPU"], "--device='TPU': a device the probes ran on"),
         (["fit", "--csv", "missing.csv"], "--csv='missing.csv'"),
         (["fit", "--experiment", "nope", "--tracking-uri", uri], "--experiment='nope'"),
     ]
