@@ -26,6 +26,8 @@ import torch
 from opacus import PrivacyEngine
 from torch import nn
 
+from dpsweep.config import ConfigError
+
 FILENAME = "checkpoint.pt"
 
 
@@ -98,9 +100,11 @@ def peek(directory: Path, expected_hash: str) -> TrainingState | None:
         return None
     state = TrainingState(**torch.load(path, weights_only=False, map_location="cpu")["training_state"])
     if state.config_hash != expected_hash:
-        raise RuntimeError(
-            f"{path} belongs to another config (hash {state.config_hash}, this run {expected_hash}); "
-            "remove it or use another train.checkpoint_dir"
+        raise ConfigError(
+            "train.checkpoint_dir",
+            str(directory),
+            f"a directory without another config's checkpoint: {path} belongs to config {state.config_hash}, "
+            f"this run is {expected_hash}; remove it or use another train.checkpoint_dir",
         )
     return state
 

@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torchvision
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
@@ -166,6 +167,8 @@ def extract_features(model: FrozenVGG16, dataset: Dataset[Any], *, batch_size: i
     finally:
         model.features.to("cpu")
         model.train(was_training)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the training run's reserved figures must not include extraction
     if row != n or features is None:
         raise RuntimeError(f"dataset yielded {row} examples, but len(dataset) = {n}")
     return features, labels
@@ -208,17 +211,22 @@ class FeatureCache:
         return self.root / f"{key}.pt"
 
     def load_or_build(
-        self, key: str, build: Callable[[], Features], *, describe: Mapping[str, Any]
+        self, key: str, build: Callable[[], Features], *, describe: Mapping[str, Any], rows: int | None = None
     ) -> tuple[Features, str]:
         """The features of ``key``, and how they were obtained: ``"hit"`` (read from a valid file),
         ``"built"`` (no file yet) or ``"rebuilt (<reason>)"`` (the file was unreadable, stale or
         corrupt; a warning names it). ``build`` is called only when there is no valid file; its
-        result is written with ``describe`` (plain JSON-like metadata for people reading the file)."""
+        result is written with ``describe`` (plain JSON-like metadata for people reading the file).
+        ``rows``: the number of examples the dataset has now; a file with another count is stale (the
+        files under the dataset's root changed), whatever its key says."""
         path = self.path_for(key)
         status = "built"
         if path.exists():
             try:
-                return self._load(path, key), "hit"
+                features, labels = self._load(path, key)
+                if rows is not None and len(labels) != rows:
+                    raise CacheFileError(f"stale: holds {len(labels)} examples, the dataset has {rows}")
+                return (features, labels), "hit"
             except CacheFileError as why:
                 log.warning(f"feature cache file {path} is not usable ({why}); rebuilding it")
                 status = f"rebuilt ({why})"
@@ -261,6 +269,9 @@ class FeatureCache:
             "sha256": _checksum(features, labels),
         }
         fd, tmp_name = tempfile.mkstemp(dir=self.root, prefix=f".{key}.", suffix=".tmp")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp_name, 0o666 & ~umask)  # mkstemp makes 0600: other users' jobs share the cache
         try:
             with os.fdopen(fd, "wb") as f:
                 torch.save(payload, f)
@@ -315,7 +326,13 @@ def cached_splits(
     status: dict[str, str] = {}
     keys: dict[str, str] = {}
     for split, dataset in (("train", splits.train), ("test", splits.test)):
-        key = cache_key(dataset=dataset_cfg, split=split, input_shape=splits.input_shape, weights=weights)
+        content = dict(dataset_cfg) | {
+            # what the config strings do not say: where the files are, and how they are transformed
+            "root": str(Path(str(dataset_cfg["root"])).resolve()) if "root" in dataset_cfg else None,
+            "transform": repr(getattr(dataset, "transform", None)),
+            "torchvision": torchvision.__version__,
+        }
+        key = cache_key(dataset=content, split=split, input_shape=splits.input_shape, weights=weights)
         describe = {
             "dataset": dict(dataset_cfg),
             "split": split,
@@ -328,7 +345,12 @@ def cached_splits(
         def build(dataset: Dataset[Any] = dataset) -> Features:
             return extract_features(model, dataset, batch_size=batch_size, device=device)
 
-        (features, labels), status[split] = cache.load_or_build(key, build, describe=describe)
+        (features, labels), status[split] = cache.load_or_build(
+            key,
+            build,
+            describe=describe,
+            rows=len(dataset),  # type: ignore[arg-type]
+        )
         log.info(f"features {split}: {status[split]} ({len(labels)} × {features.shape[1]}, {cache.path_for(key)})")
         loaded[split], keys[split] = TensorDataset(features, labels), key
     return CachedFeatures(

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+import os
 import random
 import sys
 import warnings
@@ -36,10 +38,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from opacus import PrivacyEngine
+from opacus.grad_sample.gsm_exp_weights import GradSampleModuleExpandedWeights
 from opacus.optimizers import DPOptimizer
 from opacus.utils.batch_memory_manager import BatchMemoryManager
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 from tqdm.auto import tqdm
 
 from dpsweep import checkpoint, device_data, feature_cache, memory, privacy
@@ -177,6 +180,8 @@ def train(cfg: DictConfig | Config) -> TrainResult:
     resume = checkpoint.peek(ckpt_dir, run_hash) if ckpt_dir and not config.train.probe else None
     facts = datasets.DatasetFacts(data.n_train, data.input_shape, data.num_classes)
     physical = physical_batch_size(config, facts, memory.backend_for(device))
+    if getattr(config.model, "feature_cache", False):
+        _check_writable(Path(config.model.feature_cache_dir), "model.feature_cache_dir")
     monitor = memory.monitor_for(device)  # baseline before the model exists
     model = model_zoo.build(config.model, data.input_shape, data.num_classes)
 
@@ -232,6 +237,15 @@ def train(cfg: DictConfig | Config) -> TrainResult:
     return result
 
 
+def _check_writable(directory: Path, key: str) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(key, str(directory), f"a directory dpsweep can create and write ({err})") from err
+    if not os.access(directory, os.W_OK):
+        raise ConfigError(key, str(directory), "a directory dpsweep can write (permission denied)")
+
+
 def _cached_features(
     cfg: Config, model: model_zoo.FrozenVGG16, data: datasets.DataSplits, device: torch.device, run: Tracker
 ) -> tuple[nn.Module, datasets.DataSplits]:
@@ -261,6 +275,15 @@ def physical_batch_size(cfg: Config, facts: datasets.DatasetFacts, backend: str)
     from dpsweep.analysis import memory_model, memory_predict  # pandas and scipy: only when used
 
     budget = memory.parse_bytes(cfg.launcher.gpu_memory, key="launcher.gpu_memory")
+    if t.device_resident:  # the resident split shares the GPU with every pass (no probe holds it)
+        resident = facts.n_train * (math.prod(facts.input_shape) * 4 + 8)  # fp32 inputs, int64 labels
+        if resident >= budget:
+            raise ConfigError(
+                "train.device_resident", True,
+                f"false: the training split needs {memory.format_bytes(resident)} of launcher.gpu_memory="
+                f"{cfg.launcher.gpu_memory}",
+            )  # fmt: skip
+        budget -= resident
     try:
         fitted = memory_predict.model_for(memory_model.load_models(t.memory_model), memory.model_key(cfg), backend)
         largest = memory_predict.largest_pass(fitted, cfg, facts, budget)
@@ -382,8 +405,10 @@ def _fit(
     if cfg.train.probe:
         return _probe(cfg, data, model, optimizer, criterion, device, monitor, run, generator, result)
     batches: Iterable[Batch] = loader
+    test: Dataset[Any] = data.test
     if cfg.train.device_resident:
         batches, generator = _device_batches(cfg, data, loader, device)  # generator: checkpointed below
+        test = TensorDataset(*(t.to(device) for t in device_data.materialize(data.test)))  # once per run
     state = checkpoint.load(ckpt_dir, run_hash, model, optimizer, engine) if ckpt_dir else None
     stages = memory.StageRecorder(monitor, active=state is None)  # a resumed run recorded them before
     first_epoch = 1
@@ -416,7 +441,7 @@ def _fit(
         optimizer.zero_grad(set_to_none=True)  # gradients and per-sample gradients are not needed now
         plain = getattr(model, "_module", model)  # evaluate without Opacus's per-sample machinery
         metrics = {
-            "test_accuracy": evaluate(plain, data.test, cfg.train.eval_batch_size, device, cfg.train.device_resident),
+            "test_accuracy": evaluate(plain, test, cfg.train.eval_batch_size, device, cfg.train.device_resident),
             "train_loss": loss_sum / max(seen, 1),
             "memory.peak_bytes": float(stages.observe()),
         }
@@ -482,8 +507,16 @@ def _train_pass(
     stages.mark("batch_load")
     if first:
         optimizer.zero_grad(set_to_none=True)
-    loss = criterion(model(x), y)
-    (loss * weight if weight != 1.0 else loss).backward()
+    if len(y) == 0 and isinstance(model, GradSampleModuleExpandedWeights):
+        # torch's ExpandedWeights refuse an empty batch; its per-sample gradients are an empty
+        # stack, and the step must still add noise and be accounted (Poisson sampling).
+        for p in model.parameters():
+            if p.requires_grad:
+                p.grad_sample = p.new_zeros((0, *p.shape))
+        loss = torch.zeros(())
+    else:
+        loss = criterion(model(x), y)
+        (loss * weight if weight != 1.0 else loss).backward()
     stages.mark("backward")
     if not last:
         return float(loss.detach()), False

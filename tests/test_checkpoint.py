@@ -16,6 +16,7 @@ from helpers import Composer, runs_of
 from mlflow.tracking import MlflowClient
 
 from dpsweep import checkpoint, privacy
+from dpsweep.config import ConfigError
 from dpsweep.train import train
 
 DPSWEEP = str(Path(sys.executable).with_name("dpsweep"))
@@ -74,7 +75,7 @@ def test_a_checkpoint_of_another_config_is_refused(tmp_path: Path, make_cfg: Com
     checkpoint.save(tmp_path, state, model, torch.optim.SGD(model.parameters(), lr=0.1), None)
     import pytest
 
-    with pytest.raises(RuntimeError, match="belongs to another config"):
+    with pytest.raises(ConfigError, match=r"train.checkpoint_dir=.* belongs to config"):
         train(make_cfg(f"train.checkpoint_dir={tmp_path}"))
 
 

@@ -219,3 +219,17 @@ def test_bad_build_output_is_refused_and_not_written(tmp_path: Path) -> None:
     assert not any(tmp_path.iterdir())
     with pytest.raises(ValueError, match="not a plain file name"):
         cache.path_for("../escape")
+
+
+def test_a_cache_of_another_number_of_examples_is_stale(
+    vgg: FrozenVGG16, splits: DataSplits, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The files under a dataset's root changed (the config did not): the rows no longer match N."""
+    fc.cached_splits(vgg, splits, DATASET_CFG, root=tmp_path, batch_size=8, device=CPU)
+    x, y = splits.train.tensors  # type: ignore[attr-defined]
+    fewer = DataSplits(TensorDataset(x[:20], y[:20]), splits.test, num_classes=3, input_shape=(1, 32, 32))
+    with caplog.at_level("WARNING", logger="dpsweep.feature_cache"):
+        cached = fc.cached_splits(vgg, fewer, DATASET_CFG, root=tmp_path, batch_size=8, device=CPU)
+    assert cached.status["train"] == "rebuilt (stale: holds 24 examples, the dataset has 20)"
+    assert cached.status["test"] == "hit" and cached.n_train == 20
+    assert "not usable" in caplog.text

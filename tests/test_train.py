@@ -254,6 +254,12 @@ BAD_INPUT = [
         "/nonexistent/data/MNIST/raw",
     ),
     (["train.device=cuda"], ConfigError, "no CUDA device") if not torch.cuda.is_available() else None,
+    (
+        ["model=vgg16_frozen", "model.pretrained=false", "dataset.image_size=32", "model.feature_cache_dir=/proc/x"],
+        ConfigError,
+        "model.feature_cache_dir='/proc/x'",
+    ),
+    (["train.memory_model=missing.json"], ConfigError, "train.memory_model='missing.json'"),
 ]
 
 
@@ -357,3 +363,9 @@ def test_every_grad_sample_mode_trains_and_probes_through_train(
     if mode == GradSampleMode.ghost:  # no per-sample gradients held: far less memory than B x P floats
         params = int(probes[0].data.tags["model.trainable_params"])
         assert probes[0].data.metrics["memory.backward_delta_bytes"] < 32 * params * 4 / 4
+
+
+def test_ew_mode_survives_empty_poisson_batches(make_cfg: Composer) -> None:
+    """torch's ExpandedWeights refuse an empty batch; the step still adds noise and is accounted."""
+    result = train(make_cfg("dp.grad_sample_mode=ew", "train.batch_size=2", "train.epochs=1", "dataset.image_size=16"))
+    assert result.steps == 719 and result.accountant_history == [(1.0, 1 / 719, 719)]  # ~13% of them empty
