@@ -225,6 +225,7 @@ def preflight(configs: Sequence[DictConfig], jobs: Sequence[Sequence[str]]) -> N
             except ConfigError as err:
                 raise SweepError(f"job {' '.join(job[:-1])}: {err}") from err
         check_dataset_ranges(typed, jobs)
+        check_memory_models(typed, jobs)
         launcher = typed[0].launcher
         validate_launcher(launcher)
     except (ConfigError, SweepError) as err:
@@ -255,6 +256,35 @@ def check_dataset_ranges(typed: Sequence[Any], jobs: Sequence[Sequence[str]]) ->
             validate_for_dataset(cfg, n_train(cfg))
         except ConfigError as err:
             raise SweepError(f"job {' '.join(job[:-1])}: {err}") from err
+
+
+def check_memory_models(typed: Sequence[Any], jobs: Sequence[Sequence[str]]) -> None:
+    """Jobs whose physical batch comes from ``train.memory_model``: the file holds a fit of their
+    model, of the memory backend they will run on, with room for at least one example."""
+    from dpsweep.config import ConfigError
+    from dpsweep.plan import TrainingSetSizes
+    from dpsweep.train import physical_batch_size
+
+    sizes = TrainingSetSizes()
+    for cfg, job in zip(typed, jobs, strict=True):
+        if cfg.train.memory_model is None or cfg.train.physical_batch_size is not None:
+            continue
+        try:
+            physical_batch_size(cfg, sizes.facts(cfg), job_backend(cfg))
+        except ConfigError as err:
+            raise SweepError(f"job {' '.join(job[:-1])}: {err}") from err
+
+
+def job_backend(cfg: Any) -> str:
+    """The memory backend a job will measure with: cuda when it gets a GPU, else the CPU twin."""
+    import torch
+
+    device = cfg.train.device.value
+    if device == "auto":
+        remote = cfg.launcher.name in ("slurm", "sge")
+        on_gpu = cfg.launcher.gpus_per_job > 0 if remote else torch.cuda.is_available()
+        device = "cuda" if on_gpu else "cpu"
+    return "cuda" if device == "cuda" else "cpu-tensors"
 
 
 def _fail(message: str) -> None:

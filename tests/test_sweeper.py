@@ -185,3 +185,23 @@ def test_failure_policy_stops_a_mostly_failing_sweep(tmp_path: Path) -> None:
         "dpsweep: stopping: 4 of 4 jobs failed (100% > sweep.max_failure_rate=50%); 2 jobs not launched" in proc.stdout
     )
     assert ": 0 finished, 0 skipped, 4 failed" in summary(proc)
+
+
+def test_memory_model_problems_stop_a_sweep_before_any_job(tmp_path: Path) -> None:
+    import pandas as pd
+
+    from dpsweep.analysis import memory_model as mm
+
+    probes = pd.read_csv(Path(__file__).resolve().parents[1] / "analysis" / "data" / "cpu_probes_digits.csv")
+    mm.save_models(tmp_path / "cpu.json", mm.fit_all(probes, "cnn"), meta={})
+    mm.save_models(tmp_path / "gpu.json", mm.fit_all(probes.assign(backend="cuda"), "cnn"), meta={})
+    cases = [
+        (["train.memory_model=cpu.json", "launcher.gpu_memory=1KiB"], "room for at least one example"),
+        (["train.memory_model=gpu.json", "launcher.gpu_memory=1GiB"], "the fit of cnn is of cuda probes"),
+        (["train.memory_model=cpu.json"], "launcher.gpu_memory=None is invalid: the GPU memory with units"),
+    ]
+    for args, needle in cases:
+        proc = dpsweep(tmp_path, "-m", "dp.noise_multiplier=1.0,2.0", "train.device=cpu", *args, *FAST)
+        assert proc.returncode == 2 and needle in proc.stderr, (args, proc.stderr)
+        assert "#0 :" not in proc.stdout + proc.stderr
+    assert statuses(tmp_path) == {}
