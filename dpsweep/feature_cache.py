@@ -56,6 +56,7 @@ So memory models fitted to probes with the cache on predict runs with the cache 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -220,6 +221,16 @@ class FeatureCache:
         ``rows``: the number of examples the dataset has now; a file with another count is stale (the
         files under the dataset's root changed), whatever its key says."""
         path = self.path_for(key)
+        self.root.mkdir(parents=True, exist_ok=True)
+        # One builder per key: a sweep's jobs start together, and the others wait for its file
+        # rather than each extracting the same features (the write itself is atomic either way).
+        with open(self.root / f".{key}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return self._load_or_build(path, key, build, describe, rows)
+
+    def _load_or_build(
+        self, path: Path, key: str, build: Callable[[], Features], describe: Mapping[str, Any], rows: int | None
+    ) -> tuple[Features, str]:
         status = "built"
         if path.exists():
             try:

@@ -135,7 +135,8 @@ def test_second_load_is_a_hit_and_does_not_build(tmp_path: Path) -> None:
     stored = torch.load(cache.path_for("a" * 64), weights_only=True)
     assert stored["format"] == fc.FORMAT_VERSION and stored["key"] == "a" * 64
     assert stored["describe"] == {"split": "train", "shape": [1, 32, 32]}
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["a" * 64 + ".pt"]  # no temporary files left
+    files = sorted(p.name for p in (tmp_path / "cache").iterdir())
+    assert files == ["." + "a" * 64 + ".lock", "a" * 64 + ".pt"]  # the lock, and no temporary files left
 
 
 def _rebuilt(cache: fc.FeatureCache, key: str, build: CountingBuild, caplog: pytest.LogCaptureFixture) -> str:
@@ -216,7 +217,7 @@ def test_bad_build_output_is_refused_and_not_written(tmp_path: Path) -> None:
     cache = fc.FeatureCache(tmp_path)
     with pytest.raises(ValueError, match="bad tensors: 3 feature rows but 2 labels"):
         cache.load_or_build("g" * 64, lambda: (torch.zeros(3, 4), torch.zeros(2, dtype=torch.int64)), describe={})
-    assert not any(tmp_path.iterdir())
+    assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []  # nothing written
     with pytest.raises(ValueError, match="not a plain file name"):
         cache.path_for("../escape")
 
@@ -233,3 +234,27 @@ def test_a_cache_of_another_number_of_examples_is_stale(
     assert cached.status["train"] == "rebuilt (stale: holds 24 examples, the dataset has 20)"
     assert cached.status["test"] == "hit" and cached.n_train == 20
     assert "not usable" in caplog.text
+
+
+def _build_slowly(root: str, log: str) -> str:
+    """In another process: load or build one key whose build takes a while and leaves a trace."""
+    import time
+
+    def build() -> tuple[torch.Tensor, torch.Tensor]:
+        with open(log, "a") as f:
+            f.write("built\n")
+        time.sleep(1.0)
+        return _tensors()
+
+    _, status = fc.FeatureCache(Path(root)).load_or_build("k" * 64, build, describe={})
+    return status
+
+
+def test_concurrent_jobs_build_a_key_once(tmp_path: Path) -> None:
+    import multiprocessing
+
+    log = tmp_path / "builds.log"
+    with multiprocessing.get_context("spawn").Pool(3) as pool:
+        statuses = pool.starmap(_build_slowly, [(str(tmp_path / "cache"), str(log))] * 3)
+    assert sorted(statuses) == ["built", "hit", "hit"]
+    assert log.read_text() == "built\n"
