@@ -18,6 +18,7 @@ assumption that the fitted formula grows with B.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,7 @@ import torch
 from dpsweep import memory, privacy
 from dpsweep import models as model_zoo
 from dpsweep.analysis.memory_model import MemoryModel, MemoryModelError
-from dpsweep.config import Config
+from dpsweep.config import Config, ConfigError
 from dpsweep.data import DatasetFacts
 
 PEAK = "iteration_peak_bytes"
@@ -73,14 +74,36 @@ def pass_batch_sizes(cfg: Config, n_train: int, batch_sizes: np.ndarray) -> np.n
     return b
 
 
+def pass_budget_bytes(cfg: Config, facts: DatasetFacts) -> int:
+    """``launcher.gpu_memory`` less what stays on the GPU beside every pass: with
+    ``train.device_resident``, the training split (fp32 inputs, int64 labels; no probe holds it)."""
+    assert cfg.launcher.gpu_memory is not None
+    budget = memory.parse_bytes(cfg.launcher.gpu_memory, key="launcher.gpu_memory")
+    if not cfg.train.device_resident:
+        return budget
+    resident = facts.n_train * (math.prod(facts.input_shape) * 4 + 8)
+    if resident >= budget:
+        raise ConfigError(
+            "train.device_resident", True,
+            f"false: the training split needs {memory.format_bytes(resident)} of launcher.gpu_memory="
+            f"{cfg.launcher.gpu_memory}",
+        )  # fmt: skip
+    return budget - resident
+
+
+def chosen_physical_batch(fitted: MemoryModel, cfg: Config, facts: DatasetFacts) -> int | None:
+    """The physical batch training picks from ``train.memory_model`` and ``launcher.gpu_memory``: the
+    largest pass predicted to fit (None: not even one example)."""
+    return largest_pass(fitted, cfg, facts, pass_budget_bytes(cfg, facts))
+
+
 def with_chosen_physical_batch(fitted: MemoryModel, cfg: Config, facts: DatasetFacts) -> Config:
-    """``cfg`` with the physical batch training would choose: with ``train.memory_model`` and
-    ``launcher.gpu_memory`` and no explicit size, the largest pass predicted to fit (as
-    :func:`dpsweep.train.physical_batch_size` does)."""
+    """``cfg`` with the physical batch training would choose (see :func:`chosen_physical_batch`)
+    when ``train.memory_model`` and ``launcher.gpu_memory`` are set and no size is given."""
     t = cfg.train
     if t.physical_batch_size is not None or t.memory_model is None or cfg.launcher.gpu_memory is None:
         return cfg
-    chosen = largest_pass(fitted, cfg, facts, memory.parse_bytes(cfg.launcher.gpu_memory, key="launcher.gpu_memory"))
+    chosen = chosen_physical_batch(fitted, cfg, facts)
     return dataclasses.replace(cfg, train=dataclasses.replace(t, physical_batch_size=chosen))
 
 
@@ -106,22 +129,31 @@ def config_row(cfg: Config, facts: DatasetFacts) -> dict[str, Any]:
     return memory.config_features(cfg, facts.input_shape, trainable_parameters(cfg, facts))
 
 
+def _peaks(fitted: MemoryModel, row: dict[str, Any], **columns: np.ndarray | int) -> np.ndarray:
+    """Predicted iteration peaks of ``row`` with ``columns`` replaced (arrays: one candidate each)."""
+    n = max((len(v) for v in columns.values() if isinstance(v, np.ndarray)), default=1)
+    frame = pd.DataFrame([row] * n)
+    for name, values in columns.items():
+        frame[name] = values
+    return fitted.predict(frame, targets=[PEAK])[PEAK].to_numpy()
+
+
 def predict_config(
     fitted: MemoryModel, cfg: Config, facts: DatasetFacts, budget_bytes: float | None = None
 ) -> MemoryPrediction:
     """Predicted stages and peak of one config, and the largest B and head that fit ``budget_bytes``."""
     cfg = with_chosen_physical_batch(fitted, cfg, facts)
-    row = config_row(cfg, facts)
-    row["batch_size"] = int(pass_batch_sizes(cfg, facts.n_train, np.array([cfg.train.batch_size]))[0])
+    base = config_row(cfg, facts)
+    row = base | {"batch_size": int(pass_batch_sizes(cfg, facts.n_train, np.array([cfg.train.batch_size]))[0])}
     frame = pd.DataFrame([row])
     stages = fitted.predict(frame).iloc[0].to_dict()
     typical = fitted.predict(frame, fit="least_squares").iloc[0].to_dict()
     largest_b = largest_h = None
     note = ""
     if budget_bytes is not None:
-        largest_b = largest_batch_size(fitted, cfg, facts, budget_bytes)
+        largest_b = largest_batch_size(fitted, cfg, facts, budget_bytes, base)
         try:
-            largest_h = largest_hidden_units(fitted, cfg, facts, budget_bytes)
+            largest_h = largest_hidden_units(fitted, cfg, facts, budget_bytes, base)
         except MemoryModelError as err:  # e.g. every probe had the same hidden_units
             note = f"largest hidden_units not predicted: {err}"
     b = cfg.train.batch_size
@@ -135,31 +167,35 @@ def _largest(fits: np.ndarray, values: np.ndarray) -> int | None:
     return int(values[fits].max()) if fits.any() else None
 
 
-def largest_batch_size(fitted: MemoryModel, cfg: Config, facts: DatasetFacts, budget_bytes: float) -> int | None:
+def largest_batch_size(
+    fitted: MemoryModel, cfg: Config, facts: DatasetFacts, budget_bytes: float, row: dict[str, Any] | None = None
+) -> int | None:
     """The largest logical batch size (<= N) whose largest pass is predicted to fit."""
-    candidates = np.arange(1, facts.n_train + 1)
-    frame = pd.DataFrame([config_row(cfg, facts)] * len(candidates))
-    frame["batch_size"] = pass_batch_sizes(cfg, facts.n_train, candidates)
-    return _largest(fitted.predict(frame, targets=[PEAK])[PEAK].to_numpy() <= budget_bytes, candidates)
+    b = np.arange(1, facts.n_train + 1)
+    passes = pass_batch_sizes(cfg, facts.n_train, b)
+    return _largest(_peaks(fitted, row or config_row(cfg, facts), batch_size=passes) <= budget_bytes, b)
 
 
-def largest_pass(fitted: MemoryModel, cfg: Config, facts: DatasetFacts, budget_bytes: float) -> int | None:
+def largest_pass(
+    fitted: MemoryModel, cfg: Config, facts: DatasetFacts, budget_bytes: float, row: dict[str, Any] | None = None
+) -> int | None:
     """The largest number of examples one forward/backward pass may hold (a physical batch size)."""
-    candidates = np.arange(1, facts.n_train + 1)
-    frame = pd.DataFrame([config_row(cfg, facts)] * len(candidates))
-    frame["batch_size"] = candidates
-    return _largest(fitted.predict(frame, targets=[PEAK])[PEAK].to_numpy() <= budget_bytes, candidates)
+    b = np.arange(1, facts.n_train + 1)
+    return _largest(_peaks(fitted, row or config_row(cfg, facts), batch_size=b) <= budget_bytes, b)
 
 
-def largest_hidden_units(fitted: MemoryModel, cfg: Config, facts: DatasetFacts, budget_bytes: float) -> int | None:
+def largest_hidden_units(
+    fitted: MemoryModel, cfg: Config, facts: DatasetFacts, budget_bytes: float, row: dict[str, Any] | None = None
+) -> int | None:
     """The widest head (hidden units) predicted to fit at the config's batch size. P is affine in
     the hidden units for both models (two Linear layers around it): P(h) = P(1) + (h - 1)·ΔP."""
     p1, p2, p3 = (trainable_parameters(cfg, facts, h) for h in (1, 2, 3))
     if p3 - p2 != p2 - p1:
         raise MemoryModelError("model.name", cfg.model.name, "a model whose parameters grow linearly in hidden_units")
-    candidates = np.arange(1, MAX_HIDDEN_UNITS + 1)
-    frame = pd.DataFrame([config_row(cfg, facts)] * len(candidates))
-    frame["hidden_units"] = candidates
-    frame["trainable_params"] = p1 + (candidates - 1) * (p2 - p1)
-    frame["batch_size"] = int(pass_batch_sizes(cfg, facts.n_train, np.array([cfg.train.batch_size]))[0])
-    return _largest(fitted.predict(frame, targets=[PEAK])[PEAK].to_numpy() <= budget_bytes, candidates)
+    h = np.arange(1, MAX_HIDDEN_UNITS + 1)
+    passes = int(pass_batch_sizes(cfg, facts.n_train, np.array([cfg.train.batch_size]))[0])
+    peaks = _peaks(
+        fitted, row or config_row(cfg, facts), hidden_units=h, trainable_params=p1 + (h - 1) * (p2 - p1),
+        batch_size=passes,
+    )  # fmt: skip
+    return _largest(peaks <= budget_bytes, h)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import random
 import sys
@@ -274,19 +273,9 @@ def physical_batch_size(cfg: Config, facts: datasets.DatasetFacts, backend: str)
         return None
     from dpsweep.analysis import memory_model, memory_predict  # pandas and scipy: only when used
 
-    budget = memory.parse_bytes(cfg.launcher.gpu_memory, key="launcher.gpu_memory")
-    if t.device_resident:  # the resident split shares the GPU with every pass (no probe holds it)
-        resident = facts.n_train * (math.prod(facts.input_shape) * 4 + 8)  # fp32 inputs, int64 labels
-        if resident >= budget:
-            raise ConfigError(
-                "train.device_resident", True,
-                f"false: the training split needs {memory.format_bytes(resident)} of launcher.gpu_memory="
-                f"{cfg.launcher.gpu_memory}",
-            )  # fmt: skip
-        budget -= resident
     try:
         fitted = memory_predict.model_for(memory_model.load_models(t.memory_model), memory.model_key(cfg), backend)
-        largest = memory_predict.largest_pass(fitted, cfg, facts, budget)
+        largest = memory_predict.chosen_physical_batch(fitted, cfg, facts)
     except memory_model.MemoryModelError as err:
         raise ConfigError("train.memory_model", t.memory_model, str(err)) from err
     if largest is None:
@@ -352,28 +341,23 @@ def physical_batches(
             data_loader=loader, max_physical_batch_size=physical_batch_size, optimizer=optimizer
         ) as split_loader:
             yield ((x, y, True, True, 1.0) for x, y in split_loader)  # the DPOptimizer skips inner steps
-    elif isinstance(optimizer, DPOptimizer):
-        yield _split_private(loader, physical_batch_size, optimizer)
     else:
-        yield _split(loader, physical_batch_size)
+        yield _split(loader, physical_batch_size, optimizer)
 
 
-def _split(loader: Iterable[Batch], size: int) -> Iterator[Pass]:
+def _split(loader: Iterable[Batch], size: int, optimizer: torch.optim.Optimizer) -> Iterator[Pass]:
+    """Passes of at most ``size`` examples of batches that are already tensors. With DP, as Opacus's
+    BatchSplittingSampler: every pass but a logical batch's last tells the DPOptimizer to skip its
+    step (it only clips and accumulates). Without DP each pass's loss is weighted by its share."""
     for x, y in loader:
         starts = range(0, max(len(y), 1), size)
         for i in starts:
-            part = y[i : i + size]
-            yield x[i : i + size], part, i == 0, i == starts[-1], len(part) / max(len(y), 1)
-
-
-def _split_private(loader: Iterable[Batch], size: int, optimizer: DPOptimizer) -> Iterator[Pass]:
-    """Opacus's BatchSplittingSampler for batches that are already tensors: every pass but the last
-    of a logical batch tells the DPOptimizer to skip its step (it clips and accumulates only)."""
-    for x, y in loader:
-        starts = range(0, max(len(y), 1), size)
-        for i in starts:
-            optimizer.signal_skip_step(do_skip=i != starts[-1])
-            yield x[i : i + size], y[i : i + size], True, True, 1.0
+            part, last = y[i : i + size], i == starts[-1]
+            if isinstance(optimizer, DPOptimizer):
+                optimizer.signal_skip_step(do_skip=not last)
+                yield x[i : i + size], part, True, True, 1.0
+            else:
+                yield x[i : i + size], part, i == 0, last, len(part) / max(len(y), 1)
 
 
 def _fit(
