@@ -74,6 +74,15 @@ def pass_batch_sizes(cfg: Config, n_train: int, batch_sizes: np.ndarray) -> np.n
     return b
 
 
+def gpu_budget(cfg: Config, override: str | None = None) -> tuple[str | None, int | None]:
+    """The GPU memory a config is planned against: ``override`` (the ``--gpu-memory`` flag), else
+    ``launcher.gpu_memory``; as written and in bytes (None, None when neither is given)."""
+    figure = override or cfg.launcher.gpu_memory
+    if figure is None:
+        return None, None
+    return figure, memory.parse_bytes(figure, key="--gpu-memory" if override else "launcher.gpu_memory")
+
+
 def pass_budget_bytes(cfg: Config, facts: DatasetFacts) -> int:
     """``launcher.gpu_memory`` less what stays on the GPU beside every pass: with
     ``train.device_resident``, the training split (fp32 inputs, int64 labels; no probe holds it)."""

@@ -39,13 +39,13 @@ from typing import Any, NoReturn
 
 import pandas as pd
 import torch
-from hydra import compose, initialize_config_module
+from hydra import initialize_config_module
 from hydra.errors import HydraException
 from mlflow.tracking import MlflowClient
 
 from dpsweep import checkpoint
-from dpsweep.config import Config, ConfigError, flatten, identity, to_config, validate, validate_for_dataset
-from dpsweep.plan import CONFIG_MODULE, TrainingSetSizes, expand_sweep
+from dpsweep.config import Config, ConfigError, flatten, identity
+from dpsweep.plan import CONFIG_MODULE, TrainingSetSizes, job_configs
 from dpsweep.registry import UnknownNameError
 
 DEFAULT_URI = "sqlite:///mlflow.db"
@@ -95,15 +95,8 @@ def probe_overrides(overrides: Sequence[str]) -> list[str]:
 
 def plan_probes(overrides: Sequence[str]) -> tuple[list[Config], list[str]]:
     """The configs of a probe sweep, each checked as ``dpsweep -m`` would, and their config hashes."""
-    configs, hashes = [], []
-    n_train = TrainingSetSizes()
-    for job in expand_sweep(overrides):
-        cfg = to_config(compose("config", overrides=job))
-        validate(cfg)
-        validate_for_dataset(cfg, n_train(cfg))
-        configs.append(cfg)
-        hashes.append(checkpoint.config_hash(identity(flatten(cfg))))
-    return configs, hashes
+    configs = [cfg for _, cfg in job_configs(overrides, TrainingSetSizes())]
+    return configs, [checkpoint.config_hash(identity(flatten(cfg))) for cfg in configs]
 
 
 def probe_table(
@@ -267,25 +260,18 @@ def run_fit(args: argparse.Namespace) -> dict[str, Any]:
 def run_predict(args: argparse.Namespace) -> list[dict[str, Any]]:
     from dpsweep.analysis import memory_model as mm
     from dpsweep.analysis import memory_predict as mp
-    from dpsweep.memory import model_key, parse_bytes
+    from dpsweep.memory import model_key
 
     models = mm.load_models(args.memory_model)
     rows = []
+    sizes = TrainingSetSizes()
     with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
-        sizes = TrainingSetSizes()
-        jobs = expand_sweep(args.overrides)
-        configs = []
-        for job in jobs:
-            cfg = to_config(compose("config", overrides=job))
-            validate(cfg)
-            configs.append(cfg)
-    for job, cfg in zip(jobs, configs, strict=True):
-        figure = args.gpu_memory or cfg.launcher.gpu_memory
-        if figure is None:
+        jobs = job_configs(args.overrides, sizes)
+    for job, cfg in jobs:
+        figure, budget = mp.gpu_budget(cfg, args.gpu_memory)
+        if figure is None or budget is None:
             raise MemoryCliError("--gpu-memory", None, "the GPU memory with units, e.g. 16GiB (or launcher.gpu_memory)")
-        budget = parse_bytes(figure, key="--gpu-memory" if args.gpu_memory else "launcher.gpu_memory")
         facts = sizes.facts(cfg)
-        validate_for_dataset(cfg, facts.n_train)
         fitted = mp.model_for(models, model_key(cfg), args.backend)
         p = mp.predict_config(fitted, cfg, facts, budget)
         largest_pass = mp.largest_pass(fitted, cfg, facts, budget)

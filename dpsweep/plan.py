@@ -20,6 +20,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from hydra import compose, initialize_config_module
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -167,29 +168,42 @@ class MemoryCheck:
     gpu_memory: str | None = None  # default: each job's launcher.gpu_memory
     backend: str = "cuda"
 
-    def apply(self, row: PlanRow, cfg: Config, sizes: TrainingSetSizes) -> PlanRow:
-        from dpsweep.analysis import memory_model, memory_predict  # pandas, scipy: only when asked
+    def apply(self, row: PlanRow, cfg: Config, sizes: TrainingSetSizes, models: dict[str, Any]) -> PlanRow:
+        from dpsweep.analysis import memory_predict  # pandas, scipy: only when asked
         from dpsweep.memory import model_key as memory_key
-        from dpsweep.memory import parse_bytes
 
-        figure = self.gpu_memory or cfg.launcher.gpu_memory
-        key = "--gpu-memory" if self.gpu_memory else "launcher.gpu_memory"
-        budget = parse_bytes(figure, key=key) if figure is not None else None
-        models = memory_model.load_models(self.model_file)
+        figure, budget = memory_predict.gpu_budget(cfg, self.gpu_memory)
         fitted = memory_predict.model_for(models, memory_key(cfg), self.backend)
         p = memory_predict.predict_config(fitted, cfg, sizes.facts(cfg), None)
         fits = None if budget is None else p.peak_bytes <= budget
         return dataclasses.replace(row, peak_bytes=p.peak_bytes, gpu_memory=figure, fits_memory=fits)
 
 
+def job_configs(overrides: Sequence[str], sizes: TrainingSetSizes) -> list[tuple[list[str], Config]]:
+    """Each job of ``dpsweep -m <overrides>`` with its typed config, checked as the sweeper checks it
+    (:func:`validate`, :func:`validate_for_dataset`); needs Hydra initialised on dpsweep.conf."""
+    jobs = []
+    for job in expand_sweep(overrides):
+        cfg = to_config(compose("config", overrides=job))
+        validate(cfg)
+        validate_for_dataset(cfg, sizes(cfg))
+        jobs.append((job, cfg))
+    return jobs
+
+
 def plan(overrides: Sequence[str], memory: MemoryCheck | None = None) -> list[PlanRow]:
     """One row per job of ``dpsweep -m <overrides>``; needs Hydra initialised on dpsweep.conf."""
     rows = []
     n_train = TrainingSetSizes()
+    models: dict[str, Any] = {}
+    if memory is not None:
+        from dpsweep.analysis import memory_model
+
+        models = memory_model.load_models(memory.model_file)  # once, not per job
     for job, job_overrides in enumerate(expand_sweep(overrides)):
         cfg = to_config(compose("config", overrides=job_overrides))
         row = plan_job(job, job_overrides, cfg, n_train(cfg))
-        rows.append(memory.apply(row, cfg, n_train) if memory is not None else row)
+        rows.append(memory.apply(row, cfg, n_train, models) if memory is not None else row)
     return rows
 
 
