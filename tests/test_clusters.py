@@ -73,6 +73,18 @@ def _assert_four_finished(cwd: Path, proc: subprocess.Popen[str]) -> None:
         sigma = float(r.data.params["dp.noise_multiplier"])
         planned = privacy.epsilon(n=1437, batch_size=64, noise_multiplier=sigma, epochs=1, delta=1e-5).epsilon
         assert r.data.metrics["epsilon_rdp"] == planned
+    # launcher.max_parallel=2 on a node with (at least) 2 slots: two jobs at a time, never three
+    assert _most_at_once(runs) == 2
+
+
+def _most_at_once(runs: list[Run]) -> int:
+    """The largest number of runs whose [start, end] intervals overlap at one instant."""
+    events = sorted([(r.info.start_time, 1) for r in runs] + [(r.info.end_time, -1) for r in runs])
+    running = most = 0
+    for _, change in events:  # at equal times an end (-1) sorts before a start (+1)
+        running += change
+        most = max(most, running)
+    return most
 
 
 def test_slurm_sweep_is_a_job_array(tmp_path: Path, slurm: None) -> None:

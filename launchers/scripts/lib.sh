@@ -24,6 +24,12 @@ daemon_pid() { # $1 = command name, $2 = pidfile; prints pid or nothing
 
 # Environment for Grid Engine's tools: Debian's wrappers in /usr/bin need SGE_ROOT/SGE_CELL, and
 # the tools' output (dates, numbers) stays parseable under LC_ALL=C.
+cpu_count() { # the cores this process may use
+    # not plain `nproc`: it honours OMP_NUM_THREADS, which test runners set to 1 for torch, and a
+    # cluster built under it would get one slot and run its jobs one at a time
+    env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc
+}
+
 sge_environment() {
     export SGE_ROOT=/var/lib/gridengine
     export SGE_CELL=default

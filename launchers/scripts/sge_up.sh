@@ -6,7 +6,7 @@
 #   bash launchers/scripts/sge_up.sh
 #
 #   Environment knobs (all optional):
-#     SGE_UP_SLOTS=<n>      slots of queue all.q (default: $(nproc))
+#     SGE_UP_SLOTS=<n>      slots of queue all.q (default: the cores, lib.sh cpu_count)
 #     SGE_UP_TIMEOUT=<s>    seconds to wait for daemons / queue (default: 60)
 #
 # What it does (each step is a no-op when already in the desired state, so a
@@ -35,7 +35,7 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 sge_environment
 
-SLOTS="${SGE_UP_SLOTS:-$(nproc)}"
+SLOTS="${SGE_UP_SLOTS:-$(cpu_count)}"
 TIMEOUT="${SGE_UP_TIMEOUT:-60}"
 HOST="$(hostname)"
 COMMON="$SGE_ROOT/$SGE_CELL/common"

@@ -28,7 +28,7 @@
 #      down or drained).
 #
 # Result: cluster "dpsweep", default partition "debug" with one node named
-# `hostname -s`, NodeAddr 127.0.0.1, CPUs=$(nproc), RealMemory = 90% of
+# `hostname -s`, NodeAddr 127.0.0.1, CPUs=$(cpu_count), RealMemory = 90% of
 # MemTotal.  slurmctld (6817) and slurmd (6818) listen on 127.0.0.1 only --
 # provided `hostname` resolves to 127.0.0.1, else on all addresses (see the
 # CommunicationParameters note below).  MariaDB has no TCP listener (unix
@@ -150,7 +150,7 @@ wait_for 20 "munge does not work (see /var/log/munge/munged.log)" munge_ok
 # ---------------------------------------------------------------------------
 # 3. Configuration files
 # ---------------------------------------------------------------------------
-NCPU=$(nproc)
+NCPU=$(cpu_count)
 MEM_KB=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)
 REAL_MEM=$((MEM_KB * 9 / 10 / 1024))   # ~90% of MemTotal, in MiB
 
