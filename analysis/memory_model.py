@@ -90,6 +90,12 @@ DEFAULT_FEATURES: dict[str, tuple[str, ...]] = {
 }
 
 DEFAULT_FOLDS = 5
+# Probe-table columns that hold text. An empty cell (a run without the tag) reads back as "", never
+# as NaN, which would not sort or compare with the strings around it.
+TEXT_COLUMNS = ("model", "dataset", "backend", "device_name", "torch_version", "grad_sample_mode", "run_id",
+                "config_hash")  # fmt: skip
+# Numeric probe columns whose probed range a model records: predictions outside it are extrapolations.
+RANGE_COLUMNS = ("hidden_units", "batch_size", "channels", "height", "width", "trainable_params")
 NEGLIGIBLE_BYTES = 1e-6  # per unit of a feature: formulas leave out smaller coefficients
 UNDER_TOLERANCE = 1e-9  # relative shortfall below which a prediction counts as exact, not under
 RANK_RTOL = 1e-9  # a column whose normalised residual singular value is below this adds no rank
@@ -104,6 +110,32 @@ class MemoryModelError(ValueError):
     def __init__(self, option: str, value: Any, reason: str) -> None:
         self.option, self.value, self.reason = option, value, reason
         super().__init__(f"{option}={value}: {reason}")
+
+
+def clean_probes(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with its text columns as strings (missing: ``""``), as fits and checks expect."""
+    frame = frame.copy()
+    for column in TEXT_COLUMNS:
+        if column in frame.columns:
+            frame[column] = frame[column].astype(object).where(frame[column].notna(), "").astype(str)
+    return frame
+
+
+def read_probes(path: str | Path) -> pd.DataFrame:
+    """A probe table written by ``dpsweep-memory probe --csv``. Text columns are read as written
+    (``none`` or ``None`` stay strings, an empty cell is ``""``); numbers as numbers."""
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    for column in frame.columns:
+        if column not in TEXT_COLUMNS:
+            values = frame[column].replace("", np.nan)
+            if set(values.dropna()) <= {"True", "False"} and values.notna().all():
+                frame[column] = values == "True"
+                continue
+            try:
+                frame[column] = pd.to_numeric(values)
+            except (ValueError, TypeError):  # flags (True/False) or bad values: the fit names them
+                frame[column] = values
+    return clean_probes(frame)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -526,6 +558,7 @@ class MemoryModel:
     targets: dict[str, TargetFit]
     levels: dict[str, list[str]] = field(default_factory=dict)
     provenance: dict[str, list[str]] = field(default_factory=dict)
+    ranges: dict[str, list[float]] = field(default_factory=dict)  # probed [min, max] of RANGE_COLUMNS, dp
     cv: pd.DataFrame = field(default_factory=pd.DataFrame)
     cv_predictions: pd.DataFrame | None = None
 
@@ -597,8 +630,29 @@ class MemoryModel:
                         column,
                         ", ".join(f"{v:g}" for v in other),
                         f"every probe of {self.model!r} had {column}={value:g}, so the model cannot predict "
-                        "other values; probe them first (or pass allow_unprobed)",
+                        "other values; probe them first",
                     )
+
+    def outside_probed(self, frame: pd.DataFrame) -> list[str]:
+        """Where rows of ``frame`` leave what the probes covered: numbers outside the probed range
+        (extrapolation: the formula's shape was never checked there) and flags or grad-sample modes
+        no probe had, whether or not they are features. One note per column; empty when inside."""
+        notes = []
+        for column, (lo, hi) in self.ranges.items():
+            if column not in frame.columns:
+                continue
+            values = _flag(frame, column) if column == "dp" else _numbers(frame, column)
+            out = values[(values < lo) | (values > hi)]
+            if out.size:
+                shown = ", ".join(f"{v:g}" for v in sorted(set(out.tolist()))[:3])
+                probed = f"{lo:g}" if lo == hi else f"{lo:g} to {hi:g}"
+                notes.append(f"{column}={shown} is outside the probed {probed}")
+        seen = self.levels.get("grad_sample_mode")
+        if seen is not None and "grad_sample_mode" in frame.columns:
+            unseen = sorted(set(frame["grad_sample_mode"].astype(str)) - set(seen))
+            if unseen:
+                notes.append(f"grad_sample_mode={', '.join(unseen)} was never probed (probed: {', '.join(seen)})")
+        return notes
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict, ``{"format": FORMAT, "model": …, "targets": {…}, "cv": [...], …}``."""
@@ -610,6 +664,7 @@ class MemoryModel:
             "n_probes": self.n_probes,
             "levels": self.levels,
             "provenance": self.provenance,
+            "ranges": self.ranges,
             "targets": {
                 t: {
                     "features": f.features,
@@ -647,6 +702,7 @@ class MemoryModel:
                 targets=targets,
                 levels={k: list(v) for k, v in data.get("levels", {}).items()},
                 provenance={k: list(v) for k, v in data.get("provenance", {}).items()},
+                ranges={k: [float(v[0]), float(v[1])] for k, v in data.get("ranges", {}).items()},
                 cv=pd.DataFrame.from_records(data.get("cv", []), columns=_CV_COLUMNS),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as err:
@@ -705,18 +761,22 @@ def cv_summary(predictions: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame.from_records(rows, columns=_CV_COLUMNS)
 
 
-def fit(
-    frame: pd.DataFrame,
-    features: Sequence[str] | None = None,
-    *,
-    targets: Sequence[str] | None = None,
-    folds: int = DEFAULT_FOLDS,
-    seed: int = 0,
-) -> MemoryModel:
-    """The MemoryModel of the probes in ``frame``, which must all be of one ``model`` and one
-    ``backend`` (see fit_all for a frame of several models). ``features`` (one list for every
-    target) overrides DEFAULT_FEATURES; ``targets`` (names or columns) defaults to all of TARGETS.
-    ``folds`` and ``seed`` set the k-fold held-out error (k = min(folds, probes))."""
+@dataclass
+class _Design:
+    """One target's fitting problem: its features, design columns and matrix, and what is identifiable."""
+
+    features: list[str]
+    columns: list[str]
+    matrix: np.ndarray
+    y: np.ndarray
+    ident: Identifiable
+
+
+def _designs(
+    frame: pd.DataFrame, features: Sequence[str] | None, targets: Sequence[str] | None, folds: int
+) -> dict[str, _Design]:
+    """Every check of a fit that needs no fitting (columns, one model, one backend, finite values,
+    enough probes), and each target's design: so that bad input stops before any model is fitted."""
     chosen = [_target_column(t) for t in targets] if targets is not None else list(TARGETS)
     if not chosen:
         raise MemoryModelError("targets", "[]", f"no target to fit; valid: {', '.join(TARGETS.values())}")
@@ -730,34 +790,75 @@ def fit(
         raise MemoryModelError(
             "model", ", ".join(models), "fit() takes the probes of one model; use fit_all() to fit each model"
         )
-    backend = _check_backend(frame)
+    _check_backend(frame)
     model = models[0]
+    designs = {}
+    for target, feats in per_target.items():
+        try:
+            y = _numbers(frame, target)
+            columns = expand_columns(frame, feats)
+            matrix = design_matrix(frame, columns)
+        except MemoryModelError as err:  # say whose probes
+            raise MemoryModelError(err.option, err.value, f"{err.reason} (probes of model {model!r})") from None
+        ident = identifiable(matrix, columns)
+        _check_enough(len(frame), ident, feats, model, target, folds)
+        designs[target] = _Design(feats, columns, matrix, y, ident)
+    return designs
+
+
+def _probed_ranges(frame: pd.DataFrame) -> dict[str, list[float]]:
+    """[min, max] of each numeric column the probes varied or fixed (RANGE_COLUMNS, and dp as 0/1)."""
+    ranges = {}
+    for column in RANGE_COLUMNS:
+        if column in frame.columns:
+            values = pd.to_numeric(frame[column], errors="coerce").dropna()
+            if not values.empty:
+                ranges[column] = [float(values.min()), float(values.max())]
+    if "dp" in frame.columns:
+        flags = _flag(frame, "dp")
+        ranges["dp"] = [float(flags.min()), float(flags.max())]
+    return ranges
+
+
+def fit(
+    frame: pd.DataFrame,
+    features: Sequence[str] | None = None,
+    *,
+    targets: Sequence[str] | None = None,
+    folds: int = DEFAULT_FOLDS,
+    seed: int = 0,
+) -> MemoryModel:
+    """The MemoryModel of the probes in ``frame``, which must all be of one ``model`` and one
+    ``backend`` (see fit_all for a frame of several models). ``features`` (one list for every
+    target) overrides DEFAULT_FEATURES; ``targets`` (names or columns) defaults to all of TARGETS.
+    ``folds`` and ``seed`` set the k-fold held-out error (k = min(folds, probes))."""
+    frame = clean_probes(frame)
+    designs = _designs(frame, features, targets, folds)
+    backend = _check_backend(frame)
+    model = str(frame["model"].iloc[0])
     n = len(frame)
     fits: dict[str, TargetFit] = {}
     cv_rows: list[pd.DataFrame] = []
     levels: dict[str, list[str]] = {}
-    for target, feats in per_target.items():
-        y = _numbers(frame, target)
-        columns = expand_columns(frame, feats)
-        matrix = design_matrix(frame, columns)
-        ident = identifiable(matrix, columns)
-        _check_enough(n, ident, feats, model, target, folds)
-        kept = ident.kept
-        idx = [columns.index(c) for c in kept]
+    if "grad_sample_mode" in frame.columns:  # recorded even when not a feature: predict warns of others
+        levels["grad_sample_mode"] = sorted(frame["grad_sample_mode"].unique())
+    for target, d in designs.items():
+        kept = d.ident.kept
+        idx = [d.columns.index(c) for c in kept]
         coefficients = {}
         for name in FITS.names():
-            coef = FITS.get(name)(matrix[:, idx], y)
+            coef = FITS.get(name)(d.matrix[:, idx], d.y)
             coefficients[name] = {c: float(w) for c, w in zip(kept, coef, strict=True)}
-        fits[target] = TargetFit(feats, kept, ident.dropped, coefficients, ident.constant)
-        for spec in feats:
+        fits[target] = TargetFit(d.features, kept, d.ident.dropped, coefficients, d.ident.constant)
+        for spec in d.features:
             for factor in spec.split(":"):
                 feature = FEATURES.get(factor)
                 if feature.categorical:
                     levels[feature.requires[0]] = sorted(frame[feature.requires[0]].astype(str).unique())
-        predictions, fold_of = cross_validate(matrix[:, idx], kept, y, folds, seed)
+        predictions, fold_of = cross_validate(d.matrix[:, idx], kept, d.y, folds, seed)
         for name, pred in predictions.items():
             with np.errstate(divide="ignore", invalid="ignore"):
-                rel = np.where(y > 0, (pred - y) / y, np.nan)
+                rel = np.where(d.y > 0, (pred - d.y) / d.y, np.nan)
             cv_rows.append(
                 pd.DataFrame(
                     {
@@ -767,7 +868,7 @@ def fit(
                         "fit": name,
                         "fold": fold_of,
                         "probe": frame.index.to_numpy(),
-                        "observed_bytes": y,
+                        "observed_bytes": d.y,
                         "predicted_bytes": pred,
                         "rel_residual": rel,
                     },
@@ -775,9 +876,7 @@ def fit(
                 )
             )
     cv_predictions = pd.concat(cv_rows, ignore_index=True)
-    provenance = {
-        c: sorted(frame[c].astype(str).unique()) for c in ("dataset", "device_name", "torch_version") if c in frame
-    }
+    provenance = {c: sorted(frame[c].unique()) for c in ("dataset", "device_name", "torch_version") if c in frame}
     return MemoryModel(
         model=model,
         backend=backend,
@@ -785,6 +884,7 @@ def fit(
         targets=fits,
         levels=levels,
         provenance=provenance,
+        ranges=_probed_ranges(frame),
         cv=cv_summary(cv_predictions),
         cv_predictions=cv_predictions,
     )
@@ -799,17 +899,19 @@ def fit_all(
     folds: int = DEFAULT_FOLDS,
     seed: int = 0,
 ) -> dict[str, MemoryModel]:
-    """fit() for each model in ``frame`` (or only ``model``), keyed by model name. The frame must
-    hold one memory backend."""
+    """fit() for each model in ``frame`` (or only ``model``), keyed by model name. The probes of
+    each model must hold one memory backend. Every model's input is checked before any is fitted."""
     _check_columns(frame, ["model", "backend"], "a memory fit")
-    _check_backend(frame)
-    present = sorted(frame["model"].astype(str).unique())
+    frame = clean_probes(frame)
+    present = sorted(frame["model"].unique())
     if model is not None:
         if model not in present:
             raise MemoryModelError("model", model, f"no probes of this model; models probed: {', '.join(present)}")
         present = [model]
-    names = frame["model"].astype(str)
-    return {name: fit(frame[names == name], features, targets=targets, folds=folds, seed=seed) for name in present}
+    blocks = {name: frame[frame["model"] == name] for name in present}
+    for block in blocks.values():
+        _designs(block, features, targets, folds)
+    return {name: fit(block, features, targets=targets, folds=folds, seed=seed) for name, block in blocks.items()}
 
 
 def cv_table(models: Mapping[str, MemoryModel]) -> pd.DataFrame:

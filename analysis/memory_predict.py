@@ -33,6 +33,10 @@ from dpsweep.config import Config, ConfigError
 from dpsweep.data import DatasetFacts
 
 PEAK = "iteration_peak_bytes"
+# The peak a config is planned with: the larger of the allocated peak and, where it was fitted, the
+# reserved peak. On CUDA the caching allocator's reserved bytes (segments it holds, allocated or not)
+# are what run out; on the CPU twin the two are equal.
+PEAKS = ("iteration_peak_bytes", "reserved_peak_bytes")
 POISSON_TAIL = 1e-6  # chance that some batch of a run exceeds the planned one
 MAX_HIDDEN_UNITS = 65_536  # search range for the largest head
 
@@ -83,36 +87,50 @@ def gpu_budget(cfg: Config, override: str | None = None) -> tuple[str | None, in
     return figure, memory.parse_bytes(figure, key="--gpu-memory" if override else "launcher.gpu_memory")
 
 
-def pass_budget_bytes(cfg: Config, facts: DatasetFacts) -> int:
-    """``launcher.gpu_memory`` less what stays on the GPU beside every pass: with
-    ``train.device_resident``, the training split (fp32 inputs, int64 labels; no probe holds it)."""
-    assert cfg.launcher.gpu_memory is not None
-    budget = memory.parse_bytes(cfg.launcher.gpu_memory, key="launcher.gpu_memory")
+def resident_bytes(cfg: Config, facts: DatasetFacts) -> int:
+    """Bytes that stay on the GPU beside every pass and that no probe holds: with
+    ``train.device_resident``, the training split (fp32 inputs, int64 labels); else 0."""
     if not cfg.train.device_resident:
-        return budget
-    resident = facts.n_train * (math.prod(facts.input_shape) * 4 + 8)
-    if resident >= budget:
+        return 0
+    return facts.n_train * (math.prod(facts.input_shape) * 4 + 8)
+
+
+def pass_budget_bytes(cfg: Config, facts: DatasetFacts, budget_bytes: int | None = None) -> int:
+    """The GPU memory (``budget_bytes``, else ``launcher.gpu_memory``) less :func:`resident_bytes`:
+    what one pass may use. ConfigError when the resident data alone fills it."""
+    if budget_bytes is None:
+        assert cfg.launcher.gpu_memory is not None
+        budget_bytes = memory.parse_bytes(cfg.launcher.gpu_memory, key="launcher.gpu_memory")
+    resident = resident_bytes(cfg, facts)
+    if resident and resident >= budget_bytes:
         raise ConfigError(
             "train.device_resident", True,
-            f"false: the training split needs {memory.format_bytes(resident)} of launcher.gpu_memory="
-            f"{cfg.launcher.gpu_memory}",
+            f"false: the training split needs {memory.format_bytes(resident)} of the GPU's "
+            f"{memory.format_bytes(budget_bytes)}",
         )  # fmt: skip
-    return budget - resident
+    return budget_bytes - resident
 
 
-def chosen_physical_batch(fitted: MemoryModel, cfg: Config, facts: DatasetFacts) -> int | None:
-    """The physical batch training picks from ``train.memory_model`` and ``launcher.gpu_memory``: the
-    largest pass predicted to fit (None: not even one example)."""
-    return largest_pass(fitted, cfg, facts, pass_budget_bytes(cfg, facts))
+def chosen_physical_batch(
+    fitted: MemoryModel, cfg: Config, facts: DatasetFacts, budget_bytes: int | None = None
+) -> int | None:
+    """The physical batch training picks from ``train.memory_model`` and the GPU memory
+    (``budget_bytes``, else ``launcher.gpu_memory``): the largest pass predicted to fit (None: not
+    even one example)."""
+    return largest_pass(fitted, cfg, facts, pass_budget_bytes(cfg, facts, budget_bytes))
 
 
-def with_chosen_physical_batch(fitted: MemoryModel, cfg: Config, facts: DatasetFacts) -> Config:
+def with_chosen_physical_batch(
+    fitted: MemoryModel, cfg: Config, facts: DatasetFacts, budget_bytes: int | None = None
+) -> Config:
     """``cfg`` with the physical batch training would choose (see :func:`chosen_physical_batch`)
-    when ``train.memory_model`` and ``launcher.gpu_memory`` are set and no size is given."""
+    when ``train.memory_model`` and the GPU memory are set and no size is given."""
     t = cfg.train
-    if t.physical_batch_size is not None or t.memory_model is None or cfg.launcher.gpu_memory is None:
+    if t.physical_batch_size is not None or t.memory_model is None:
         return cfg
-    chosen = chosen_physical_batch(fitted, cfg, facts)
+    if budget_bytes is None and cfg.launcher.gpu_memory is None:
+        return cfg
+    chosen = chosen_physical_batch(fitted, cfg, facts, budget_bytes)
     return dataclasses.replace(cfg, train=dataclasses.replace(t, physical_batch_size=chosen))
 
 
@@ -123,53 +141,80 @@ class MemoryPrediction:
     pass_reason: str  # why the pass holds row["batch_size"]: poisson | physical | batch
     stages: dict[str, float]  # predicted bytes per target (envelope fit)
     typical: dict[str, float]  # the same by least squares: the expected figure, not a bound
-    peak_bytes: float  # envelope prediction of the iteration peak: the figure to plan with
+    peak_bytes: float  # envelope prediction of the planned peak (see PEAKS): the figure to plan with
     budget_bytes: float | None
     largest_batch_size: int | None  # logical B whose largest pass fits the budget (None: not even 1)
     largest_hidden_units: int | None  # at this B; None when no head size fits or hidden units were not probed
-    note: str = ""
+    resident_bytes: int = 0  # the device-resident training split, beside the peak (no probe holds it)
+    notes: tuple[str, ...] = ()  # what the prediction could not do, or where it extrapolates
 
     @property
     def fits(self) -> bool | None:
-        return None if self.budget_bytes is None else self.peak_bytes <= self.budget_bytes
+        if self.budget_bytes is None:
+            return None
+        return self.peak_bytes + self.resident_bytes <= self.budget_bytes
 
 
 def config_row(cfg: Config, facts: DatasetFacts) -> dict[str, Any]:
     return memory.config_features(cfg, facts.input_shape, trainable_parameters(cfg, facts))
 
 
+def _peak_targets(fitted: MemoryModel) -> list[str]:
+    return [t for t in PEAKS if t in fitted.targets] or [PEAK]
+
+
+def planned_peak(fitted: MemoryModel, predicted: dict[str, float]) -> float:
+    """The peak to plan with from one row's envelope predictions: the largest of PEAKS fitted."""
+    return max(predicted[t] for t in _peak_targets(fitted))
+
+
 def _peaks(fitted: MemoryModel, row: dict[str, Any], **columns: np.ndarray | int) -> np.ndarray:
-    """Predicted iteration peaks of ``row`` with ``columns`` replaced (arrays: one candidate each)."""
+    """Planned peaks of ``row`` with ``columns`` replaced (arrays: one candidate each)."""
     n = max((len(v) for v in columns.values() if isinstance(v, np.ndarray)), default=1)
     frame = pd.DataFrame([row] * n)
     for name, values in columns.items():
         frame[name] = values
-    return fitted.predict(frame, targets=[PEAK])[PEAK].to_numpy()
+    return fitted.predict(frame, targets=_peak_targets(fitted)).max(axis=1).to_numpy()
 
 
 def predict_config(
-    fitted: MemoryModel, cfg: Config, facts: DatasetFacts, budget_bytes: float | None = None
+    fitted: MemoryModel, cfg: Config, facts: DatasetFacts, budget_bytes: int | None = None
 ) -> MemoryPrediction:
-    """Predicted stages and peak of one config, and the largest B and head that fit ``budget_bytes``."""
-    cfg = with_chosen_physical_batch(fitted, cfg, facts)
+    """Predicted stages and peak of one config, and the largest B and head that fit ``budget_bytes``
+    (the GPU memory; with ``train.device_resident`` the training split is set against it too)."""
+    cfg = with_chosen_physical_batch(fitted, cfg, facts, budget_bytes)
     base = config_row(cfg, facts)
     row = base | {"batch_size": int(pass_batch_sizes(cfg, facts.n_train, np.array([cfg.train.batch_size]))[0])}
     frame = pd.DataFrame([row])
     stages = fitted.predict(frame).iloc[0].to_dict()
     typical = fitted.predict(frame, fit="least_squares").iloc[0].to_dict()
+    resident = resident_bytes(cfg, facts)
     largest_b = largest_h = None
-    note = ""
-    if budget_bytes is not None:
-        largest_b = largest_batch_size(fitted, cfg, facts, budget_bytes, base)
-        try:
-            largest_h = largest_hidden_units(fitted, cfg, facts, budget_bytes, base)
-        except MemoryModelError as err:  # e.g. every probe had the same hidden_units
-            note = f"largest hidden_units not predicted: {err}"
+    notes = [f"extrapolated: {note}" for note in fitted.outside_probed(frame)]
+    if budget_bytes is not None and budget_bytes > resident:
+        left = budget_bytes - resident
+        for what, search in (("train.batch_size", largest_batch_size), ("model.hidden_units", largest_hidden_units)):
+            try:
+                found = search(fitted, cfg, facts, left, base)
+            except MemoryModelError as err:  # e.g. every probe had the same batch size
+                notes.append(f"largest {what} not predicted: {err}")
+                continue
+            if what == "train.batch_size":
+                largest_b = found
+            else:
+                largest_h = found
+            column = what.rpartition(".")[2]
+            lo_hi = fitted.ranges.get(column)
+            if found is not None and lo_hi is not None and found > lo_hi[1]:
+                notes.append(f"the largest {what} ({found}) is extrapolated beyond the probed {lo_hi[1]:g}")
     b = cfg.train.batch_size
     reason = "physical" if cfg.train.physical_batch_size is not None and row["batch_size"] < b else "batch"
     if cfg.dp.enabled and reason == "batch":
         reason = "poisson"
-    return MemoryPrediction(row, b, reason, stages, typical, stages[PEAK], budget_bytes, largest_b, largest_h, note)
+    peak = planned_peak(fitted, stages)
+    return MemoryPrediction(
+        row, b, reason, stages, typical, peak, budget_bytes, largest_b, largest_h, resident, tuple(notes)
+    )
 
 
 def _largest(fits: np.ndarray, values: np.ndarray) -> int | None:

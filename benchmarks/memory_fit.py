@@ -40,19 +40,25 @@ def evaluate(probes: pd.DataFrame, max_probes: int = MAX_PROBES, seed: int = 0) 
     """Per model: fit the envelope to ``max_probes`` seeded-random probes, score the peak on the rest."""
     results = []
     for name, block in probes.groupby("model", sort=True):
+        devices = sorted(set(block["device_name"])) if "device_name" in block else []
+        if len(devices) > 1:  # two GPUs' figures are not one memory law (dpsweep-memory fit --device)
+            raise SystemExit(f"model {name}: probes of several devices ({', '.join(devices)}); keep one per model")
         order = np.random.default_rng(seed).permutation(len(block))
         fitted_rows, held_out = block.iloc[order[:max_probes]], block.iloc[order[max_probes:]]
         if held_out.empty:
             raise SystemExit(f"model {name}: {len(block)} probes leave none held out beyond the {max_probes} fitted")
-        model = mm.fit(fitted_rows)
-        predicted = model.predict(held_out, targets=[PEAK])[PEAK].to_numpy()
+        try:
+            model = mm.fit(fitted_rows)
+            predicted = model.predict(held_out, targets=[PEAK])[PEAK].to_numpy()
+        except mm.MemoryModelError as err:  # e.g. a held-out probe of a level no fitted probe had
+            raise SystemExit(f"model {name}: {err}") from None
         observed = held_out[PEAK].to_numpy(dtype=float)
         rel = (predicted - observed) / observed
         under = float(max(0.0, -rel.min()))
         mean = float(np.abs(rel).mean())
         results.append({
             "model": str(name), "backend": model.backend,
-            "devices": sorted(set(block.get("device_name", pd.Series(dtype=str)).astype(str))),
+            "devices": devices,
             "probes_fitted": len(fitted_rows), "probes_held_out": len(held_out),
             "mean_rel_error": mean, "max_rel_error": float(np.abs(rel).max()), "max_under_prediction": under,
             "passed": mean <= MAX_MEAN_REL_ERROR and under <= MAX_UNDER_PREDICTION,
@@ -67,7 +73,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="which probes are fitted")
     parser.add_argument("--json", type=Path, help="write the figures here as JSON")
     args = parser.parse_args()
-    results = evaluate(pd.read_csv(args.csv), args.max_probes, args.seed)
+    if not args.csv.is_file():
+        raise SystemExit(f"--csv={args.csv}: no such probe table (dpsweep-memory probe --csv writes one)")
+    results = evaluate(mm.read_probes(args.csv), args.max_probes, args.seed)
     print(f"memory-model accuracy on held-out probes ({args.csv}); goals: mean |error| <= "
           f"{MAX_MEAN_REL_ERROR:.0%}, under-prediction <= {MAX_UNDER_PREDICTION:.0%}")  # fmt: skip
     for r in results:

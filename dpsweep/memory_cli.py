@@ -13,8 +13,9 @@ allocator's cache would carry over from one config to the next), and in parallel
 allows: one job per GPU, or one per CPU core on the CPU twin. Each probe is an MLflow run tagged
 ``probe=true`` holding the four stage levels and deltas, the iteration peak and the reserved peak
 (``memory.*`` metrics, read from the CUDA caching allocator, or from the ``cpu-tensors`` census on
-CPU, tagged ``memory.backend``). The table of all probes of the requested configs (earlier ones
-included: a config probed before is skipped, not probed again) is written as CSV.
+CPU, tagged ``memory.backend``). Every config is measured afresh, even one probed before (that probe
+may be of another device), and this invocation's probes are written as CSV. Probes take one step and
+are not results: ``sweep.max_epsilon`` does not apply to them.
 
 ``fit`` fits each stage's allocated bytes as a linear function of config features, by least squares
 and as an upper envelope (a linear program), prints the formulas and k-fold held-out errors, writes a
@@ -50,6 +51,10 @@ from dpsweep.registry import UnknownNameError
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 PROBE_LAUNCHERS = ("local", "slurm", "sge")  # a fresh process per config
+# What every probe sweep sets: probe mode; a fresh measurement even of a config probed before (maybe
+# on another device); no ε budget (a probe takes one step and reports no ε).
+FORCED_VALUES = ("train.probe=true", "sweep.force=true", "sweep.max_epsilon=null")
+FORCED = tuple(v.partition("=")[0] for v in FORCED_VALUES)
 
 # The probe table: config columns (see dpsweep.memory.config_features), then the measurements.
 MEASURED = (
@@ -83,14 +88,18 @@ def probe_overrides(overrides: Sequence[str]) -> list[str]:
         raise MemoryCliError(
             "launcher", launcher, f"one of {', '.join(PROBE_LAUNCHERS)}: each probe needs a fresh process"
         )
-    # Measure afresh: an earlier probe of the same config may be of another device or backend.
-    extra = ["train.probe=true", f"launcher={launcher}", "sweep.force=true"]
+    for key in FORCED:
+        value = _override_value(overrides, key)
+        if value is not None:
+            raise MemoryCliError(key, value, f"leave it out: dpsweep-memory probe sets {', '.join(FORCED_VALUES)}")
+    extra = [f"launcher={launcher}"]
     gpus = torch.cuda.device_count()
     if launcher == "local" and _override_value(overrides, "launcher.max_parallel") is None:
         extra.append(f"launcher.max_parallel={gpus or os.cpu_count() or 1}")  # one per GPU, or per core
     if (gpus or launcher != "local") and _override_value(overrides, "launcher.gpus_per_job") is None:
         extra.append("launcher.gpus_per_job=1")  # probes are of GPU memory wherever GPUs are
-    return [*extra, *[o for o in overrides if not o.startswith("launcher=")]]
+    # last, so that no experiment preset changes them
+    return [*extra, *[o for o in overrides if not o.startswith("launcher=")], *FORCED_VALUES]
 
 
 def plan_probes(overrides: Sequence[str]) -> tuple[list[Config], list[str]]:
@@ -192,7 +201,9 @@ def load_probes(args: argparse.Namespace) -> tuple[pd.DataFrame, str]:
     if args.csv is not None:
         if not args.csv.is_file():
             raise MemoryCliError("--csv", str(args.csv), "an existing probe table (dpsweep-memory probe --csv)")
-        return pd.read_csv(args.csv), str(args.csv)
+        from dpsweep.analysis.memory_model import read_probes
+
+        return read_probes(args.csv), str(args.csv)
     if args.experiment is None:
         raise MemoryCliError("--experiment", None, "an MLflow experiment holding probes, or --csv FILE")
     table = probe_table(args.tracking_uri, args.experiment)
@@ -229,6 +240,12 @@ def run_fit(args: argparse.Namespace) -> dict[str, Any]:
 
     features = [f.strip() for f in args.features.split(",") if f.strip()] if args.features else None
     probes, source = load_probes(args)
+    probes = mm.clean_probes(probes)
+    if args.model is not None and "model" in probes.columns:
+        present = sorted(probes["model"].unique())
+        if args.model not in present:
+            raise MemoryCliError("--model", args.model, f"a model the probes are of: {', '.join(present)}")
+        probes = probes[probes["model"] == args.model]
     probes = _one_device_per_model(probes, args.device)
     models = mm.fit_all(probes, args.model, features, folds=args.folds)
     meta = {"source": source, "created": pd.Timestamp.now(tz="UTC").isoformat(timespec="seconds")}
@@ -248,7 +265,8 @@ def run_fit(args: argparse.Namespace) -> dict[str, Any]:
     shown = table[["model", "target", "fit", "n_probes", *mm.CV_METRICS]].copy()
     for column in mm.CV_METRICS:
         shown[column] = (100 * shown[column]).map("{:.2f}%".format)
-    print(f"\nk-fold held-out error ({args.folds} folds; relative to the observed bytes):")
+    used = ", ".join(f"{m}: {k}" for m, k in table.groupby("model", sort=False)["folds"].max().items())
+    print(f"\nk-fold held-out error (folds: {used}; relative to the observed bytes):")
     print(shown.to_string(index=False))
     print(f"\nmodels written to {out}; residual plot {plot}")
     return {"models": models, "out": out, "plot": plot}
@@ -274,21 +292,37 @@ def run_predict(args: argparse.Namespace) -> list[dict[str, Any]]:
         facts = sizes.facts(cfg)
         fitted = mp.model_for(models, model_key(cfg), args.backend)
         p = mp.predict_config(fitted, cfg, facts, budget)
-        largest_pass = mp.largest_pass(fitted, cfg, facts, budget)
+        largest_pass = None
+        if budget > p.resident_bytes:
+            try:
+                largest_pass = mp.largest_pass(fitted, cfg, facts, budget - p.resident_bytes)
+            except mm.MemoryModelError:  # every probe had one batch size: predict_config's notes say so
+                largest_pass = None
         shown = " ".join(job) or "(defaults)"
-        rows.append({"overrides": shown, "prediction": p, "budget": figure, "largest_pass": largest_pass})
-    for r in rows:
-        _print_prediction(r["overrides"], r["prediction"], r["budget"], r["largest_pass"])
-    if args.json:
+        row = {"overrides": shown, "prediction": p, "budget": figure, "largest_pass": largest_pass}
+        rows.append(row | {"n_train": facts.n_train})
+    if args.json:  # only the JSON on stdout, for jq and scripts
         print(json.dumps([_as_json(r) for r in rows], indent=1))
+        return rows
+    for r in rows:
+        _print_prediction(r["overrides"], r["prediction"], r["budget"], r["largest_pass"], r["n_train"])
     return rows
 
 
-def _print_prediction(overrides: str, p: Any, budget: str, largest_pass: int | None) -> None:
+def _at_most(value: int | None, limit: int, why: str) -> str:
+    """A searched largest size as shown: ``none``, the size, or the size and ``why`` at the limit."""
+    if value is None:
+        return "none"
+    return f"{value} (all of {why})" if value >= limit else str(value)
+
+
+def _print_prediction(overrides: str, p: Any, budget: str, largest_pass: int | None, n_train: int) -> None:
+    from dpsweep.analysis.memory_predict import MAX_HIDDEN_UNITS
     from dpsweep.memory import format_bytes
 
     verdict = "fits" if p.fits else "OUT OF MEMORY"
-    print(f"{overrides}: {verdict}: predicted peak {format_bytes(p.peak_bytes)} for {budget} (envelope fit)")
+    resident = f" + {format_bytes(p.resident_bytes)} of device-resident data" if p.resident_bytes else ""
+    print(f"{overrides}: {verdict}: predicted peak {format_bytes(p.peak_bytes)}{resident} for {budget} (envelope fit)")
     why = {
         "poisson": f"the largest Poisson batch of B={p.batch_size} in the run (exceeded with probability < 1e-6)",
         "physical": "train.physical_batch_size caps each pass",
@@ -297,22 +331,25 @@ def _print_prediction(overrides: str, p: Any, budget: str, largest_pass: int | N
     print(f"  planned for a pass of {p.row['batch_size']} examples: {why}")
     for stage, value in p.stages.items():
         print(f"  {stage:<22} {format_bytes(value):>10}   (least squares: {format_bytes(p.typical[stage])})")
-    print(f"  largest train.batch_size that fits: {p.largest_batch_size or 'none'}")
+    print(f"  largest train.batch_size that fits: {_at_most(p.largest_batch_size, n_train, 'the training set')}")
     if largest_pass is not None and not p.fits:
         print(f"  or keep B and set train.physical_batch_size={largest_pass} (Opacus BatchMemoryManager)")
     if p.largest_hidden_units is not None:
-        print(f"  largest model.hidden_units that fits at B={p.batch_size}: {p.largest_hidden_units}")
-    if p.note:
-        print(f"  note: {p.note}")
+        h = p.largest_hidden_units
+        shown = f"≥ {MAX_HIDDEN_UNITS} (the end of the range searched)" if h >= MAX_HIDDEN_UNITS else str(h)
+        print(f"  largest model.hidden_units that fits at B={p.batch_size}: {shown}")
+    for note in p.notes:
+        print(f"  note: {note}")
 
 
 def _as_json(r: dict[str, Any]) -> dict[str, Any]:
     p = r["prediction"]
     return {
         "overrides": r["overrides"], "gpu_memory": r["budget"], "fits": p.fits, "peak_bytes": p.peak_bytes,
-        "pass_batch_size": p.row["batch_size"], "stages_bytes": p.stages, "least_squares_bytes": p.typical,
-        "largest_batch_size": p.largest_batch_size, "largest_hidden_units": p.largest_hidden_units,
-        "largest_physical_batch_size": r["largest_pass"],
+        "resident_bytes": p.resident_bytes, "pass_batch_size": p.row["batch_size"], "stages_bytes": p.stages,
+        "least_squares_bytes": p.typical, "largest_batch_size": p.largest_batch_size,
+        "largest_hidden_units": p.largest_hidden_units, "largest_physical_batch_size": r["largest_pass"],
+        "notes": list(p.notes),
     }  # fmt: skip
 
 

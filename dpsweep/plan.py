@@ -174,8 +174,11 @@ class MemoryCheck:
 
         figure, budget = memory_predict.gpu_budget(cfg, self.gpu_memory)
         fitted = memory_predict.model_for(models, memory_key(cfg), self.backend)
-        p = memory_predict.predict_config(fitted, cfg, sizes.facts(cfg), None)
-        fits = None if budget is None else p.peak_bytes <= budget
+        facts = sizes.facts(cfg)
+        cfg = memory_predict.with_chosen_physical_batch(fitted, cfg, facts, budget)  # as the job will choose
+        p = memory_predict.predict_config(fitted, cfg, facts, None)
+        # the device-resident training split (train.device_resident) stays beside the peak
+        fits = None if budget is None else p.peak_bytes + p.resident_bytes <= budget
         return dataclasses.replace(row, peak_bytes=p.peak_bytes, gpu_memory=figure, fits_memory=fits)
 
 

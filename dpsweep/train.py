@@ -173,7 +173,8 @@ def train(cfg: DictConfig | Config) -> TrainResult:
     data = datasets.build(config.dataset)
     validate_for_dataset(config, data.n_train)
     sigma = resolve_noise(config, data.n_train)
-    check_budget(config, data.n_train, sigma)
+    if not config.train.probe:  # a probe takes one step and reports no ε: no budget applies
+        check_budget(config, data.n_train, sigma)
     run_hash = checkpoint.config_hash(identity(flatten(config)))
     ckpt_dir = Path(config.train.checkpoint_dir) if config.train.checkpoint_dir else None
     resume = checkpoint.peek(ckpt_dir, run_hash) if ckpt_dir and not config.train.probe else None

@@ -16,7 +16,7 @@ from helpers import runs_of
 from mlflow.tracking import MlflowClient
 
 from dpsweep.memory import parse_bytes
-from dpsweep.memory_cli import main, probe_table
+from dpsweep.memory_cli import FORCED_VALUES, MemoryCliError, main, probe_overrides, probe_table
 
 
 def memory_cli(*args: str, check: bool = True, fresh: bool = False) -> subprocess.CompletedProcess[str]:
@@ -107,6 +107,7 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
                 train(compose("config", overrides=[
                     "train.probe=true", f"train.batch_size={batch}", f"model.hidden_units={hidden}",
                     "dataset.image_size=16", f"tracking.uri={uri}", "tracking.experiment_name=probes",
+                    "sweep.max_epsilon=0.01",  # no probe meets it: a probe takes one step and has no budget
                 ]))  # fmt: skip
     return uri, root
 
@@ -126,9 +127,19 @@ def test_fit_prints_formulas_and_held_out_error_and_saves_the_model(probed: tupl
     assert peak.mean_abs_rel_error < 0.05  # the census is close to linear in B and P
 
 
+def test_probe_sweeps_are_probes_whatever_the_overrides_say() -> None:
+    args = probe_overrides(["experiment=demo", "train.batch_size=8,16"])
+    assert args[-len(FORCED_VALUES) :] == list(FORCED_VALUES)  # last: no preset can undo them
+    assert "sweep.max_epsilon=null" in args and "launcher=local" in args
+    for given in ("train.probe=false", "sweep.force=false", "sweep.max_epsilon=3"):
+        key, _, value = given.partition("=")
+        with pytest.raises(MemoryCliError, match=rf"{key}='{value}': leave it out: dpsweep-memory probe sets"):
+            probe_overrides(["train.batch_size=8", given])
+
+
 def predict_json(*args: str) -> list[dict[str, object]]:
     out = memory_cli("predict", "--json", *args).stdout
-    rows: list[dict[str, object]] = json.loads(out[out.index("\n[") :])
+    rows: list[dict[str, object]] = json.loads(out)  # stdout holds only the JSON
     return rows
 
 
@@ -162,6 +173,24 @@ def test_predict_gives_the_verdict_and_the_largest_batch_that_really_fits(
         train(compose("config", overrides=["train.probe=true", f"train.batch_size={physical}", *config, *tracking]))
     [run] = runs_of(client, experiment_name)
     assert run.data.metrics["memory.iteration_peak_bytes"] <= parse_bytes(budget)
+
+
+def test_device_resident_data_counts_against_the_gpu_memory(probed: tuple[str, Path]) -> None:
+    uri, _ = probed
+    memory_cli("fit", "--experiment", "probes", "--tracking-uri", uri, "--out", "m.json")
+    config = ["--memory-model", "m.json", "--backend", "cpu-tensors", "model.hidden_units=64",
+              "dataset.image_size=16", "train.batch_size=128"]  # fmt: skip
+    [loader] = predict_json("--gpu-memory", "1GiB", *config)
+    [resident] = predict_json("--gpu-memory", "1GiB", *config, "train.device_resident=true")
+    assert loader["resident_bytes"] == 0 and resident["peak_bytes"] == loader["peak_bytes"]
+    assert resident["resident_bytes"] == 1437 * (1 * 16 * 16 * 4 + 8)  # N x (fp32 image + int64 label)
+    # a GPU with room for the peak but not for the peak and the training split
+    between = f"{int(loader['peak_bytes']) + int(resident['resident_bytes']) // 2}B"  # type: ignore[call-overload]
+    assert predict_json("--gpu-memory", between, *config)[0]["fits"] is True
+    [full] = predict_json("--gpu-memory", between, *config, "train.device_resident=true")
+    assert full["fits"] is False and int(full["largest_batch_size"]) < 128  # type: ignore[call-overload]
+    text = memory_cli("predict", "--gpu-memory", between, *config, "train.device_resident=true").stdout
+    assert "OUT OF MEMORY" in text and "of device-resident data" in text
 
 
 def test_plan_shows_the_predicted_peak_and_flags_what_will_not_fit(probed: tuple[str, Path]) -> None:
@@ -208,3 +237,12 @@ def test_fit_and_predict_refuse_bad_input(probed: tuple[str, Path], tmp_path: Pa
     assert done.returncode == 2 and "model.name=vgg16_frozen" in done.stderr and "fits of: cnn" in done.stderr
     done = memory_cli("predict", "--memory-model", "m.json", "--gpu-memory", "1GiB", check=False)  # cuda by default
     assert done.returncode == 2 and "cpu-tensors probes" in done.stderr
+    # --model: only that model's probes are checked (another model's two devices do not matter)
+    other = table.assign(model="vgg16_frozen", device_name=["NVIDIA H100"] * 6 + ["NVIDIA A100"] * 6)
+    pd.concat([table.assign(torch_version=""), other]).to_csv("two.csv", index=False)  # "" reads back as NaN
+    fitted = memory_cli("fit", "--csv", "two.csv", "--model", "cnn", "--out", "cnn.json")
+    assert "cnn: 12 probes" in fitted.stdout and "vgg16_frozen" not in fitted.stdout
+    done = memory_cli("fit", "--csv", "two.csv", check=False)
+    assert done.returncode == 2 and "the probes of vgg16_frozen ran on several devices" in done.stderr
+    done = memory_cli("fit", "--csv", "two.csv", "--model", "nope", check=False)
+    assert done.returncode == 2 and "--model='nope': a model the probes are of: cnn, vgg16_frozen" in done.stderr

@@ -220,6 +220,60 @@ def test_fit_all_fits_each_model_and_names_a_missing_one() -> None:
         mm.fit(both)
 
 
+def test_each_model_is_checked_on_its_own_probes_before_any_is_fitted() -> None:
+    vgg = probes()
+    cnn = probes().assign(model="cnn", backend="cpu-tensors")
+    cnn.loc[:2, "backend"] = "cuda"  # the CNN's probes mix backends; the VGG's do not
+    both = pd.concat([vgg, cnn], ignore_index=True)
+    assert list(mm.fit_all(both, "vgg16_frozen")) == ["vgg16_frozen"]
+    with pytest.raises(mm.MemoryModelError, match=r"backend=cpu-tensors \(87 probes\), cuda \(3 probes\)"):
+        mm.fit_all(both)
+    few = pd.concat([vgg, probes().sample(8, random_state=0).assign(model="zz_small")], ignore_index=True)
+    with pytest.raises(mm.MemoryModelError, match=r"8 probes of model 'zz_small' are too few"):
+        mm.fit_all(few)  # checked before vgg16_frozen (sorted first) is fitted
+    bad = probes()
+    bad.loc[3, "reserved_peak_bytes"] = np.nan
+    nan_row = r"reserved_peak_bytes=nan: 1 row\(s\).*\(probes of model 'vgg16_frozen'\)"
+    with pytest.raises(mm.MemoryModelError, match=nan_row):
+        mm.fit_all(bad)
+
+
+def test_probe_tables_with_empty_text_cells_read_fit_and_save(tmp_path: Path) -> None:
+    frame = probes()
+    frame.loc[:9, "device_name"] = ""  # runs without the tag
+    frame["torch_version"] = ""
+    frame["grad_sample_mode"] = frame["grad_sample_mode"].replace("hooks", "None")  # pandas' default NA word
+    frame.to_csv(tmp_path / "p.csv", index=False)
+    read = mm.read_probes(tmp_path / "p.csv")
+    assert set(read["grad_sample_mode"]) == {"none", "None", "ghost"} and set(read["torch_version"]) == {""}
+    assert read["dp"].dtype == bool and read["batch_size"].dtype.kind == "i"
+    models = mm.fit_all(read)
+    assert models["vgg16_frozen"].provenance["device_name"] == ["", "NVIDIA H100"]
+    saved = mm.load_models(mm.save_models(tmp_path / "m.json", models, {}))["vgg16_frozen"]
+    assert saved.levels["grad_sample_mode"] == ["None", "ghost", "none"]
+
+
+def test_predictions_outside_the_probes_are_flagged(exact: mm.MemoryModel) -> None:
+    inside = configs().iloc[[0]]
+    assert exact.ranges["batch_size"] == [16.0, 128.0] and exact.ranges["dp"] == [0.0, 1.0]
+    assert exact.outside_probed(inside) == []
+    outside = inside.assign(batch_size=512, hidden_units=8, grad_sample_mode="ew")
+    assert exact.outside_probed(outside) == [
+        "hidden_units=8 is outside the probed 64 to 256",
+        "batch_size=512 is outside the probed 16 to 128",
+        "grad_sample_mode=ew was never probed (probed: ghost, hooks, none)",
+    ]
+    # a flag that is not a feature is still recorded: a DP-only fit knows nothing of non-DP runs
+    frame = probes()
+    dp_only = mm.fit(frame[frame["dp"]], ["trainable_params", "batch_params", "input_pixels", "batch_size"])
+    assert dp_only.outside_probed(inside.assign(dp=False, grad_sample_mode="none")) == [
+        "dp=0 is outside the probed 1",
+        "grad_sample_mode=none was never probed (probed: ghost, hooks)",
+    ]
+    again = mm.MemoryModel.from_json(json.loads(json.dumps(dp_only.to_json())))
+    assert again.ranges == dp_only.ranges
+
+
 def test_too_few_probes_says_how_many_are_needed() -> None:
     frame = probes().sample(8, random_state=0)
     with pytest.raises(mm.MemoryModelError) as err:
@@ -386,3 +440,13 @@ def test_memory_benchmark_meets_its_goals_on_the_reference_probes() -> None:
     assert [r["probes_fitted"] for r in results] == [24, 24]
     for r in results:
         assert r["passed"] and r["mean_rel_error"] <= 0.05 and r["max_under_prediction"] <= 0.02, r
+
+
+def test_plans_use_the_larger_of_the_allocated_and_reserved_peaks(exact: mm.MemoryModel) -> None:
+    from dpsweep.analysis import memory_predict as mp
+
+    stages = exact.predict(configs().iloc[[0]]).iloc[0].to_dict()
+    assert stages["reserved_peak_bytes"] > stages["iteration_peak_bytes"]  # the allocator keeps whole segments
+    assert mp.planned_peak(exact, stages) == stages["reserved_peak_bytes"]
+    allocated_only = mm.fit(probes(), targets=["iteration_peak"])
+    assert mp.planned_peak(allocated_only, stages) == stages["iteration_peak_bytes"]
