@@ -89,6 +89,7 @@ DEFAULT_FEATURES: dict[str, tuple[str, ...]] = {
     "reserved_peak_bytes": _TRAINING_FEATURES,
 }
 
+PEAK_TARGET = "iteration_peak_bytes"  # the figure plans use (with the reserved peak where fitted)
 DEFAULT_FOLDS = 5
 # Probe-table columns that hold text. An empty cell (a run without the tag) reads back as "", never
 # as NaN, which would not sort or compare with the strings around it.

@@ -247,7 +247,10 @@ def run_fit(args: argparse.Namespace) -> dict[str, Any]:
             raise MemoryCliError("--model", args.model, f"a model the probes are of: {', '.join(present)}")
         probes = probes[probes["model"] == args.model]
     probes = _one_device_per_model(probes, args.device)
-    models = mm.fit_all(probes, args.model, features, folds=args.folds)
+    targets = None
+    if args.targets:  # the iteration peak is what plans use: always fitted
+        targets = list(dict.fromkeys([*(t.strip() for t in args.targets.split(",") if t.strip()), mm.PEAK_TARGET]))
+    models = mm.fit_all(probes, args.model, features, targets=targets, folds=args.folds)
     meta = {"source": source, "created": pd.Timestamp.now(tz="UTC").isoformat(timespec="seconds")}
     out = mm.save_models(args.out, models, meta)
     plot = args.plot or out.with_name(out.stem + "_residuals.png")
@@ -370,6 +373,9 @@ def _parser() -> argparse.ArgumentParser:
     fi.add_argument("--device", metavar="NAME", help="only the probes of this device (tag device.name)")
     fi.add_argument("--features", metavar="F1,F2,...",
                     help="one feature list for every stage (default: per stage; see the module doc)")  # fmt: skip
+    fi.add_argument("--targets", metavar="T1,T2,...",
+                    help="what to fit (default: all of model_load, batch_load, backward, optimizer_step, "
+                         "iteration_peak, reserved_peak; iteration_peak is always fitted)")  # fmt: skip
     fi.add_argument("--folds", type=int, default=5, help="k of the k-fold held-out error (default 5)")
     fi.add_argument(
         "--out", type=Path, default=Path("memory_model.json"), help="model file (default memory_model.json)"

@@ -109,7 +109,7 @@ def _saved_epoch(folder: Path) -> int:
 
 
 def test_slurm_requeue_resumes_with_the_same_epsilon(tmp_path: Path, slurm: None) -> None:
-    epochs = 30  # long enough (about 15 s) to be requeued mid-training
+    epochs = 20  # long enough (10 s or more) to be requeued mid-training
     sweep_dir = tmp_path / "sweep"
     proc = dpsweep(
         tmp_path, "launcher=slurm", f"train.epochs={epochs}", "train.progress=false", f"hydra.sweep.dir={sweep_dir}"

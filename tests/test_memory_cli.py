@@ -210,6 +210,8 @@ def test_plan_shows_the_predicted_peak_and_flags_what_will_not_fit(probed: tuple
 
 
 def test_fit_and_predict_refuse_bad_input(probed: tuple[str, Path], tmp_path: Path) -> None:
+    from dpsweep.analysis import memory_model as mm
+
     uri, _ = probed
     table = probe_table(uri, "probes")
     table.to_csv("probes.csv", index=False)
@@ -244,5 +246,12 @@ def test_fit_and_predict_refuse_bad_input(probed: tuple[str, Path], tmp_path: Pa
     assert "cnn: 12 probes" in fitted.stdout and "vgg16_frozen" not in fitted.stdout
     done = memory_cli("fit", "--csv", "two.csv", check=False)
     assert done.returncode == 2 and "the probes of vgg16_frozen ran on several devices" in done.stderr
+    # a table without reserved peaks: named, and --targets leaves them out
+    table.assign(reserved_peak_bytes=float("nan")).to_csv("unreserved.csv", index=False)
+    done = memory_cli("fit", "--csv", "unreserved.csv", check=False)
+    assert done.returncode == 2 and "reserved_peak_bytes=nan: 12 row(s)" in done.stderr and "'cnn'" in done.stderr
+    memory_cli("fit", "--csv", "unreserved.csv", "--targets", "model_load", "--out", "u.json")
+    [only] = mm.load_models("u.json").values()
+    assert sorted(only.targets) == ["iteration_peak_bytes", "model_load_bytes"]
     done = memory_cli("fit", "--csv", "two.csv", "--model", "nope", check=False)
     assert done.returncode == 2 and "--model='nope': a model the probes are of: cnn, vgg16_frozen" in done.stderr
