@@ -145,6 +145,7 @@ class MemoryPrediction:
     budget_bytes: float | None
     largest_batch_size: int | None  # logical B whose largest pass fits the budget (None: not even 1)
     largest_hidden_units: int | None  # at this B; None when no head size fits or hidden units were not probed
+    largest_physical_batch_size: int | None  # the most examples one pass may hold (BatchMemoryManager)
     resident_bytes: int = 0  # the device-resident training split, beside the peak (no probe holds it)
     notes: tuple[str, ...] = ()  # what the prediction could not do, or where it extrapolates
 
@@ -189,32 +190,27 @@ def predict_config(
     stages = fitted.predict(frame).iloc[0].to_dict()
     typical = fitted.predict(frame, fit="least_squares").iloc[0].to_dict()
     resident = resident_bytes(cfg, facts)
-    largest_b = largest_h = None
     notes = [f"extrapolated: {note}" for note in fitted.outside_probed(frame)]
+    largest: dict[str, int | None] = {}
     if budget_bytes is not None and budget_bytes > resident:
-        left = budget_bytes - resident
-        for what, search in (("train.batch_size", largest_batch_size), ("model.hidden_units", largest_hidden_units)):
+        for key, (search, column) in LARGEST.items():
             try:
-                found = search(fitted, cfg, facts, left, base)
+                found = largest[key] = search(fitted, cfg, facts, budget_bytes - resident, base)
             except MemoryModelError as err:  # e.g. every probe had the same batch size
-                notes.append(f"largest {what} not predicted: {err}")
+                notes.append(f"largest {key} not predicted: {err}")
                 continue
-            if what == "train.batch_size":
-                largest_b = found
-            else:
-                largest_h = found
-            column = what.rpartition(".")[2]
-            lo_hi = fitted.ranges.get(column)
-            if found is not None and lo_hi is not None and found > lo_hi[1]:
-                notes.append(f"the largest {what} ({found}) is extrapolated beyond the probed {lo_hi[1]:g}")
+            probed = fitted.ranges.get(column)
+            if found is not None and probed is not None and found > probed[1]:
+                notes.append(f"the largest {key} ({found}) is extrapolated beyond the probed {probed[1]:g}")
     b = cfg.train.batch_size
     reason = "physical" if cfg.train.physical_batch_size is not None and row["batch_size"] < b else "batch"
     if cfg.dp.enabled and reason == "batch":
         reason = "poisson"
-    peak = planned_peak(fitted, stages)
     return MemoryPrediction(
-        row, b, reason, stages, typical, peak, budget_bytes, largest_b, largest_h, resident, tuple(notes)
-    )
+        row, b, reason, stages, typical, planned_peak(fitted, stages), budget_bytes,
+        largest.get("train.batch_size"), largest.get("model.hidden_units"), largest.get("train.physical_batch_size"),
+        resident, tuple(notes),
+    )  # fmt: skip
 
 
 def _largest(fits: np.ndarray, values: np.ndarray) -> int | None:
@@ -253,3 +249,11 @@ def largest_hidden_units(
         batch_size=passes,
     )  # fmt: skip
     return _largest(peaks <= budget_bytes, h)
+
+
+# The largest sizes predict_config searches for: config key -> (search, the probe column it varies).
+LARGEST = {
+    "train.batch_size": (largest_batch_size, "batch_size"),
+    "model.hidden_units": (largest_hidden_units, "hidden_units"),
+    "train.physical_batch_size": (largest_pass, "batch_size"),
+}

@@ -295,31 +295,17 @@ def run_predict(args: argparse.Namespace) -> list[dict[str, Any]]:
         facts = sizes.facts(cfg)
         fitted = mp.model_for(models, model_key(cfg), args.backend)
         p = mp.predict_config(fitted, cfg, facts, budget)
-        largest_pass = None
-        if budget > p.resident_bytes:
-            try:
-                largest_pass = mp.largest_pass(fitted, cfg, facts, budget - p.resident_bytes)
-            except mm.MemoryModelError:  # every probe had one batch size: predict_config's notes say so
-                largest_pass = None
-        shown = " ".join(job) or "(defaults)"
-        row = {"overrides": shown, "prediction": p, "budget": figure, "largest_pass": largest_pass}
-        rows.append(row | {"n_train": facts.n_train})
+        rows.append({"overrides": " ".join(job) or "(defaults)", "prediction": p, "budget": figure,
+                     "n_train": facts.n_train})  # fmt: skip
     if args.json:  # only the JSON on stdout, for jq and scripts
         print(json.dumps([_as_json(r) for r in rows], indent=1))
         return rows
     for r in rows:
-        _print_prediction(r["overrides"], r["prediction"], r["budget"], r["largest_pass"], r["n_train"])
+        _print_prediction(r["overrides"], r["prediction"], r["budget"], r["n_train"])
     return rows
 
 
-def _at_most(value: int | None, limit: int, why: str) -> str:
-    """A searched largest size as shown: ``none``, the size, or the size and ``why`` at the limit."""
-    if value is None:
-        return "none"
-    return f"{value} (all of {why})" if value >= limit else str(value)
-
-
-def _print_prediction(overrides: str, p: Any, budget: str, largest_pass: int | None, n_train: int) -> None:
+def _print_prediction(overrides: str, p: Any, budget: str, n_train: int) -> None:
     from dpsweep.analysis.memory_predict import MAX_HIDDEN_UNITS
     from dpsweep.memory import format_bytes
 
@@ -334,9 +320,13 @@ def _print_prediction(overrides: str, p: Any, budget: str, largest_pass: int | N
     print(f"  planned for a pass of {p.row['batch_size']} examples: {why}")
     for stage, value in p.stages.items():
         print(f"  {stage:<22} {format_bytes(value):>10}   (least squares: {format_bytes(p.typical[stage])})")
-    print(f"  largest train.batch_size that fits: {_at_most(p.largest_batch_size, n_train, 'the training set')}")
-    if largest_pass is not None and not p.fits:
-        print(f"  or keep B and set train.physical_batch_size={largest_pass} (Opacus BatchMemoryManager)")
+    b = p.largest_batch_size
+    shown = "none" if b is None else f"{b} (all of the training set)" if b >= n_train else str(b)
+    print(f"  largest train.batch_size that fits: {shown}")
+    if p.largest_physical_batch_size is not None and not p.fits:
+        print(
+            f"  or keep B and set train.physical_batch_size={p.largest_physical_batch_size} (Opacus BatchMemoryManager)"
+        )
     if p.largest_hidden_units is not None:
         h = p.largest_hidden_units
         shown = f"≥ {MAX_HIDDEN_UNITS} (the end of the range searched)" if h >= MAX_HIDDEN_UNITS else str(h)
@@ -351,7 +341,7 @@ def _as_json(r: dict[str, Any]) -> dict[str, Any]:
         "overrides": r["overrides"], "gpu_memory": r["budget"], "fits": p.fits, "peak_bytes": p.peak_bytes,
         "resident_bytes": p.resident_bytes, "pass_batch_size": p.row["batch_size"], "stages_bytes": p.stages,
         "least_squares_bytes": p.typical, "largest_batch_size": p.largest_batch_size,
-        "largest_hidden_units": p.largest_hidden_units, "largest_physical_batch_size": r["largest_pass"],
+        "largest_hidden_units": p.largest_hidden_units, "largest_physical_batch_size": p.largest_physical_batch_size,
         "notes": list(p.notes),
     }  # fmt: skip
 
