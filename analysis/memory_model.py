@@ -134,7 +134,7 @@ def read_probes(path: str | Path) -> pd.DataFrame:
                 continue
             try:
                 frame[column] = pd.to_numeric(values)
-            except (ValueError, TypeError):  # flags (True/False) or bad values: the fit names them
+            except (ValueError, TypeError):  # not numbers: kept as text, and the fit names the bad values
                 frame[column] = values
     return clean_probes(frame)
 
@@ -834,7 +834,11 @@ def fit(
     target) overrides DEFAULT_FEATURES; ``targets`` (names or columns) defaults to all of TARGETS.
     ``folds`` and ``seed`` set the k-fold held-out error (k = min(folds, probes))."""
     frame = clean_probes(frame)
-    designs = _designs(frame, features, targets, folds)
+    return _fit(frame, _designs(frame, features, targets, folds), folds, seed)
+
+
+def _fit(frame: pd.DataFrame, designs: dict[str, _Design], folds: int, seed: int) -> MemoryModel:
+    """fit() on probes already cleaned and checked (their designs from :func:`_designs`)."""
     backend = _check_backend(frame)
     model = str(frame["model"].iloc[0])
     n = len(frame)
@@ -910,9 +914,8 @@ def fit_all(
             raise MemoryModelError("model", model, f"no probes of this model; models probed: {', '.join(present)}")
         present = [model]
     blocks = {name: frame[frame["model"] == name] for name in present}
-    for block in blocks.values():
-        _designs(block, features, targets, folds)
-    return {name: fit(block, features, targets=targets, folds=folds, seed=seed) for name, block in blocks.items()}
+    designs = {name: _designs(block, features, targets, folds) for name, block in blocks.items()}  # all checked
+    return {name: _fit(block, designs[name], folds, seed) for name, block in blocks.items()}
 
 
 def cv_table(models: Mapping[str, MemoryModel]) -> pd.DataFrame:

@@ -28,11 +28,11 @@ import torch
 
 from dpsweep import memory, privacy
 from dpsweep import models as model_zoo
-from dpsweep.analysis.memory_model import MemoryModel, MemoryModelError
+from dpsweep.analysis.memory_model import PEAK_TARGET, MemoryModel, MemoryModelError
 from dpsweep.config import Config, ConfigError
 from dpsweep.data import DatasetFacts
 
-PEAK = "iteration_peak_bytes"
+PEAK = PEAK_TARGET
 # The peak a config is planned with: the larger of the allocated peak and, where it was fitted, the
 # reserved peak. On CUDA the caching allocator's reserved bytes (segments it holds, allocated or not)
 # are what run out; on the CPU twin the two are equal.
