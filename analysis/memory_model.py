@@ -1,4 +1,4 @@
-"""Linear memory models fitted to memory probes: how many bytes a config needs before it is run.
+"""Fitting linear memory models to memory probes: how many bytes a config needs before it is run.
 
 A probe measures the first training iteration of one config (see ``dpsweep.memory``): the bytes
 allocated after each stage (``model_load``, ``batch_load``, ``backward``, ``optimizer_step``), the
@@ -10,17 +10,20 @@ trainable parameters P, B·C·H·W input values, B·P, DP on/off, the grad-sampl
 - ``envelope``: the upper envelope, the linear function that lies on or above every probe with the
   least total over-prediction. It is the figure to plan with: it under-predicts no fitted probe.
 
-Each fit is scored by k-fold held-out error (k = min(5, probes)). From Python::
+Each fit is scored by k-fold held-out error (k = min(5, probes)). This module fits (pandas, scipy)
+and plots (matplotlib); the fitted model, its features and its file are :mod:`dpsweep.memory_model`
+(numpy only), which runs load and predict from. From Python::
 
+    from dpsweep import memory_model as core
     from dpsweep.analysis import memory_model as mm
-    models = mm.fit_all(probes)                         # one MemoryModel per model in the frame
+    models = mm.fit_all(probes)                         # one core.MemoryModel per model in the frame
     m = models["vgg16_frozen"]
-    m.cv                                                # held-out error per target and fit
+    mm.cv_frame(m)                                      # held-out error per target and fit
     print(mm.formula(m, "iteration_peak"))             # iteration_peak ≈ 1.92 MiB + 4 B × batch_params + …
-    m.predict(configs)                                  # predicted bytes per target (envelope fit)
     mm.save_models("memory_model.json", models, meta={"experiment": "probes"})
-    mm.load_models("memory_model.json")
-    mm.residual_plot(m.cv_predictions, "residuals.png")
+    mm.residual_plot(mm.cv_predictions_table(models), "residuals.png")
+    loaded = core.load_models("memory_model.json")      # what a run does
+    loaded["vgg16_frozen"].predict(configs)             # {target column: predicted bytes} (envelope fit)
 
 Probe frames have one row per probe and these columns (others are ignored): ``model``, ``dataset``,
 ``hidden_units``, ``batch_size``, ``channels``, ``height``, ``width``, ``trainable_params``, ``dp``,
@@ -40,8 +43,7 @@ from __future__ import annotations
 
 import json
 import math
-import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,21 +52,29 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import linprog
 
-from dpsweep.memory import format_bytes
+from dpsweep.memory_model import (
+    CONST,
+    FEATURES,
+    FORMAT,
+    PLAN_FIT,
+    TARGETS,
+    MemoryModel,
+    MemoryModelError,
+    Table,
+    TargetFit,
+    check_columns,
+    design_matrix,
+    expand_columns,
+    flag_column,
+    numeric_column,
+    parse_features,
+    predict_matrix,
+    required_columns,
+    table_rows,
+    target_column,
+)
 from dpsweep.registry import Registry
-
-FORMAT = "dpsweep-memory-model/1"
-CONST = "const"  # the intercept column, in every design
-
-# Target column -> its name in formulas. Levels after each stage, then the peaks.
-TARGETS: dict[str, str] = {
-    "model_load_bytes": "model_load",
-    "batch_load_bytes": "batch_load",
-    "backward_bytes": "backward",
-    "optimizer_step_bytes": "optimizer_step",
-    "iteration_peak_bytes": "iteration_peak",
-    "reserved_peak_bytes": "reserved_peak",
-}
+from dpsweep.units import format_bytes
 
 # What each stage holds, hence its default features (an intercept is always added):
 # - model load: the parameters (4 B each in fp32) and whatever the model's size grows with;
@@ -89,7 +99,6 @@ DEFAULT_FEATURES: dict[str, tuple[str, ...]] = {
     "reserved_peak_bytes": _TRAINING_FEATURES,
 }
 
-PEAK_TARGET = "iteration_peak_bytes"  # the figure plans use (with the reserved peak where fitted)
 DEFAULT_FOLDS = 5
 # Probe-table columns that hold text. An empty cell (a run without the tag) reads back as "", never
 # as NaN, which would not sort or compare with the strings around it.
@@ -101,16 +110,6 @@ NEGLIGIBLE_BYTES = 1e-6  # per unit of a feature: formulas leave out smaller coe
 UNDER_TOLERANCE = 1e-9  # relative shortfall below which a prediction counts as exact, not under
 RANK_RTOL = 1e-9  # a column whose normalised residual singular value is below this adds no rank
 NOT_IDENTIFIABLE = "dropped (not identifiable from these probes)"
-
-
-class MemoryModelError(ValueError):
-    """Probes, features or a model file that cannot be used. ``option`` names the input at fault
-    (``features``, ``probes``, ``backend``, ``model``, ``path``, ``budget``, …), ``value`` its value
-    and ``reason`` what is wrong and what is allowed."""
-
-    def __init__(self, option: str, value: Any, reason: str) -> None:
-        self.option, self.value, self.reason = option, value, reason
-        super().__init__(f"{option}={value}: {reason}")
 
 
 def clean_probes(frame: pd.DataFrame) -> pd.DataFrame:
@@ -140,212 +139,8 @@ def read_probes(path: str | Path) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------------------------------------
-# features
+# identifiability
 # ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Feature:
-    """A named feature column. Numeric features compute one column from the raw probe columns
-    (``requires``); a categorical one (``values`` None) is the raw column ``requires[0]``, expanded
-    into one 0/1 indicator column per level, named ``<feature>[<level>]``."""
-
-    description: str
-    requires: tuple[str, ...]
-    values: Callable[[pd.DataFrame], np.ndarray] | None = None
-
-    @property
-    def categorical(self) -> bool:
-        return self.values is None
-
-
-FEATURES: Registry[Feature] = Registry("memory feature")
-
-
-def _numeric(name: str, description: str, requires: tuple[str, ...]) -> Callable[[Callable], Callable]:
-    """Register the decorated ``frame -> values`` function as the numeric feature ``name``."""
-
-    def add(fn: Callable[[pd.DataFrame], np.ndarray]) -> Callable[[pd.DataFrame], np.ndarray]:
-        FEATURES.register(name)(Feature(description, requires, fn))
-        return fn
-
-    return add
-
-
-def _numbers(frame: pd.DataFrame, column: str) -> np.ndarray:
-    values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
-    bad = ~np.isfinite(values)
-    if bad.any():
-        shown = sorted({str(v) for v in frame[column][bad]})[:5]
-        raise MemoryModelError(column, ", ".join(shown), f"{int(bad.sum())} row(s) are not finite numbers")
-    return values
-
-
-def _flag(frame: pd.DataFrame, column: str) -> np.ndarray:
-    """A 0/1 column given as bools, 0/1 numbers or the strings true/false/1/0 (MLflow params)."""
-    words = {"true": 1.0, "1": 1.0, "1.0": 1.0, "false": 0.0, "0": 0.0, "0.0": 0.0}
-    raw = frame[column]
-    if pd.api.types.is_bool_dtype(raw) or pd.api.types.is_numeric_dtype(raw):
-        values = raw.to_numpy(dtype=float)
-        ok = np.isin(values, (0.0, 1.0))
-    else:
-        mapped = raw.astype(str).str.strip().str.lower().map(words)
-        ok = mapped.notna().to_numpy()
-        values = mapped.fillna(-1.0).to_numpy(dtype=float)
-    if not ok.all():
-        shown = sorted({str(v) for v in raw[~ok]})[:5]
-        raise MemoryModelError(column, ", ".join(shown), "must be a flag: true/false or 1/0")
-    return values
-
-
-@_numeric("hidden_units", "units of the MLP head (model.hidden_units)", ("hidden_units",))
-def _hidden_units(frame: pd.DataFrame) -> np.ndarray:
-    return _numbers(frame, "hidden_units")
-
-
-@_numeric("batch_size", "B, examples in the probed batch", ("batch_size",))
-def _batch_size(frame: pd.DataFrame) -> np.ndarray:
-    return _numbers(frame, "batch_size")
-
-
-@_numeric("input_pixels", "B·C·H·W, input values in the batch", ("batch_size", "channels", "height", "width"))
-def _input_pixels(frame: pd.DataFrame) -> np.ndarray:
-    sizes = [_numbers(frame, c) for c in ("batch_size", "channels", "height", "width")]
-    return np.prod(sizes, axis=0)
-
-
-@_numeric("trainable_params", "P, trainable parameters", ("trainable_params",))
-def _trainable_params(frame: pd.DataFrame) -> np.ndarray:
-    return _numbers(frame, "trainable_params")
-
-
-@_numeric("batch_params", "B·P, values of the per-sample gradients", ("batch_size", "trainable_params"))
-def _batch_params(frame: pd.DataFrame) -> np.ndarray:
-    return _numbers(frame, "batch_size") * _numbers(frame, "trainable_params")
-
-
-@_numeric("dp", "1 with DP-SGD, 0 without", ("dp",))
-def _dp(frame: pd.DataFrame) -> np.ndarray:
-    return _flag(frame, "dp")
-
-
-FEATURES.register("grad_sample_mode")(
-    Feature("Opacus grad-sample mode (hooks, ghost, functorch, ew; none without DP)", ("grad_sample_mode",))
-)
-
-_LEVEL = re.compile(r"^(?P<feature>[^\[\]:]+)\[(?P<level>[^\[\]]*)\]$")
-
-
-def feature_help() -> str:
-    """The valid feature names with their meaning, and the product syntax (for errors and --help)."""
-    lines = [f"  {name}: {FEATURES.get(name).description}" for name in FEATURES.names()]
-    return "\n".join([*lines, "  a:b: the product of features a and b (e.g. dp:batch_params)"])
-
-
-def _feature(name: str, spec: str) -> Feature:
-    if name not in FEATURES:
-        valid = ", ".join(FEATURES.names())
-        where = f" in {spec!r}" if spec != name else ""
-        raise MemoryModelError(
-            "features",
-            name,
-            f"unknown memory feature{where}; valid: {valid}, and products a:b of them (e.g. dp:batch_params)",
-        )
-    return FEATURES.get(name)
-
-
-def parse_features(specs: Iterable[str]) -> list[str]:
-    """``specs`` checked and deduplicated, in order (``const`` is implied and dropped from the list).
-    Unknown names raise MemoryModelError listing the valid ones."""
-    out: list[str] = []
-    for spec in specs:
-        spec = spec.strip()
-        if spec == CONST:
-            continue
-        factors = spec.split(":")
-        if not spec or any(not f.strip() for f in factors):
-            raise MemoryModelError("features", repr(spec), "empty feature name; write a name or a product a:b")
-        for factor in factors:
-            _feature(factor.strip(), spec)
-        normal = ":".join(f.strip() for f in factors)
-        if normal not in out:
-            out.append(normal)
-    return out
-
-
-def required_columns(features: Iterable[str]) -> list[str]:
-    """The raw probe columns that ``features`` (names, products or expanded columns) are computed from."""
-    needed: dict[str, None] = {}
-    for spec in features:
-        if spec == CONST:
-            continue
-        for factor in spec.split(":"):
-            match = _LEVEL.match(factor)
-            name = match["feature"] if match else factor
-            needed.update(dict.fromkeys(_feature(name, spec).requires))
-    return list(needed)
-
-
-def _levels(frame: pd.DataFrame, feature: Feature) -> list[str]:
-    """The levels of a categorical feature present in ``frame``, most common first (ties by name)."""
-    counts = frame[feature.requires[0]].astype(str).value_counts()
-    return sorted(counts.index, key=lambda level: (-counts[level], level))
-
-
-def expand_columns(frame: pd.DataFrame, features: Sequence[str]) -> list[str]:
-    """The design columns of ``features`` on ``frame``: ``const`` first, then each feature's columns.
-
-    A categorical feature on its own gives one indicator per level present other than the most common
-    (the reference, absorbed by ``const``): ``grad_sample_mode[ghost]``. In a product it gives one
-    column per level present, since the other factor may have no main effect in the set:
-    ``grad_sample_mode[ghost]:batch_params``, ``grad_sample_mode[hooks]:batch_params``, …
-    Levels are listed in alphabetical order."""
-    columns = [CONST]
-    for spec in parse_features(features):
-        factors = spec.split(":")
-        parts: list[list[str]] = []
-        for name in factors:
-            feature = FEATURES.get(name)
-            if not feature.categorical:
-                parts.append([name])
-                continue
-            levels = _levels(frame, feature)
-            if len(factors) == 1:
-                levels = levels[1:]
-            parts.append([f"{name}[{level}]" for level in sorted(levels)])
-        combos: list[list[str]] = [[]]
-        for options in parts:
-            combos = [[*c, o] for c in combos for o in options]
-        for combo in combos:
-            column = ":".join(combo)
-            if column not in columns:
-                columns.append(column)
-    return columns
-
-
-def column_values(frame: pd.DataFrame, column: str) -> np.ndarray:
-    """The values of one design column (``const``, a feature, ``feature[level]`` or a product) on ``frame``."""
-    out = np.ones(len(frame), dtype=float)
-    if column == CONST:
-        return out
-    for factor in column.split(":"):
-        match = _LEVEL.match(factor)
-        if match:
-            feature = _feature(match["feature"], column)
-            if not feature.categorical:
-                raise MemoryModelError("features", column, f"{match['feature']!r} is numeric and has no levels")
-            out = out * (frame[feature.requires[0]].astype(str) == match["level"]).to_numpy(dtype=float)
-        else:
-            feature = _feature(factor, column)
-            if feature.values is None:
-                raise MemoryModelError("features", column, f"categorical {factor!r} needs a level: {factor}[<level>]")
-            out = out * feature.values(frame)
-    return out
-
-
-def design_matrix(frame: pd.DataFrame, columns: Sequence[str]) -> np.ndarray:
-    """The n × len(columns) matrix of ``columns`` on ``frame``, as float64."""
-    return np.column_stack([column_values(frame, c) for c in columns]) if len(frame) else np.zeros((0, len(columns)))
-
-
 @dataclass(frozen=True)
 class Identifiable:
     """Which design columns the probes can tell apart: ``kept`` (full column rank, in order),
@@ -406,11 +201,6 @@ def _scaled(matrix: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, 
     return matrix / col_scale, y / y_scale, col_scale, y_scale
 
 
-def predict_matrix(matrix: np.ndarray, coef: np.ndarray) -> np.ndarray:
-    """Row-wise x·w, summed in the same order for fits and predictions (bit-identical results)."""
-    return (matrix * coef).sum(axis=1)
-
-
 @FITS.register("least_squares")
 def least_squares(matrix: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Ordinary least squares, min ‖Xw − y‖², by ``numpy.linalg.lstsq`` on column-scaled X."""
@@ -446,12 +236,6 @@ def envelope(matrix: np.ndarray, y: np.ndarray) -> np.ndarray:
     return coef
 
 
-def _fit_name(fit: str) -> Fit:
-    if fit not in FITS:
-        raise MemoryModelError("fit", fit, f"unknown memory fit; valid: {', '.join(FITS.names())}")
-    return FITS.get(fit)
-
-
 def _fit_columns(matrix: np.ndarray, columns: Sequence[str], y: np.ndarray) -> dict[str, np.ndarray]:
     """Both fits on the identifiable columns; coefficients over all ``columns`` (0 where dropped)."""
     ident = identifiable(matrix, columns)
@@ -467,24 +251,6 @@ def _fit_columns(matrix: np.ndarray, columns: Sequence[str], y: np.ndarray) -> d
 # ---------------------------------------------------------------------------------------------
 # checks
 # ---------------------------------------------------------------------------------------------
-def _target_column(target: str) -> str:
-    """``iteration_peak`` or ``iteration_peak_bytes`` -> ``iteration_peak_bytes``."""
-    if target in TARGETS:
-        return target
-    if f"{target}_bytes" in TARGETS:
-        return f"{target}_bytes"
-    raise MemoryModelError("target", target, f"unknown memory target; valid: {', '.join(TARGETS.values())}")
-
-
-def _check_columns(frame: pd.DataFrame, needed: Iterable[str], what: str) -> None:
-    needed = list(dict.fromkeys(needed))
-    missing = [c for c in needed if c not in frame.columns]
-    if missing:
-        raise MemoryModelError(
-            "probes", ", ".join(missing), f"missing column(s); {what} needs the columns {', '.join(needed)}"
-        )
-
-
 def _check_backend(frame: pd.DataFrame) -> str:
     backends = sorted(frame["backend"].astype(str).unique())
     if len(backends) > 1:
@@ -526,192 +292,13 @@ def _check_enough(n: int, ident: Identifiable, features: Sequence[str], model: s
 
 
 # ---------------------------------------------------------------------------------------------
-# the model
+# cross-validation and fitting
 # ---------------------------------------------------------------------------------------------
-@dataclass
-class TargetFit:
-    """One target's fits: the features asked for, the design columns kept and dropped (column ->
-    reason), each fit's coefficients in bytes per unit of its column (``const`` in bytes), and the
-    dropped columns that were constant in every probe, with their value (``fixed``: the model knows
-    nothing of other values)."""
-
-    features: list[str]
-    columns: list[str]
-    dropped: dict[str, str]
-    coefficients: dict[str, dict[str, float]]
-    fixed: dict[str, float] = field(default_factory=dict)
-
-
 CV_METRICS = ("mean_abs_rel_error", "max_abs_rel_error", "share_under_predicted", "max_under_fraction")
-
-
-@dataclass
-class MemoryModel:
-    """The memory model of one ``model`` (e.g. ``cnn``), fitted to ``n_probes`` probes of one
-    memory ``backend``. ``targets`` maps each target column to its TargetFit; ``levels`` the
-    categorical raw columns used to the levels seen; ``provenance`` the datasets, devices and torch
-    versions probed. ``cv`` is the held-out error (see cross_validate); ``cv_predictions`` the
-    held-out predictions behind it (not saved to JSON)."""
-
-    model: str
-    backend: str
-    n_probes: int
-    targets: dict[str, TargetFit]
-    levels: dict[str, list[str]] = field(default_factory=dict)
-    provenance: dict[str, list[str]] = field(default_factory=dict)
-    ranges: dict[str, list[float]] = field(default_factory=dict)  # probed [min, max] of RANGE_COLUMNS, dp
-    cv: pd.DataFrame = field(default_factory=pd.DataFrame)
-    cv_predictions: pd.DataFrame | None = None
-
-    @property
-    def features(self) -> dict[str, list[str]]:
-        return {t: f.features for t, f in self.targets.items()}
-
-    def coefficients(self, target: str, fit: str = "envelope") -> dict[str, float]:
-        """Bytes per unit of each kept column (``const``: bytes) of ``target``'s ``fit``."""
-        _fit_name(fit)
-        return dict(self._target(target).coefficients[fit])
-
-    def _target(self, target: str) -> TargetFit:
-        column = _target_column(target)
-        if column not in self.targets:
-            raise MemoryModelError(
-                "target", target, f"not fitted for model {self.model!r}; fitted: {', '.join(self.targets)}"
-            )
-        return self.targets[column]
-
-    def predict(
-        self,
-        frame: pd.DataFrame,
-        fit: str = "envelope",
-        targets: Sequence[str] | None = None,
-        *,
-        allow_unprobed: bool = False,
-    ) -> pd.DataFrame:
-        """Predicted bytes per target (columns ``<target>_bytes``, floats) for configs in the probe
-        schema (only the columns the kept features need; a ``model`` column, if any, must name this
-        model). Rows the probes say nothing about raise MemoryModelError unless ``allow_unprobed``:
-        a level of a categorical feature that no probe had (``grad_sample_mode=ew``), or a value of a
-        column that was constant in every probe (``dp=1`` when every probe had DP off)."""
-        _fit_name(fit)
-        chosen = [_target_column(t) for t in targets] if targets is not None else list(self.targets)
-        fits = [self._target(t) for t in chosen]
-        _check_columns(frame, required_columns(c for f in fits for c in f.columns), f"predicting for {self.model!r}")
-        if "model" in frame.columns:
-            others = sorted(set(frame["model"].astype(str)) - {self.model})
-            if others:
-                raise MemoryModelError("model", ", ".join(others), f"these rows are not of model {self.model!r}")
-        if not allow_unprobed:
-            self._check_probed(frame, fits)
-        out = {}
-        for column, tf in zip(chosen, fits, strict=True):
-            coef = np.array([tf.coefficients[fit][c] for c in tf.columns])
-            out[column] = predict_matrix(design_matrix(frame, tf.columns), coef)
-        return pd.DataFrame(out, index=frame.index)
-
-    def _check_probed(self, frame: pd.DataFrame, fits: Sequence[TargetFit]) -> None:
-        used = set(required_columns(s for f in fits for s in f.features))
-        for raw, seen in self.levels.items():
-            if raw in frame.columns and raw in used:
-                unseen = sorted(set(frame[raw].astype(str)) - set(seen))
-                if unseen:
-                    raise MemoryModelError(
-                        raw,
-                        ", ".join(unseen),
-                        f"no probe of {self.model!r} had it (probed: {', '.join(seen)}); probe it first",
-                    )
-        for tf in fits:
-            for column, value in tf.fixed.items():
-                if not set(required_columns([column])) <= set(frame.columns):
-                    continue
-                values = column_values(frame, column)
-                if not np.all(values == value):
-                    other = sorted(set(values[values != value].tolist()))[:5]
-                    raise MemoryModelError(
-                        column,
-                        ", ".join(f"{v:g}" for v in other),
-                        f"every probe of {self.model!r} had {column}={value:g}, so the model cannot predict "
-                        "other values; probe them first",
-                    )
-
-    def outside_probed(self, frame: pd.DataFrame) -> list[str]:
-        """Where rows of ``frame`` leave what the probes covered: numbers outside the probed range
-        (extrapolation: the formula's shape was never checked there) and flags or grad-sample modes
-        no probe had, whether or not they are features. One note per column; empty when inside."""
-        notes = []
-        for column, (lo, hi) in self.ranges.items():
-            if column not in frame.columns:
-                continue
-            values = _flag(frame, column) if column == "dp" else _numbers(frame, column)
-            out = values[(values < lo) | (values > hi)]
-            if out.size:
-                shown = ", ".join(f"{v:g}" for v in sorted(set(out.tolist()))[:3])
-                probed = f"{lo:g}" if lo == hi else f"{lo:g} to {hi:g}"
-                notes.append(f"{column}={shown} is outside the probed {probed}")
-        seen = self.levels.get("grad_sample_mode")
-        if seen is not None and "grad_sample_mode" in frame.columns:
-            unseen = sorted(set(frame["grad_sample_mode"].astype(str)) - set(seen))
-            if unseen:
-                notes.append(f"grad_sample_mode={', '.join(unseen)} was never probed (probed: {', '.join(seen)})")
-        return notes
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict, ``{"format": FORMAT, "model": …, "targets": {…}, "cv": [...], …}``."""
-        cv = json.loads(self.cv.to_json(orient="records")) if not self.cv.empty else []  # NaN -> null
-        return {
-            "format": FORMAT,
-            "model": self.model,
-            "backend": self.backend,
-            "n_probes": self.n_probes,
-            "levels": self.levels,
-            "provenance": self.provenance,
-            "ranges": self.ranges,
-            "targets": {
-                t: {
-                    "features": f.features,
-                    "columns": f.columns,
-                    "dropped": f.dropped,
-                    "coefficients": f.coefficients,
-                    "fixed": f.fixed,
-                }
-                for t, f in self.targets.items()
-            },
-            "cv": cv,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> MemoryModel:
-        """The model saved by to_json; another format raises MemoryModelError."""
-        if not isinstance(data, Mapping) or data.get("format") != FORMAT:
-            found = data.get("format") if isinstance(data, Mapping) else type(data).__name__
-            raise MemoryModelError("format", found, f"not a memory model; expected format {FORMAT!r}")
-        try:
-            targets = {
-                t: TargetFit(
-                    features=list(f["features"]),
-                    columns=list(f["columns"]),
-                    dropped=dict(f["dropped"]),
-                    coefficients={k: {c: float(v) for c, v in cs.items()} for k, cs in f["coefficients"].items()},
-                    fixed={c: float(v) for c, v in f.get("fixed", {}).items()},
-                )
-                for t, f in data["targets"].items()
-            }
-            return cls(
-                model=str(data["model"]),
-                backend=str(data["backend"]),
-                n_probes=int(data["n_probes"]),
-                targets=targets,
-                levels={k: list(v) for k, v in data.get("levels", {}).items()},
-                provenance={k: list(v) for k, v in data.get("provenance", {}).items()},
-                ranges={k: [float(v[0]), float(v[1])] for k, v in data.get("ranges", {}).items()},
-                cv=pd.DataFrame.from_records(data.get("cv", []), columns=_CV_COLUMNS),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as err:
-            raise MemoryModelError("format", FORMAT, f"malformed memory model: {type(err).__name__}: {err}") from None
-
-
-_CV_COLUMNS = ["model", "backend", "target", "fit", "n_probes", "folds", *CV_METRICS]
-_PREDICTION_COLUMNS = [
+# The held-out error (MemoryModel.cv_records), one record per model, target and fit.
+CV_COLUMNS = ["model", "backend", "target", "fit", "n_probes", "folds", *CV_METRICS]
+# The held-out predictions behind it (MemoryModel.cv_predictions), one row per probe, target and fit.
+PREDICTION_COLUMNS = [
     "model", "backend", "target", "fit", "fold", "probe", "observed_bytes", "predicted_bytes", "rel_residual"
 ]  # fmt: skip
 
@@ -738,10 +325,11 @@ def cross_validate(
     return predictions, fold_of
 
 
-def cv_summary(predictions: pd.DataFrame) -> pd.DataFrame:
-    """Per model, target and fit, from held-out predictions (cv_predictions' layout): the mean and
+def cv_summary(predictions: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per model, target and fit, from held-out predictions (PREDICTION_COLUMNS): the mean and
     max of |pred − obs| / obs, the share of probes under-predicted (pred < obs) and the largest
-    under-prediction as a fraction of obs (0 when none)."""
+    under-prediction as a fraction of obs (0 when none). Plain records (CV_COLUMNS), as
+    MemoryModel.cv_records holds them; :func:`cv_frame` makes a frame of them."""
     rows = []
     keys = ["model", "backend", "target", "fit"]
     for key, block in predictions.groupby(keys, sort=False):
@@ -750,16 +338,16 @@ def cv_summary(predictions: pd.DataFrame) -> pd.DataFrame:
         under = rel < -UNDER_TOLERANCE
         rows.append(
             {
-                **dict(zip(keys, key, strict=True)),
+                **{k: str(v) for k, v in zip(keys, key, strict=True)},
                 "n_probes": len(block),
-                "folds": block["fold"].nunique(),
+                "folds": int(block["fold"].nunique()),
                 "mean_abs_rel_error": float(np.mean(np.abs(rel))),
                 "max_abs_rel_error": float(np.max(np.abs(rel))),
                 "share_under_predicted": float(np.mean(under)),
                 "max_under_fraction": float(max(0.0, np.max(-rel))) if under.any() else 0.0,
             }
         )
-    return pd.DataFrame.from_records(rows, columns=_CV_COLUMNS)
+    return rows
 
 
 @dataclass
@@ -778,14 +366,14 @@ def _designs(
 ) -> dict[str, _Design]:
     """Every check of a fit that needs no fitting (columns, one model, one backend, finite values,
     enough probes), and each target's design: so that bad input stops before any model is fitted."""
-    chosen = [_target_column(t) for t in targets] if targets is not None else list(TARGETS)
+    chosen = [target_column(t) for t in targets] if targets is not None else list(TARGETS)
     if not chosen:
-        raise MemoryModelError("targets", "[]", f"no target to fit; valid: {', '.join(TARGETS.values())}")
+        raise MemoryModelError("targets", [], f"no target to fit; valid: {', '.join(TARGETS.values())}")
     if folds < 2:
         raise MemoryModelError("folds", folds, "k-fold held-out error needs at least 2 folds")
     per_target = {t: parse_features(features if features is not None else DEFAULT_FEATURES[t]) for t in chosen}
     raw = required_columns(f for fs in per_target.values() for f in fs)
-    _check_columns(frame, ["model", "backend", *raw, *chosen], "a memory fit")
+    check_columns(frame, ["model", "backend", *raw, *chosen], "a memory fit")
     models = sorted(frame["model"].astype(str).unique())
     if len(models) > 1:
         raise MemoryModelError(
@@ -796,11 +384,11 @@ def _designs(
     designs = {}
     for target, feats in per_target.items():
         try:
-            y = _numbers(frame, target)
+            y = numeric_column(frame, target)
             columns = expand_columns(frame, feats)
             matrix = design_matrix(frame, columns)
         except MemoryModelError as err:  # say whose probes
-            raise MemoryModelError(err.option, err.value, f"{err.reason} (probes of model {model!r})") from None
+            raise MemoryModelError(err.key, err.value, f"{err.allowed} (probes of model {model!r})") from None
         ident = identifiable(matrix, columns)
         _check_enough(len(frame), ident, feats, model, target, folds)
         designs[target] = _Design(feats, columns, matrix, y, ident)
@@ -816,7 +404,7 @@ def _probed_ranges(frame: pd.DataFrame) -> dict[str, list[float]]:
             if not values.empty:
                 ranges[column] = [float(values.min()), float(values.max())]
     if "dp" in frame.columns:
-        flags = _flag(frame, "dp")
+        flags = flag_column(frame, "dp")
         ranges["dp"] = [float(flags.min()), float(flags.max())]
     return ranges
 
@@ -877,7 +465,7 @@ def _fit(frame: pd.DataFrame, designs: dict[str, _Design], folds: int, seed: int
                         "predicted_bytes": pred,
                         "rel_residual": rel,
                     },
-                    columns=_PREDICTION_COLUMNS,
+                    columns=PREDICTION_COLUMNS,
                 )
             )
     cv_predictions = pd.concat(cv_rows, ignore_index=True)
@@ -890,8 +478,8 @@ def _fit(frame: pd.DataFrame, designs: dict[str, _Design], folds: int, seed: int
         levels=levels,
         provenance=provenance,
         ranges=_probed_ranges(frame),
-        cv=cv_summary(cv_predictions),
-        cv_predictions=cv_predictions,
+        cv_records=cv_summary(cv_predictions),
+        cv_predictions={c: cv_predictions[c].to_numpy() for c in PREDICTION_COLUMNS},
     )
 
 
@@ -906,7 +494,7 @@ def fit_all(
 ) -> dict[str, MemoryModel]:
     """fit() for each model in ``frame`` (or only ``model``), keyed by model name. The probes of
     each model must hold one memory backend. Every model's input is checked before any is fitted."""
-    _check_columns(frame, ["model", "backend"], "a memory fit")
+    check_columns(frame, ["model", "backend"], "a memory fit")
     frame = clean_probes(frame)
     present = sorted(frame["model"].unique())
     if model is not None:
@@ -918,10 +506,28 @@ def fit_all(
     return {name: _fit(block, designs[name], folds, seed) for name, block in blocks.items()}
 
 
+def _cv_records_frame(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """Held-out error records as a frame of CV_COLUMNS (a null read back from JSON is NaN)."""
+    return pd.DataFrame.from_records(list(records), columns=CV_COLUMNS).astype(dict.fromkeys(CV_METRICS, float))
+
+
+def cv_frame(model: MemoryModel) -> pd.DataFrame:
+    """The held-out error of one model (``model.cv_records``) as a frame: one row per target and fit."""
+    return _cv_records_frame(model.cv_records)
+
+
 def cv_table(models: Mapping[str, MemoryModel]) -> pd.DataFrame:
     """The held-out error of several models in one tidy frame (one row per model, target and fit)."""
-    frames = [m.cv for m in models.values() if not m.cv.empty]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=_CV_COLUMNS)
+    return _cv_records_frame([r for m in models.values() for r in m.cv_records])
+
+
+def cv_predictions_table(models: Mapping[str, MemoryModel]) -> pd.DataFrame:
+    """The held-out predictions of several freshly fitted models in one frame (PREDICTION_COLUMNS),
+    as :func:`residual_plot` takes them. Models loaded from a file have none."""
+    frames = [pd.DataFrame(m.cv_predictions) for m in models.values() if m.cv_predictions is not None]
+    if not frames:
+        return pd.DataFrame(columns=PREDICTION_COLUMNS)
+    return pd.concat(frames, ignore_index=True)[PREDICTION_COLUMNS]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -936,38 +542,12 @@ def save_models(path: str | Path, models: Mapping[str, MemoryModel], meta: Mappi
     return path
 
 
-def _read(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise MemoryModelError(
-            "path", str(path), "no such file; write one with save_models (dpsweep-memory fit)"
-        ) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise MemoryModelError("path", str(path), f"not JSON: {err}") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("models"), dict):
-        found = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise MemoryModelError("path", str(path), f"format {found!r} is not a memory model file (expected {FORMAT!r})")
-    return data
-
-
-def load_models(path: str | Path) -> dict[str, MemoryModel]:
-    """The models saved by save_models, keyed by model name."""
-    return {name: MemoryModel.from_json(m) for name, m in _read(path)["models"].items()}
-
-
-def load_meta(path: str | Path) -> dict[str, Any]:
-    """The ``meta`` dict saved by save_models."""
-    return dict(_read(path).get("meta", {}))
-
-
-def formula(model: MemoryModel, target: str, fit: str = "envelope") -> str:
+def formula(model: MemoryModel, target: str, fit: str = PLAN_FIT) -> str:
     """``target``'s ``fit`` as a formula with units, each coefficient in bytes per unit of its column:
     ``iteration_peak ≈ 1.92 MiB + 4 B × batch_params + 2.1 KiB × batch_size``."""
     coefs = model.coefficients(target, fit)
     const = round(coefs.get(CONST, 0.0))  # whole bytes: what is left is solver round-off
-    text = f"{TARGETS[_target_column(target)]} ≈ {format_bytes(const)}"
+    text = f"{TARGETS[target_column(target)]} ≈ {format_bytes(const)}"
     for column, value in coefs.items():
         if column == CONST or abs(value) < NEGLIGIBLE_BYTES:  # solver round-off, not a term
             continue
@@ -979,26 +559,27 @@ def formula(model: MemoryModel, target: str, fit: str = "envelope") -> str:
 # ---------------------------------------------------------------------------------------------
 # plot
 # ---------------------------------------------------------------------------------------------
-def residual_plot(cv_predictions: pd.DataFrame, path: str | Path) -> Path:
+def residual_plot(cv_predictions: Table, path: str | Path) -> Path:
     """A PNG with one panel per target: the relative residual (pred − obs) / obs (%) of each
     held-out prediction against the observed MiB (log scale when they span over 30×), per fit
     (colour) and model (marker), with a zero line. ``cv_predictions`` is MemoryModel.cv_predictions
-    (or several concatenated)."""
+    or several models' (:func:`cv_predictions_table`)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    _check_columns(cv_predictions, ["target", "fit", "observed_bytes", "predicted_bytes"], "a residual plot")
-    if cv_predictions.empty:
+    check_columns(cv_predictions, ["target", "fit", "observed_bytes", "predicted_bytes"], "a residual plot")
+    if not table_rows(cv_predictions):
         raise MemoryModelError("cv_predictions", "empty", "no held-out predictions to plot")
-    targets = [t for t in TARGETS if t in set(cv_predictions["target"])]
-    targets += sorted(set(cv_predictions["target"]) - set(targets))
+    frame = pd.DataFrame(cv_predictions)
+    targets = [t for t in TARGETS if t in set(frame["target"])]
+    targets += sorted(set(frame["target"]) - set(targets))
     ncols = min(3, len(targets))
     nrows = math.ceil(len(targets) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.5 * ncols, 3.6 * nrows), squeeze=False)
     colours = {name: f"C{i}" for i, name in enumerate(FITS.names())}
-    rows = cv_predictions.assign(model=cv_predictions["model"].astype(str) if "model" in cv_predictions else "")
+    rows = frame.assign(model=frame["model"].astype(str) if "model" in frame else "")
     models = sorted(set(rows["model"]))
     markers = dict(zip(models, "o^sDvP*X", strict=False))
     for ax, target in zip(axes.flat, targets, strict=False):
@@ -1019,7 +600,7 @@ def residual_plot(cv_predictions: pd.DataFrame, path: str | Path) -> Path:
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(targets) :]:
         ax.set_visible(False)
-    backends = sorted(set(cv_predictions["backend"].astype(str))) if "backend" in cv_predictions else []
+    backends = sorted(set(frame["backend"].astype(str))) if "backend" in frame else []
     fig.suptitle("held-out relative residuals (k-fold)" + (f", backend {', '.join(backends)}" if backends else ""))
     fig.tight_layout()
     path = Path(path)

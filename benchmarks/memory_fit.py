@@ -27,17 +27,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dpsweep import memory_model as core
 from dpsweep.analysis import memory_model as mm
 
 REFERENCE = Path(__file__).resolve().parents[1] / "analysis" / "data" / "cpu_probes_digits.csv"
 MAX_PROBES = 24  # fitted per model
 MAX_MEAN_REL_ERROR = 0.05
 MAX_UNDER_PREDICTION = 0.02
-PEAK = mm.PEAK_TARGET  # allocated bytes: the figure the goals are about
+PEAK = core.PEAK_TARGET  # allocated bytes: the figure the goals are about
 
 
 def evaluate(probes: pd.DataFrame, max_probes: int = MAX_PROBES, seed: int = 0) -> list[dict[str, Any]]:
-    """Per model: fit the envelope to ``max_probes`` seeded-random probes, score the peak on the rest."""
+    """Per model: fit the envelope to ``max_probes`` seeded-random probes (``dpsweep.analysis``), and
+    score the peak that the fitted model (``dpsweep.memory_model``, as runs use it) predicts on the rest."""
     results = []
     for name, block in probes.groupby("model", sort=True):
         devices = sorted(set(block["device_name"])) if "device_name" in block else []
@@ -49,8 +51,8 @@ def evaluate(probes: pd.DataFrame, max_probes: int = MAX_PROBES, seed: int = 0) 
             raise SystemExit(f"model {name}: {len(block)} probes leave none held out beyond the {max_probes} fitted")
         try:
             model = mm.fit(fitted_rows)
-            predicted = model.predict(held_out, targets=[PEAK])[PEAK].to_numpy()
-        except mm.MemoryModelError as err:  # e.g. a held-out probe of a level no fitted probe had
+            predicted = model.predict(held_out, targets=[PEAK])[PEAK]
+        except core.MemoryModelError as err:  # e.g. a held-out probe of a level no fitted probe had
             raise SystemExit(f"model {name}: {err}") from None
         observed = held_out[PEAK].to_numpy(dtype=float)
         rel = (predicted - observed) / observed

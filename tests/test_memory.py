@@ -8,15 +8,8 @@ import pytest
 import torch
 
 from dpsweep.config import ConfigError
-from dpsweep.memory import (
-    STAGES,
-    CpuTensorMonitor,
-    StageRecorder,
-    format_bytes,
-    live_tensor_bytes,
-    monitor_for,
-    parse_bytes,
-)
+from dpsweep.memory import STAGES, CpuTensorMonitor, StageRecorder, live_tensor_bytes, monitor_for
+from dpsweep.units import format_bytes, parse_bytes
 
 MIB = 2**20
 

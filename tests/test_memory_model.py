@@ -1,4 +1,5 @@
-"""``dpsweep.analysis.memory_model``: fits to probes generated from a known linear memory law.
+"""``dpsweep.analysis.memory_model`` (fitting) and ``dpsweep.memory_model`` / ``dpsweep.memory_predict``
+(the fitted model, as runs load and use it): fits to probes generated from a known linear memory law.
 
 The law (bytes, per stage) has realistic magnitudes: 12 MiB of CUDA context and workspaces, 4 B
 per fp32 parameter, gradient and per-sample gradient (B·P, under DP with hooks), 4 B per input
@@ -10,13 +11,17 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from dpsweep import memory_model as core
 from dpsweep.analysis import memory_model as mm
+from dpsweep.errors import InputError
 
 MIB = 2**20
 BASE_BYTES = 12 * MIB
@@ -99,18 +104,25 @@ def probes(noise: float = 0.0, seed: int = 0) -> pd.DataFrame:
     return frame
 
 
+def assert_same_predictions(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
+    """Two predictions (target column -> bytes per row) of the same targets, bit-identical."""
+    assert list(a) == list(b)
+    for target in a:
+        np.testing.assert_array_equal(a[target], b[target], err_msg=target)
+
+
 @pytest.fixture(scope="module")
-def exact() -> mm.MemoryModel:
+def exact() -> core.MemoryModel:
     return mm.fit(probes())
 
 
 @pytest.fixture(scope="module")
-def noisy() -> tuple[pd.DataFrame, mm.MemoryModel]:
+def noisy() -> tuple[pd.DataFrame, core.MemoryModel]:
     frame = probes(noise=0.02, seed=1)
     return frame, mm.fit(frame)
 
 
-def test_least_squares_recovers_the_law(exact: mm.MemoryModel) -> None:
+def test_least_squares_recovers_the_law(exact: core.MemoryModel) -> None:
     coef = exact.coefficients("backward", "least_squares")
     assert set(coef) == set(BACKWARD_LAW) | {"dp:trainable_params"}  # a default feature the law lacks
     assert coef["dp:trainable_params"] == pytest.approx(0.0, abs=1e-6)
@@ -125,11 +137,12 @@ def test_least_squares_recovers_the_law(exact: mm.MemoryModel) -> None:
     # exact data: both fits agree, and the held-out error is nil
     envelope = exact.coefficients("backward", "envelope")
     assert envelope == pytest.approx(BACKWARD_LAW | {"dp:trainable_params": 0.0}, rel=1e-6, abs=1e-3)
-    stages = exact.cv[exact.cv["target"] != "reserved_peak_bytes"]
+    cv = mm.cv_frame(exact)
+    stages = cv[cv["target"] != "reserved_peak_bytes"]
     assert (stages["max_abs_rel_error"] < 1e-6).all()
 
 
-def test_unidentifiable_columns_are_dropped_and_reported(exact: mm.MemoryModel) -> None:
+def test_unidentifiable_columns_are_dropped_and_reported(exact: core.MemoryModel) -> None:
     # P is linear in hidden_units here, so hidden_units adds nothing to model_load
     dropped = exact.targets["model_load_bytes"].dropped
     assert list(dropped) == ["hidden_units"]
@@ -148,16 +161,16 @@ def test_unidentifiable_columns_are_dropped_and_reported(exact: mm.MemoryModel) 
     assert model.targets["backward_bytes"].columns == ["const", "batch_size"]
     assert model.targets["backward_bytes"].fixed == {"dp": 0.0, "dp:batch_params": 0.0}
     # the model knows nothing of DP: it refuses to predict DP rows unless told to
-    with pytest.raises(mm.MemoryModelError, match=r"dp=1: every probe of 'vgg16_frozen' had dp=0"):
+    with pytest.raises(core.MemoryModelError, match=r"dp='1' is invalid: every probe of 'vgg16_frozen' had dp=0"):
         model.predict(probes())
-    assert len(model.predict(probes(), allow_unprobed=True)) == 90
+    assert len(model.predict(probes(), allow_unprobed=True)["backward_bytes"]) == 90
 
 
 def test_categorical_main_effect_drops_the_most_common_level() -> None:
     frame = probes()
     frame = frame[frame["grad_sample_mode"] != "ghost"]
     frame = pd.concat([frame, frame[frame["dp"]]])  # hooks now the most common level
-    columns = mm.expand_columns(frame, ["grad_sample_mode", "grad_sample_mode:batch_params"])
+    columns = core.expand_columns(frame, ["grad_sample_mode", "grad_sample_mode:batch_params"])
     assert columns == [
         "const",
         "grad_sample_mode[none]",
@@ -166,42 +179,43 @@ def test_categorical_main_effect_drops_the_most_common_level() -> None:
     ]
 
 
-def test_envelope_covers_every_probe_with_least_over_prediction(noisy: tuple[pd.DataFrame, mm.MemoryModel]) -> None:
+def test_envelope_covers_every_probe_with_least_over_prediction(noisy: tuple[pd.DataFrame, core.MemoryModel]) -> None:
     frame, model = noisy
     envelope = model.predict(frame)
     least = model.predict(frame, fit="least_squares")
-    for target in mm.TARGETS:
+    for target in core.TARGETS:
         observed = frame[target].to_numpy()
-        assert (envelope[target].to_numpy() >= observed).all(), target
-        shifted = least[target].to_numpy() + np.max(observed - least[target].to_numpy())
-        over_envelope = np.sum(envelope[target].to_numpy() - observed)
+        assert (envelope[target] >= observed).all(), target
+        shifted = least[target] + np.max(observed - least[target])
+        over_envelope = np.sum(envelope[target] - observed)
         over_shifted = np.sum(shifted - observed)
         assert over_envelope <= over_shifted * (1 + 1e-9), target
         assert over_envelope < over_shifted  # noisy data: LS shifted is not the optimum
 
 
-def test_held_out_error_with_noise(noisy: tuple[pd.DataFrame, mm.MemoryModel]) -> None:
+def test_held_out_error_with_noise(noisy: tuple[pd.DataFrame, core.MemoryModel]) -> None:
     _, model = noisy
-    cv = model.cv.set_index(["target", "fit"])
-    assert list(model.cv.columns) == [
+    frame = mm.cv_frame(model)
+    cv = frame.set_index(["target", "fit"])
+    assert list(frame.columns) == [
         "model", "backend", "target", "fit", "n_probes", "folds",
         "mean_abs_rel_error", "max_abs_rel_error", "share_under_predicted", "max_under_fraction",
     ]  # fmt: skip
-    assert len(model.cv) == 2 * len(mm.TARGETS)
-    assert (model.cv["folds"] == 5).all() and (model.cv["n_probes"] == 90).all()
-    for target in mm.TARGETS:
+    assert len(frame) == len(model.cv_records) == 2 * len(core.TARGETS)
+    assert (frame["folds"] == 5).all() and (frame["n_probes"] == 90).all()
+    for target in core.TARGETS:
         assert cv.loc[(target, "least_squares"), "mean_abs_rel_error"] < 0.04, target
         assert cv.loc[(target, "envelope"), "share_under_predicted"] <= 0.2, target
         assert cv.loc[(target, "envelope"), "max_under_fraction"] < 0.05, target
         # LS under-predicts about half the held-out probes; the envelope far fewer
         assert cv.loc[(target, "least_squares"), "share_under_predicted"] > 0.3, target
     preds = model.cv_predictions
-    assert preds is not None
-    assert len(preds) == 90 * 2 * len(mm.TARGETS)
-    assert sorted(preds["fold"].unique()) == [0, 1, 2, 3, 4]
+    assert preds is not None and list(preds) == mm.PREDICTION_COLUMNS
+    assert len(preds["fold"]) == 90 * 2 * len(core.TARGETS)
+    assert sorted(np.unique(preds["fold"]).tolist()) == [0, 1, 2, 3, 4]
     # deterministic folds
     again = mm.fit(noisy[0])
-    pd.testing.assert_frame_equal(again.cv, model.cv)
+    pd.testing.assert_frame_equal(mm.cv_frame(again), frame)
 
 
 def test_fit_all_fits_each_model_and_names_a_missing_one() -> None:
@@ -214,9 +228,13 @@ def test_fit_all_fits_each_model_and_names_a_missing_one() -> None:
     assert "trainable_params" in models["cnn"].targets["model_load_bytes"].dropped  # one P for cnn
     assert list(mm.fit_all(both, "cnn")) == ["cnn"]
     assert set(mm.cv_table(models)["model"]) == {"cnn", "vgg16_frozen"}
-    with pytest.raises(mm.MemoryModelError, match=r"model=resnet.*no probes.*models probed: cnn, vgg16_frozen"):
+    with pytest.raises(
+        core.MemoryModelError, match=r"model='resnet' is invalid: no probes.*models probed: cnn, vgg16_frozen"
+    ):
         mm.fit_all(both, "resnet")
-    with pytest.raises(mm.MemoryModelError, match=r"model=cnn, vgg16_frozen: fit\(\) takes the probes of one model"):
+    with pytest.raises(
+        core.MemoryModelError, match=r"model='cnn, vgg16_frozen' is invalid: fit\(\) takes the probes of one model"
+    ):
         mm.fit(both)
 
 
@@ -226,15 +244,17 @@ def test_each_model_is_checked_on_its_own_probes_before_any_is_fitted() -> None:
     cnn.loc[:2, "backend"] = "cuda"  # the CNN's probes mix backends; the VGG's do not
     both = pd.concat([vgg, cnn], ignore_index=True)
     assert list(mm.fit_all(both, "vgg16_frozen")) == ["vgg16_frozen"]
-    with pytest.raises(mm.MemoryModelError, match=r"backend=cpu-tensors \(87 probes\), cuda \(3 probes\)"):
+    with pytest.raises(
+        core.MemoryModelError, match=r"backend='cpu-tensors \(87 probes\), cuda \(3 probes\)' is invalid"
+    ):
         mm.fit_all(both)
     few = pd.concat([vgg, probes().sample(8, random_state=0).assign(model="zz_small")], ignore_index=True)
-    with pytest.raises(mm.MemoryModelError, match=r"8 probes of model 'zz_small' are too few"):
+    with pytest.raises(core.MemoryModelError, match=r"8 probes of model 'zz_small' are too few"):
         mm.fit_all(few)  # checked before vgg16_frozen (sorted first) is fitted
     bad = probes()
     bad.loc[3, "reserved_peak_bytes"] = np.nan
-    nan_row = r"reserved_peak_bytes=nan: 1 row\(s\).*\(probes of model 'vgg16_frozen'\)"
-    with pytest.raises(mm.MemoryModelError, match=nan_row):
+    nan_row = r"reserved_peak_bytes='nan' is invalid: 1 row\(s\).*\(probes of model 'vgg16_frozen'\)"
+    with pytest.raises(core.MemoryModelError, match=nan_row):
         mm.fit_all(bad)
 
 
@@ -249,11 +269,11 @@ def test_probe_tables_with_empty_text_cells_read_fit_and_save(tmp_path: Path) ->
     assert read["dp"].dtype == bool and read["batch_size"].dtype.kind == "i"
     models = mm.fit_all(read)
     assert models["vgg16_frozen"].provenance["device_name"] == ["", "NVIDIA H100"]
-    saved = mm.load_models(mm.save_models(tmp_path / "m.json", models, {}))["vgg16_frozen"]
+    saved = core.load_models(mm.save_models(tmp_path / "m.json", models, {}))["vgg16_frozen"]
     assert saved.levels["grad_sample_mode"] == ["None", "ghost", "none"]
 
 
-def test_predictions_outside_the_probes_are_flagged(exact: mm.MemoryModel) -> None:
+def test_predictions_outside_the_probes_are_flagged(exact: core.MemoryModel) -> None:
     inside = configs().iloc[[0]]
     assert exact.ranges["batch_size"] == [16.0, 128.0] and exact.ranges["dp"] == [0.0, 1.0]
     assert exact.outside_probed(inside) == []
@@ -270,13 +290,13 @@ def test_predictions_outside_the_probes_are_flagged(exact: mm.MemoryModel) -> No
         "dp=0 is outside the probed 1",
         "grad_sample_mode=none was never probed (probed: ghost, hooks)",
     ]
-    again = mm.MemoryModel.from_json(json.loads(json.dumps(dp_only.to_json())))
+    again = core.MemoryModel.from_json(json.loads(json.dumps(dp_only.to_json())))
     assert again.ranges == dp_only.ranges
 
 
 def test_too_few_probes_says_how_many_are_needed() -> None:
     frame = probes().sample(8, random_state=0)
-    with pytest.raises(mm.MemoryModelError) as err:
+    with pytest.raises(core.MemoryModelError) as err:
         mm.fit(frame)
     message = str(err.value)
     assert "8 probes of model 'vgg16_frozen' are too few" in message
@@ -289,91 +309,106 @@ def test_too_few_probes_says_how_many_are_needed() -> None:
 
 def test_validation_errors_name_the_problem() -> None:
     frame = probes()
-    with pytest.raises(mm.MemoryModelError, match=r"features=batch_sise: unknown memory feature; valid: .*batch_size"):
+    with pytest.raises(
+        core.MemoryModelError, match=r"features='batch_sise' is invalid: unknown memory feature; valid: .*batch_size"
+    ):
         mm.fit(frame, ["batch_sise"])
-    with pytest.raises(mm.MemoryModelError, match=r"features=nope: unknown memory feature in 'dp:nope'"):
+    with pytest.raises(core.MemoryModelError, match=r"features='nope' is invalid: unknown memory feature in 'dp:nope'"):
         mm.fit(frame, ["dp:nope"])
-    assert issubclass(mm.MemoryModelError, ValueError)
+    assert issubclass(core.MemoryModelError, InputError) and issubclass(core.MemoryModelError, ValueError)
     mixed = frame.copy()
     mixed.loc[:9, "backend"] = "cpu-tensors"
-    with pytest.raises(mm.MemoryModelError, match=r"cpu-tensors \(10 probes\), cuda \(80 probes\).*separately"):
+    with pytest.raises(core.MemoryModelError, match=r"cpu-tensors \(10 probes\), cuda \(80 probes\).*separately"):
         mm.fit(mixed)
-    with pytest.raises(mm.MemoryModelError, match=r"separately"):
+    with pytest.raises(core.MemoryModelError, match=r"separately"):
         mm.fit_all(mixed)
-    with pytest.raises(mm.MemoryModelError, match=r"probes=trainable_params, reserved_peak_bytes: missing column"):
+    with pytest.raises(
+        core.MemoryModelError, match=r"probes='trainable_params, reserved_peak_bytes' is invalid: missing column"
+    ):
         mm.fit(frame.drop(columns=["trainable_params", "reserved_peak_bytes"]))
     gap = frame.copy()
     gap.loc[3, "backward_bytes"] = np.nan
-    with pytest.raises(mm.MemoryModelError, match=r"backward_bytes=nan: 1 row\(s\) are not finite"):
+    with pytest.raises(core.MemoryModelError, match=r"backward_bytes='nan' is invalid: 1 row\(s\) are not finite"):
         mm.fit(gap)
     flags = frame.assign(dp=frame["dp"].map({True: "yes", False: "no"}))
-    with pytest.raises(mm.MemoryModelError, match=r"dp=no, yes: must be a flag"):
+    with pytest.raises(core.MemoryModelError, match=r"dp='no, yes' is invalid: must be a flag"):
         mm.fit(flags)
-    with pytest.raises(mm.MemoryModelError, match=r"target=peak: unknown memory target; valid: model_load"):
+    with pytest.raises(
+        core.MemoryModelError, match=r"target='peak' is invalid: unknown memory target; valid: model_load"
+    ):
         mm.fit(frame, targets=["peak"])
 
 
-def test_dp_given_as_strings_or_numbers(exact: mm.MemoryModel) -> None:
+def test_dp_given_as_strings_or_numbers(exact: core.MemoryModel) -> None:
     frame = probes()
     as_text = frame.assign(dp=frame["dp"].map({True: "True", False: "False"}))
     as_int = frame.assign(dp=frame["dp"].astype(int))
     for other in (as_text, as_int):
-        pd.testing.assert_frame_equal(exact.predict(other), exact.predict(frame))
+        assert_same_predictions(exact.predict(other), exact.predict(frame))
 
 
-def test_predict_checks_its_rows(exact: mm.MemoryModel) -> None:
+def test_predict_checks_its_rows(exact: core.MemoryModel) -> None:
     rows = configs()
     unseen = rows.assign(grad_sample_mode=rows["grad_sample_mode"].replace("ghost", "ew"))
-    with pytest.raises(mm.MemoryModelError, match=r"grad_sample_mode=ew: no probe of 'vgg16_frozen' had it"):
+    with pytest.raises(
+        core.MemoryModelError, match=r"grad_sample_mode='ew' is invalid: no probe of 'vgg16_frozen' had it"
+    ):
         exact.predict(unseen)
-    with pytest.raises(mm.MemoryModelError, match=r"model=cnn: these rows are not of model 'vgg16_frozen'"):
+    with pytest.raises(
+        core.MemoryModelError, match=r"model='cnn' is invalid: these rows are not of model 'vgg16_frozen'"
+    ):
         exact.predict(rows.assign(model="cnn"))
-    with pytest.raises(mm.MemoryModelError, match=r"probes=width: missing column"):
+    with pytest.raises(core.MemoryModelError, match=r"probes='width' is invalid: missing column"):
         exact.predict(rows.drop(columns=["width"]))
-    with pytest.raises(mm.MemoryModelError, match=r"fit=median: unknown memory fit; valid: envelope, least_squares"):
+    with pytest.raises(
+        core.MemoryModelError, match=r"fit='median' is invalid: unknown memory fit; valid: envelope, least_squares"
+    ):
         exact.predict(rows, fit="median")
-    # model_load needs only P: a frame with P alone will do
-    only = exact.predict(pd.DataFrame({"trainable_params": [head_params(100)]}), targets=["model_load"])
-    assert only["model_load_bytes"].iloc[0] == pytest.approx(BASE_BYTES + 4 * head_params(100), rel=1e-9)
+    # model_load needs only P: a table (here a dict of numpy columns) with P alone will do
+    only = exact.predict({"trainable_params": np.array([head_params(100)])}, targets=["model_load"])
+    assert only["model_load_bytes"][0] == pytest.approx(BASE_BYTES + 4 * head_params(100), rel=1e-9)
+    with pytest.raises(core.MemoryModelError, match=r"columns of equal length"):
+        exact.predict({"trainable_params": np.array([1, 2]), "batch_size": np.array([1])}, targets=["model_load"])
 
 
-def test_json_round_trip_predicts_identically(noisy: tuple[pd.DataFrame, mm.MemoryModel], tmp_path: Path) -> None:
+def test_json_round_trip_predicts_identically(noisy: tuple[pd.DataFrame, core.MemoryModel], tmp_path: Path) -> None:
     frame, model = noisy
     other = mm.fit(probes(noise=0.01).assign(model="cnn", trainable_params=26010))
     path = mm.save_models(tmp_path / "models" / "memory.json", {"vgg16_frozen": model, "cnn": other}, {"git": "abc"})
-    loaded = mm.load_models(path)
+    loaded = core.load_models(path)
     assert sorted(loaded) == ["cnn", "vgg16_frozen"]
-    assert mm.load_meta(path) == {"git": "abc"}
+    assert core.load_meta(path) == {"git": "abc"}
     again = loaded["vgg16_frozen"]
     for fit in mm.FITS:
-        pd.testing.assert_frame_equal(again.predict(frame, fit=fit), model.predict(frame, fit=fit), check_exact=True)
-    pd.testing.assert_frame_equal(again.cv, model.cv)
+        assert_same_predictions(again.predict(frame, fit=fit), model.predict(frame, fit=fit))
+    pd.testing.assert_frame_equal(mm.cv_frame(again), mm.cv_frame(model))
+    assert again.cv_records == model.cv_records and again.cv_predictions is None  # predictions are not saved
     assert again.targets == model.targets and again.levels == model.levels
     assert again.provenance["device_name"] == ["NVIDIA H100"]
     assert json.loads(path.read_text())["format"] == "dpsweep-memory-model/1"
-    assert mm.MemoryModel.from_json(model.to_json()).targets == model.targets
+    assert core.MemoryModel.from_json(model.to_json()).targets == model.targets
 
 
 def test_model_files_fail_clearly(tmp_path: Path) -> None:
-    with pytest.raises(mm.MemoryModelError, match=r"path=.*absent.json: no such file"):
-        mm.load_models(tmp_path / "absent.json")
+    with pytest.raises(core.MemoryModelError, match=r"path='.*absent.json' is invalid: no such file"):
+        core.load_models(tmp_path / "absent.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(mm.MemoryModelError, match=r"bad.json: not JSON"):
-        mm.load_models(bad)
+    with pytest.raises(core.MemoryModelError, match=r"bad.json' is invalid: not JSON"):
+        core.load_models(bad)
     wrong = tmp_path / "wrong.json"
     wrong.write_text(json.dumps({"format": "something-else/2", "models": {}}))
-    with pytest.raises(mm.MemoryModelError, match=r"format 'something-else/2' is not a memory model file"):
-        mm.load_models(wrong)
-    with pytest.raises(mm.MemoryModelError, match=r"format=None: not a memory model"):
-        mm.MemoryModel.from_json({"model": "cnn"})
+    with pytest.raises(core.MemoryModelError, match=r"format 'something-else/2' is not a memory model file"):
+        core.load_models(wrong)
+    with pytest.raises(core.MemoryModelError, match=r"format=None is invalid: not a memory model"):
+        core.MemoryModel.from_json({"model": "cnn"})
     broken = tmp_path / "broken.json"
-    broken.write_text(json.dumps({"format": mm.FORMAT, "models": {"cnn": {"format": mm.FORMAT, "model": "cnn"}}}))
-    with pytest.raises(mm.MemoryModelError, match=r"malformed memory model: KeyError"):
-        mm.load_models(broken)
+    broken.write_text(json.dumps({"format": core.FORMAT, "models": {"cnn": {"format": core.FORMAT, "model": "cnn"}}}))
+    with pytest.raises(core.MemoryModelError, match=r"malformed memory model: KeyError"):
+        core.load_models(broken)
 
 
-def test_formula_shows_units(exact: mm.MemoryModel) -> None:
+def test_formula_shows_units(exact: core.MemoryModel) -> None:
     text = mm.formula(exact, "backward", "least_squares")
     assert text.startswith("backward ≈ 12 MiB + 8 B × trainable_params + 4 B × input_pixels + 2 KiB × batch_size")
     assert "+ 4 B × dp:batch_params" in text
@@ -381,30 +416,32 @@ def test_formula_shows_units(exact: mm.MemoryModel) -> None:
     assert mm.formula(exact, "model_load_bytes", "least_squares") == "model_load ≈ 12 MiB + 4 B × trainable_params"
 
 
-def test_residual_plot_writes_a_png(noisy: tuple[pd.DataFrame, mm.MemoryModel], tmp_path: Path) -> None:
+def test_residual_plot_writes_a_png(noisy: tuple[pd.DataFrame, core.MemoryModel], tmp_path: Path) -> None:
     _, model = noisy
     assert model.cv_predictions is not None
     path = mm.residual_plot(model.cv_predictions, tmp_path / "plots" / "residuals.png")
     data = path.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
-    with pytest.raises(mm.MemoryModelError, match="no held-out predictions"):
-        mm.residual_plot(model.cv_predictions.iloc[:0], tmp_path / "empty.png")
+    several = mm.residual_plot(mm.cv_predictions_table({"a": model, "b": model}), tmp_path / "several.png")
+    assert several.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    with pytest.raises(core.MemoryModelError, match="no held-out predictions"):
+        mm.residual_plot({k: v[:0] for k, v in model.cv_predictions.items()}, tmp_path / "empty.png")
 
 
 def test_feature_registry_and_help() -> None:
-    assert mm.FEATURES.names() == [
+    assert core.FEATURES.names() == [
         "batch_params", "batch_size", "dp", "grad_sample_mode", "hidden_units", "input_pixels", "trainable_params"
     ]  # fmt: skip
-    assert "a:b" in mm.feature_help()
-    assert mm.parse_features(["const", "dp : batch_params", "dp:batch_params", "batch_size"]) == [
+    assert "a:b" in core.feature_help()
+    assert core.parse_features(["const", "dp : batch_params", "dp:batch_params", "batch_size"]) == [
         "dp:batch_params",
         "batch_size",
     ]
-    assert mm.required_columns(["input_pixels", "grad_sample_mode[ghost]:batch_params"]) == [
+    assert core.required_columns(["input_pixels", "grad_sample_mode[ghost]:batch_params"]) == [
         "batch_size", "channels", "height", "width", "grad_sample_mode", "trainable_params"
     ]  # fmt: skip
-    with pytest.raises(mm.MemoryModelError, match="empty feature name"):
-        mm.parse_features(["dp:"])
+    with pytest.raises(core.MemoryModelError, match="empty feature name"):
+        core.parse_features(["dp:"])
 
 
 REFERENCE = Path(__file__).resolve().parents[1] / "analysis" / "data" / "cpu_probes_digits.csv"
@@ -442,11 +479,67 @@ def test_memory_benchmark_meets_its_goals_on_the_reference_probes() -> None:
         assert r["passed"] and r["mean_rel_error"] <= 0.05 and r["max_under_prediction"] <= 0.02, r
 
 
-def test_plans_use_the_larger_of_the_allocated_and_reserved_peaks(exact: mm.MemoryModel) -> None:
-    from dpsweep.analysis import memory_predict as mp
+def test_plans_use_the_larger_of_the_allocated_and_reserved_peaks(exact: core.MemoryModel) -> None:
+    from dpsweep import memory_predict as mp
 
-    stages = exact.predict(configs().iloc[[0]]).iloc[0].to_dict()
+    stages = {t: float(v[0]) for t, v in exact.predict(configs().iloc[[0]]).items()}
     assert stages["reserved_peak_bytes"] > stages["iteration_peak_bytes"]  # the allocator keeps whole segments
     assert mp.planned_peak(exact, stages) == stages["reserved_peak_bytes"]
     allocated_only = mm.fit(probes(), targets=["iteration_peak"])
     assert mp.planned_peak(allocated_only, stages) == stages["iteration_peak_bytes"]
+
+
+# What a run does with a model file, in a fresh interpreter: load it and predict one config's row.
+RUN_TIME = """
+import json, sys
+import numpy as np
+from dpsweep import memory_model, memory_predict
+row = json.loads(sys.argv[2])
+fitted = memory_predict.model_for(memory_model.load_models(sys.argv[1]), row["model"], backend="cuda")
+table = {column: np.array([value]) for column, value in row.items()}
+stages = {t: float(v[0]) for t, v in fitted.predict(table).items()}
+typical = {t: float(v[0]) for t, v in fitted.predict(table, fit="least_squares").items()}
+heavy = ("pandas", "scipy", "matplotlib", "sklearn", "dpsweep.analysis")
+print(json.dumps({"stages": stages, "typical": typical, "peak": memory_predict.planned_peak(fitted, stages),
+                  "notes": fitted.outside_probed(table), "loaded": [m for m in heavy if m in sys.modules]}))
+"""
+
+
+def test_a_run_loads_and_predicts_with_numpy_alone(
+    noisy: tuple[pd.DataFrame, core.MemoryModel], tmp_path: Path
+) -> None:
+    """A model fitted and saved by analysis, loaded by the core in a fresh process that imports
+    neither pandas nor scipy (nor anything of dpsweep.analysis), predicts the bytes its fitted
+    coefficients give by hand, and exactly what the freshly fitted model predicts."""
+    _, model = noisy
+    path = mm.save_models(tmp_path / "m.json", {"vgg16_frozen": model}, {})
+    b, p, h = 64, head_params(128), 128
+    row = {"model": "vgg16_frozen", "hidden_units": h, "batch_size": b, "channels": 1, "height": 28, "width": 28,
+           "trainable_params": p, "dp": True, "grad_sample_mode": "ghost"}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_TIME, str(path), json.dumps(row)], capture_output=True, text=True, check=True
+    )
+    out = json.loads(done.stdout)
+    assert out["loaded"] == []
+    assert out["notes"] == []  # inside the probed ranges
+    by_hand = {
+        "const": 1.0, "hidden_units": h, "trainable_params": p, "dp:trainable_params": p, "input_pixels": b * 28 * 28,
+        "batch_size": b, "dp:batch_params": b * p, "batch_params": b * p, "grad_sample_mode[ghost]:batch_params": b * p,
+    }  # fmt: skip
+    fresh = {fit: model.predict({c: np.array([v]) for c, v in row.items()}, fit=fit) for fit in mm.FITS}
+    for fit, predicted in (("envelope", out["stages"]), ("least_squares", out["typical"])):
+        assert list(predicted) == list(core.TARGETS)
+        for target, got in predicted.items():
+            coefs = model.coefficients(target, fit)
+            assert got == pytest.approx(sum(w * by_hand[c] for c, w in coefs.items()), rel=1e-12), (fit, target)
+            assert got == fresh[fit][target][0], (fit, target)
+    assert out["peak"] == max(out["stages"]["iteration_peak_bytes"], out["stages"]["reserved_peak_bytes"])
+
+
+def test_importing_the_predictor_loads_neither_pandas_nor_scipy() -> None:
+    code = (
+        "import sys, dpsweep.memory_predict, dpsweep.memory_model; "
+        "print([m for m in ('pandas', 'scipy', 'matplotlib', 'dpsweep.analysis') if m in sys.modules])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

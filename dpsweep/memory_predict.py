@@ -1,9 +1,10 @@
 """Memory of configs before launch: predicted stages and peak, an OOM verdict, and what would fit.
 
-A fitted :class:`~dpsweep.analysis.memory_model.MemoryModel` (``dpsweep-memory fit``) predicts bytes
-from a config's features; this module turns a composed config into those features and applies it::
+A fitted :class:`~dpsweep.memory_model.MemoryModel` (``dpsweep-memory fit``) predicts bytes from a
+config's features; this module turns a composed config into those features (one-row tables of numpy
+columns) and applies it::
 
-    from dpsweep.analysis import memory_model as mm, memory_predict as mp
+    from dpsweep import memory_model as mm, memory_predict as mp
     model = mp.model_for(mm.load_models("memory_model.json"), "cnn", backend="cpu-tensors")
     p = mp.predict_config(model, cfg, facts, budget_bytes=16 * 2**30)   # cfg: dpsweep.config.Config
     p.fits, p.peak_bytes, p.largest_batch_size, p.largest_hidden_units
@@ -13,24 +14,29 @@ plan is for the largest batch the run will see (:func:`dpsweep.privacy.max_poiss
 with probability <= 1e-6), unless ``train.physical_batch_size`` caps the pass (Opacus's
 BatchMemoryManager). Largest sizes are found by predicting every candidate at once, so they need no
 assumption that the fitted formula grows with B.
+
+Importing this module loads neither pandas nor scipy: the Poisson quantile
+(:mod:`dpsweep.privacy`, hence Opacus and scipy) is imported only when a DP run's batches are planned.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import torch
 
-from dpsweep import memory, privacy
+from dpsweep import memory, units
 from dpsweep import models as model_zoo
-from dpsweep.analysis.memory_model import PEAK_TARGET, MemoryModel, MemoryModelError
 from dpsweep.config import Config, ConfigError
-from dpsweep.data import DatasetFacts
+from dpsweep.memory_model import PEAK_TARGET, MemoryModel, MemoryModelError
+
+if TYPE_CHECKING:  # dpsweep.data imports scikit-learn (and with it pandas and scipy)
+    from dpsweep.data import DatasetFacts
 
 PEAK = PEAK_TARGET
 # The peak a config is planned with: the larger of the allocated peak and, where it was fitted, the
@@ -41,7 +47,7 @@ POISSON_TAIL = 1e-6  # chance that some batch of a run exceeds the planned one
 MAX_HIDDEN_UNITS = 65_536  # search range for the largest head
 
 
-def model_for(models: dict[str, MemoryModel], name: str, backend: str | None = None) -> MemoryModel:
+def model_for(models: Mapping[str, MemoryModel], name: str, backend: str | None = None) -> MemoryModel:
     """The fitted model of ``model.name``; errors name what the file holds."""
     if name not in models:
         held = ", ".join(sorted(models)) or "none"
@@ -71,6 +77,8 @@ def pass_batch_sizes(cfg: Config, n_train: int, batch_sizes: np.ndarray) -> np.n
     """Examples in the largest pass a run of each logical batch size makes (see the module doc)."""
     b = np.asarray(batch_sizes, dtype=np.int64)
     if cfg.dp.enabled:
+        from dpsweep import privacy  # Opacus and scipy: only for DP runs
+
         b = privacy.max_poisson_batch(n_train, b, cfg.train.epochs, POISSON_TAIL)
     physical = cfg.train.physical_batch_size
     if physical is not None:
@@ -84,7 +92,7 @@ def gpu_budget(cfg: Config, override: str | None = None) -> tuple[str | None, in
     figure = override or cfg.launcher.gpu_memory
     if figure is None:
         return None, None
-    return figure, memory.parse_bytes(figure, key="--gpu-memory" if override else "launcher.gpu_memory")
+    return figure, units.parse_bytes(figure, key="--gpu-memory" if override else "launcher.gpu_memory")
 
 
 def resident_bytes(cfg: Config, facts: DatasetFacts) -> int:
@@ -100,13 +108,13 @@ def pass_budget_bytes(cfg: Config, facts: DatasetFacts, budget_bytes: int | None
     what one pass may use. ConfigError when the resident data alone fills it."""
     if budget_bytes is None:
         assert cfg.launcher.gpu_memory is not None
-        budget_bytes = memory.parse_bytes(cfg.launcher.gpu_memory, key="launcher.gpu_memory")
+        budget_bytes = units.parse_bytes(cfg.launcher.gpu_memory, key="launcher.gpu_memory")
     resident = resident_bytes(cfg, facts)
     if resident and resident >= budget_bytes:
         raise ConfigError(
             "train.device_resident", True,
-            f"false: the training split needs {memory.format_bytes(resident)} of the GPU's "
-            f"{memory.format_bytes(budget_bytes)}",
+            f"false: the training split needs {units.format_bytes(resident)} of the GPU's "
+            f"{units.format_bytes(budget_bytes)}",
         )  # fmt: skip
     return budget_bytes - resident
 
@@ -169,13 +177,17 @@ def planned_peak(fitted: MemoryModel, predicted: dict[str, float]) -> float:
     return max(predicted[t] for t in _peak_targets(fitted))
 
 
+def _table(row: Mapping[str, Any], **columns: np.ndarray | int) -> dict[str, np.ndarray]:
+    """``row`` repeated as a table of numpy columns, with ``columns`` replaced (arrays: one row per
+    candidate; scalars: the same in every row). One row when no array is given."""
+    n = max((len(v) for v in columns.values() if isinstance(v, np.ndarray)), default=1)
+    return {name: np.broadcast_to(np.asarray(value), (n,)) for name, value in (dict(row) | columns).items()}
+
+
 def _peaks(fitted: MemoryModel, row: dict[str, Any], **columns: np.ndarray | int) -> np.ndarray:
     """Planned peaks of ``row`` with ``columns`` replaced (arrays: one candidate each)."""
-    n = max((len(v) for v in columns.values() if isinstance(v, np.ndarray)), default=1)
-    frame = pd.DataFrame([row] * n)
-    for name, values in columns.items():
-        frame[name] = values
-    return fitted.predict(frame, targets=_peak_targets(fitted)).max(axis=1).to_numpy()
+    predicted = fitted.predict(_table(row, **columns), targets=_peak_targets(fitted))
+    return np.max(np.stack(list(predicted.values())), axis=0)
 
 
 def predict_config(
@@ -186,11 +198,11 @@ def predict_config(
     cfg = with_chosen_physical_batch(fitted, cfg, facts, budget_bytes)
     base = config_row(cfg, facts)
     row = base | {"batch_size": int(pass_batch_sizes(cfg, facts.n_train, np.array([cfg.train.batch_size]))[0])}
-    frame = pd.DataFrame([row])
-    stages = fitted.predict(frame).iloc[0].to_dict()
-    typical = fitted.predict(frame, fit="least_squares").iloc[0].to_dict()
+    table = _table(row)
+    stages = {t: float(v[0]) for t, v in fitted.predict(table).items()}
+    typical = {t: float(v[0]) for t, v in fitted.predict(table, fit="least_squares").items()}
     resident = resident_bytes(cfg, facts)
-    notes = [f"extrapolated: {note}" for note in fitted.outside_probed(frame)]
+    notes = [f"extrapolated: {note}" for note in fitted.outside_probed(table)]
     largest: dict[str, int | None] = {}
     if budget_bytes is not None and budget_bytes > resident:
         for key, (search, column) in LARGEST.items():
