@@ -47,6 +47,7 @@ from mlflow.entities import Run, ViewType
 from mlflow.tracking import MlflowClient
 
 from dpsweep.config import identity
+from dpsweep.errors import InputError
 from dpsweep.registry import Registry
 
 PAGE_SIZE = 10_000  # runs per search_runs page (MLflow allows up to 50,000)
@@ -98,13 +99,13 @@ MISSING = "\0missing"  # stands for a param a run did not log, where missing mus
 T = TypeVar("T")
 
 
-class ReportError(ValueError):
+class ReportError(InputError):
     """The selection cannot be reported on. ``option`` names the input at fault (``experiment``,
-    ``sweep``, ``runs``, ``tracking_uri``), ``value`` its value and ``reason`` what is allowed."""
+    ``sweep``, ``runs``, ``tracking_uri``, ``format``, ``sort``); the error's ``key`` is its flag
+    (``--tracking-uri``), ``value`` its value and ``allowed`` what is allowed."""
 
     def __init__(self, option: str, value: Any, reason: str) -> None:
-        self.option, self.value, self.reason = option, value, reason
-        super().__init__(f"{option}={value}: {reason}")
+        super().__init__("--" + option.replace("_", "-"), value, reason)
 
 
 def lookup(registry: Registry[T], name: str, option: str) -> T:

@@ -24,6 +24,7 @@ from torchvision import datasets as tvd
 from torchvision import transforms as T
 
 from dpsweep.config import DatasetConfig, DigitsConfig, Flowers102Config, TorchvisionDatasetConfig
+from dpsweep.errors import InputError
 from dpsweep.registry import Registry
 
 # Per-channel normalisation constants (the ones the datasets' reference code uses).
@@ -34,8 +35,8 @@ DIGITS_MEAN_STD = (0.5, 0.5)  # data-independent: pixel values 0..16 -> [0, 1] -
 FLOWERS102_FULL_SIZE = 224  # pixels: the VGG input size that dataset.downscale divides
 
 
-class DatasetNotFoundError(FileNotFoundError):
-    """Dataset files are missing (or corrupt) and ``download`` is off."""
+class DatasetNotFoundError(InputError, FileNotFoundError):
+    """Dataset files are missing (or corrupt) and ``download`` is off: ``dataset.root`` is bad input."""
 
 
 @dataclass(frozen=True)
@@ -150,9 +151,10 @@ def _open(
     """Run a torchvision loader; turn its 'not found' into an error that says where and how."""
     if not cfg.download and not expected.exists():
         raise DatasetNotFoundError(
-            f"dataset.root={cfg.root!r}: {name} files not found; expected them under {expected}. "
-            f"Set dataset.download=true to download them (needs internet), or {how}."
-        )
+            "dataset.root", cfg.root,
+            f"a directory holding the {name} files; none found under {expected}. "
+            f"Set dataset.download=true to download them (needs internet), or {how}.",
+        )  # fmt: skip
     try:
         return factory()
     # torchvision says "Dataset not found or corrupted." (RuntimeError); malformed files surface as
@@ -169,9 +171,10 @@ def _open(
         if cfg.download:
             raise
         raise DatasetNotFoundError(
-            f"dataset.root={cfg.root!r}: {name} files under {expected} are missing or corrupt "
-            f"({err}). Set dataset.download=true to download them again, or {how}."
-        ) from err
+            "dataset.root", cfg.root,
+            f"a directory holding intact {name} files; those under {expected} are missing or corrupt "
+            f"({err}). Set dataset.download=true to download them again, or {how}.",
+        ) from err  # fmt: skip
 
 
 def _train_test(

@@ -18,11 +18,12 @@ from torch.nn import functional as F
 from torchvision.models import VGG16_Weights, vgg16
 
 from dpsweep.config import CNNConfig, ConfigError, ModelConfig, VGG16FrozenConfig
+from dpsweep.errors import InputError
 from dpsweep.registry import Registry
 
 
-class PretrainedWeightsError(FileNotFoundError):
-    """Pretrained weights are neither in torch's cache nor downloadable."""
+class PretrainedWeightsError(InputError, FileNotFoundError):
+    """Pretrained weights are neither in torch's cache nor downloadable: ``model.pretrained`` is bad input."""
 
 
 ModelBuilder = Callable[[Any, tuple[int, int, int], int], nn.Module]
@@ -143,10 +144,10 @@ def _imagenet_weights() -> VGG16_Weights:
         torch.hub.load_state_dict_from_url(weights.url, progress=True)
     except OSError as err:  # URLError and socket errors are OSErrors
         raise PretrainedWeightsError(
-            f"model.pretrained=True: VGG16 ImageNet weights are not in torch's cache ({cached}) and "
-            f"could not be downloaded ({err}). Download {weights.url} into {cached.parent} "
-            "(or set TORCH_HOME), or set model.pretrained=false."
-        ) from err
+            "model.pretrained", True,
+            f"false, or VGG16's ImageNet weights in torch's cache: they are not in {cached} and could not be "
+            f"downloaded ({err}). Download {weights.url} into {cached.parent} (or set TORCH_HOME).",
+        ) from err  # fmt: skip
     return weights
 
 

@@ -16,11 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
+from dpsweep.errors import InputError
+
 T = TypeVar("T")
 
 
-class UnknownNameError(KeyError):
-    """A registry lookup of a name that is not registered."""
+class UnknownNameError(InputError, KeyError):
+    """A registry lookup of a name that is not registered (bad input: exit code 2 in every command)."""
 
     def __str__(self) -> str:  # KeyError would quote the whole message
         return str(self.args[0])
@@ -46,8 +48,7 @@ class Registry(Generic[T]):
             return self._entries[name]
         except KeyError:
             valid = ", ".join(sorted(self._entries))
-            where = f"{key}={name!r} is invalid: " if key else ""
-            raise UnknownNameError(f"{where}unknown {self.kind} {name!r}; valid: {valid}") from None
+            raise UnknownNameError(key or self.kind, name, f"unknown {self.kind} {name!r}; valid: {valid}") from None
 
     def names(self) -> list[str]:
         return sorted(self._entries)

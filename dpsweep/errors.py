@@ -1,0 +1,32 @@
+"""One error for bad input, whatever the command: :class:`InputError` names the key, the bad value and
+what is allowed, and every command turns it into one line on stderr and exit code 2
+(``dpsweep.cli.errors``)::
+
+    raise InputError("dp.noise_multiplier", -1.0, "a positive noise multiplier")
+    # dp.noise_multiplier=-1.0 is invalid: a positive noise multiplier
+
+Its subclasses say where the input came from (a config value, a memory model file, an MLflow report
+query); they carry the same three fields and print the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+EXIT_BAD_INPUT = 2  # every command's exit code for bad input (as argparse's for a malformed command line)
+
+
+class InputError(ValueError):
+    """Bad input: ``key`` (a config key, a flag or a file field), the bad ``value`` and what is ``allowed``.
+
+    The message is always ``<key>=<value!r> is invalid: <allowed>``.
+    """
+
+    def __init__(self, key: str, value: Any, allowed: str) -> None:
+        self.key = key
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{key}={value!r} is invalid: {allowed}")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable across submitit and multiprocessing
+        return (type(self), (self.key, self.value, self.allowed))
