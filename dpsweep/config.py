@@ -21,18 +21,12 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from dpsweep import ranges, units
+from dpsweep.errors import InputError
 
-class ConfigError(ValueError):
-    """A configuration value is out of its allowed range.
-
-    The message always has the form ``<key>=<value>: <what is allowed>``.
-    """
-
-    def __init__(self, key: str, value: Any, allowed: str) -> None:
-        self.key = key
-        self.value = value
-        self.allowed = allowed
-        super().__init__(f"{key}={value!r} is invalid: {allowed}")
+# A configuration value out of its allowed range: ``<key>=<value> is invalid: <allowed>``. The one
+# bad-input error of every command (dpsweep.errors), under the name the config module has always used.
+ConfigError = InputError
 
 
 class Accountant(StrEnum):
@@ -72,9 +66,9 @@ class DigitsConfig(DatasetConfig):
     """scikit-learn's 8x8 handwritten digits (1,797 images, ships offline)."""
 
     name: str = "digits"
-    image_size: int | None = 28
-    test_fraction: float = 0.2  # share of the data held out, stratified by class
-    split_seed: int = 0  # fixed split: the same train/test partition in every run
+    image_size: int | None = 28  # upsampled from 8x8 so the MNIST CNN applies unchanged
+    test_fraction: float = 0.2  # share of the data held out, stratified by class: 1,437 train / 360 test images
+    split_seed: int = 0  # fixed split: the same train/test partition in every run (not train.seed)
 
 
 @dataclass
@@ -88,9 +82,9 @@ class TorchvisionDatasetConfig(DatasetConfig):
 @dataclass
 class Flowers102Config(TorchvisionDatasetConfig):
     name: str = "flowers102"
-    downscale: int = 1  # F: images are served at 224/F pixels unless image_size is set
+    downscale: int = 1  # F: images are served at 224/F pixels unless image_size is set (2 -> 112, 4 -> 56)
     # Official splits to train on; the official train split holds only 1,020 images, so
-    # [train, val] is common. The N used is logged as the tag dataset.n_train.
+    # [train, val] (2,040 images) is common. The N used is logged as the tag dataset.n_train.
     train_splits: list[str] = field(default_factory=lambda: ["train"])
 
 
@@ -108,7 +102,7 @@ class CNNConfig(ModelConfig):
     """The Opacus MNIST example network, trained from scratch."""
 
     name: str = "cnn"
-    hidden_units: int = 32
+    hidden_units: int = 32  # width of the dense layer (the Opacus example's 512 -> 32 on 28x28 inputs)
 
 
 @dataclass
@@ -116,13 +110,30 @@ class VGG16FrozenConfig(ModelConfig):
     """torchvision VGG16 with frozen convolutional features and a trained MLP head."""
 
     name: str = "vgg16_frozen"
-    hidden_units: int = 512
-    pretrained: bool = True  # ImageNet weights (torchvision's IMAGENET1K_V1)
-    dropout: float = 0.0  # dropout probability between the head's two layers
+    hidden_units: int = 512  # head width: the head dominates DP memory (B x trainable params)
+    pretrained: bool = True  # ImageNet weights (torchvision's IMAGENET1K_V1); false initialises randomly
+    dropout: float = 0.0  # dropout probability between the head's two layers; 0 disables it
     # Compute the frozen convolutional features once per (dataset, split, image size, weights) and
     # train the head on them (dpsweep.feature_cache); false recomputes them every step.
     feature_cache: bool = True
-    feature_cache_dir: str = "cache/features"  # relative to where dpsweep runs
+    feature_cache_dir: str = "cache/features"  # content-keyed feature files, relative to where dpsweep runs
+
+
+# ---------------------------------------------------------------------------------------------
+# task/
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class TaskConfig:
+    """What a run trains and how it is scored: a name in ``dpsweep.tasks.TASKS``."""
+
+    name: str = MISSING
+
+
+@dataclass
+class ClassifierTaskConfig(TaskConfig):
+    """Image classification: cross-entropy, scored by top-1 test accuracy (``dpsweep.tasks.classifier``)."""
+
+    name: str = "classifier"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,10 +142,10 @@ class VGG16FrozenConfig(ModelConfig):
 @dataclass
 class DPConfig:
     enabled: bool = True
-    noise_multiplier: float = 1.0  # σ: noise std relative to max_grad_norm
+    noise_multiplier: float = 1.0  # σ: noise std relative to max_grad_norm; calibrated when target_epsilon is set
     max_grad_norm: float = 1.0  # C: per-sample gradient clipping norm (L2)
-    delta: float = 1e-5  # δ of the (ε, δ) guarantee
-    accountant: Accountant = Accountant.rdp
+    delta: float = 1e-5  # δ of the (ε, δ) guarantee; must be < 1/N unless allow_large_delta
+    accountant: Accountant = Accountant.rdp  # rdp | prv: the accountant of the ε logged per epoch
     target_epsilon: float | None = None  # when set, σ is calibrated so that ε <= target_epsilon
     allow_large_delta: bool = False  # permit δ >= 1/N, which makes the guarantee void
     grad_sample_mode: GradSampleMode = GradSampleMode.hooks  # how Opacus computes per-sample gradients
@@ -143,30 +154,30 @@ class DPConfig:
 @dataclass
 class OptimizerConfig:
     name: str = MISSING
-    lr: float = 0.05
-    weight_decay: float = 0.0
+    lr: float = 0.05  # learning rate
+    weight_decay: float = 0.0  # L2 penalty (not clipped per sample: it does not depend on the data)
 
 
 @dataclass
 class SGDConfig(OptimizerConfig):
     name: str = "sgd"
-    momentum: float = 0.9
+    momentum: float = 0.9  # heavy-ball momentum
 
 
 @dataclass
 class AdamConfig(OptimizerConfig):
     name: str = "adam"
     lr: float = 1e-3
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam's moment decay rates
 
 
 @dataclass
 class TrainConfig:
-    batch_size: int = 64  # logical (expected) batch size B; with DP the sample rate is ~B/N
-    epochs: int = 10
-    seed: int = 0
+    batch_size: int = 64  # logical (expected) batch size B; with DP the sample rate is 1/ceil(N/B) (Opacus)
+    epochs: int = 10  # passes over the data; steps = epochs x ceil(N/B)
+    seed: int = 0  # seeds torch, numpy and Python; sweep it as an ordinary axis
     device: Device = Device.auto
-    eval_batch_size: int = 1024
+    eval_batch_size: int = 1024  # examples per evaluation batch (no effect on privacy)
     progress: bool = True  # tqdm bars for epochs and steps (off by themselves when not on a terminal)
     # Per-epoch checkpoints (model, optimizer, accountant, RNG, MLflow run id); a run started again
     # with the same directory and config resumes from the last completed epoch. The dpsweep command
@@ -189,9 +200,9 @@ class TrainConfig:
 
 @dataclass
 class TrackingConfig:
-    uri: str = "sqlite:///mlflow.db"  # relative to the directory dpsweep is run from
-    experiment_name: str = "dpsweep"
-    run_name: str | None = None
+    uri: str = "sqlite:///mlflow.db"  # relative to where dpsweep runs; any MLflow URI, e.g. http://host:5000
+    experiment_name: str = "dpsweep"  # the MLflow experiment the runs go to
+    run_name: str | None = None  # null: a readable name from the config (digits-cnn-σ1-C1-B64-e10-s0)
 
 
 @dataclass
@@ -214,6 +225,11 @@ class SweepConfig:
     pruner_startup_trials: int = 2  # the median pruner prunes nothing until this many trials completed
     pruner_warmup_epochs: int = 1  # ... nor before this many epochs of a trial
 
+    @property
+    def prunes(self) -> bool:
+        """This job reports per-epoch accuracy to an Optuna trial whose pruner may stop it."""
+        return bool(self.pruner and self.study and self.storage and self.trial is not None)
+
 
 @dataclass
 class LauncherConfig:
@@ -235,6 +251,7 @@ class LauncherConfig:
 
 @dataclass
 class Config:
+    task: Any = MISSING  # a TaskConfig subclass, chosen by the task/ group
     dataset: Any = MISSING  # a DatasetConfig subclass, chosen by the dataset/ group
     model: Any = MISSING  # a ModelConfig subclass
     dp: DPConfig = MISSING
@@ -252,6 +269,7 @@ def register_configs() -> None:
     """
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
+    cs.store(group="task", name="base_classifier", node=ClassifierTaskConfig)
     cs.store(group="dataset", name="base_digits", node=DigitsConfig)
     cs.store(group="dataset", name="base_torchvision", node=TorchvisionDatasetConfig)
     cs.store(group="dataset", name="base_flowers102", node=Flowers102Config)
@@ -262,33 +280,6 @@ def register_configs() -> None:
     cs.store(group="optimizer", name="base_adam", node=AdamConfig)
     cs.store(group="train", name="base_train", node=TrainConfig)
     cs.store(group="tracking", name="base_tracking", node=TrackingConfig)
-    from dpsweep.launchers import nodes  # light: no import of the rest of dpsweep
-
-    nodes.register()  # hydra/launcher=dpsweep_*, hydra/sweeper=dpsweep
-
-
-def register_hydra_plugins() -> None:
-    """Register dpsweep's sweeper and launchers with Hydra, for the dpsweep command.
-
-    Hydra's plugin scan finds them in a wheel install but not through an editable install's import
-    hook; registering twice is harmless.
-    """
-    from hydra.core.plugins import Plugins
-    from hydra_plugins.dpsweep_launchers import PLUGINS
-
-    for plugin in PLUGINS:
-        Plugins.instance().register(plugin)
-
-
-def gpus_or_one() -> int:
-    """Default number of local jobs at once: one per GPU, or 1 without a GPU."""
-    import torch
-
-    return max(1, torch.cuda.device_count())
-
-
-OmegaConf.register_new_resolver("dpsweep.gpus_or_one", gpus_or_one, replace=True)
-register_configs()
 
 
 def to_config(cfg: DictConfig | Config) -> Config:
@@ -329,8 +320,8 @@ def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
 def validate(cfg: Config) -> None:
     """Check the ranges that need no data. Raises :class:`ConfigError` on the first bad value."""
     t, dp, m, opt = cfg.train, cfg.dp, cfg.model, cfg.optimizer
-    _require(t.batch_size > 0, "train.batch_size", t.batch_size, "a positive integer (at most N)")
-    _require(t.epochs > 0, "train.epochs", t.epochs, "a positive integer")
+    ranges.check("batch_size", "train.batch_size", t.batch_size)
+    ranges.check("epochs", "train.epochs", t.epochs)
     _require(t.eval_batch_size > 0, "train.eval_batch_size", t.eval_batch_size, "a positive integer")
     pb = t.physical_batch_size
     _require(pb is None or pb > 0, "train.physical_batch_size", pb, "a positive number of examples or null")
@@ -391,17 +382,12 @@ def validate(cfg: Config) -> None:
         )
     if not dp.enabled:
         return
-    _require(0.0 < dp.delta < 1.0, "dp.delta", dp.delta, "a probability in the open interval (0, 1)")
-    _require(dp.max_grad_norm > 0, "dp.max_grad_norm", dp.max_grad_norm, "a positive clipping norm")
+    ranges.check("delta", "dp.delta", dp.delta)
+    ranges.check("max_grad_norm", "dp.max_grad_norm", dp.max_grad_norm)
     if dp.target_epsilon is None:
-        _require(
-            dp.noise_multiplier > 0,
-            "dp.noise_multiplier",
-            dp.noise_multiplier,
-            "a positive noise multiplier when DP is on (use dp=off for a non-private baseline)",
-        )
+        ranges.check("noise_multiplier", "dp.noise_multiplier", dp.noise_multiplier)
     else:
-        _require(dp.target_epsilon > 0, "dp.target_epsilon", dp.target_epsilon, "a positive ε or null")
+        ranges.check("target_epsilon", "dp.target_epsilon", dp.target_epsilon)
 
 
 def validate_launcher(launcher: LauncherConfig) -> None:
@@ -414,9 +400,7 @@ def validate_launcher(launcher: LauncherConfig) -> None:
     )
     _require(launcher.max_parallel >= 1, "launcher.max_parallel", launcher.max_parallel, "1 or more jobs at once")
     if launcher.gpu_memory is not None:
-        from dpsweep.memory import parse_bytes  # torch is heavy: only when a figure is given
-
-        parse_bytes(launcher.gpu_memory, key="launcher.gpu_memory")
+        units.parse_bytes(launcher.gpu_memory, key="launcher.gpu_memory")
     _require(
         "{gpus}" in launcher.gpu_resource,
         "launcher.gpu_resource",
@@ -447,17 +431,6 @@ def identity(flat: dict[str, Any]) -> dict[str, Any]:
 
 def validate_for_dataset(cfg: Config, n_train: int) -> None:
     """Check the ranges that depend on the training-set size N."""
-    _require(
-        cfg.train.batch_size <= n_train,
-        "train.batch_size",
-        cfg.train.batch_size,
-        f"at most the training-set size N={n_train}",
-    )
-    if cfg.dp.enabled and not cfg.dp.allow_large_delta:
-        _require(
-            cfg.dp.delta < 1.0 / n_train,
-            "dp.delta",
-            cfg.dp.delta,
-            f"below 1/N = {1.0 / n_train:.3g} for N={n_train}; a larger δ makes the guarantee void "
-            "(set dp.allow_large_delta=true to allow it anyway)",
-        )
+    ranges.check_batch_size("train.batch_size", cfg.train.batch_size, n_train)
+    if cfg.dp.enabled:
+        ranges.check_delta("dp.delta", cfg.dp.delta, n_train, cfg.dp.allow_large_delta, "dp.allow_large_delta=true")

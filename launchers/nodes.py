@@ -1,8 +1,9 @@
 """Hydra config nodes of dpsweep's launchers and sweeper, and their registration in the ConfigStore.
 
-Deliberately light (no import of the rest of dpsweep): ``dpsweep.config`` imports it so that
-``hydra/launcher=dpsweep_*`` and ``hydra/sweeper=dpsweep`` exist whenever a config is composed, and a
-submitit job that unpickles a launcher imports it without pulling in the training code.
+Deliberately light (no import of the rest of dpsweep): the config package ``dpsweep.conf`` calls
+:func:`register` so that ``hydra/launcher=dpsweep_*`` and ``hydra/sweeper=dpsweep`` exist whenever a
+config is composed, and a submitit job that unpickles a launcher imports it without pulling in the
+training code.
 """
 
 from __future__ import annotations
@@ -33,12 +34,12 @@ class OptunaSearchConf:
     """``hydra.sweeper.optuna``: an Optuna study instead of a grid."""
 
     sampler: str = "tpe"  # tpe | random | grid | nsga2 (multi-objective)
-    objective: str = "accuracy"  # accuracy | accuracy_epsilon (multi-objective) | accuracy_under_budget
+    objective: str = "accuracy"  # accuracy (maximise test_accuracy) | accuracy_epsilon (multi) | accuracy_under_budget
     epsilon_budget: float | None = None  # accuracy_under_budget: every trial calibrates σ to this ε
     n_trials: int = 20  # trials in the study, earlier runs of the same study included
     n_jobs: int = 1  # trials launched (and waited for) at once
     study_name: str = "dpsweep"
-    storage: str = "sqlite:///optuna.db"  # any Optuna storage URL: postgresql://..., journal:///path
+    storage: str = "sqlite:///optuna.db"  # any Optuna storage URL: postgresql://... or journal:///shared/study.log
     seed: int | None = 0  # sampler seed
     pruner: str | None = None  # median: stop trials whose per-epoch accuracy lags the median
     params: dict[str, ParamSpec] = field(default_factory=dict)  # the search space
@@ -84,6 +85,3 @@ def register() -> None:
     cs.store(group="hydra/launcher", name="dpsweep_local", node=DpsweepLocalConf(), provider="dpsweep")
     cs.store(group="hydra/launcher", name="dpsweep_slurm", node=DpsweepSlurmConf(), provider="dpsweep")
     cs.store(group="hydra/launcher", name="dpsweep_sge", node=DpsweepSgeConf(), provider="dpsweep")
-
-
-register()
