@@ -35,13 +35,11 @@ def plot_all(
     ) -> float:
         sched = privacy.poisson_schedule(n_, b)
         return privacy.epsilon(
-            n=n_, batch_size=b, noise_multiplier=s, delta=d, steps=max(1, round(e * sched.steps_per_epoch))
+            sched, noise_multiplier=s, delta=d, steps=max(1, round(e * sched.steps_per_epoch))
         ).epsilon
 
     max_epochs = max(2, int(np.ceil(2 * epochs)))
-    curve = privacy.epsilon_curve(
-        n=n, batch_size=batch_size, noise_multiplier=noise_multiplier, delta=delta, epochs=max_epochs
-    )
+    curve = privacy.epsilon_curve(schedule, noise_multiplier=noise_multiplier, delta=delta, epochs=max_epochs)
     sigmas = np.geomspace(noise_multiplier / 3, noise_multiplier * 3, 25)
     batches = np.unique(np.clip(np.geomspace(max(1, batch_size // 16), batch_size * 16, 25).astype(int), 1, n))
     sizes = np.unique(np.geomspace(max(batch_size, n // 10), n * 10, 25).astype(int))

@@ -30,7 +30,8 @@ def main() -> int:
     warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
     points = len(BATCH_SIZES) * len(SIGMAS) * len(EPOCHS)
     start = time.perf_counter()
-    grid = privacy.epsilon_grid(n=N, batch_sizes=BATCH_SIZES, noise_multipliers=SIGMAS, epochs=EPOCHS, delta=DELTA)
+    axes = privacy.GridAxes(batch_sizes=BATCH_SIZES, noise_multipliers=SIGMAS, epochs=EPOCHS)
+    grid = privacy.epsilon_grid(N, axes, delta=DELTA)
     grid_s = time.perf_counter() - start
 
     rng = np.random.default_rng(0)
@@ -38,7 +39,8 @@ def main() -> int:
               for _ in range(30)]  # fmt: skip
     start = time.perf_counter()
     for i, j, k in sample:
-        r = privacy.epsilon(n=N, batch_size=BATCH_SIZES[i], noise_multiplier=SIGMAS[j], epochs=EPOCHS[k], delta=DELTA)
+        schedule = privacy.poisson_schedule(N, BATCH_SIZES[i])
+        r = privacy.epsilon(schedule, noise_multiplier=SIGMAS[j], delta=DELTA, epochs=EPOCHS[k])
         assert r.epsilon == grid[i, j, k], (r.epsilon, grid[i, j, k])  # the fast path is exact
     naive_per_point_s = (time.perf_counter() - start) / len(sample)
 

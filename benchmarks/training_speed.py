@@ -10,12 +10,12 @@ On a CPU that other processes keep busy, torch's intra-op threads stall waiting 
 get tens of times slower); one thread per process gives stable figures there. The header prints the threads.
 
 Everything runs in one process through dpsweep's own building blocks: ``data.build``, ``models.build``,
-``train.build_optimizer``, ``train.make_private`` (Opacus, Poisson sampling), ``train._train_pass`` (one
-forward/backward/step as training does it), ``device_data`` and ``feature_cache``. Only training steps are
-timed: no MLflow, no evaluation, no setup. After 2 warm-up steps (the first is also the memory iteration),
-either a fixed number of optimizer steps is timed one by one, steps/s = 1 / median step time, and an epoch
-is extrapolated as steps-per-epoch / steps/s ("extrap"); or whole epochs are timed, each with a fresh
-iterator as in training, and the epoch time is their median ("timed"). Medians resist other load.
+``optimizers.build_optimizer``, ``dpsgd.make_private`` (Opacus, Poisson sampling), the classifier task's
+``train_pass`` (one forward/backward/step as training does it), ``device_data`` and ``feature_cache``. Only
+training steps are timed: no MLflow, no evaluation, no setup. After 2 warm-up steps (the first is also the
+memory iteration), either a fixed number of optimizer steps is timed one by one, steps/s = 1 / median step
+time, and an epoch is extrapolated as steps-per-epoch / steps/s ("extrap"); or whole epochs are timed, each
+with a fresh iterator as in training, and the epoch time is their median ("timed"). Medians resist other load.
 
 Peak memory is that of the first iteration (model, DP wrapper, batch, backward, optimizer step), above the
 level when the setting started. On CUDA it is the caching allocator's ``max_memory_allocated``; on the CPU it
@@ -80,11 +80,14 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from dpsweep import data as datasets
-from dpsweep import device_data, feature_cache, memory
+from dpsweep import device_data, feature_cache, memory, units
 from dpsweep import models as model_zoo
-from dpsweep import train as training
 from dpsweep.config import CNNConfig, DigitsConfig, DPConfig, GradSampleMode, SGDConfig, VGG16FrozenConfig
+from dpsweep.dpsgd import make_private
+from dpsweep.optimizers import build_optimizer
+from dpsweep.tasks.classifier import EXTRACT_BATCH_SIZE, Trainer, train_pass
 from dpsweep.tracking import device_name
+from dpsweep.train import train
 
 CACHE_SPEEDUP_MIN = 20.0  # goal 1: uncached epoch / cached epoch
 ACCURACY_TOLERANCE = 1e-9  # goal 1: |accuracy cached - uncached|
@@ -217,8 +220,9 @@ def measure(
     epochs: int | None = None,
     data_epochs: int = 0,
 ) -> Measurement:
-    """Build the setting as ``train._fit`` does, record the first iteration's memory, warm up, then time
-    ``steps`` optimizer steps or ``epochs`` whole epochs (and ``data_epochs`` data-only epochs)."""
+    """Build the setting as the classifier task (``dpsweep.tasks.classifier``) does, record the first
+    iteration's memory, warm up, then time ``steps`` optimizer steps or ``epochs`` whole epochs (and
+    ``data_epochs`` data-only epochs)."""
     _free(device)
     fixed_xy = None
     if data == "fixed":  # on the device before the baseline: the same for every mode, not part of the peak
@@ -227,15 +231,13 @@ def measure(
     monitor = memory.monitor_for(device)
     start_bytes = monitor.allocated_bytes()
     model = make_model().to(device)
-    optimizer = training.build_optimizer(SGDConfig(), model)
+    optimizer = build_optimizer(SGDConfig(), model)
     generator = torch.Generator().manual_seed(SEED)
     loader: DataLoader[Any] = DataLoader(dataset, batch_size=batch_size, shuffle=dp == "off", generator=generator)
     criterion: nn.Module = nn.CrossEntropyLoss()
     if dp != "off":
         dp_cfg = DPConfig(noise_multiplier=SIGMA, max_grad_norm=MAX_GRAD_NORM, grad_sample_mode=GradSampleMode(dp))
-        _, model, optimizer, criterion, loader = training.make_private(
-            dp_cfg, SIGMA, model, optimizer, loader, criterion
-        )
+        _, model, optimizer, criterion, loader = make_private(dp_cfg, SIGMA, model, optimizer, loader, criterion)
     batches: Iterable[Batch]
     if fixed_xy is not None:
         batches = FixedBatches(*fixed_xy, batch_size, device)
@@ -254,17 +256,18 @@ def measure(
         batches, steps_per_epoch = loader, len(loader)
 
     model.train()
+    trainer = Trainer(model, optimizer, criterion, device)
     stages = memory.StageRecorder(monitor)
     stages.mark("model_load")
     stream = _cycle(batches)
     x, y = next(stream)
-    training._train_pass(model, optimizer, criterion, x, y, device, stages)
+    train_pass(trainer, (x, y), stages)
     stages.mark("optimizer_step")
     peak_bytes = int(stages.metrics()["memory.iteration_peak_bytes"]) - start_bytes
     idle = memory.StageRecorder(monitor, active=False)
     for _ in range(WARMUP_STEPS - 1):
         x, y = next(stream)
-        training._train_pass(model, optimizer, criterion, x, y, device, idle)
+        train_pass(trainer, (x, y), idle)
 
     times_s: list[float] = []  # per epoch (epochs) or per step (steps)
     if epochs is not None:  # whole epochs, each with a fresh iterator as in training
@@ -273,7 +276,7 @@ def measure(
             _sync(device)
             start = time.perf_counter()
             for x, y in batches:
-                training._train_pass(model, optimizer, criterion, x, y, device, idle)
+                train_pass(trainer, (x, y), idle)
             _sync(device)
             times_s.append(time.perf_counter() - start)
         taken = epochs * steps_per_epoch
@@ -286,7 +289,7 @@ def measure(
             _sync(device)
             start = time.perf_counter()
             x, y = next(stream)
-            training._train_pass(model, optimizer, criterion, x, y, device, idle)
+            train_pass(trainer, (x, y), idle)
             _sync(device)
             times_s.append(time.perf_counter() - start)
         steps_per_s = 1 / statistics.median(times_s)
@@ -351,7 +354,7 @@ def vgg16_sections(device: torch.device, plan: Plan, work: Path, report: DeviceR
     start = time.perf_counter()
     cached = feature_cache.cached_splits(
         vgg, digits_small, dataclasses.asdict(DigitsConfig(image_size=CACHE_IMAGE_SIZE)),
-        root=_features_dir(work, device), batch_size=training.EXTRACT_BATCH_SIZE, device=device,
+        root=_features_dir(work, device), batch_size=EXTRACT_BATCH_SIZE, device=device,
     )  # fmt: skip
     _sync(device)
     extraction_s = time.perf_counter() - start
@@ -381,7 +384,7 @@ def vgg16_sections(device: torch.device, plan: Plan, work: Path, report: DeviceR
             grad_sample_bytes = b * head_params * 4
             if mode == "hooks" and grad_sample_bytes > plan.max_grad_sample_bytes:
                 why = (f"head B={b} hooks: skipped, its per-sample gradients would take "
-                       f"{memory.format_bytes(grad_sample_bytes)} (> --max-grad-sample-bytes)")  # fmt: skip
+                       f"{units.format_bytes(grad_sample_bytes)} (> --max-grad-sample-bytes)")  # fmt: skip
                 report.skipped.append(why)
                 print(f"  {why}", flush=True)
                 continue
@@ -476,7 +479,7 @@ def train_check(device: torch.device, plan: Plan, work: Path) -> dict[str, Any]:
         printed = io.StringIO()
         start = time.perf_counter()
         with initialize_config_module("dpsweep.conf", version_base="1.3"), contextlib.redirect_stdout(printed):
-            result = training.train(compose("config", overrides=overrides))
+            result = train(compose("config", overrides=overrides))
         wall_s = time.perf_counter() - start
         tags = client.get_run(result.run_id).data.tags
         status = tags.get("feature_cache.train", "off") if cache else "off"
@@ -580,7 +583,7 @@ HEADER = (
 
 
 def _print_row(m: Measurement) -> None:
-    peak = memory.format_bytes(m.peak_bytes) if m.peak_bytes is not None else "-"
+    peak = units.format_bytes(m.peak_bytes) if m.peak_bytes is not None else "-"
     data_only = f"{m.data_epoch_s:.4f} s" if m.data_epoch_s is not None else ""
     basis = f"{m.epoch_basis} {m.steps_per_epoch}st"
     print(
@@ -654,7 +657,7 @@ def _plan(args: argparse.Namespace) -> Plan:
         mnist_steps=args.mnist_steps or (15 if quick else 40),
         hidden_units=args.hidden_units,
         cache_dp=args.cache_dp,
-        max_grad_sample_bytes=memory.parse_bytes(args.max_grad_sample_bytes, key="--max-grad-sample-bytes"),
+        max_grad_sample_bytes=units.parse_bytes(args.max_grad_sample_bytes, key="--max-grad-sample-bytes"),
         train_check=not args.no_train_check,
     )
 

@@ -1,299 +1,213 @@
-"""``dpsweep-plan``: the jobs a ``dpsweep -m`` sweep would launch, with their ε, without training.
+"""The run plan: everything decided about a run before it starts, computed once, by one function.
 
-    dpsweep-plan experiment=demo
-    dpsweep-plan train.batch_size=64,256 dp.noise_multiplier=0.8,1.1 train.epochs=10,30
-    dpsweep-plan dp.noise_multiplier=0.5,1,2 sweep.max_epsilon=3     # over-budget jobs are dropped
-    dpsweep-plan experiment=demo --json
-    dpsweep-plan train.batch_size=64,512 --memory-model memory_model.json --gpu-memory 16GiB   # peak memory
+    from dpsweep.plan import prepare
+    plan = prepare(cfg, facts)              # cfg: dpsweep.config.Config; facts: dpsweep.data.DatasetFacts
+    plan.noise_multiplier, plan.steps       # σ (calibrated when dp.target_epsilon is set), optimizer steps
+    plan.privacy.epsilon                    # the planned ε over every step, under dp.accountant
+    plan.over_budget                        # why the planned ε exceeds sweep.max_epsilon (None: within)
+    plan.physical_batch_size, plan.memory   # examples per pass, the memory prediction (with a memory model)
+    plan.config_hash                        # the identity of the run (resume, skipping FINISHED configs)
 
-It takes exactly the overrides ``dpsweep -m`` takes and expands them with Hydra's own basic-sweeper
-logic (``hydra.sweeper.params`` from the config first, then the command line), so the rows are the
-jobs, in the order Hydra launches them. ε uses the trainer's step convention
-(``dpsweep.privacy.poisson_schedule``), so it equals the ε each run logs at its end.
+The trainer (``dpsweep.runner``), ``dpsweep-plan``, the sweeper's preflight and ``dpsweep-memory``
+all call :func:`prepare`; none of them repeats its sequence:
+
+1. the ranges that need no data (:func:`dpsweep.config.validate`) and those that need N
+   (:func:`dpsweep.config.validate_for_dataset`: B <= N, δ < 1/N);
+2. σ: ``dp.noise_multiplier``, or calibrated so that ε <= ``dp.target_epsilon``;
+3. the sampling schedule and steps (Opacus's Poisson-loader convention, ``dpsweep.privacy``) and the
+   planned ε over all of them, which is exactly the ε the run logs at its end;
+4. the budget verdict against ``sweep.max_epsilon`` (a probe takes one step: no budget applies);
+5. the physical batch: ``train.physical_batch_size``, or the largest pass a memory model predicts
+   to fit the GPU memory, and the memory prediction itself when asked;
+6. the config hash.
+
+Every failure is an :class:`~dpsweep.errors.InputError` naming the key, the value and what is
+allowed; nothing here trains, logs or writes.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import sys
-import warnings
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 
-from hydra import compose, initialize_config_module
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
+from dpsweep import checkpoint, privacy
 from dpsweep import data as datasets
-from dpsweep import privacy
-from dpsweep.config import Config, ConfigError, to_config, validate, validate_for_dataset
-
-CONFIG_MODULE = "dpsweep.conf"
-
-
-def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
-    """The override lists of the jobs ``dpsweep -m <overrides>`` launches, in launch order."""
-    parser = OverridesParser.create()
-    parsed = parser.parse_overrides(list(overrides))
-    fixed = [o.input_line for o in parsed if not o.is_sweep_override() and o.input_line is not None]
-    hydra_cfg = compose("config", overrides=fixed, return_hydra_config=True).hydra
-    node = hydra_cfg.sweeper.get("params")
-    params = OmegaConf.to_container(node, resolve=False) if node is not None else {}
-    assert isinstance(params, dict)
-    lines = [f"{k!s}={v!s}" for k, v in params.items()] + list(overrides)
-    [jobs] = BasicSweeper.split_arguments(parser.parse_overrides(lines), max_batch_size=None)
-    return jobs
+from dpsweep.config import Config, ConfigError, flatten, identity, validate, validate_for_dataset
+from dpsweep.memory import model_key
+from dpsweep.memory_model import MemoryModel, load_models
+from dpsweep.memory_predict import MemoryPrediction, chosen_physical_batch, gpu_budget, model_for, predict_config
 
 
 @dataclass(frozen=True)
-class PlanRow:
-    job: int
-    overrides: str
-    dataset: str
-    model: str
-    batch_size: int
-    noise_multiplier: float | None  # σ; calibrated when dp.target_epsilon is set
-    max_grad_norm: float | None
-    lr: float
-    epochs: int
-    delta: float | None
-    epsilon: float | None  # under ``accountant``; None without DP
-    accountant: str | None
+class PlannedPrivacy:
+    """The privacy cost a DP-SGD run will have spent after its last step (``dp.accountant``)."""
+
+    noise_multiplier: float  # σ
+    calibrated: bool  # σ was calibrated to dp.target_epsilon
+    sample_rate: float  # q the accountant records per step
     steps: int
-    n_train: int
-    over_budget: bool  # ε > sweep.max_epsilon: dpsweep -m skips it
-    peak_bytes: float | None = None  # predicted iteration peak (with --memory-model)
-    gpu_memory: str | None = None  # the budget it is compared with
-    fits_memory: bool | None = None  # None: no memory model or no budget
+    delta: float
+    accountant: str
+    epsilon: float
 
 
-class OverBudget(Exception):
-    """A config whose planned ε exceeds ``sweep.max_epsilon``; ``dpsweep -m`` skips it."""
+@dataclass(frozen=True)
+class MemoryBudget:
+    """A loaded memory model file and what to plan against: ``backend`` is the memory backend the
+    job measures with (``cuda``, or the CPU twin ``cpu-tensors``); ``gpu_memory`` overrides
+    ``launcher.gpu_memory``; ``predict`` asks for the full prediction (stages, largest sizes), which
+    ``dpsweep-plan`` and ``dpsweep-memory predict`` show and training does not need."""
+
+    models: Mapping[str, MemoryModel]
+    backend: str
+    gpu_memory: str | None = None
+    predict: bool = False
 
 
-def planned_epsilon(cfg: Config, n_train: int, noise_multiplier: float) -> privacy.EpsilonResult:
-    return privacy.epsilon(
-        n=n_train, batch_size=cfg.train.batch_size, noise_multiplier=noise_multiplier, delta=cfg.dp.delta,
-        epochs=cfg.train.epochs, accountant=cfg.dp.accountant.value,
+@dataclass(frozen=True)
+class RunPlan:
+    config: Config
+    facts: datasets.DatasetFacts
+    steps: int  # optimizer steps the run takes (with DP: Poisson steps, one per logical batch)
+    privacy: PlannedPrivacy | None  # None without DP
+    over_budget: str | None  # why the planned ε exceeds sweep.max_epsilon; None within budget
+    physical_batch_size: int | None  # examples per forward/backward pass; None: the whole batch
+    memory: MemoryPrediction | None  # with MemoryBudget(predict=True)
+    config_hash: str
+    gpu_memory: str | None = None  # the GPU memory planned against, as written (e.g. 16GiB)
+
+    @property
+    def noise_multiplier(self) -> float | None:
+        return self.privacy.noise_multiplier if self.privacy is not None else None
+
+    @property
+    def fits_memory(self) -> bool | None:
+        """The OOM verdict (None: no memory model or no GPU memory given)."""
+        return self.memory.fits if self.memory is not None else None
+
+
+def prepare(cfg: Config, facts: datasets.DatasetFacts, memory: MemoryBudget | None = None) -> RunPlan:
+    """The plan of one run of ``cfg`` on a training set described by ``facts`` (see the module doc)."""
+    validate(cfg)
+    validate_for_dataset(cfg, facts.n_train)
+    steps = privacy.poisson_schedule(facts.n_train, cfg.train.batch_size).steps(cfg.train.epochs)
+    planned = _planned_privacy(cfg, facts.n_train)
+    physical, prediction, figure = _memory(cfg, facts, memory)
+    return RunPlan(
+        config=cfg, facts=facts, steps=steps, privacy=planned, over_budget=_budget_verdict(cfg, planned),
+        physical_batch_size=physical, memory=prediction, config_hash=config_hash(cfg), gpu_memory=figure,
     )  # fmt: skip
 
 
-def resolve_noise(cfg: Config, n_train: int) -> float | None:
-    """σ to train with: the configured one, or calibrated to ``dp.target_epsilon`` (ε never above it)."""
+def config_hash(cfg: Config) -> str:
+    """The hash of what determines a run's result (:func:`dpsweep.config.identity`)."""
+    return checkpoint.config_hash(identity(flatten(cfg)))
+
+
+def _planned_privacy(cfg: Config, n_train: int) -> PlannedPrivacy | None:
     dp = cfg.dp
     if not dp.enabled:
         return None
-    if dp.target_epsilon is None:
-        return dp.noise_multiplier
-    try:
-        return privacy.calibrate_noise(
-            target_epsilon=dp.target_epsilon, n=n_train, batch_size=cfg.train.batch_size, delta=dp.delta,
-            epochs=cfg.train.epochs, accountant=dp.accountant.value,
-        )  # fmt: skip
-    except ValueError as err:  # "The privacy budget is too low."
-        raise ConfigError("dp.target_epsilon", dp.target_epsilon, f"a budget reachable with σ <= 1e6 ({err})") from err
-
-
-def check_budget(cfg: Config, n_train: int, noise_multiplier: float | None) -> None:
-    """Raise :class:`OverBudget` when the planned ε exceeds ``sweep.max_epsilon``."""
-    limit = cfg.sweep.max_epsilon
-    if noise_multiplier is None or limit is None:
-        return
-    eps = planned_epsilon(cfg, n_train, noise_multiplier).epsilon
-    if eps > limit:
-        raise OverBudget(f"ε={eps:.4g} ({cfg.dp.accountant.value}, δ={cfg.dp.delta:g}) > sweep.max_epsilon={limit:g}")
-
-
-def plan_job(job: int, overrides: list[str], cfg: Config, n_train: int) -> PlanRow:
-    validate(cfg)
-    validate_for_dataset(cfg, n_train)
-    steps = privacy.poisson_schedule(n_train, cfg.train.batch_size).steps(cfg.train.epochs)
-    sigma = resolve_noise(cfg, n_train)
-    eps = planned_epsilon(cfg, n_train, sigma) if sigma is not None else None
-    limit = cfg.sweep.max_epsilon
-    return PlanRow(
-        job=job, overrides=" ".join(overrides), dataset=cfg.dataset.name, model=cfg.model.name,
-        batch_size=cfg.train.batch_size, noise_multiplier=sigma,
-        max_grad_norm=cfg.dp.max_grad_norm if cfg.dp.enabled else None, lr=cfg.optimizer.lr,
-        epochs=cfg.train.epochs, delta=cfg.dp.delta if cfg.dp.enabled else None,
-        epsilon=eps.epsilon if eps else None, accountant=cfg.dp.accountant.value if cfg.dp.enabled else None,
-        steps=steps, n_train=n_train, over_budget=bool(eps and limit is not None and eps.epsilon > limit),
+    sigma = dp.noise_multiplier
+    schedule = privacy.poisson_schedule(n_train, cfg.train.batch_size)
+    if dp.target_epsilon is not None:
+        try:
+            sigma = privacy.calibrate_noise(
+                schedule, target_epsilon=dp.target_epsilon, delta=dp.delta, epochs=cfg.train.epochs,
+                accountant=dp.accountant.value,
+            )  # fmt: skip
+        except ValueError as err:  # "The privacy budget is too low."
+            raise ConfigError(
+                "dp.target_epsilon", dp.target_epsilon, f"a budget reachable with σ <= 1e6 ({err})"
+            ) from err
+    eps = privacy.epsilon(
+        schedule, noise_multiplier=sigma, delta=dp.delta, epochs=cfg.train.epochs,
+        accounting=privacy.Accounting(dp.accountant.value),
     )  # fmt: skip
+    return PlannedPrivacy(
+        sigma, dp.target_epsilon is not None, eps.sample_rate, eps.steps, dp.delta, dp.accountant.value, eps.epsilon
+    )
 
 
-def dataset_facts(cfg: Config) -> datasets.DatasetFacts:
-    """N, input shape and classes from the dataset's files or, when they are not downloaded yet,
-    from its official description."""
+def _budget_verdict(cfg: Config, planned: PlannedPrivacy | None) -> str | None:
+    limit = cfg.sweep.max_epsilon
+    if planned is None or limit is None or cfg.train.probe:  # a probe takes one step and reports no ε
+        return None
+    if planned.epsilon > limit:
+        return f"ε={planned.epsilon:.4g} ({planned.accountant}, δ={planned.delta:g}) > sweep.max_epsilon={limit:g}"
+    return None
+
+
+def _memory(
+    cfg: Config, facts: datasets.DatasetFacts, memory: MemoryBudget | None
+) -> tuple[int | None, MemoryPrediction | None, str | None]:
+    """The physical batch, the memory prediction when asked, and the GPU memory figure planned against."""
+    t = cfg.train
+    if memory is None or t.probe:
+        return t.physical_batch_size, None, None
+    figure, budget = gpu_budget(cfg, memory.gpu_memory)
+    fitted = model_for(memory.models, model_key(cfg), memory.backend)
+    physical = t.physical_batch_size
+    if physical is None and t.memory_model is not None and budget is not None:
+        physical = chosen_physical_batch(fitted, cfg, facts, budget)
+        if physical is None:
+            raise ConfigError(
+                "launcher.gpu_memory" if memory.gpu_memory is None else "--gpu-memory", figure,
+                f"room for at least one example: {t.memory_model} predicts more for a pass of 1 example",
+            )  # fmt: skip
+    prediction = predict_config(fitted, cfg, facts, budget) if memory.predict else None
+    return physical, prediction, figure
+
+
+# ---------------------------------------------------------------------------------------------
+# dataset facts, before the run: N, the input shape and the classes
+# ---------------------------------------------------------------------------------------------
+def dataset_facts(cfg: Config) -> tuple[datasets.DatasetFacts, str | None]:
+    """N, input shape and classes from the dataset's files or, when they are not downloaded yet, from
+    its official description; the second value is a note saying so (None when the files were read)."""
     try:
         splits = datasets.build(cfg.dataset)
-        return datasets.DatasetFacts(splits.n_train, splits.input_shape, splits.num_classes)
+        return datasets.DatasetFacts(splits.n_train, splits.input_shape, splits.num_classes), None
     except datasets.DatasetNotFoundError:
         if cfg.dataset.name not in datasets.OFFICIAL_N_TRAIN:
             raise
         facts = datasets.official_facts(cfg.dataset)
-        print(
-            f"dpsweep-plan: note: {cfg.dataset.name} files not found; using its official training-set size "
-            f"N={facts.n_train}",
-            file=sys.stderr,
-        )
-        return facts
+        return facts, f"{cfg.dataset.name} files not found; using its official training-set size N={facts.n_train}"
 
 
-class TrainingSetSizes:
-    """N (and the other :class:`~dpsweep.data.DatasetFacts`) per dataset config, each dataset read
-    once (a sweep's jobs mostly share one)."""
+class FactsCache:
+    """:func:`dataset_facts` per dataset config, each dataset read once (a sweep's jobs mostly share
+    one); the notes of the datasets read from their official description are kept in ``notes``."""
 
     def __init__(self) -> None:
         self._facts: dict[str, datasets.DatasetFacts] = {}
+        self.notes: list[str] = []
 
-    def facts(self, cfg: Config) -> datasets.DatasetFacts:
+    def __call__(self, cfg: Config) -> datasets.DatasetFacts:
         key = json.dumps(OmegaConf.to_container(OmegaConf.structured(cfg.dataset)), sort_keys=True)
         if key not in self._facts:
-            self._facts[key] = dataset_facts(cfg)
+            self._facts[key], note = dataset_facts(cfg)
+            if note is not None:
+                self.notes.append(note)
         return self._facts[key]
 
-    def __call__(self, cfg: Config) -> int:
-        return self.facts(cfg).n_train
 
+class MemoryFiles:
+    """Memory model files, each read once (a sweep's jobs mostly name one)."""
 
-@dataclass(frozen=True)
-class MemoryCheck:
-    """``--memory-model FILE [--gpu-memory SIZE] [--backend B]``: predict each job's peak memory."""
+    def __init__(self) -> None:
+        self._models: dict[str, Mapping[str, MemoryModel]] = {}
 
-    model_file: str
-    gpu_memory: str | None = None  # default: each job's launcher.gpu_memory
-    backend: str = "cuda"
-
-    def apply(self, row: PlanRow, cfg: Config, sizes: TrainingSetSizes, models: dict[str, Any]) -> PlanRow:
-        from dpsweep.analysis import memory_predict  # pandas, scipy: only when asked
-        from dpsweep.memory import model_key as memory_key
-
-        figure, budget = memory_predict.gpu_budget(cfg, self.gpu_memory)
-        fitted = memory_predict.model_for(models, memory_key(cfg), self.backend)
-        facts = sizes.facts(cfg)
-        cfg = memory_predict.with_chosen_physical_batch(fitted, cfg, facts, budget)  # as the job will choose
-        p = memory_predict.predict_config(fitted, cfg, facts, None)
-        # the device-resident training split (train.device_resident) stays beside the peak
-        fits = None if budget is None else p.peak_bytes + p.resident_bytes <= budget
-        return dataclasses.replace(row, peak_bytes=p.peak_bytes, gpu_memory=figure, fits_memory=fits)
-
-
-def job_configs(overrides: Sequence[str], sizes: TrainingSetSizes) -> list[tuple[list[str], Config]]:
-    """Each job of ``dpsweep -m <overrides>`` with its typed config, checked as the sweeper checks it
-    (:func:`validate`, :func:`validate_for_dataset`); needs Hydra initialised on dpsweep.conf."""
-    jobs = []
-    for job in expand_sweep(overrides):
-        cfg = to_config(compose("config", overrides=job))
-        validate(cfg)
-        validate_for_dataset(cfg, sizes(cfg))
-        jobs.append((job, cfg))
-    return jobs
-
-
-def plan(overrides: Sequence[str], memory: MemoryCheck | None = None) -> list[PlanRow]:
-    """One row per job of ``dpsweep -m <overrides>``; needs Hydra initialised on dpsweep.conf."""
-    rows = []
-    n_train = TrainingSetSizes()
-    models: dict[str, Any] = {}
-    if memory is not None:
-        from dpsweep.analysis import memory_model
-
-        models = memory_model.load_models(memory.model_file)  # once, not per job
-    for job, job_overrides in enumerate(expand_sweep(overrides)):
-        cfg = to_config(compose("config", overrides=job_overrides))
-        row = plan_job(job, job_overrides, cfg, n_train(cfg))
-        rows.append(memory.apply(row, cfg, n_train, models) if memory is not None else row)
-    return rows
-
-
-def format_table(rows: Sequence[PlanRow]) -> str:
-    from dpsweep.memory import format_bytes
-
-    cols = ("job", "dataset", "model", "B", "σ", "C", "lr", "epochs", "δ", "ε")
-    memory = any(r.peak_bytes is not None for r in rows)
-    header = "{:>3}  {:<10} {:<12} {:>5} {:>7} {:>6} {:>8} {:>6} {:>8} {:>9}".format(*cols)
-    lines = [header + ("  {:>10}".format("peak") if memory else "")]
-    for r in rows:
-        dash = "—"
-        sigma = f"{r.noise_multiplier:.4g}" if r.noise_multiplier is not None else dash
-        clip = f"{r.max_grad_norm:g}" if r.max_grad_norm is not None else dash
-        delta = f"{r.delta:.0e}" if r.delta is not None else dash
-        eps = f"{r.epsilon:.4g}" if r.epsilon is not None else "non-DP"
-        line = (
-            f"{r.job:>3}  {r.dataset:<10} {r.model:<12} {r.batch_size:>5} {sigma:>7} {clip:>6} {r.lr:>8.3g} "
-            f"{r.epochs:>6} {delta:>8} {eps:>9}"
-        )
-        if memory:
-            line += f"  {format_bytes(r.peak_bytes) if r.peak_bytes is not None else dash:>10}"
-        if r.fits_memory is False:
-            line += f"  will not fit {r.gpu_memory}"
-        lines.append(line + ("  over budget: skipped" if r.over_budget else ""))
-    accountants = sorted({r.accountant for r in rows if r.accountant})
-    if accountants:
-        lines.append(f"ε: {', '.join(accountants)} accountant(s) over each job's steps (Opacus Poisson convention)")
-    if memory:
-        lines.append(
-            "peak: predicted iteration peak (envelope fit; with DP for the run's largest Poisson batch); "
-            "dpsweep-memory predict says what would fit"
-        )
-    return "\n".join(lines)
-
-
-def _take_option(args: list[str], flag: str) -> str | None:
-    """Remove ``--flag VALUE`` or ``--flag=VALUE`` from ``args`` and return VALUE."""
-    for i, a in enumerate(args):
-        if a == flag:
-            if i + 1 == len(args):
-                raise ConfigError(flag, None, "a value after the flag")
-            value = args[i + 1]
-            del args[i : i + 2]
-            return value
-        if a.startswith(flag + "="):
-            del args[i]
-            return a.split("=", 1)[1]
-    return None
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """``dpsweep-plan [--json] [--memory-model FILE [--gpu-memory SIZE] [--backend cuda|cpu-tensors]] OVERRIDES``"""
-    args = list(sys.argv[1:] if argv is None else argv)
-    as_json = "--json" in args
-    args = [a for a in args if a != "--json"]
-    if "-h" in args or "--help" in args:
-        print(__doc__)
-        return
-    warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
-    try:
-        model_file = _take_option(args, "--memory-model")
-        gpu_memory = _take_option(args, "--gpu-memory")
-        backend = _take_option(args, "--backend")
-        if backend not in (None, "cuda", "cpu-tensors"):
-            raise ConfigError("--backend", backend, "cuda or cpu-tensors (the memory backend of the probes)")
-        if model_file is None and (gpu_memory is not None or backend is not None):
-            flag, value = ("--gpu-memory", gpu_memory) if gpu_memory is not None else ("--backend", backend)
-            raise ConfigError(flag, value, "used with --memory-model FILE (dpsweep-memory fit)")
-        backend = backend or "cuda"
-        memory = MemoryCheck(model_file, gpu_memory, backend) if model_file is not None else None
-        with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
-            rows = plan(args, memory)
-    except (ConfigError, KeyError, FileNotFoundError, HydraException, ValueError) as err:
-        print(f"dpsweep-plan: error: {err}", file=sys.stderr)
-        raise SystemExit(2) from err
-    if as_json:
-        print(json.dumps([asdict(r) for r in rows], indent=1))
-    else:
-        print(format_table(rows))
-        dropped = [r for r in rows if r.over_budget]
-        if dropped:
-            print(f"{len(dropped)} of {len(rows)} jobs exceed sweep.max_epsilon and would be skipped")
-        oom = [r for r in rows if r.fits_memory is False]
-        if oom:
-            print(f"{len(oom)} of {len(rows)} jobs are predicted not to fit the GPU memory")
-
-
-if __name__ == "__main__":
-    main()
+    def budget(self, cfg: Config, backend: str) -> MemoryBudget | None:
+        """The budget ``train.memory_model`` names (None when it is not set), the file read once."""
+        path = cfg.train.memory_model
+        if path is None:
+            return None
+        key = str(Path(path).absolute())
+        if key not in self._models:
+            self._models[key] = load_models(path)
+        return MemoryBudget(self._models[key], backend)

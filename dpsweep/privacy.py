@@ -1,8 +1,13 @@
 """Privacy accounting as pure functions over Opacus's accountants (no model, no data).
 
-    >>> from dpsweep.privacy import epsilon
-    >>> epsilon(n=60000, batch_size=150, noise_multiplier=1.3, epochs=15, delta=1e-5).epsilon
+    >>> from dpsweep.privacy import epsilon, poisson_schedule
+    >>> epsilon(poisson_schedule(60000, 150), noise_multiplier=1.3, delta=1e-5, epochs=15).epsilon
     0.7242234026109339
+
+``epsilon``, ``calibrate_noise``, ``calibrate_epochs`` and ``epsilon_curve`` take the sampling
+schedule (:func:`poisson_schedule`) first (``epsilon_grid`` takes N and its :class:`GridAxes`), then
+Opacus's and dp-accounting's quantities (``noise_multiplier``, ``delta``, ``epochs`` or ``steps``);
+how ε is computed (accountant, conversion, RDP orders) travels as one :class:`Accounting`.
 
 Step-count convention (shared by the trainer and every ε dpsweep prints). It is the one Opacus's
 Poisson loader defines, ``DPDataLoader.from_data_loader`` and ``PrivacyEngine.make_private``:
@@ -119,8 +124,8 @@ def rdp_curve(history: History, orders: Sequence[float] | np.ndarray = DEFAULT_A
     return total
 
 
-Accounting = Callable[[History, float, str, Sequence[float]], tuple[float, float | None]]
-ACCOUNTANTS: Registry[Accounting] = Registry("accountant")
+Accountant = Callable[[History, float, str, Sequence[float]], tuple[float, float | None]]
+ACCOUNTANTS: Registry[Accountant] = Registry("accountant")
 
 
 @ACCOUNTANTS.register("rdp")
@@ -149,6 +154,22 @@ def epsilon_from_history(
 
 
 @dataclass(frozen=True)
+class Accounting:
+    """How ε is computed: an accountant of :data:`ACCOUNTANTS` and, for ``rdp``, a conversion of
+    :data:`CONVERSIONS` over the RDP orders ``alphas`` (``prv`` uses neither). The names are checked
+    against those registries where they are looked up; an unknown one lists the valid ones. The default
+    is what Opacus reports: RDP, improved conversion, Opacus's orders."""
+
+    accountant: str = "rdp"
+    conversion: str = "improved"
+    alphas: tuple[float, ...] = DEFAULT_ALPHAS
+
+
+# Calibration stops once the bracket's ε is within this of the target (Opacus's default).
+CALIBRATION_TOLERANCE = 0.01
+
+
+@dataclass(frozen=True)
 class EpsilonResult:
     epsilon: float
     delta: float
@@ -161,26 +182,23 @@ class EpsilonResult:
 
 
 def epsilon(
-    *,
-    n: int,
-    batch_size: int,
+    schedule: PoissonSchedule,
     noise_multiplier: float,
     delta: float,
+    *,
     epochs: int | None = None,
     steps: int | None = None,
-    accountant: str = "rdp",
-    conversion: str = "improved",
-    alphas: Sequence[float] = DEFAULT_ALPHAS,
+    accounting: Accounting = Accounting(),
 ) -> EpsilonResult:
-    """ε after ``epochs`` (or ``steps``) of DP-SGD on N examples at logical batch size B."""
-    schedule = poisson_schedule(n, batch_size)
+    """ε after ``epochs`` (or ``steps``) of DP-SGD with this Poisson ``schedule`` (N examples, batch B)."""
     total = _steps(schedule, epochs, steps)
+    a = accounting
     eps, alpha = epsilon_from_history(
-        [(noise_multiplier, schedule.sample_rate, total)], delta, accountant, conversion, alphas
+        [(noise_multiplier, schedule.sample_rate, total)], delta, a.accountant, a.conversion, a.alphas
     )
     return EpsilonResult(
-        eps, delta, alpha, total, schedule.sample_rate, noise_multiplier, accountant,
-        conversion if accountant == "rdp" else None,
+        eps, delta, alpha, total, schedule.sample_rate, noise_multiplier, a.accountant,
+        a.conversion if a.accountant == "rdp" else None,
     )  # fmt: skip
 
 
@@ -191,22 +209,19 @@ def _steps(schedule: PoissonSchedule, epochs: int | None, steps: int | None) -> 
 
 
 def calibrate_noise(
-    *,
+    schedule: PoissonSchedule,
     target_epsilon: float,
-    n: int,
-    batch_size: int,
     delta: float,
+    *,
     epochs: int | None = None,
     steps: int | None = None,
     accountant: str = "rdp",
-    epsilon_tolerance: float = 0.01,
 ) -> float:
-    """Smallest σ found (to ``epsilon_tolerance``) whose ε does not exceed ``target_epsilon``.
+    """Smallest σ found (to :data:`CALIBRATION_TOLERANCE`) whose ε does not exceed ``target_epsilon``.
 
     Opacus's bisection (``get_noise_multiplier``) keeps the upper end of the bracket, whose ε is
     always <= target, so the result never lands over the target.
     """
-    schedule = poisson_schedule(n, batch_size)
     return float(
         get_noise_multiplier(
             target_epsilon=target_epsilon,
@@ -214,18 +229,17 @@ def calibrate_noise(
             sample_rate=schedule.sample_rate,
             steps=_steps(schedule, epochs, steps),
             accountant=accountant,
-            epsilon_tolerance=epsilon_tolerance,
+            epsilon_tolerance=CALIBRATION_TOLERANCE,
         )
     )
 
 
 def calibrate_epochs(
-    *,
+    schedule: PoissonSchedule,
     target_epsilon: float,
-    n: int,
-    batch_size: int,
     noise_multiplier: float,
     delta: float,
+    *,
     accountant: str = "rdp",
     max_epochs: int = 100_000,
 ) -> int:
@@ -233,10 +247,10 @@ def calibrate_epochs(
 
     ε grows monotonically with the number of steps, so this is a bisection over whole epochs.
     """
+    accounting = Accounting(accountant)
 
     def eps(e: int) -> float:
-        return epsilon(n=n, batch_size=batch_size, noise_multiplier=noise_multiplier, delta=delta,
-                       epochs=e, accountant=accountant).epsilon  # fmt: skip
+        return epsilon(schedule, noise_multiplier, delta, epochs=e, accounting=accounting).epsilon
 
     if eps(1) > target_epsilon:
         return 0
@@ -251,47 +265,53 @@ def calibrate_epochs(
 
 
 def epsilon_curve(
-    *,
-    n: int,
-    batch_size: int,
+    schedule: PoissonSchedule,
     noise_multiplier: float,
     delta: float,
     epochs: int,
-    conversion: str = "improved",
-    alphas: Sequence[float] = DEFAULT_ALPHAS,
+    *,
+    accounting: Accounting = Accounting(),
 ) -> list[float]:
     """RDP ε after each epoch 1..``epochs`` (one RDP evaluation: RDP is linear in steps)."""
-    return epsilon_grid(
-        n=n, batch_sizes=[batch_size], noise_multipliers=[noise_multiplier], epochs=range(1, epochs + 1),
-        delta=delta, conversion=conversion, alphas=alphas,
-    )[0, 0, :].tolist()  # fmt: skip
+    axes = GridAxes([schedule.batch_size], [noise_multiplier], range(1, epochs + 1))
+    return epsilon_grid(schedule.n, axes, delta, accounting=accounting)[0, 0, :].tolist()
+
+
+@dataclass(frozen=True)
+class GridAxes:
+    """The axes of an :func:`epsilon_grid`: logical batch sizes B, noise multipliers σ and epochs."""
+
+    batch_sizes: Sequence[int]
+    noise_multipliers: Sequence[float]
+    epochs: Sequence[int]
 
 
 def epsilon_grid(
-    *,
     n: int,
-    batch_sizes: Sequence[int],
-    noise_multipliers: Sequence[float],
-    epochs: Sequence[int],
+    grid: GridAxes,
     delta: float,
-    conversion: str = "improved",
-    alphas: Sequence[float] = DEFAULT_ALPHAS,
+    *,
+    accounting: Accounting = Accounting(),
     workers: int | None = None,
 ) -> np.ndarray:
-    """RDP ε for every (B, σ, epochs) in the grid, shape (len(B), len(σ), len(epochs)).
+    """RDP ε for every (B, σ, epochs) of ``grid`` on N examples, shape (len(B), len(σ), len(epochs)).
 
     RDP composes linearly in the number of steps, so one Opacus ``compute_rdp`` per (q, σ) pair
     gives the per-step curve over all orders; each grid point scales it and converts to ε.
+    Only the ``rdp`` accountant has this shortcut: another one raises ValueError.
     """
-    orders = np.asarray(alphas, dtype=float)
-    convert = CONVERSIONS.get(conversion)
-    epochs_arr = np.asarray(epochs, dtype=int)
-    schedules = [poisson_schedule(n, b) for b in batch_sizes]
-    pairs = [(s.sample_rate, float(sigma)) for s in schedules for sigma in noise_multipliers]
+    ACCOUNTANTS.get(accounting.accountant)  # an unknown name lists the valid ones
+    if accounting.accountant != "rdp":
+        raise ValueError(f"epsilon_grid computes RDP ε only, not accountant={accounting.accountant!r}")
+    orders = np.asarray(accounting.alphas, dtype=float)
+    convert = CONVERSIONS.get(accounting.conversion)
+    epochs_arr = np.asarray(grid.epochs, dtype=int)
+    schedules = [poisson_schedule(n, b) for b in grid.batch_sizes]
+    pairs = [(s.sample_rate, float(sigma)) for s in schedules for sigma in grid.noise_multipliers]
     per_step = iter(_per_step_rdp(pairs, orders, workers))
-    out = np.empty((len(batch_sizes), len(noise_multipliers), len(epochs_arr)))
+    out = np.empty((len(schedules), len(grid.noise_multipliers), len(epochs_arr)))
     for i, schedule in enumerate(schedules):
-        for j in range(len(noise_multipliers)):
+        for j in range(len(grid.noise_multipliers)):
             rdp1 = next(per_step)
             for k, e in enumerate(epochs_arr):
                 out[i, j, k] = convert(orders, rdp1 * schedule.steps(int(e)), delta)[0]

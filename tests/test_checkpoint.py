@@ -61,7 +61,7 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(
     assert sorted(set(steps)) == list(range(1, EPOCHS + 1))
     assert not (ckpt / checkpoint.FILENAME).exists()  # removed once the run finished
 
-    planned = privacy.epsilon(n=1437, batch_size=64, noise_multiplier=1.0, epochs=EPOCHS, delta=1e-5).epsilon
+    planned = privacy.epsilon(privacy.poisson_schedule(1437, 64), 1.0, 1e-5, epochs=EPOCHS).epsilon
     assert resumed.data.metrics["epsilon_rdp"] == planned  # all steps of all epochs, exactly once
 
     straight = train(make_cfg(f"train.epochs={EPOCHS}", "tracking.experiment_name=uninterrupted"))

@@ -14,7 +14,7 @@ from opacus.data_loader import DPDataLoader
 from torch.utils.data import DataLoader, TensorDataset
 
 from dpsweep import privacy
-from dpsweep.privacy import calibrate_noise, epsilon, epsilon_from_history, poisson_schedule
+from dpsweep.privacy import Accounting, GridAxes, calibrate_noise, epsilon, epsilon_from_history, poisson_schedule
 
 
 def test_opacus_reference_vector_rdp_improved() -> None:
@@ -26,7 +26,7 @@ def test_opacus_reference_vector_rdp_improved() -> None:
 @pytest.mark.parametrize(("conversion", "expected"), [("classic", 0.941870567), ("improved", 0.7242234026)])
 def test_mnist_reference_vector(conversion: str, expected: float) -> None:
     # N=60000, B=150, σ=1.3, 15 epochs, δ=1e-5
-    r = epsilon(n=60000, batch_size=150, noise_multiplier=1.3, epochs=15, delta=1e-5, conversion=conversion)
+    r = epsilon(poisson_schedule(60000, 150), 1.3, 1e-5, epochs=15, accounting=Accounting(conversion=conversion))
     assert r.steps == 6000 and r.sample_rate == 150 / 60000
     assert r.epsilon == pytest.approx(expected, rel=1e-6)
     assert r.alpha == 19
@@ -39,8 +39,9 @@ def test_reference_vector_with_custom_orders() -> None:
 
 def test_classic_conversion_is_never_tighter_than_improved() -> None:
     for sigma in (0.6, 1.0, 2.0):
-        kw = dict(n=10000, batch_size=100, noise_multiplier=sigma, epochs=5, delta=1e-6)
-        assert epsilon(**kw, conversion="classic").epsilon >= epsilon(**kw).epsilon  # type: ignore[arg-type]
+        schedule = poisson_schedule(10000, 100)
+        classic = epsilon(schedule, sigma, 1e-6, epochs=5, accounting=Accounting(conversion="classic"))
+        assert classic.epsilon >= epsilon(schedule, sigma, 1e-6, epochs=5).epsilon
 
 
 @settings(max_examples=200, deadline=None)
@@ -64,31 +65,31 @@ def test_schedule_float_quirk_is_kept() -> None:
 
 
 def test_epsilon_grows_with_epochs_and_shrinks_with_sigma() -> None:
-    base = dict(n=1437, batch_size=64, delta=1e-5)
-    by_epochs = [epsilon(**base, noise_multiplier=1.0, epochs=e).epsilon for e in (1, 2, 5, 10, 20)]  # type: ignore[arg-type]
-    by_sigma = [epsilon(**base, noise_multiplier=s, epochs=5).epsilon for s in (0.6, 0.8, 1.0, 1.5, 3.0)]  # type: ignore[arg-type]
+    schedule = poisson_schedule(1437, 64)
+    by_epochs = [epsilon(schedule, 1.0, 1e-5, epochs=e).epsilon for e in (1, 2, 5, 10, 20)]
+    by_sigma = [epsilon(schedule, s, 1e-5, epochs=5).epsilon for s in (0.6, 0.8, 1.0, 1.5, 3.0)]
     assert all(a < b for a, b in itertools.pairwise(by_epochs))
     assert all(a > b for a, b in itertools.pairwise(by_sigma))
 
 
 @pytest.mark.parametrize(("sigma", "epochs"), [(0.8, 5), (1.0, 10), (1.5, 20)])
 def test_prv_is_no_looser_than_rdp(sigma: float, epochs: int) -> None:
-    kw = dict(n=10000, batch_size=128, noise_multiplier=sigma, epochs=epochs, delta=1e-5)
-    prv, rdp = epsilon(**kw, accountant="prv"), epsilon(**kw, accountant="rdp")  # type: ignore[arg-type]
+    schedule = poisson_schedule(10000, 128)
+    prv, rdp = (epsilon(schedule, sigma, 1e-5, epochs=epochs, accounting=Accounting(a)) for a in ("prv", "rdp"))
     assert prv.epsilon <= rdp.epsilon
     assert prv.alpha is None and prv.conversion is None
 
 
 def test_epochs_and_steps_are_exclusive() -> None:
     with pytest.raises(ValueError, match="exactly one"):
-        epsilon(n=100, batch_size=10, noise_multiplier=1.0, delta=1e-3)
+        epsilon(poisson_schedule(100, 10), 1.0, 1e-3)
     with pytest.raises(ValueError, match="exactly one"):
-        epsilon(n=100, batch_size=10, noise_multiplier=1.0, delta=1e-3, epochs=1, steps=10)
+        epsilon(poisson_schedule(100, 10), 1.0, 1e-3, epochs=1, steps=10)
 
 
 def test_steps_and_epochs_agree() -> None:
-    a = epsilon(n=1000, batch_size=50, noise_multiplier=1.1, delta=1e-5, epochs=3)
-    b = epsilon(n=1000, batch_size=50, noise_multiplier=1.1, delta=1e-5, steps=60)
+    a = epsilon(poisson_schedule(1000, 50), 1.1, 1e-5, epochs=3)
+    b = epsilon(poisson_schedule(1000, 50), 1.1, 1e-5, steps=60)
     assert a.epsilon == b.epsilon and a.steps == 60
 
 
@@ -99,51 +100,61 @@ def test_no_steps_costs_nothing() -> None:
 def test_unknown_accountant_lists_valid_ones() -> None:
     with pytest.raises(KeyError, match="valid: prv, rdp"):
         epsilon_from_history([(1.0, 0.01, 10)], 1e-5, accountant="gdp")
+    with pytest.raises(KeyError, match="valid: prv, rdp"):
+        epsilon(poisson_schedule(100, 10), 1.0, 1e-3, epochs=1, accounting=Accounting("gdp"))
+    with pytest.raises(KeyError, match="valid: classic, improved"):
+        epsilon(poisson_schedule(100, 10), 1.0, 1e-3, epochs=1, accounting=Accounting(conversion="tight"))
 
 
 @pytest.mark.parametrize("accountant", ["rdp", "prv"])
 @pytest.mark.parametrize("target", [1.0, 3.0, 8.0])
 def test_calibration_lands_just_under_target(accountant: str, target: float) -> None:
-    kw = dict(n=1437, batch_size=64, delta=1e-5, epochs=8)
-    sigma = calibrate_noise(target_epsilon=target, accountant=accountant, **kw)  # type: ignore[arg-type]
-    eps = epsilon(noise_multiplier=sigma, accountant=accountant, **kw).epsilon  # type: ignore[arg-type]
+    schedule = poisson_schedule(1437, 64)
+    sigma = calibrate_noise(schedule, target, 1e-5, epochs=8, accountant=accountant)
+    eps = epsilon(schedule, sigma, 1e-5, epochs=8, accounting=Accounting(accountant)).epsilon
     assert eps <= target
-    assert target - eps <= 0.01
+    assert target - eps <= privacy.CALIBRATION_TOLERANCE
 
 
 def test_calibration_to_an_unreachable_target_raises() -> None:
     with pytest.raises(ValueError, match="too low"):
-        calibrate_noise(target_epsilon=1e-9, n=100, batch_size=100, delta=1e-3, epochs=1000)
+        calibrate_noise(poisson_schedule(100, 100), target_epsilon=1e-9, delta=1e-3, epochs=1000)
 
 
 def test_default_alphas_are_opacus_defaults() -> None:
     from opacus.accountants import RDPAccountant
 
     assert list(privacy.DEFAULT_ALPHAS) == RDPAccountant.DEFAULT_ALPHAS
-    assert not math.isnan(epsilon(n=100, batch_size=10, noise_multiplier=1, delta=1e-3, epochs=1).epsilon)
+    assert Accounting().alphas == privacy.DEFAULT_ALPHAS
+    assert not math.isnan(epsilon(poisson_schedule(100, 10), 1, 1e-3, epochs=1).epsilon)
 
 
 def test_grid_equals_pointwise_epsilon_serial_and_parallel() -> None:
-    kw = dict(
-        n=5000, batch_sizes=[50, 100, 250, 500], noise_multipliers=[0.7, 1.0, 1.3, 2.0], epochs=[1, 3, 7], delta=1e-5
-    )
-    serial = privacy.epsilon_grid(**kw, workers=1)  # type: ignore[arg-type]
-    parallel = privacy.epsilon_grid(**kw, workers=2)  # type: ignore[arg-type]  # 16 pairs: the process pool
+    axes = GridAxes(batch_sizes=[50, 100, 250, 500], noise_multipliers=[0.7, 1.0, 1.3, 2.0], epochs=[1, 3, 7])
+    serial = privacy.epsilon_grid(5000, axes, 1e-5, workers=1)
+    parallel = privacy.epsilon_grid(5000, axes, 1e-5, workers=2)  # 16 pairs: the process pool
     assert serial.shape == (4, 4, 3)
     assert (serial == parallel).all()
-    for i, b in enumerate(kw["batch_sizes"]):  # type: ignore[arg-type]
-        for j, s in enumerate(kw["noise_multipliers"]):  # type: ignore[arg-type]
-            assert serial[i, j, 2] == epsilon(n=5000, batch_size=b, noise_multiplier=s, epochs=7, delta=1e-5).epsilon
+    classic = Accounting(conversion="classic", alphas=(2, 5, 10, 20, 100))
+    other = privacy.epsilon_grid(5000, axes, 1e-5, accounting=classic)
+    for i, b in enumerate(axes.batch_sizes):
+        for j, s in enumerate(axes.noise_multipliers):
+            schedule = poisson_schedule(5000, b)
+            assert serial[i, j, 2] == epsilon(schedule, s, 1e-5, epochs=7).epsilon
+            assert other[i, j, 2] == epsilon(schedule, s, 1e-5, epochs=7, accounting=classic).epsilon
+
+
+def test_grid_is_rdp_only() -> None:
+    axes = GridAxes(batch_sizes=[50], noise_multipliers=[1.0], epochs=[1])
+    with pytest.raises(ValueError, match="RDP"):
+        privacy.epsilon_grid(5000, axes, 1e-5, accounting=Accounting("prv"))
 
 
 def test_epsilon_curve_and_epoch_calibration_agree() -> None:
-    curve = privacy.epsilon_curve(n=1437, batch_size=64, noise_multiplier=1.0, delta=1e-5, epochs=12)
+    schedule = poisson_schedule(1437, 64)
+    curve = privacy.epsilon_curve(schedule, 1.0, 1e-5, 12)
     assert all(a < b for a, b in itertools.pairwise(curve))
-    e = privacy.calibrate_epochs(
-        target_epsilon=curve[6] + 1e-9, n=1437, batch_size=64, noise_multiplier=1.0, delta=1e-5
-    )
-    assert e == 7
-    assert (
-        privacy.calibrate_epochs(target_epsilon=curve[0] / 2, n=1437, batch_size=64, noise_multiplier=1.0, delta=1e-5)
-        == 0
-    )
+    assert curve[6] == epsilon(schedule, 1.0, 1e-5, epochs=7).epsilon
+    assert privacy.calibrate_epochs(schedule, curve[6] + 1e-9, 1.0, 1e-5) == 7
+    assert privacy.calibrate_epochs(schedule, curve[0] / 2, 1.0, 1e-5) == 0
+    assert privacy.calibrate_epochs(schedule, curve[11] + 1e-9, 1.0, 1e-5, max_epochs=5) == 5

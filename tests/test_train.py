@@ -14,8 +14,9 @@ from mlflow.tracking import MlflowClient
 from dpsweep import data, models, privacy
 from dpsweep.config import ConfigError, DigitsConfig, DPConfig, GradSampleMode, flatten, to_config
 from dpsweep.data import DatasetNotFoundError
+from dpsweep.dpsgd import make_private
 from dpsweep.memory import STAGES
-from dpsweep.train import TrainResult, make_private, train
+from dpsweep.train import TrainResult, train
 
 MEMORY_METRICS = {
     *(f"memory.{s}_bytes" for s in STAGES),
@@ -98,7 +99,7 @@ def test_planner_epsilon_equals_trainer_epsilon(dp_run: tuple) -> None:  # type:
     result, *_ = dp_run
     for accountant in ("rdp", "prv"):
         planned = privacy.epsilon(
-            n=1437, batch_size=64, noise_multiplier=1.1, epochs=3, delta=1e-5, accountant=accountant
+            privacy.poisson_schedule(1437, 64), 1.1, 1e-5, epochs=3, accounting=privacy.Accounting(accountant)
         )
         assert planned.epsilon == result.epsilons[accountant]  # exactly: same convention, same maths
         assert planned.steps == result.steps

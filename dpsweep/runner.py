@@ -1,0 +1,273 @@
+"""The runner: one run of one config, whatever its task, logged to one MLflow run.
+
+    from hydra import compose, initialize_config_module
+    from dpsweep.runner import train
+    with initialize_config_module("dpsweep.conf", version_base="1.3"):
+        result = train(compose("config", overrides=["train.epochs=2"]))
+
+It owns what every task shares (``dpsweep.tasks`` owns what differs):
+
+1. before the MLflow run exists, everything that can reject the input: the config ranges, the
+   dataset files, the plan (``dpsweep.plan.prepare``: σ, steps, budget, physical batch, hash), a
+   checkpoint of another config, and the task's modules (pretrained weights, cache directories), so
+   bad input leaves no run behind; a config over ``sweep.max_epsilon`` raises :class:`OverBudget`;
+2. the MLflow run (``dpsweep.tracking.tracked_run``): tags, params and ``config.yaml``, reopened on
+   resume; it always ends FINISHED, FAILED or KILLED (SIGTERM included);
+3. the epoch loop: the task's epoch, its evaluation, ε so far, the run's memory peak, the Optuna
+   pruner, and a checkpoint after every epoch (``dpsweep.checkpoint``: a resumed run continues from
+   the last completed epoch, its accountant restored);
+4. the memory stages of the first iteration (``dpsweep.memory``), or only them for a probe;
+5. the final ε over the steps actually taken, under both accountants, from the task's history.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from dpsweep import checkpoint, memory, privacy, tasks
+from dpsweep import data as datasets
+from dpsweep.config import Config, ConfigError, Device, flatten, to_config, validate
+from dpsweep.plan import MemoryFiles, RunPlan, prepare
+from dpsweep.tracking import RunEnded, Tracker, environment_tags, terminate_as_interrupt, tracked_run
+
+ACCOUNTANTS = ("rdp", "prv")  # the final ε is logged under both (epsilon_rdp, epsilon_prv)
+
+
+class OverBudget(Exception):
+    """A config whose planned ε exceeds ``sweep.max_epsilon``; ``dpsweep -m`` skips it."""
+
+
+@dataclass
+class TrainResult:
+    run_id: str
+    test_accuracy: float  # after the last epoch
+    train_loss: float  # mean over the last epoch's examples
+    n_train: int  # N
+    steps: int  # optimizer steps actually taken
+    epsilon: float | None = None  # final ε under dp.accountant; None without DP
+    epsilons: dict[str, float] = field(default_factory=dict)  # final ε by accountant: rdp, prv
+    delta: float | None = None
+    noise_multiplier: float | None = None  # σ used (calibrated when dp.target_epsilon is set)
+    sample_rate: float | None = None  # q the accountant used
+    accountant_history: list[tuple[float, float, int]] = field(default_factory=list)
+    epochs: list[dict[str, float]] = field(default_factory=list)  # per-epoch metrics
+    memory_backend: str = ""  # cuda, or the CPU twin cpu-tensors
+
+
+def resolve_device(requested: Device) -> torch.device:
+    if requested == Device.auto:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if requested == Device.cuda and not torch.cuda.is_available():
+        raise ConfigError("train.device", requested.value, "cpu or auto: no CUDA device is available here")
+    return torch.device(requested.value)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def train(cfg: DictConfig | Config) -> TrainResult:
+    """Train one config and log it to MLflow; returns the final metrics and privacy cost."""
+    config = to_config(cfg)
+    validate(config)
+    seed_everything(config.train.seed)
+    device = resolve_device(config.train.device)
+    data = datasets.build(config.dataset)
+    facts = datasets.DatasetFacts(data.n_train, data.input_shape, data.num_classes)
+    plan = prepare(config, facts, MemoryFiles().budget(config, memory.backend_for(device)))
+    if plan.over_budget is not None:
+        raise OverBudget(plan.over_budget)
+    ckpt_dir = Path(config.train.checkpoint_dir) if config.train.checkpoint_dir and not config.train.probe else None
+    resume = checkpoint.peek(ckpt_dir, plan.config_hash) if ckpt_dir else None
+    monitor = memory.monitor_for(device)  # baseline before the model exists
+    task_run = tasks.get(config.task.name).build(tasks.RunInputs(config, plan, data, device))
+    tags = run_tags(plan, data, device, monitor.backend) | task_run.tags()
+    with (
+        terminate_as_interrupt(),
+        tracked_run(_named(config, plan), tags, resume_run_id=resume.run_id if resume else None) as run,
+    ):
+        if resume is None:
+            run.log_params(run_params(plan))
+            run.log_text(resolved_yaml(plan), "config.yaml")
+        parts = task_run.start(run)
+        result = TrainResult(run.run_id, float("nan"), float("nan"), data.n_train, 0, memory_backend=monitor.backend)
+        state = None
+        if ckpt_dir is not None:
+            state = checkpoint.load(ckpt_dir, plan.config_hash, parts.model, parts.optimizer, parts.engine)
+        stages = StageLog(memory.StageRecorder(monitor, active=state is None), run, result)  # resumed: recorded before
+        if state is not None:
+            checkpoint.restore_rng(state.rng, parts.generator)
+            result.epochs, result.steps, stages.recorder.run_peak = state.epochs, state.steps, state.run_peak_bytes
+        stages.mark("model_load")
+        if config.train.probe:
+            result.epochs.append(_probe(task_run, stages))
+            return result
+        _epochs(config, task_run, stages, parts, Checkpoints(ckpt_dir, plan.config_hash, state))
+        _finish_privacy(config, plan, task_run, result, run)
+    if ckpt_dir is not None:
+        checkpoint.remove(ckpt_dir)  # the run is complete; a rerun starts afresh
+    return result
+
+
+class StageLog:
+    """The memory stages of the first iteration, logged once complete; counts the optimizer steps."""
+
+    def __init__(self, recorder: memory.StageRecorder, run: Tracker, result: TrainResult) -> None:
+        self.recorder, self.run, self.result = recorder, run, result
+
+    def mark(self, stage: str) -> None:
+        self.recorder.mark(stage)
+
+    def stepped(self) -> None:
+        self.result.steps += 1
+        if not self.recorder.complete:
+            self.recorder.mark("optimizer_step")
+            self.run.log_metrics(self.recorder.metrics(), step=0)
+
+
+@dataclass
+class Checkpoints:
+    directory: Path | None
+    config_hash: str
+    restored: checkpoint.TrainingState | None
+
+
+def _epochs(
+    cfg: Config, task_run: tasks.TaskRun, stages: StageLog, parts: tasks.Checkpointed, ckpt: Checkpoints
+) -> None:
+    """The epoch loop: train, evaluate, ε so far, prune, checkpoint."""
+    result, run = stages.result, stages.run
+    reporter = None
+    if cfg.sweep.prunes:
+        from dpsweep.trials import TrialReporter  # optuna: only in a pruned study's jobs
+
+        reporter = TrialReporter(cfg.sweep)
+    first = ckpt.restored.epoch + 1 if ckpt.restored is not None else 1
+    show = None if cfg.train.progress else True
+    for epoch in tqdm(range(first, cfg.train.epochs + 1), desc="epochs", disable=show, file=sys.stderr):
+        metrics = task_run.train_epoch(epoch, stages)
+        metrics = task_run.evaluate() | metrics | {"memory.peak_bytes": float(stages.recorder.observe())}
+        eps = task_run.epsilon(cfg.dp.delta)
+        if eps is not None:
+            metrics["epsilon"] = eps
+        run.log_metrics(metrics, step=epoch)
+        result.epochs.append({"epoch": float(epoch), **metrics})
+        if reporter is not None and reporter.should_prune(epoch, metrics["test_accuracy"]):
+            raise RunEnded(
+                f"pruned by the {cfg.sweep.pruner} pruner after epoch {epoch}",
+                status="KILLED",
+                tags={"optuna.pruned": "true", "failure.kind": "pruned"},
+            )
+        if ckpt.directory is not None:
+            saved = checkpoint.TrainingState(
+                ckpt.config_hash, run.run_id, epoch, result.steps, result.epochs, stages.recorder.run_peak,
+                checkpoint.capture_rng(parts.generator),
+            )  # fmt: skip
+            checkpoint.save(ckpt.directory, saved, parts.model, parts.optimizer, parts.engine)
+    result.test_accuracy = result.epochs[-1]["test_accuracy"]
+    result.train_loss = result.epochs[-1]["train_loss"]
+
+
+def _probe(task_run: tasks.TaskRun, stages: StageLog) -> dict[str, float]:
+    """Memory probe: one iteration, the four stages and the peak; no evaluation, no ε."""
+    measured = task_run.probe(stages) | {"memory.peak_bytes": float(stages.recorder.observe())}
+    stages.run.log_metrics(measured, step=0)  # the stages were logged by stages.stepped()
+    return stages.recorder.metrics() | measured
+
+
+def _finish_privacy(cfg: Config, plan: RunPlan, task_run: tasks.TaskRun, result: TrainResult, run: Tracker) -> None:
+    """Final ε over the steps actually taken, under both accountants, from the task's history."""
+    if plan.privacy is None:
+        return
+    history = list(task_run.privacy_history())
+    delta = cfg.dp.delta
+    result.accountant_history = history
+    result.epsilons = {name: privacy.epsilon_from_history(history, delta, name)[0] for name in ACCOUNTANTS}
+    result.epsilon = result.epsilons[cfg.dp.accountant.value]
+    result.delta, result.noise_multiplier = delta, plan.privacy.noise_multiplier
+    result.sample_rate = history[0][1] if history else None
+    run.log_metrics({f"epsilon_{name}": eps for name, eps in result.epsilons.items()}, step=cfg.train.epochs)
+    run.set_tags({"dp.steps": result.steps, "dp.sample_rate": result.sample_rate, "dp.conversion": "improved"})
+
+
+# ---------------------------------------------------------------------------------------------
+# what the MLflow run records about its config
+# ---------------------------------------------------------------------------------------------
+def run_name(cfg: Config, sigma: float | None) -> str:
+    """A readable MLflow run name, e.g. ``digits-cnn-σ1.1-C1-B64-e10-s0`` (``nodp`` without DP)."""
+    privacy_part = f"σ{sigma:.3g}-C{cfg.dp.max_grad_norm:g}" if sigma is not None else "nodp"
+    t = cfg.train
+    name = f"{cfg.dataset.name}-{cfg.model.name}-{privacy_part}-B{t.batch_size}-e{t.epochs}-s{t.seed}"
+    return name if cfg.sweep.trial is None else f"trial{cfg.sweep.trial}-{name}"
+
+
+def _named(cfg: Config, plan: RunPlan) -> Any:
+    """The tracking config with a run name (MLflow's random names repeat here: seeding resets Python's RNG)."""
+    if cfg.tracking.run_name is not None:
+        return cfg.tracking
+    prefix = "probe-" if cfg.train.probe else ""
+    return dataclasses.replace(cfg.tracking, run_name=prefix + run_name(cfg, plan.noise_multiplier))
+
+
+def sweep_tags(cfg: Config) -> dict[str, Any]:
+    """Tags that place a run in its sweep: the sweep id, the parent run (so MLflow shows a tree),
+    and the Optuna study and trial."""
+    s = cfg.sweep
+    tags = {"sweep.id": s.id, "mlflow.parentRunId": s.parent_run_id, "optuna.study": s.study, "optuna.trial": s.trial}
+    return {k: v for k, v in tags.items() if v is not None}
+
+
+def run_tags(plan: RunPlan, data: datasets.DataSplits, device: torch.device, backend: str) -> dict[str, Any]:
+    cfg = plan.config
+    tags: dict[str, Any] = {
+        **environment_tags(device),
+        "memory.backend": backend,
+        "dataset.n_train": data.n_train,
+        "dataset.n_test": len(data.test),  # type: ignore[arg-type]
+        "dataset.input_shape": "x".join(map(str, data.input_shape)),  # C x H x W of one example
+        "dp.enabled": cfg.dp.enabled,
+        "config.hash": plan.config_hash,
+        "task.name": cfg.task.name,
+    }
+    if cfg.train.probe:
+        tags["probe"] = "true"
+    if plan.physical_batch_size is not None:
+        tags["train.physical_batch_size_used"] = plan.physical_batch_size
+    tags |= sweep_tags(cfg)
+    if plan.privacy is not None:
+        tags |= {
+            "dp.delta": cfg.dp.delta, "dp.accountant": cfg.dp.accountant.value, "dp.secure_mode": False,
+            "dp.grad_sample_mode": cfg.dp.grad_sample_mode.value,
+        }  # fmt: skip
+        if plan.privacy.calibrated:
+            tags["dp.noise_multiplier_calibrated"] = plan.privacy.noise_multiplier
+    return tags
+
+
+def run_params(plan: RunPlan) -> dict[str, Any]:
+    """MLflow params: the flattened resolved config. Without DP only ``dp.enabled`` is kept,
+    since σ, C, δ and the accountant have no effect on a non-private run."""
+    params = flatten(plan.config)
+    if plan.privacy is None:
+        return {k: v for k, v in params.items() if not k.startswith("dp.") or k == "dp.enabled"}
+    return params | {"dp.noise_multiplier": plan.privacy.noise_multiplier}
+
+
+def resolved_yaml(plan: RunPlan) -> str:
+    """The config as it ran (σ as calibrated), for the run's ``config.yaml`` artifact."""
+    resolved = OmegaConf.structured(plan.config)
+    if plan.privacy is not None:
+        resolved.dp.noise_multiplier = plan.privacy.noise_multiplier
+    return OmegaConf.to_yaml(resolved)

@@ -1,0 +1,122 @@
+"""Tasks: what a run trains, in a registry the runner looks up by ``task.name`` (the ``task`` config group).
+
+    dpsweep task=classifier          # the default: image classification with DP-SGD
+
+The runner (``dpsweep.runner``) owns everything that is the same for every task: the plan, the
+MLflow run's lifecycle, checkpoints and resume, the memory stages, the per-epoch loop, pruning, the
+final privacy accounting and failure handling. A task owns what differs, through two objects:
+
+- a :class:`Task` (registered in :data:`TASKS`) builds a :class:`TaskRun` for one run, before the
+  MLflow run exists, so that bad input (missing weights, an unwritable cache) leaves no run behind;
+- the :class:`TaskRun` then says how its modules reach the device, how one epoch of training goes,
+  how it evaluates, how the memory probe's single iteration goes, and which privacy events its
+  steps spent (``privacy_history``: Opacus's ``(noise_multiplier, sample_rate, steps)`` segments
+  of Poisson-subsampled Gaussian steps, which the runner's accountants turn into ε; a mechanism
+  without sampling reports ``sample_rate = 1``: no amplification).
+
+A new task is a module in this package that registers itself::
+
+    class GanTask:
+        objective = "tstr_accuracy"
+        def build(self, inputs: RunInputs) -> TaskRun: ...
+
+    TASKS.register("gan")(GanTask())
+
+plus a schema (a ``TaskConfig`` subclass in ``dpsweep.config``) and ``conf/task/gan.yaml``; the
+runner is not edited.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from opacus import PrivacyEngine
+from torch import nn
+
+from dpsweep import privacy
+from dpsweep.config import Config
+from dpsweep.data import DataSplits
+from dpsweep.plan import RunPlan
+from dpsweep.registry import Registry
+from dpsweep.tracking import Tracker
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """What a task builds one run from: the config, its plan (σ, steps, physical batch), the data and the device."""
+
+    cfg: Config
+    plan: RunPlan
+    data: DataSplits
+    device: torch.device
+
+
+@dataclass
+class Checkpointed:
+    """The parts of a run a checkpoint saves and restores (``dpsweep.checkpoint``): the trained module,
+    its optimizer, the privacy engine (its accountant) and the generator the batches are drawn from."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    engine: PrivacyEngine | None
+    generator: torch.Generator
+
+
+class Marks(Protocol):
+    def mark(self, stage: str) -> None:
+        """Record the memory level at ``stage`` (batch_load, backward) during the first iteration."""
+
+
+class Stages(Marks, Protocol):
+    """The runner's memory-stage log, as a task sees it (see ``dpsweep.memory``)."""
+
+    def stepped(self) -> None:
+        """An optimizer step happened (counted; the first completes the four stages)."""
+
+
+class TaskRun(Protocol):
+    """One run of a task, built before the MLflow run and started inside it."""
+
+    def tags(self) -> dict[str, Any]:
+        """Tags about the task's modules, set when the MLflow run is created (e.g. model.trainable_params)."""
+
+    def start(self, run: Tracker) -> Checkpointed:
+        """Put the modules on the device and make them private; returns what checkpoints hold."""
+
+    def train_epoch(self, epoch: int, stages: Stages) -> dict[str, float]:
+        """Train one epoch; returns the epoch's training metrics (e.g. train_loss)."""
+
+    def evaluate(self) -> dict[str, float]:
+        """The metrics after an epoch; they include the task's objective."""
+
+    def probe(self, stages: Stages) -> dict[str, float]:
+        """Run one training iteration on exactly ``train.batch_size`` examples (memory probe)."""
+
+    def epsilon(self, delta: float) -> float | None:
+        """ε spent so far under ``dp.accountant`` (None without DP), for the per-epoch metric."""
+
+    def privacy_history(self) -> privacy.History:
+        """Every privacy event spent, as ``(noise_multiplier, sample_rate, steps)`` segments (empty without DP)."""
+
+
+class Task(Protocol):
+    objective: str  # the metric a sweeper optimises, e.g. test_accuracy
+
+    def build(self, inputs: RunInputs) -> TaskRun:
+        """Build one run's modules; raise InputError for bad input (before any MLflow run exists)."""
+
+
+TASKS: Registry[Task] = Registry("task")
+
+# Modules that register tasks; imported on first lookup, so ``import dpsweep.tasks`` stays light.
+TASK_MODULES = ("dpsweep.tasks.classifier",)  # a new task adds its module here
+
+
+def get(name: str) -> Task:
+    """The task ``task.name`` names; an unknown name lists the valid ones."""
+    for module in TASK_MODULES:
+        importlib.import_module(module)
+    return TASKS.get(name, key="task.name")

@@ -1,0 +1,239 @@
+"""``task=classifier``: image classification trained with DP-SGD (or without DP), scored by top-1 test accuracy.
+
+    dpsweep task=classifier model=cnn dp.noise_multiplier=1.1   # task=classifier is the default
+
+One run: the model (``dpsweep.models``) on the device, the optimizer (``dpsweep.optimizers``), a loader
+of logical batches of ``train.batch_size`` (shuffled without DP; with DP, Opacus's Poisson sampling
+through ``dpsweep.dpsgd.make_private``), optionally held on the device (``train.device_resident``)
+and split into physical passes (``dpsweep.batches``). With ``model=vgg16_frozen`` and
+``model.feature_cache`` the frozen features come from ``dpsweep.feature_cache`` and only the pool and
+head are trained on them. The memory probe runs one iteration on exactly ``train.batch_size`` examples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from opacus import PrivacyEngine
+from opacus.grad_sample.gsm_exp_weights import GradSampleModuleExpandedWeights
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+from tqdm.auto import tqdm
+
+from dpsweep import data as datasets
+from dpsweep import device_data, dpsgd, feature_cache, privacy
+from dpsweep import models as model_zoo
+from dpsweep.batches import Batch, physical_batches
+from dpsweep.config import ConfigError
+from dpsweep.optimizers import build_optimizer
+from dpsweep.tasks import TASKS, Checkpointed, Marks, RunInputs, Stages
+from dpsweep.tracking import Tracker
+
+EXTRACT_BATCH_SIZE = 64  # images per forward pass of the frozen backbone when the feature cache is built
+
+
+class ClassifierTask:
+    objective = "test_accuracy"
+
+    def build(self, inputs: RunInputs) -> ClassifierRun:
+        model_cfg = inputs.cfg.model
+        if getattr(model_cfg, "feature_cache", False):
+            check_writable(Path(model_cfg.feature_cache_dir), "model.feature_cache_dir")
+        model = model_zoo.build(model_cfg, inputs.data.input_shape, inputs.data.num_classes)
+        return ClassifierRun(inputs, model)
+
+
+TASKS.register("classifier")(ClassifierTask())
+
+
+def check_writable(directory: Path, key: str) -> None:
+    """``directory`` exists (or is created) and is writable; ConfigError naming ``key`` otherwise."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(key, str(directory), f"a directory dpsweep can create and write ({err})") from err
+    if not os.access(directory, os.W_OK):
+        raise ConfigError(key, str(directory), "a directory dpsweep can write (permission denied)")
+
+
+class ClassifierRun:
+    """One classifier run (see :class:`dpsweep.tasks.TaskRun`)."""
+
+    def __init__(self, inputs: RunInputs, model: nn.Module) -> None:
+        self.inputs = inputs
+        self.cfg = inputs.cfg
+        self.device = inputs.device
+        self.model = model
+        self.data = inputs.data
+        self.engine: PrivacyEngine | None = None
+        self.batches: Iterable[Batch] = ()
+        self.test: Dataset[Any] = inputs.data.test
+        self.criterion: nn.Module = nn.CrossEntropyLoss()
+
+    def tags(self) -> dict[str, Any]:
+        return {"model.trainable_params": model_zoo.trainable_parameters(self.model)}
+
+    def start(self, run: Tracker) -> Checkpointed:
+        cfg, device = self.cfg, self.device
+        if isinstance(self.model, model_zoo.FrozenVGG16) and getattr(cfg.model, "feature_cache", False):
+            self.model, self.data = _cached_features(self.inputs, self.model, run)  # the backbone is dropped
+        self.test = self.data.test
+        self.model = self.model.to(device)
+        self.optimizer = build_optimizer(cfg.optimizer, self.model)
+        generator = torch.Generator().manual_seed(cfg.train.seed)
+        loader: DataLoader[Any] = DataLoader(
+            self.data.train, batch_size=cfg.train.batch_size, shuffle=not cfg.dp.enabled, generator=generator
+        )
+        sigma = self.inputs.plan.noise_multiplier
+        if sigma is not None:
+            made = dpsgd.make_private(cfg.dp, sigma, self.model, self.optimizer, loader, self.criterion)
+            self.engine, self.model, self.optimizer, self.criterion, loader = made
+        self.loader, self.generator = loader, generator
+        self.trainer = Trainer(self.model, self.optimizer, self.criterion, device)
+        self.batches = loader
+        if cfg.train.device_resident and not cfg.train.probe:
+            self.batches, self.generator = _device_batches(self.inputs, self.data, loader)
+            self.test = TensorDataset(*(t.to(device) for t in device_data.materialize(self.data.test)))  # once
+        return Checkpointed(self.model, self.optimizer, self.engine, self.generator)
+
+    def train_epoch(self, epoch: int, stages: Stages) -> dict[str, float]:
+        self.model.train()
+        loss_sum, seen = 0.0, 0
+        show = None if self.cfg.train.progress else True
+        with physical_batches(self.batches, self.inputs.plan.physical_batch_size, self.optimizer) as passes:
+            for x, y, first, last, weight in tqdm(
+                passes, desc=f"epoch {epoch} steps", leave=False, disable=show, file=sys.stderr
+            ):
+                loss, stepped = train_pass(self.trainer, (x, y), stages, (first, last, weight))
+                if stepped:
+                    stages.stepped()
+                if len(y):  # a Poisson batch may be empty
+                    loss_sum += loss * len(y)
+                    seen += len(y)
+        self.optimizer.zero_grad(set_to_none=True)  # gradients and per-sample gradients are not needed now
+        return {"train_loss": loss_sum / max(seen, 1)}
+
+    def evaluate(self) -> dict[str, float]:
+        plain = getattr(self.model, "_module", self.model)  # without Opacus's per-sample machinery
+        t = self.cfg.train
+        return {"test_accuracy": evaluate(plain, self.test, t.eval_batch_size, self.device, t.device_resident)}
+
+    def probe(self, stages: Stages) -> dict[str, float]:
+        """The first iteration only, on exactly ``train.batch_size`` examples (a Poisson batch would
+        make the measured batch random)."""
+        n = len(self.data.train)  # type: ignore[arg-type]
+        pick = torch.randperm(n, generator=self.generator)[: self.cfg.train.batch_size].tolist()
+        x, y = next(iter(DataLoader(Subset(self.data.train, pick), batch_size=len(pick))))
+        self.model.train()
+        loss, _ = train_pass(self.trainer, (x, y), stages)
+        stages.stepped()
+        return {"probe.loss": loss}
+
+    def epsilon(self, delta: float) -> float | None:
+        return self.engine.get_epsilon(delta) if self.engine is not None else None
+
+    def privacy_history(self) -> privacy.History:
+        if self.engine is None:
+            return []
+        return [(float(s), float(q), int(n)) for s, q, n in self.engine.accountant.history]
+
+
+def _cached_features(
+    inputs: RunInputs, model: model_zoo.FrozenVGG16, run: Tracker
+) -> tuple[nn.Module, datasets.DataSplits]:
+    """The frozen features of both splits from the cache (built on the device when missing), and the
+    module to train on them: the pool and head (see dpsweep.feature_cache). N is unchanged."""
+    cfg, data = inputs.cfg, inputs.data
+    cached = feature_cache.cached_splits(
+        model, data, dataclasses.asdict(cfg.dataset), root=Path(cfg.model.feature_cache_dir),
+        batch_size=EXTRACT_BATCH_SIZE, device=inputs.device,
+    )  # fmt: skip
+    run.set_tags({
+        "feature_cache.train": cached.status["train"], "feature_cache.test": cached.status["test"],
+        "feature_cache.key": cached.keys["train"], "feature_cache.map_shape": "x".join(map(str, cached.map_shape)),
+    })  # fmt: skip
+    return cached.head(model), datasets.DataSplits(cached.train, cached.test, cached.num_classes, data.input_shape)
+
+
+def _device_batches(
+    inputs: RunInputs, data: datasets.DataSplits, loader: DataLoader[Any]
+) -> tuple[Iterable[Batch], torch.Generator]:
+    """The training split on the device, batched there: Poisson batches at the sample rate of the
+    DP loader Opacus made (so the accountant's q and the steps per epoch are those of the loader),
+    or shuffled batches without DP. Returns the batches and their generator (checkpointed)."""
+    cfg, device = inputs.cfg, inputs.device
+    x, y = device_data.materialize(data.train)
+    generator = device_data.device_generator(device, cfg.train.seed)
+    if cfg.dp.enabled:
+        q = float(loader.sample_rate)  # type: ignore[attr-defined]  # Opacus's DPDataLoader
+        return device_data.PoissonBatches(x, y, sample_rate=q, device=device, generator=generator), generator
+    size = cfg.train.batch_size
+    return device_data.ShuffledBatches(x, y, batch_size=size, device=device, generator=generator), generator
+
+
+@dataclass(frozen=True)
+class Trainer:
+    """What one training pass needs: the (private) model, its optimizer and loss, and the device."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    criterion: nn.Module
+    device: torch.device
+
+
+def train_pass(
+    trainer: Trainer, batch: Batch, stages: Marks, split: tuple[bool, bool, float] = (True, True, 1.0)
+) -> tuple[float, bool]:
+    """One forward/backward pass of ``batch``; ``split`` is ``(first, last, weight)`` of the pass in its
+    logical batch (``dpsweep.batches``): zero the gradients when first, step when last, weight the
+    loss. Returns the mean loss and whether a real optimizer step happened (a DPOptimizer skips it
+    inside a logical batch)."""
+    model, optimizer, criterion = trainer.model, trainer.optimizer, trainer.criterion
+    first, last, weight = split
+    x, y = (t.to(trainer.device, non_blocking=True) for t in batch)
+    stages.mark("batch_load")
+    if first:
+        optimizer.zero_grad(set_to_none=True)
+    if len(y) == 0 and isinstance(model, GradSampleModuleExpandedWeights):
+        # torch's ExpandedWeights refuse an empty batch; its per-sample gradients are an empty
+        # stack, and the step must still add noise and be accounted (Poisson sampling).
+        for p in model.parameters():
+            if p.requires_grad:
+                p.grad_sample = p.new_zeros((0, *p.shape))
+        loss = torch.zeros(())
+    else:
+        loss = criterion(model(x), y)
+        (loss * weight if weight != 1.0 else loss).backward()
+    stages.mark("backward")
+    if not last:
+        return float(loss.detach()), False
+    optimizer.step()  # with DP: clip per sample, add noise, account for the step
+    return float(loss.detach()), not getattr(optimizer, "_is_last_step_skipped", False)
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, dataset: Dataset[Any], batch_size: int, device: torch.device, resident: bool = False
+) -> float:
+    """Top-1 accuracy on ``dataset`` (``resident``: copied to the device once and batched there)."""
+    model.eval()
+    correct = total = 0
+    if resident:
+        xs, ys = (t.to(device) for t in device_data.materialize(dataset))
+        batches: Iterable[Batch] = (
+            (xs[i : i + batch_size], ys[i : i + batch_size]) for i in range(0, len(ys), batch_size)
+        )
+    else:
+        batches = DataLoader(dataset, batch_size=batch_size)
+    for x, y in batches:
+        pred = model(x.to(device)).argmax(dim=1)
+        correct += int((pred == y.to(device)).sum())
+        total += len(y)
+    return correct / max(total, 1)
