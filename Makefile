@@ -26,6 +26,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/python .ci/lint_imports.py
 
 # 3 workers: the scheduler and subprocess tests mostly wait; scheduler tests share one worker.
 # One torch thread per process, so that parallel tests do not oversubscribe the cores.

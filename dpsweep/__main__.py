@@ -1,5 +1,5 @@
 """``python -m dpsweep ...`` is the same as the ``dpsweep`` command."""
 
-from dpsweep.train import main
+from dpsweep.cli.train import main
 
 main()

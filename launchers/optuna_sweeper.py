@@ -39,15 +39,17 @@ class OptunaSearch:
 
     def run(self, arguments: list[str]) -> Any:
         from dpsweep.config import ConfigError, TrackingConfig, flatten, to_config
-        from dpsweep.launchers.sweeper import _fail, preflight
-        from dpsweep.search import OBJECTIVES, SAMPLERS, check_search_space, grid_values, open_storage
+        from dpsweep.errors import InputError
+        from dpsweep.launchers.preflight import preflight, refuse
+        from dpsweep.launchers.search import OBJECTIVES, SAMPLERS, check_search_space, grid_values
         from dpsweep.tracking import close_orphaned_runs, terminate_as_interrupt, tracked_run
+        from dpsweep.trials import open_storage
 
         launcher = self.sweeper.launcher
         assert launcher is not None
         c = self.conf
         sweep_id = uuid.uuid4().hex[:12]
-        base = self.sweeper._compose([*arguments, f"sweep.id={sweep_id}"])
+        base = self.sweeper.compose_job([*arguments, f"sweep.id={sweep_id}"])
         try:
             from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -77,8 +79,8 @@ class OptunaSearch:
             distributions = check_search_space(c.params, list(flatten(to_config(base))), objective, c.sampler)
             grid = {name: grid_values(name, spec) for name, spec in c.params.items()} if c.sampler == "grid" else {}
             storage = open_storage(c.storage)
-        except (ConfigError, KeyError) as err:
-            _fail(str(err))
+        except InputError as err:
+            refuse(str(err))
         preflight([base], [arguments])
         typed = to_config(base)
         study = optuna.create_study(

@@ -16,7 +16,6 @@ if any job failed. Every job gets the override ``sweep.id=<id>``; its MLflow run
 from __future__ import annotations
 
 import logging
-import shutil
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,14 +30,9 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from dpsweep.launchers.nodes import OptunaSearchConf
+from dpsweep.launchers.preflight import preflight, refuse
 
 log = logging.getLogger(__name__)
-
-SUBMIT_COMMANDS = {"slurm": "sbatch", "sge": "qsub"}  # launchers that need a scheduler's client tools
-
-
-class SweepError(Exception):
-    """The sweep cannot start; the message says why."""
 
 
 @dataclass
@@ -101,7 +95,7 @@ class DpsweepSweeper(Sweeper):
         [jobs] = BasicSweeper.split_arguments(parser.parse_overrides(lines), None)
         return [[*job, f"sweep.id={sweep_id}"] for job in jobs]
 
-    def _compose(self, job: list[str]) -> DictConfig:
+    def compose_job(self, job: list[str]) -> DictConfig:
         """The job's own config (without the ``hydra`` node, whose job fields exist only at run time)."""
         assert self.hydra_context is not None and self.config is not None
         cfg = self.hydra_context.config_loader.load_sweep_config(self.config, job)
@@ -113,7 +107,7 @@ class DpsweepSweeper(Sweeper):
         assert self.config is not None and self.launcher is not None
         if self.optuna is not None:
             if self.params:
-                _fail(
+                refuse(
                     "give either grid axes (hydra.sweeper.params) or an Optuna search (hydra.sweeper.optuna), not both"
                 )
             from dpsweep.launchers.optuna_sweeper import OptunaSearch
@@ -124,7 +118,7 @@ class DpsweepSweeper(Sweeper):
 
         sweep_id = uuid.uuid4().hex[:12]
         jobs = self._jobs(arguments, sweep_id)
-        configs = [self._compose(job) for job in jobs]
+        configs = [self.compose_job(job) for job in jobs]
         preflight(configs, jobs)
         first = to_config(configs[0])
         todo, skipped = select_jobs(jobs, configs)
@@ -212,97 +206,20 @@ def select_jobs(jobs: Sequence[list[str]], configs: Sequence[DictConfig]) -> tup
     return todo, skipped
 
 
-def preflight(configs: Sequence[DictConfig], jobs: Sequence[Sequence[str]]) -> None:
-    """Every check that can reject the sweep, before any job is launched."""
-    from dpsweep.config import ConfigError, to_config, validate, validate_launcher
-    from dpsweep.tracking import check_reachable, ensure_experiments
-
-    try:
-        typed = [to_config(c) for c in configs]
-        for cfg, job in zip(typed, jobs, strict=True):
-            try:
-                validate(cfg)
-            except ConfigError as err:
-                raise SweepError(f"job {' '.join(job[:-1])}: {err}") from err
-        check_dataset_ranges(typed, jobs)
-        check_memory_models(typed, jobs)
-        launcher = typed[0].launcher
-        validate_launcher(launcher)
-    except (ConfigError, SweepError) as err:
-        _fail(str(err))
-    command = SUBMIT_COMMANDS.get(launcher.name)
-    if command and shutil.which(command) is None:
-        _fail(
-            f"launcher={launcher.name} needs '{command}' on PATH, and it is not there: run dpsweep on a "
-            f"{launcher.name} submit host (or load its module), or use launcher=local"
-        )
-    for uri in sorted({cfg.tracking.uri for cfg in typed}):
-        try:
-            check_reachable(uri)
-        except ConnectionError as err:
-            _fail(str(err))
-    ensure_experiments({(cfg.tracking.uri, cfg.tracking.experiment_name) for cfg in typed})
-
-
-def check_dataset_ranges(typed: Sequence[Any], jobs: Sequence[Sequence[str]]) -> None:
-    """B <= N and δ < 1/N for every job, with N read once per dataset config (official sizes when the
-    files are not on this submit host)."""
-    from dpsweep.config import ConfigError, validate_for_dataset
-    from dpsweep.plan import TrainingSetSizes
-
-    n_train = TrainingSetSizes()
-    for cfg, job in zip(typed, jobs, strict=True):
-        try:
-            validate_for_dataset(cfg, n_train(cfg))
-        except ConfigError as err:
-            raise SweepError(f"job {' '.join(job[:-1])}: {err}") from err
-
-
-def check_memory_models(typed: Sequence[Any], jobs: Sequence[Sequence[str]]) -> None:
-    """Jobs whose physical batch comes from ``train.memory_model``: the file holds a fit of their
-    model, of the memory backend they will run on, with room for at least one example."""
-    from dpsweep.config import ConfigError
-    from dpsweep.plan import TrainingSetSizes
-    from dpsweep.train import physical_batch_size
-
-    sizes = TrainingSetSizes()
-    for cfg, job in zip(typed, jobs, strict=True):
-        if cfg.train.memory_model is None or cfg.train.physical_batch_size is not None:
-            continue
-        try:
-            physical_batch_size(cfg, sizes.facts(cfg), job_backend(cfg))
-        except ConfigError as err:
-            raise SweepError(f"job {' '.join(job[:-1])}: {err}") from err
-
-
-def job_backend(cfg: Any) -> str:
-    """The memory backend a job will measure with: cuda when it gets a GPU, else the CPU twin."""
-    import torch
-
-    device = cfg.train.device.value
-    if device == "auto":
-        remote = cfg.launcher.name in ("slurm", "sge")
-        on_gpu = cfg.launcher.gpus_per_job > 0 if remote else torch.cuda.is_available()
-        device = "cuda" if on_gpu else "cpu"
-    return "cuda" if device == "cuda" else "cpu-tensors"
-
-
-def _fail(message: str) -> None:
-    print(f"dpsweep: error: {message}", flush=True, file=__import__("sys").stderr)
-    raise SystemExit(2)
-
-
 def count(outcome: SweepOutcome, results: Sequence[JobReturn]) -> None:
     """Add a batch's job results: a job returning None was skipped (over sweep.max_epsilon)."""
     for r in results:
         if r.status == JobStatus.COMPLETED:
-            if r._return_value is None:
+            if r.return_value is None:
                 outcome.skipped += 1
             else:
                 outcome.finished += 1
-        else:
-            outcome.failed += 1
-            log.error(f"job {' '.join(r.overrides or [])} failed: {r._return_value!r}")
+            continue
+        outcome.failed += 1
+        try:
+            r.return_value  # noqa: B018  (a failed job's return_value re-raises what it raised)
+        except BaseException as err:
+            log.error(f"job {' '.join(r.overrides or [])} failed: {err!r}")
 
 
 def finish(outcome: SweepOutcome, first: Any) -> None:

@@ -46,7 +46,7 @@ def test_sweep_runs_each_job_and_prints_accuracy_and_epsilon(tmp_path: Path) -> 
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["dp.noise_multiplier=0"], "dp.noise_multiplier=0.0 is invalid: a positive noise multiplier"),
+        (["dp.noise_multiplier=0"], "dp.noise_multiplier=0.0 is invalid: a positive, finite noise multiplier"),
         (["dp.delta=0.01"], "dp.delta=0.01 is invalid: below 1/N"),
         (["dataset=cifar10", "dataset.root=nowhere"], "cifar-10-batches-py"),
     ],

@@ -71,7 +71,7 @@ def _assert_four_finished(cwd: Path, proc: subprocess.Popen[str]) -> None:
     for r in runs:
         assert {"test_accuracy", "epsilon", "epsilon_rdp", "epsilon_prv", "memory.peak_bytes"} <= set(r.data.metrics)
         sigma = float(r.data.params["dp.noise_multiplier"])
-        planned = privacy.epsilon(n=1437, batch_size=64, noise_multiplier=sigma, epochs=1, delta=1e-5).epsilon
+        planned = privacy.epsilon(privacy.poisson_schedule(1437, 64), sigma, 1e-5, epochs=1).epsilon
         assert r.data.metrics["epsilon_rdp"] == planned
     # launcher.max_parallel=2 on a node with (at least) 2 slots: two jobs at a time, never three
     assert _most_at_once(runs) == 2
@@ -125,7 +125,7 @@ def test_slurm_requeue_resumes_with_the_same_epsilon(tmp_path: Path, slurm: None
     assert proc.returncode == 0, out + err
     [run] = finished_runs(tmp_path)
     assert run.info.status == "FINISHED" and int(run.data.tags["resume.count"]) >= 1
-    planned = privacy.epsilon(n=1437, batch_size=64, noise_multiplier=1.0, epochs=epochs, delta=1e-5).epsilon
+    planned = privacy.epsilon(privacy.poisson_schedule(1437, 64), 1.0, 1e-5, epochs=epochs).epsilon
     assert run.data.metrics["epsilon_rdp"] == planned  # the ε of an uninterrupted run of this config
     steps = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_metric_history(run.info.run_id, "epsilon")
     assert sorted({m.step for m in steps}) == list(range(1, epochs + 1))

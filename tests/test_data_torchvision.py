@@ -115,7 +115,7 @@ def test_mnist_image_size_resizes(mnist: FakeMNIST, tmp_path: Path) -> None:
 
 
 def test_mnist_missing_raises_with_where_and_how(tmp_path: Path) -> None:
-    _assert_not_found(_mnist_cfg(tmp_path), tmp_path / "MNIST" / "raw", "not found")
+    _assert_not_found(_mnist_cfg(tmp_path), tmp_path / "MNIST" / "raw", "none found under")
 
 
 def test_mnist_missing_file_in_existing_dir_raises(mnist: FakeMNIST, tmp_path: Path) -> None:
@@ -178,7 +178,7 @@ def test_cifar10_image_size_resizes(cifar10: FakeCIFAR10, tmp_path: Path, monkey
 
 
 def test_cifar10_missing_raises_with_where_and_how(tmp_path: Path) -> None:
-    _assert_not_found(_cifar_cfg(tmp_path), tmp_path / "cifar-10-batches-py", "not found")
+    _assert_not_found(_cifar_cfg(tmp_path), tmp_path / "cifar-10-batches-py", "none found under")
 
 
 def test_cifar10_unpatched_md5_mismatch_raises_corrupt(cifar10: FakeCIFAR10, tmp_path: Path) -> None:
@@ -276,7 +276,7 @@ def test_flowers102_train_and_val(flowers: FakeFlowers102, tmp_path: Path) -> No
 
 
 def test_flowers102_missing_raises_with_where_and_how(tmp_path: Path) -> None:
-    _assert_not_found(_flowers_cfg(tmp_path), tmp_path / "flowers-102", "not found")
+    _assert_not_found(_flowers_cfg(tmp_path), tmp_path / "flowers-102", "none found under")
 
 
 def test_flowers102_unpatched_md5_mismatch_raises_corrupt(tmp_path: Path) -> None:

@@ -15,23 +15,25 @@ import pytest
 from helpers import runs_of
 from mlflow.tracking import MlflowClient
 
-from dpsweep.memory import parse_bytes
-from dpsweep.memory_cli import FORCED_VALUES, MemoryCliError, main, probe_overrides, probe_table
+from dpsweep.cli.memory import FORCED_VALUES, main, probe_overrides, probe_table
+from dpsweep.errors import InputError
+from dpsweep.memory_model import load_models
+from dpsweep.units import parse_bytes
 
 
 def memory_cli(*args: str, check: bool = True, fresh: bool = False) -> subprocess.CompletedProcess[str]:
     """Run ``dpsweep-memory`` in this process (``fresh``: as its own process, as users run it)."""
     if fresh:
         done = subprocess.run(
-            [sys.executable, "-m", "dpsweep.memory_cli", *args], capture_output=True, text=True, timeout=600
+            [sys.executable, "-m", "dpsweep.cli.memory", *args], capture_output=True, text=True, timeout=600
         )
     else:
         out, err = io.StringIO(), io.StringIO()
         code = 0
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                main(list(args))
-            except SystemExit as exit_:
+                code = main(list(args))
+            except SystemExit as exit_:  # argparse's own usage errors, and probe's exit 1
                 code = int(exit_.code or 0)
         done = subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
     if check and done.returncode != 0:
@@ -77,7 +79,7 @@ def test_probe_measures_each_config_in_its_own_process_and_writes_the_table(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["probe", "launcher=inline"], "launcher='inline': one of local, slurm, sge"),
+        (["probe", "launcher=inline"], "launcher='inline' is invalid: one of local, slurm, sge"),
         (["probe", "train.batch_size=0"], "train.batch_size=0 is invalid"),
         (["probe", "train.batch_size=5000"], "at most the training-set size N=1437"),
         (["probe", "train.physical_batch_size=8"], "train.physical_batch_size=8 is invalid"),
@@ -121,9 +123,9 @@ def test_fit_prints_formulas_and_held_out_error_and_saves_the_model(probed: tupl
     assert "iteration_peak ≈" in done.stdout and "least_squares" in done.stdout and "envelope" in done.stdout
     assert "k-fold held-out error" in done.stdout and "share_under_predicted" in done.stdout
     assert (tmp_path / "models" / "m_residuals.png").read_bytes().startswith(b"\x89PNG")
-    [model] = mm.load_models(tmp_path / "models" / "m.json").values()
+    [model] = load_models(tmp_path / "models" / "m.json").values()
     assert model.model == "cnn" and model.backend == "cpu-tensors" and model.n_probes == 12
-    peak = model.cv.query("target == 'iteration_peak_bytes' and fit == 'envelope'").iloc[0]
+    peak = mm.cv_frame(model).query("target == 'iteration_peak_bytes' and fit == 'envelope'").iloc[0]
     assert peak.mean_abs_rel_error < 0.05  # the census is close to linear in B and P
 
 
@@ -133,7 +135,7 @@ def test_probe_sweeps_are_probes_whatever_the_overrides_say() -> None:
     assert "sweep.max_epsilon=null" in args and "launcher=local" in args
     for given in ("train.probe=false", "sweep.force=false", "sweep.max_epsilon=3"):
         key, _, value = given.partition("=")
-        with pytest.raises(MemoryCliError, match=rf"{key}='{value}': leave it out: dpsweep-memory probe sets"):
+        with pytest.raises(InputError, match=rf"{key}='{value}' is invalid: leave it out: dpsweep-memory probe sets"):
             probe_overrides(["train.batch_size=8", given])
 
 
@@ -197,7 +199,7 @@ def test_plan_shows_the_predicted_peak_and_flags_what_will_not_fit(probed: tuple
     uri, _ = probed
     memory_cli("fit", "--experiment", "probes", "--tracking-uri", uri, "--out", "m.json")
     done = subprocess.run(
-        [sys.executable, "-m", "dpsweep.plan", "--memory-model", "m.json", "--backend", "cpu-tensors",
+        [sys.executable, "-m", "dpsweep.cli.plan", "--memory-model", "m.json", "--backend", "cpu-tensors",
          "--gpu-memory", "3MiB", "train.batch_size=8,1024", "model.hidden_units=64", "dataset.image_size=16"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
@@ -210,7 +212,6 @@ def test_plan_shows_the_predicted_peak_and_flags_what_will_not_fit(probed: tuple
 
 
 def test_fit_and_predict_refuse_bad_input(probed: tuple[str, Path], tmp_path: Path) -> None:
-    from dpsweep.analysis import memory_model as mm
 
     uri, _ = probed
     table = probe_table(uri, "probes")
@@ -223,7 +224,7 @@ def test_fit_and_predict_refuse_bad_input(probed: tuple[str, Path], tmp_path: Pa
         (["fit", "--csv", "probes.csv", "--features", "batch_size,colour"], "colour"),
         (["fit", "--csv", "mixed.csv"], "cpu-tensors"),
         (["fit", "--csv", "devices.csv"], "the probes of cnn ran on several devices"),
-        (["fit", "--csv", "devices.csv", "--device", "TPU"], "--device='TPU': a device the probes ran on"),
+        (["fit", "--csv", "devices.csv", "--device", "TPU"], "--device='TPU' is invalid: a device the probes ran on"),
         (["fit", "--csv", "missing.csv"], "--csv='missing.csv'"),
         (["fit", "--experiment", "nope", "--tracking-uri", uri], "--experiment='nope'"),
     ]
@@ -236,7 +237,7 @@ def test_fit_and_predict_refuse_bad_input(probed: tuple[str, Path], tmp_path: Pa
         done = memory_cli("predict", "--memory-model", "m.json", f"--gpu-memory={figure}", check=False)
         assert done.returncode == 2 and f"--gpu-memory={figure!r} is invalid: {message}" in done.stderr, done.stderr
     done = memory_cli("predict", "--memory-model", "m.json", "--gpu-memory", "1GiB", "model=vgg16_frozen", check=False)
-    assert done.returncode == 2 and "model.name=vgg16_frozen" in done.stderr and "fits of: cnn" in done.stderr
+    assert done.returncode == 2 and "model.name='vgg16_frozen+cache'" in done.stderr and "fits of: cnn" in done.stderr
     done = memory_cli("predict", "--memory-model", "m.json", "--gpu-memory", "1GiB", check=False)  # cuda by default
     assert done.returncode == 2 and "cpu-tensors probes" in done.stderr
     # --model: only that model's probes are checked (another model's two devices do not matter)
@@ -249,9 +250,13 @@ def test_fit_and_predict_refuse_bad_input(probed: tuple[str, Path], tmp_path: Pa
     # a table without reserved peaks: named, and --targets leaves them out
     table.assign(reserved_peak_bytes=float("nan")).to_csv("unreserved.csv", index=False)
     done = memory_cli("fit", "--csv", "unreserved.csv", check=False)
-    assert done.returncode == 2 and "reserved_peak_bytes=nan: 12 row(s)" in done.stderr and "'cnn'" in done.stderr
+    assert done.returncode == 2 and "'cnn'" in done.stderr
+    assert "reserved_peak_bytes='nan' is invalid: 12 row(s)" in done.stderr
     memory_cli("fit", "--csv", "unreserved.csv", "--targets", "model_load", "--out", "u.json")
-    [only] = mm.load_models("u.json").values()
+    [only] = load_models("u.json").values()
     assert sorted(only.targets) == ["iteration_peak_bytes", "model_load_bytes"]
     done = memory_cli("fit", "--csv", "two.csv", "--model", "nope", check=False)
-    assert done.returncode == 2 and "--model='nope': a model the probes are of: cnn, vgg16_frozen" in done.stderr
+    assert (
+        done.returncode == 2
+        and "--model='nope' is invalid: a model the probes are of: cnn, vgg16_frozen" in done.stderr
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -9,35 +10,33 @@ from pathlib import Path
 
 import pytest
 
+# What a build needs, copied so that the build writes nothing into the working tree (build/,
+# *.egg-info), where a concurrent test or editable install could read half-written files.
+BUILD_IGNORE = shutil.ignore_patterns(
+    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "mlruns", "outputs", "multirun",
+    "cache", "data", "*.db",
+)  # fmt: skip
+
 
 @pytest.fixture(scope="module")
 def wheel_names(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     repo = Path(__file__).resolve().parents[1]
+    source = tmp_path_factory.mktemp("source") / "dpsweep"
+    shutil.copytree(repo, source, ignore=BUILD_IGNORE)
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(out),
-            str(repo),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(source)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"pip wheel exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
     [wheel] = out.glob("dpsweep-*.whl")
     with zipfile.ZipFile(wheel) as zf:
         return set(zf.namelist())
 
 
 def test_subpackages_are_namespaced(wheel_names: set[str]) -> None:
-    for module in ("dpsweep/train.py", "dpsweep/launchers/__init__.py", "dpsweep/analysis/__init__.py"):
+    for module in (
+        "dpsweep/train.py", "dpsweep/runner.py", "dpsweep/cli/train.py", "dpsweep/tasks/classifier.py",
+        "dpsweep/launchers/__init__.py", "dpsweep/analysis/__init__.py",
+    ):  # fmt: skip
         assert module in wheel_names
 
 
@@ -59,12 +58,19 @@ def test_no_generic_top_level_module_leaks(wheel_names: set[str]) -> None:
     assert {n for n in wheel_names if n.startswith("hydra_plugins/")} == {"hydra_plugins/dpsweep_launchers/__init__.py"}
 
 
-def test_console_entry_point_is_the_hydra_app(wheel_names: set[str]) -> None:
-    assert any(n.endswith("entry_points.txt") for n in wheel_names)
-    from importlib.metadata import entry_points
+COMMANDS = {"dpsweep": "train", "dpsweep-plan": "plan", "dpsweep-epsilon": "epsilon", "dpsweep-report": "report",
+            "dpsweep-memory": "memory"}  # fmt: skip
 
-    [ep] = [e for e in entry_points(group="console_scripts") if e.name == "dpsweep"]
-    assert ep.value == "dpsweep.train:main"
+
+def test_console_scripts_are_the_cli_modules(wheel_names: set[str]) -> None:
+    [entry_points] = [n for n in wheel_names if n.endswith(".dist-info/entry_points.txt")]
+    assert entry_points
+    from importlib.metadata import entry_points as installed
+
+    scripts = {e.name: e.value for e in installed(group="console_scripts") if e.name.startswith("dpsweep")}
+    assert scripts == {name: f"dpsweep.cli.{module}:main" for name, module in COMMANDS.items()}
+    for module in COMMANDS.values():
+        assert f"dpsweep/cli/{module}.py" in wheel_names
 
 
 def test_every_config_group_is_packaged(wheel_names: set[str], repo_root: Path) -> None:

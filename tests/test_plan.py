@@ -14,7 +14,7 @@ from hydra import initialize_config_module
 from mlflow.tracking import MlflowClient
 
 from dpsweep import privacy
-from dpsweep.plan import expand_sweep, plan
+from dpsweep.cli.plan import expand_sweep, plan
 
 BIN = Path(sys.executable).parent
 
@@ -47,7 +47,7 @@ def test_rows_carry_the_trainers_epsilon_and_budget(hydra_ctx: None) -> None:
     dp = [r for r in rows if r.epsilon is not None]
     assert len(off) == 2 and all(r.noise_multiplier is None and not r.over_budget for r in off)
     for r in dp:
-        expected = privacy.epsilon(n=1437, batch_size=64, noise_multiplier=r.noise_multiplier, epochs=4, delta=1e-5)
+        expected = privacy.epsilon(privacy.poisson_schedule(1437, 64), r.noise_multiplier, 1e-5, epochs=4)
         assert r.epsilon == expected.epsilon and r.steps == expected.steps == 4 * 23
         assert r.over_budget == (r.epsilon > 5)
     assert [r.over_budget for r in dp] == [True, False]

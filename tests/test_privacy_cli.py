@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from dpsweep import privacy
-from dpsweep.privacy_cli import run
+from dpsweep.cli.epsilon import main, run
 
 JSON_KEYS = {"epsilon", "delta", "alpha", "steps", "sample_rate", "noise_multiplier", "accountant", "conversion"}
 
@@ -51,7 +51,7 @@ def test_target_epsilon_calibrates_sigma(capsys: pytest.CaptureFixture[str]) -> 
     run(["-s", "60000", "-b", "256", "-e", "10", "--target-epsilon", "1.5", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert out["calibrated"] == "noise_multiplier" and 1.49 <= out["epsilon"] <= 1.5
-    again = privacy.epsilon(n=60000, batch_size=256, noise_multiplier=out["noise_multiplier"], epochs=10, delta=1e-5)
+    again = privacy.epsilon(privacy.poisson_schedule(60000, 256), out["noise_multiplier"], 1e-5, epochs=10)
     assert again.epsilon == out["epsilon"]
 
 
@@ -60,7 +60,7 @@ def test_target_epsilon_calibrates_epochs(capsys: pytest.CaptureFixture[str]) ->
     out = json.loads(capsys.readouterr().out)
     e = out["epochs"]
     assert out["calibrated"] == "epochs" and out["epsilon"] <= 4
-    assert privacy.epsilon(n=1437, batch_size=64, noise_multiplier=1.0, epochs=e + 1, delta=1e-5).epsilon > 4
+    assert privacy.epsilon(privacy.poisson_schedule(1437, 64), 1.0, 1e-5, epochs=e + 1).epsilon > 4
 
 
 def test_plots_are_valid_pngs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -73,16 +73,20 @@ def test_plots_are_valid_pngs(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 
 BAD = [
-    (["-s", "100", "-b", "150", "-n", "1", "-e", "1"], "-b/--batch-size=150", "above 1"),
-    (["-s", "1000", "-b", "10", "-n", "0", "-e", "1"], "-n/--noise-multiplier=0.0", "> 0"),
-    (["-s", "1000", "-b", "10", "-n", "-1", "-e", "1"], "-n/--noise-multiplier=-1.0", "> 0"),
-    (["-s", "1000", "-b", "10", "-n", "1", "-e", "1", "-d", "0"], "-d/--delta=0.0", "(0, 1)"),
-    (["-s", "1000", "-b", "10", "-n", "1", "-e", "1", "-d", "1.5"], "-d/--delta=1.5", "(0, 1)"),
+    (["-s", "100", "-b", "150", "-n", "1", "-e", "1"], "-b/--batch-size=150 is invalid", "above 1"),
+    (["-s", "1000", "-b", "10", "-n", "0", "-e", "1"], "-n/--noise-multiplier=0.0 is invalid", "a positive"),
+    (["-s", "1000", "-b", "10", "-n", "-1", "-e", "1"], "-n/--noise-multiplier=-1.0 is invalid", "a positive"),
+    (["-s", "1000", "-b", "10", "-n", "1", "-e", "1", "-d", "0"], "-d/--delta=0.0 is invalid", "(0, 1)"),
+    (["-s", "1000", "-b", "10", "-n", "1", "-e", "1", "-d", "1.5"], "-d/--delta=1.5 is invalid", "(0, 1)"),
     (["-s", "1000", "-b", "10", "-n", "1", "-e", "1", "-d", "0.01"], "-d/--delta=0.01", "--allow-large-delta"),
     (["-s", "1000", "-b", "10", "-n", "1", "-e", "1", "--steps", "5"], "-e/--epochs or --steps", "not both"),
     (["-s", "1000", "-b", "10", "-n", "1"], "-e/--epochs or --steps", "length"),
-    (["-s", "1000", "-b", "10", "-e", "1000", "--target-epsilon", "1e-9"], "--target-epsilon=1e-09", "cannot"),
+    (["-s", "1000", "-b", "10", "-e", "1000", "--target-epsilon", "1e-9"], "--target-epsilon=1e-09", "reached"),
     (["-s", "1000", "-b", "500", "-n", "0.3", "--target-epsilon", "0.01"], "--target-epsilon=0.01", "one epoch"),
+    (["-s", "1000", "-b", "10", "-n", "nan", "-e", "1"], "-n/--noise-multiplier=nan is invalid", "finite"),
+    (["-s", "1000", "-b", "10", "-n", "inf", "-e", "1"], "-n/--noise-multiplier=inf is invalid", "finite"),
+    (["-s", "1000", "-b", "10", "-n", "1", "-e", "1", "--alphas", "nan"], "--alphas=[nan] is invalid", "finite"),
+    (["-s", "1000", "-b", "10", "-e", "1", "--target-epsilon", "nan"], "--target-epsilon=nan is invalid", "finite"),
     (
         ["-s", "60000", "-b", "150", "-e", "15", "--target-epsilon", "2", "--conversion", "classic"],
         "--target-epsilon",
@@ -95,11 +99,9 @@ BAD = [
 def test_bad_input_exits_2_naming_the_flag(
     capsys: pytest.CaptureFixture[str], argv: list[str], flag: str, allowed: str
 ) -> None:
-    with pytest.raises(SystemExit) as info:
-        run(argv)
-    assert info.value.code == 2
+    assert main(argv) == 2
     err = capsys.readouterr().err
-    assert flag in err and allowed in err
+    assert err.startswith("dpsweep-epsilon: error: ") and flag in err and allowed in err, err
 
 
 def test_large_delta_can_be_allowed(capsys: pytest.CaptureFixture[str]) -> None:

@@ -28,7 +28,7 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from dpsweep.analysis import report as rep
-from dpsweep.report_cli import run
+from dpsweep.cli.report import main, run
 from dpsweep.train import train
 
 pytestmark = pytest.mark.xdist_group("report")  # one worker: the real sweep is trained once
@@ -443,21 +443,22 @@ def test_an_empty_selection_says_why(
     for status in ("FAILED", "FAILED", "KILLED"):
         log_run(client, experiment_name, DP, {}, sweep, status=status)
     log_run(client, experiment_name, DP, {}, sweep | {"optuna.pruned": "true"}, status="KILLED")
-    with pytest.raises(SystemExit) as info:
-        run(["--experiment", experiment_name, "--sweep", "0123456789ab", "--tracking-uri", mlflow_uri])
-    assert info.value.code == 2
+    assert main(["--experiment", experiment_name, "--sweep", "0123456789ab", "--tracking-uri", mlflow_uri]) == 2
     err = capsys.readouterr().err
-    assert "dpsweep-report: error: --sweep=0123456789ab: 0 FINISHED runs of 4 (3 failed, 1 pruned)" in err
+    assert "dpsweep-report: error: --sweep='0123456789ab' is invalid: 0 FINISHED runs of 4 (3 failed, 1 pruned)" in err
 
 
 BAD = [
-    (["--experiment", "nope"], "--experiment=nope: no such experiment at sqlite:///", "experiments there: "),
-    (["--sweep", "feedfeedfeed"], "--sweep=feedfeedfeed: no run of experiment 'rep' is tagged", "sweeps there: "),
-    (["--format", "docx"], "--format=docx: unknown format", "valid: csv, html, md, tex"),
-    (["--sort", "loss"], "--sort=loss: unknown sort key", "valid: accuracy, epsilon"),
-    (["--runs", "zzzz"], "--runs=zzzz: matches no run of the experiment 'rep'", "give a run id"),
-    (["--out", "/proc/dpsweep-report"], "--out=/proc/dpsweep-report: not a writable directory", "you can write to"),
-]
+    (["--experiment", "nope"], "--experiment='nope' is invalid: no such experiment at sqlite:///",
+     "experiments there: "),
+    (["--sweep", "feedfeedfeed"], "--sweep='feedfeedfeed' is invalid: no run of experiment 'rep' is tagged",
+     "sweeps there: "),
+    (["--format", "docx"], "--format='docx' is invalid: unknown format", "valid: csv, html, md, tex"),
+    (["--sort", "loss"], "--sort='loss' is invalid: unknown sort key", "valid: accuracy, epsilon"),
+    (["--runs", "zzzz"], "--runs='zzzz' is invalid: a run id (or a unique prefix) of the experiment 'rep'",
+     "matches no run"),
+    (["--out", "/proc/dpsweep-report"], "--out='/proc/dpsweep-report' is invalid: a directory you can write to", ""),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("argv", "what", "allowed"), BAD, ids=[b[0][0] for b in BAD])
@@ -465,9 +466,7 @@ def test_bad_input_exits_2_naming_the_option(
     sweep: Sweep, capsys: pytest.CaptureFixture[str], argv: list[str], what: str, allowed: str
 ) -> None:
     args = ["--experiment", EXPERIMENT, "--tracking-uri", sweep.uri, *argv]
-    with pytest.raises(SystemExit) as info:
-        run(args)
-    assert info.value.code == 2
+    assert main(args) == 2
     err = capsys.readouterr().err
     assert f"dpsweep-report: error: {what}" in err and allowed in err
 
@@ -477,16 +476,14 @@ def test_an_out_path_that_is_a_file_is_rejected(
 ) -> None:
     a_file = tmp_path / "report.md"
     a_file.write_text("not a directory")
-    with pytest.raises(SystemExit) as info:
-        run(["--experiment", EXPERIMENT, "--tracking-uri", sweep.uri, "--out", str(a_file)])
-    assert info.value.code == 2 and f"--out={a_file}: not a writable directory" in capsys.readouterr().err
+    assert main(["--experiment", EXPERIMENT, "--tracking-uri", sweep.uri, "--out", str(a_file)]) == 2
+    assert f"--out='{a_file}' is invalid: a directory you can write to" in capsys.readouterr().err
 
 
 def test_a_missing_database_is_not_created(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     uri = f"sqlite:///{tmp_path / 'absent.db'}"
-    with pytest.raises(SystemExit) as info:
-        run(["--experiment", EXPERIMENT, "--tracking-uri", uri])
-    assert info.value.code == 2 and "no MLflow database at" in capsys.readouterr().err
+    assert main(["--experiment", EXPERIMENT, "--tracking-uri", uri]) == 2
+    assert "an existing MLflow database (none at" in capsys.readouterr().err
     assert not (tmp_path / "absent.db").exists()
 
 

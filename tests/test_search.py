@@ -14,7 +14,8 @@ from mlflow.tracking import MlflowClient
 
 from dpsweep.config import ConfigError
 from dpsweep.launchers.nodes import ParamSpec
-from dpsweep.search import OBJECTIVES, check_search_space, distribution, grid_values, open_storage
+from dpsweep.launchers.search import OBJECTIVES, check_search_space, distribution, grid_values
+from dpsweep.trials import open_storage
 
 BIN = Path(sys.executable).parent
 FAST = ["train.epochs=1", "train.progress=false"]

@@ -9,16 +9,14 @@ import pytest
 import submitit
 from submitit.core.plugins import get_executors
 
-from dpsweep.launchers.sge import SgeExecutor, SgeJobEnvironment, make_qsub_script
+from dpsweep.launchers.sge import QsubOptions, SgeExecutor, SgeJobEnvironment, make_qsub_script
 from dpsweep.launchers.sge.executor import parse_qacct, parse_qstat_xml
 
 GOLDEN = Path(__file__).parent / "golden"
 
 
 def _script() -> str:
-    return make_qsub_script(
-        command="/opt/venv/bin/python -u -m submitit.core._submit /sweeps/s1/.submitit/%j",
-        folder="/sweeps/s1/.submitit/%j",
+    options = QsubOptions(
         job_name="dpsweep",
         queue="gpu.q",
         timeout_min=120,
@@ -26,10 +24,11 @@ def _script() -> str:
         gpus_per_node=1,
         gpu_resource="h_gpu={gpus}",
         mem_gb=16,
-        array_size=4,
         array_parallelism=2,
         setup=["module load cuda/12", "source /opt/venv/bin/activate"],
     )
+    command = "/opt/venv/bin/python -u -m submitit.core._submit /sweeps/s1/.submitit/%j"
+    return make_qsub_script(command, "/sweeps/s1/.submitit/%j", options, array_size=4)
 
 
 def test_job_script_matches_the_golden_file() -> None:
@@ -51,18 +50,19 @@ def test_script_directives() -> None:
 
 
 def test_single_cpu_no_gpu_no_memory_requests_nothing_extra() -> None:
-    text = make_qsub_script(command="true", folder="/f/%j", timeout_min=1)
+    text = make_qsub_script("true", "/f/%j", QsubOptions(timeout_min=1))
     assert "-pe" not in text and "gpu" not in text and "mem_free" not in text and "s_rt" not in text
     assert "#$ -t 1-1" in text
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [({"gpu_resource": "gpu=1"}, "placeholder"), ({"array_size": 0}, ">= 1"), ({"array_parallelism": 0}, ">= 1")],
+    ("kwargs", "message"), [({"gpu_resource": "gpu=1"}, "placeholder"), ({"array_parallelism": 0}, ">= 1")]
 )
 def test_bad_script_parameters(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        make_qsub_script(command="true", folder="/f", **kwargs)  # type: ignore[arg-type]
+        QsubOptions(**kwargs)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=">= 1"):
+        make_qsub_script("true", "/f", array_size=0)
 
 
 def test_qsub_terse_output() -> None:

@@ -13,6 +13,13 @@ Every submission is an array job (``-t 1-N``, a single job is ``-t 1-1``), submi
 before its inputs are in place. Task ids are SGE's, 1-based: submitit job ids are ``<JOB_ID>_<TASK_ID>``.
 """
 
-from dpsweep.launchers.sge.executor import SgeExecutor, SgeInfoWatcher, SgeJob, SgeJobEnvironment, make_qsub_script
+from dpsweep.launchers.sge.executor import (
+    QsubOptions,
+    SgeExecutor,
+    SgeInfoWatcher,
+    SgeJob,
+    SgeJobEnvironment,
+    make_qsub_script,
+)
 
-__all__ = ["SgeExecutor", "SgeInfoWatcher", "SgeJob", "SgeJobEnvironment", "make_qsub_script"]
+__all__ = ["QsubOptions", "SgeExecutor", "SgeInfoWatcher", "SgeJob", "SgeJobEnvironment", "make_qsub_script"]

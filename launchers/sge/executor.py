@@ -17,6 +17,7 @@ import sys
 import typing as tp
 import uuid
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from submitit.core import core, job_environment, logger, utils
@@ -32,28 +33,9 @@ def _hms(minutes: float) -> str:
     return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-def make_qsub_script(
-    command: str,
-    folder: str | Path,
-    job_name: str = "submitit",
-    queue: str | None = None,
-    timeout_min: float = 5,
-    signal_delay_s: int = 90,
-    cpus_per_task: int | None = None,
-    parallel_env: str = "smp",
-    gpus_per_node: int | None = None,
-    gpu_resource: str = "gpu={gpus}",
-    mem_gb: float | None = None,
-    memory_resource: str = "mem_free",
-    array_size: int = 1,
-    array_parallelism: int = 256,
-    setup: list[str] | None = None,
-    stderr_to_stdout: bool = False,
-    export_env: bool = True,
-    rerunnable: bool = True,
-    additional_parameters: dict[str, str] | None = None,
-) -> str:
-    """The text of a qsub script with ``#$`` directives for an array of ``array_size`` tasks.
+@dataclass(frozen=True)
+class QsubOptions:
+    """The ``#$`` directives of a job script, by submitit's parameter names (see :func:`make_qsub_script`).
 
     - time: ``-l h_rt`` = timeout; ``-l s_rt`` = timeout - signal_delay_s sends SIGUSR1 first, which
       submitit handles as its checkpoint signal (SUBMITIT_PREEMPT_SIGNAL=USR1);
@@ -61,46 +43,73 @@ def make_qsub_script(
     - GPUs: ``-l`` + ``gpu_resource`` with ``{gpus}`` filled in (sites name GPUs differently);
     - CPUs: ``-pe <parallel_env> <cpus>`` when more than one.
     """
-    if array_size < 1 or array_parallelism < 1:
-        raise ValueError(f"array_size and array_parallelism must be >= 1, got {array_size}, {array_parallelism}")
-    if "{gpus}" not in gpu_resource:
-        raise ValueError(f"gpu_resource={gpu_resource!r} needs a {{gpus}} placeholder, e.g. gpu={{gpus}}")
+
+    job_name: str = "submitit"
+    queue: str | None = None
+    timeout_min: float = 5
+    signal_delay_s: int = 90
+    cpus_per_task: int | None = None
+    parallel_env: str = "smp"
+    gpus_per_node: int | None = None
+    gpu_resource: str = "gpu={gpus}"
+    mem_gb: float | None = None
+    memory_resource: str = "mem_free"
+    array_parallelism: int = 256
+    setup: list[str] | None = None
+    stderr_to_stdout: bool = False
+    export_env: bool = True
+    rerunnable: bool = True
+    additional_parameters: dict[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.array_parallelism < 1:
+            raise ValueError(f"array_parallelism must be >= 1, got {self.array_parallelism}")
+        if "{gpus}" not in self.gpu_resource:
+            raise ValueError(f"gpu_resource={self.gpu_resource!r} needs a {{gpus}} placeholder, e.g. gpu={{gpus}}")
+
+
+def make_qsub_script(command: str, folder: str | Path, options: QsubOptions | None = None, array_size: int = 1) -> str:
+    """The text of a qsub script running ``command`` for an array of ``array_size`` tasks, with the
+    ``#$`` directives of ``options`` (:class:`QsubOptions`)."""
+    o = options or QsubOptions()
+    if array_size < 1:
+        raise ValueError(f"array_size must be >= 1, got {array_size}")
     paths = utils.JobPaths(folder=folder)
     task_id = "$JOB_ID_$TASK_ID"  # SGE expands these pseudo variables in -o/-e paths
     stdout = str(paths.stdout).replace("%j", task_id).replace("%t", "0")
     stderr = str(paths.stderr).replace("%j", task_id).replace("%t", "0")
     directives: list[tuple[str, str]] = [
-        ("-N", job_name),
+        ("-N", o.job_name),
         ("-S", "/bin/bash"),
         ("-cwd", ""),
         ("-t", f"1-{array_size}"),
-        ("-tc", str(min(array_size, array_parallelism))),
+        ("-tc", str(min(array_size, o.array_parallelism))),
         ("-o", stdout),
     ]
-    directives.append(("-j", "y") if stderr_to_stdout else ("-e", stderr))
-    if export_env:
+    directives.append(("-j", "y") if o.stderr_to_stdout else ("-e", stderr))
+    if o.export_env:
         directives.append(("-V", ""))
-    if rerunnable:
+    if o.rerunnable:
         directives.append(("-r", "y"))
-    if queue:
-        directives.append(("-q", queue))
-    directives.append(("-l", f"h_rt={_hms(timeout_min)}"))
-    if timeout_min * 60 > 2 * signal_delay_s:
-        directives.append(("-l", f"s_rt={_hms(timeout_min - signal_delay_s / 60)}"))
-    slots = cpus_per_task or 1
+    if o.queue:
+        directives.append(("-q", o.queue))
+    directives.append(("-l", f"h_rt={_hms(o.timeout_min)}"))
+    if o.timeout_min * 60 > 2 * o.signal_delay_s:
+        directives.append(("-l", f"s_rt={_hms(o.timeout_min - o.signal_delay_s / 60)}"))
+    slots = o.cpus_per_task or 1
     if slots > 1:
-        directives.append(("-pe", f"{parallel_env} {slots}"))
-    if mem_gb is not None:
-        per_slot_mb = int(mem_gb * 1024 / slots)
-        directives.append(("-l", f"{memory_resource}={per_slot_mb}M"))
-    if gpus_per_node:
-        directives.append(("-l", gpu_resource.format(gpus=gpus_per_node)))
-    for flag, value in (additional_parameters or {}).items():
+        directives.append(("-pe", f"{o.parallel_env} {slots}"))
+    if o.mem_gb is not None:
+        per_slot_mb = int(o.mem_gb * 1024 / slots)
+        directives.append(("-l", f"{o.memory_resource}={per_slot_mb}M"))
+    if o.gpus_per_node:
+        directives.append(("-l", o.gpu_resource.format(gpus=o.gpus_per_node)))
+    for flag, value in (o.additional_parameters or {}).items():
         directives.append((flag if flag.startswith("-") else f"-{flag}", str(value)))
     lines = ["#!/bin/bash", "", "# Parameters"]
     lines += [f"#$ {flag} {value}".rstrip() for flag, value in directives]
-    if setup:
-        lines += ["", "# setup", *setup]
+    if o.setup:
+        lines += ["", "# setup", *o.setup]
     lines += [
         "",
         "# command",
@@ -113,10 +122,7 @@ def make_qsub_script(
 
 
 def _valid_script_parameters() -> set[str]:
-    import inspect
-
-    names = inspect.signature(make_qsub_script).parameters
-    return set(names) - {"command", "folder", "array_size"}
+    return {f.name for f in fields(QsubOptions)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -319,7 +325,7 @@ class SgeExecutor(core.PicklingExecutor):
         for key in ("nodes", "tasks_per_node"):
             if kwargs.get(key, 1) not in (1, None):
                 raise ValueError(f"{key}={kwargs[key]}: the SGE executor runs single-node, single-task jobs")
-        make_qsub_script(command="true", folder=self.folder, **self._script_parameters(kwargs))  # validates values
+        QsubOptions(**self._script_parameters(kwargs))  # validates values
         super()._internal_update_parameters(**kwargs)
 
     @staticmethod
@@ -331,7 +337,7 @@ class SgeExecutor(core.PicklingExecutor):
         return " ".join([self.python, "-u -m submitit.core._submit", shlex.quote(str(self.folder))])
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
-        return make_qsub_script(command=command, folder=self.folder, **self._script_parameters(self.parameters))
+        return make_qsub_script(command, self.folder, QsubOptions(**self._script_parameters(self.parameters)))
 
     def _num_tasks(self) -> int:
         return 1
@@ -365,7 +371,7 @@ class SgeExecutor(core.PicklingExecutor):
         script = folder / f".submission_file_{uuid.uuid4().hex}.sh"
         params = self._script_parameters(self.parameters)
         script.write_text(
-            make_qsub_script(command=self._submitit_command_str, folder=self.folder, array_size=n, **params)
+            make_qsub_script(self._submitit_command_str, self.folder, QsubOptions(**params), array_size=n)
         )
         self._throttle()
         proc = subprocess.run(self._make_submission_command(script), capture_output=True, text=True, check=False)

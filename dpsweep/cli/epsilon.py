@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dpsweep import privacy
-
-EXIT_USAGE = 2
+from dpsweep import privacy, ranges
+from dpsweep.cli.errors import exits_on_bad_input
+from dpsweep.errors import InputError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,82 +50,78 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _check(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
-    """Reject bad input with the flag, the value and the allowed range (exit code 2)."""
-    if a.dataset_size <= 0:
-        p.error(f"-s/--dataset-size={a.dataset_size}: must be a positive number of examples")
-    if a.batch_size <= 0:
-        p.error(f"-b/--batch-size={a.batch_size}: must be positive")
-    if a.batch_size > a.dataset_size:
-        p.error(
-            f"-b/--batch-size={a.batch_size} with -s/--dataset-size={a.dataset_size}: the sample rate "
-            f"B/N = {a.batch_size / a.dataset_size:.3g} is above 1; B must be at most N"
-        )
-    if a.noise_multiplier is not None and a.noise_multiplier <= 0:
-        p.error(f"-n/--noise-multiplier={a.noise_multiplier}: σ must be > 0")
-    if not 0 < a.delta < 1:
-        p.error(f"-d/--delta={a.delta}: δ must be in the open interval (0, 1)")
-    if a.delta >= 1 / a.dataset_size and not a.allow_large_delta:
-        p.error(
-            f"-d/--delta={a.delta}: δ must be below 1/N = {1 / a.dataset_size:.3g}, or the guarantee is "
-            "void; pass --allow-large-delta to compute it anyway"
-        )
-    for flag, value in (("-e/--epochs", a.epochs), ("--steps", a.steps)):
-        if value is not None and value <= 0:
-            p.error(f"{flag}={value}: must be positive")
-    if a.alphas is not None and any(alpha <= 1 for alpha in a.alphas):
-        p.error(f"--alphas={a.alphas}: RDP orders must be > 1")
-    if a.target_epsilon is not None and a.target_epsilon <= 0:
-        p.error(f"--target-epsilon={a.target_epsilon}: must be > 0")
-    if a.target_epsilon is not None and (a.conversion != "improved" or a.alphas is not None):
-        p.error(
-            "--target-epsilon calibrates with the improved conversion over Opacus's default orders, as the "
-            "trainer does: drop --conversion classic / --alphas, or calibrate without them"
-        )
+def _check(a: argparse.Namespace) -> None:
+    """Reject bad input with the flag, the value and the allowed range (InputError: exit code 2).
+    The ranges are those of the config keys (``dpsweep.ranges``)."""
+    ranges.check("dataset_size", "-s/--dataset-size", a.dataset_size)
+    ranges.check_batch_size("-b/--batch-size", a.batch_size, a.dataset_size)
+    if a.noise_multiplier is not None:
+        ranges.check("noise_multiplier", "-n/--noise-multiplier", a.noise_multiplier)
+    ranges.check_delta("-d/--delta", a.delta, a.dataset_size, a.allow_large_delta, "--allow-large-delta")
+    if a.epochs is not None:
+        ranges.check("epochs", "-e/--epochs", a.epochs)
+    if a.steps is not None:
+        ranges.check("steps", "--steps", a.steps)
+    if a.alphas is not None:
+        ranges.check("rdp_orders", "--alphas", a.alphas)
+    if a.target_epsilon is not None:
+        ranges.check("target_epsilon", "--target-epsilon", a.target_epsilon)
+        if a.conversion != "improved" or a.alphas is not None:
+            raise InputError(
+                "--target-epsilon", a.target_epsilon, "used with the improved conversion over Opacus's default "
+                "orders, as the trainer calibrates: drop --conversion classic / --alphas, or calibrate without them",
+            )  # fmt: skip
     given = (a.epochs is not None) + (a.steps is not None)
+    length = ("-e/--epochs", a.epochs) if a.epochs is not None else ("--steps", a.steps)
     if given == 2:
-        p.error("give -e/--epochs or --steps, not both")
+        raise InputError("-e/--epochs", a.epochs, "-e/--epochs or --steps, not both")
     if a.target_epsilon is not None and a.noise_multiplier is not None:
         if given:
-            p.error("with --target-epsilon give -n (to calibrate the epochs) or -e/--steps (to calibrate σ), not both")
+            raise InputError(
+                length[0], length[1], "left out with --target-epsilon and -n: the epochs are what is calibrated"
+            )
     elif a.target_epsilon is None and a.noise_multiplier is None:
-        p.error("-n/--noise-multiplier is required (or give --target-epsilon to calibrate it)")
-    elif given == 0 and not (a.target_epsilon is not None and a.noise_multiplier is not None):
-        p.error("give the training length: -e/--epochs or --steps")
+        raise InputError("-n/--noise-multiplier", None, "a noise multiplier σ (or --target-epsilon to calibrate it)")
+    elif given == 0:
+        raise InputError("-e/--epochs or --steps", None, "the training length: -e/--epochs or --steps")
 
 
 def _result(a: argparse.Namespace, sigma: float, epochs: int | None, steps: int | None) -> privacy.EpsilonResult:
+    accounting = privacy.Accounting(a.accountant, a.conversion, tuple(a.alphas) if a.alphas else privacy.DEFAULT_ALPHAS)
     return privacy.epsilon(
-        n=a.dataset_size, batch_size=a.batch_size, noise_multiplier=sigma, delta=a.delta, epochs=epochs,
-        steps=steps, accountant=a.accountant, conversion=a.conversion,
-        alphas=tuple(a.alphas) if a.alphas else privacy.DEFAULT_ALPHAS,
-    )  # fmt: skip
+        _schedule(a), noise_multiplier=sigma, delta=a.delta, epochs=epochs, steps=steps, accounting=accounting
+    )
+
+
+def _schedule(a: argparse.Namespace) -> privacy.PoissonSchedule:
+    return privacy.poisson_schedule(a.dataset_size, a.batch_size)
 
 
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Parse, check and compute; returns the JSON object (also printed)."""
-    p = _parser()
-    a = p.parse_args(argv)
-    _check(p, a)
+    """Parse, check and compute; returns the JSON object (also printed). Bad input raises InputError."""
+    a = _parser().parse_args(argv)
+    _check(a)
     warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
     epochs, steps, sigma = a.epochs, a.steps, a.noise_multiplier
     calibrated: str | None = None
     if a.target_epsilon is not None and sigma is None:
         try:
             sigma = privacy.calibrate_noise(
-                target_epsilon=a.target_epsilon, n=a.dataset_size, batch_size=a.batch_size, delta=a.delta,
-                epochs=epochs, steps=steps, accountant=a.accountant,
+                _schedule(a), target_epsilon=a.target_epsilon, delta=a.delta, epochs=epochs, steps=steps,
+                accountant=a.accountant,
             )  # fmt: skip
-        except ValueError:
-            p.error(f"--target-epsilon={a.target_epsilon}: cannot be reached with σ <= 1e6 at this B, N and length")
+        except ValueError as err:
+            raise InputError(
+                "--target-epsilon", a.target_epsilon, "an ε that can be reached with σ <= 1e6 at this B, N and length"
+            ) from err
         calibrated = "noise_multiplier"
     elif a.target_epsilon is not None:
         epochs = privacy.calibrate_epochs(
-            target_epsilon=a.target_epsilon, n=a.dataset_size, batch_size=a.batch_size, noise_multiplier=sigma,
-            delta=a.delta, accountant=a.accountant,
+            _schedule(a), target_epsilon=a.target_epsilon, noise_multiplier=sigma, delta=a.delta,
+            accountant=a.accountant,
         )  # fmt: skip
         if epochs == 0:
-            p.error(f"--target-epsilon={a.target_epsilon}: even one epoch at σ={sigma} costs more")
+            raise InputError("--target-epsilon", a.target_epsilon, f"an ε above that of one epoch at σ={sigma}")
         calibrated = "epochs"
     r = _result(a, sigma, epochs, steps)
     out: dict[str, Any] = {
@@ -170,9 +166,11 @@ def _epochs(o: dict[str, Any]) -> str:
     return f" ({o['epochs']} epochs)" if "epochs" in o else ""
 
 
-def main() -> None:
-    run(sys.argv[1:])
+@exits_on_bad_input("dpsweep-epsilon")
+def main(argv: Sequence[str] | None = None) -> int:
+    run(sys.argv[1:] if argv is None else argv)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -15,7 +15,7 @@ When the sweep has a parent run (tag ``sweep.role=parent``) they are logged on i
 ``report/``, so they appear in the MLflow UI.
 
 Bad input exits with code 2 and names the option, its value and what is allowed, e.g.
-``dpsweep-report: error: --format=docx: unknown format; valid: csv, html, md, tex``.
+``dpsweep-report: error: --format='docx' is invalid: unknown format; valid: csv, html, md, tex``.
 The same tables are importable as DataFrames: see ``dpsweep.analysis.report``.
 """
 
@@ -27,17 +27,17 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
 
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from dpsweep.analysis import report as rep
+from dpsweep.cli.errors import exits_on_bad_input
+from dpsweep.errors import InputError
 
 DEFAULT_URI = "sqlite:///mlflow.db"  # dpsweep's default (tracking.uri), relative to where it ran
 ARTIFACT_DIR = "report"  # where the files go on the sweep's parent run
 DEFAULT_CURVES = 3  # runs on curves.png unless --runs names them
-FLAGS = {"tracking_uri": "--tracking-uri"}  # ReportError.option -> flag, where not just --<option>
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -61,39 +61,35 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _fail(p: argparse.ArgumentParser, err: rep.ReportError) -> NoReturn:
-    p.error(f"{FLAGS.get(err.option, '--' + err.option)}={err.value}: {err.reason}")
-
-
-def _check_out(p: argparse.ArgumentParser, out: Path) -> None:
+def _check_out(out: Path) -> None:
     """--out must be (or become) a directory we can write files in: try it."""
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out):
             pass
     except OSError as err:
-        p.error(f"--out={out}: not a writable directory ({err.strerror or err}); give a directory you can write to")
+        raise InputError("--out", str(out), f"a directory you can write to ({err.strerror or err})") from err
 
 
-def _check_uri(p: argparse.ArgumentParser, uri: str) -> None:
+def _check_uri(uri: str) -> None:
     """A sqlite store must exist already (MLflow would create an empty one); a server must answer."""
     if uri.startswith("sqlite:///"):
         db = Path(uri[len("sqlite:///") :])
         if not db.is_file():
-            p.error(
-                f"--tracking-uri={uri}: no MLflow database at {db.absolute()}; run dpsweep-report where dpsweep "
-                "ran, or pass the URI dpsweep logged to (tracking.uri)"
-            )
+            raise InputError(
+                "--tracking-uri", uri, f"an existing MLflow database (none at {db.absolute()}); run dpsweep-report "
+                "where dpsweep ran, or pass the URI dpsweep logged to (tracking.uri)",
+            )  # fmt: skip
     elif uri.startswith(("http://", "https://")):
         from dpsweep.tracking import check_reachable  # imports torch: only when needed
 
         try:
             check_reachable(uri)
         except ConnectionError as err:
-            p.error(f"--tracking-uri={uri}: {err}")
+            raise InputError("--tracking-uri", uri, f"a reachable MLflow server ({err})") from err
 
 
-def _chosen_runs(p: argparse.ArgumentParser, report: rep.Report, wanted: Sequence[str] | None) -> list[str]:
+def _chosen_runs(report: rep.Report, wanted: Sequence[str] | None) -> list[str]:
     if not wanted:
         return rep.best_runs(report.runs, DEFAULT_CURVES) or rep.best_runs(report.runs, DEFAULT_CURVES, private=None)
     known = list(report.table_runs["run_id"])
@@ -102,7 +98,7 @@ def _chosen_runs(p: argparse.ArgumentParser, report: rep.Report, wanted: Sequenc
         matches = [r for r in known if r.startswith(prefix)]
         if len(matches) != 1:
             why = "matches no run" if not matches else f"matches {len(matches)} runs"
-            p.error(f"--runs={prefix}: {why} of the {report.selection}; give a run id (or a unique prefix) from it")
+            raise InputError("--runs", prefix, f"a run id (or a unique prefix) of the {report.selection}; it {why}")
         chosen.append(matches[0])
     return chosen
 
@@ -126,23 +122,17 @@ def _log_on_parent(report: rep.Report, paths: Sequence[Path]) -> None:
 
 def run(argv: Sequence[str] | None = None) -> rep.Report:
     """Parse, check, report; returns the report (the table is also printed)."""
-    p = _parser()
-    a = p.parse_args(argv)
-    try:
-        rep.lookup(rep.FORMATS, a.format, "format")
-        rep.lookup(rep.SORT_KEYS, a.sort, "sort")
-    except rep.ReportError as err:
-        _fail(p, err)
+    a = _parser().parse_args(argv)
+    rep.lookup(rep.FORMATS, a.format, "format")
+    rep.lookup(rep.SORT_KEYS, a.sort, "sort")
     if a.out is not None:
-        _check_out(p, a.out)
-    _check_uri(p, a.tracking_uri)
+        _check_out(a.out)
+    _check_uri(a.tracking_uri)
     try:
         report = rep.build_report(a.tracking_uri, a.experiment, a.sweep, a.sort)
-    except rep.ReportError as err:
-        _fail(p, err)
     except MlflowException as err:
-        p.error(f"--tracking-uri={a.tracking_uri}: MLflow cannot read it ({err.message})")
-    chosen = _chosen_runs(p, report, a.runs)
+        raise InputError("--tracking-uri", a.tracking_uri, f"a store MLflow can read ({err.message})") from err
+    chosen = _chosen_runs(report, a.runs)
     text = rep.render(report, a.format)
     sys.stdout.write(text)
     sys.stdout.flush()  # before the notes and file lines on stderr
@@ -162,9 +152,11 @@ def run(argv: Sequence[str] | None = None) -> rep.Report:
     return report
 
 
-def main() -> None:
-    run(sys.argv[1:])
+@exits_on_bad_input("dpsweep-report")
+def main(argv: Sequence[str] | None = None) -> int:
+    run(sys.argv[1:] if argv is None else argv)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -34,20 +34,22 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import pandas as pd
 import torch
 from hydra import initialize_config_module
-from hydra.errors import HydraException
 from mlflow.tracking import MlflowClient
 
-from dpsweep import checkpoint
-from dpsweep.config import Config, ConfigError, flatten, identity
-from dpsweep.plan import CONFIG_MODULE, TrainingSetSizes, job_configs
-from dpsweep.registry import UnknownNameError
+from dpsweep.cli.errors import exits_on_bad_input
+from dpsweep.cli.plan import CONFIG_MODULE, MemoryCheck, job_plans
+from dpsweep.config import Config
+from dpsweep.errors import InputError
+from dpsweep.memory_model import PEAK_TARGET
+from dpsweep.memory_predict import MAX_HIDDEN_UNITS
+from dpsweep.units import format_bytes
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 PROBE_LAUNCHERS = ("local", "slurm", "sge")  # a fresh process per config
@@ -62,11 +64,6 @@ MEASURED = (
     "model_load_delta_bytes", "batch_load_delta_bytes", "backward_delta_bytes", "optimizer_step_delta_bytes",
     "iteration_peak_bytes", "reserved_peak_bytes",
 )  # fmt: skip
-
-
-class MemoryCliError(Exception):
-    def __init__(self, option: str, value: Any, allowed: str) -> None:
-        super().__init__(f"{option}={value!r}: {allowed}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -85,13 +82,11 @@ def probe_overrides(overrides: Sequence[str]) -> list[str]:
     as many at once as the device allows, unless the user said otherwise."""
     launcher = _override_value(overrides, "launcher") or "local"
     if launcher not in PROBE_LAUNCHERS:
-        raise MemoryCliError(
-            "launcher", launcher, f"one of {', '.join(PROBE_LAUNCHERS)}: each probe needs a fresh process"
-        )
+        raise InputError("launcher", launcher, f"one of {', '.join(PROBE_LAUNCHERS)}: each probe needs a fresh process")
     for key in FORCED:
         value = _override_value(overrides, key)
         if value is not None:
-            raise MemoryCliError(key, value, f"leave it out: dpsweep-memory probe sets {', '.join(FORCED_VALUES)}")
+            raise InputError(key, value, f"leave it out: dpsweep-memory probe sets {', '.join(FORCED_VALUES)}")
     extra = [f"launcher={launcher}"]
     gpus = torch.cuda.device_count()
     if launcher == "local" and _override_value(overrides, "launcher.max_parallel") is None:
@@ -104,8 +99,8 @@ def probe_overrides(overrides: Sequence[str]) -> list[str]:
 
 def plan_probes(overrides: Sequence[str]) -> tuple[list[Config], list[str]]:
     """The configs of a probe sweep, each checked as ``dpsweep -m`` would, and their config hashes."""
-    configs = [cfg for _, cfg in job_configs(overrides, TrainingSetSizes())]
-    return configs, [checkpoint.config_hash(identity(flatten(cfg))) for cfg in configs]
+    plans = [plan for _, plan in job_plans(overrides)]
+    return [p.config for p in plans], [p.config_hash for p in plans]
 
 
 def probe_table(
@@ -117,7 +112,7 @@ def probe_table(
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
-        raise MemoryCliError("--experiment", experiment, f"an experiment of {uri} that holds probes")
+        raise InputError("--experiment", experiment, f"an experiment of {uri} that holds probes")
     rows: dict[str, dict[str, Any]] = {}
     token = None
     while True:
@@ -200,15 +195,18 @@ def load_probes(args: argparse.Namespace) -> tuple[pd.DataFrame, str]:
     """The probe table from ``--csv`` or from the experiment's probe runs, and where it came from."""
     if args.csv is not None:
         if not args.csv.is_file():
-            raise MemoryCliError("--csv", str(args.csv), "an existing probe table (dpsweep-memory probe --csv)")
+            raise InputError("--csv", str(args.csv), "an existing probe table (dpsweep-memory probe --csv)")
         from dpsweep.analysis.memory_model import read_probes
 
-        return read_probes(args.csv), str(args.csv)
+        try:
+            return read_probes(args.csv), str(args.csv)
+        except (ValueError, UnicodeDecodeError) as err:  # pandas' parser errors are ValueErrors
+            raise InputError("--csv", str(args.csv), f"a probe table in CSV ({err})") from err
     if args.experiment is None:
-        raise MemoryCliError("--experiment", None, "an MLflow experiment holding probes, or --csv FILE")
+        raise InputError("--experiment", None, "an MLflow experiment holding probes, or --csv FILE")
     table = probe_table(args.tracking_uri, args.experiment)
     if table.empty:
-        raise MemoryCliError(
+        raise InputError(
             "--experiment",
             args.experiment,
             f"an experiment with FINISHED probes (tag probe=true) in {args.tracking_uri}",
@@ -224,12 +222,12 @@ def _one_device_per_model(probes: pd.DataFrame, device: str | None) -> pd.DataFr
         kept = probes[probes["device_name"] == device]
         if kept.empty:
             found = ", ".join(sorted(set(probes["device_name"].astype(str))))
-            raise MemoryCliError("--device", device, f"a device the probes ran on: {found}")
+            raise InputError("--device", device, f"a device the probes ran on: {found}")
         return kept
     for model, block in probes.groupby("model"):
         devices = sorted(set(block["device_name"].astype(str)))
         if len(devices) > 1:
-            raise MemoryCliError(
+            raise InputError(
                 "--device", None, f"one of {', '.join(devices)}: the probes of {model} ran on several devices"
             )
     return probes
@@ -244,18 +242,17 @@ def run_fit(args: argparse.Namespace) -> dict[str, Any]:
     if args.model is not None and "model" in probes.columns:
         present = sorted(probes["model"].unique())
         if args.model not in present:
-            raise MemoryCliError("--model", args.model, f"a model the probes are of: {', '.join(present)}")
+            raise InputError("--model", args.model, f"a model the probes are of: {', '.join(present)}")
         probes = probes[probes["model"] == args.model]
     probes = _one_device_per_model(probes, args.device)
     targets = None
     if args.targets:  # the iteration peak is what plans use: always fitted
-        targets = list(dict.fromkeys([*(t.strip() for t in args.targets.split(",") if t.strip()), mm.PEAK_TARGET]))
+        targets = list(dict.fromkeys([*(t.strip() for t in args.targets.split(",") if t.strip()), PEAK_TARGET]))
     models = mm.fit_all(probes, args.model, features, targets=targets, folds=args.folds)
     meta = {"source": source, "created": pd.Timestamp.now(tz="UTC").isoformat(timespec="seconds")}
     out = mm.save_models(args.out, models, meta)
     plot = args.plot or out.with_name(out.stem + "_residuals.png")
-    predictions = [m.cv_predictions for m in models.values() if m.cv_predictions is not None]
-    mm.residual_plot(pd.concat(predictions, ignore_index=True), plot)
+    mm.residual_plot(mm.cv_predictions_table(models), plot)
     for name, m in models.items():
         devices = ", ".join(m.provenance.get("device_name", [])) or "?"
         print(f"\n{name}: {m.n_probes} probes, backend {m.backend} ({devices})")
@@ -279,24 +276,15 @@ def run_fit(args: argparse.Namespace) -> dict[str, Any]:
 # predict
 # ---------------------------------------------------------------------------------------------
 def run_predict(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from dpsweep.analysis import memory_model as mm
-    from dpsweep.analysis import memory_predict as mp
-    from dpsweep.memory import model_key
-
-    models = mm.load_models(args.memory_model)
-    rows = []
-    sizes = TrainingSetSizes()
+    memory = MemoryCheck(str(args.memory_model), args.gpu_memory, args.backend)
     with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
-        jobs = job_configs(args.overrides, sizes)
-    for job, cfg in jobs:
-        figure, budget = mp.gpu_budget(cfg, args.gpu_memory)
-        if figure is None or budget is None:
-            raise MemoryCliError("--gpu-memory", None, "the GPU memory with units, e.g. 16GiB (or launcher.gpu_memory)")
-        facts = sizes.facts(cfg)
-        fitted = mp.model_for(models, model_key(cfg), args.backend)
-        p = mp.predict_config(fitted, cfg, facts, budget)
-        rows.append({"overrides": " ".join(job) or "(defaults)", "prediction": p, "budget": figure,
-                     "n_train": facts.n_train})  # fmt: skip
+        plans = job_plans(args.overrides, memory)
+    rows: list[dict[str, Any]] = []
+    for job, plan in plans:
+        if plan.memory is None or plan.gpu_memory is None:
+            raise InputError("--gpu-memory", None, "the GPU memory with units, e.g. 16GiB (or launcher.gpu_memory)")
+        rows.append({"overrides": " ".join(job) or "(defaults)", "prediction": plan.memory,
+                     "budget": plan.gpu_memory, "n_train": plan.facts.n_train})  # fmt: skip
     if args.json:  # only the JSON on stdout, for jq and scripts
         print(json.dumps([_as_json(r) for r in rows], indent=1))
         return rows
@@ -306,9 +294,6 @@ def run_predict(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _print_prediction(overrides: str, p: Any, budget: str, n_train: int) -> None:
-    from dpsweep.analysis.memory_predict import MAX_HIDDEN_UNITS
-    from dpsweep.memory import format_bytes
-
     verdict = "fits" if p.fits else "OUT OF MEMORY"
     resident = f" + {format_bytes(p.resident_bytes)} of device-resident data" if p.resident_bytes else ""
     print(f"{overrides}: {verdict}: predicted peak {format_bytes(p.peak_bytes)}{resident} for {budget} (envelope fit)")
@@ -387,23 +372,19 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _error(message: str) -> NoReturn:
-    print(f"dpsweep-memory: error: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(2)
+COMMANDS: dict[str, Callable[[argparse.Namespace], Any]] = {
+    "probe": lambda args: run_probes(args.overrides, args.csv),
+    "fit": run_fit,
+    "predict": run_predict,
+}
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+@exits_on_bad_input("dpsweep-memory")
+def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        if args.command == "probe":
-            run_probes(args.overrides, args.csv)
-        elif args.command == "fit":
-            run_fit(args)
-        else:
-            run_predict(args)
-    except (MemoryCliError, ConfigError, UnknownNameError, HydraException, FileNotFoundError, ValueError) as err:
-        _error(str(err))
+    COMMANDS[args.command](args)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

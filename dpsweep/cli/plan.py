@@ -1,0 +1,200 @@
+"""``dpsweep-plan``: the jobs a ``dpsweep -m`` sweep would launch, with their ε, without training.
+
+    dpsweep-plan experiment=demo
+    dpsweep-plan train.batch_size=64,256 dp.noise_multiplier=0.8,1.1 train.epochs=10,30
+    dpsweep-plan dp.noise_multiplier=0.5,1,2 sweep.max_epsilon=3     # over-budget jobs are dropped
+    dpsweep-plan experiment=demo --json
+    dpsweep-plan train.batch_size=64,512 --memory-model memory_model.json --gpu-memory 16GiB   # peak memory
+
+It takes exactly the overrides ``dpsweep -m`` takes and expands them with Hydra's own basic-sweeper
+logic (``hydra.sweeper.params`` from the config first, then the command line), so the rows are the
+jobs, in the order Hydra launches them. ε uses the trainer's step convention
+(``dpsweep.privacy.poisson_schedule``), so it equals the ε each run logs at its end.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from hydra import compose, initialize_config_module
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+from dpsweep.cli.errors import exits_on_bad_input
+from dpsweep.config import ConfigError, to_config
+from dpsweep.memory_model import load_models
+from dpsweep.plan import FactsCache, MemoryBudget, RunPlan, prepare
+from dpsweep.units import format_bytes
+
+CONFIG_MODULE = "dpsweep.conf"
+PROG = "dpsweep-plan"
+
+
+def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
+    """The override lists of the jobs ``dpsweep -m <overrides>`` launches, in launch order."""
+    parser = OverridesParser.create()
+    parsed = parser.parse_overrides(list(overrides))
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override() and o.input_line is not None]
+    hydra_cfg = compose("config", overrides=fixed, return_hydra_config=True).hydra
+    node = hydra_cfg.sweeper.get("params")
+    params = OmegaConf.to_container(node, resolve=False) if node is not None else {}
+    assert isinstance(params, dict)
+    lines = [f"{k!s}={v!s}" for k, v in params.items()] + list(overrides)
+    [jobs] = BasicSweeper.split_arguments(parser.parse_overrides(lines), max_batch_size=None)
+    return jobs
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    job: int
+    overrides: str
+    dataset: str
+    model: str
+    batch_size: int
+    noise_multiplier: float | None  # σ; calibrated when dp.target_epsilon is set
+    max_grad_norm: float | None
+    lr: float
+    epochs: int
+    delta: float | None
+    epsilon: float | None  # under ``accountant``; None without DP
+    accountant: str | None
+    steps: int
+    n_train: int
+    over_budget: bool  # ε > sweep.max_epsilon: dpsweep -m skips it
+    peak_bytes: float | None = None  # predicted iteration peak (with --memory-model)
+    gpu_memory: str | None = None  # the budget it is compared with
+    fits_memory: bool | None = None  # None: no memory model or no budget
+
+
+def plan_row(job: int, overrides: list[str], plan: RunPlan) -> PlanRow:
+    cfg, p = plan.config, plan.privacy
+    memory = plan.memory
+    return PlanRow(
+        job=job, overrides=" ".join(overrides), dataset=cfg.dataset.name, model=cfg.model.name,
+        batch_size=cfg.train.batch_size, noise_multiplier=plan.noise_multiplier,
+        max_grad_norm=cfg.dp.max_grad_norm if p else None, lr=cfg.optimizer.lr, epochs=cfg.train.epochs,
+        delta=p.delta if p else None, epsilon=p.epsilon if p else None, accountant=p.accountant if p else None,
+        steps=plan.steps, n_train=plan.facts.n_train, over_budget=plan.over_budget is not None,
+        peak_bytes=memory.peak_bytes if memory else None,
+        gpu_memory=plan.gpu_memory if memory else None, fits_memory=plan.fits_memory,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MemoryCheck:
+    """``--memory-model FILE [--gpu-memory SIZE] [--backend B]``: predict each job's peak memory."""
+
+    model_file: str
+    gpu_memory: str | None = None  # default: each job's launcher.gpu_memory
+    backend: str = "cuda"
+
+
+def job_plans(overrides: Sequence[str], memory: MemoryCheck | None = None) -> list[tuple[list[str], RunPlan]]:
+    """Each job of ``dpsweep -m <overrides>`` with its run plan (``dpsweep.plan.prepare``), in launch
+    order; needs Hydra initialised on dpsweep.conf. The notes of datasets whose files are missing
+    (planned with their official size) go to stderr."""
+    facts = FactsCache()
+    budget = None
+    if memory is not None:  # the file read once, not per job
+        budget = MemoryBudget(load_models(memory.model_file), memory.backend, memory.gpu_memory, predict=True)
+    out = []
+    for job in expand_sweep(overrides):
+        cfg = to_config(compose("config", overrides=job))
+        out.append((job, prepare(cfg, facts(cfg), budget)))
+    for note in dict.fromkeys(facts.notes):
+        print(f"{PROG}: note: {note}", file=sys.stderr)
+    return out
+
+
+def plan(overrides: Sequence[str], memory: MemoryCheck | None = None) -> list[PlanRow]:
+    """One row per job of ``dpsweep -m <overrides>``; needs Hydra initialised on dpsweep.conf."""
+    return [plan_row(i, job, p) for i, (job, p) in enumerate(job_plans(overrides, memory))]
+
+
+def format_table(rows: Sequence[PlanRow]) -> str:
+    cols = ("job", "dataset", "model", "B", "σ", "C", "lr", "epochs", "δ", "ε")
+    memory = any(r.peak_bytes is not None for r in rows)
+    header = "{:>3}  {:<10} {:<12} {:>5} {:>7} {:>6} {:>8} {:>6} {:>8} {:>9}".format(*cols)
+    lines = [header + ("  {:>10}".format("peak") if memory else "")]
+    for r in rows:
+        dash = "—"
+        sigma = f"{r.noise_multiplier:.4g}" if r.noise_multiplier is not None else dash
+        clip = f"{r.max_grad_norm:g}" if r.max_grad_norm is not None else dash
+        delta = f"{r.delta:.0e}" if r.delta is not None else dash
+        eps = f"{r.epsilon:.4g}" if r.epsilon is not None else "non-DP"
+        line = (
+            f"{r.job:>3}  {r.dataset:<10} {r.model:<12} {r.batch_size:>5} {sigma:>7} {clip:>6} {r.lr:>8.3g} "
+            f"{r.epochs:>6} {delta:>8} {eps:>9}"
+        )
+        if memory:
+            line += f"  {format_bytes(r.peak_bytes) if r.peak_bytes is not None else dash:>10}"
+        if r.fits_memory is False:
+            line += f"  will not fit {r.gpu_memory}"
+        lines.append(line + ("  over budget: skipped" if r.over_budget else ""))
+    accountants = sorted({r.accountant for r in rows if r.accountant})
+    if accountants:
+        lines.append(f"ε: {', '.join(accountants)} accountant(s) over each job's steps (Opacus Poisson convention)")
+    if memory:
+        lines.append(
+            "peak: predicted iteration peak (envelope fit; with DP for the run's largest Poisson batch); "
+            "dpsweep-memory predict says what would fit"
+        )
+    return "\n".join(lines)
+
+
+def _take_option(args: list[str], flag: str) -> str | None:
+    """Remove ``--flag VALUE`` or ``--flag=VALUE`` from ``args`` and return VALUE."""
+    for i, a in enumerate(args):
+        if a == flag:
+            if i + 1 == len(args):
+                raise ConfigError(flag, None, "a value after the flag")
+            value = args[i + 1]
+            del args[i : i + 2]
+            return value
+        if a.startswith(flag + "="):
+            del args[i]
+            return a.split("=", 1)[1]
+    return None
+
+
+@exits_on_bad_input(PROG)
+def main(argv: Sequence[str] | None = None) -> int:
+    """``dpsweep-plan [--json] [--memory-model FILE [--gpu-memory SIZE] [--backend cuda|cpu-tensors]] OVERRIDES``"""
+    args = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in args
+    args = [a for a in args if a != "--json"]
+    if "-h" in args or "--help" in args:
+        print(__doc__)
+        return 0
+    warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+    model_file = _take_option(args, "--memory-model")
+    gpu_memory = _take_option(args, "--gpu-memory")
+    backend = _take_option(args, "--backend")
+    if backend not in (None, "cuda", "cpu-tensors"):
+        raise ConfigError("--backend", backend, "cuda or cpu-tensors (the memory backend of the probes)")
+    if model_file is None and (gpu_memory is not None or backend is not None):
+        flag, value = ("--gpu-memory", gpu_memory) if gpu_memory is not None else ("--backend", backend)
+        raise ConfigError(flag, value, "used with --memory-model FILE (dpsweep-memory fit)")
+    memory = MemoryCheck(model_file, gpu_memory, backend or "cuda") if model_file is not None else None
+    with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+        rows = plan(args, memory)
+    if as_json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+        return 0
+    print(format_table(rows))
+    dropped = [r for r in rows if r.over_budget]
+    if dropped:
+        print(f"{len(dropped)} of {len(rows)} jobs exceed sweep.max_epsilon and would be skipped")
+    oom = [r for r in rows if r.fits_memory is False]
+    if oom:
+        print(f"{len(oom)} of {len(rows)} jobs are predicted not to fit the GPU memory")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""``dpsweep``: one run of one config, or a sweep with ``-m`` (Hydra's command line).
+
+    dpsweep                                          # one run on the defaults (digits, cnn, DP-SGD)
+    dpsweep dp.noise_multiplier=1.3 train.epochs=5   # one run with overrides
+    dpsweep -m experiment=demo                       # the README's demo sweep (4 runs)
+
+A thin entry point: the run is :func:`dpsweep.runner.train`; this module sets the checkpoint
+directory to the Hydra job's own, prints the result line, and turns bad input into exit code 2 (in
+a sweep it raises instead, so that the sweeper records the job as failed and goes on). A config over
+``sweep.max_epsilon`` is skipped, not failed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.plugins import Plugins
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from dpsweep import memory, units
+from dpsweep.cli.errors import BAD_INPUT, report_bad_input
+from dpsweep.config import Config, to_config
+from dpsweep.runner import OverBudget, TrainResult, train
+
+
+def register_hydra_plugins() -> None:
+    """Register dpsweep's sweeper and launchers with Hydra, for the dpsweep command.
+
+    Hydra's plugin scan finds them in a wheel install but not through an editable install's import
+    hook; registering twice is harmless.
+    """
+    from hydra_plugins.dpsweep_launchers import PLUGINS
+
+    for plugin in PLUGINS:
+        Plugins.instance().register(plugin)
+
+
+def summary_line(cfg: Config, r: TrainResult) -> str:
+    """``dpsweep: run 1a2b3c4d digits/cnn B=64 epochs=8  test_accuracy=0.8778  ε=7.417 (rdp, δ=1e-05; …)``"""
+    if cfg.train.probe:
+        m = r.epochs[-1]
+        stages = "  ".join(f"{s}={units.format_bytes(m[f'memory.{s}_bytes'])}" for s in memory.STAGES)
+        peak = units.format_bytes(m["memory.iteration_peak_bytes"])
+        return (
+            f"dpsweep: probe {r.run_id[:8]} {cfg.dataset.name}/{cfg.model.name} B={cfg.train.batch_size} "
+            f"dp={cfg.dp.enabled}  {stages}  peak={peak} ({r.memory_backend})"
+        )
+    if r.epsilon is not None:
+        privacy_text = (
+            f"ε={r.epsilon:.3f} ({cfg.dp.accountant.value}, δ={cfg.dp.delta:g}; "
+            f"rdp {r.epsilons['rdp']:.3f}, prv {r.epsilons['prv']:.3f})  "
+            f"σ={r.noise_multiplier:.3g} C={cfg.dp.max_grad_norm:g}"
+        )
+    else:
+        privacy_text = "non-private (no ε)"
+    return (
+        f"dpsweep: run {r.run_id[:8]} {cfg.dataset.name}/{cfg.model.name} B={cfg.train.batch_size} "
+        f"epochs={cfg.train.epochs}  test_accuracy={r.test_accuracy:.4f}  {privacy_text}"
+    )
+
+
+def _job_overrides() -> str:
+    return " ".join(HydraConfig.get().overrides.task) or "(defaults)"
+
+
+register_hydra_plugins()
+
+
+@hydra.main(version_base="1.3", config_path="pkg://dpsweep.conf", config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    """Console entry point ``dpsweep``; returns the metric a sweeper optimises (None: skipped)."""
+    hydra_cfg = HydraConfig.get()
+    if cfg.train.checkpoint_dir is None:  # the job's own directory: stable when a cluster requeues it
+        cfg.train.checkpoint_dir = str(Path(hydra_cfg.runtime.output_dir) / "checkpoint")
+    try:
+        result = train(cfg)
+    except OverBudget as why:  # not an error: the sweep goes on without this config
+        print(f"dpsweep: skip {_job_overrides()}: {why}", flush=True)
+        return None
+    except BAD_INPUT as err:
+        if hydra_cfg.mode == RunMode.MULTIRUN:
+            raise  # the sweeper records this job as failed and goes on
+        raise SystemExit(report_bad_input("dpsweep", err)) from err
+    print(summary_line(to_config(cfg), result), flush=True)
+    return result.test_accuracy
+
+
+if __name__ == "__main__":
+    main()
