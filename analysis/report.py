@@ -132,7 +132,7 @@ def search_runs(
     filters = [filter_string] if filter_string else []
     if sweep_id is not None:
         if "'" in sweep_id or "`" in sweep_id:
-            raise ReportError("sweep", sweep_id, "a sweep id has no quotes (12 hex digits, e.g. 3d13dc24edc7)")
+            raise ReportError("sweep", sweep_id, "a sweep id without quotes (12 characters, e.g. s3d13dc24edc)")
         filters.append(f"tags.`sweep.id` = '{sweep_id}'")
     runs = _paginate(client, str(exp.experiment_id), " and ".join(filters), page_size)
     if sweep_id is not None and not runs:

@@ -16,7 +16,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import random
+import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,6 +94,26 @@ def save(
         )
     tmp.replace(path)
     return path
+
+
+# What torch.load raises on a truncated or garbled file (zip archive, pickle, tensor storage).
+UNREADABLE = (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, KeyError, TypeError, ValueError)
+
+
+def set_aside_if_corrupt(directory: Path) -> Path | None:
+    """A checkpoint that cannot be read (truncated, garbled) is renamed ``checkpoint.pt.corrupt-<time>``
+    and the run starts afresh; returns where it was put (None: nothing to set aside). Checkpoints are
+    written atomically (:func:`save`), so this takes a fault outside dpsweep: a full disk, a bad copy."""
+    path = directory / FILENAME
+    if not path.exists():
+        return None
+    try:
+        TrainingState(**torch.load(path, weights_only=False, map_location="cpu")["training_state"])
+    except UNREADABLE:
+        aside = path.with_name(f"{FILENAME}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
+        path.replace(aside)
+        return aside
+    return None
 
 
 def peek(directory: Path, expected_hash: str) -> TrainingState | None:

@@ -13,6 +13,7 @@ Range checks that types cannot express (``noise_multiplier > 0``, ``delta < 1/N`
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -292,7 +293,21 @@ def to_config(cfg: DictConfig | Config) -> Config:
             "train() needs a config composed against the dpsweep schema "
             "(hydra.compose(config_name='config') or the dpsweep CLI), got a plain mapping"
         )
+    _refuse_unknown_keys(cfg, obj)
     return obj
+
+
+def _refuse_unknown_keys(given: DictConfig, typed: Config) -> None:
+    """Keys the schema lacks (``+train.bach_size=32``: Hydra adds them, and the typed config would drop
+    them silently) are refused, with the closest valid keys."""
+    import difflib
+
+    known = flatten(typed)
+    for key, value in flatten(given).items():
+        if key not in known and not any(k.startswith(key + ".") for k in known):
+            close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(key, value, f"a key of the dpsweep config (this one is not in its schema){hint}")
 
 
 def flatten(cfg: DictConfig | Config) -> dict[str, Any]:
@@ -342,10 +357,13 @@ def validate(cfg: Config) -> None:
     _require(m.hidden_units > 0, "model.hidden_units", m.hidden_units, "a positive integer")
     if isinstance(m, VGG16FrozenConfig):
         _require(0.0 <= m.dropout < 1.0, "model.dropout", m.dropout, "a probability in [0, 1)")
+    for key, value in flatten(cfg).items():  # every number of every input is finite (nan, inf hang or lie)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(key, value, "a finite number")
     _require(opt.lr > 0, "optimizer.lr", opt.lr, "a positive learning rate")
     _require(opt.weight_decay >= 0, "optimizer.weight_decay", opt.weight_decay, "0 or a positive L2 penalty")
     if isinstance(opt, SGDConfig):
-        _require(opt.momentum >= 0, "optimizer.momentum", opt.momentum, "0 or a positive momentum")
+        _require(0 <= opt.momentum < 1, "optimizer.momentum", opt.momentum, "a momentum in [0, 1)")
     if isinstance(opt, AdamConfig):
         betas = list(opt.betas)
         _require(

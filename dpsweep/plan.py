@@ -137,7 +137,7 @@ def _budget_verdict(cfg: Config, planned: PlannedPrivacy | None) -> str | None:
     limit = cfg.sweep.max_epsilon
     if planned is None or limit is None or cfg.train.probe:  # a probe takes one step and reports no ε
         return None
-    if planned.epsilon > limit:
+    if not planned.epsilon <= limit:  # an ε that is not a finite number is never within a budget
         return f"ε={planned.epsilon:.4g} ({planned.accountant}, δ={planned.delta:g}) > sweep.max_epsilon={limit:g}"
     return None
 

@@ -147,10 +147,21 @@ def epsilon_from_history(
     conversion: str = "improved",
     alphas: Sequence[float] = DEFAULT_ALPHAS,
 ) -> tuple[float, float | None]:
-    """(ε, optimal α) for an Opacus accountant history; α is None for PRV; ε is 0 for no steps."""
+    """(ε, optimal α) for an Opacus accountant history; α is None for PRV; ε is 0 for no steps.
+
+    The ε returned is never negative and never NaN: (ε, δ)-DP implies (ε', δ)-DP for every ε' >= ε
+    (Dwork & Roth 2014, Def. 2.4), so a negative bound (the improved conversion gives one for large δ,
+    e.g. δ = 0.5) is reported as 0; a bound that could not be computed (NaN) is reported as +inf, which
+    no budget admits."""
     if not history or sum(s for _, _, s in history) == 0:
         return 0.0, None
-    return ACCOUNTANTS.get(accountant)(history, delta, conversion, alphas)
+    eps, alpha = ACCOUNTANTS.get(accountant)(history, delta, conversion, alphas)
+    return sound_epsilon(eps), alpha
+
+
+def sound_epsilon(eps: float) -> float:
+    """A computed ε as a guarantee: negative -> 0, NaN -> +inf (see :func:`epsilon_from_history`)."""
+    return math.inf if math.isnan(eps) else max(0.0, eps)
 
 
 @dataclass(frozen=True)
@@ -314,7 +325,7 @@ def epsilon_grid(
         for j in range(len(grid.noise_multipliers)):
             rdp1 = next(per_step)
             for k, e in enumerate(epochs_arr):
-                out[i, j, k] = convert(orders, rdp1 * schedule.steps(int(e)), delta)[0]
+                out[i, j, k] = sound_epsilon(convert(orders, rdp1 * schedule.steps(int(e)), delta)[0])
     return out
 
 

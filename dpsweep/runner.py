@@ -90,10 +90,13 @@ def train(cfg: DictConfig | Config) -> TrainResult:
     if plan.over_budget is not None:
         raise OverBudget(plan.over_budget)
     ckpt_dir = Path(config.train.checkpoint_dir) if config.train.checkpoint_dir and not config.train.probe else None
+    set_aside = checkpoint.set_aside_if_corrupt(ckpt_dir) if ckpt_dir else None
     resume = checkpoint.peek(ckpt_dir, plan.config_hash) if ckpt_dir else None
     monitor = memory.monitor_for(device)  # baseline before the model exists
     task_run = tasks.get(config.task.name).build(tasks.RunInputs(config, plan, data, device))
     tags = run_tags(plan, data, device, monitor.backend) | task_run.tags()
+    if set_aside is not None:  # the run starts afresh; the unreadable file is kept for inspection
+        tags["checkpoint.set_aside"] = str(set_aside)
     with (
         terminate_as_interrupt(),
         tracked_run(_named(config, plan), tags, resume_run_id=resume.run_id if resume else None) as run,
@@ -159,9 +162,9 @@ def _epochs(
     for epoch in tqdm(range(first, cfg.train.epochs + 1), desc="epochs", disable=show, file=sys.stderr):
         metrics = task_run.train_epoch(epoch, stages)
         metrics = task_run.evaluate() | metrics | {"memory.peak_bytes": float(stages.recorder.observe())}
-        eps = task_run.epsilon(cfg.dp.delta)
-        if eps is not None:
-            metrics["epsilon"] = eps
+        if cfg.dp.enabled:  # ε so far, from the same accountant functions as the final ε
+            history = task_run.privacy_history()
+            metrics["epsilon"] = privacy.epsilon_from_history(history, cfg.dp.delta, cfg.dp.accountant.value)[0]
         run.log_metrics(metrics, step=epoch)
         result.epochs.append({"epoch": float(epoch), **metrics})
         if reporter is not None and reporter.should_prune(epoch, metrics["test_accuracy"]):

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from typing import Any
 
 import optuna
 from hydra.core.utils import JobReturn, JobStatus
 
 from dpsweep.launchers.nodes import OptunaSearchConf
+from dpsweep.launchers.overrides import new_sweep_id, string_override
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,8 @@ class OptunaSearch:
         launcher = self.sweeper.launcher
         assert launcher is not None
         c = self.conf
-        sweep_id = uuid.uuid4().hex[:12]
-        base = self.sweeper.compose_job([*arguments, f"sweep.id={sweep_id}"])
+        sweep_id = new_sweep_id()
+        base = self.sweeper.compose_job([*arguments, string_override("sweep.id", sweep_id)])
         try:
             from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -148,8 +148,9 @@ class OptunaSearch:
     ) -> list[str]:
         c = self.conf
         values = [f"{name}={_override_value(value)}" for name, value in trial.params.items()]
-        meta = [f"sweep.id={sweep_id}", f"sweep.parent_run_id={parent}", f"sweep.study={c.study_name}",
-                f"sweep.trial={trial.number}", f"sweep.storage={c.storage}"]  # fmt: skip
+        meta = [string_override("sweep.id", sweep_id), string_override("sweep.parent_run_id", parent),
+                string_override("sweep.study", c.study_name), f"sweep.trial={trial.number}",
+                string_override("sweep.storage", c.storage)]  # fmt: skip
         if c.pruner:
             meta.append(f"sweep.pruner={c.pruner}")
         return [*arguments, *values, *extra, *meta]

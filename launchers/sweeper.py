@@ -10,13 +10,13 @@ Before anything is launched it
 While jobs run, a failed job (raised, killed, out of memory) is recorded and the sweep goes on. At
 the end it marks any run its jobs left RUNNING (a job killed outright) as KILLED, prints one summary
 line with the finished, skipped and failed counts and the failed runs' ids, and exits with status 1
-if any job failed. Every job gets the override ``sweep.id=<id>``; its MLflow run carries that tag.
+if any job failed. Every job gets the override ``sweep.id='<id>'`` (quoted: see
+``dpsweep.launchers.overrides``); its MLflow run carries that tag.
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +30,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from dpsweep.launchers.nodes import OptunaSearchConf
+from dpsweep.launchers.overrides import new_sweep_id, string_override
 from dpsweep.launchers.preflight import preflight, refuse
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ class DpsweepSweeper(Sweeper):
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         lines = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
         [jobs] = BasicSweeper.split_arguments(parser.parse_overrides(lines), None)
-        return [[*job, f"sweep.id={sweep_id}"] for job in jobs]
+        return [[*job, string_override("sweep.id", sweep_id)] for job in jobs]
 
     def compose_job(self, job: list[str]) -> DictConfig:
         """The job's own config (without the ``hydra`` node, whose job fields exist only at run time)."""
@@ -116,7 +117,7 @@ class DpsweepSweeper(Sweeper):
         from dpsweep.config import TrackingConfig, to_config
         from dpsweep.tracking import terminate_as_interrupt, tracked_run
 
-        sweep_id = uuid.uuid4().hex[:12]
+        sweep_id = new_sweep_id()
         jobs = self._jobs(arguments, sweep_id)
         configs = [self.compose_job(job) for job in jobs]
         preflight(configs, jobs)
@@ -137,7 +138,7 @@ class DpsweepSweeper(Sweeper):
                     {"sweep.overrides": " ".join(arguments), "sweep.launcher": first.launcher.name,
                      "sweep.n_configs": len(jobs), "sweep.n_skipped": len(skipped), "sweep.dir": str(sweep_dir)}
                 )  # fmt: skip
-                todo = [[*job, f"sweep.parent_run_id={parent.run_id}"] for job in todo]
+                todo = [[*job, string_override("sweep.parent_run_id", parent.run_id)] for job in todo]
                 log.info(f"dpsweep sweep {sweep_id}: {len(todo)} jobs to run, launcher={first.launcher.name}")
                 returns = self._launch(todo, outcome, first)
                 finish(outcome, first)

@@ -95,9 +95,6 @@ class TaskRun(Protocol):
     def probe(self, stages: Stages) -> dict[str, float]:
         """Run one training iteration on exactly ``train.batch_size`` examples (memory probe)."""
 
-    def epsilon(self, delta: float) -> float | None:
-        """ε spent so far under ``dp.accountant`` (None without DP), for the per-epoch metric."""
-
     def privacy_history(self) -> privacy.History:
         """Every privacy event spent, as ``(noise_multiplier, sample_rate, steps)`` segments (empty without DP)."""
 

@@ -1,0 +1,103 @@
+"""Regressions of the red team's input and privacy-hygiene findings (issue 13): non-finite numbers,
+negative ε, keys the schema lacks, a DP probe's loss, corrupt checkpoints, and ids that Hydra would
+read as numbers (issue 14)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from helpers import Composer, runs_of
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from mlflow.tracking import MlflowClient
+
+from dpsweep import privacy
+from dpsweep.config import ConfigError, to_config, validate
+from dpsweep.data import DatasetFacts
+from dpsweep.launchers.overrides import new_sweep_id, string_override
+from dpsweep.plan import prepare
+from dpsweep.train import train
+
+DIGITS = DatasetFacts(1437, (1, 28, 28), 10)
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("optimizer.lr=inf", "optimizer.lr"),
+        ("dp.max_grad_norm=inf", "dp.max_grad_norm"),
+        ("dp.noise_multiplier=inf", "dp.noise_multiplier"),
+        ("dp.noise_multiplier=nan", "dp.noise_multiplier"),
+        ("dp.target_epsilon=inf", "dp.target_epsilon"),
+        ("dp.target_epsilon=nan", "dp.target_epsilon"),
+        ("dp.delta=nan", "dp.delta"),
+        ("sweep.max_epsilon=inf", "sweep.max_epsilon"),
+        ("optimizer.weight_decay=nan", "optimizer.weight_decay"),
+    ],
+)
+def test_non_finite_numbers_are_refused_before_any_work(make_cfg: Composer, override: str, key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        validate(to_config(make_cfg(override)))
+    assert info.value.key == key and "finite" in str(info.value)
+
+
+def test_momentum_is_below_one(make_cfg: Composer) -> None:
+    with pytest.raises(ConfigError, match=r"optimizer.momentum=1.0 is invalid: a momentum in \[0, 1\)"):
+        validate(to_config(make_cfg("optimizer.momentum=1.0")))
+
+
+def test_a_key_the_schema_lacks_is_refused_however_it_arrives(make_cfg: Composer) -> None:
+    with pytest.raises(ConfigError) as info:
+        to_config(make_cfg("+train.bach_size=32"))
+    assert info.value.key == "train.bach_size" and "did you mean train.batch_size" in str(info.value)
+
+
+def test_epsilon_is_never_negative_even_where_the_conversion_says_so() -> None:
+    schedule = privacy.poisson_schedule(1437, 64)
+    raw = privacy.ACCOUNTANTS.get("rdp")([(1.0, schedule.sample_rate, 10)], 0.5, "improved", privacy.DEFAULT_ALPHAS)
+    assert raw[0] < 0  # what Opacus's conversion gives for δ = 0.5: no guarantee can be negative
+    assert privacy.epsilon(schedule, 1.0, 0.5, steps=10).epsilon == 0.0
+    assert privacy.sound_epsilon(math.nan) == math.inf and privacy.sound_epsilon(-0.6) == 0.0
+
+
+def test_large_delta_plans_a_sound_epsilon_and_an_untrustworthy_one_is_over_budget(make_cfg: Composer) -> None:
+    cfg = to_config(make_cfg("dp.delta=0.5", "dp.allow_large_delta=true", "sweep.max_epsilon=1"))
+    plan = prepare(cfg, DIGITS)
+    assert plan.privacy is not None and plan.privacy.epsilon == 0.0 and plan.over_budget is None
+    tight = to_config(make_cfg("dp.noise_multiplier=0.3", "sweep.max_epsilon=1"))
+    assert prepare(tight, DIGITS).over_budget is not None
+
+
+@pytest.mark.parametrize("sweep_id", ["1e5", "123", "nan", "inf", "3804437e6765", "0x1f"])
+def test_ids_survive_hydras_override_grammar(sweep_id: str) -> None:
+    [parsed] = OverridesParser.create().parse_overrides([string_override("sweep.id", sweep_id)])
+    assert parsed.value() == sweep_id and isinstance(parsed.value(), str)
+    assert new_sweep_id()[0].isalpha() and len(new_sweep_id()) == 12
+
+
+def test_a_quoted_id_reaches_the_config_as_written(make_cfg: Composer) -> None:
+    cfg = to_config(make_cfg(string_override("sweep.id", "3804437e6765")))
+    assert cfg.sweep.id == "3804437e6765"
+
+
+def test_a_dp_probe_releases_no_unnoised_loss(make_cfg: Composer, client: MlflowClient, experiment_name: str) -> None:
+    train(make_cfg("train.probe=true", "train.batch_size=16"))
+    train(make_cfg("train.probe=true", "train.batch_size=16", "dp=off"))
+    metrics = {r.data.params["dp.enabled"]: r.data.metrics for r in runs_of(client, experiment_name)}
+    assert "probe.loss" not in metrics["True"] and "memory.backward_bytes" in metrics["True"]
+    assert "probe.loss" in metrics["False"]
+
+
+def test_a_corrupt_checkpoint_is_set_aside_and_the_run_starts_afresh(
+    make_cfg: Composer, client: MlflowClient, experiment_name: str, tmp_path: Path
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "checkpoint.pt").write_bytes(b"PK\x03\x04 truncated")
+    result = train(make_cfg(f"train.checkpoint_dir={ckpt}", "train.epochs=1"))
+    [run] = runs_of(client, experiment_name)
+    assert run.info.status == "FINISHED" and result.steps > 0
+    aside = Path(run.data.tags["checkpoint.set_aside"])
+    assert aside.parent == ckpt and aside.name.startswith("checkpoint.pt.corrupt-") and aside.exists()
+    assert aside.read_bytes() == b"PK\x03\x04 truncated"
