@@ -11,28 +11,32 @@ Out-of-memory failures are tagged ``failure.kind=oom``, since they are data for 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import platform
 import signal
 import socket
 import subprocess
+import sys
 import threading
+import time
 import traceback
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
 
 import mlflow
-import opacus
-import torch
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from dpsweep.config import TrackingConfig
+
+if TYPE_CHECKING:  # torch is imported where it is used: tracking alone (a sweep's driver) stays light
+    import torch
 
 FAILURE_TAGS = frozenset({"error", "error.type", "failure.kind"})  # set when a run fails or is interrupted
 MAX_TAG_CHARS = 5000  # MLflow's limit on tag values is 8000 characters
@@ -58,27 +62,61 @@ class Tracker:
     def log_params(self, params: Mapping[str, Any]) -> None:
         items = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in params.items()]
         for i in range(0, len(items), 100):  # MLflow accepts at most 100 params per batch
-            self.client.log_batch(self.run_id, params=items[i : i + 100])
+            chunk = items[i : i + 100]
+            retry_busy(lambda chunk=chunk: self.client.log_batch(self.run_id, params=chunk))  # type: ignore[misc]
 
     def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
         now = _now_ms()
         items = [Metric(k, float(v), now, step) for k, v in metrics.items()]
         if items:
-            self.client.log_batch(self.run_id, metrics=items)
+            retry_busy(lambda: self.client.log_batch(self.run_id, metrics=items))
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         items = [RunTag(k, str(v)[:MAX_TAG_CHARS]) for k, v in tags.items()]
         if items:
-            self.client.log_batch(self.run_id, tags=items)
+            retry_busy(lambda: self.client.log_batch(self.run_id, tags=items))
 
     def log_text(self, text: str, artifact_file: str) -> None:
         self.client.log_text(self.run_id, text, artifact_file)
 
 
 def _now_ms() -> int:
-    import time
-
     return int(time.time() * 1000)
+
+
+_READY: set[str] = set()  # tracking URIs whose store this process has opened
+BUSY_RETRIES = 8  # attempts of a write that SQLite refused as "database is locked"
+
+
+def open_client(uri: str) -> MlflowClient:
+    """A client of ``uri`` whose store exists. A new sqlite store is created (its schema and
+    migrations) under a file lock beside it, ``<db>.lock``: MLflow's migrations collide when several
+    processes open a fresh database at once, and the loser can leave it broken for good."""
+    if uri not in _READY and uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///") :])
+        db.parent.mkdir(parents=True, exist_ok=True)
+        with open(db.with_name(db.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            retry_busy(lambda: MlflowClient(uri).search_experiments(max_results=1))
+    _READY.add(uri)
+    return MlflowClient(uri)
+
+
+T = TypeVar("T")
+
+
+def retry_busy(call: Callable[[], T]) -> T:
+    """``call()``, retried with exponential backoff (0.05 s doubling, BUSY_RETRIES attempts) while
+    SQLite answers "database is locked" or "busy": concurrent jobs writing one local store."""
+    for attempt in range(BUSY_RETRIES):
+        try:
+            return call()
+        except Exception as err:  # MlflowException and SQLAlchemy's OperationalError both carry the text
+            text = str(err).lower()
+            if attempt == BUSY_RETRIES - 1 or ("database is locked" not in text and "busy" not in text):
+                raise
+            time.sleep(0.05 * 2**attempt)
+    raise AssertionError("unreachable")
 
 
 def experiment_id(client: MlflowClient, name: str) -> str:
@@ -96,7 +134,10 @@ def experiment_id(client: MlflowClient, name: str) -> str:
 
 
 def _is_oom(err: BaseException) -> bool:
-    return isinstance(err, torch.OutOfMemoryError | MemoryError) or "out of memory" in str(err).lower()
+    if isinstance(err, MemoryError) or "out of memory" in str(err).lower():
+        return True
+    torch = sys.modules.get("torch")  # a torch OOM can only come from a process that imported torch
+    return torch is not None and isinstance(err, torch.OutOfMemoryError)
 
 
 @contextmanager
@@ -106,13 +147,13 @@ def tracked_run(
     """Start an MLflow run (or reopen ``resume_run_id``, e.g. after a requeue); end it FINISHED,
     FAILED (error recorded) or KILLED, whatever happens."""
     mlflow.set_tracking_uri(cfg.uri)
-    client = MlflowClient(cfg.uri)
+    client = open_client(cfg.uri)
     str_tags = {k: str(v) for k, v in (tags or {}).items()}
     if resume_run_id is not None:
         run = client.get_run(resume_run_id)
     else:
         exp = experiment_id(client, cfg.experiment_name)
-        run = client.create_run(exp, run_name=cfg.run_name, tags=str_tags)
+        run = retry_busy(lambda: client.create_run(exp, run_name=cfg.run_name, tags=str_tags))
     tracker = Tracker(client, run.info.run_id)
     status = "FAILED"
     try:
@@ -136,7 +177,7 @@ def tracked_run(
         _record_failure(tracker, err, kind="oom" if _is_oom(err) else "exception")
         raise
     finally:
-        client.set_terminated(run.info.run_id, status)
+        retry_busy(lambda: client.set_terminated(run.info.run_id, status))
 
 
 @contextmanager
@@ -190,7 +231,7 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
 def ensure_experiments(pairs: set[tuple[str, str]]) -> None:
     """Create each (tracking URI, experiment name) once, before jobs fan out."""
     for uri, name in sorted(pairs):
-        experiment_id(MlflowClient(uri), name)
+        experiment_id(open_client(uri), name)
 
 
 def runs_of_sweep(uri: str, experiment: str, sweep_id: str) -> dict[str, str]:
@@ -278,12 +319,17 @@ def git_commit() -> str:
 
 
 def device_name(device: torch.device) -> str:
+    import torch
+
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
 
 
 def environment_tags(device: torch.device) -> dict[str, str]:
+    import opacus
+    import torch
+
     return {
         "git.commit": git_commit(),
         "torch.version": torch.__version__,
