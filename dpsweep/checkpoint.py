@@ -116,6 +116,15 @@ def set_aside_if_corrupt(directory: Path) -> Path | None:
     return None
 
 
+def peek_any(directory: Path) -> TrainingState | None:
+    """The training state saved in ``directory`` whatever its config (None: none, or unreadable)."""
+    path = directory / FILENAME
+    try:
+        return TrainingState(**torch.load(path, weights_only=False, map_location="cpu")["training_state"])
+    except (OSError, *UNREADABLE):
+        return None
+
+
 def peek(directory: Path, expected_hash: str) -> TrainingState | None:
     """The saved training state (run id, epoch) without loading the model; None if no checkpoint."""
     path = directory / FILENAME

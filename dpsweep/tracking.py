@@ -33,12 +33,18 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from dpsweep.config import TrackingConfig
+from dpsweep.config import ConfigError, TrackingConfig
+from dpsweep.liveness import ProcessId, heartbeat
 
 if TYPE_CHECKING:  # torch is imported where it is used: tracking alone (a sweep's driver) stays light
     import torch
 
-FAILURE_TAGS = frozenset({"error", "error.type", "failure.kind"})  # set when a run fails or is interrupted
+FAILURE_TAGS = frozenset({"error", "error.type", "failure.kind"})
+# A RUNNING run names its process (host:pid:start, see dpsweep.liveness) and beats every HEARTBEAT_S,
+# so that a later command can tell a live run from one whose process died (dpsweep.reconcile).
+PROCESS_TAG = "run.process"
+HEARTBEAT_TAG = "run.heartbeat"  # unix seconds of the last beat
+HEARTBEAT_S = 30.0  # set when a run fails or is interrupted
 MAX_TAG_CHARS = 5000  # MLflow's limit on tag values is 8000 characters
 MAX_PARAM_CHARS = 6000  # MLflow's limit on param values
 
@@ -148,9 +154,17 @@ def tracked_run(
     FAILED (error recorded) or KILLED, whatever happens."""
     mlflow.set_tracking_uri(cfg.uri)
     client = open_client(cfg.uri)
-    str_tags = {k: str(v) for k, v in (tags or {}).items()}
+    alive = {PROCESS_TAG: ProcessId.current().token, HEARTBEAT_TAG: f"{time.time():.0f}"}
+    str_tags = {k: str(v) for k, v in (tags or {}).items()} | alive
     if resume_run_id is not None:
         run = client.get_run(resume_run_id)
+        resumed_in = client.get_experiment(run.info.experiment_id).name
+        if resumed_in != cfg.experiment_name:
+            raise ConfigError(
+                "tracking.experiment_name", cfg.experiment_name,
+                f"{resumed_in!r}, the experiment of run {resume_run_id} that this config's checkpoint resumes "
+                "(or another train.checkpoint_dir to start afresh)",
+            )  # fmt: skip
     else:
         exp = experiment_id(client, cfg.experiment_name)
         run = retry_busy(lambda: client.create_run(exp, run_name=cfg.run_name, tags=str_tags))
@@ -163,7 +177,8 @@ def tracked_run(
                 client.delete_tag(resume_run_id, stale)
             previous = int(run.data.tags.get("resume.count", "0"))
             tracker.set_tags(str_tags | {"resume.count": previous + 1})
-        yield tracker
+        with heartbeat(lambda: tracker.set_tags({HEARTBEAT_TAG: f"{time.time():.0f}"}), HEARTBEAT_S):
+            yield tracker
         status = "FINISHED"
     except RunEnded as end:  # a planned early end, not a failure: keep what was logged, tag why
         status = end.status
@@ -244,8 +259,10 @@ def runs_of_sweep(uri: str, experiment: str, sweep_id: str) -> dict[str, str]:
     return {r.info.run_id: r.info.status for r in runs if r.data.tags.get("sweep.role") != "parent"}
 
 
-def finished_runs_by_hash(uri: str, experiment: str) -> dict[str, str]:
-    """{config hash: run id} of the experiment's FINISHED runs (the newest run per hash)."""
+def runs_by_hash(uri: str, experiment: str, status: str = "FINISHED") -> dict[str, str]:
+    """{config hash: run id} of the experiment's runs in ``status`` (the newest run per hash). RUNNING
+    runs count only when they name their process (tag run.process): older versions' runs left RUNNING
+    cannot be told from live ones and must not block their config."""
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
@@ -254,12 +271,15 @@ def finished_runs_by_hash(uri: str, experiment: str) -> dict[str, str]:
     token = None
     while True:
         page = client.search_runs(
-            [exp.experiment_id], filter_string="attributes.status = 'FINISHED'", max_results=10000,
+            [exp.experiment_id], filter_string=f"attributes.status = '{status}'", max_results=10000,
             order_by=["attributes.start_time ASC"], page_token=token,
         )  # fmt: skip
         for run in page:
-            if "config.hash" in run.data.tags:
-                out[run.data.tags["config.hash"]] = run.info.run_id
+            tags = run.data.tags
+            if status == "RUNNING" and PROCESS_TAG not in tags:
+                continue
+            if "config.hash" in tags and tags.get("sweep.role") != "parent":
+                out[tags["config.hash"]] = run.info.run_id
         token = page.token
         if not token:
             return out

@@ -13,6 +13,7 @@ Select them with ``launcher=local|slurm|sge`` (conf/launcher/); the Hydra plugin
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +25,8 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from omegaconf import OmegaConf
 from submitit.slurm.slurm import SlurmInfoWatcher
+
+from dpsweep.liveness import driver_environment
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +81,16 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
 
 
 class LocalLauncher(_DpsweepSubmititLauncher):
+    """Jobs as processes of this machine. They die with the driver (this process): submitit's local
+    controllers outlive it by design, so each job watches the driver named in its environment
+    (``dpsweep.liveness.die_with_driver``) and ends its run KILLED when the driver is gone, instead of
+    training on and racing a re-run of the sweep."""
+
     _EXECUTOR = "local"
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        os.environ.update(driver_environment())  # submitit copies os.environ into each job's
+        return super().launch(job_overrides, initial_job_idx)
 
 
 class SqueueInfoWatcher(SlurmInfoWatcher):

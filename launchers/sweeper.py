@@ -181,22 +181,32 @@ class SweepAborted(Exception):
 
 def select_jobs(jobs: Sequence[list[str]], configs: Sequence[DictConfig]) -> tuple[list[list[str]], list[str]]:
     """Jobs to launch, and one line per job skipped: its config already FINISHED in the experiment
-    (matched by the hash of its identity, see dpsweep.config.identity), or repeats an earlier job."""
-    from dpsweep.checkpoint import config_hash
-    from dpsweep.config import flatten, identity, to_config
-    from dpsweep.tracking import finished_runs_by_hash
+    (matched by the hash of its identity, see dpsweep.config.identity), running now in a live job, or
+    a repeat of an earlier job. Runs left RUNNING by dead processes are ended KILLED first
+    (``dpsweep.reconcile``), so that their configs run again."""
+    from dpsweep.config import to_config
+    from dpsweep.plan import config_hash
+    from dpsweep.reconcile import reconcile
+    from dpsweep.tracking import runs_by_hash
 
     typed = [to_config(c) for c in configs]
     done: dict[str, str] = {}
-    if not typed[0].sweep.force:
-        for uri, name in sorted({(c.tracking.uri, c.tracking.experiment_name) for c in typed}):
-            done |= finished_runs_by_hash(uri, name)
+    running: dict[str, str] = {}
+    for uri, name in sorted({(c.tracking.uri, c.tracking.experiment_name) for c in typed}):
+        for dead in reconcile(uri, name):
+            print(f"dpsweep: ended run {dead.run_id} KILLED: {dead.reason}", flush=True)
+        running |= runs_by_hash(uri, name, "RUNNING")
+        if not typed[0].sweep.force:
+            done |= runs_by_hash(uri, name, "FINISHED")
     todo: list[list[str]] = []
     skipped: list[str] = []
     seen: dict[str, int] = {}
     for index, (job, cfg) in enumerate(zip(jobs, typed, strict=True)):
         shown = " ".join(job[:-1])  # without sweep.id
-        h = config_hash(identity(flatten(cfg)))
+        h = config_hash(cfg)
+        if h in running:
+            skipped.append(f"{shown}: running now as run {running[h]} (a live job)")
+            continue
         if h in done:
             skipped.append(f"{shown}: already FINISHED as run {done[h]} (sweep.force=true runs it again)")
         elif h in seen:

@@ -5,6 +5,7 @@
     dpsweep-epsilon  dpsweep.cli.epsilon   the privacy cost of a DP-SGD setting
     dpsweep-report   dpsweep.cli.report    privacy–accuracy tables and plots from MLflow
     dpsweep-memory   dpsweep.cli.memory    memory probes, fits and predictions
+    dpsweep-runs     dpsweep.cli.runs      close the runs whose process died (reconcile)
 
 Every command's ``main(argv)`` runs in-process and returns its exit code; bad input is one line on
 stderr and exit code 2 (``dpsweep.cli.errors``).

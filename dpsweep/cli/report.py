@@ -34,6 +34,7 @@ from mlflow.tracking import MlflowClient
 from dpsweep.analysis import report as rep
 from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.errors import InputError
+from dpsweep.reconcile import reconcile
 
 DEFAULT_URI = "sqlite:///mlflow.db"  # dpsweep's default (tracking.uri), relative to where it ran
 ARTIFACT_DIR = "report"  # where the files go on the sweep's parent run
@@ -129,6 +130,8 @@ def run(argv: Sequence[str] | None = None) -> rep.Report:
         _check_out(a.out)
     _check_uri(a.tracking_uri)
     try:
+        for dead in reconcile(a.tracking_uri, a.experiment):  # so that no dead run counts as running
+            print(f"dpsweep-report: ended run {dead.run_id} KILLED: {dead.reason}", file=sys.stderr)
         report = rep.build_report(a.tracking_uri, a.experiment, a.sweep, a.sort)
     except MlflowException as err:
         raise InputError("--tracking-uri", a.tracking_uri, f"a store MLflow can read ({err.message})") from err

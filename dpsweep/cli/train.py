@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 from dpsweep import memory, units
 from dpsweep.cli.errors import BAD_INPUT, report_bad_input
 from dpsweep.config import Config, to_config
+from dpsweep.liveness import die_with_driver
 from dpsweep.runner import OverBudget, TrainResult, train
 
 
@@ -73,6 +74,7 @@ register_hydra_plugins()
 def main(cfg: DictConfig) -> float | None:
     """Console entry point ``dpsweep``; returns the metric a sweeper optimises (None: skipped)."""
     hydra_cfg = HydraConfig.get()
+    die_with_driver()  # a launcher=local job: ends (run KILLED) when the sweep's driver is gone
     if cfg.train.checkpoint_dir is None:  # the job's own directory: stable when a cluster requeues it
         cfg.train.checkpoint_dir = str(Path(hydra_cfg.runtime.output_dir) / "checkpoint")
     try:

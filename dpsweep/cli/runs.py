@@ -1,0 +1,50 @@
+"""``dpsweep-runs``: the runs of a store, as seen from their processes.
+
+    dpsweep-runs reconcile                                   # every experiment of ./mlflow.db
+    dpsweep-runs reconcile --experiment demo --dry-run       # what would be closed, closing nothing
+    dpsweep-runs reconcile --tracking-uri http://mlflow:5000
+
+``reconcile`` ends KILLED every RUNNING run whose process is gone (see ``dpsweep.reconcile``: a dead
+process on this host, or no heartbeat for 5 minutes from another host), with the reason in its
+``error`` tag, and deletes its checkpoint. ``dpsweep -m`` and ``dpsweep-report`` do the same for
+their experiment before they start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from dpsweep.cli.errors import exits_on_bad_input
+from dpsweep.reconcile import reconcile
+
+DEFAULT_URI = "sqlite:///mlflow.db"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dpsweep-runs", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    rec = sub.add_parser("reconcile", help="end KILLED the RUNNING runs whose process is gone")
+    rec.add_argument("--experiment", metavar="NAME", help="only this experiment (default: every experiment)")
+    rec.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI),
+                     help=f"MLflow tracking URI (default $MLFLOW_TRACKING_URI or {DEFAULT_URI})")  # fmt: skip
+    rec.add_argument("--dry-run", action="store_true", help="list the dead runs without closing them")
+    return p
+
+
+@exits_on_bad_input("dpsweep-runs")
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    dead = reconcile(args.tracking_uri, args.experiment, dry_run=args.dry_run)
+    verb = "would end" if args.dry_run else "ended"
+    for run in dead:
+        removed = f"; deleted {run.checkpoint_removed}" if run.checkpoint_removed else ""
+        print(f"dpsweep-runs: {verb} run {run.run_id} KILLED: {run.reason}{removed}")
+    print(f"dpsweep-runs: {len(dead)} dead run(s) {verb} KILLED")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Killed drivers (issue 13, items 4 and 5): runs left RUNNING by a dead process are found and ended
+KILLED with the reason, their checkpoints deleted; launcher=local jobs die with their driver; and a
+re-run of the sweep leaves nothing RUNNING and no duplicate FINISHED run. Real processes, SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dpsweep.liveness import ProcessId
+from dpsweep.reconcile import STALE_AFTER_S, why_dead
+from dpsweep.tracking import HEARTBEAT_TAG, PROCESS_TAG, open_client
+
+BIN = Path(sys.executable).parent
+FAST = ["train.progress=false", "tracking.experiment_name=faults"]
+
+
+def statuses(cwd: Path) -> dict[str, tuple[str, dict[str, str]]]:
+    """{run id: (status, tags)} of the experiment's runs, parents included."""
+    db = cwd / "mlflow.db"
+    if not db.exists():
+        return {}
+    client = open_client(f"sqlite:///{db}")  # under the store's lock: the driver may be creating it
+    exp = client.get_experiment_by_name("faults")
+    if exp is None:
+        return {}
+    return {r.info.run_id: (r.info.status, r.data.tags) for r in client.search_runs([exp.experiment_id])}
+
+
+def wait_for(predicate: object, timeout_s: float, what: str) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def jobs_running(cwd: Path, n: int) -> bool:
+    runs = statuses(cwd).values()
+    return sum(s == "RUNNING" and t.get("sweep.role") != "parent" for s, t in runs) >= n
+
+
+def run_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*args], cwd=cwd, capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_process_identity_tells_live_from_dead() -> None:
+    me = ProcessId.current()
+    assert ProcessId.parse(me.token) == me and me.alive() is True
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone = ProcessId.current().__class__(me.host, child.pid, None)
+    child.wait()
+    assert gone.alive() is False
+    reused = ProcessId(me.host, os.getpid(), (me.start or 0) + 1)  # this pid, another start time
+    assert reused.alive() is False
+    elsewhere = {PROCESS_TAG: "other-host:123:456", HEARTBEAT_TAG: f"{time.time() - STALE_AFTER_S - 5:.0f}"}
+    assert "no heartbeat" in (why_dead(elsewhere, time.time()) or "")
+    assert why_dead(elsewhere | {HEARTBEAT_TAG: f"{time.time():.0f}"}, time.time()) is None
+    assert why_dead({}, time.time()) is None  # a run of an older version: nothing to judge by
+
+
+@pytest.mark.slow
+def test_a_killed_inline_driver_leaves_nothing_running_after_reconcile_and_rerun(tmp_path: Path) -> None:
+    grid = ["-m", "train.epochs=1,500", *FAST]  # the second job is long: it is in flight when killed
+    log = (tmp_path / "driver.log").open("w")  # a file, not a pipe: the jobs inherit it and outlive the driver
+    driver = subprocess.Popen([BIN / "dpsweep", *grid], cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: jobs_running(tmp_path, 1) and any(
+            s == "FINISHED" for s, _ in statuses(tmp_path).values()), 300, "the second job to start")  # fmt: skip
+    finally:
+        driver.kill()
+        driver.wait(timeout=60)
+    stuck = [rid for rid, (s, _) in statuses(tmp_path).items() if s == "RUNNING"]
+    assert len(stuck) == 2, (statuses(tmp_path), (tmp_path / "driver.log").read_text()[-3000:])  # parent and job
+
+    done = run_cli(tmp_path, str(BIN / "dpsweep-runs"), "reconcile", "--experiment", "faults")
+    assert done.returncode == 0, done.stderr
+    assert "2 dead run(s) ended KILLED" in done.stdout and "is no longer running" in done.stdout
+    after = statuses(tmp_path)
+    for rid in stuck:
+        status, tags = after[rid]
+        assert status == "KILLED" and tags["failure.kind"] == "dead" and "no longer running" in tags["error"]
+    assert not list(tmp_path.glob("multirun/**/checkpoint/checkpoint.pt"))  # its RNG state is not left behind
+
+    again = run_cli(tmp_path, str(BIN / "dpsweep"), *grid[:1], "train.epochs=1,2", *FAST)
+    assert again.returncode == 0, again.stderr
+    final = statuses(tmp_path).values()
+    assert not [s for s, _ in final if s == "RUNNING"]
+    hashes = [t["config.hash"] for s, t in final if s == "FINISHED" and t.get("sweep.role") != "parent"]
+    assert len(hashes) == len(set(hashes)) == 2  # epochs=1 once (skipped the second time), epochs=2 once
+
+
+@pytest.mark.slow
+def test_local_jobs_die_with_their_driver_and_a_rerun_makes_no_duplicate(tmp_path: Path) -> None:
+    grid = ["-m", "launcher=local", "launcher.max_parallel=1", "train.epochs=500", *FAST]
+    log = (tmp_path / "driver.log").open("w")  # a file, not a pipe: the jobs inherit it and outlive the driver
+    driver = subprocess.Popen([BIN / "dpsweep", *grid], cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: jobs_running(tmp_path, 1), 300, "the local job to start its run")
+        job = next(t for s, t in statuses(tmp_path).values() if s == "RUNNING" and t.get("sweep.role") != "parent")
+    finally:
+        driver.kill()
+        driver.wait(timeout=60)
+    process = ProcessId.parse(job[PROCESS_TAG])
+    assert process is not None
+    wait_for(lambda: process.alive() is False, 60, "the job to end with its driver")
+    wait_for(
+        lambda: any(s == "KILLED" and t.get("sweep.role") != "parent" for s, t in statuses(tmp_path).values()),
+        30, "the job's run to end KILLED",
+    )  # fmt: skip
+    again = run_cli(tmp_path, str(BIN / "dpsweep"), "-m", "launcher=local", "train.epochs=1", *FAST)
+    assert again.returncode == 0, again.stderr
+    assert "ended run" in again.stdout  # the parent left RUNNING by the killed driver, closed first
+    assert not [s for s, _ in statuses(tmp_path).values() if s == "RUNNING"]
