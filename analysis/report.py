@@ -93,7 +93,9 @@ OUTCOMES: dict[str, str] = {
     "RUNNING": "running",
     "SCHEDULED": "running",
 }
-OUTCOME_ORDER = ("finished", "failed", "pruned", "running")
+# duplicate: a FINISHED run whose config.hash (the seed included) a newer FINISHED run repeats; a
+# repeat of one run is not another seed, so it is left out of its row and named in a warning.
+OUTCOME_ORDER = ("finished", "failed", "pruned", "running", "duplicate")
 MISSING = "\0missing"  # stands for a param a run did not log, where missing must equal missing
 
 T = TypeVar("T")
@@ -221,6 +223,10 @@ def report_runs(raw: pd.DataFrame) -> pd.DataFrame:
     outcome = runs["status"].map(OUTCOMES).fillna("running")
     pruned = (runs["status"] == "KILLED") & (column(runs, "tags.optuna.pruned").astype(str).str.lower() == "true")
     runs["outcome"] = outcome.where(~pruned, "pruned")
+    config_hash = column(runs, "tags.config.hash")
+    finished = runs[(runs["outcome"] == "finished") & config_hash.notna()].sort_values("start_time")
+    newest = finished.groupby(config_hash[finished.index], sort=False).tail(1).index
+    runs.loc[finished.index.difference(newest), "outcome"] = "duplicate"
     runs["private"] = param_or_tag(runs, "dp.enabled").astype(str) == "True"
     keys = hyperparameter_keys(runs)
     values = runs[[f"params.{k}" for k in keys]].astype(object)
@@ -542,6 +548,13 @@ def check(runs: pd.DataFrame, table: pd.DataFrame) -> list[str]:
                 f"run {run['run_id']} ({labels.get(run['config_id'], run['config_id'])}) is FINISHED but has "
                 f"no {metric} metric; its row's {'accuracy' if metric == 'test_accuracy' else 'ε'} leaves it out"
             )
+    for config_hash, group in runs[runs["outcome"] == "duplicate"].groupby(column(runs, "tags.config.hash")):
+        kept = done[column(done, "tags.config.hash") == config_hash]["run_id"]
+        notes.append(
+            f"{_runs(len(group))} ({', '.join(r[:8] for r in group['run_id'])}) repeat the config of run "
+            f"{', '.join(r[:8] for r in kept)} (config.hash {config_hash}, seed included): a repeat is not another "
+            "seed, so only the newest is in the table"
+        )
     for (dataset, model), block in table.groupby(["dataset", "model"], sort=True):
         if block["private"].all():
             notes.append(f"{dataset}/{model}: no FINISHED non-private run; no accuracy drop can be given")
@@ -599,7 +612,8 @@ class Report:
         c = self.counts
         lines = [
             f"{self.selection}: {c['finished']} of {c['total']} runs FINISHED; {c['failed']} failed, "
-            f"{c['pruned']} pruned, {c['running']} running.",
+            f"{c['pruned']} pruned, {c['running']} running"
+            + (f", {c['duplicate']} duplicate." if c["duplicate"] else "."),
             "ε: final ε under each row's accountant at its δ. Test accuracy: mean ± sample std over seeds, "
             "in %. Drop: non-private baseline minus row, in percentage points.",
         ]

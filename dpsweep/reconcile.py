@@ -6,7 +6,7 @@ killed with SIGKILL or by the OOM killer, a node that went down).
 
 A run is dead when its process (tag ``run.process``, host:pid:start) is not running on this host, or,
 for a run of another host, when its heartbeat (tag ``run.heartbeat``) is older than
-:data:`STALE_AFTER_S`. A dead run is ended KILLED with ``failure.kind=dead`` and the reason in
+:data:`dpsweep.tracking.STALE_AFTER_S`. A dead run is ended KILLED with ``failure.kind=dead`` and the reason in
 ``error``, and its checkpoint (``train.checkpoint_dir``), which holds the RNG state that generated
 its noise and batches, is deleted. Runs of older versions, which carry neither tag, are left alone.
 """
@@ -18,10 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpsweep.liveness import ProcessId
-from dpsweep.tracking import HEARTBEAT_S, HEARTBEAT_TAG, PROCESS_TAG, Tracker, open_client, retry_busy
-
-STALE_AFTER_S = 10 * HEARTBEAT_S  # a run of another host with no beat for this long is dead
+from dpsweep.tracking import Tracker, open_client, retry_busy, why_dead
 
 
 @dataclass(frozen=True)
@@ -29,20 +26,6 @@ class DeadRun:
     run_id: str
     reason: str
     checkpoint_removed: str | None = None  # the checkpoint file deleted with it
-
-
-def why_dead(tags: dict[str, str], now_s: float) -> str | None:
-    """Why a RUNNING run's process is gone (None: alive, or nothing to judge by)."""
-    process = ProcessId.parse(tags.get(PROCESS_TAG, ""))
-    if process is None:
-        return None
-    alive = process.alive()
-    if alive is False:
-        return f"its process {process.token} is no longer running"
-    beat = tags.get(HEARTBEAT_TAG)
-    if alive is None and beat is not None and now_s - float(beat) > STALE_AFTER_S:
-        return f"no heartbeat from {process.token} for {now_s - float(beat):.0f} s (> {STALE_AFTER_S:.0f} s)"
-    return None
 
 
 def reconcile(uri: str, experiment: str | None = None, dry_run: bool = False) -> list[DeadRun]:

@@ -38,7 +38,7 @@ from dpsweep import checkpoint, memory, privacy, tasks
 from dpsweep import data as datasets
 from dpsweep.config import Config, ConfigError, Device, flatten, to_config, validate
 from dpsweep.plan import MemoryFiles, RunPlan, prepare
-from dpsweep.tracking import RunEnded, Tracker, environment_tags, terminate_as_interrupt, tracked_run
+from dpsweep.tracking import Claim, RunEnded, Tracker, environment_tags, terminate_as_interrupt, tracked_run
 
 ACCOUNTANTS = ("rdp", "prv")  # the final ε is logged under both (epsilon_rdp, epsilon_prv)
 
@@ -97,9 +97,10 @@ def train(cfg: DictConfig | Config) -> TrainResult:
     tags = run_tags(plan, data, device, monitor.backend) | task_run.tags()
     if set_aside is not None:  # the run starts afresh; the unreadable file is kept for inspection
         tags["checkpoint.set_aside"] = str(set_aside)
+    claim = _claim(config, plan)
     with (
         terminate_as_interrupt(),
-        tracked_run(_named(config, plan), tags, resume_run_id=resume.run_id if resume else None) as run,
+        tracked_run(_named(config, plan), tags, resume.run_id if resume else None, claim) as run,
     ):
         if resume is None:
             run.log_params(run_params(plan))
@@ -138,6 +139,15 @@ class StageLog:
         if not self.recorder.complete:
             self.recorder.mark("optimizer_step")
             self.run.log_metrics(self.recorder.metrics(), step=0)
+
+
+def _claim(cfg: Config, plan: RunPlan) -> Claim | None:
+    """A grid sweep's job claims its config, so that of two identical sweeps started together only one
+    trains it; not a single run, a forced re-run, a probe, or an Optuna trial (its study decides)."""
+    s = cfg.sweep
+    if s.id is None or s.force or s.trial is not None or cfg.train.probe:
+        return None
+    return Claim(plan.config_hash, owner=s.id)  # a requeued job of this sweep is the same owner
 
 
 @dataclass

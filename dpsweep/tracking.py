@@ -24,6 +24,7 @@ import traceback
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
@@ -39,12 +40,13 @@ from dpsweep.liveness import ProcessId, heartbeat
 if TYPE_CHECKING:  # torch is imported where it is used: tracking alone (a sweep's driver) stays light
     import torch
 
-FAILURE_TAGS = frozenset({"error", "error.type", "failure.kind"})
+FAILURE_TAGS = frozenset({"error", "error.type", "failure.kind"})  # set when a run fails or is interrupted
 # A RUNNING run names its process (host:pid:start, see dpsweep.liveness) and beats every HEARTBEAT_S,
 # so that a later command can tell a live run from one whose process died (dpsweep.reconcile).
 PROCESS_TAG = "run.process"
 HEARTBEAT_TAG = "run.heartbeat"  # unix seconds of the last beat
-HEARTBEAT_S = 30.0  # set when a run fails or is interrupted
+HEARTBEAT_S = 30.0
+STALE_AFTER_S = 10 * HEARTBEAT_S  # a run of another host with no beat for this long is dead
 MAX_TAG_CHARS = 5000  # MLflow's limit on tag values is 8000 characters
 MAX_PARAM_CHARS = 6000  # MLflow's limit on param values
 
@@ -94,18 +96,79 @@ _READY: set[str] = set()  # tracking URIs whose store this process has opened
 BUSY_RETRIES = 8  # attempts of a write that SQLite refused as "database is locked"
 
 
+@contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """An exclusive lock on a local sqlite store (a file ``<db>.lock`` beside it), for what must not
+    interleave between processes: creating the store, claiming a config. No-op for other stores."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    db = Path(uri[len("sqlite:///") :])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
 def open_client(uri: str) -> MlflowClient:
     """A client of ``uri`` whose store exists. A new sqlite store is created (its schema and
-    migrations) under a file lock beside it, ``<db>.lock``: MLflow's migrations collide when several
-    processes open a fresh database at once, and the loser can leave it broken for good."""
+    migrations) under :func:`store_lock`: MLflow's migrations collide when several processes open a
+    fresh database at once, and the loser can leave it broken for good."""
     if uri not in _READY and uri.startswith("sqlite:///"):
-        db = Path(uri[len("sqlite:///") :])
-        db.parent.mkdir(parents=True, exist_ok=True)
-        with open(db.with_name(db.name + ".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        with store_lock(uri):
             retry_busy(lambda: MlflowClient(uri).search_experiments(max_results=1))
     _READY.add(uri)
     return MlflowClient(uri)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A sweep job's claim on its config: the config hash, and its owner (the sweep id), so that a
+    requeued job of the same sweep does not mistake its own earlier run for another's."""
+
+    config_hash: str
+    owner: str | None = None
+
+
+OWNER_TAG = "claim.owner"
+
+
+class Claimed(Exception):
+    """Another run holds the config: FINISHED, or RUNNING in a live process."""
+
+    def __init__(self, run_id: str, status: str) -> None:
+        super().__init__(f"already {status} as run {run_id}")
+        self.run_id, self.status = run_id, status
+
+
+def _holder(client: MlflowClient, experiment: str, claim: Claim) -> Any:
+    """The run that holds the claimed config in the experiment: FINISHED, or RUNNING and alive, and
+    not an earlier run of the same job (a requeue)."""
+    for run in client.search_runs([experiment], filter_string=f"tags.`config.hash` = '{claim.config_hash}'"):
+        tags = run.data.tags
+        if tags.get("sweep.role") == "parent" or (claim.owner is not None and tags.get(OWNER_TAG) == claim.owner):
+            continue
+        if run.info.status == "FINISHED" or (
+            run.info.status == "RUNNING" and PROCESS_TAG in tags and why_dead(tags, time.time()) is None
+        ):
+            return run
+    return None
+
+
+def _create_run(client: MlflowClient, cfg: TrackingConfig, tags: dict[str, str], claim: Claim | None) -> Any:
+    """A new run; with a ``claim``, only if no other run holds that config, checked and created under
+    :func:`store_lock` so that two jobs of one config cannot both start it (a remote tracking server
+    has no such lock: there the check narrows the window but cannot close it)."""
+    exp = experiment_id(client, cfg.experiment_name)
+    if claim is None:
+        return retry_busy(lambda: client.create_run(exp, run_name=cfg.run_name, tags=tags))
+    if claim.owner is not None:
+        tags = tags | {OWNER_TAG: claim.owner}
+    with store_lock(cfg.uri):
+        holder = _holder(client, exp, claim)
+        if holder is not None:
+            raise Claimed(holder.info.run_id, holder.info.status)
+        return retry_busy(lambda: client.create_run(exp, run_name=cfg.run_name, tags=tags))
 
 
 T = TypeVar("T")
@@ -123,6 +186,20 @@ def retry_busy(call: Callable[[], T]) -> T:
                 raise
             time.sleep(0.05 * 2**attempt)
     raise AssertionError("unreachable")
+
+
+def why_dead(tags: dict[str, str], now_s: float) -> str | None:
+    """Why a RUNNING run's process is gone (None: alive, or nothing to judge by)."""
+    process = ProcessId.parse(tags.get(PROCESS_TAG, ""))
+    if process is None:
+        return None
+    alive = process.alive()
+    if alive is False:
+        return f"its process {process.token} is no longer running"
+    beat = tags.get(HEARTBEAT_TAG)
+    if alive is None and beat is not None and now_s - float(beat) > STALE_AFTER_S:
+        return f"no heartbeat from {process.token} for {now_s - float(beat):.0f} s (> {STALE_AFTER_S:.0f} s)"
+    return None
 
 
 def experiment_id(client: MlflowClient, name: str) -> str:
@@ -148,10 +225,14 @@ def _is_oom(err: BaseException) -> bool:
 
 @contextmanager
 def tracked_run(
-    cfg: TrackingConfig, tags: Mapping[str, Any] | None = None, resume_run_id: str | None = None
+    cfg: TrackingConfig,
+    tags: Mapping[str, Any] | None = None,
+    resume_run_id: str | None = None,
+    claim: Claim | None = None,
 ) -> Iterator[Tracker]:
     """Start an MLflow run (or reopen ``resume_run_id``, e.g. after a requeue); end it FINISHED,
-    FAILED (error recorded) or KILLED, whatever happens."""
+    FAILED (error recorded) or KILLED, whatever happens. With ``claim`` (the config hash of a sweep's
+    job) a config another run holds raises :class:`Claimed` before any run is created."""
     mlflow.set_tracking_uri(cfg.uri)
     client = open_client(cfg.uri)
     alive = {PROCESS_TAG: ProcessId.current().token, HEARTBEAT_TAG: f"{time.time():.0f}"}
@@ -166,8 +247,7 @@ def tracked_run(
                 "(or another train.checkpoint_dir to start afresh)",
             )  # fmt: skip
     else:
-        exp = experiment_id(client, cfg.experiment_name)
-        run = retry_busy(lambda: client.create_run(exp, run_name=cfg.run_name, tags=str_tags))
+        run = _create_run(client, cfg, str_tags, claim)
     tracker = Tracker(client, run.info.run_id)
     status = "FAILED"
     try:

@@ -25,6 +25,7 @@ from dpsweep.cli.errors import BAD_INPUT, report_bad_input
 from dpsweep.config import Config, to_config
 from dpsweep.liveness import die_with_driver
 from dpsweep.runner import OverBudget, TrainResult, train
+from dpsweep.tracking import Claimed
 
 
 def register_hydra_plugins() -> None:
@@ -79,7 +80,7 @@ def main(cfg: DictConfig) -> float | None:
         cfg.train.checkpoint_dir = str(Path(hydra_cfg.runtime.output_dir) / "checkpoint")
     try:
         result = train(cfg)
-    except OverBudget as why:  # not an error: the sweep goes on without this config
+    except (OverBudget, Claimed) as why:  # not an error: the sweep goes on without this config
         print(f"dpsweep: skip {_job_overrides()}: {why}", flush=True)
         return None
     except BAD_INPUT as err:

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from dpsweep.liveness import ProcessId
-from dpsweep.reconcile import STALE_AFTER_S, why_dead
-from dpsweep.tracking import HEARTBEAT_TAG, PROCESS_TAG, open_client
+from dpsweep.tracking import HEARTBEAT_TAG, PROCESS_TAG, STALE_AFTER_S, open_client, why_dead
 
 BIN = Path(sys.executable).parent
 FAST = ["train.progress=false", "tracking.experiment_name=faults"]
