@@ -111,9 +111,17 @@ def load_digits_splits(cfg: DigitsConfig) -> DataSplits:
     bunch = load_digits()
     x = bunch.images.astype(np.float32) / 16.0  # pixel values 0..16 -> [0, 1]
     y = bunch.target.astype(np.int64)
-    x_tr, x_te, y_tr, y_te = train_test_split(
-        x, y, test_size=cfg.test_fraction, stratify=y, random_state=cfg.split_seed
-    )
+    try:
+        x_tr, x_te, y_tr, y_te = train_test_split(
+            x, y, test_size=cfg.test_fraction, stratify=y, random_state=cfg.split_seed
+        )
+    except ValueError as err:  # a split too small to hold every class once (stratified)
+        classes, n = len(np.unique(y)), len(y)
+        raise InputError(
+            "dataset.test_fraction", cfg.test_fraction,
+            f"a share leaving each of the {classes} classes in both splits: between {classes / n:.3g} and "
+            f"{1 - classes / n:.3g} of the {n} images ({err})",
+        ) from err  # fmt: skip
     size = cfg.image_size or 8
 
     def tensor(a: np.ndarray) -> torch.Tensor:

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torchvision.models import VGG16_Weights, vgg16
+from torchvision.models import VGG, VGG16_Weights, vgg16
 
 from dpsweep.config import CNNConfig, ConfigError, ModelConfig, VGG16FrozenConfig
 from dpsweep.errors import InputError
@@ -88,7 +89,7 @@ class FrozenVGG16(nn.Module):
 
     def __init__(self, num_classes: int, hidden_units: int, pretrained: bool, dropout: float = 0.0) -> None:
         super().__init__()
-        backbone = vgg16(weights=_imagenet_weights() if pretrained else None)
+        backbone = _vgg16(pretrained)
         self.features = backbone.features
         self.avgpool = backbone.avgpool
         for p in [*self.features.parameters(), *self.avgpool.parameters()]:
@@ -132,6 +133,23 @@ class PooledHead(nn.Module):
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         maps = z.view(len(z), *self.map_shape)
         return self.head(torch.flatten(self.avgpool(maps), 1))
+
+
+def _vgg16(pretrained: bool) -> VGG:
+    """torchvision's VGG16, with ImageNet weights when ``pretrained``; a cached weights file that
+    cannot be read (truncated, not a checkpoint) is bad input naming the file, not a torch traceback."""
+    if not pretrained:
+        return vgg16(weights=None)
+    weights = _imagenet_weights()
+    try:
+        return vgg16(weights=weights)
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as err:
+        cached = Path(torch.hub.get_dir()) / "checkpoints" / Path(weights.url).name
+        raise PretrainedWeightsError(
+            "model.pretrained", True,
+            f"false, or an intact weights file: {cached} cannot be read ({type(err).__name__}: {err}); delete it "
+            f"to download it again, or copy {weights.url} there",
+        ) from err  # fmt: skip
 
 
 def _imagenet_weights() -> VGG16_Weights:

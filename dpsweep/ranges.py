@@ -65,5 +65,5 @@ def check_delta(key: str, delta: float, n: int, allow_large: bool, allow_flag: s
         raise InputError(
             key,
             delta,
-            f"below 1/N = {1.0 / n:.3g} for N={n}; a larger δ makes the guarantee void ({allow_flag} allows it anyway)",
+            f"a δ below 1/N = {1.0 / n:.3g} (N={n}); a larger δ makes the guarantee void ({allow_flag} allows it)",
         )

@@ -38,7 +38,15 @@ from dpsweep import checkpoint, memory, privacy, tasks
 from dpsweep import data as datasets
 from dpsweep.config import Config, ConfigError, Device, flatten, to_config, validate
 from dpsweep.plan import MemoryFiles, RunPlan, prepare
-from dpsweep.tracking import Claim, RunEnded, Tracker, environment_tags, terminate_as_interrupt, tracked_run
+from dpsweep.tracking import (
+    Claim,
+    RunEnded,
+    Tracker,
+    environment_tags,
+    open_client,
+    terminate_as_interrupt,
+    tracked_run,
+)
 
 ACCOUNTANTS = ("rdp", "prv")  # the final ε is logged under both (epsilon_rdp, epsilon_prv)
 
@@ -82,6 +90,7 @@ def train(cfg: DictConfig | Config) -> TrainResult:
     """Train one config and log it to MLflow; returns the final metrics and privacy cost."""
     config = to_config(cfg)
     validate(config)
+    open_client(config.tracking.uri)  # a store that is not one, or cannot be written, is bad input now
     seed_everything(config.train.seed)
     device = resolve_device(config.train.device)
     data = datasets.build(config.dataset)

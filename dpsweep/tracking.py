@@ -115,8 +115,18 @@ def open_client(uri: str) -> MlflowClient:
     migrations) under :func:`store_lock`: MLflow's migrations collide when several processes open a
     fresh database at once, and the loser can leave it broken for good."""
     if uri not in _READY and uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///") :])
+        if not os.access(db.parent if str(db.parent) else Path("."), os.W_OK):
+            raise ConfigError(
+                "tracking.uri", uri, f"a database in a directory dpsweep can write ({db.parent.absolute()})"
+            )
         with store_lock(uri):
-            retry_busy(lambda: MlflowClient(uri).search_experiments(max_results=1))
+            try:
+                retry_busy(lambda: MlflowClient(uri).search_experiments(max_results=1))
+            except Exception as err:  # SQLAlchemy's DatabaseError ("file is not a database"), MLflow's own
+                raise ConfigError(
+                    "tracking.uri", uri, f"an MLflow database, or a path where one can be made: {db} is not one ({err})"
+                ) from err
     _READY.add(uri)
     return MlflowClient(uri)
 

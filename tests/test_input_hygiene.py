@@ -101,3 +101,43 @@ def test_a_corrupt_checkpoint_is_set_aside_and_the_run_starts_afresh(
     aside = Path(run.data.tags["checkpoint.set_aside"])
     assert aside.parent == ckpt and aside.name.startswith("checkpoint.pt.corrupt-") and aside.exists()
     assert aside.read_bytes() == b"PK\x03\x04 truncated"
+
+
+def test_a_store_that_is_not_a_database_is_bad_input_and_left_untouched(make_cfg: Composer, tmp_path: Path) -> None:
+    db = tmp_path / "notes.db"
+    db.write_text("not a database")
+    with pytest.raises(ConfigError) as info:
+        train(make_cfg(f"tracking.uri=sqlite:///{db}"))
+    assert info.value.key == "tracking.uri" and "is not one" in str(info.value)
+    assert db.read_text() == "not a database"
+
+
+def test_a_digits_split_too_small_for_the_classes_names_the_key(make_cfg: Composer) -> None:
+    from dpsweep import data
+
+    with pytest.raises(ConfigError, match=r"dataset.test_fraction=0.001 is invalid: a share leaving each of the 10"):
+        data.build(to_config(make_cfg("dataset.test_fraction=0.001")).dataset)
+
+
+def test_a_corrupt_weights_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpsweep.models import PretrainedWeightsError, _vgg16
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    weights = tmp_path / "hub" / "checkpoints" / "vgg16-397923af.pth"
+    weights.parent.mkdir(parents=True)
+    weights.write_bytes(b"truncated download")
+    with pytest.raises(PretrainedWeightsError) as info:
+        _vgg16(pretrained=True)
+    assert info.value.key == "model.pretrained" and str(weights) in str(info.value)
+
+
+def test_memory_fit_on_a_table_that_is_not_csv_names_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dpsweep.cli.memory import main
+
+    bad = tmp_path / "probes.csv"
+    bad.write_bytes(b'\x00\xff\xfe binary, "unterminated\nquote')
+    assert main(["fit", "--csv", str(bad), "--out", str(tmp_path / "m.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dpsweep-memory: error: --csv=") and str(bad) in err
