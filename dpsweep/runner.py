@@ -90,7 +90,6 @@ def train(cfg: DictConfig | Config) -> TrainResult:
     """Train one config and log it to MLflow; returns the final metrics and privacy cost."""
     config = to_config(cfg)
     validate(config)
-    open_client(config.tracking.uri)  # a store that is not one, or cannot be written, is bad input now
     seed_everything(config.train.seed)
     device = resolve_device(config.train.device)
     data = datasets.build(config.dataset)
@@ -98,6 +97,7 @@ def train(cfg: DictConfig | Config) -> TrainResult:
     plan = prepare(config, facts, MemoryFiles().budget(config, memory.backend_for(device)))
     if plan.over_budget is not None:
         raise OverBudget(plan.over_budget)
+    open_client(config.tracking.uri)  # a store that is not one, or cannot be written, is bad input here
     ckpt_dir = Path(config.train.checkpoint_dir) if config.train.checkpoint_dir and not config.train.probe else None
     set_aside = checkpoint.set_aside_if_corrupt(ckpt_dir) if ckpt_dir else None
     resume = checkpoint.peek(ckpt_dir, plan.config_hash) if ckpt_dir else None
