@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint ui clean
+.PHONY: setup demo test test-fast lint ui clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,10 +28,16 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/python .ci/lint_imports.py
 
-# 3 workers: the scheduler and subprocess tests mostly wait; scheduler tests share one worker.
+# 3 workers: the scheduler and subprocess tests mostly wait; each scheduler's tests share one worker.
 # One torch thread per process, so that parallel tests do not oversubscribe the cores.
+# --no-loadscope-reorder: tests are handed out in tests/conftest.py's order, the longest first.
 test: lint
-	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/pytest -n 3 --dist loadgroup
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/pytest -n 3 --dist loadgroup --no-loadscope-reorder
+
+# The edit-test loop (under a minute): unit and in-process tests, without lint, the real schedulers
+# (-m cluster) or anything slow (-m slow: training in subprocesses, sweeps, studies, probes).
+test-fast: $(STAMP)
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/pytest -n 2 --dist loadgroup --no-loadscope-reorder -m "not cluster and not slow"
 
 ui: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +13,65 @@ from helpers import FAST, Composer
 from hydra import compose, initialize_config_module
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``pytest -n``, hand out the longest tests first, and keep ``xdist_group`` working.
+
+    Under ``--dist loadgroup`` xdist sends the tests of a group to one worker by suffixing their node
+    ids with ``@<group>`` on the workers. pytest-xdist 3.8 sets ``item._nodeid``, which pytest 9 no
+    longer reads (a node's id is ``item._id``), so without this the groups are silently ignored:
+    module fixtures are trained once per worker, and the scheduler tests run at the same time on
+    one 2-slot node."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+
+    # The longest first (the scheduler hands tests out in this order, with --no-loadscope-reorder):
+    # the scheduler tests, which run one after another on one worker; then the slow groups, whose
+    # module fixtures train for up to a minute; then the other slow tests; the quick ones fill in.
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("cluster"):
+            return 0
+        if item.get_closest_marker("slow"):
+            return 1 if item.get_closest_marker("xdist_group") else 2
+        return 3
+
+    items.sort(key=rank)
+    for item in items:
+        marks = item.iter_markers("xdist_group")
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in marks})
+        suffix = "@" + "_".join(names)
+        if not names or item.nodeid.endswith(suffix):
+            continue
+        if hasattr(item, "_id"):  # pytest >= 9
+            from _pytest.nodeid import NodeId
+
+            item._id = NodeId.parse(item.nodeid + suffix)
+        else:
+            item._nodeid = item.nodeid + suffix
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Hide what exists before a test from the garbage collector's object list.
+
+    On CPU a run measures memory with a census of all live tensors (dpsweep.memory.live_tensor_bytes),
+    which walks ``gc.get_objects()`` several times per run. In a test process that has imported
+    everything and run many tests that is about 1 M objects, twice a fresh process's, and the
+    census was most of an in-process run's time. ``gc.freeze()`` moves the objects that exist now
+    (none of them the test's own runs' tensors, which are made after it) out of that list; the
+    previous test's cyclic garbage is collected first, so that it is freed rather than kept."""
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.fixture(autouse=True)
+def _no_tracking_uri_from_earlier_tests() -> None:
+    """Each test starts without $MLFLOW_TRACKING_URI. ``mlflow.set_tracking_uri``, which every run in
+    this process calls, also sets it, and a command a later test runs as its own process would take
+    its default store from there (dpsweep-runs, dpsweep-report): another test's store."""
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import io
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
@@ -13,6 +20,8 @@ FAST = ["train.epochs=2", "train.progress=false"]
 
 Composer = Callable[..., DictConfig]
 
+BIN = Path(sys.executable).parent  # the console scripts of this interpreter's environment
+
 
 def runs_of(client: MlflowClient, experiment: str) -> list[Run]:
     """All runs of an experiment (none if it does not exist)."""
@@ -20,3 +29,97 @@ def runs_of(client: MlflowClient, experiment: str) -> list[Run]:
     if exp is None:
         return []
     return list(client.search_runs([exp.experiment_id]))
+
+
+def child_runs(cwd: Path, experiment: str = "dpsweep") -> list[Run]:
+    """The runs of ``cwd/mlflow.db`` (the default tracking URI) less the sweeps' parent runs."""
+    runs = runs_of(MlflowClient(f"sqlite:///{cwd / 'mlflow.db'}"), experiment)
+    return [r for r in runs if r.data.tags.get("sweep.role") != "parent"]
+
+
+def run_script(
+    name: str, *args: str, cwd: Path, env: Mapping[str, str] | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess[str]:
+    """A console script of this environment as its own process (stdout and stderr captured)."""
+    return subprocess.run(
+        [str(BIN / name), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})}, check=False,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _app_state(env: Mapping[str, str]) -> Iterator[None]:
+    """What a Hydra app changes in its process, put back afterwards: the logging configuration
+    (Hydra installs its own handlers on the root logger), Hydra's singletons, sys.argv, environment."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    named = [lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)]
+    loggers = {lg: (lg.level, lg.handlers[:], lg.propagate, lg.disabled) for lg in [logging.getLogger(), *named]}
+    global_hydra = GlobalHydra.instance()
+    hydra_before, config_before = global_hydra.hydra, HydraConfig.instance().cfg
+    global_hydra.clear()  # a test's own compose context (make_cfg) is set aside meanwhile
+    argv, env_before = sys.argv[:], {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        sys.argv[:] = argv
+        for key, value in env_before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        global_hydra.clear()
+        global_hydra.hydra = hydra_before
+        HydraConfig.instance().cfg = config_before
+        for lg, (level, handlers, propagate, disabled) in loggers.items():
+            for handler in lg.handlers:
+                if handler not in handlers:
+                    handler.close()  # Hydra's console and job-log file handlers
+            lg.setLevel(level)
+            lg.handlers[:] = handlers
+            lg.propagate, lg.disabled = propagate, disabled
+
+
+def run_dpsweep(*args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``dpsweep *args`` (the Hydra app of ``dpsweep.cli.train``) in this process, from the current
+    directory: its exit code, stdout and stderr, as a ``subprocess.run`` of the console script would
+    give them. Tests that are about real processes (signals, launcher=local, schedulers) and one
+    smoke test of the console script run it as its own process instead.
+
+    The default ``tracking.uri=sqlite:///mlflow.db`` is given as the same file's absolute path: MLflow
+    caches one store per URI for the life of the process, so a relative one would stay the store of
+    the first directory it was used in."""
+    from dpsweep.cli import train as cli
+
+    if not any(a.startswith("tracking.uri=") for a in args):
+        args = (*args, f"tracking.uri=sqlite:///{Path.cwd() / 'mlflow.db'}")
+    out, err = io.StringIO(), io.StringIO()
+    code: object = 0
+    with (
+        _app_state({"HYDRA_FULL_ERROR": "0", **(env or {})}),
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+    ):
+        sys.argv[:] = ["dpsweep", *args]
+        try:
+            cli.main()
+        except SystemExit as exit_:
+            code = exit_.code
+            if code is not None and not isinstance(code, int):
+                print(code, file=sys.stderr)  # what the interpreter does with a message: print it, exit 1
+                code = 1
+    return subprocess.CompletedProcess(["dpsweep", *args], code or 0, out.getvalue(), err.getvalue())
+
+
+def run_main(main: Callable[[Sequence[str]], int], *args: str) -> subprocess.CompletedProcess[str]:
+    """A command's ``main(argv)`` in this process: its exit code (argparse's own usage errors
+    included), stdout and stderr, as ``subprocess.run`` of its console script would give them."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())

@@ -24,7 +24,11 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "launchers" / "scripts"
 BIN = Path(sys.executable).parent
 SGE_ENV = {"SGE_ROOT": "/var/lib/gridengine", "SGE_CELL": "default"}
-pytestmark = pytest.mark.xdist_group("schedulers")  # one worker runs them in turn: they share a 2-slot node
+pytestmark = pytest.mark.cluster
+# One worker runs each scheduler's tests in turn: they share its 2-slot node. Slurm's and Grid
+# Engine's are separate clusters, so their tests may run at the same time.
+SLURM = pytest.mark.xdist_group("slurm")
+SGE = pytest.mark.xdist_group("sge")
 GRID = ["dp.noise_multiplier=0.8,1.6", "train.seed=0,1", "train.epochs=1", "train.progress=false"]
 
 
@@ -87,12 +91,14 @@ def _most_at_once(runs: list[Run]) -> int:
     return most
 
 
+@SLURM
 def test_slurm_sweep_is_a_job_array(tmp_path: Path, slurm: None) -> None:
     _assert_four_finished(tmp_path, dpsweep(tmp_path, "launcher=slurm", "launcher.max_parallel=2", *GRID))
     submission = next((tmp_path / "multirun").rglob("*_submission.sh")).read_text()
     assert "#SBATCH --array=0-3%2" in submission and "#SBATCH --mem=4GB" in submission
 
 
+@SGE
 def test_sge_sweep_is_an_array_job(tmp_path: Path, sge: None) -> None:
     _assert_four_finished(tmp_path, dpsweep(tmp_path, "launcher=sge", "launcher.max_parallel=2", *GRID))
     submission = next((tmp_path / "multirun").rglob("*_submission.sh")).read_text()
@@ -108,8 +114,9 @@ def _saved_epoch(folder: Path) -> int:
     return 0
 
 
+@SLURM
 def test_slurm_requeue_resumes_with_the_same_epsilon(tmp_path: Path, slurm: None) -> None:
-    epochs = 20  # long enough (10 s or more) to be requeued mid-training
+    epochs = 12  # long enough (5 s or more after its second epoch) to be requeued mid-training
     sweep_dir = tmp_path / "sweep"
     proc = dpsweep(
         tmp_path, "launcher=slurm", f"train.epochs={epochs}", "train.progress=false", f"hydra.sweep.dir={sweep_dir}"
@@ -131,6 +138,7 @@ def test_slurm_requeue_resumes_with_the_same_epsilon(tmp_path: Path, slurm: None
     assert sorted({m.step for m in steps}) == list(range(1, epochs + 1))
 
 
+@SLURM
 def test_slurm_scancel_is_recorded_and_the_sweep_goes_on(tmp_path: Path, slurm: None) -> None:
     """Without accounting (sacct disabled) job states come from squeue; a cancelled job must not hang the sweep."""
     sweep_dir = tmp_path / "sweep"
@@ -150,6 +158,7 @@ def test_slurm_scancel_is_recorded_and_the_sweep_goes_on(tmp_path: Path, slurm: 
     assert statuses == ["FINISHED", "KILLED"]
 
 
+@SLURM
 def test_optuna_study_through_slurm(tmp_path: Path, slurm: None) -> None:
     proc = dpsweep(tmp_path, "search=grid", "launcher=slurm", "hydra.sweeper.optuna.n_trials=2", *GRID[2:])
     out, err = proc.communicate(timeout=900)

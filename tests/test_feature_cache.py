@@ -250,6 +250,7 @@ def _build_slowly(root: str, log: str) -> str:
     return status
 
 
+@pytest.mark.slow
 def test_concurrent_jobs_build_a_key_once(tmp_path: Path) -> None:
     import multiprocessing
 

@@ -3,52 +3,42 @@ and predictions, end to end."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import runs_of
+from helpers import run_main, run_script, runs_of
 from mlflow.tracking import MlflowClient
 
+from dpsweep.cli import plan
 from dpsweep.cli.memory import FORCED_VALUES, main, probe_overrides, probe_table
 from dpsweep.errors import InputError
 from dpsweep.memory_model import load_models
 from dpsweep.units import parse_bytes
 
+PROBED = pytest.mark.xdist_group("probed")  # the tests of the 12 probes below: one worker trains them once
+
 
 def memory_cli(*args: str, check: bool = True, fresh: bool = False) -> subprocess.CompletedProcess[str]:
     """Run ``dpsweep-memory`` in this process (``fresh``: as its own process, as users run it)."""
-    if fresh:
-        done = subprocess.run(
-            [sys.executable, "-m", "dpsweep.cli.memory", *args], capture_output=True, text=True, timeout=600
-        )
-    else:
-        out, err = io.StringIO(), io.StringIO()
-        code = 0
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = main(list(args))
-            except SystemExit as exit_:  # argparse's own usage errors, and probe's exit 1
-                code = int(exit_.code or 0)
-        done = subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+    done = run_script("dpsweep-memory", *args, cwd=Path.cwd()) if fresh else run_main(main, *args)
     if check and done.returncode != 0:
         raise AssertionError(f"dpsweep-memory {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
     return done
 
 
+@pytest.mark.slow
 def test_probe_measures_each_config_in_its_own_process_and_writes_the_table(
-    mlflow_uri: str, experiment_name: str, client: MlflowClient, tmp_path: Path
+    mlflow_uri: str, experiment_name: str, client: MlflowClient, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
+    """Also the smoke test of the console script: a real process, its exit code and its output."""
     tracking = [f"tracking.uri={mlflow_uri}", f"tracking.experiment_name={experiment_name}", "train.progress=false"]
     done = memory_cli(
         "probe", "--csv", "out/probes.csv", "train.batch_size=16,64", "dataset.image_size=16", *tracking, fresh=True
     )
-    assert "probing 2 configs" in done.stdout and "2 probes written to out/probes.csv" in done.stdout
+    assert "probing 2 configs" in done.stdout and "2 probes written to out/probes.csv" in done.stdout, done.stdout
     table = pd.read_csv(tmp_path / "out" / "probes.csv")
     assert sorted(table.batch_size) == [16, 64]
     assert set(table.backend) == {"cpu-tensors"} and (table.height == 16).all() and table.dp.all()
@@ -65,11 +55,12 @@ def test_probe_measures_each_config_in_its_own_process_and_writes_the_table(
     assert len(pids) == 2 and None not in pids  # a fresh process per config
 
     # Asked again: measured afresh (an earlier probe may be of another device), and only this
-    # invocation's probes are in its table.
-    again = memory_cli(
-        "probe", "--csv", "again.csv", "train.batch_size=16", "dataset.image_size=16", *tracking, fresh=True
-    )
-    assert "1 finished, 0 skipped" in again.stdout
+    # invocation's probes are in its table. In this process: the sweep's own output reaches the file
+    # descriptors, so it is read from them (the probe itself is a fresh process all the same).
+    capfd.readouterr()
+    code = main(["probe", "--csv", "again.csv", "train.batch_size=16", "dataset.image_size=16", *tracking])
+    again = capfd.readouterr()
+    assert code == 0 and "1 finished, 0 skipped" in again.out, again.out + again.err
     [retaken] = pd.read_csv(tmp_path / "again.csv").itertuples()
     assert retaken.batch_size == 16 and retaken.run_id not in set(table.run_id)
     assert retaken.backward_bytes == small.backward_bytes  # the census is exact: the same figures
@@ -94,7 +85,7 @@ def test_probe_refuses_bad_input_before_any_work(
     assert runs_of(client, experiment_name) == []
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module")  # the tests that use it are marked PROBED, so that one worker trains them
 def probed(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     """12 probes of the CNN on 16x16 digits (in-process: the fit does not care how they ran)."""
     from hydra import compose, initialize_config_module
@@ -114,11 +105,13 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     return uri, root
 
 
+@pytest.mark.slow
+@PROBED
 def test_fit_prints_formulas_and_held_out_error_and_saves_the_model(probed: tuple[str, Path], tmp_path: Path) -> None:
     from dpsweep.analysis import memory_model as mm
 
     uri, _ = probed
-    done = memory_cli("fit", "--experiment", "probes", "--tracking-uri", uri, "--out", "models/m.json", fresh=True)
+    done = memory_cli("fit", "--experiment", "probes", "--tracking-uri", uri, "--out", "models/m.json")
     assert "cnn: 12 probes, backend cpu-tensors" in done.stdout
     assert "iteration_peak ≈" in done.stdout and "least_squares" in done.stdout and "envelope" in done.stdout
     assert "k-fold held-out error" in done.stdout and "share_under_predicted" in done.stdout
@@ -145,6 +138,8 @@ def predict_json(*args: str) -> list[dict[str, object]]:
     return rows
 
 
+@pytest.mark.slow
+@PROBED
 def test_predict_gives_the_verdict_and_the_largest_batch_that_really_fits(
     probed: tuple[str, Path], mlflow_uri: str, experiment_name: str, client: MlflowClient
 ) -> None:
@@ -177,6 +172,8 @@ def test_predict_gives_the_verdict_and_the_largest_batch_that_really_fits(
     assert run.data.metrics["memory.iteration_peak_bytes"] <= parse_bytes(budget)
 
 
+@pytest.mark.slow
+@PROBED
 def test_device_resident_data_counts_against_the_gpu_memory(probed: tuple[str, Path]) -> None:
     uri, _ = probed
     memory_cli("fit", "--experiment", "probes", "--tracking-uri", uri, "--out", "m.json")
@@ -195,14 +192,16 @@ def test_device_resident_data_counts_against_the_gpu_memory(probed: tuple[str, P
     assert "OUT OF MEMORY" in text and "of device-resident data" in text
 
 
+@pytest.mark.slow
+@PROBED
 def test_plan_shows_the_predicted_peak_and_flags_what_will_not_fit(probed: tuple[str, Path]) -> None:
     uri, _ = probed
     memory_cli("fit", "--experiment", "probes", "--tracking-uri", uri, "--out", "m.json")
-    done = subprocess.run(
-        [sys.executable, "-m", "dpsweep.cli.plan", "--memory-model", "m.json", "--backend", "cpu-tensors",
-         "--gpu-memory", "3MiB", "train.batch_size=8,1024", "model.hidden_units=64", "dataset.image_size=16"],
-        capture_output=True, text=True, check=True,
+    done = run_main(
+        plan.main, "--memory-model", "m.json", "--backend", "cpu-tensors", "--gpu-memory", "3MiB",
+        "train.batch_size=8,1024", "model.hidden_units=64", "dataset.image_size=16",
     )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert "peak" in lines[0]
     [small] = [line for line in lines if "digits" in line and "     8 " in line]
@@ -211,6 +210,8 @@ def test_plan_shows_the_predicted_peak_and_flags_what_will_not_fit(probed: tuple
     assert "1 of 2 jobs are predicted not to fit the GPU memory" in done.stdout
 
 
+@pytest.mark.slow
+@PROBED
 def test_fit_and_predict_refuse_bad_input(probed: tuple[str, Path], tmp_path: Path) -> None:
 
     uri, _ = probed

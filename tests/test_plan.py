@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import child_runs, run_dpsweep, run_main, run_script
 from hydra import initialize_config_module
-from mlflow.tracking import MlflowClient
 
 from dpsweep import privacy
-from dpsweep.cli.plan import expand_sweep, plan
-
-BIN = Path(sys.executable).parent
+from dpsweep.cli.plan import expand_sweep, main, plan
 
 
 @pytest.fixture()
@@ -58,14 +53,11 @@ def test_target_epsilon_rows_show_the_calibrated_sigma(hydra_ctx: None) -> None:
     assert row.noise_multiplier != 1.0 and 1.99 <= row.epsilon <= 2.0  # type: ignore[operator]
 
 
-def _run(exe: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run([str(BIN / exe), *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
-
-
+@pytest.mark.slow
 def test_plan_rows_match_the_jobs_dpsweep_m_launches(tmp_path: Path) -> None:
+    """Also the smoke test of the console script: a real process, its exit code and its output."""
     sweep = ["train.batch_size=32,128", "dp.noise_multiplier=0.6,1.4", "train.epochs=1", "sweep.max_epsilon=3"]
-    planned = _run("dpsweep-plan", [*sweep, "--json"], tmp_path)
+    planned = run_script("dpsweep-plan", *sweep, "--json", cwd=tmp_path)
     assert planned.returncode == 0, planned.stderr
     rows = json.loads(planned.stdout)
     assert len(rows) == 4
@@ -73,17 +65,15 @@ def test_plan_rows_match_the_jobs_dpsweep_m_launches(tmp_path: Path) -> None:
     dropped = [r for r in rows if r["over_budget"]]
     assert kept and dropped  # the budget splits this grid
 
-    swept = _run("dpsweep", ["-m", *sweep, "train.progress=false"], tmp_path)
-    assert swept.returncode == 0, swept.stderr
+    swept = run_dpsweep("-m", *sweep, "train.progress=false")
+    assert swept.returncode == 0, swept.stdout + swept.stderr
     skips = [line for line in swept.stdout.splitlines() if line.startswith("dpsweep: skip")]
     assert len(skips) == len(dropped)
     for r in dropped:
         assert any(
             f"train.batch_size={r['batch_size']} dp.noise_multiplier={r['noise_multiplier']}" in s for s in skips
         )
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    exp = client.get_experiment_by_name("dpsweep")
-    runs = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("sweep.role") != "parent"]
+    runs = child_runs(tmp_path)
     assert all(run.info.status == "FINISHED" for run in runs)
     logged = {
         (int(run.data.params["train.batch_size"]), float(run.data.params["dp.noise_multiplier"])): run.data.metrics[
@@ -94,13 +84,13 @@ def test_plan_rows_match_the_jobs_dpsweep_m_launches(tmp_path: Path) -> None:
     assert logged == kept  # same jobs, and exactly the planned ε
 
 
-def test_plan_table_and_bad_input(tmp_path: Path) -> None:
-    table = _run("dpsweep-plan", ["experiment=demo"], tmp_path)
-    assert table.returncode == 0
+def test_plan_table_and_bad_input() -> None:
+    table = run_main(main, "experiment=demo")
+    assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert lines[0].split() == ["job", "dataset", "model", "B", "σ", "C", "lr", "epochs", "δ", "ε"]
     assert sum("non-DP" in line for line in lines) == 2 and "7.417" in table.stdout
-    bad = _run("dpsweep-plan", ["dp.noise_multiplier=0,1"], tmp_path)
-    assert bad.returncode == 2 and "dp.noise_multiplier=0.0 is invalid" in bad.stderr
-    unknown = _run("dpsweep-plan", ["dataset=imagenet"], tmp_path)
-    assert unknown.returncode == 2 and "imagenet" in unknown.stderr
+    bad = run_main(main, "dp.noise_multiplier=0,1")
+    assert bad.returncode == 2 and "dp.noise_multiplier=0.0 is invalid" in bad.stderr, bad.stderr
+    unknown = run_main(main, "dataset=imagenet")
+    assert unknown.returncode == 2 and "imagenet" in unknown.stderr, unknown.stderr

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_script
 from PIL import Image
 
 from dpsweep import privacy
@@ -109,11 +108,10 @@ def test_large_delta_can_be_allowed(capsys: pytest.CaptureFixture[str]) -> None:
     assert json.loads(capsys.readouterr().out)["delta"] == 0.01
 
 
-def test_console_script() -> None:
-    exe = Path(sys.executable).with_name("dpsweep-epsilon")
-    ok = subprocess.run(
-        [exe, "-s", "60000", "-b", "150", "-n", "1.3", "-e", "15", "--json"], capture_output=True, text=True
-    )
-    assert ok.returncode == 0 and json.loads(ok.stdout)["steps"] == 6000
-    bad = subprocess.run([exe, "-s", "60000", "-b", "150", "-n", "1.3"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "dpsweep-epsilon: error:" in bad.stderr
+@pytest.mark.slow
+def test_console_script(tmp_path: Path) -> None:
+    """The smoke test of the console script: a real process, its exit codes and its output."""
+    ok = run_script("dpsweep-epsilon", "-s", "60000", "-b", "150", "-n", "1.3", "-e", "15", "--json", cwd=tmp_path)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["steps"] == 6000, ok.stdout + ok.stderr
+    bad = run_script("dpsweep-epsilon", "-s", "60000", "-b", "150", "-n", "1.3", cwd=tmp_path)
+    assert bad.returncode == 2 and "dpsweep-epsilon: error:" in bad.stderr, bad.stdout + bad.stderr

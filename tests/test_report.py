@@ -22,6 +22,7 @@ import mlflow
 import pandas as pd
 import pytest
 import torch
+from helpers import run_script
 from hydra import compose, initialize_config_module
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
@@ -31,7 +32,7 @@ from dpsweep.analysis import report as rep
 from dpsweep.cli.report import main, run
 from dpsweep.train import train
 
-pytestmark = pytest.mark.xdist_group("report")  # one worker: the real sweep is trained once
+SWEEP = pytest.mark.xdist_group("report")  # the tests of the real sweep: one worker trains it once
 
 BIN = Path(sys.executable).parent
 EXPERIMENT = "rep"
@@ -121,10 +122,19 @@ def _row(table: pd.DataFrame, sigma: float | None) -> pd.Series:
     return table.loc[index]
 
 
+@pytest.mark.slow
+@SWEEP
 def test_table_equals_aggregates_computed_independently(sweep: Sweep) -> None:
     r = rep.build_report(sweep.uri, EXPERIMENT)
     expected = independent_aggregates(sweep.uri)
-    assert len(r.table) == 3 and r.counts == {"total": 6, "finished": 6, "failed": 0, "pruned": 0, "running": 0}
+    assert len(r.table) == 3 and r.counts == {
+        "total": 6,
+        "finished": 6,
+        "failed": 0,
+        "pruned": 0,
+        "running": 0,
+        "duplicate": 0,
+    }
     for sigma in (None, 1.0, 2.0):
         row = _row(r.table, sigma)
         want = expected.loc["off" if sigma is None else str(sigma)]
@@ -146,6 +156,8 @@ def test_table_equals_aggregates_computed_independently(sweep: Sweep) -> None:
     assert r.warnings == []
 
 
+@pytest.mark.slow
+@SWEEP
 def test_sweep_report_writes_valid_pngs_and_logs_them_on_the_parent_run(
     sweep: Sweep, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -176,6 +188,8 @@ def test_sweep_report_writes_valid_pngs_and_logs_them_on_the_parent_run(
     )
 
 
+@pytest.mark.slow
+@SWEEP
 def test_curves_show_the_chosen_runs(sweep: Sweep, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     r = rep.build_report(sweep.uri, EXPERIMENT)
     best = rep.best_runs(r.runs)
@@ -259,6 +273,8 @@ def _check_text_rows(rows: list[list[str]], table: pd.DataFrame, header: list[st
 HEADER = ["dataset", "model", "B", "σ", "C", "lr", "epochs", "δ", "accountant", "ε", "test accuracy", "drop", "runs"]
 
 
+@pytest.mark.slow
+@SWEEP
 @pytest.mark.parametrize(("fmt", "rows"), [("md", _rows_md), ("tex", _rows_tex), ("html", _rows_html)])
 def test_text_formats_parse_back_to_the_same_numbers(
     sweep: Sweep, fmt: str, rows: Callable[[str], list[list[str]]]
@@ -269,6 +285,8 @@ def test_text_formats_parse_back_to_the_same_numbers(
     _check_text_rows(parsed[2:] if fmt == "md" else parsed[1:], r.table, HEADER)  # md: a rule under the header
 
 
+@pytest.mark.slow
+@SWEEP
 def test_csv_parses_back_to_the_same_numbers_exactly(sweep: Sweep) -> None:
     r = rep.build_report(sweep.uri, EXPERIMENT)
     back = pd.read_csv(io.StringIO(rep.render(r, "csv")), float_precision="round_trip")
@@ -278,6 +296,8 @@ def test_csv_parses_back_to_the_same_numbers_exactly(sweep: Sweep) -> None:
     assert back["run_ids"].str.split().map(len).tolist() == [2, 2, 2]
 
 
+@pytest.mark.slow
+@SWEEP
 def test_sort_keys_order_rows_within_the_block(sweep: Sweep) -> None:
     by_eps = rep.build_report(sweep.uri, EXPERIMENT, sort="epsilon").table
     by_acc = rep.build_report(sweep.uri, EXPERIMENT, sort="accuracy").table
@@ -359,7 +379,7 @@ def test_counts_failed_pruned_and_running_and_ignores_probes_and_the_parent(
     run(["--experiment", experiment_name, "--sweep", "abc123def456", "--tracking-uri", mlflow_uri, "--format", "csv"])
     captured = capsys.readouterr()
     r = rep.build_report(mlflow_uri, experiment_name, "abc123def456")
-    assert r.counts == {"total": 5, "finished": 1, "failed": 2, "pruned": 1, "running": 1}
+    assert r.counts == {"total": 5, "finished": 1, "failed": 2, "pruned": 1, "running": 1, "duplicate": 0}
     assert r.parent_run_id == parent and len(r.table) == 1 and r.table["test_accuracy_mean"].iloc[0] == 0.6
     assert "1 of 5 runs FINISHED; 2 failed, 1 pruned, 1 running" in captured.err  # CSV: notes on stderr
     assert "FINISHED" not in captured.out and len(captured.out.splitlines()) == 2
@@ -461,22 +481,33 @@ BAD = [
 ]  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A store with an experiment named like the real sweep's, of two logged runs (one in a sweep):
+    what the bad-input tests need, without training."""
+    uri = f"sqlite:///{tmp_path_factory.mktemp('small-store') / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    log_run(client, EXPERIMENT, OFF, {"test_accuracy": 0.9})
+    log_run(client, EXPERIMENT, DP, {"test_accuracy": 0.6, "epsilon": 3.0}, {"sweep.id": "abc123def456"})
+    return uri
+
+
 @pytest.mark.parametrize(("argv", "what", "allowed"), BAD, ids=[b[0][0] for b in BAD])
 def test_bad_input_exits_2_naming_the_option(
-    sweep: Sweep, capsys: pytest.CaptureFixture[str], argv: list[str], what: str, allowed: str
+    small_store: str, capsys: pytest.CaptureFixture[str], argv: list[str], what: str, allowed: str
 ) -> None:
-    args = ["--experiment", EXPERIMENT, "--tracking-uri", sweep.uri, *argv]
+    args = ["--experiment", EXPERIMENT, "--tracking-uri", small_store, *argv]
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert f"dpsweep-report: error: {what}" in err and allowed in err
+    assert f"dpsweep-report: error: {what}" in err and allowed in err, err
 
 
 def test_an_out_path_that_is_a_file_is_rejected(
-    sweep: Sweep, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    small_store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     a_file = tmp_path / "report.md"
     a_file.write_text("not a directory")
-    assert main(["--experiment", EXPERIMENT, "--tracking-uri", sweep.uri, "--out", str(a_file)]) == 2
+    assert main(["--experiment", EXPERIMENT, "--tracking-uri", small_store, "--out", str(a_file)]) == 2
     assert f"--out='{a_file}' is invalid: a directory you can write to" in capsys.readouterr().err
 
 
@@ -487,8 +518,11 @@ def test_a_missing_database_is_not_created(tmp_path: Path, capsys: pytest.Captur
     assert not (tmp_path / "absent.db").exists()
 
 
-def test_console_script(sweep: Sweep) -> None:
-    ok = subprocess.run([BIN / "dpsweep-report", "--experiment", EXPERIMENT, "--tracking-uri", sweep.uri,
-                         "--format", "csv"], capture_output=True, text=True, timeout=120)  # fmt: skip
+@pytest.mark.slow
+@SWEEP
+def test_console_script(sweep: Sweep, tmp_path: Path) -> None:
+    """The smoke test of the console script: a real process, its exit code and its output."""
+    ok = run_script("dpsweep-report", "--experiment", EXPERIMENT, "--tracking-uri", sweep.uri, "--format", "csv",
+                    cwd=tmp_path)  # fmt: skip
     assert ok.returncode == 0, ok.stderr
-    assert len(pd.read_csv(io.StringIO(ok.stdout))) == 3 and "6 of 6 runs FINISHED" in ok.stderr
+    assert len(pd.read_csv(io.StringIO(ok.stdout))) == 3 and "6 of 6 runs FINISHED" in ok.stderr, ok.stderr

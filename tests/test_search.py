@@ -1,15 +1,18 @@
-"""Optuna search through the dpsweep sweeper: studies, resume, Pareto sets, failures, pruning, bad input."""
+"""Optuna search through the dpsweep sweeper: studies, resume, Pareto sets, failures, pruning, bad input.
+
+Studies run the dpsweep app in this process (``helpers.run_dpsweep``: the same Hydra app, exit code
+and output as the console script; tests/test_cli.py runs the console script itself).
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import optuna
 import pytest
+from helpers import run_dpsweep
 from mlflow.tracking import MlflowClient
 
 from dpsweep.config import ConfigError
@@ -17,15 +20,13 @@ from dpsweep.launchers.nodes import ParamSpec
 from dpsweep.launchers.search import OBJECTIVES, check_search_space, distribution, grid_values
 from dpsweep.trials import open_storage
 
-BIN = Path(sys.executable).parent
 FAST = ["train.epochs=1", "train.progress=false"]
 
 
 def dpsweep(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(BIN / "dpsweep"), "-m", *args], cwd=cwd, capture_output=True, text=True, timeout=900,
-        env={**os.environ, "HYDRA_FULL_ERROR": "0"},
-    )  # fmt: skip
+    """``dpsweep -m *args`` in this process, from ``cwd`` (each test's own directory)."""
+    assert Path.cwd() == cwd
+    return run_dpsweep("-m", *args)
 
 
 def write_search(folder: Path, name: str, body: str) -> list[str]:
@@ -45,26 +46,29 @@ def load(cwd: Path, study: str) -> optuna.Study:
     return optuna.load_study(study_name=study, storage=f"sqlite:///{cwd / 'optuna.db'}")
 
 
+@pytest.mark.slow
 def test_study_runs_resumes_and_tags_its_trials(tmp_path: Path) -> None:
     args = ["search=accuracy_tpe", "hydra.sweeper.optuna.pruner=null", "hydra.sweeper.optuna.n_jobs=2", *FAST]
-    first = dpsweep(tmp_path, *args, "hydra.sweeper.optuna.n_trials=6")
-    assert first.returncode == 0, first.stderr
-    assert "dpsweep: study digits_accuracy_tpe: 6 trials (6 complete)" in first.stdout
-    second = dpsweep(tmp_path, *args, "hydra.sweeper.optuna.n_trials=9")  # same study name: resume
-    assert second.returncode == 0, second.stderr
+    first = dpsweep(tmp_path, *args, "hydra.sweeper.optuna.n_trials=4")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "dpsweep: study digits_accuracy_tpe: 4 trials (4 complete)" in first.stdout
+    second = dpsweep(tmp_path, *args, "hydra.sweeper.optuna.n_trials=7")  # same study name: resume
+    assert second.returncode == 0, second.stdout + second.stderr
     study = load(tmp_path, "digits_accuracy_tpe")
-    assert [t.number for t in study.trials] == list(range(9))  # exactly 3 added, numbering continued
+    assert [t.number for t in study.trials] == list(range(7))  # exactly 3 added, numbering continued
     runs = [r for r in trial_runs(tmp_path, "digits_accuracy_tpe") if r.data.tags.get("sweep.role") != "parent"]  # type: ignore[attr-defined]
-    assert sorted(int(r.data.tags["optuna.trial"]) for r in runs) == list(range(9))  # type: ignore[attr-defined]
+    assert sorted(int(r.data.tags["optuna.trial"]) for r in runs) == list(range(7))  # type: ignore[attr-defined]
     for trial in study.trials:
         [run] = [r for r in runs if r.data.tags["optuna.trial"] == str(trial.number)]  # type: ignore[attr-defined]
         assert trial.values == [run.data.metrics["test_accuracy"]]  # type: ignore[attr-defined]
         assert float(run.data.params["dp.noise_multiplier"]) == trial.params["dp.noise_multiplier"]  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 def test_multi_objective_study_writes_its_pareto_set(tmp_path: Path) -> None:
-    proc = dpsweep(tmp_path, "search=pareto_nsga2", "hydra.sweeper.optuna.n_trials=4", "train.progress=false")
-    assert proc.returncode == 0, proc.stderr
+    short = "hydra.sweeper.optuna.params={train.epochs: {type: int, low: 1, high: 3}}"  # the preset's: 2 to 10
+    proc = dpsweep(tmp_path, "search=pareto_nsga2", "hydra.sweeper.optuna.n_trials=4", short, "train.progress=false")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Pareto set: trial" in proc.stdout
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     [parent] = [r for r in trial_runs(tmp_path, "digits_pareto_nsga2") if r.data.tags.get("sweep.role") == "parent"]  # type: ignore[attr-defined]
@@ -76,6 +80,7 @@ def test_multi_objective_study_writes_its_pareto_set(tmp_path: Path) -> None:
         assert not any(t.values[0] >= acc and t.values[1] <= eps and t.values != [acc, eps] for t in complete)
 
 
+@pytest.mark.slow
 def test_a_failing_trial_does_not_stop_the_study(tmp_path: Path) -> None:
     args = write_search(tmp_path / "conf", "fails", """
 hydra:
@@ -88,12 +93,13 @@ hydra:
         train.batch_size: {type: categorical, choices: [64, 5000]}
 """)  # fmt: skip
     proc = dpsweep(tmp_path, *args, *FAST)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     states = sorted(t.state.name for t in load(tmp_path, "fails").trials)
     assert states == ["COMPLETE", "FAIL"]  # B=5000 > N failed; the other trial still ran
     assert "2 trials (1 complete, 1 fail)" in proc.stdout
 
 
+@pytest.mark.slow
 def test_pruning_stops_a_trial_whose_accuracy_lags(tmp_path: Path) -> None:
     def phase(name: str, lr: float, trials: int) -> subprocess.CompletedProcess[str]:
         # a narrow float range pins the learning rate (categorical choices may not change within a study)
@@ -110,9 +116,10 @@ hydra:
 """)  # fmt: skip
         return dpsweep(tmp_path, *args, "train.epochs=4", "train.progress=false", "sweep.pruner_startup_trials=1")
 
-    assert phase("good", 0.05, 1).returncode == 0  # one healthy trial sets the median
+    good = phase("good", 0.05, 1)  # one healthy trial sets the median
+    assert good.returncode == 0, good.stdout + good.stderr
     lagging = phase("bad", 1e-5, 2)  # a learning rate that learns nothing
-    assert lagging.returncode == 0, lagging.stderr
+    assert lagging.returncode == 0, lagging.stdout + lagging.stderr
     study = load(tmp_path, "prune")
     assert [t.state.name for t in study.trials] == ["COMPLETE", "PRUNED"]
     [run] = [r for r in trial_runs(tmp_path, "prune") if r.data.tags.get("optuna.trial") == "1"]  # type: ignore[attr-defined]
@@ -144,7 +151,7 @@ hydra:
 def test_bad_studies_stop_before_any_trial(tmp_path: Path, args: list[str], needle: str) -> None:
     proc = dpsweep(tmp_path, *args, *FAST)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert needle in proc.stderr
+    assert needle in proc.stderr, proc.stderr
     assert not (tmp_path / "mlflow.db").exists() or trial_runs(tmp_path, "digits_accuracy_tpe") == []
 
 
@@ -161,7 +168,7 @@ hydra: {sweeper: {optuna: {params: {dp.noise_multiplyer: {type: float, low: 0.5,
         proc.returncode == 2
         and "dp.noise_multiplyer" in proc.stderr
         and "did you mean dp.noise_multiplier" in proc.stderr
-    )
+    ), proc.stdout + proc.stderr
     empty = write_search(
         tmp_path / "c2",
         "empty",
@@ -173,7 +180,7 @@ hydra: {sweeper: {optuna: {params: {optimizer.lr: {type: float, low: 0.5, high: 
     assert (
         proc.returncode == 2
         and "hydra.sweeper.optuna.params.optimizer.lr='[0.5, 0.5]' is invalid: a range with low < high" in proc.stderr
-    )
+    ), proc.stdout + proc.stderr
 
 
 def test_distributions_and_grids() -> None:
@@ -208,10 +215,12 @@ def test_journal_storage(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_budget_study_calibrates_each_trial_to_the_budget(tmp_path: Path) -> None:
     budget = ["hydra.sweeper.optuna.n_trials=2", "hydra.sweeper.optuna.epsilon_budget=1.5"]
-    proc = dpsweep(tmp_path, "search=budget_tpe", *budget, "train.progress=false")
-    assert proc.returncode == 0, proc.stderr
+    short = "hydra.sweeper.optuna.params={train.epochs: {type: int, low: 1, high: 3}}"  # the preset's: 2 to 12
+    proc = dpsweep(tmp_path, "search=budget_tpe", *budget, short, "train.progress=false")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     runs = [
         r
         for r in trial_runs(tmp_path, "digits_budget_tpe")

@@ -1,29 +1,29 @@
-"""The dpsweep sweeper through the real CLI: failures are data, bad input stops a sweep early."""
+"""The dpsweep sweeper through the dpsweep app: failures are data, bad input stops a sweep early.
+
+Sweeps run the app in this process (``helpers.run_dpsweep``: the same Hydra app, exit code and
+output as the console script); killed jobs and launcher=local job processes are real processes.
+"""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers import BIN, run_dpsweep
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-BIN = Path(sys.executable).parent
 FAST = ["train.epochs=1", "train.progress=false"]
 
 
-def dpsweep(
-    cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: int = 600
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(BIN / "dpsweep"), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})},
-    )  # fmt: skip
+def dpsweep(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``dpsweep *args`` in this process, from ``cwd`` (each test's own directory)."""
+    assert Path.cwd() == cwd
+    return run_dpsweep(*args, env=env)
 
 
 def statuses(cwd: Path, experiment: str = "dpsweep") -> dict[str, str]:
@@ -43,17 +43,19 @@ def summary(proc: subprocess.CompletedProcess[str]) -> str:
     return line
 
 
+@pytest.mark.slow
 def test_a_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path: Path) -> None:
     proc = dpsweep(tmp_path, "-m", "dataset=mnist,digits", *FAST)  # no MNIST files under ./data
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr
     assert ": 1 finished, 0 skipped, 1 failed" in summary(proc)
     assert "dataset.root=" in proc.stderr + proc.stdout and "none found under" in proc.stderr + proc.stdout
     assert list(statuses(tmp_path).values()) == ["FINISHED"]  # the digits job ran after the failure
 
 
+@pytest.mark.slow
 def test_jobs_carry_the_sweep_id(tmp_path: Path) -> None:
     proc = dpsweep(tmp_path, "-m", "dp.noise_multiplier=1.0,2.0", *FAST)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     sweep_id = summary(proc).split()[2].rstrip(":")
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     everything = client.search_runs([client.get_experiment_by_name("dpsweep").experiment_id])
@@ -104,10 +106,11 @@ def test_bad_sweeps_stop_before_any_job(tmp_path: Path, args: list[str], env: di
 )
 def test_unknown_launcher_and_wrong_units_fail_at_composition(tmp_path: Path, args: list[str], needle: str) -> None:
     proc = dpsweep(tmp_path, "-m", *args, *FAST)
-    assert proc.returncode != 0 and needle in proc.stderr
+    assert proc.returncode != 0 and needle in proc.stderr, proc.stdout + proc.stderr
     assert statuses(tmp_path) == {}
 
 
+@pytest.mark.slow
 def test_local_jobs_run_in_their_own_processes_and_a_killed_one_is_closed(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     args = [str(BIN / "dpsweep"), "-m", "launcher=local", "launcher.max_parallel=2", "train.epochs=1,400",
@@ -123,7 +126,10 @@ def test_local_jobs_run_in_their_own_processes_and_a_killed_one_is_closed(tmp_pa
         if len(pids) == 1 and list((sweep_dir / "1").rglob("checkpoint.pt")):
             victim = pids[0]
         time.sleep(0.5)
-    assert victim is not None, "the long job never ran alone"
+    if victim is None:
+        proc.kill()
+        out, err = proc.communicate(timeout=60)
+        raise AssertionError(f"the long job never ran alone:\n{out}\n{err}")
     os.kill(victim, signal.SIGKILL)  # what the OOM killer does: no Python cleanup at all
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, out + err
@@ -146,10 +152,11 @@ def _child_runs(cwd: Path) -> list[Run]:
     return [r for r in client.search_runs([exp.experiment_id]) if not is_parent(r)]
 
 
+@pytest.mark.slow
 def test_an_interrupted_sweep_rerun_completes_without_duplicates(tmp_path: Path) -> None:
-    grid = ["dp.noise_multiplier=0.7,0.9,1.1,1.3", "train.epochs=6", "train.progress=false"]  # ~4 s a job
+    grid = ["dp.noise_multiplier=0.7,0.9,1.1,1.3", "train.epochs=2", "train.progress=false"]  # ~2.5 s a job
     args = [str(BIN / "dpsweep"), "-m", *grid]
-    first = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    first = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert first.stdout is not None
     done = 0
     for line in first.stdout:  # each finished job prints one "dpsweep: run" line
@@ -157,12 +164,12 @@ def test_an_interrupted_sweep_rerun_completes_without_duplicates(tmp_path: Path)
         if done == 2:
             break
     os.kill(first.pid, signal.SIGTERM)  # kill the sweep midway (k = 2 jobs done)
-    first.communicate(timeout=120)
+    out, err = first.communicate(timeout=120)
     done_before = list(statuses(tmp_path).values()).count("FINISHED")
-    assert 2 <= done_before < 4
+    assert 2 <= done_before < 4, out + err
 
     again = dpsweep(tmp_path, "-m", *grid)
-    assert again.returncode == 0, again.stderr
+    assert again.returncode == 0, again.stdout + again.stderr
     skips = [x for x in again.stdout.splitlines() if x.startswith("dpsweep: skip ")]
     assert len(skips) == done_before and all("already FINISHED as run" in x for x in skips)
     finished = [r for r in _child_runs(tmp_path) if r.info.status == "FINISHED"]
@@ -171,16 +178,18 @@ def test_an_interrupted_sweep_rerun_completes_without_duplicates(tmp_path: Path)
     assert f"{4 - done_before} finished, {done_before} skipped, 0 failed" in summary(again)
 
 
+@pytest.mark.slow
 def test_force_reruns_finished_configs(tmp_path: Path) -> None:
-    assert dpsweep(tmp_path, "-m", "train.seed=0", *FAST).returncode == 0
+    first = dpsweep(tmp_path, "-m", "train.seed=0", *FAST)
+    assert first.returncode == 0, first.stdout + first.stderr
     again = dpsweep(tmp_path, "-m", "train.seed=0", "sweep.force=true", *FAST)
-    assert again.returncode == 0 and ": 1 finished, 0 skipped" in summary(again)
+    assert again.returncode == 0 and ": 1 finished, 0 skipped" in summary(again), again.stdout + again.stderr
     assert [r.info.status for r in _child_runs(tmp_path)] == ["FINISHED", "FINISHED"]
 
 
 def test_failure_policy_stops_a_mostly_failing_sweep(tmp_path: Path) -> None:
     proc = dpsweep(tmp_path, "-m", "dataset=mnist", "train.seed=0,1,2,3,4,5", *FAST)  # no MNIST files: all fail
-    assert proc.returncode == 1
+    assert proc.returncode == 1, proc.stdout + proc.stderr
     assert (
         "dpsweep: stopping: 4 of 4 jobs failed (100% > sweep.max_failure_rate=50%); 2 jobs not launched" in proc.stdout
     )

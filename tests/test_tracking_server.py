@@ -129,6 +129,7 @@ def _inserts_waiting(conn: sqlalchemy.Connection) -> int:
     return int(conn.execute(sqlalchemy.text(query)).scalar_one())
 
 
+@pytest.mark.cluster
 def test_32_concurrent_jobs_each_log_a_complete_run(
     server_uri: str, backend_engine: sqlalchemy.Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -221,6 +222,7 @@ def test_unreachable_tracking_uri_raises_only_after_mlflow_retries(monkeypatch: 
     assert 1.5 < elapsed < 30  # backoffs of 0 s then 2 s: MLflow did retry, and did not hang
 
 
+@pytest.mark.cluster
 def test_a_single_probe_detects_an_unreachable_uri_at_once(server_uri: str) -> None:
     start = time.monotonic()
     error = _tracking_uri_error(DEAD_URI)
@@ -230,11 +232,12 @@ def test_a_single_probe_detects_an_unreachable_uri_at_once(server_uri: str) -> N
     assert _tracking_uri_error("sqlite:///mlflow.db") is None
 
 
+@pytest.mark.cluster
 def test_optuna_study_on_postgresql_storage(server_uri: str) -> None:
     """Studies on clusters keep their trials in an RDB: the same PostgreSQL serves as Optuna storage."""
     import optuna
 
-    from dpsweep.search import open_storage
+    from dpsweep.trials import open_storage
 
     env = os.environ.get
     url = (

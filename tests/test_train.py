@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 from helpers import Composer, runs_of
+from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig
 
 from dpsweep import data, models, privacy
 from dpsweep.config import ConfigError, DigitsConfig, DPConfig, GradSampleMode, flatten, to_config
@@ -35,22 +38,65 @@ DP_TAGS = {
 }  # fmt: skip
 
 
+# The tests of each module fixture below go to one worker (pytest -n), which trains the fixture once.
+DP_RUN = pytest.mark.xdist_group("dp_run")
+SEED2 = pytest.mark.xdist_group("seed2_run")
+VGG = pytest.mark.xdist_group("vgg_runs")
+
+
+def _compose(root: Path, *overrides: str) -> DictConfig:
+    """A config tracking into a sqlite store of its own under ``root``, for the module fixtures."""
+    from hydra import compose, initialize_config_module
+
+    tracking = [f"tracking.uri=sqlite:///{root / 'mlflow.db'}", "train.progress=false"]
+    with initialize_config_module("dpsweep.conf", version_base="1.3"):
+        return compose("config", overrides=[*tracking, *overrides])
+
+
 @pytest.fixture(scope="module")
 def dp_run(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[TrainResult, MlflowClient, str, dict[str, object]]:
     """One short DP-SGD run on digits, shared by the assertions below."""
-    from hydra import compose, initialize_config_module
-
-    uri = f"sqlite:///{tmp_path_factory.mktemp('dp_run') / 'mlflow.db'}"
-    with initialize_config_module("dpsweep.conf", version_base="1.3"):
-        cfg = compose("config", overrides=[
-            "train.epochs=3", "train.progress=false", f"tracking.uri={uri}", "tracking.experiment_name=dp",
-            "dp.noise_multiplier=1.1", "dp.max_grad_norm=1.5",
-        ])  # fmt: skip
-    return train(cfg), MlflowClient(uri), "dp", flatten(cfg)
+    root = tmp_path_factory.mktemp("dp_run")
+    cfg = _compose(
+        root, "train.epochs=3", "tracking.experiment_name=dp", "dp.noise_multiplier=1.1", "dp.max_grad_norm=1.5"
+    )
+    return train(cfg), MlflowClient(f"sqlite:///{root / 'mlflow.db'}"), "dp", flatten(cfg)
 
 
+@pytest.fixture(scope="module")
+def seed2_run(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
+    """One epoch of the default DP-SGD run (hooks) with seed 2: the reference that several tests
+    compare another run of the same batches and noise with."""
+    return train(_compose(tmp_path_factory.mktemp("seed2"), "train.epochs=1", "train.seed=2"))
+
+
+@dataclass(frozen=True)
+class VggRuns:
+    uncached: TrainResult  # the frozen backbone runs every step
+    cached: TrainResult  # its features built into the cache first, then the head trained on them
+    again: TrainResult  # another run on the same data and weights: a cache hit
+    runs: dict[str, Run]  # by run id
+
+
+@pytest.fixture(scope="module")
+def vgg_runs(tmp_path_factory: pytest.TempPathFactory) -> VggRuns:
+    """vgg16_frozen on digits at 32 px, trained once for the module (its backbone is the costly part)."""
+    root = tmp_path_factory.mktemp("vgg")
+    common = [
+        "model=vgg16_frozen", "model.pretrained=false", "model.hidden_units=16", "dataset.image_size=32",
+        "train.epochs=1", "train.batch_size=256", "optimizer.lr=0.05", f"model.feature_cache_dir={root / 'c'}",
+        "tracking.experiment_name=vgg",
+    ]  # fmt: skip
+    uncached = train(_compose(root, *common, "model.feature_cache=false"))
+    cached = train(_compose(root, *common))
+    again = train(_compose(root, *common, "optimizer.lr=0.1"))  # same data and weights (a seed would change them)
+    runs = {r.info.run_id: r for r in runs_of(MlflowClient(f"sqlite:///{root / 'mlflow.db'}"), "vgg")}
+    return VggRuns(uncached, cached, again, runs)
+
+
+@DP_RUN
 def test_dp_run_logs_exactly_the_documented_params(dp_run: tuple) -> None:  # type: ignore[type-arg]
     result, client, exp, flat = dp_run
     [run] = runs_of(client, exp)
@@ -62,6 +108,7 @@ def test_dp_run_logs_exactly_the_documented_params(dp_run: tuple) -> None:  # ty
     assert run.data.params["dataset.name"] == "digits"
 
 
+@DP_RUN
 def test_dp_run_logs_exactly_the_documented_metrics(dp_run: tuple) -> None:  # type: ignore[type-arg]
     result, client, exp, _ = dp_run
     [run] = runs_of(client, exp)
@@ -80,6 +127,7 @@ def test_dp_run_logs_exactly_the_documented_metrics(dp_run: tuple) -> None:  # t
     assert 0.5 < result.test_accuracy <= 1.0
 
 
+@DP_RUN
 def test_dp_run_logs_the_documented_tags_and_config(dp_run: tuple) -> None:  # type: ignore[type-arg]
     result, client, exp, _ = dp_run
     [run] = runs_of(client, exp)
@@ -95,6 +143,7 @@ def test_dp_run_logs_the_documented_tags_and_config(dp_run: tuple) -> None:  # t
     assert logged["dp"]["noise_multiplier"] == 1.1 and logged["train"]["epochs"] == 3
 
 
+@DP_RUN
 def test_planner_epsilon_equals_trainer_epsilon(dp_run: tuple) -> None:  # type: ignore[type-arg]
     result, *_ = dp_run
     for accountant in ("rdp", "prv"):
@@ -128,9 +177,10 @@ def test_target_epsilon_calibrates_and_logs_sigma(
     assert 2.0 - 0.01 <= result.epsilon <= 2.0  # type: ignore[operator]
 
 
-def test_same_seed_same_result(make_cfg: Composer) -> None:
-    a = train(make_cfg("train.epochs=1", "train.seed=3"))
-    b = train(make_cfg("train.epochs=1", "train.seed=3"))
+@SEED2
+def test_same_seed_same_result(make_cfg: Composer, seed2_run: TrainResult) -> None:
+    a = seed2_run
+    b = train(make_cfg("train.epochs=1", "train.seed=2"))
     assert a.test_accuracy == b.test_accuracy and a.train_loss == b.train_loss
 
 
@@ -201,11 +251,12 @@ def test_every_grad_sample_mode_clips_per_sample_gradients_to_c(mode: GradSample
     assert torch.allclose(got, expected, rtol=1e-3, atol=1e-7), mode
 
 
-def test_physical_batches_change_memory_not_results(make_cfg: Composer) -> None:
+@SEED2
+def test_physical_batches_change_memory_not_results(make_cfg: Composer, seed2_run: TrainResult) -> None:
     """BatchMemoryManager (DP) and split passes (non-DP): same steps, loss, accuracy and ε."""
     for dp in ("dpsgd", "off"):
-        whole = train(make_cfg(f"dp={dp}", "train.epochs=1", "train.seed=4"))
-        split = train(make_cfg(f"dp={dp}", "train.epochs=1", "train.seed=4", "train.physical_batch_size=16"))
+        whole = seed2_run if dp == "dpsgd" else train(make_cfg(f"dp={dp}", "train.epochs=1", "train.seed=2"))
+        split = train(make_cfg(f"dp={dp}", "train.epochs=1", "train.seed=2", "train.physical_batch_size=16"))
         assert split.steps == whole.steps == 23
         assert split.epsilon == whole.epsilon and split.accountant_history == whole.accountant_history
         assert split.test_accuracy == pytest.approx(whole.test_accuracy, abs=0.01)
@@ -228,15 +279,14 @@ def test_probe_runs_one_iteration_and_records_the_stages(
     assert m["memory.backward_delta_bytes"] >= 100 * params * 4  # per-sample gradients: B x P floats
 
 
-def test_vgg16_frozen_run_trains_only_the_head(make_cfg: Composer, client: MlflowClient, experiment_name: str) -> None:
-    result = train(make_cfg(
-        "model=vgg16_frozen", "model.pretrained=false", "model.hidden_units=8",
-        "dataset.image_size=32", "train.epochs=1", "train.batch_size=256", "optimizer.lr=0.01",
-    ))  # fmt: skip
-    [run] = runs_of(client, experiment_name)
-    assert run.info.status == "FINISHED"
-    assert run.data.tags["model.trainable_params"] == str(25088 * 8 + 8 + 8 * 10 + 10)
-    assert result.epsilon is not None and math.isfinite(result.test_accuracy)
+@pytest.mark.slow
+@VGG
+def test_vgg16_frozen_run_trains_only_the_head(vgg_runs: VggRuns) -> None:
+    for result in (vgg_runs.cached, vgg_runs.uncached):  # on cached features, and with the backbone on the device
+        run = vgg_runs.runs[result.run_id]
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["model.trainable_params"] == str(25088 * 16 + 16 + 16 * 10 + 10)
+        assert result.epsilon is not None and math.isfinite(result.test_accuracy)
 
 
 BAD_INPUT = [
@@ -309,21 +359,14 @@ def test_memory_model_and_gpu_memory_choose_the_physical_batch(
         train(make_cfg("train.memory_model=nope.json", "launcher.gpu_memory=1GiB"))
 
 
-def test_feature_cache_trains_the_same_run_without_the_backbone_on_the_device(
-    make_cfg: Composer, client: MlflowClient, experiment_name: str, tmp_path: Path
-) -> None:
-    common = [
-        "model=vgg16_frozen", "model.pretrained=false", "model.hidden_units=16", "dataset.image_size=32",
-        "train.epochs=1", "train.batch_size=256", "optimizer.lr=0.05", f"model.feature_cache_dir={tmp_path / 'c'}",
-    ]  # fmt: skip
-    uncached = train(make_cfg(*common, "model.feature_cache=false"))
-    cached = train(make_cfg(*common))
-    again = train(make_cfg(*common, "optimizer.lr=0.1"))  # same data and weights (a seed would change them)
+@pytest.mark.slow
+@VGG
+def test_feature_cache_trains_the_same_run_without_the_backbone_on_the_device(vgg_runs: VggRuns) -> None:
+    uncached, cached, again, runs = vgg_runs.uncached, vgg_runs.cached, vgg_runs.again, vgg_runs.runs
     assert cached.steps == uncached.steps and cached.epsilon == uncached.epsilon  # the same Poisson process
     assert cached.accountant_history == uncached.accountant_history
     assert cached.test_accuracy == pytest.approx(uncached.test_accuracy, abs=1.5 / 360)  # float order only
     assert cached.train_loss == pytest.approx(uncached.train_loss, rel=1e-4)
-    runs = {r.info.run_id: r for r in runs_of(client, experiment_name)}
     tags = runs[cached.run_id].data.tags
     assert tags["feature_cache.train"] == tags["feature_cache.test"] == "built"
     assert tags["feature_cache.map_shape"] == "512x1x1"
@@ -335,6 +378,7 @@ def test_feature_cache_trains_the_same_run_without_the_backbone_on_the_device(
     assert load["c"] == load["u"] - 4 * 14_714_688 + (4 * 512 + 8) * (1437 + 360)
 
 
+@pytest.mark.slow
 def test_device_resident_data_keeps_the_sample_rate_steps_and_epsilon(make_cfg: Composer) -> None:
     loader = train(make_cfg("train.epochs=2"))
     resident = train(make_cfg("train.epochs=2", "train.device_resident=true"))
@@ -348,12 +392,13 @@ def test_device_resident_data_keeps_the_sample_rate_steps_and_epsilon(make_cfg: 
     assert baseline.steps == 2 * 23 and baseline.test_accuracy > 0.6
 
 
+@SEED2
 @pytest.mark.parametrize("mode", list(GradSampleMode))
 def test_every_grad_sample_mode_trains_and_probes_through_train(
-    mode: GradSampleMode, make_cfg: Composer, client: MlflowClient, experiment_name: str
+    mode: GradSampleMode, make_cfg: Composer, client: MlflowClient, experiment_name: str, seed2_run: TrainResult
 ) -> None:
     """The same run in every mode (the same clipped sums, up to float order), and a probe of each."""
-    hooks = train(make_cfg("train.epochs=1", "train.seed=2"))
+    hooks = seed2_run
     other = train(make_cfg("train.epochs=1", "train.seed=2", f"dp.grad_sample_mode={mode.value}"))
     assert other.epsilon == hooks.epsilon and other.steps == hooks.steps
     assert other.test_accuracy == pytest.approx(hooks.test_accuracy, abs=2 / 360)
@@ -366,6 +411,7 @@ def test_every_grad_sample_mode_trains_and_probes_through_train(
         assert probes[0].data.metrics["memory.backward_delta_bytes"] < 32 * params * 4 / 4
 
 
+@pytest.mark.slow
 def test_ew_mode_survives_empty_poisson_batches(make_cfg: Composer) -> None:
     """torch's ExpandedWeights refuse an empty batch; the step still adds noise and is accounted."""
     result = train(make_cfg("dp.grad_sample_mode=ew", "train.batch_size=2", "train.epochs=1", "dataset.image_size=16"))
