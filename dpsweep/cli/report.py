@@ -1,7 +1,7 @@
 """``dpsweep-report``: the privacy–accuracy table and plots of an experiment or a sweep, from MLflow.
 
     dpsweep-report --experiment demo                                   # markdown table on stdout
-    dpsweep-report --experiment demo --sweep 3d13dc24edc7 --format tex --out report/
+    dpsweep-report --experiment demo --sweep s3d13dc24edc --format tex --out report/
     dpsweep-report --experiment demo --format csv > table.csv          # notes go to stderr
     dpsweep-report --experiment demo --out report/ --sort epsilon --runs 41b733ba 9f0c2d11
 
