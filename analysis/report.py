@@ -1,7 +1,7 @@
 """Privacy–accuracy reports from MLflow runs, as pandas DataFrames (the library behind ``dpsweep-report``).
 
     dpsweep-report --experiment demo                                  # the table, markdown, on stdout
-    dpsweep-report --experiment demo --sweep 3d13dc24edc7 --format tex --out report/
+    dpsweep-report --experiment demo --sweep s3d13dc24edc --format tex --out report/
 
 From Python, e.g. in a notebook::
 
