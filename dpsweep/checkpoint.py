@@ -100,6 +100,11 @@ def save(
 UNREADABLE = (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, KeyError, TypeError, ValueError)
 
 
+def _read_state(path: Path) -> TrainingState:
+    """The training state saved at ``path`` (raises OSError or one of UNREADABLE)."""
+    return TrainingState(**torch.load(path, weights_only=False, map_location="cpu")["training_state"])
+
+
 def set_aside_if_corrupt(directory: Path) -> Path | None:
     """A checkpoint that cannot be read (truncated, garbled) is renamed ``checkpoint.pt.corrupt-<time>``
     and the run starts afresh; returns where it was put (None: nothing to set aside). Checkpoints are
@@ -108,7 +113,7 @@ def set_aside_if_corrupt(directory: Path) -> Path | None:
     if not path.exists():
         return None
     try:
-        TrainingState(**torch.load(path, weights_only=False, map_location="cpu")["training_state"])
+        _read_state(path)
     except UNREADABLE:
         aside = path.with_name(f"{FILENAME}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
         path.replace(aside)
@@ -120,7 +125,7 @@ def peek_any(directory: Path) -> TrainingState | None:
     """The training state saved in ``directory`` whatever its config (None: none, or unreadable)."""
     path = directory / FILENAME
     try:
-        return TrainingState(**torch.load(path, weights_only=False, map_location="cpu")["training_state"])
+        return _read_state(path)
     except (OSError, *UNREADABLE):
         return None
 
@@ -130,7 +135,7 @@ def peek(directory: Path, expected_hash: str) -> TrainingState | None:
     path = directory / FILENAME
     if not path.exists():
         return None
-    state = TrainingState(**torch.load(path, weights_only=False, map_location="cpu")["training_state"])
+    state = _read_state(path)
     if state.config_hash != expected_hash:
         raise ConfigError(
             "train.checkpoint_dir",
