@@ -141,3 +141,25 @@ def test_memory_fit_on_a_table_that_is_not_csv_names_the_file(
     assert main(["fit", "--csv", str(bad), "--out", str(tmp_path / "m.json")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("dpsweep-memory: error: --csv=") and str(bad) in err
+
+
+def test_a_resume_under_another_experiment_name_is_refused(
+    make_cfg: Composer, client: MlflowClient, experiment_name: str, tmp_path: Path
+) -> None:
+    import torch
+
+    from dpsweep import checkpoint
+    from dpsweep.plan import config_hash
+
+    ckpt = tmp_path / "ckpt"
+    first = to_config(make_cfg(f"train.checkpoint_dir={ckpt}"))
+    run_id = client.create_run(client.create_experiment(experiment_name)).info.run_id  # interrupted, in A
+    state = checkpoint.TrainingState(config_hash(first), run_id, epoch=1, steps=22)
+    model = torch.nn.Linear(1, 1)
+    checkpoint.save(ckpt, state, model, torch.optim.SGD(model.parameters(), lr=0.1), None)
+    moved = make_cfg(f"train.checkpoint_dir={ckpt}", f"tracking.experiment_name={experiment_name}-B")
+    with pytest.raises(ConfigError) as info:
+        train(moved)
+    assert info.value.key == "tracking.experiment_name" and f"{experiment_name!r}" in str(info.value)
+    assert client.get_experiment_by_name(f"{experiment_name}-B") is None or not runs_of(client, f"{experiment_name}-B")
+    assert client.get_run(run_id).info.status == "RUNNING"  # untouched: nothing was resumed into B
