@@ -105,22 +105,6 @@ def _read_state(path: Path) -> TrainingState:
     return TrainingState(**torch.load(path, weights_only=False, map_location="cpu")["training_state"])
 
 
-def set_aside_if_corrupt(directory: Path) -> Path | None:
-    """A checkpoint that cannot be read (truncated, garbled) is renamed ``checkpoint.pt.corrupt-<time>``
-    and the run starts afresh; returns where it was put (None: nothing to set aside). Checkpoints are
-    written atomically (:func:`save`), so this takes a fault outside dpsweep: a full disk, a bad copy."""
-    path = directory / FILENAME
-    if not path.exists():
-        return None
-    try:
-        _read_state(path)
-    except UNREADABLE:
-        aside = path.with_name(f"{FILENAME}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
-        path.replace(aside)
-        return aside
-    return None
-
-
 def peek_any(directory: Path) -> TrainingState | None:
     """The training state saved in ``directory`` whatever its config (None: none, or unreadable)."""
     path = directory / FILENAME
@@ -130,20 +114,42 @@ def peek_any(directory: Path) -> TrainingState | None:
         return None
 
 
-def peek(directory: Path, expected_hash: str) -> TrainingState | None:
-    """The saved training state (run id, epoch) without loading the model; None if no checkpoint."""
+@dataclass(frozen=True)
+class Found:
+    """What :func:`peek` found in a checkpoint directory."""
+
+    state: TrainingState | None  # the state to resume from; None: start afresh
+    set_aside: Path | None = None  # where an unreadable checkpoint was moved
+
+
+def peek(directory: Path, expected_hash: str) -> Found:
+    """The saved training state (run id, epoch), read once, without loading the model.
+
+    A checkpoint that cannot be read (truncated, garbled) is renamed ``checkpoint.pt.corrupt-<time>``
+    and the run starts afresh. Checkpoints are written atomically (:func:`save`), so this takes a fault
+    outside dpsweep: a full disk, a bad copy. A checkpoint of another config raises: no run silently
+    mixes two."""
     path = directory / FILENAME
     if not path.exists():
-        return None
-    state = _read_state(path)
+        return Found(None)
+    try:
+        state = _read_state(path)
+    except UNREADABLE:
+        aside = path.with_name(f"{FILENAME}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
+        path.replace(aside)
+        return Found(None, aside)
+    _check_hash(directory, state, expected_hash)
+    return Found(state)
+
+
+def _check_hash(directory: Path, state: TrainingState, expected_hash: str) -> None:
     if state.config_hash != expected_hash:
         raise ConfigError(
             "train.checkpoint_dir",
             str(directory),
-            f"a directory without another config's checkpoint: {path} belongs to config {state.config_hash}, "
-            f"this run is {expected_hash}; remove it or use another train.checkpoint_dir",
+            f"a directory without another config's checkpoint: {directory / FILENAME} belongs to config "
+            f"{state.config_hash}, this run is {expected_hash}; remove it or use another train.checkpoint_dir",
         )
-    return state
 
 
 def load(
@@ -152,13 +158,9 @@ def load(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     engine: PrivacyEngine | None,
-) -> TrainingState | None:
-    """Restore model, optimizer and accountant from ``directory``; None if there is nothing to resume.
-
-    A checkpoint of another config is not resumed: it raises, so that no run silently mixes two.
-    """
-    if peek(directory, expected_hash) is None:
-        return None
+) -> TrainingState:
+    """Restore model, optimizer and accountant from the checkpoint :func:`peek` found in ``directory``.
+    Its config is checked again on the loaded state (the file may have been replaced since)."""
     path = directory / FILENAME
     if engine is not None:
         blob = engine.load_checkpoint(path=path, module=model, optimizer=optimizer)
@@ -166,7 +168,9 @@ def load(
         blob = torch.load(path, weights_only=False, map_location="cpu")
         model.load_state_dict(blob["module_state_dict"])
         optimizer.load_state_dict(blob["optimizer_state_dict"])
-    return TrainingState(**blob["training_state"])
+    state = TrainingState(**blob["training_state"])
+    _check_hash(directory, state, expected_hash)
+    return state
 
 
 def remove(directory: Path) -> None:

@@ -99,13 +99,13 @@ def train(cfg: DictConfig | Config) -> TrainResult:
         raise OverBudget(plan.over_budget)
     open_client(config.tracking.uri)  # a store that is not one, or cannot be written, is bad input here
     ckpt_dir = Path(config.train.checkpoint_dir) if config.train.checkpoint_dir and not config.train.probe else None
-    set_aside = checkpoint.set_aside_if_corrupt(ckpt_dir) if ckpt_dir else None
-    resume = checkpoint.peek(ckpt_dir, plan.config_hash) if ckpt_dir else None
+    found = checkpoint.peek(ckpt_dir, plan.config_hash) if ckpt_dir else checkpoint.Found(None)
+    resume = found.state
     monitor = memory.monitor_for(device)  # baseline before the model exists
     task_run = tasks.get(config.task.name).build(tasks.RunInputs(config, plan, data, device))
     tags = run_tags(plan, data, device, monitor.backend) | task_run.tags()
-    if set_aside is not None:  # the run starts afresh; the unreadable file is kept for inspection
-        tags["checkpoint.set_aside"] = str(set_aside)
+    if found.set_aside is not None:  # the run starts afresh; the unreadable file is kept for inspection
+        tags["checkpoint.set_aside"] = str(found.set_aside)
     claim = _claim(config, plan)
     with (
         terminate_as_interrupt(),
@@ -117,7 +117,7 @@ def train(cfg: DictConfig | Config) -> TrainResult:
         parts = task_run.start(run)
         result = TrainResult(run.run_id, float("nan"), float("nan"), data.n_train, 0, memory_backend=monitor.backend)
         state = None
-        if ckpt_dir is not None:
+        if ckpt_dir is not None and resume is not None:
             state = checkpoint.load(ckpt_dir, plan.config_hash, parts.model, parts.optimizer, parts.engine)
         stages = StageLog(memory.StageRecorder(monitor, active=state is None), run, result)  # resumed: recorded before
         if state is not None:
