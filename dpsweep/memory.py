@@ -184,7 +184,8 @@ class StageRecorder:
         return self.run_peak
 
     def metrics(self) -> dict[str, float]:
-        """``memory.<stage>_bytes`` levels, ``memory.<stage>_delta_bytes`` and the first-iteration peaks."""
+        """``memory.<stage>_bytes`` levels, ``memory.<stage>_delta_bytes``, ``memory.<stage>_peak_bytes``
+        (the highest level inside the stage) and the first-iteration peaks."""
         out: dict[str, float] = {}
         previous = 0
         for stage in STAGES:
@@ -193,6 +194,8 @@ class StageRecorder:
             out[f"memory.{stage}_bytes"] = self.levels[stage]
             out[f"memory.{stage}_delta_bytes"] = self.levels[stage] - previous
             previous = self.levels[stage]
+        for stage, peak in self.peaks.items():  # the highest level inside each stage: on CUDA,
+            out[f"memory.{stage}_peak_bytes"] = peak  # activations and clipping buffers freed before its end
         if self.peaks:
             out["memory.iteration_peak_bytes"] = max(self.peaks.values())
             out["memory.reserved_peak_bytes"] = self.reserved_peak

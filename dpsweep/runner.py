@@ -139,15 +139,17 @@ class StageLog:
 
     def __init__(self, recorder: memory.StageRecorder, run: Tracker, result: TrainResult) -> None:
         self.recorder, self.run, self.result = recorder, run, result
+        self.logged = not recorder.active  # a resumed run logged its stages before
 
     def mark(self, stage: str) -> None:
         self.recorder.mark(stage)
 
     def stepped(self) -> None:
         self.result.steps += 1
-        if not self.recorder.complete:
-            self.recorder.mark("optimizer_step")
+        if not self.logged:
+            self.recorder.mark("optimizer_step")  # if the task did not mark it right after the step
             self.run.log_metrics(self.recorder.metrics(), step=0)
+            self.logged = True
 
 
 def _claim(cfg: Config, plan: RunPlan) -> Claim | None:

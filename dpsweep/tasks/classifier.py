@@ -214,7 +214,10 @@ def train_pass(
     if not last:
         return float(loss.detach()), False
     optimizer.step()  # with DP: clip per sample, add noise, account for the step
-    return float(loss.detach()), not getattr(optimizer, "_is_last_step_skipped", False)
+    stepped = not getattr(optimizer, "_is_last_step_skipped", False)
+    if stepped:  # the level right after the step, while the batch is still on the device
+        stages.mark("optimizer_step")
+    return float(loss.detach()), stepped
 
 
 @torch.no_grad()
