@@ -127,6 +127,9 @@ def train(cfg: DictConfig | Config) -> TrainResult:
         if config.train.probe:
             result.epochs.append(_probe(task_run, stages))
             return result
+        if config.dp.enabled and stages.recorder.active:  # stages of exactly B, not of a private Poisson batch
+            task_run.memory_iteration(stages)
+            stages.log_first_iteration()
         _epochs(config, task_run, stages, parts, Checkpoints(ckpt_dir, plan.config_hash, state))
         _finish_privacy(config, plan, task_run, result, run)
     if ckpt_dir is not None:
@@ -146,6 +149,10 @@ class StageLog:
 
     def stepped(self) -> None:
         self.result.steps += 1
+        self.log_first_iteration()
+
+    def log_first_iteration(self) -> None:
+        """Log the four stages once, after the first optimizer step."""
         if not self.logged:
             self.recorder.mark("optimizer_step")  # if the task did not mark it right after the step
             self.run.log_metrics(self.recorder.metrics(), step=0)
@@ -182,7 +189,9 @@ def _epochs(
     show = None if cfg.train.progress else True
     for epoch in tqdm(range(first, cfg.train.epochs + 1), desc="epochs", disable=show, file=sys.stderr):
         metrics = task_run.train_epoch(epoch, stages)
-        metrics = task_run.evaluate() | metrics | {"memory.peak_bytes": float(stages.recorder.observe())}
+        metrics = task_run.evaluate() | metrics
+        if not cfg.dp.enabled:  # with DP the peak of the Poisson batches would tell their (private) sizes
+            metrics["memory.peak_bytes"] = float(stages.recorder.observe())
         if cfg.dp.enabled:  # ε so far, from the same accountant functions as the final ε
             history = task_run.privacy_history()
             metrics["epsilon"] = privacy.epsilon_from_history(history, cfg.dp.delta, cfg.dp.accountant.value)[0]
@@ -258,6 +267,9 @@ def run_tags(plan: RunPlan, data: datasets.DataSplits, device: torch.device, bac
     tags: dict[str, Any] = {
         **environment_tags(device),
         "memory.backend": backend,
+        # which batch the memory stages are of: with DP, exactly B examples in an iteration that is then
+        # undone (a Poisson batch's size is private); without, the first training batch
+        "memory.batch": "exact-B" if cfg.dp.enabled or cfg.train.probe else "first-batch",
         "dataset.n_train": data.n_train,
         "dataset.n_test": len(data.test),  # type: ignore[arg-type]
         "dataset.input_shape": "x".join(map(str, data.input_shape)),  # C x H x W of one example

@@ -73,7 +73,9 @@ def _assert_four_finished(cwd: Path, proc: subprocess.Popen[str]) -> None:
     got = sorted((float(r.data.params["dp.noise_multiplier"]), int(r.data.params["train.seed"])) for r in runs)
     assert got == [(0.8, 0), (0.8, 1), (1.6, 0), (1.6, 1)]
     for r in runs:
-        assert {"test_accuracy", "epsilon", "epsilon_rdp", "epsilon_prv", "memory.peak_bytes"} <= set(r.data.metrics)
+        assert {"test_accuracy", "epsilon", "epsilon_rdp", "epsilon_prv", "memory.iteration_peak_bytes"} <= set(
+            r.data.metrics
+        )
         sigma = float(r.data.params["dp.noise_multiplier"])
         planned = privacy.epsilon(privacy.poisson_schedule(1437, 64), sigma, 1e-5, epochs=1).epsilon
         assert r.data.metrics["epsilon_rdp"] == planned

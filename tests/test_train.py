@@ -24,13 +24,14 @@ from dpsweep.train import TrainResult, train
 MEMORY_METRICS = {
     *(f"memory.{s}_bytes" for s in STAGES),
     *(f"memory.{s}_delta_bytes" for s in STAGES),
+    *(f"memory.{s}_peak_bytes" for s in STAGES),
     "memory.iteration_peak_bytes",
     "memory.reserved_peak_bytes",
-    "memory.peak_bytes",
 }
+# no memory.peak_bytes with DP: the peak over the Poisson batches would tell their (private) sizes
 DP_METRICS = {"test_accuracy", "train_loss", "epsilon", "epsilon_rdp", "epsilon_prv", *MEMORY_METRICS}
 OUR_TAGS = {
-    "git.commit", "torch.version", "opacus.version", "device.name", "memory.backend",
+    "git.commit", "torch.version", "opacus.version", "device.name", "memory.backend", "memory.batch",
     "dataset.n_train", "dataset.n_test", "model.trainable_params", "dp.enabled", "dataset.input_shape",
 }  # fmt: skip
 DP_TAGS = {
@@ -113,7 +114,7 @@ def test_dp_run_logs_exactly_the_documented_metrics(dp_run: tuple) -> None:  # t
     result, client, exp, _ = dp_run
     [run] = runs_of(client, exp)
     assert set(run.data.metrics) == DP_METRICS
-    for name in ("test_accuracy", "train_loss", "epsilon", "memory.peak_bytes"):
+    for name in ("test_accuracy", "train_loss", "epsilon"):
         history = client.get_metric_history(run.info.run_id, name)
         assert [m.step for m in history] == [1, 2, 3], name  # step = epoch
     eps = [m.value for m in client.get_metric_history(run.info.run_id, "epsilon")]
@@ -123,8 +124,38 @@ def test_dp_run_logs_exactly_the_documented_metrics(dp_run: tuple) -> None:  # t
     m = run.data.metrics
     assert m["memory.model_load_bytes"] > 0  # the CNN's weights
     assert m["memory.backward_bytes"] > m["memory.batch_load_bytes"]  # grads and per-sample grads
-    assert m["memory.peak_bytes"] >= m["memory.iteration_peak_bytes"] >= m["memory.optimizer_step_bytes"]
+    assert m["memory.iteration_peak_bytes"] >= m["memory.optimizer_step_bytes"]
+    assert run.data.tags["memory.batch"] == "exact-B"
     assert 0.5 < result.test_accuracy <= 1.0
+    assert sum(steps for _, _, steps in result.accountant_history) == result.steps == 3 * 23  # no extra step
+
+
+def test_dp_memory_stages_are_of_exactly_b_not_of_a_poisson_batch(
+    make_cfg: Composer, client: MlflowClient, experiment_name: str
+) -> None:
+    """A Poisson batch's size is private (add or remove one example and it may change by one), so DP
+    runs record the stages on exactly B examples: two seeds draw different first batches and log the
+    same levels."""
+    for seed in (3, 4):
+        train(make_cfg("train.epochs=1", f"train.seed={seed}"))
+    runs = runs_of(client, experiment_name)
+    levels = [[r.data.metrics[f"memory.{s}_bytes"] for s in STAGES] for r in runs]
+    assert len(runs) == 2 and levels[0] == levels[1]
+    assert all(r.data.tags["memory.batch"] == "exact-B" and "memory.peak_bytes" not in r.data.metrics for r in runs)
+
+
+def test_the_memory_iteration_changes_nothing_about_training(
+    make_cfg: Composer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exact-B iteration is undone: parameters, optimizer state, accountant and RNG. A run without
+    it (the method replaced by one that only marks) trains to the same loss, accuracy and ε."""
+    from dpsweep.tasks.classifier import ClassifierRun
+
+    with_it = train(make_cfg("train.epochs=1", "train.seed=5", "optimizer=adam"))  # Adam: state to undo
+    monkeypatch.setattr(ClassifierRun, "memory_iteration", lambda self, stages: None)
+    without = train(make_cfg("train.epochs=1", "train.seed=5", "optimizer=adam"))
+    assert with_it.train_loss == without.train_loss and with_it.test_accuracy == without.test_accuracy
+    assert with_it.accountant_history == without.accountant_history and with_it.epsilon == without.epsilon
 
 
 @DP_RUN
@@ -350,8 +381,9 @@ def test_memory_model_and_gpu_memory_choose_the_physical_batch(
     runs = {r.info.run_id: r for r in runs_of(client, experiment_name)}
     physical = int(runs[result.run_id].data.tags["train.physical_batch_size_used"])
     assert 1 <= physical < 256 and "train.physical_batch_size_used" not in runs[plain.run_id].data.tags
-    assert runs[result.run_id].data.metrics["memory.peak_bytes"] <= 3 * 2**20  # and it did fit
-    assert runs[plain.run_id].data.metrics["memory.peak_bytes"] > 3 * 2**20  # where B in one pass does not
+    # DP runs measure one pass of exactly the planned size (not their private Poisson batches)
+    assert runs[result.run_id].data.metrics["memory.iteration_peak_bytes"] <= 3 * 2**20  # and it did fit
+    assert runs[plain.run_id].data.metrics["memory.iteration_peak_bytes"] > 3 * 2**20  # B in one pass does not
     assert result.steps == plain.steps and result.epsilon == plain.epsilon
     with pytest.raises(ConfigError, match=r"launcher.gpu_memory='1KiB' is invalid: room for at least one example"):
         train(make_cfg("train.memory_model=m.json", "launcher.gpu_memory=1KiB"))

@@ -95,6 +95,11 @@ class TaskRun(Protocol):
     def probe(self, stages: Stages) -> dict[str, float]:
         """Run one training iteration on exactly ``train.batch_size`` examples (memory probe)."""
 
+    def memory_iteration(self, stages: Marks) -> None:
+        """DP runs, before training: the memory stages of one iteration on exactly ``train.batch_size``
+        examples, then undo it (parameters, optimizer state, accountant history, RNG), so that training
+        is as without it. A Poisson batch's size is private; B is not."""
+
     def privacy_history(self) -> privacy.History:
         """Every privacy event spent, as ``(noise_multiplier, sample_rate, steps)`` segments (empty without DP)."""
 

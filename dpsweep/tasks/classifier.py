@@ -12,7 +12,9 @@ head are trained on them. The memory probe runs one iteration on exactly ``train
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import io
 import os
 import sys
 from collections.abc import Iterable
@@ -125,12 +127,46 @@ class ClassifierRun:
         t = self.cfg.train
         return {"test_accuracy": evaluate(plain, self.test, t.eval_batch_size, self.device, t.device_resident)}
 
+    def _exact_batch(self, generator: torch.Generator, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``size`` training examples (all of them when there are fewer), on the CPU."""
+        n = len(self.data.train)  # type: ignore[arg-type]
+        pick = torch.randperm(n, generator=generator)[:size].tolist()
+        x, y = next(iter(DataLoader(Subset(self.data.train, pick), batch_size=len(pick))))
+        return x, y
+
+    def memory_iteration(self, stages: Marks) -> None:
+        # Which examples are in the batch does not change its memory; its size does, and B is public.
+        # The examples are drawn with a generator of their own: the training sampler's is untouched.
+        device = self.device
+        # first: iterating a DataLoader draws its base seed from the global generator
+        rng = torch.get_rng_state(), torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+        size = self.inputs.plan.physical_batch_size or self.cfg.train.batch_size  # one pass, as training makes
+        x, y = self._exact_batch(torch.Generator().manual_seed(self.cfg.train.seed), size)
+        # As bytes, not tensors: the CPU twin's census would count a copy held as tensors.
+        trainable = io.BytesIO()
+        torch.save({n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad}, trainable)
+        optimizer_state = copy.deepcopy(self.optimizer.state_dict())
+        history = list(self.engine.accountant.history) if self.engine is not None else []
+        self.model.train()
+        train_pass(self.trainer, (x, y), stages)
+        self.optimizer.zero_grad(set_to_none=True)
+        trainable.seek(0)
+        saved = torch.load(trainable, map_location=device)
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                if name in saved:
+                    p.copy_(saved[name])
+        self.optimizer.load_state_dict(optimizer_state)
+        if self.engine is not None:
+            self.engine.accountant.history = history
+        torch.set_rng_state(rng[0])
+        if rng[1] is not None:
+            torch.cuda.set_rng_state_all(rng[1])
+
     def probe(self, stages: Stages) -> dict[str, float]:
         """The first iteration only, on exactly ``train.batch_size`` examples (a Poisson batch would
         make the measured batch random)."""
-        n = len(self.data.train)  # type: ignore[arg-type]
-        pick = torch.randperm(n, generator=self.generator)[: self.cfg.train.batch_size].tolist()
-        x, y = next(iter(DataLoader(Subset(self.data.train, pick), batch_size=len(pick))))
+        x, y = self._exact_batch(self.generator, self.cfg.train.batch_size)
         self.model.train()
         loss, _ = train_pass(self.trainer, (x, y), stages)
         stages.stepped()
