@@ -480,9 +480,9 @@ def memory_groups(memory: pd.DataFrame, table: pd.DataFrame, resolution_bytes: f
         rows.append({"label": label, **figures, "backend": first["backend"], "configs": len(group),
                      "config_ids": tuple(group["config_id"])})  # fmt: skip
     out = pd.DataFrame(rows, columns=["label", *MEMORY_STAGES, "backend", "configs", "config_ids"])
-    return out.sort_values("run_peak_bytes", ascending=False, na_position="last", kind="mergesort").reset_index(
-        drop=True
-    )
+    # largest first; DP runs log no run peak (it would tell their Poisson batch sizes): their first-iteration peak
+    largest = out["run_peak_bytes"].fillna(out["iteration_peak_bytes"])
+    return out.iloc[largest.argsort(kind="mergesort")[::-1]].reset_index(drop=True)
 
 
 def best_runs(runs: pd.DataFrame, n: int = 3, private: bool | None = True) -> list[str]:
@@ -554,6 +554,12 @@ def check(runs: pd.DataFrame, table: pd.DataFrame) -> list[str]:
             f"{_runs(len(group))} ({', '.join(r[:8] for r in group['run_id'])}) repeat the config of run "
             f"{', '.join(r[:8] for r in kept)} (config.hash {config_hash}, seed included): a repeat is not another "
             "seed, so only the newest is in the table"
+        )
+    insecure = done[done["private"] & (column(done, "tags.dp.release") == "not-for-release")]
+    if not insecure.empty:
+        notes.append(
+            f"{_runs(len(insecure))} ran without dp.secure_mode: their noise and Poisson sampling can be "
+            "regenerated from train.seed, which is logged, so a model they trained is not for release"
         )
     for (dataset, model), block in table.groupby(["dataset", "model"], sort=True):
         if block["private"].all():

@@ -13,6 +13,7 @@ Range checks that types cannot express (``noise_multiplier > 0``, ``delta < 1/N`
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -150,6 +151,10 @@ class DPConfig:
     target_epsilon: float | None = None  # when set, σ is calibrated so that ε <= target_epsilon
     allow_large_delta: bool = False  # permit δ >= 1/N, which makes the guarantee void
     grad_sample_mode: GradSampleMode = GradSampleMode.hooks  # how Opacus computes per-sample gradients
+    # Opacus's secure mode: noise and Poisson sampling from a cryptographically secure RNG (torchcsprng)
+    # instead of torch's generator, which train.seed (logged) regenerates. Off: runs are tagged
+    # dp.release=not-for-release.
+    secure_mode: bool = False
 
 
 @dataclass
@@ -332,6 +337,9 @@ def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
         raise ConfigError(key, value, allowed)
 
 
+SECURE_RNG_MODULE = "torchcsprng"  # what Opacus's PrivacyEngine(secure_mode=True) imports
+
+
 def validate(cfg: Config) -> None:
     """Check the ranges that need no data. Raises :class:`ConfigError` on the first bad value."""
     t, dp, m, opt = cfg.train, cfg.dp, cfg.model, cfg.optimizer
@@ -406,6 +414,19 @@ def validate(cfg: Config) -> None:
         ranges.check("noise_multiplier", "dp.noise_multiplier", dp.noise_multiplier)
     else:
         ranges.check("target_epsilon", "dp.target_epsilon", dp.target_epsilon)
+    _require(
+        not dp.secure_mode or importlib.util.find_spec(SECURE_RNG_MODULE) is not None,
+        "dp.secure_mode",
+        dp.secure_mode,
+        f"false here: Opacus's secure mode needs the {SECURE_RNG_MODULE} package, which is not installed "
+        "(pytorch/csprng; it has no build for recent torch versions)",
+    )
+    _require(
+        not (dp.secure_mode and t.device_resident),
+        "train.device_resident",
+        t.device_resident,
+        "false with dp.secure_mode=true: device-resident Poisson sampling draws from torch's generator",
+    )
 
 
 def validate_launcher(launcher: LauncherConfig) -> None:

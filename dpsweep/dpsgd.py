@@ -39,7 +39,7 @@ def make_private(
 
     ``dp.grad_sample_mode`` picks how per-sample gradients are obtained; ghost clipping also wraps the
     criterion (its loss runs Opacus's two backward passes), so the criterion to use is returned."""
-    engine = PrivacyEngine(accountant=dp.accountant.value)
+    engine = PrivacyEngine(accountant=dp.accountant.value, secure_mode=dp.secure_mode)
     made = engine.make_private(
         module=model,
         optimizer=optimizer,

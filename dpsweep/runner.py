@@ -284,7 +284,9 @@ def run_tags(plan: RunPlan, data: datasets.DataSplits, device: torch.device, bac
     tags |= sweep_tags(cfg)
     if plan.privacy is not None:
         tags |= {
-            "dp.delta": cfg.dp.delta, "dp.accountant": cfg.dp.accountant.value, "dp.secure_mode": False,
+            "dp.delta": cfg.dp.delta, "dp.accountant": cfg.dp.accountant.value, "dp.secure_mode": cfg.dp.secure_mode,
+            # without secure mode, train.seed (logged) regenerates the noise and the sampling
+            "dp.release": "ok" if cfg.dp.secure_mode else "not-for-release",
             "dp.grad_sample_mode": cfg.dp.grad_sample_mode.value,
         }  # fmt: skip
         if plan.privacy.calibrated:

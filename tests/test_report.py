@@ -124,6 +124,15 @@ def _row(table: pd.DataFrame, sigma: float | None) -> pd.Series:
 
 @pytest.mark.slow
 @SWEEP
+def test_report_says_which_private_runs_are_not_for_release(sweep: Sweep) -> None:
+    """The 4 DP runs ran without dp.secure_mode (train.seed regenerates their noise); the 2 non-private
+    runs release nothing private and are not counted."""
+    text = "\n".join(rep.build_report(sweep.uri, EXPERIMENT).warnings)
+    assert "4 runs ran without dp.secure_mode: their noise and Poisson sampling can be regenerated" in text
+
+
+@pytest.mark.slow
+@SWEEP
 def test_table_equals_aggregates_computed_independently(sweep: Sweep) -> None:
     r = rep.build_report(sweep.uri, EXPERIMENT)
     expected = independent_aggregates(sweep.uri)
@@ -153,7 +162,8 @@ def test_table_equals_aggregates_computed_independently(sweep: Sweep) -> None:
             assert row["baseline_config_id"] == _row(r.table, None)["config_id"]
     assert _row(r.table, 2.0)["epsilon"] < _row(r.table, 1.0)["epsilon"]  # more noise, less privacy loss
     assert not r.table.iloc[0]["private"]  # the baseline leads its block
-    assert r.warnings == []
+    [warning] = r.warnings  # the DP runs ran without secure mode; nothing else to warn about
+    assert warning.startswith("4 runs ran without dp.secure_mode")
 
 
 @pytest.mark.slow
@@ -175,8 +185,11 @@ def test_sweep_report_writes_valid_pngs_and_logs_them_on_the_parent_run(
     logged = {a.path for a in client.list_artifacts(sweep.parent_run_id, "report")}
     assert logged == {f"report/{n}" for n in PLOTS | {"report.md"}}
     groups = rep.memory_groups(rep.memory_table(r.table_runs), r.table)  # the bars of memory.png
-    assert groups["configs"].sum() == 3 and (groups["run_peak_bytes"] > 0).all()
-    assert list(groups["run_peak_bytes"]) == sorted(groups["run_peak_bytes"], reverse=True)
+    assert groups["configs"].sum() == 3 and (groups["iteration_peak_bytes"] > 0).all()
+    # only the non-private group has a run peak: a DP run's peak over its Poisson batches would tell their sizes
+    assert groups["run_peak_bytes"].notna().sum() == 1 and (groups["run_peak_bytes"].dropna() > 0).all()
+    largest = list(groups["run_peak_bytes"].fillna(groups["iteration_peak_bytes"]))
+    assert largest == sorted(largest, reverse=True)  # largest first (the run peak, else the first iteration's)
     # the sweep holds no baseline: it comes from the experiment's non-private runs, and says so
     assert len(r.table) == 3 and (~r.table["private"]).sum() == 1
     assert any("the sweep has no non-private run" in w for w in r.warnings)

@@ -36,6 +36,7 @@ OUR_TAGS = {
 }  # fmt: skip
 DP_TAGS = {
     "dp.delta", "dp.accountant", "dp.secure_mode", "dp.steps", "dp.sample_rate", "dp.conversion", "dp.grad_sample_mode",
+    "dp.release",
 }  # fmt: skip
 
 
@@ -126,8 +127,24 @@ def test_dp_run_logs_exactly_the_documented_metrics(dp_run: tuple) -> None:  # t
     assert m["memory.backward_bytes"] > m["memory.batch_load_bytes"]  # grads and per-sample grads
     assert m["memory.iteration_peak_bytes"] >= m["memory.optimizer_step_bytes"]
     assert run.data.tags["memory.batch"] == "exact-B"
+    assert run.data.tags["dp.secure_mode"] == "False" and run.data.tags["dp.release"] == "not-for-release"
     assert 0.5 < result.test_accuracy <= 1.0
     assert sum(steps for _, _, steps in result.accountant_history) == result.steps == 3 * 23  # no extra step
+
+
+def test_secure_mode_needs_its_rng_and_poisson_sampling_it_covers(
+    make_cfg: Composer, client: MlflowClient, experiment_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dp.secure_mode=true without torchcsprng is refused before any run exists; so is device-resident
+    sampling under secure mode (it draws from torch's generator), checked with the RNG module present."""
+    from dpsweep import config
+
+    with pytest.raises(ConfigError, match=r"dp.secure_mode=True is invalid: false here: .* torchcsprng package"):
+        train(make_cfg("dp.secure_mode=true"))
+    monkeypatch.setattr(config, "SECURE_RNG_MODULE", "json")  # a module that is installed
+    with pytest.raises(ConfigError, match=r"train.device_resident=True is invalid: false with dp.secure_mode=true"):
+        train(make_cfg("dp.secure_mode=true", "train.device_resident=true"))
+    assert runs_of(client, experiment_name) == []
 
 
 def test_dp_memory_stages_are_of_exactly_b_not_of_a_poisson_batch(
