@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
-from helpers import Composer, runs_of
+from helpers import Composer, run_dpsweep, runs_of
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow.tracking import MlflowClient
 
@@ -163,3 +163,24 @@ def test_a_resume_under_another_experiment_name_is_refused(
     assert info.value.key == "tracking.experiment_name" and f"{experiment_name!r}" in str(info.value)
     assert client.get_experiment_by_name(f"{experiment_name}-B") is None or not runs_of(client, f"{experiment_name}-B")
     assert client.get_run(run_id).info.status == "RUNNING"  # untouched: nothing was resumed into B
+
+
+def test_an_output_directory_hydra_cannot_create_is_bad_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hydra makes the job's directory before dpsweep runs; where it cannot (a read-only working
+    directory, or, as here, a file in the way, which stops root too), exit 2 naming the key, not a
+    traceback, and nothing is started."""
+    from dpsweep.cli.train import unwritable_output
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("")
+    for args, key, value in (
+        (["hydra.run.dir=afile/out"], "hydra.run.dir", "afile/out"),
+        (["-m", "hydra.sweep.dir=afile/sweep", "dp.noise_multiplier=1,2"], "hydra.sweep.dir", "afile/sweep"),
+    ):
+        done = run_dpsweep(*args, "train.epochs=1")
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert f"dpsweep: error: {key}={value!r} is invalid: a directory dpsweep can create and write" in done.stderr
+        assert "Not a directory" in done.stderr and "Traceback" not in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # no store, no outputs
+    assert unwritable_output([], cwd=tmp_path) is None  # a writable working directory is fine
+    assert unwritable_output(["hydra.run.dir=new/deeper"], cwd=tmp_path) is None  # created by Hydra

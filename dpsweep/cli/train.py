@@ -12,6 +12,9 @@ a sweep it raises instead, so that the sweeper records the job as failed and goe
 
 from __future__ import annotations
 
+import sys
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import hydra
@@ -23,6 +26,7 @@ from omegaconf import DictConfig
 from dpsweep import memory, units
 from dpsweep.cli.errors import BAD_INPUT, report_bad_input
 from dpsweep.config import Config, to_config
+from dpsweep.errors import InputError
 from dpsweep.liveness import die_with_driver
 from dpsweep.runner import OverBudget, TrainResult, train
 from dpsweep.tracking import Claimed
@@ -71,9 +75,39 @@ def _job_overrides() -> str:
 register_hydra_plugins()
 
 
+def unwritable_output(argv: Sequence[str], cwd: Path | None = None) -> InputError | None:
+    """Hydra creates the job's output directory (``hydra.run.dir``, or ``hydra.sweep.dir`` with -m;
+    by default under the working directory) before dpsweep runs: where it cannot, say so as bad input
+    instead of Hydra's traceback. The nearest existing ancestor must take a new file."""
+    key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(argv) else "hydra.run.dir"
+    given = next((a.partition("=")[2] for a in argv if a.lstrip("+").partition("=")[0] == key), None)
+    base = cwd or Path.cwd()
+    target = base / given if given else base
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            return None
+    except OSError as err:
+        where = f"{key}={given}" if given else f"the working directory {base}"
+        return InputError(
+            key,
+            given or str(base),
+            f"a directory dpsweep can create and write ({where}: {err.strerror}); Hydra keeps each job's "
+            f"config and log there: run from a writable directory or set {key}=/a/writable/dir",
+        )
+
+
+def main() -> None:
+    """Console entry point ``dpsweep``: the Hydra app, once its output directory can be written."""
+    problem = unwritable_output(sys.argv[1:])
+    if problem is not None:
+        raise SystemExit(report_bad_input("dpsweep", problem))
+    app()
+
+
 @hydra.main(version_base="1.3", config_path="pkg://dpsweep.conf", config_name="config")
-def main(cfg: DictConfig) -> float | None:
-    """Console entry point ``dpsweep``; returns the metric a sweeper optimises (None: skipped)."""
+def app(cfg: DictConfig) -> float | None:
+    """The Hydra task: train one config; returns the metric a sweeper optimises (None: skipped)."""
     hydra_cfg = HydraConfig.get()
     die_with_driver()  # a launcher=local job: ends (run KILLED) when the sweep's driver is gone
     if cfg.train.checkpoint_dir is None:  # the job's own directory: stable when a cluster requeues it
