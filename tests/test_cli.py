@@ -64,10 +64,22 @@ def test_bad_input_exits_2_with_one_clear_line_and_no_run(tmp_path: Path, args: 
 
 @pytest.mark.parametrize(
     ("args", "needle"),
-    [(["dataset=imagenet"], "Could not find 'dataset/imagenet'"), (["train.bach_size=3"], "bach_size")],
+    [
+        (["dataset=imagenet"], "dataset='imagenet' is invalid: one of cifar10, digits, flowers102, mnist"),
+        (
+            ["train.bach_size=3"],
+            "train.bach_size='3' is invalid: a key and value of the config schema (Key 'bach_size'",
+        ),
+        (
+            ["train.batch_size=abc"],
+            "train.batch_size='abc' is invalid: a key and value of the config schema (Value 'abc'",
+        ),
+    ],
 )
-def test_composition_errors_exit_nonzero_with_hydras_message(tmp_path: Path, args: list[str], needle: str) -> None:
+def test_composition_errors_are_bad_input_naming_key_value_and_options(
+    tmp_path: Path, args: list[str], needle: str
+) -> None:
     proc = run_cli(tmp_path, *args)
-    assert proc.returncode != 0, proc.stdout + proc.stderr
-    assert needle in proc.stderr, proc.stderr
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"dpsweep: error: {needle}" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert run_statuses(tmp_path / "mlflow.db") == []

@@ -12,6 +12,7 @@ a sweep it raises instead, so that the sweeper records the job as failed and goe
 
 from __future__ import annotations
 
+import re
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -97,9 +98,38 @@ def unwritable_output(argv: Sequence[str], cwd: Path | None = None) -> InputErro
         )
 
 
+def composition_error(argv: Sequence[str]) -> InputError | None:
+    """A single run's overrides that Hydra cannot compose (an unknown option of a config group, a
+    misspelt key, a value of the wrong type), as bad input naming the key, the value and what is
+    allowed, before Hydra starts. Sweeps (-m) and Hydra's own flags are left to Hydra."""
+    if any(a.startswith("-") for a in argv):
+        return None
+    from hydra import compose, initialize_config_module
+    from hydra.errors import HydraException, MissingConfigException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_module("dpsweep.conf", version_base="1.3"):
+            compose("config", overrides=list(argv))
+    except MissingConfigException as err:
+        group, _, name = (err.missing_cfg_file or "").rpartition("/")
+        options = [o for o in err.options or [] if not o.startswith("base_")]  # base_*: schemas, not options
+        if group and options:
+            return InputError(group, name, f"one of {', '.join(options)}")
+        return InputError("config", err.missing_cfg_file, str(err).splitlines()[0])
+    except (HydraException, OmegaConfBaseException) as err:
+        why = str(err.__cause__ or err).splitlines()[0]
+        found = re.search(r"override '?([^'=\s]+)'?", str(err))
+        key = found.group(1) if found else "overrides"
+        value = next((a.partition("=")[2] for a in argv if a.lstrip("+~").partition("=")[0] == key.lstrip("+~")), None)
+        return InputError(key, value if found else " ".join(argv), f"a key and value of the config schema ({why})")
+    return None
+
+
 def main() -> None:
-    """Console entry point ``dpsweep``: the Hydra app, once its output directory can be written."""
-    problem = unwritable_output(sys.argv[1:])
+    """Console entry point ``dpsweep``: the Hydra app, once its overrides compose and its output
+    directory can be written (else exit 2)."""
+    problem = composition_error(sys.argv[1:]) or unwritable_output(sys.argv[1:])
     if problem is not None:
         raise SystemExit(report_bad_input("dpsweep", problem))
     app()
