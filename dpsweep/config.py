@@ -209,6 +209,10 @@ class TrackingConfig:
     uri: str = "sqlite:///mlflow.db"  # relative to where dpsweep runs; any MLflow URI, e.g. http://host:5000
     experiment_name: str = "dpsweep"  # the MLflow experiment the runs go to
     run_name: str | None = None  # null: a readable name from the config (digits-cnn-σ1-C1-B64-e10-s0)
+    # Log the trained model (MLflow's PyTorch flavour, artifact "model"): only its trained parameters
+    # (vgg16_frozen: the head, not the public backbone), when they take at most log_model_max_mib.
+    log_model: bool = True
+    log_model_max_mib: float = 256.0
 
 
 @dataclass
@@ -392,6 +396,12 @@ def validate(cfg: Config) -> None:
         "sweep.min_jobs_for_failure_rate",
         s.min_jobs_for_failure_rate,
         "1 or more jobs",
+    )
+    _require(
+        cfg.tracking.log_model_max_mib > 0,
+        "tracking.log_model_max_mib",
+        cfg.tracking.log_model_max_mib,
+        "a positive size in MiB (or tracking.log_model=false)",
     )
     img = cfg.dataset.image_size
     _require(img is None or img > 0, "dataset.image_size", img, "a positive number of pixels or null")

@@ -32,9 +32,10 @@ from typing import Any
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
 from tqdm.auto import tqdm
 
-from dpsweep import checkpoint, memory, privacy, tasks
+from dpsweep import checkpoint, memory, privacy, tasks, units
 from dpsweep import data as datasets
 from dpsweep.config import Config, ConfigError, Device, flatten, to_config, validate
 from dpsweep.plan import MemoryFiles, RunPlan, prepare
@@ -70,6 +71,7 @@ class TrainResult:
     accountant_history: list[tuple[float, float, int]] = field(default_factory=list)
     epochs: list[dict[str, float]] = field(default_factory=list)  # per-epoch metrics
     memory_backend: str = ""  # cuda, or the CPU twin cpu-tensors
+    model: nn.Module | None = None  # the trained module, without any DP wrapper (None for a probe)
 
 
 def resolve_device(requested: Device) -> torch.device:
@@ -132,6 +134,9 @@ def train(cfg: DictConfig | Config) -> TrainResult:
             stages.log_first_iteration()
         _epochs(config, task_run, stages, parts, Checkpoints(ckpt_dir, plan.config_hash, state))
         _finish_privacy(config, plan, task_run, result, run)
+        result.model = task_run.trained_model()
+        if config.tracking.log_model:
+            _log_model(config, task_run, run)
     if ckpt_dir is not None:
         checkpoint.remove(ckpt_dir)  # the run is complete; a rerun starts afresh
     return result
@@ -218,6 +223,21 @@ def _probe(task_run: tasks.TaskRun, stages: StageLog) -> dict[str, float]:
     measured = task_run.probe(stages) | {"memory.peak_bytes": float(stages.recorder.observe())}
     stages.run.log_metrics(measured, step=0)  # the stages were logged by stages.stepped()
     return stages.recorder.metrics() | measured
+
+
+def _log_model(cfg: Config, task_run: tasks.TaskRun, run: Tracker) -> None:
+    """The released model as the run's ``model`` artifact, or a tag saying why it was not logged."""
+    module, example = task_run.released_model()
+    size_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
+    limit_bytes = cfg.tracking.log_model_max_mib * 2**20
+    if size_bytes > limit_bytes:
+        why = (
+            f"skipped: {units.format_bytes(size_bytes)} > tracking.log_model_max_mib={cfg.tracking.log_model_max_mib:g}"
+        )
+        run.set_tags({"model.logged": why})
+        return
+    run.log_model(module, example)
+    run.set_tags({"model.logged": "true", "model.logged_bytes": size_bytes})
 
 
 def _finish_privacy(cfg: Config, plan: RunPlan, task_run: tasks.TaskRun, result: TrainResult, run: Tracker) -> None:

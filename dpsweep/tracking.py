@@ -12,12 +12,14 @@ Out-of-memory failures are tagged ``failure.kind=oom``, since they are data for 
 from __future__ import annotations
 
 import fcntl
+import importlib.metadata
 import os
 import platform
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -86,6 +88,25 @@ class Tracker:
 
     def log_text(self, text: str, artifact_file: str) -> None:
         self.client.log_text(self.run_id, text, artifact_file)
+
+    def log_model(self, module: Any, input_example: Any, artifact_path: str = "model") -> None:
+        """A torch module as an MLflow PyTorch-flavour model (``MLmodel``, weights, signature from the
+        input example and the module's output), under the run's ``artifact_path``:
+        ``mlflow.pytorch.load_model(f"runs:/{run_id}/model")`` loads it (with dpsweep importable)."""
+        import mlflow.pytorch  # torch and the flavour: only for runs that log a model
+        import torch
+        from mlflow.models import infer_signature
+
+        with torch.no_grad():
+            output = module(torch.as_tensor(input_example)).numpy()
+        with tempfile.TemporaryDirectory(prefix="dpsweep-model-") as tmp:
+            path = Path(tmp) / artifact_path
+            mlflow.pytorch.save_model(
+                module, str(path), signature=infer_signature(input_example, output), input_example=input_example,
+                pip_requirements=[f"torch=={importlib.metadata.version('torch')}"],  # its classes: dpsweep's
+                serialization_format="pickle",  # the whole module (torch.save), as the Opacus examples keep it
+            )  # fmt: skip
+            retry_busy(lambda: self.client.log_artifacts(self.run_id, str(path), artifact_path))
 
 
 def _now_ms() -> int:

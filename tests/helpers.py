@@ -16,7 +16,8 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
 # Settings that keep a training test to a few seconds on 2 CPU cores.
-FAST = ["train.epochs=2", "train.progress=false"]
+# tracking.log_model=false: saving the model takes seconds; tests/test_train.py checks it on its own
+FAST = ["train.epochs=2", "train.progress=false", "tracking.log_model=false"]
 
 Composer = Callable[..., DictConfig]
 

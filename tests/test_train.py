@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -130,6 +132,51 @@ def test_dp_run_logs_exactly_the_documented_metrics(dp_run: tuple) -> None:  # t
     assert run.data.tags["dp.secure_mode"] == "False" and run.data.tags["dp.release"] == "not-for-release"
     assert 0.5 < result.test_accuracy <= 1.0
     assert sum(steps for _, _, steps in result.accountant_history) == result.steps == 3 * 23  # no extra step
+
+
+def _logged_model(client: MlflowClient, run_id: str, dst: Path) -> tuple[torch.nn.Module, dict[str, object]]:
+    import mlflow.pytorch
+
+    local = Path(client.download_artifacts(run_id, "model", str(dst)))
+    return mlflow.pytorch.load_model(str(local)), yaml.safe_load((local / "MLmodel").read_text())
+
+
+def test_the_trained_model_is_returned_and_logged_with_mlflows_pytorch_flavour(
+    make_cfg: Composer, client: MlflowClient, experiment_name: str, tmp_path: Path
+) -> None:
+    result = train(make_cfg("train.epochs=1", "tracking.log_model=true"))
+    assert isinstance(result.model, models.OpacusCNN)  # the plain module, not Opacus's wrapper
+    [run] = runs_of(client, experiment_name)
+    assert run.data.tags["model.logged"] == "true"
+    assert int(run.data.tags["model.logged_bytes"]) == 4 * models.trainable_parameters(result.model)
+    loaded, mlmodel = _logged_model(client, run.info.run_id, tmp_path)
+    x = torch.randn(5, 1, 28, 28)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), result.model.cpu()(x))  # the trained weights, exactly
+    assert "pytorch" in mlmodel["flavors"] and "signature" in mlmodel  # type: ignore[operator]
+    example = json.loads((tmp_path / "model" / "input_example.json").read_text())
+    assert np.asarray(example).shape == (1, 1, 28, 28) and not np.any(example)  # zeros, never a training example
+
+
+def test_vgg16_logs_only_its_trained_head_and_a_size_limit_skips_a_model(
+    make_cfg: Composer, client: MlflowClient, experiment_name: str, tmp_path: Path
+) -> None:
+    vgg = ["model=vgg16_frozen", "model.pretrained=false", "model.feature_cache=false", "model.hidden_units=16",
+           "dataset.image_size=32", "train.epochs=1", "train.batch_size=256", "dp=off",
+           "tracking.log_model=true"]  # fmt: skip
+    result = train(make_cfg(*vgg))
+    assert isinstance(result.model, models.FrozenVGG16)  # the whole model is returned
+    small = train(make_cfg("train.epochs=1", "tracking.log_model=true", "tracking.log_model_max_mib=0.01"))
+    runs = {r.info.run_id: r for r in runs_of(client, experiment_name)}
+    head, _ = _logged_model(client, result.run_id, tmp_path)
+    assert isinstance(head, torch.nn.Sequential)  # the head alone: the backbone is public ImageNet weights
+    assert int(runs[result.run_id].data.tags["model.logged_bytes"]) == 4 * (25088 * 16 + 16 + 16 * 10 + 10)
+    with torch.no_grad():
+        x = torch.randn(3, 1, 32, 32)
+        assert torch.equal(head(result.model.cpu().extract(x)), result.model(x))
+    assert runs[small.run_id].data.tags["model.logged"].startswith("skipped: ")
+    assert "tracking.log_model_max_mib=0.01" in runs[small.run_id].data.tags["model.logged"]
+    assert not client.list_artifacts(small.run_id, "model")
 
 
 def test_secure_mode_needs_its_rng_and_poisson_sampling_it_covers(

@@ -32,6 +32,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from opacus import PrivacyEngine
 from torch import nn
@@ -99,6 +100,14 @@ class TaskRun(Protocol):
         """DP runs, before training: the memory stages of one iteration on exactly ``train.batch_size``
         examples, then undo it (parameters, optimizer state, accountant history, RNG), so that training
         is as without it. A Poisson batch's size is private; B is not."""
+
+    def released_model(self) -> tuple[nn.Module, np.ndarray]:
+        """What a run releases as its model: the trained module without any DP wrapper (only the
+        trained parameters: no public frozen backbone), and a synthetic input example (never a
+        training example)."""
+
+    def trained_model(self) -> nn.Module:
+        """The whole trained module, without any DP wrapper, on its device (returned by ``train``)."""
 
     def privacy_history(self) -> privacy.History:
         """Every privacy event spent, as ``(noise_multiplier, sample_rate, steps)`` segments (empty without DP)."""

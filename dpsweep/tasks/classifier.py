@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from opacus import PrivacyEngine
 from opacus.grad_sample.gsm_exp_weights import GradSampleModuleExpandedWeights
@@ -173,6 +174,18 @@ class ClassifierRun:
         # Without DP the loss is a plain training metric; with DP it would be an un-noised statistic of
         # private examples that no accountant covers, so it is not released.
         return {} if self.cfg.dp.enabled else {"probe.loss": loss}
+
+    def released_model(self) -> tuple[nn.Module, np.ndarray]:
+        plain: nn.Module = getattr(self.model, "_module", self.model)  # without Opacus's wrapper
+        shape: tuple[int, ...] = self.data.input_shape
+        # vgg16_frozen, whole or trained on cached maps: only its head (ImageNet's backbone is public)
+        if isinstance(plain, (model_zoo.FrozenVGG16, model_zoo.PooledHead)):
+            plain, shape = plain.head, (model_zoo.VGG16_FEATURES,)
+        return copy.deepcopy(plain).to("cpu").eval(), np.zeros((1, *shape), dtype=np.float32)
+
+    def trained_model(self) -> nn.Module:
+        plain: nn.Module = getattr(self.model, "_module", self.model)
+        return plain.eval()
 
     def privacy_history(self) -> privacy.History:
         if self.engine is None:
