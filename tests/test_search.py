@@ -20,7 +20,7 @@ from dpsweep.launchers.nodes import ParamSpec
 from dpsweep.launchers.search import OBJECTIVES, check_search_space, distribution, grid_values
 from dpsweep.trials import open_storage
 
-FAST = ["train.epochs=1", "train.progress=false"]
+FAST = ["train.epochs=1", "train.progress=false", "tracking.log_model=false"]  # no model: saving it takes seconds
 
 
 def dpsweep(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,7 @@ from dpsweep.liveness import ProcessId
 from dpsweep.tracking import HEARTBEAT_TAG, PROCESS_TAG, STALE_AFTER_S, open_client, why_dead
 
 BIN = Path(sys.executable).parent
-FAST = ["train.progress=false", "tracking.experiment_name=faults"]
+FAST = ["train.progress=false", "tracking.experiment_name=faults", "tracking.log_model=false"]
 
 
 def statuses(cwd: Path) -> dict[str, tuple[str, dict[str, str]]]:
