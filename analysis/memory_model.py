@@ -179,8 +179,15 @@ def identifiable(matrix: np.ndarray, columns: Sequence[str]) -> Identifiable:
             continue
         singular = np.linalg.svd(unit[:, [*kept_idx, j]], compute_uv=False)
         if singular[-1] <= RANK_RTOL * singular[0]:
-            span = ", ".join(columns[k] for k in kept_idx)
-            dropped[name] = f"{NOT_IDENTIFIABLE}: a linear combination of the columns kept before it ({span})"
+            # the kept columns it is collinear with: those with a weight in the exact combination
+            weights = np.linalg.lstsq(unit[:, kept_idx], unit[:, j], rcond=None)[0]
+            partners = [columns[k] for k, w in zip(kept_idx, weights, strict=True) if abs(w) > 1e-6]
+            partners = [c for c in partners if c != CONST] or [c for c in partners]  # an offset is not a feature
+            dropped[name] = (
+                f"{NOT_IDENTIFIABLE}: collinear with {', '.join(partners)} in these probes; vary "
+                f"{name} independently of {' and '.join(partners)} (e.g. probe more than one value of "
+                "the others at each of its values) to separate them"
+            )
             continue
         kept_idx.append(j)
     return Identifiable([columns[k] for k in kept_idx], dropped, untestable, constant)

@@ -57,7 +57,8 @@ def model_for(models: Mapping[str, MemoryModel], name: str, backend: str | None 
         raise MemoryModelError(
             "memory.backend",
             backend,
-            f"the fit of {name} is of {fitted.backend} probes; a {backend} run needs probes of its own backend",
+            f"the fit of {name} is of {fitted.backend} probes; a {backend} run needs probes of its own backend "
+            f"(dpsweep-plan and dpsweep-memory predict: pass --backend {fitted.backend} to plan with these)",
         )
     return fitted
 

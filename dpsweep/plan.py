@@ -63,7 +63,7 @@ class MemoryBudget:
     ``dpsweep-plan`` and ``dpsweep-memory predict`` show and training does not need."""
 
     models: Mapping[str, MemoryModel]
-    backend: str
+    backend: str | None  # None: each fit's own backend
     gpu_memory: str | None = None
     predict: bool = False
 

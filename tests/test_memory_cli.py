@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from helpers import run_main, run_script, runs_of
 from mlflow.tracking import MlflowClient
 
@@ -192,6 +193,13 @@ def test_device_resident_data_counts_against_the_gpu_memory(probed: tuple[str, P
     assert "OUT OF MEMORY" in text and "of device-resident data" in text
 
 
+def test_plan_help_lists_every_option() -> None:
+    done = run_main(plan.main, "--help")
+    assert done.returncode == 0
+    for option in ("--json", "--memory-model FILE", "--gpu-memory SIZE", "--backend B", "OVERRIDES"):
+        assert option in done.stdout, option
+
+
 @pytest.mark.slow
 @PROBED
 def test_plan_shows_the_predicted_peak_and_flags_what_will_not_fit(probed: tuple[str, Path]) -> None:
@@ -239,8 +247,11 @@ def test_fit_and_predict_refuse_bad_input(probed: tuple[str, Path], tmp_path: Pa
         assert done.returncode == 2 and f"--gpu-memory={figure!r} is invalid: {message}" in done.stderr, done.stderr
     done = memory_cli("predict", "--memory-model", "m.json", "--gpu-memory", "1GiB", "model=vgg16_frozen", check=False)
     assert done.returncode == 2 and "model.name='vgg16_frozen+cache'" in done.stderr and "fits of: cnn" in done.stderr
-    done = memory_cli("predict", "--memory-model", "m.json", "--gpu-memory", "1GiB", check=False)  # cuda by default
-    assert done.returncode == 2 and "cpu-tensors probes" in done.stderr
+    done = memory_cli("predict", "--memory-model", "m.json", "--gpu-memory", "1GiB", "--backend", "cuda", check=False)
+    assert done.returncode == 2 and "cpu-tensors probes" in done.stderr and "--backend cpu-tensors" in done.stderr
+    # no --backend: cuda where a GPU is visible, else the fit's own backend (the CPU twin's, here)
+    default = memory_cli("predict", "--memory-model", "m.json", "--gpu-memory", "1GiB", check=False)
+    assert default.returncode == (2 if torch.cuda.is_available() else 0), default.stdout + default.stderr
     # --model: only that model's probes are checked (another model's two devices do not matter)
     other = table.assign(model="vgg16_frozen", device_name=["NVIDIA H100"] * 6 + ["NVIDIA A100"] * 6)
     pd.concat([table.assign(torch_version=""), other]).to_csv("two.csv", index=False)  # "" reads back as NaN

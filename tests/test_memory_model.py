@@ -148,6 +148,8 @@ def test_unidentifiable_columns_are_dropped_and_reported(exact: core.MemoryModel
     assert list(dropped) == ["hidden_units"]
     assert "not identifiable from these probes" in dropped["hidden_units"]
     assert "trainable_params" in dropped["hidden_units"]
+    # the message says what it moves with and what to probe to separate them (not "const")
+    assert "collinear with trainable_params in these probes; vary hidden_units independently" in dropped["hidden_units"]
     # hooks:B·P = dp:B·P − ghost:B·P and none:B·P = B·P − dp:B·P
     backward = exact.targets["backward_bytes"]
     assert set(backward.dropped) == {"grad_sample_mode[hooks]:batch_params", "grad_sample_mode[none]:batch_params"}

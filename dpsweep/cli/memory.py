@@ -365,8 +365,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     pe.add_argument("--memory-model", type=Path, default=Path("memory_model.json"),
                     help="model file from dpsweep-memory fit (default memory_model.json)")  # fmt: skip
-    pe.add_argument("--backend", default="cuda", choices=("cuda", "cpu-tensors"),
-                    help="memory backend of the probes to use (default cuda: a GPU budget)")  # fmt: skip
+    pe.add_argument("--backend", choices=("cuda", "cpu-tensors"),
+                    help="memory backend of the probes to use (default: cuda where a GPU is visible, "
+                         "else the backend the file was fitted on)")  # fmt: skip
     pe.add_argument("--json", action="store_true", help="also print the predictions as JSON")
     pe.add_argument("overrides", nargs="*", help="Hydra overrides of the config(s) to predict")
     return p

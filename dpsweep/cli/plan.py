@@ -85,13 +85,37 @@ def plan_row(job: int, overrides: list[str], plan: RunPlan) -> PlanRow:
     )  # fmt: skip
 
 
+OPTIONS = """
+usage: dpsweep-plan [--json] [--memory-model FILE [--gpu-memory SIZE] [--backend cuda|cpu-tensors]] [OVERRIDES ...]
+
+options:
+  -h, --help            show this help and exit
+  --json                print the jobs as JSON only (for jq and scripts)
+  --memory-model FILE   a dpsweep-memory fit file: predict each job's peak memory and OOM verdict
+  --gpu-memory SIZE     the GPU memory to plan against, with units (e.g. 16GiB); default: each job's
+                        launcher.gpu_memory
+  --backend B           cuda or cpu-tensors: the memory backend of the probes to plan with; default:
+                        cuda where a GPU is visible, else the backend the file was fitted on
+  OVERRIDES             Hydra overrides, exactly as for dpsweep -m
+"""
+
+
 @dataclass(frozen=True)
 class MemoryCheck:
     """``--memory-model FILE [--gpu-memory SIZE] [--backend B]``: predict each job's peak memory."""
 
     model_file: str
     gpu_memory: str | None = None  # default: each job's launcher.gpu_memory
-    backend: str = "cuda"
+    backend: str | None = None  # default: cuda where a GPU is visible, else the backend the file was fitted on
+
+
+def default_backend() -> str | None:
+    """The memory backend to plan with when none is given: ``cuda`` where a GPU is visible; else
+    None, which takes the backend each fit in the file was made on (e.g. CUDA probes from a cluster,
+    planned on a CPU-only login node, or the CPU twin's probes on a laptop)."""
+    import torch  # only where a memory model is given
+
+    return "cuda" if torch.cuda.is_available() else None
 
 
 def job_plans(overrides: Sequence[str], memory: MemoryCheck | None = None) -> list[tuple[list[str], RunPlan]]:
@@ -101,7 +125,8 @@ def job_plans(overrides: Sequence[str], memory: MemoryCheck | None = None) -> li
     facts = FactsCache()
     budget = None
     if memory is not None:  # the file read once, not per job
-        budget = MemoryBudget(load_models(memory.model_file), memory.backend, memory.gpu_memory, predict=True)
+        backend = memory.backend or default_backend()
+        budget = MemoryBudget(load_models(memory.model_file), backend, memory.gpu_memory, predict=True)
     out = []
     for job in expand_sweep(overrides):
         cfg = to_config(compose("config", overrides=job))
@@ -169,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     as_json = "--json" in args
     args = [a for a in args if a != "--json"]
     if "-h" in args or "--help" in args:
-        print(__doc__)
+        print(__doc__ + OPTIONS)
         return 0
     warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
     model_file = _take_option(args, "--memory-model")
@@ -180,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if model_file is None and (gpu_memory is not None or backend is not None):
         flag, value = ("--gpu-memory", gpu_memory) if gpu_memory is not None else ("--backend", backend)
         raise ConfigError(flag, value, "used with --memory-model FILE (dpsweep-memory fit)")
-    memory = MemoryCheck(model_file, gpu_memory, backend or "cuda") if model_file is not None else None
+    memory = MemoryCheck(model_file, gpu_memory, backend) if model_file is not None else None
     with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
         rows = plan(args, memory)
     if as_json:
