@@ -23,8 +23,10 @@ It owns what every task shares (``dpsweep.tasks`` owns what differs):
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -192,7 +194,9 @@ def _epochs(
         reporter = TrialReporter(cfg.sweep)
     first = ckpt.restored.epoch + 1 if ckpt.restored is not None else 1
     show = None if cfg.train.progress else True
-    for epoch in tqdm(range(first, cfg.train.epochs + 1), desc="epochs", disable=show, file=sys.stderr):
+    bar = tqdm(range(first, cfg.train.epochs + 1), desc="epochs", disable=show, file=sys.stderr)
+    for epoch in bar:
+        started = time.monotonic()
         metrics = task_run.train_epoch(epoch, stages)
         metrics = task_run.evaluate() | metrics
         if not cfg.dp.enabled:  # with DP the peak of the Poisson batches would tell their (private) sizes
@@ -202,6 +206,7 @@ def _epochs(
             metrics["epsilon"] = privacy.epsilon_from_history(history, cfg.dp.delta, cfg.dp.accountant.value)[0]
         run.log_metrics(metrics, step=epoch)
         result.epochs.append({"epoch": float(epoch), **metrics})
+        _report_epoch(f"epoch {epoch}/{cfg.train.epochs}", metrics, time.monotonic() - started, bar)
         if reporter is not None and reporter.should_prune(epoch, metrics["test_accuracy"]):
             raise RunEnded(
                 f"pruned by the {cfg.sweep.pruner} pruner after epoch {epoch}",
@@ -223,6 +228,26 @@ def _probe(task_run: tasks.TaskRun, stages: StageLog) -> dict[str, float]:
     measured = task_run.probe(stages) | {"memory.peak_bytes": float(stages.recorder.observe())}
     stages.run.log_metrics(measured, step=0)  # the stages were logged by stages.stepped()
     return stages.recorder.metrics() | measured
+
+
+EPOCH_FIGURES = {"train_loss": "train_loss={:.4f}", "test_accuracy": "test_accuracy={:.4f}", "epsilon": "ε={:.3f}"}
+log = logging.getLogger("dpsweep")
+
+
+def _report_epoch(label: str, metrics: dict[str, float], seconds: float, bar: Any) -> None:
+    """An epoch's figures: a line on the console when no progress bar is shown (piped output, CI,
+    nohup; Hydra's logging also writes it to the job's ``<name>.log``), else the bar's postfix and
+    the line in the log file only."""
+    figures = "  ".join(form.format(metrics[k]) for k, form in EPOCH_FIGURES.items() if k in metrics)
+    line = f"{label}  {figures}  ({seconds:.1f} s)"
+    if bar.disable:
+        log.info(line)
+        return
+    bar.set_postfix_str(figures)
+    record = log.makeRecord(log.name, logging.INFO, __file__, 0, line, (), None)
+    for handler in logging.getLogger().handlers:  # Hydra's job log file, not the console under the bar
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 def _log_model(cfg: Config, task_run: tasks.TaskRun, run: Tracker) -> None:

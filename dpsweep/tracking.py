@@ -109,6 +109,19 @@ class Tracker:
             retry_busy(lambda: self.client.log_artifacts(self.run_id, str(path), artifact_path))
 
 
+DEFAULT_URI = "sqlite:///mlflow.db"
+
+
+def next_steps(uri: str, experiment: str, sweep_id: str | None = None) -> str:
+    """The line a finished run or sweep ends with: the report command for its runs, and how to browse them."""
+    report = f"dpsweep-report --experiment {experiment}" + (f" --sweep {sweep_id}" if sweep_id else "")
+    if uri != DEFAULT_URI:
+        report += f" --tracking-uri {uri}"
+    local = urlparse(uri).scheme in ("sqlite", "file", "")
+    browse = f"mlflow ui --backend-store-uri {uri}" + (" (make ui)" if uri == DEFAULT_URI else "") if local else uri
+    return f"dpsweep: next: {report}; browse the runs: {browse}"
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 

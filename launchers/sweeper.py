@@ -115,7 +115,7 @@ class DpsweepSweeper(Sweeper):
 
             return OptunaSearch(self.optuna, self).run(arguments)
         from dpsweep.config import TrackingConfig, to_config
-        from dpsweep.tracking import terminate_as_interrupt, tracked_run
+        from dpsweep.tracking import next_steps, terminate_as_interrupt, tracked_run
 
         sweep_id = new_sweep_id()
         jobs = self._jobs(arguments, sweep_id)
@@ -149,6 +149,8 @@ class DpsweepSweeper(Sweeper):
         except SweepAborted:
             pass  # the parent run ended FAILED with the reason; report and exit below
         print(outcome.line(), flush=True)
+        if outcome.finished or outcome.skipped:
+            print(next_steps(first.tracking.uri, first.tracking.experiment_name, sweep_id), flush=True)
         if outcome.failed or outcome.aborted:
             raise SystemExit(1)
         return returns

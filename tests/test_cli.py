@@ -3,6 +3,7 @@ its own process (the smoke test), and its error tables through the same Hydra ap
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -36,6 +37,15 @@ def test_sweep_runs_each_job_and_prints_accuracy_and_epsilon(tmp_path: Path) -> 
     assert len(lines) == 2, proc.stdout
     assert "non-private" in lines[0] and "test_accuracy=" in lines[0]
     assert "ε=" in lines[1] and "δ=1e-05" in lines[1] and "rdp" in lines[1]
+    # output piped, so no bars: one line per epoch with its figures, and the sweep's last line says what next
+    epochs = [line for line in proc.stdout.splitlines() if "epoch 1/1  train_loss=" in line]
+    assert len(epochs) == 2 and "test_accuracy=" in epochs[1] and "ε=" in epochs[1], proc.stdout
+    sweep_id = re.search(r"dpsweep: sweep (s[0-9a-f]{11}): 2 finished", proc.stdout)
+    assert sweep_id is not None, proc.stdout
+    assert proc.stdout.rstrip().splitlines()[-1] == (
+        f"dpsweep: next: dpsweep-report --experiment cli --sweep {sweep_id.group(1)}; "
+        "browse the runs: mlflow ui --backend-store-uri sqlite:///mlflow.db (make ui)"
+    )
     # default sqlite:///mlflow.db: the 2 jobs and the sweep's parent run
     assert run_statuses(tmp_path / "mlflow.db") == ["FINISHED", "FINISHED", "FINISHED"]
     bad = run_script("dpsweep", "dp.noise_multiplier=0", "tracking.experiment_name=bad", cwd=tmp_path)

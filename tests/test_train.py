@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,6 +178,20 @@ def test_vgg16_logs_only_its_trained_head_and_a_size_limit_skips_a_model(
     assert runs[small.run_id].data.tags["model.logged"].startswith("skipped: ")
     assert "tracking.log_model_max_mib=0.01" in runs[small.run_id].data.tags["model.logged"]
     assert not client.list_artifacts(small.run_id, "model")
+
+
+def test_each_epoch_is_reported_as_a_line_where_no_bar_is_shown(
+    make_cfg: Composer, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="dpsweep"):
+        result = train(make_cfg("train.epochs=2", "train.progress=false"))
+    lines = [r.getMessage() for r in caplog.records if r.name == "dpsweep"]
+    assert [line.split("  ")[0] for line in lines] == ["epoch 1/2", "epoch 2/2"]
+    last = result.epochs[-1]
+    assert (
+        f"train_loss={last['train_loss']:.4f}  test_accuracy={last['test_accuracy']:.4f}  ε={last['epsilon']:.3f}"
+        in lines[1]
+    )
 
 
 def test_secure_mode_needs_its_rng_and_poisson_sampling_it_covers(

@@ -30,7 +30,7 @@ from dpsweep.config import Config, to_config
 from dpsweep.errors import InputError
 from dpsweep.liveness import die_with_driver
 from dpsweep.runner import OverBudget, TrainResult, train
-from dpsweep.tracking import Claimed
+from dpsweep.tracking import Claimed, next_steps
 
 
 def register_hydra_plugins() -> None:
@@ -151,7 +151,10 @@ def app(cfg: DictConfig) -> float | None:
         if hydra_cfg.mode == RunMode.MULTIRUN:
             raise  # the sweeper records this job as failed and goes on
         raise SystemExit(report_bad_input("dpsweep", err)) from err
-    print(summary_line(to_config(cfg), result), flush=True)
+    config = to_config(cfg)
+    print(summary_line(config, result), flush=True)
+    if hydra_cfg.mode != RunMode.MULTIRUN:  # a sweep ends with its own line
+        print(next_steps(config.tracking.uri, config.tracking.experiment_name), flush=True)
     return result.test_accuracy
 
 

@@ -17,7 +17,7 @@ import dataclasses
 import io
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sized
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,8 +111,10 @@ class ClassifierRun:
         loss_sum, seen = 0.0, 0
         show = None if self.cfg.train.progress else True
         with physical_batches(self.batches, self.inputs.plan.physical_batch_size, self.optimizer) as passes:
+            split = self.inputs.plan.physical_batch_size is not None  # passes per step vary with Poisson batches
+            total = None if split or not isinstance(self.batches, Sized) else len(self.batches)
             for x, y, first, last, weight in tqdm(
-                passes, desc=f"epoch {epoch} steps", leave=False, disable=show, file=sys.stderr
+                passes, desc=f"epoch {epoch} steps", total=total, leave=False, disable=show, file=sys.stderr
             ):
                 loss, stepped = train_pass(self.trainer, (x, y), stages, (first, last, weight))
                 if stepped:
