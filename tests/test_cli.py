@@ -93,3 +93,22 @@ def test_composition_errors_are_bad_input_naming_key_value_and_options(
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"dpsweep: error: {needle}" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert run_statuses(tmp_path / "mlflow.db") == []
+
+
+def test_help_names_the_tool_and_lists_each_groups_real_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dpsweep --help: what the tool is, and each config group with the options its directory holds
+    (not the base_* schema nodes, which are not choices)."""
+    import dpsweep.conf
+
+    monkeypatch.chdir(tmp_path)
+    done = run_dpsweep("--help")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("dpsweep: differentially private training runs and sweeps")
+    assert "powered by Hydra" not in done.stdout and "base_" not in done.stdout
+    groups = [d for d in Path(dpsweep.conf.__file__).parent.iterdir() if d.is_dir() and any(d.glob("*.yaml"))]
+    assert len(groups) == 10
+    for group in groups:
+        options = ", ".join(sorted(p.stem for p in group.glob("*.yaml")))
+        assert f"\n{group.name}: {options}\n" in done.stdout, group.name
