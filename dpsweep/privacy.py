@@ -41,13 +41,13 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from opacus.accountants import PRVAccountant, RDPAccountant
-from opacus.accountants.analysis import rdp as rdp_analysis
-from opacus.accountants.utils import get_noise_multiplier
 
 from dpsweep.registry import Registry
 
-DEFAULT_ALPHAS: tuple[float, ...] = tuple(RDPAccountant.DEFAULT_ALPHAS)
+# Opacus's RDPAccountant.DEFAULT_ALPHAS, stated here so that importing this module (and --help of the
+# commands) does not import opacus and torch; a test checks they are the same. Opacus is imported by
+# the functions that compute.
+DEFAULT_ALPHAS: tuple[float, ...] = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
 
 # Opacus's accountant history: (noise_multiplier, sample_rate, steps) per constant segment.
 History = Sequence[tuple[float, float, int]]
@@ -103,6 +103,8 @@ CONVERSIONS: Registry[Conversion] = Registry("RDP conversion")
 
 @CONVERSIONS.register("improved")
 def _improved(orders: np.ndarray, rdp: np.ndarray, delta: float) -> tuple[float, float]:
+    from opacus.accountants.analysis import rdp as rdp_analysis
+
     eps, alpha = rdp_analysis.get_privacy_spent(orders=orders, rdp=rdp, delta=delta)
     return float(eps), float(alpha)
 
@@ -118,6 +120,8 @@ def _classic(orders: np.ndarray, rdp: np.ndarray, delta: float) -> tuple[float, 
 
 def rdp_curve(history: History, orders: Sequence[float] | np.ndarray = DEFAULT_ALPHAS) -> np.ndarray:
     """Total RDP at each order, summed over the history's segments."""
+    from opacus.accountants.analysis import rdp as rdp_analysis
+
     total = np.zeros(len(orders))
     for sigma, q, steps in history:
         total += np.asarray(rdp_analysis.compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=orders))
@@ -135,6 +139,8 @@ def _rdp(history: History, delta: float, conversion: str, orders: Sequence[float
 
 @ACCOUNTANTS.register("prv")
 def _prv(history: History, delta: float, conversion: str, orders: Sequence[float]) -> tuple[float, float | None]:
+    from opacus.accountants import PRVAccountant
+
     accountant = PRVAccountant()
     accountant.history = list(history)
     return float(accountant.get_epsilon(delta=delta)), None
@@ -233,6 +239,8 @@ def calibrate_noise(
     Opacus's bisection (``get_noise_multiplier``) keeps the upper end of the bracket, whose ε is
     always <= target, so the result never lands over the target.
     """
+    from opacus.accountants.utils import get_noise_multiplier
+
     return float(
         get_noise_multiplier(
             target_epsilon=target_epsilon,

@@ -115,3 +115,23 @@ def test_console_script(tmp_path: Path) -> None:
     assert ok.returncode == 0 and json.loads(ok.stdout)["steps"] == 6000, ok.stdout + ok.stderr
     bad = run_script("dpsweep-epsilon", "-s", "60000", "-b", "150", "-n", "1.3", cwd=tmp_path)
     assert bad.returncode == 2 and "dpsweep-epsilon: error:" in bad.stderr, bad.stdout + bad.stderr
+
+
+def test_default_orders_are_opacus_own() -> None:
+    from opacus.accountants import RDPAccountant
+
+    assert list(privacy.DEFAULT_ALPHAS) == list(RDPAccountant.DEFAULT_ALPHAS)
+
+
+@pytest.mark.parametrize("module", ["dpsweep.cli.epsilon", "dpsweep.cli.plan"])
+def test_commands_that_must_start_fast_import_neither_torch_nor_hydra_before_work(module: str) -> None:
+    """Their --help and argument errors come before any heavy import (benchmarks/startup.py times them)."""
+    import subprocess
+    import sys
+
+    probe = (
+        f"import sys, {module}; print(sorted(m for m in ('torch', 'opacus', 'hydra', 'mlflow') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout

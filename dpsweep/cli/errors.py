@@ -16,12 +16,18 @@ import sys
 from collections.abc import Callable
 from typing import ParamSpec
 
-from hydra.errors import HydraException
-from omegaconf.errors import OmegaConfBaseException
-
 from dpsweep.errors import EXIT_BAD_INPUT, InputError
 
-BAD_INPUT: tuple[type[BaseException], ...] = (InputError, HydraException, OmegaConfBaseException)
+# Hydra's and OmegaConf's exception bases, by module: a command that never imported them cannot have
+# raised them, and not importing them keeps --help and pure-maths commands fast.
+CONFIG_ERRORS = (("hydra.errors", "HydraException"), ("omegaconf.errors", "OmegaConfBaseException"))
+
+
+def bad_input_types() -> tuple[type[BaseException], ...]:
+    """The exceptions that mean bad input: InputError, and Hydra's and OmegaConf's where loaded."""
+    loaded = [getattr(sys.modules[m], name) for m, name in CONFIG_ERRORS if m in sys.modules]
+    return (InputError, *loaded)
+
 
 P = ParamSpec("P")
 
@@ -40,7 +46,9 @@ def exits_on_bad_input(prog: str) -> Callable[[Callable[P, int]], Callable[P, in
         def run(*args: P.args, **kwargs: P.kwargs) -> int:
             try:
                 return main(*args, **kwargs)
-            except BAD_INPUT as err:
+            except Exception as err:
+                if not isinstance(err, bad_input_types()):
+                    raise
                 return report_bad_input(prog, err)
 
         return run

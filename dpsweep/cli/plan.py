@@ -19,17 +19,14 @@ import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-
-from hydra import compose, initialize_config_module
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import OmegaConf
+from typing import TYPE_CHECKING
 
 from dpsweep.cli.errors import exits_on_bad_input
-from dpsweep.config import ConfigError, to_config
-from dpsweep.memory_model import load_models
-from dpsweep.plan import FactsCache, MemoryBudget, RunPlan, prepare
+from dpsweep.errors import InputError as ConfigError
 from dpsweep.units import format_bytes
+
+if TYPE_CHECKING:  # Hydra, torch and the planner are imported where used: --help stays fast
+    from dpsweep.plan import RunPlan
 
 CONFIG_MODULE = "dpsweep.conf"
 PROG = "dpsweep-plan"
@@ -37,6 +34,11 @@ PROG = "dpsweep-plan"
 
 def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
     """The override lists of the jobs ``dpsweep -m <overrides>`` launches, in launch order."""
+    from hydra import compose
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
     parser = OverridesParser.create()
     parsed = parser.parse_overrides(list(overrides))
     fixed = [o.input_line for o in parsed if not o.is_sweep_override() and o.input_line is not None]
@@ -122,6 +124,12 @@ def job_plans(overrides: Sequence[str], memory: MemoryCheck | None = None) -> li
     """Each job of ``dpsweep -m <overrides>`` with its run plan (``dpsweep.plan.prepare``), in launch
     order; needs Hydra initialised on dpsweep.conf. The notes of datasets whose files are missing
     (planned with their official size) go to stderr."""
+    from hydra import compose
+
+    from dpsweep.config import to_config
+    from dpsweep.memory_model import load_models
+    from dpsweep.plan import FactsCache, MemoryBudget, prepare
+
     facts = FactsCache()
     budget = None
     if memory is not None:  # the file read once, not per job
@@ -206,6 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         flag, value = ("--gpu-memory", gpu_memory) if gpu_memory is not None else ("--backend", backend)
         raise ConfigError(flag, value, "used with --memory-model FILE (dpsweep-memory fit)")
     memory = MemoryCheck(model_file, gpu_memory, backend) if model_file is not None else None
+    from hydra import initialize_config_module
+
     with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
         rows = plan(args, memory)
     if as_json:

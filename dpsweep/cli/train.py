@@ -25,7 +25,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from dpsweep import memory, units
-from dpsweep.cli.errors import BAD_INPUT, report_bad_input
+from dpsweep.cli.errors import bad_input_types, report_bad_input
 from dpsweep.config import Config, to_config
 from dpsweep.errors import InputError
 from dpsweep.liveness import die_with_driver
@@ -147,7 +147,7 @@ def app(cfg: DictConfig) -> float | None:
     except (OverBudget, Claimed) as why:  # not an error: the sweep goes on without this config
         print(f"dpsweep: skip {_job_overrides()}: {why}", flush=True)
         return None
-    except BAD_INPUT as err:
+    except bad_input_types() as err:
         if hydra_cfg.mode == RunMode.MULTIRUN:
             raise  # the sweeper records this job as failed and goes on
         raise SystemExit(report_bad_input("dpsweep", err)) from err
