@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import importlib.metadata
+import logging
 import os
 import platform
 import signal
@@ -99,13 +100,19 @@ class Tracker:
 
         with torch.no_grad():
             output = module(torch.as_tensor(input_example)).numpy()
+        quiet = logging.getLogger("mlflow.pytorch")  # its warning on pickle: the format is chosen knowingly
+        level = quiet.level
         with tempfile.TemporaryDirectory(prefix="dpsweep-model-") as tmp:
             path = Path(tmp) / artifact_path
-            mlflow.pytorch.save_model(
-                module, str(path), signature=infer_signature(input_example, output), input_example=input_example,
-                pip_requirements=[f"torch=={importlib.metadata.version('torch')}"],  # its classes: dpsweep's
-                serialization_format="pickle",  # the whole module (torch.save), as the Opacus examples keep it
-            )  # fmt: skip
+            quiet.setLevel(logging.ERROR)
+            try:
+                mlflow.pytorch.save_model(
+                    module, str(path), signature=infer_signature(input_example, output), input_example=input_example,
+                    pip_requirements=[f"torch=={importlib.metadata.version('torch')}"],  # its classes: dpsweep's
+                    serialization_format="pickle",  # the whole module (torch.save), as the Opacus examples keep it
+                )  # fmt: skip
+            finally:
+                quiet.setLevel(level)
             retry_busy(lambda: self.client.log_artifacts(self.run_id, str(path), artifact_path))
 
 

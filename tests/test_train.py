@@ -53,7 +53,7 @@ def _compose(root: Path, *overrides: str) -> DictConfig:
     """A config tracking into a sqlite store of its own under ``root``, for the module fixtures."""
     from hydra import compose, initialize_config_module
 
-    tracking = [f"tracking.uri=sqlite:///{root / 'mlflow.db'}", "train.progress=false"]
+    tracking = [f"tracking.uri=sqlite:///{root / 'mlflow.db'}", "train.progress=false", "tracking.log_model=false"]
     with initialize_config_module("dpsweep.conf", version_base="1.3"):
         return compose("config", overrides=[*tracking, *overrides])
 
