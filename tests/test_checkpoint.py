@@ -38,7 +38,7 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(
     ckpt = tmp_path / "ckpt"
     args = [
         DPSWEEP, f"train.epochs={EPOCHS}", "train.progress=false", f"train.checkpoint_dir={ckpt}",
-        f"tracking.uri={mlflow_uri}", f"tracking.experiment_name={experiment_name}",
+        f"tracking.uri={mlflow_uri}", f"tracking.experiment_name={experiment_name}", "tracking.log_model=false",
     ]  # fmt: skip
     first = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240

@@ -29,7 +29,13 @@ pytestmark = pytest.mark.cluster
 # Engine's are separate clusters, so their tests may run at the same time.
 SLURM = pytest.mark.xdist_group("slurm")
 SGE = pytest.mark.xdist_group("sge")
-GRID = ["dp.noise_multiplier=0.8,1.6", "train.seed=0,1", "train.epochs=1", "train.progress=false"]
+GRID = [
+    "dp.noise_multiplier=0.8,1.6",
+    "train.seed=0,1",
+    "train.epochs=1",
+    "train.progress=false",
+    "tracking.log_model=false",
+]
 
 
 def _bring_up(script: str) -> None:
@@ -121,7 +127,12 @@ def test_slurm_requeue_resumes_with_the_same_epsilon(tmp_path: Path, slurm: None
     epochs = 12  # long enough (5 s or more after its second epoch) to be requeued mid-training
     sweep_dir = tmp_path / "sweep"
     proc = dpsweep(
-        tmp_path, "launcher=slurm", f"train.epochs={epochs}", "train.progress=false", f"hydra.sweep.dir={sweep_dir}"
+        tmp_path,
+        "launcher=slurm",
+        f"train.epochs={epochs}",
+        "train.progress=false",
+        "tracking.log_model=false",
+        f"hydra.sweep.dir={sweep_dir}",
     )
     deadline = time.monotonic() + 600
     while _saved_epoch(sweep_dir) < 2 and proc.poll() is None and time.monotonic() < deadline:
@@ -145,7 +156,12 @@ def test_slurm_scancel_is_recorded_and_the_sweep_goes_on(tmp_path: Path, slurm: 
     """Without accounting (sacct disabled) job states come from squeue; a cancelled job must not hang the sweep."""
     sweep_dir = tmp_path / "sweep"
     proc = dpsweep(
-        tmp_path, "launcher=slurm", "train.epochs=1,200", "train.progress=false", f"hydra.sweep.dir={sweep_dir}"
+        tmp_path,
+        "launcher=slurm",
+        "train.epochs=1,200",
+        "train.progress=false",
+        "tracking.log_model=false",
+        f"hydra.sweep.dir={sweep_dir}",
     )
     deadline = time.monotonic() + 600
     while _saved_epoch(sweep_dir / "1") < 1 and proc.poll() is None and time.monotonic() < deadline:

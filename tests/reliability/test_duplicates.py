@@ -17,7 +17,14 @@ BIN = Path(sys.executable).parent
 
 @pytest.mark.slow
 def test_two_identical_sweeps_started_together_train_each_config_once(tmp_path: Path) -> None:
-    args = [str(BIN / "dpsweep"), "-m", "train.epochs=1,2,3", "train.progress=false", "tracking.experiment_name=twin"]
+    args = [
+        str(BIN / "dpsweep"),
+        "-m",
+        "train.epochs=1,2,3",
+        "train.progress=false",
+        "tracking.experiment_name=twin",
+        "tracking.log_model=false",
+    ]
     logs = [(tmp_path / f"sweep{i}.log").open("w") for i in range(2)]
     sweeps = [subprocess.Popen(args, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT) for log in logs]
     codes = [p.wait(timeout=600) for p in sweeps]
