@@ -182,9 +182,15 @@ def test_an_interrupted_sweep_rerun_completes_without_duplicates(tmp_path: Path)
 def test_force_reruns_finished_configs(tmp_path: Path) -> None:
     first = dpsweep(tmp_path, "-m", "train.seed=0", *FAST)
     assert first.returncode == 0, first.stdout + first.stderr
+    noop = dpsweep(tmp_path, "-m", "train.seed=0", *FAST)  # everything FINISHED: nothing runs, no empty parent
+    assert noop.returncode == 0 and ": 0 finished, 1 skipped, 0 failed (nothing to run" in noop.stdout, noop.stdout
     again = dpsweep(tmp_path, "-m", "train.seed=0", "sweep.force=true", *FAST)
     assert again.returncode == 0 and ": 1 finished, 0 skipped" in summary(again), again.stdout + again.stderr
     assert [r.info.status for r in _child_runs(tmp_path)] == ["FINISHED", "FINISHED"]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("dpsweep")
+    assert exp is not None
+    assert sum(is_parent(r) for r in client.search_runs([exp.experiment_id])) == 2  # the two sweeps that ran
 
 
 def test_failure_policy_stops_a_mostly_failing_sweep(tmp_path: Path) -> None:
