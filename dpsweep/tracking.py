@@ -116,7 +116,7 @@ class Tracker:
             retry_busy(lambda: self.client.log_artifacts(self.run_id, str(path), artifact_path))
 
 
-DEFAULT_URI = "sqlite:///mlflow.db"
+DEFAULT_URI = TrackingConfig.uri  # dpsweep's default store (sqlite:///mlflow.db), relative to where it ran
 
 
 def next_steps(uri: str, experiment: str, sweep_id: str | None = None) -> str:

@@ -129,13 +129,12 @@ class DpsweepSweeper(Sweeper):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
 
+        outcome = SweepOutcome(sweep_id, skipped=len(skipped))
         if not todo:  # a no-op re-run: no parent run, which would stand empty in the MLflow UI
-            outcome = SweepOutcome(sweep_id, skipped=len(skipped))
             print(outcome.line() + " (nothing to run: no parent run recorded)", flush=True)
             return []
         parent_cfg = TrackingConfig(first.tracking.uri, first.tracking.experiment_name, f"sweep-{sweep_id}")
         parent_tags = {"sweep.id": sweep_id, "sweep.role": "parent", "sweep.launcher": first.launcher.name}
-        outcome = SweepOutcome(sweep_id, skipped=len(skipped))
         try:
             with terminate_as_interrupt(), tracked_run(parent_cfg, parent_tags) as parent:
                 parent.log_params(

@@ -44,14 +44,15 @@ from hydra import initialize_config_module
 from mlflow.tracking import MlflowClient
 
 from dpsweep.cli.errors import exits_on_bad_input
+from dpsweep.cli.overrides import override_value
 from dpsweep.cli.plan import CONFIG_MODULE, MemoryCheck, job_plans
 from dpsweep.config import Config
 from dpsweep.errors import InputError
 from dpsweep.memory_model import PEAK_TARGET
 from dpsweep.memory_predict import MAX_HIDDEN_UNITS
+from dpsweep.tracking import DEFAULT_URI
 from dpsweep.units import format_bytes
 
-DEFAULT_URI = "sqlite:///mlflow.db"
 PROBE_LAUNCHERS = ("local", "slurm", "sge")  # a fresh process per config
 # What every probe sweep sets: probe mode; a fresh measurement even of a config probed before (maybe
 # on another device); no ε budget (a probe takes one step and reports no ε).
@@ -69,29 +70,21 @@ MEASURED = (
 # ---------------------------------------------------------------------------------------------
 # probe
 # ---------------------------------------------------------------------------------------------
-def _override_value(overrides: Sequence[str], key: str) -> str | None:
-    for o in overrides:
-        name, _, value = o.partition("=")
-        if name.lstrip("+~") == key:
-            return value
-    return None
-
-
 def probe_overrides(overrides: Sequence[str]) -> list[str]:
     """The ``dpsweep -m`` overrides of a probe sweep: probe mode, a fresh process per config, and
     as many at once as the device allows, unless the user said otherwise."""
-    launcher = _override_value(overrides, "launcher") or "local"
+    launcher = override_value(overrides, "launcher") or "local"
     if launcher not in PROBE_LAUNCHERS:
         raise InputError("launcher", launcher, f"one of {', '.join(PROBE_LAUNCHERS)}: each probe needs a fresh process")
     for key in FORCED:
-        value = _override_value(overrides, key)
+        value = override_value(overrides, key)
         if value is not None:
             raise InputError(key, value, f"leave it out: dpsweep-memory probe sets {', '.join(FORCED_VALUES)}")
     extra = [f"launcher={launcher}"]
     gpus = torch.cuda.device_count()
-    if launcher == "local" and _override_value(overrides, "launcher.max_parallel") is None:
+    if launcher == "local" and override_value(overrides, "launcher.max_parallel") is None:
         extra.append(f"launcher.max_parallel={gpus or os.cpu_count() or 1}")  # one per GPU, or per core
-    if (gpus or launcher != "local") and _override_value(overrides, "launcher.gpus_per_job") is None:
+    if (gpus or launcher != "local") and override_value(overrides, "launcher.gpus_per_job") is None:
         extra.append("launcher.gpus_per_job=1")  # probes are of GPU memory wherever GPUs are
     # last, so that no experiment preset changes them
     return [*extra, *[o for o in overrides if not o.startswith("launcher=")], *FORCED_VALUES]

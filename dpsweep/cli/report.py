@@ -35,8 +35,8 @@ from dpsweep.analysis import report as rep
 from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.errors import InputError
 from dpsweep.reconcile import reconcile
+from dpsweep.tracking import DEFAULT_URI
 
-DEFAULT_URI = "sqlite:///mlflow.db"  # dpsweep's default (tracking.uri), relative to where it ran
 ARTIFACT_DIR = "report"  # where the files go on the sweep's parent run
 DEFAULT_CURVES = 3  # runs on curves.png unless --runs names them
 

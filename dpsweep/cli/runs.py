@@ -19,8 +19,7 @@ from collections.abc import Sequence
 
 from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.reconcile import reconcile
-
-DEFAULT_URI = "sqlite:///mlflow.db"
+from dpsweep.tracking import DEFAULT_URI
 
 
 def _parser() -> argparse.ArgumentParser:

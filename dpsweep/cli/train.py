@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 
 from dpsweep import memory, units
 from dpsweep.cli.errors import bad_input_types, report_bad_input
+from dpsweep.cli.overrides import override_value
 from dpsweep.config import Config, to_config
 from dpsweep.errors import InputError
 from dpsweep.liveness import die_with_driver
@@ -81,7 +82,7 @@ def unwritable_output(argv: Sequence[str], cwd: Path | None = None) -> InputErro
     by default under the working directory) before dpsweep runs: where it cannot, say so as bad input
     instead of Hydra's traceback. The nearest existing ancestor must take a new file."""
     key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(argv) else "hydra.run.dir"
-    given = next((a.partition("=")[2] for a in argv if a.lstrip("+").partition("=")[0] == key), None)
+    given = override_value(argv, key)
     base = cwd or Path.cwd()
     target = base / given if given else base
     existing = next(p for p in (target, *target.parents) if p.exists())
@@ -121,7 +122,7 @@ def composition_error(argv: Sequence[str]) -> InputError | None:
         why = str(err.__cause__ or err).splitlines()[0]
         found = re.search(r"override '?([^'=\s]+)'?", str(err))
         key = found.group(1) if found else "overrides"
-        value = next((a.partition("=")[2] for a in argv if a.lstrip("+~").partition("=")[0] == key.lstrip("+~")), None)
+        value = override_value(argv, key.lstrip("+~"))
         return InputError(key, value if found else " ".join(argv), f"a key and value of the config schema ({why})")
     return None
 

@@ -126,7 +126,7 @@ class ClassifierRun:
         return {"train_loss": loss_sum / max(seen, 1)}
 
     def evaluate(self) -> dict[str, float]:
-        plain = getattr(self.model, "_module", self.model)  # without Opacus's per-sample machinery
+        plain = self.plain_model
         t = self.cfg.train
         return {"test_accuracy": evaluate(plain, self.test, t.eval_batch_size, self.device, t.device_resident)}
 
@@ -177,8 +177,14 @@ class ClassifierRun:
         # private examples that no accountant covers, so it is not released.
         return {} if self.cfg.dp.enabled else {"probe.loss": loss}
 
+    @property
+    def plain_model(self) -> nn.Module:
+        """The model without Opacus's wrapper and its per-sample machinery."""
+        plain: nn.Module = getattr(self.model, "_module", self.model)
+        return plain
+
     def released_model(self) -> tuple[nn.Module, np.ndarray]:
-        plain: nn.Module = getattr(self.model, "_module", self.model)  # without Opacus's wrapper
+        plain = self.plain_model
         shape: tuple[int, ...] = self.data.input_shape
         # vgg16_frozen, whole or trained on cached maps: only its head (ImageNet's backbone is public)
         if isinstance(plain, (model_zoo.FrozenVGG16, model_zoo.PooledHead)):
@@ -186,8 +192,7 @@ class ClassifierRun:
         return copy.deepcopy(plain).to("cpu").eval(), np.zeros((1, *shape), dtype=np.float32)
 
     def trained_model(self) -> nn.Module:
-        plain: nn.Module = getattr(self.model, "_module", self.model)
-        return plain.eval()
+        return self.plain_model.eval()
 
     def privacy_history(self) -> privacy.History:
         if self.engine is None:
