@@ -57,6 +57,7 @@ from dpsweep.memory_model import (
     FEATURES,
     FORMAT,
     PLAN_FIT,
+    STAGE_PEAK_TARGETS,
     TARGETS,
     MemoryModel,
     MemoryModelError,
@@ -97,6 +98,11 @@ DEFAULT_FEATURES: dict[str, tuple[str, ...]] = {
     "optimizer_step_bytes": _TRAINING_FEATURES,
     "iteration_peak_bytes": _TRAINING_FEATURES,
     "reserved_peak_bytes": _TRAINING_FEATURES,
+    "model_load_peak_bytes": ("trainable_params", "hidden_units"),
+    "batch_load_peak_bytes": ("trainable_params", "input_pixels", "batch_size"),
+    "forward_peak_bytes": _TRAINING_FEATURES,
+    "backward_peak_bytes": _TRAINING_FEATURES,
+    "optimizer_step_peak_bytes": _TRAINING_FEATURES,
 }
 
 DEFAULT_FOLDS = 5
@@ -373,7 +379,7 @@ def _designs(
 ) -> dict[str, _Design]:
     """Every check of a fit that needs no fitting (columns, one model, one backend, finite values,
     enough probes), and each target's design: so that bad input stops before any model is fitted."""
-    chosen = [target_column(t) for t in targets] if targets is not None else list(TARGETS)
+    chosen = [target_column(t) for t in targets] if targets is not None else default_targets(frame)
     if not chosen:
         raise MemoryModelError("targets", [], f"no target to fit; valid: {', '.join(TARGETS.values())}")
     if folds < 2:
@@ -402,6 +408,16 @@ def _designs(
     return designs
 
 
+def default_targets(frame: pd.DataFrame) -> list[str]:
+    """Every target of TARGETS, less the in-stage peaks (STAGE_PEAK_TARGETS) where ``frame`` lacks
+    them or some probe has none (probes written before they were logged)."""
+
+    def measured(target: str) -> bool:
+        return target in frame.columns and bool(pd.to_numeric(frame[target], errors="coerce").notna().all())
+
+    return [t for t in TARGETS if t not in STAGE_PEAK_TARGETS or measured(t)]
+
+
 def _probed_ranges(frame: pd.DataFrame) -> dict[str, list[float]]:
     """[min, max] of each numeric column the probes varied or fixed (RANGE_COLUMNS, and dp as 0/1)."""
     ranges = {}
@@ -426,7 +442,7 @@ def fit(
 ) -> MemoryModel:
     """The MemoryModel of the probes in ``frame``, which must all be of one ``model`` and one
     ``backend`` (see fit_all for a frame of several models). ``features`` (one list for every
-    target) overrides DEFAULT_FEATURES; ``targets`` (names or columns) defaults to all of TARGETS.
+    target) overrides DEFAULT_FEATURES; ``targets`` (names or columns) defaults to default_targets(frame).
     ``folds`` and ``seed`` set the k-fold held-out error (k = min(folds, probes))."""
     frame = clean_probes(frame)
     return _fit(frame, _designs(frame, features, targets, folds), folds, seed)

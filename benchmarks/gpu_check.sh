@@ -4,14 +4,16 @@
 #   benchmarks/gpu_check.sh                   # results in gpu_check/
 #   benchmarks/gpu_check.sh /scratch/gpu_run  # results there
 #   STEPS="stages speed" benchmarks/gpu_check.sh   # some steps only (in this order: env stages speed
-#                                                  #   probes_cnn probes_vgg fit oom)
-#   PYTHON=/opt/venv/bin/python PARALLEL=4 OOM_CASES=cnn benchmarks/gpu_check.sh
+#                                                  #   profile probes_cnn probes_vgg fit oom)
+#   PYTHON=/opt/venv/bin/python PARALLEL=4 OOM_CASES=cnn SPEED_ARGS=--quick benchmarks/gpu_check.sh
 #
 # Steps (each logs to RESULTS/<step>.log; a failing step does not stop the others):
 #   env         nvidia-smi, the GPU's name, driver, torch and CUDA versions          -> env.txt
 #   stages      benchmarks/cuda_stages.py: dpsweep's four logged memory stages, iteration and reserved
 #               peaks against an independent torch.cuda.memory_allocated() reading  -> stages.json
 #   speed       benchmarks/training_speed.py --device cuda: the speed goals         -> speed.json
+#   profile     benchmarks/profile_step.py: GPU busy share and host time by package (ours or the
+#               libraries') of the settings behind the speed goals                  -> profile.json
 #   probes_cnn  dpsweep-memory probe of the CNN: hidden units x batch size x image size, DP hooks, DP
 #               ghost and non-private, one fresh process per config, PARALLEL at once -> probes_cnn.csv
 #   probes_vgg  the same for vgg16_frozen (random weights, no feature cache; digits at 224, 112 and 56
@@ -25,7 +27,7 @@ set -u
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 R=$(mkdir -p "${1:-gpu_check}" && cd "${1:-gpu_check}" && pwd)
-STEPS=${STEPS:-env stages speed probes_cnn probes_vgg fit oom}
+STEPS=${STEPS:-env stages speed profile probes_cnn probes_vgg fit oom}
 PARALLEL=${PARALLEL:-16}          # probes at once: each is its own process with its own allocator
 STEP_TIMEOUT_S=${STEP_TIMEOUT_S:-1800}
 export PYTHONUNBUFFERED=1
@@ -86,7 +88,8 @@ export -f probe fit gpu_env  # the steps run in a child bash, under timeout
 step env gpu_env
 [ -f "$R/env.log" ] && cp "$R/env.log" "$R/env.txt"
 step stages "$PY" benchmarks/cuda_stages.py --device cuda --json "$R/stages.json"
-step speed "$PY" benchmarks/training_speed.py --device cuda --json "$R/speed.json"
+step speed "$PY" benchmarks/training_speed.py --device cuda --json "$R/speed.json" ${SPEED_ARGS:-}
+step profile "$PY" benchmarks/profile_step.py --device cuda --json "$R/profile.json"
 step probes_cnn probe probes_cnn model=cnn dataset.image_size=28,224 train.batch_size=8,32,128 \
   model.hidden_units=16,128,512
 step probes_vgg probe probes_vgg model=vgg16_frozen model.pretrained=false model.feature_cache=false \

@@ -26,6 +26,11 @@ from dpsweep.config import Config
 from dpsweep.registry import Registry
 
 STAGES: tuple[str, ...] = ("model_load", "batch_load", "backward", "optimizer_step")
+# Marks that split a stage's in-stage peak and record no level: "forward" ends the forward pass inside
+# the backward stage. The forward activations' peak (on CUDA, e.g. a frozen backbone's transient maps) and
+# the backward's (Opacus's per-sample gradients) then have a peak each: each grows linearly with the
+# config, while their maximum does not, so memory models fit each and plan with the largest.
+PEAK_SPLITS: dict[str, str] = {"forward": "backward"}  # split -> the stage it lies in
 
 
 class MemoryMonitor(Protocol):
@@ -161,14 +166,23 @@ class StageRecorder:
         self.monitor.reset_peak()
 
     def mark(self, stage: str) -> None:
-        """Close ``stage``; later calls for a stage already recorded do nothing."""
-        if stage in self.levels or not self.active:
+        """Close ``stage`` (or, for a split of PEAK_SPLITS, record the peak so far inside its stage);
+        later calls for a stage already recorded do nothing."""
+        if stage in self.levels or stage in self.peaks or not self.active:
+            return
+        if stage in PEAK_SPLITS:
+            if PEAK_SPLITS[stage] not in self.levels:  # inside its stage
+                self.monitor.allocated_bytes()  # the CPU twin's census happens here
+                self._close_peak(stage)
             return
         if stage not in STAGES:
-            raise ValueError(f"unknown memory stage {stage!r}; valid: {', '.join(STAGES)}")
+            raise ValueError(f"unknown memory stage {stage!r}; valid: {', '.join([*STAGES, *PEAK_SPLITS])}")
         self.levels[stage] = self.monitor.allocated_bytes()
-        self.peaks[stage] = self.monitor.peak_bytes()
-        self.run_peak = max(self.run_peak, self.peaks[stage])
+        self._close_peak(stage)
+
+    def _close_peak(self, name: str) -> None:
+        self.peaks[name] = self.monitor.peak_bytes()
+        self.run_peak = max(self.run_peak, self.peaks[name])
         self.reserved_peak = max(self.reserved_peak, self.monitor.reserved_peak_bytes())
         self.monitor.reset_peak()
 
@@ -185,7 +199,8 @@ class StageRecorder:
 
     def metrics(self) -> dict[str, float]:
         """``memory.<stage>_bytes`` levels, ``memory.<stage>_delta_bytes``, ``memory.<stage>_peak_bytes``
-        (the highest level inside the stage) and the first-iteration peaks."""
+        (the highest level inside the stage; ``memory.forward_peak_bytes`` for the backward stage's
+        part up to the end of the forward pass, see PEAK_SPLITS) and the first-iteration peaks."""
         out: dict[str, float] = {}
         previous = 0
         for stage in STAGES:

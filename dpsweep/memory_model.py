@@ -48,8 +48,18 @@ TARGETS: dict[str, str] = {
     "optimizer_step_bytes": "optimizer_step",
     "iteration_peak_bytes": "iteration_peak",
     "reserved_peak_bytes": "reserved_peak",
+    # the highest level inside each stage (forward: the backward stage up to the end of the forward
+    # pass; dpsweep.memory.PEAK_SPLITS); fitted where the probes have them (probes since dpsweep 0.2)
+    "model_load_peak_bytes": "model_load_peak",
+    "batch_load_peak_bytes": "batch_load_peak",
+    "forward_peak_bytes": "forward_peak",
+    "backward_peak_bytes": "backward_peak",
+    "optimizer_step_peak_bytes": "optimizer_step_peak",
 }
-PEAK_TARGET = "iteration_peak_bytes"  # the figure plans use (with the reserved peak where fitted)
+STAGE_PEAK_TARGETS = tuple(t for t in TARGETS if t.endswith("_peak_bytes") and t[: -len("_peak_bytes")] in (
+    "model_load", "batch_load", "forward", "backward", "optimizer_step"))  # fmt: skip
+PEAK_TARGET = "iteration_peak_bytes"  # the iteration's allocated peak: the largest of STAGE_PEAK_TARGETS
+RESERVED_TARGET = "reserved_peak_bytes"  # the CUDA allocator's reserved peak (on the CPU twin: the same)
 PLAN_FIT = "envelope"  # the fit plans use: the upper envelope, which under-predicts no fitted probe
 
 # Equal-length columns by name: a dict of numpy arrays, or a pandas DataFrame (read only through
@@ -388,6 +398,24 @@ class MemoryModel:
     @property
     def features(self) -> dict[str, list[str]]:
         return {t: f.features for t, f in self.targets.items()}
+
+    def peak_targets(self, reserved: bool = True) -> list[str]:
+        """The targets whose largest prediction is the peak to plan with. The iteration's allocated
+        peak is the largest of the in-stage peaks, and a maximum is not linear in the config (on a
+        GPU, a frozen backbone's forward activations dominate small heads, per-sample gradients large
+        ones): where every stage peak is fitted, each is predicted and the largest taken; else the
+        iteration peak's own fit. With ``reserved``, the reserved peak too where fitted."""
+        chosen = list(STAGE_PEAK_TARGETS) if all(t in self.targets for t in STAGE_PEAK_TARGETS) else [PEAK_TARGET]
+        if reserved and RESERVED_TARGET in self.targets:
+            chosen.append(RESERVED_TARGET)
+        return chosen
+
+    def predict_peak(
+        self, table: Table, fit: str = PLAN_FIT, *, reserved: bool = True, allow_unprobed: bool = False
+    ) -> np.ndarray:
+        """The planned peak of each row: the largest prediction of :meth:`peak_targets`."""
+        predicted = self.predict(table, fit, self.peak_targets(reserved), allow_unprobed=allow_unprobed)
+        return np.max(np.stack(list(predicted.values())), axis=0)
 
     def coefficients(self, target: str, fit: str = PLAN_FIT) -> dict[str, float]:
         """Bytes per unit of each kept column (``const``: bytes) of ``target``'s ``fit``."""

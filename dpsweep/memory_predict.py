@@ -39,10 +39,10 @@ if TYPE_CHECKING:  # dpsweep.data imports scikit-learn (and with it pandas and s
     from dpsweep.data import DatasetFacts
 
 PEAK = PEAK_TARGET
-# The peak a config is planned with: the larger of the allocated peak and, where it was fitted, the
-# reserved peak. On CUDA the caching allocator's reserved bytes (segments it holds, allocated or not)
-# are what run out; on the CPU twin the two are equal.
-PEAKS = ("iteration_peak_bytes", "reserved_peak_bytes")
+# The peak a config is planned with (MemoryModel.peak_targets): the largest of the in-stage allocated
+# peaks (or the iteration peak, for probes without them) and, where it was fitted, the reserved peak.
+# On CUDA the caching allocator's reserved bytes (segments it holds, allocated or not) are what run
+# out; on the CPU twin the two are equal.
 POISSON_TAIL = 1e-6  # chance that some batch of a run exceeds the planned one
 MAX_HIDDEN_UNITS = 65_536  # search range for the largest head
 
@@ -150,7 +150,7 @@ class MemoryPrediction:
     pass_reason: str  # why the pass holds row["batch_size"]: poisson | physical | batch
     stages: dict[str, float]  # predicted bytes per target (envelope fit)
     typical: dict[str, float]  # the same by least squares: the expected figure, not a bound
-    peak_bytes: float  # envelope prediction of the planned peak (see PEAKS): the figure to plan with
+    peak_bytes: float  # envelope prediction of the planned peak (MemoryModel.peak_targets): the figure to plan with
     budget_bytes: float | None
     largest_batch_size: int | None  # logical B whose largest pass fits the budget (None: not even 1)
     largest_hidden_units: int | None  # at this B; None when no head size fits or hidden units were not probed
@@ -169,13 +169,9 @@ def config_row(cfg: Config, facts: DatasetFacts) -> dict[str, Any]:
     return memory.config_features(cfg, facts.input_shape, trainable_parameters(cfg, facts))
 
 
-def _peak_targets(fitted: MemoryModel) -> list[str]:
-    return [t for t in PEAKS if t in fitted.targets] or [PEAK]
-
-
 def planned_peak(fitted: MemoryModel, predicted: dict[str, float]) -> float:
-    """The peak to plan with from one row's envelope predictions: the largest of PEAKS fitted."""
-    return max(predicted[t] for t in _peak_targets(fitted))
+    """The peak to plan with from one row's envelope predictions (MemoryModel.peak_targets)."""
+    return max(predicted[t] for t in fitted.peak_targets())
 
 
 def _table(row: Mapping[str, Any], **columns: np.ndarray | int) -> dict[str, np.ndarray]:
@@ -187,8 +183,7 @@ def _table(row: Mapping[str, Any], **columns: np.ndarray | int) -> dict[str, np.
 
 def _peaks(fitted: MemoryModel, row: dict[str, Any], **columns: np.ndarray | int) -> np.ndarray:
     """Planned peaks of ``row`` with ``columns`` replaced (arrays: one candidate each)."""
-    predicted = fitted.predict(_table(row, **columns), targets=_peak_targets(fitted))
-    return np.max(np.stack(list(predicted.values())), axis=0)
+    return fitted.predict_peak(_table(row, **columns))
 
 
 def predict_config(

@@ -81,9 +81,37 @@ def test_recorder_levels_deltas_and_peaks() -> None:
     assert rec.observe() == 110_000  # the run peak follows later growth
 
 
+def test_forward_splits_the_backward_stage_peak_without_a_level() -> None:
+    """The forward activations and the backward's buffers peak at different times inside the backward
+    stage; each gets its own peak, so that memory models fit each (their maximum is not linear)."""
+    rec = StageRecorder(monitor_for(CPU))
+    rec.mark("model_load")
+    rec.mark("batch_load")
+    activations = torch.ones(25_000)  # 100,000 bytes, freed before the stage ends
+    rec.mark("forward")
+    del activations
+    grads = torch.ones(5_000)  # 20,000 bytes
+    rec.mark("backward")
+    rec.mark("forward")  # after its stage, or again: nothing
+    m = rec.metrics()
+    assert m["memory.forward_peak_bytes"] == 100_000
+    assert m["memory.backward_peak_bytes"] == 20_000  # only what came after the forward mark
+    assert m["memory.backward_bytes"] == 20_000 and "memory.forward_bytes" not in m  # a peak, not a level
+    assert m["memory.iteration_peak_bytes"] == 100_000
+    del grads
+
+
+def test_forward_mark_after_its_stage_records_nothing() -> None:
+    rec = StageRecorder(monitor_for(CPU))
+    for stage in ("model_load", "batch_load", "backward"):
+        rec.mark(stage)
+    rec.mark("forward")
+    assert "forward" not in rec.peaks
+
+
 def test_unknown_stage_lists_the_valid_ones() -> None:
-    with pytest.raises(ValueError, match="valid: model_load, batch_load, backward, optimizer_step"):
-        StageRecorder(monitor_for(CPU)).mark("forward")
+    with pytest.raises(ValueError, match="valid: model_load, batch_load, backward, optimizer_step, forward"):
+        StageRecorder(monitor_for(CPU)).mark("activations")
 
 
 def test_cuda_backend_is_registered_behind_the_same_interface() -> None:
@@ -166,7 +194,7 @@ def test_optimizer_step_is_marked_right_after_the_step_while_the_batch_is_alive(
     x, y = torch.randn(500, 64), torch.randint(0, 3, (500,))  # 128,000 bytes of features
     marks = _Recorded()
     train_pass(trainer, (x, y), marks)
-    assert [stage for stage, _ in marks.seen] == ["batch_load", "backward", "optimizer_step"]
+    assert [stage for stage, _ in marks.seen] == ["batch_load", "forward", "backward", "optimizer_step"]
     del x
     gc.collect()
     after = live_tensor_bytes(CPU)
@@ -175,4 +203,4 @@ def test_optimizer_step_is_marked_right_after_the_step_while_the_batch_is_alive(
     trainer.optimizer._is_last_step_skipped = True  # type: ignore[attr-defined]  # a DPOptimizer inside a logical batch
     skipped = _Recorded()
     assert train_pass(trainer, (torch.randn(4, 64), torch.randint(0, 3, (4,))), skipped)[1] is False
-    assert [stage for stage, _ in skipped.seen] == ["batch_load", "backward"]
+    assert [stage for stage, _ in skipped.seen] == ["batch_load", "forward", "backward"]

@@ -48,7 +48,7 @@ from dpsweep.cli.overrides import override_value
 from dpsweep.cli.plan import CONFIG_MODULE, MemoryCheck, job_plans
 from dpsweep.config import Config
 from dpsweep.errors import InputError
-from dpsweep.memory_model import PEAK_TARGET
+from dpsweep.memory_model import PEAK_TARGET, STAGE_PEAK_TARGETS
 from dpsweep.memory_predict import MAX_HIDDEN_UNITS
 from dpsweep.tracking import DEFAULT_URI
 from dpsweep.units import format_bytes
@@ -65,6 +65,8 @@ MEASURED = (
     "model_load_delta_bytes", "batch_load_delta_bytes", "backward_delta_bytes", "optimizer_step_delta_bytes",
     "iteration_peak_bytes", "reserved_peak_bytes",
 )  # fmt: skip
+# In-stage peaks, logged since dpsweep 0.2: an older probe's row has them empty (its fit leaves them out).
+MEASURED_PEAKS = STAGE_PEAK_TARGETS
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,6 +156,7 @@ def _probe_row(run: Any, tags: dict[str, str], params: dict[str, str], metrics: 
         "torch_version": tags.get("torch.version", ""),
     }
     row |= {name: int(metrics[f"memory.{name}"]) for name in MEASURED}
+    row |= {name: metrics.get(f"memory.{name}", float("nan")) for name in MEASURED_PEAKS}
     return row
 
 

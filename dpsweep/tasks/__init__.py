@@ -68,7 +68,8 @@ class Checkpointed:
 
 class Marks(Protocol):
     def mark(self, stage: str) -> None:
-        """Record the memory level at ``stage`` (batch_load, backward) during the first iteration."""
+        """Record the memory level at ``stage`` (batch_load, backward, optimizer_step) during the first
+        iteration, or the peak so far at a split of it (forward: ``dpsweep.memory.PEAK_SPLITS``)."""
 
 
 class Stages(Marks, Protocol):

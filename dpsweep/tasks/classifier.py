@@ -108,7 +108,7 @@ class ClassifierRun:
 
     def train_epoch(self, epoch: int, stages: Stages) -> dict[str, float]:
         self.model.train()
-        loss_sum, seen = 0.0, 0
+        loss_sum, seen = torch.zeros((), device=self.device), 0  # summed on the device: no wait per step
         show = None if self.cfg.train.progress else True
         with physical_batches(self.batches, self.inputs.plan.physical_batch_size, self.optimizer) as passes:
             split = self.inputs.plan.physical_batch_size is not None  # passes per step vary with Poisson batches
@@ -123,7 +123,7 @@ class ClassifierRun:
                     loss_sum += loss * len(y)
                     seen += len(y)
         self.optimizer.zero_grad(set_to_none=True)  # gradients and per-sample gradients are not needed now
-        return {"train_loss": loss_sum / max(seen, 1)}
+        return {"train_loss": float(loss_sum) / max(seen, 1)}
 
     def evaluate(self) -> dict[str, float]:
         plain = self.plain_model
@@ -175,7 +175,7 @@ class ClassifierRun:
         stages.stepped()
         # Without DP the loss is a plain training metric; with DP it would be an un-noised statistic of
         # private examples that no accountant covers, so it is not released.
-        return {} if self.cfg.dp.enabled else {"probe.loss": loss}
+        return {} if self.cfg.dp.enabled else {"probe.loss": float(loss)}
 
     @property
     def plain_model(self) -> nn.Module:
@@ -245,11 +245,12 @@ class Trainer:
 
 def train_pass(
     trainer: Trainer, batch: Batch, stages: Marks, split: tuple[bool, bool, float] = (True, True, 1.0)
-) -> tuple[float, bool]:
+) -> tuple[torch.Tensor, bool]:
     """One forward/backward pass of ``batch``; ``split`` is ``(first, last, weight)`` of the pass in its
     logical batch (``dpsweep.batches``): zero the gradients when first, step when last, weight the
-    loss. Returns the mean loss and whether a real optimizer step happened (a DPOptimizer skips it
-    inside a logical batch)."""
+    loss. Returns the mean loss, a detached 0-d tensor on the device (reading it waits for the GPU,
+    so callers sum it there and read once per epoch), and whether a real optimizer step happened (a
+    DPOptimizer skips it inside a logical batch)."""
     model, optimizer, criterion = trainer.model, trainer.optimizer, trainer.criterion
     first, last, weight = split
     x, y = (t.to(trainer.device, non_blocking=True) for t in batch)
@@ -265,15 +266,16 @@ def train_pass(
         loss = torch.zeros(())
     else:
         loss = criterion(model(x), y)
+        stages.mark("forward")  # the forward activations' peak, apart from the backward's
         (loss * weight if weight != 1.0 else loss).backward()
     stages.mark("backward")
     if not last:
-        return float(loss.detach()), False
+        return loss.detach(), False
     optimizer.step()  # with DP: clip per sample, add noise, account for the step
     stepped = not getattr(optimizer, "_is_last_step_skipped", False)
     if stepped:  # the level right after the step, while the batch is still on the device
         stages.mark("optimizer_step")
-    return float(loss.detach()), stepped
+    return loss.detach(), stepped
 
 
 @torch.no_grad()
