@@ -91,6 +91,10 @@ _TRAINING_FEATURES = (
     "batch_params",
     "grad_sample_mode:batch_params",
 )
+# Inside the backward, DP adds activation-sized buffers: hooks keep each layer's activations and
+# backprops for the per-sample gradients, ghost clipping runs a second backward. Found on an H100:
+# without this term the cnn's backward peak was under-predicted by 28% at 224 px.
+_BACKWARD_PEAK_FEATURES = (*_TRAINING_FEATURES, "dp:input_pixels")
 DEFAULT_FEATURES: dict[str, tuple[str, ...]] = {
     "model_load_bytes": ("trainable_params", "hidden_units"),
     "batch_load_bytes": ("trainable_params", "input_pixels", "batch_size"),  # B: the labels
@@ -101,7 +105,7 @@ DEFAULT_FEATURES: dict[str, tuple[str, ...]] = {
     "model_load_peak_bytes": ("trainable_params", "hidden_units"),
     "batch_load_peak_bytes": ("trainable_params", "input_pixels", "batch_size"),
     "forward_peak_bytes": _TRAINING_FEATURES,
-    "backward_peak_bytes": _TRAINING_FEATURES,
+    "backward_peak_bytes": _BACKWARD_PEAK_FEATURES,
     "optimizer_step_peak_bytes": _TRAINING_FEATURES,
 }
 

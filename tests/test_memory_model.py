@@ -9,11 +9,13 @@ value and 2 KiB of activations per example. Ghost clipping keeps no per-sample g
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -476,14 +478,7 @@ def test_reference_probes_fit_the_physics_of_fp32_training() -> None:
 
 
 def test_memory_benchmark_meets_its_goals_on_the_reference_probes() -> None:
-    import importlib.util
-
-    path = REFERENCE.parents[2] / "benchmarks" / "memory_fit.py"
-    spec = importlib.util.spec_from_file_location("memory_fit", path)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    results = bench.evaluate(pd.read_csv(REFERENCE))
+    results = _memory_fit_benchmark().evaluate(pd.read_csv(REFERENCE))
     assert [r["probes_fitted"] for r in results] == [24, 24]
     for r in results:
         assert r["passed"] and r["mean_rel_error"] <= 0.05 and r["max_under_prediction"] <= 0.02, r
@@ -510,16 +505,46 @@ def test_gpu_reference_probes_fit_the_physics_of_fp32_dp_sgd() -> None:
 
 def test_gpu_stage_levels_are_predicted_within_2_percent_from_24_probes() -> None:
     """The goal of the memory issue, on the four stage levels of real GPU probes: 24 probes fitted per
-    model (envelope), every other probe predicted within 2%, never under by more than 2%."""
+    model (envelope; the corners of the grid, as benchmarks/memory_fit.py fits), every other probe
+    predicted within 2%, never under by more than 2%."""
+    bench = _memory_fit_benchmark()
     probes = pd.read_csv(GPU_REFERENCE)
     for _, block in probes.groupby("model"):
-        order = np.random.default_rng(0).permutation(len(block))
-        fitted, held_out = block.iloc[order[:24]], block.iloc[order[24:]]
+        chosen = bench.fitted_positions(block, 24, 0, "corners")
+        fitted, held_out = block.iloc[chosen], block.drop(block.index[chosen])
+        assert len(fitted) == 24 and len(held_out) == len(block) - 24
         predicted = mm.fit(fitted, targets=LEVELS).predict(held_out, targets=LEVELS)
         for target in LEVELS:
             observed = held_out[target].to_numpy(dtype=float)
             rel = (predicted[target] - observed) / observed
             assert np.abs(rel).max() <= 0.02 and -rel.min() <= 0.02, (target, rel)
+
+
+def _memory_fit_benchmark() -> Any:
+    path = REFERENCE.parents[2] / "benchmarks" / "memory_fit.py"
+    spec = importlib.util.spec_from_file_location("memory_fit", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_gpu_peak_goals_are_met_from_24_corner_probes_with_stage_peaks() -> None:
+    """The memory issue's goals on real H100 probes: 24 probes fitted per model (the corners of the
+    B x hidden-units grid), the planned peak of every other probe within 5% mean error and never under
+    by more than 2%. Planning from the in-stage peaks is what meets them: a linear fit of the iteration
+    peak itself (a maximum of transients) misses on the cnn."""
+    bench = _memory_fit_benchmark()
+    probes = mm.read_probes(GPU_REFERENCE)
+    results = {r["model"]: r for r in bench.evaluate(probes)}
+    assert set(results) == {"cnn", "vgg16_frozen"}
+    for r in results.values():
+        assert r["probes_fitted"] == 24 and r["probes_held_out"] == 30, r
+        assert r["peak_from"] == list(core.STAGE_PEAK_TARGETS), r
+        assert r["passed"] and r["mean_rel_error"] <= 0.05 and r["max_under_prediction"] <= 0.02, r
+    whole_peak = {r["model"]: r for r in bench.evaluate(probes.drop(columns=list(core.STAGE_PEAK_TARGETS)))}
+    assert whole_peak["cnn"]["peak_from"] == ["iteration_peak_bytes"]
+    assert not whole_peak["cnn"]["passed"], whole_peak["cnn"]
 
 
 def test_plans_use_the_larger_of_the_allocated_and_reserved_peaks(exact: core.MemoryModel) -> None:
@@ -567,6 +592,7 @@ def test_a_run_loads_and_predicts_with_numpy_alone(
     by_hand = {
         "const": 1.0, "hidden_units": h, "trainable_params": p, "dp:trainable_params": p, "input_pixels": b * 28 * 28,
         "batch_size": b, "dp:batch_params": b * p, "batch_params": b * p, "grad_sample_mode[ghost]:batch_params": b * p,
+        "dp:input_pixels": b * 28 * 28,
     }  # fmt: skip
     fresh = {fit: model.predict({c: np.array([v]) for c, v in row.items()}, fit=fit) for fit in mm.FITS}
     for fit, predicted in (("envelope", out["stages"]), ("least_squares", out["typical"])):

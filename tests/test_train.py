@@ -28,6 +28,7 @@ MEMORY_METRICS = {
     *(f"memory.{s}_bytes" for s in STAGES),
     *(f"memory.{s}_delta_bytes" for s in STAGES),
     *(f"memory.{s}_peak_bytes" for s in STAGES),
+    "memory.forward_peak_bytes",  # the backward stage up to the end of the forward pass
     "memory.iteration_peak_bytes",
     "memory.reserved_peak_bytes",
 }
