@@ -32,6 +32,7 @@ as failed, pruned (KILLED with tag ``optuna.pruned=true``) or running.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import math
@@ -833,8 +834,64 @@ def render(report: Report, fmt: str = "md") -> str:
     return lookup(FORMATS, fmt, "format")(report)
 
 
-def write(report: Report, fmt: str, out_dir: Path) -> Path:
-    """Write ``report.<fmt>`` into ``out_dir``; returns its path."""
+FIGURE_FORMATS = ("png", "pdf", "svg")  # dpsweep-report --figure-format (analysis.report_plots writes them)
+IMAGE_TYPES = {".png": "image/png", ".svg": "image/svg+xml"}  # what a browser shows inline (PDF: a link)
+
+HTML_PAGE = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{title}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em; max-width: 80em; }}
+table {{ border-collapse: collapse; font-size: 0.9em; }}
+th, td {{ padding: 0.25em 0.6em; border-bottom: 1px solid #ccc; text-align: right; }}
+th {{ border-bottom: 2px solid #333; }}
+figure {{ margin: 2em 0; }}
+img {{ max-width: 100%; height: auto; }}
+</style>
+</head>
+<body>
+<h1>{title}</h1>
+{table}
+{figures}
+</body>
+</html>
+"""
+
+
+def _figure_name(path: Path) -> str:
+    return path.stem.replace("_", " ")
+
+
+def to_html_page(report: Report, figures: Sequence[Path] = ()) -> str:
+    """A whole HTML page that needs nothing else: the table, the notes and the figures, PNG and SVG
+    embedded as data URIs (so it opens offline, mailed or archived on its own); PDF figures linked."""
+    parts = []
+    for path in figures:
+        kind = IMAGE_TYPES.get(path.suffix)
+        caption = f"<figcaption>{html_escape(_figure_name(path))}</figcaption>"
+        if kind is None:
+            parts.append(f'<figure><a href="{html_escape(path.name)}">{html_escape(path.name)}</a>{caption}</figure>')
+            continue
+        data = base64.b64encode(path.read_bytes()).decode("ascii")
+        alt = html_escape(_figure_name(path))
+        parts.append(f'<figure><img src="data:{kind};base64,{data}" alt="{alt}">{caption}</figure>')
+    title = f"dpsweep report: {report.selection}"
+    return HTML_PAGE.format(title=html_escape(title), table=to_html(report), figures="\n".join(parts))
+
+
+def write(report: Report, fmt: str, out_dir: Path, figures: Sequence[Path] = ()) -> Path:
+    """Write ``report.<fmt>`` into ``out_dir``; returns its path. With ``figures`` (files in
+    ``out_dir``): markdown embeds them as images below the table, HTML becomes a self-contained page
+    (:func:`to_html_page`), LaTeX lists them in a comment; CSV stays the numbers only."""
     path = out_dir / f"report.{fmt}"
-    path.write_text(render(report, fmt), encoding="utf-8")
+    text = render(report, fmt)
+    if figures and fmt == "md":
+        text += "\n" + "\n".join(f"![{_figure_name(f)}]({f.name})\n" for f in figures)
+    elif fmt == "html":
+        text = to_html_page(report, figures)
+    elif figures and fmt == "tex":
+        text += "".join(f"% figure: \\includegraphics{{{f.name}}}\n" for f in figures)
+    path.write_text(text, encoding="utf-8")
     return path

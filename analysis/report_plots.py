@@ -1,7 +1,11 @@
-"""Plots of a privacy–accuracy report (PNG, matplotlib): what ``dpsweep-report --out DIR`` draws.
+"""Plots of a privacy–accuracy report (matplotlib): what ``dpsweep-report --out DIR`` draws.
 
     dpsweep-report --experiment demo --out report/             # the table and these plots in report/
     dpsweep-report --experiment demo --out report/ --runs ID1 ID2   # curves.png for chosen runs
+    dpsweep-report --experiment demo --out paper/ --figure-format pdf --dpi 300   # for a paper
+
+Every legend sits outside its axes, to the right, so that it never hides data. Formats: png
+(default, 150 dpi), pdf and svg (vector; --dpi then sets only their raster parts).
 
 Files, one panel per dataset and model:
 
@@ -9,8 +13,9 @@ Files, one panel per dataset and model:
   front highlighted; the non-private baseline as a horizontal line.
 - ``accuracy_vs_<param>.png``, one per swept hyperparameter (e.g. ``accuracy_vs_dp.noise_multiplier.png``):
   test accuracy against its values, one line per setting of the other swept hyperparameters.
-- ``curves.png``: test accuracy against epoch, ε on a twin axis, for chosen runs (default: the 3
-  most accurate private runs).
+- ``curves.png``: test accuracy against epoch (top) and ε against epoch (below), for chosen runs
+  (default: the 3 most accurate private runs), each labelled by what differs between them (σ=0.8,
+  seed=1, …); runs whose ε curves are identical share one ε line, labelled with all of them.
 - ``memory.png``: memory (MiB) after each stage of the first training iteration, its peak and
   the run's peak, per config (configs with equal figures drawn once, labelled with what they
   share), titled with the measuring backend.
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -68,11 +74,26 @@ def _figure(n: int, width: float = 5.5, height: float = 4.0) -> tuple[Figure, li
     return fig, flat[:n]
 
 
-def _save(fig: Figure, path: Path) -> Path:
+@dataclass(frozen=True)
+class FigureStyle:
+    """How figures are written: ``format`` (one of ``report.FIGURE_FORMATS``) and ``dpi`` (raster resolution)."""
+
+    format: str = "png"
+    dpi: int = 150
+
+
+def _save(fig: Figure, path: Path, style: FigureStyle) -> Path:
+    """Write ``fig`` as ``path`` with the style's suffix; the bounding box takes in the legends outside."""
+    path = path.with_suffix(f".{style.format}")
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, dpi=style.dpi, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def _legend_outside(ax: Axes) -> None:
+    """The legend to the right of ``ax``, outside the data."""
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
 
 
 def _log_scale_if_wide(ax: Axes, values: Sequence[float], axis: str = "x") -> None:
@@ -99,7 +120,7 @@ def _baselines(ax: Axes, baseline: pd.DataFrame, labels: pd.Series) -> None:
         ax.axhline(acc, color="black", linestyle="--", linewidth=1, alpha=0.8 - 0.2 * i, label=f"{name}: {acc:.1f}%")
 
 
-def plot_pareto(table: pd.DataFrame, path: Path) -> Path:
+def plot_pareto(table: pd.DataFrame, path: Path, style: FigureStyle = FigureStyle()) -> Path:
     """Test accuracy against ε per config; the Pareto front highlighted; the baseline as a line."""
     front = set(rep.pareto_front(table)["config_id"])
     labels = rep.config_labels(table)
@@ -124,8 +145,8 @@ def plot_pareto(table: pd.DataFrame, path: Path) -> Path:
         ax.set_ylabel("test accuracy (%)")
         ax.set_title(f"{title}: privacy–accuracy trade-off", fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
-    return _save(fig, path)
+        _legend_outside(ax)
+    return _save(fig, path, style)
 
 
 def _axis_values(values: pd.Series) -> tuple[pd.Series, list[str] | None]:
@@ -137,7 +158,7 @@ def _axis_values(values: pd.Series) -> tuple[pd.Series, list[str] | None]:
     return values.map(lambda v: float(names.index(str(v)))), names
 
 
-def plot_accuracy_vs(table: pd.DataFrame, key: str, path: Path) -> Path:
+def plot_accuracy_vs(table: pd.DataFrame, key: str, path: Path, style: FigureStyle = FigureStyle()) -> Path:
     """Test accuracy against the hyperparameter ``key`` (an MLflow param), one line per setting of
     the other swept hyperparameters; the baseline as a line when ``key`` is a DP setting."""
     swept = rep.swept_params(table)
@@ -159,8 +180,8 @@ def plot_accuracy_vs(table: pd.DataFrame, key: str, path: Path) -> Path:
             xs = line["_x"].to_numpy()
             mean = line["test_accuracy_mean"].to_numpy() * PERCENT
             std = line["test_accuracy_std"].fillna(0).to_numpy() * PERCENT
-            style = "-o" if private else "--s"  # non-private lines dashed, with square markers
-            [drawn] = ax.plot(xs, mean, style, markersize=4, label=name if len(series) <= MAX_LEGEND_ENTRIES else None)
+            marks = "-o" if private else "--s"  # non-private lines dashed, with square markers
+            [drawn] = ax.plot(xs, mean, marks, markersize=4, label=name if len(series) <= MAX_LEGEND_ENTRIES else None)
             ax.vlines(xs, mean - std, mean + std, colors=drawn.get_color(), linewidth=1)  # ± std over seeds
         if key.startswith("dp."):
             _baselines(ax, rows[~rows["private"]], labels)
@@ -174,8 +195,8 @@ def plot_accuracy_vs(table: pd.DataFrame, key: str, path: Path) -> Path:
         ax.set_title(f"{title}: accuracy against {rep.SHORT_NAMES.get(key, key)}{more}", fontsize=9)
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7, loc="lower right")
-    return _save(fig, path)
+            _legend_outside(ax)
+    return _save(fig, path, style)
 
 
 PARAM_LABELS = {
@@ -193,37 +214,52 @@ def _param_label(key: str) -> str:
     return f"{PARAM_LABELS.get(key, key)}  [{key}]"
 
 
-def plot_sweeps(table: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """One ``accuracy_vs_<param>.png`` per swept hyperparameter."""
-    return [plot_accuracy_vs(table, key, out_dir / f"accuracy_vs_{key}.png") for key in rep.swept_params(table)]
+def plot_sweeps(table: pd.DataFrame, out_dir: Path, style: FigureStyle = FigureStyle()) -> list[Path]:
+    """One ``accuracy_vs_<param>.<format>`` per swept hyperparameter."""
+    return [plot_accuracy_vs(table, key, out_dir / f"accuracy_vs_{key}.png", style) for key in rep.swept_params(table)]
 
 
-def plot_curves(histories: pd.DataFrame, labels: dict[str, str], path: Path) -> Path:
-    """Test accuracy against epoch (solid, left axis) and ε (dashed, right axis) per run."""
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
-    twin = ax.twinx()
+def curves_figure(histories: pd.DataFrame, labels: dict[str, str]) -> Figure:
+    """Test accuracy against epoch (top) and ε against epoch (below, same epochs), one line per run,
+    labelled by ``labels`` (what differs between the runs); runs with identical ε curves (same σ, q
+    and steps give the same ε) share one ε line, labelled with all of them."""
+    fig, (ax, below) = plt.subplots(2, 1, figsize=(7, 6.5), dpi=100, sharex=True, height_ratios=(3, 2))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    eps_lines: dict[tuple[tuple[float, float], ...], list[tuple[str, str]]] = {}
     for i, (run_id, run) in enumerate(histories.groupby("run_id", sort=False)):
         color = colors[i % len(colors)]
         acc = run[run["metric"] == "test_accuracy"].sort_values("step")
         eps = run[run["metric"] == "epsilon"].sort_values("step")
         name = labels.get(str(run_id), str(run_id)[:8])
-        ax.plot(acc["step"], acc["value"] * PERCENT, "-o", color=color, markersize=4, label=f"{name}: accuracy")
+        ax.plot(acc["step"], acc["value"] * PERCENT, "-o", color=color, markersize=4, label=name)
         if not eps.empty:
-            twin.plot(eps["step"], eps["value"], "--", color=color, label=f"{name}: ε")
-    ax.set_xlabel("epoch")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel("test accuracy (%) — solid")
-    twin.set_ylabel("ε under the run's accountant — dashed")
+            key = tuple(zip(eps["step"].astype(float), eps["value"].astype(float), strict=True))
+            eps_lines.setdefault(key, []).append((name, color))
+    for key, names in eps_lines.items():
+        steps, values = zip(*key, strict=True)
+        shared = len(names) > 1
+        below.plot(steps, values, "-", color="black" if shared else names[0][1],
+                   label=" = ".join(n for n, _ in names) + (" (identical ε)" if shared else ""))  # fmt: skip
+    below.set_xlabel("epoch")
+    below.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("test accuracy (%)")
+    below.set_ylabel("ε (the run's accountant)")
     ax.set_title("test accuracy and ε per epoch", fontsize=10)
-    ax.grid(alpha=0.3)
-    handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
-    if handles:
-        ax.legend(handles, [str(h.get_label()) for h in handles], fontsize=7, loc="lower right")
-    return _save(fig, path)
+    for axes in (ax, below):
+        axes.grid(alpha=0.3)
+        if axes.get_legend_handles_labels()[0]:
+            _legend_outside(axes)
+    return fig
 
 
-def plot_memory(groups: pd.DataFrame, path: Path) -> Path:
+def plot_curves(
+    histories: pd.DataFrame, labels: dict[str, str], path: Path, style: FigureStyle = FigureStyle()
+) -> Path:
+    """:func:`curves_figure`, written to ``path``."""
+    return _save(curves_figure(histories, labels), path, style)
+
+
+def plot_memory(groups: pd.DataFrame, path: Path, style: FigureStyle = FigureStyle()) -> Path:
     """Memory (MiB) after each stage of the first iteration, its peak and the run's peak, per group
     of configs with the same figures (report.memory_groups)."""
     shown = groups.head(MAX_MEMORY_GROUPS).iloc[::-1]  # the largest at the top of a horizontal bar chart
@@ -241,28 +277,37 @@ def plot_memory(groups: pd.DataFrame, path: Path) -> Path:
     cut = "" if len(groups) <= MAX_MEMORY_GROUPS else f", the {MAX_MEMORY_GROUPS} largest of {len(groups)} groups"
     ax.set_title(f"memory per stage, first training iteration{cut}\nbackend: {how}", fontsize=9)
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-    return _save(fig, path)
+    _legend_outside(ax)
+    return _save(fig, path, style)
+
+
+LABEL_KEYS = (*rep.HYPERPARAMETERS.values(), "dp.enabled", "train.seed")  # what a curve's label may name
 
 
 def run_labels(report: rep.Report, run_ids: Sequence[str]) -> dict[str, str]:
-    """'<config label> seed=<seed> (<run id>)' per run."""
-    labels = rep.config_labels(report.table)
+    """Per run, what differs between ``run_ids``: ``σ=0.8, seed=1`` (short names of the differing
+    params, dataset and model included when they differ); the run id only where nothing differs."""
     runs = report.table_runs.set_index("run_id")
-    seeds = rep.column(runs, "params.train.seed")
-    return {
-        run_id: f"{labels.get(runs.at[run_id, 'config_id'], '')} seed={seeds.get(run_id)} ({run_id[:8]})".strip()
-        for run_id in run_ids
-    }
+    keys = [k for k in LABEL_KEYS if f"params.{k}" in runs.columns]
+    values = {k: {r: rep._text(runs.at[r, f"params.{k}"]) for r in run_ids} for k in keys}
+    differing = [k for k in keys if len(set(values[k].values())) > 1]
+    out = {}
+    for r in run_ids:
+        parts = [f"{rep.SHORT_NAMES.get(k, k.rsplit('.', 1)[-1])}={values[k][r]}" for k in differing]
+        parts = [p.replace("enabled=False", "non-private").replace("enabled=True", "DP") for p in parts]
+        out[r] = ", ".join(parts) or f"run {r[:8]}"
+    return out
 
 
-def plot_report(report: rep.Report, out_dir: Path, histories: pd.DataFrame) -> list[Path]:
+def plot_report(
+    report: rep.Report, out_dir: Path, histories: pd.DataFrame, style: FigureStyle = FigureStyle()
+) -> list[Path]:
     """Every plot of the report into ``out_dir``; returns their paths (pareto, sweeps, curves, memory)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     table = report.table
-    paths = [plot_pareto(table, out_dir / "pareto.png"), *plot_sweeps(table, out_dir)]
+    paths = [plot_pareto(table, out_dir / "pareto.png", style), *plot_sweeps(table, out_dir, style)]
     ids = list(dict.fromkeys(histories["run_id"]))
-    paths.append(plot_curves(histories, run_labels(report, ids), out_dir / "curves.png"))
+    paths.append(plot_curves(histories, run_labels(report, ids), out_dir / "curves.png", style))
     memory = rep.memory_table(report.table_runs)
-    paths.append(plot_memory(rep.memory_groups(memory, table), out_dir / "memory.png"))
+    paths.append(plot_memory(rep.memory_groups(memory, table), out_dir / "memory.png", style))
     return paths

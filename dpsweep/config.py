@@ -213,6 +213,10 @@ class TrackingConfig:
     # (vgg16_frozen: the head, not the public backbone), when they take at most log_model_max_mib.
     log_model: bool = True
     log_model_max_mib: float = 256.0
+    # MLflow's system metrics (CPU, memory, disk, network; GPU where pynvml finds one), sampled every
+    # system_metrics_interval_s from this many seconds into training on: short runs log none. null: never.
+    system_metrics_after_s: float | None = 60.0
+    system_metrics_interval_s: float = 10.0
 
 
 @dataclass
@@ -403,6 +407,12 @@ def validate(cfg: Config) -> None:
         cfg.tracking.log_model_max_mib,
         "a positive size in MiB (or tracking.log_model=false)",
     )
+    after = cfg.tracking.system_metrics_after_s
+    _require(
+        after is None or after >= 0, "tracking.system_metrics_after_s", after, "0 or more seconds, or null (never)"
+    )
+    interval = cfg.tracking.system_metrics_interval_s
+    _require(interval > 0, "tracking.system_metrics_interval_s", interval, "a positive number of seconds")
     img = cfg.dataset.image_size
     _require(img is None or img > 0, "dataset.image_size", img, "a positive number of pixels or null")
     if isinstance(cfg.dataset, Flowers102Config):

@@ -28,7 +28,7 @@ allowed; nothing here trains, logs or writes.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,6 +101,29 @@ def prepare(cfg: Config, facts: datasets.DatasetFacts, memory: MemoryBudget | No
         config=cfg, facts=facts, steps=steps, privacy=planned, over_budget=_budget_verdict(cfg, planned),
         physical_batch_size=physical, memory=prediction, config_hash=config_hash(cfg), gpu_memory=figure,
     )  # fmt: skip
+
+
+def skip_reasons(
+    hashes: Sequence[str], finished: Mapping[str, str], running: Mapping[str, str] | None = None
+) -> list[str | None]:
+    """Why a sweep skips each of its jobs (None: it runs), given their config hashes in launch order,
+    the experiment's FINISHED runs and live RUNNING runs by config hash (``{hash: run id}``; pass no
+    FINISHED runs under ``sweep.force``): running now, already FINISHED, or the same config as an
+    earlier job that runs. ``dpsweep -m`` skips by it, and ``dpsweep-plan`` marks by it."""
+    running = running or {}
+    seen: dict[str, int] = {}
+    reasons: list[str | None] = []
+    for index, h in enumerate(hashes):
+        if h in running:
+            reasons.append(f"running now as run {running[h]} (a live job)")
+        elif h in finished:
+            reasons.append(f"already FINISHED as run {finished[h]} (sweep.force=true runs it again)")
+        elif h in seen:
+            reasons.append(f"same config as job {seen[h]}")
+        else:
+            seen[h] = index
+            reasons.append(None)
+    return reasons
 
 
 def config_hash(cfg: Config) -> str:

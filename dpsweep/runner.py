@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 
 from dpsweep import checkpoint, memory, privacy, tasks, units
 from dpsweep import data as datasets
-from dpsweep.config import Config, ConfigError, Device, flatten, to_config, validate
+from dpsweep.config import Config, ConfigError, Device, flatten, identity, to_config, validate
 from dpsweep.plan import MemoryFiles, RunPlan, prepare
 from dpsweep.tracking import (
     Claim,
@@ -47,6 +47,7 @@ from dpsweep.tracking import (
     Tracker,
     environment_tags,
     open_client,
+    system_metrics,
     terminate_as_interrupt,
     tracked_run,
 )
@@ -117,7 +118,12 @@ def train(cfg: DictConfig | Config) -> TrainResult:
     ):
         if resume is None:
             run.log_params(run_params(plan))
+            run.set_tags(setting_tags(plan))
             run.log_text(resolved_yaml(plan), "config.yaml")
+            run.log_dataset_splits(
+                flatten(config.dataset),
+                {"train": data.n_train, "test": len(data.test)},  # type: ignore[arg-type]
+            )
         parts = task_run.start(run)
         result = TrainResult(run.run_id, float("nan"), float("nan"), data.n_train, 0, memory_backend=monitor.backend)
         state = None
@@ -134,7 +140,9 @@ def train(cfg: DictConfig | Config) -> TrainResult:
         if config.dp.enabled and stages.recorder.active:  # stages of exactly B, not of a private Poisson batch
             task_run.memory_iteration(stages)
             stages.log_first_iteration()
-        _epochs(config, task_run, stages, parts, Checkpoints(ckpt_dir, plan.config_hash, state))
+        t = config.tracking
+        with system_metrics(run.run_id, t.uri, t.system_metrics_after_s, t.system_metrics_interval_s):
+            _epochs(config, task_run, stages, parts, Checkpoints(ckpt_dir, plan.config_hash, state))
         _finish_privacy(config, plan, task_run, result, run)
         result.model = task_run.trained_model()
         if config.tracking.log_model:
@@ -340,12 +348,23 @@ def run_tags(plan: RunPlan, data: datasets.DataSplits, device: torch.device, bac
 
 
 def run_params(plan: RunPlan) -> dict[str, Any]:
-    """MLflow params: the flattened resolved config. Without DP only ``dp.enabled`` is kept,
-    since σ, C, δ and the accountant have no effect on a non-private run."""
-    params = flatten(plan.config)
+    """MLflow params: what determines the run's result (:func:`dpsweep.config.identity` of the
+    flattened resolved config, σ as calibrated). Without DP only ``dp.enabled`` is kept, since σ, C,
+    δ and the accountant have no effect on a non-private run. Settings that do not change the
+    result (launcher, sweep, tracking, paths, progress bars) are :func:`setting_tags`."""
+    params = identity(flatten(plan.config))
     if plan.privacy is None:
-        return {k: v for k, v in params.items() if not k.startswith("dp.") or k == "dp.enabled"}
+        return params
     return params | {"dp.noise_multiplier": plan.privacy.noise_multiplier}
+
+
+def setting_tags(plan: RunPlan) -> dict[str, Any]:
+    """The config's settings that do not change the result, as tags (same dotted keys): so that the
+    MLflow UI's params are the hyperparameters alone. ``config.yaml`` holds both."""
+    flat = flatten(plan.config)
+    kept = identity(flat)
+    dp_off = plan.privacy is None
+    return {k: v for k, v in flat.items() if k not in kept and v is not None and not (dp_off and k.startswith("dp."))}
 
 
 def resolved_yaml(plan: RunPlan) -> str:

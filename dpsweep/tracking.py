@@ -12,7 +12,9 @@ Out-of-memory failures are tagged ``failure.kind=oom``, since they are data for 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import importlib.metadata
+import json
 import logging
 import os
 import platform
@@ -115,6 +117,64 @@ class Tracker:
                 quiet.setLevel(level)
             retry_busy(lambda: self.client.log_artifacts(self.run_id, str(path), artifact_path))
 
+    def log_dataset_splits(self, description: Mapping[str, Any], sizes: Mapping[str, int]) -> str:
+        """Each split of the dataset (``sizes``: split -> examples, e.g. ``{"train": 1437, "test": 360}``)
+        as an MLflow dataset input of the run (the UI's Dataset column), context-tagged with the split.
+        ``description`` is the dataset's config (name, root, image size, split seed, …).
+
+        The digest is of that description and the sizes, not of the examples: a hash of the private
+        training data would let anyone holding a candidate dataset test whether it was used, a release
+        no accountant covers. Returns the digest (12 hex digits)."""
+        from mlflow.data.code_dataset_source import CodeDatasetSource
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.entities import DatasetInput, InputTag
+
+        public = {str(k): str(v) for k, v in description.items()} | {f"n_{k}": str(v) for k, v in sizes.items()}
+        digest = hashlib.sha256(json.dumps(public, sort_keys=True).encode()).hexdigest()[:12]
+        name = str(description.get("name", "dataset"))
+        inputs = []
+        for split in sizes:
+            source = CodeDatasetSource(public | {"split": split})
+            meta = MetaDataset(source, name=f"{name}-{split}", digest=digest)  # type: ignore[abstract]
+            inputs.append(DatasetInput(meta._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", split)]))
+        retry_busy(lambda: self.client.log_inputs(self.run_id, datasets=inputs))
+        return digest
+
+
+def source_tags(entry_point: str = "dpsweep") -> dict[str, str]:
+    """MLflow's own run-context tags (``mlflow.user``, ``mlflow.source.type``, and the git commit where
+    MLflow finds one), resolved by MLflow's context registry as ``mlflow.start_run`` resolves them,
+    with the source named after the command rather than the script that happens to run it (a
+    launcher's bootstrap, for jobs)."""
+    from mlflow.tracking.context import registry
+
+    resolved = registry.resolve_tags({})
+    return {k: v for k, v in resolved.items() if k.startswith("mlflow.")} | {"mlflow.source.name": entry_point}
+
+
+@contextmanager
+def system_metrics(run_id: str, uri: str, after_s: float | None, interval_s: float = 10.0) -> Iterator[None]:
+    """MLflow's system metrics (CPU, memory, disk, network, and GPU where pynvml finds one) logged to
+    ``run_id`` every ``interval_s``, from ``after_s`` seconds into the block (None: never). The delay
+    keeps short runs (tests, probes) free of them; a run longer than it gets them for the rest."""
+    if after_s is None:
+        yield
+        return
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    quiet = logging.getLogger("mlflow.system_metrics")
+    quiet.setLevel(logging.WARNING)  # no "Started monitoring system metrics" lines in the terminal
+    monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s, samples_before_logging=1, tracking_uri=uri)
+    timer = threading.Timer(after_s, monitor.start)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        if getattr(monitor, "_process", None) is not None:  # started: stop its thread, flush its last sample
+            monitor.finish()
+
 
 DEFAULT_URI = TrackingConfig.uri  # dpsweep's default store (sqlite:///mlflow.db), relative to where it ran
 
@@ -211,6 +271,7 @@ def _create_run(client: MlflowClient, cfg: TrackingConfig, tags: dict[str, str],
     :func:`store_lock` so that two jobs of one config cannot both start it (a remote tracking server
     has no such lock: there the check narrows the window but cannot close it)."""
     exp = experiment_id(client, cfg.experiment_name)
+    tags = source_tags() | tags
     if claim is None:
         return retry_busy(lambda: client.create_run(exp, run_name=cfg.run_name, tags=tags))
     if claim.owner is not None:
@@ -253,18 +314,28 @@ def why_dead(tags: dict[str, str], now_s: float) -> str | None:
     return None
 
 
+# MLflow 3's UI opens an experiment by its kind; without one it guesses, and an experiment of
+# training runs can open on an empty GenAI traces page. dpsweep's are model training.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
+
 def experiment_id(client: MlflowClient, name: str) -> str:
-    """Id of the experiment ``name``, created if missing (safe when several jobs race)."""
+    """Id of the experiment ``name``, created if missing (safe when several jobs race), and marked as
+    a model-training experiment for MLflow's UI unless it has a kind already."""
     found = client.get_experiment_by_name(name)
-    if found is not None:
-        return str(found.experiment_id)
-    try:
-        return str(client.create_experiment(name))
-    except MlflowException:  # another job created it first
-        again = client.get_experiment_by_name(name)
-        if again is None:
-            raise
-        return str(again.experiment_id)
+    if found is None:
+        try:
+            found_id = str(client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}))
+        except MlflowException:  # another job created it first
+            again = client.get_experiment_by_name(name)
+            if again is None:
+                raise
+            found_id = str(again.experiment_id)
+        return found_id
+    if EXPERIMENT_KIND_TAG not in found.tags:  # made by an older dpsweep, or by hand
+        retry_busy(lambda: client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND))
+    return str(found.experiment_id)
 
 
 def _is_oom(err: BaseException) -> bool:
@@ -388,6 +459,31 @@ def runs_of_sweep(uri: str, experiment: str, sweep_id: str) -> dict[str, str]:
         return {}
     runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`sweep.id` = '{sweep_id}'", max_results=50000)
     return {r.info.run_id: r.info.status for r in runs if r.data.tags.get("sweep.role") != "parent"}
+
+
+RESULTS_TABLE = "results.json"  # the sweep parent run's table of its jobs (MLflow's log_table)
+
+
+def log_results_table(uri: str, experiment: str, sweep_id: str, parent_run_id: str) -> int:
+    """The sweep's jobs as one table on its parent run (``results.json``, MLflow's ``log_table``,
+    shown in the run's artifacts): the run name, ``test_accuracy`` and ``epsilon`` first, the
+    status, then the params that differ between the jobs. Returns the number of rows."""
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return 0
+    found = client.search_runs([exp.experiment_id], filter_string=f"tags.`sweep.id` = '{sweep_id}'", max_results=50000)
+    runs = [r for r in found if r.data.tags.get("sweep.role") != "parent"]
+    keys = sorted({k for r in runs for k in r.data.params})
+    differing = [k for k in keys if len({r.data.params.get(k) for r in runs}) > 1]
+    table: dict[str, list[Any]] = {"run": [r.info.run_name for r in runs]}
+    table["test_accuracy"] = [r.data.metrics.get("test_accuracy") for r in runs]
+    table["epsilon"] = [r.data.metrics.get("epsilon") for r in runs]
+    table["status"] = [r.info.status for r in runs]
+    table |= {k: [r.data.params.get(k) for r in runs] for k in differing}
+    if runs:
+        retry_busy(lambda: client.log_table(parent_run_id, data=table, artifact_file=RESULTS_TABLE))
+    return len(runs)
 
 
 def runs_by_hash(uri: str, experiment: str, status: str = "FINISHED") -> dict[str, str]:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +32,14 @@ from dpsweep.liveness import driver_environment
 log = logging.getLogger(__name__)
 
 
+POLL_S = 1.0  # how often the driver looks for completed jobs (submitit's watchers rate-limit sacct/qstat)
+
+
 class _DpsweepSubmititLauncher(BaseSubmititLauncher):
     """Same executor set-up as hydra-submitit-launcher; results are collected job by job."""
 
     _INIT_KEYS = frozenset({"max_num_timeout"})
+    on_job_done: Callable[[JobReturn], None] | None = None  # told of each job as it completes
 
     def _executor(self) -> Any:
         import submitit
@@ -63,7 +68,21 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
             job_params.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state()))
         jobs = executor.map_array(self, *zip(*job_params, strict=True))
         self._watch(jobs)
-        return [self._collect(job, overrides) for job, overrides in zip(jobs, job_overrides, strict=True)]
+        return self._collect_as_done(jobs, job_overrides)
+
+    def _collect_as_done(self, jobs: list[Any], job_overrides: Sequence[Sequence[str]]) -> list[JobReturn]:
+        """Each job's result in launch order, collected as it completes: ``on_job_done`` (set by
+        dpsweep's sweeper) hears of each one then, not when the last job of the batch is done."""
+        results: dict[int, JobReturn] = {}
+        while len(results) < len(jobs):
+            for i, job in enumerate(jobs):
+                if i not in results and job.done():
+                    results[i] = self._collect(job, job_overrides[i])
+                    if self.on_job_done is not None:
+                        self.on_job_done(results[i])
+            if len(results) < len(jobs):
+                time.sleep(POLL_S)
+        return [results[i] for i in range(len(jobs))]
 
     def _watch(self, jobs: list[Any]) -> None:
         """Hook for a launcher to replace submitit's state watcher."""

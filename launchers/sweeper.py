@@ -17,8 +17,9 @@ if any job failed. Every job gets the override ``sweep.id='<id>'`` (quoted: see
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,44 @@ class SweepOutcome:
         if self.killed_runs:
             text += f"; killed runs: {', '.join(self.killed_runs)}"
         return text
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+@dataclass
+class Progress:
+    """One line per job as it ends, whatever the launcher: ``[n/N]``, its result line, the time since
+    the sweep started and an ETA from the pace so far (jobs ended per second, so parallel launchers'
+    estimates count their parallelism). ``echoed``: the job printed its own line in this process
+    (launcher=inline), so only the count and times are added."""
+
+    total: int
+    echoed: bool
+    started_s: float = field(default_factory=time.monotonic)
+    ended: int = 0
+    seen: set[int] = field(default_factory=set)
+
+    def job_done(self, ret: JobReturn) -> None:
+        if id(ret) in self.seen:
+            return
+        self.seen.add(id(ret))
+        self.ended += 1
+        elapsed = time.monotonic() - self.started_s
+        left = self.total - self.ended
+        eta = f", ETA {_duration(elapsed / self.ended * left)}" if left else ""
+        internal = ("sweep.id=", "sweep.parent_run_id=")  # what the sweeper adds to every job
+        shown = " ".join(o for o in (ret.overrides or []) if not o.startswith(internal))
+        if ret.status != JobStatus.COMPLETED:
+            what = f"{shown}: failed"
+        elif ret.return_value is None:
+            what = f"{shown}: skipped"
+        else:
+            line = str(getattr(ret.return_value, "line", ret.return_value)).removeprefix("dpsweep: ")
+            what = "done" if self.echoed else line
+        print(f"dpsweep: [{self.ended}/{self.total}] {what} ({_duration(elapsed)} elapsed{eta})", flush=True)
 
 
 class DpsweepSweeper(Sweeper):
@@ -115,7 +154,7 @@ class DpsweepSweeper(Sweeper):
 
             return OptunaSearch(self.optuna, self).run(arguments)
         from dpsweep.config import TrackingConfig, to_config
-        from dpsweep.tracking import next_steps, terminate_as_interrupt, tracked_run
+        from dpsweep.tracking import log_results_table, next_steps, terminate_as_interrupt, tracked_run
 
         sweep_id = new_sweep_id()
         jobs = self._jobs(arguments, sweep_id)
@@ -145,6 +184,7 @@ class DpsweepSweeper(Sweeper):
                 log.info(f"dpsweep sweep {sweep_id}: {len(todo)} jobs to run, launcher={first.launcher.name}")
                 returns = self._launch(todo, outcome, first)
                 finish(outcome, first)
+                log_results_table(first.tracking.uri, first.tracking.experiment_name, sweep_id, parent.run_id)
                 parent.log_metrics({"sweep.finished": outcome.finished, "sweep.failed": outcome.failed,
                                     "sweep.skipped": outcome.skipped})  # fmt: skip
                 if outcome.aborted:
@@ -164,8 +204,13 @@ class DpsweepSweeper(Sweeper):
         # inline jobs run one at a time anyway: batches of one let the failure policy act early
         size = self.max_batch_size or (1 if first.launcher.name == "inline" else max(1, len(jobs)))
         returns: list[Sequence[JobReturn]] = []
+        progress = Progress(len(jobs), echoed=first.launcher.name == "inline")
+        if hasattr(self.launcher, "on_job_done"):  # dpsweep's submitit launchers: as each job completes
+            self.launcher.on_job_done = progress.job_done
         for start in range(0, len(jobs), size):
             batch = self.launcher.launch(jobs[start : start + size], initial_job_idx=start)
+            for ret in batch:  # those the launcher did not report as they completed
+                progress.job_done(ret)
             returns.append(batch)
             count(outcome, batch)
             ended = outcome.finished + outcome.failed
@@ -190,7 +235,7 @@ def select_jobs(jobs: Sequence[list[str]], configs: Sequence[DictConfig]) -> tup
     a repeat of an earlier job. Runs left RUNNING by dead processes are ended KILLED first
     (``dpsweep.reconcile``), so that their configs run again."""
     from dpsweep.config import to_config
-    from dpsweep.plan import config_hash
+    from dpsweep.plan import config_hash, skip_reasons
     from dpsweep.reconcile import reconcile
     from dpsweep.tracking import runs_by_hash
 
@@ -205,20 +250,12 @@ def select_jobs(jobs: Sequence[list[str]], configs: Sequence[DictConfig]) -> tup
             done |= runs_by_hash(uri, name, "FINISHED")
     todo: list[list[str]] = []
     skipped: list[str] = []
-    seen: dict[str, int] = {}
-    for index, (job, cfg) in enumerate(zip(jobs, typed, strict=True)):
-        shown = " ".join(job[:-1])  # without sweep.id
-        h = config_hash(cfg)
-        if h in running:
-            skipped.append(f"{shown}: running now as run {running[h]} (a live job)")
-            continue
-        if h in done:
-            skipped.append(f"{shown}: already FINISHED as run {done[h]} (sweep.force=true runs it again)")
-        elif h in seen:
-            skipped.append(f"{shown}: same config as job {seen[h]}")
-        else:
-            seen[h] = index
+    reasons = skip_reasons([config_hash(cfg) for cfg in typed], done, running)
+    for job, why in zip(jobs, reasons, strict=True):
+        if why is None:
             todo.append(job)
+        else:
+            skipped.append(f"{' '.join(job[:-1])}: {why}")  # the job without its sweep.id
     return todo, skipped
 
 

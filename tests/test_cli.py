@@ -46,6 +46,12 @@ def test_sweep_runs_each_job_and_prints_accuracy_and_epsilon(tmp_path: Path) -> 
         f"dpsweep: next: dpsweep-report --experiment cli --sweep {sweep_id.group(1)}; "
         "browse the runs: mlflow ui --backend-store-uri sqlite:///mlflow.db (make ui)"
     )
+    # dpsweep's own lines, not Hydra's ("Launching 1 jobs locally", "#0 : <internal overrides>")
+    said = proc.stdout + proc.stderr
+    assert "dpsweep sweep" in said and "Launching" not in said and "#0 :" not in said, said
+    assert "sweep.parent_run_id" not in said and "sweep.id=" not in said, said
+    progress = [line for line in proc.stdout.splitlines() if line.startswith("dpsweep: [")]
+    assert progress[0].startswith("dpsweep: [1/2] done (") and "ETA" in progress[0], proc.stdout
     # default sqlite:///mlflow.db: the 2 jobs and the sweep's parent run
     assert run_statuses(tmp_path / "mlflow.db") == ["FINISHED", "FINISHED", "FINISHED"]
     bad = run_script("dpsweep", "dp.noise_multiplier=0", "tracking.experiment_name=bad", cwd=tmp_path)

@@ -67,6 +67,7 @@ def test_plan_rows_match_the_jobs_dpsweep_m_launches(tmp_path: Path) -> None:
 
     swept = run_dpsweep("-m", *sweep, "train.progress=false")
     assert swept.returncode == 0, swept.stdout + swept.stderr
+    assert "parent_run_id" not in swept.stdout, swept.stdout  # skip lines name the job without internal overrides
     skips = [line for line in swept.stdout.splitlines() if line.startswith("dpsweep: skip")]
     assert len(skips) == len(dropped)
     for r in dropped:
@@ -82,6 +83,33 @@ def test_plan_rows_match_the_jobs_dpsweep_m_launches(tmp_path: Path) -> None:
         for run in runs
     }
     assert logged == kept  # same jobs, and exactly the planned ε
+
+    again = run_script("dpsweep-plan", *sweep, "--json", cwd=tmp_path)  # what a rerun of the sweep would do
+    assert again.returncode == 0, again.stderr
+    by_config = {
+        (int(run.data.params["train.batch_size"]), float(run.data.params["dp.noise_multiplier"])): run.info.run_id
+        for run in runs
+    }
+    for r in json.loads(again.stdout):
+        key = (r["batch_size"], r["noise_multiplier"])
+        if r["over_budget"]:
+            assert r["skipped"] is None
+        else:
+            assert r["skipped"] == f"already FINISHED as run {by_config[key]} (sweep.force=true runs it again)"
+    forced = run_script("dpsweep-plan", *sweep, "sweep.force=true", "--json", cwd=tmp_path)
+    assert all(r["skipped"] is None for r in json.loads(forced.stdout)), forced.stderr
+
+
+def test_plan_marks_the_jobs_dpsweep_m_would_skip_as_repeats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the default store, sqlite:///mlflow.db, is not there: nothing FINISHED
+    with initialize_config_module("dpsweep.conf", version_base="1.3"):
+        rows = plan(["train.seed=0,0,1", "train.epochs=1"])
+    assert [r.skipped for r in rows] == [None, "same config as job 0", None]
+    assert not (tmp_path / "mlflow.db").exists()  # planning created no store
+    table = run_main(main, "train.seed=3,3", "train.epochs=1")
+    assert table.returncode == 0, table.stderr
+    assert "skipped: same config as job 0" in table.stdout
+    assert "1 of 2 jobs would be skipped by dpsweep -m" in table.stdout
 
 
 def test_plan_table_and_bad_input() -> None:

@@ -7,6 +7,8 @@ tests log small synthetic runs with the MLflow client, into this session's sqlit
 
 from __future__ import annotations
 
+import base64
+import html
 import io
 import os
 import subprocess
@@ -176,7 +178,10 @@ def test_sweep_report_writes_valid_pngs_and_logs_them_on_the_parent_run(
     stdout = capsys.readouterr().out
     assert r.parent_run_id == sweep.parent_run_id and r.counts["total"] == 4  # the parent is not a run of it
     assert {p.name for p in out.iterdir()} == PLOTS | {"report.md"}
-    assert (out / "report.md").read_text() == stdout
+    written = (out / "report.md").read_text()
+    assert written.startswith(stdout)  # the table and notes, then the plots embedded as images
+    embedded = [line for line in written[len(stdout) :].splitlines() if line.startswith("![")]
+    assert sorted(line.split("](")[1].rstrip(")") for line in embedded) == sorted(PLOTS)
     for name in PLOTS:
         with Image.open(out / name) as img:
             assert img.format == "PNG" and img.size[0] >= 400 and img.size[1] >= 300
@@ -214,6 +219,73 @@ def test_curves_show_the_chosen_runs(sweep: Sweep, tmp_path: Path, capsys: pytes
     chosen = r.runs.loc[~r.runs["private"], "run_id"].iloc[0]
     run(["--experiment", EXPERIMENT, "--out", str(tmp_path), "--tracking-uri", sweep.uri, "--runs", chosen[:10]])
     assert "wrote" in capsys.readouterr().err and (tmp_path / "curves.png").stat().st_size > 0
+
+
+class _Page(HTMLParser):
+    """Every src and href of a page, and its tables' rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sources: list[str] = []
+        self.rows = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.sources += [v or "" for k, v in attrs if k in ("src", "href")]
+        self.rows += tag == "tr"
+
+
+@pytest.mark.slow
+@SWEEP
+def test_html_report_is_one_self_contained_page_and_figures_take_a_format_and_dpi(sweep: Sweep, tmp_path: Path) -> None:
+    """report.html needs nothing beside it: the table, the notes and every figure, embedded (SVG
+    here). PDF figures are real PDFs. (Checked by parsing, not yet in a real browser.)"""
+    base = ["--experiment", EXPERIMENT, "--sweep", sweep.sweep_id, "--tracking-uri", sweep.uri, "--no-log"]
+    svg = tmp_path / "svg"
+    r = run([*base, "--out", str(svg), "--format", "html", "--figure-format", "svg"])
+    assert {p.name for p in svg.iterdir()} == {n.replace(".png", ".svg") for n in PLOTS} | {"report.html"}
+    page = _Page()
+    text = (svg / "report.html").read_text()
+    page.feed(text)
+    assert text.startswith("<!doctype html>") and "</html>" in text
+    assert page.rows == len(r.table) + 1  # the header and one row per config
+    assert len(page.sources) == len(PLOTS) and all(s.startswith("data:image/svg+xml;base64,") for s in page.sources)
+    for source in page.sources:  # each figure is in the page, whole
+        assert base64.b64decode(source.split(",", 1)[1]).lstrip().startswith((b"<?xml", b"<svg"))
+    for note in r.notes():
+        assert html.escape(note) in text
+    pdf = tmp_path / "pdf"
+    run([*base, "--out", str(pdf), "--figure-format", "pdf", "--dpi", "300"])
+    for name in PLOTS:
+        assert (pdf / name.replace(".png", ".pdf")).read_bytes().startswith(b"%PDF")
+    low, high = tmp_path / "low", tmp_path / "high"
+    run([*base, "--out", str(low), "--dpi", "60"])
+    run([*base, "--out", str(high), "--dpi", "240"])
+    with Image.open(low / "pareto.png") as a, Image.open(high / "pareto.png") as b:
+        assert b.size[0] == pytest.approx(4 * a.size[0], rel=0.05)  # pixels scale with --dpi
+
+
+@pytest.mark.slow
+@SWEEP
+def test_curves_are_labelled_by_what_differs_with_legends_outside_the_data(sweep: Sweep) -> None:
+    from dpsweep.analysis import report_plots as rp
+
+    r = rep.build_report(sweep.uri, EXPERIMENT)
+    private = r.runs[r.runs["private"]]
+    pair = list(private.sort_values(["params.dp.noise_multiplier", "params.train.seed"])["run_id"][:2])  # σ=1, 2 seeds
+    labels = rp.run_labels(r, pair)
+    assert sorted(labels.values()) == ["seed=0", "seed=1"]  # only what differs: no σ, no run id
+    fig = rp.curves_figure(rep.metric_histories(sweep.uri, pair), labels)
+    accuracy, eps = fig.axes  # two panels, no twin axis
+    assert sorted(str(line.get_label()) for line in accuracy.get_lines()) == ["seed=0", "seed=1"]
+    [shared] = eps.get_lines()  # same σ, q and steps: one ε line, named for both runs
+    assert shared.get_label() in ("seed=0 = seed=1 (identical ε)", "seed=1 = seed=0 (identical ε)")
+    fig.canvas.draw()
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        assert legend is not None
+        assert legend.get_window_extent().x0 >= ax.get_window_extent().x1  # right of the data, not on it
+    sigmas = list(private.drop_duplicates("params.dp.noise_multiplier")["run_id"][:2])
+    assert sorted(rp.run_labels(r, sigmas).values())[0].startswith("σ=")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -491,6 +563,8 @@ BAD = [
     (["--runs", "zzzz"], "--runs='zzzz' is invalid: a run id (or a unique prefix) of the experiment 'rep'",
      "matches no run"),
     (["--out", "/proc/dpsweep-report"], "--out='/proc/dpsweep-report' is invalid: a directory you can write to", ""),
+    (["--figure-format", "jpg"], "--figure-format='jpg' is invalid", "one of png, pdf, svg"),
+    (["--dpi", "0"], "--dpi=0 is invalid", "a positive number of dots per inch"),
 ]  # fmt: skip
 
 

@@ -6,6 +6,7 @@ output as the console script); killed jobs and launcher=local job processes are 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -50,6 +51,9 @@ def test_a_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path: Path) -> None
     assert ": 1 finished, 0 skipped, 1 failed" in summary(proc)
     assert "dataset.root=" in proc.stderr + proc.stdout and "none found under" in proc.stderr + proc.stdout
     assert list(statuses(tmp_path).values()) == ["FINISHED"]  # the digits job ran after the failure
+    progress = [x for x in proc.stdout.splitlines() if x.startswith("dpsweep: [")]  # inline: count and times
+    assert progress[0].startswith("dpsweep: [1/2] dataset=mnist ") and ": failed (" in progress[0], proc.stdout
+    assert "elapsed, ETA " in progress[0] and progress[1].startswith("dpsweep: [2/2] done ("), proc.stdout
 
 
 @pytest.mark.slow
@@ -65,6 +69,19 @@ def test_jobs_carry_the_sweep_id(tmp_path: Path) -> None:
     assert {r.data.tags["mlflow.parentRunId"] for r in runs} == {parent.info.run_id}  # a tree in the MLflow UI
     assert parent.data.tags["sweep.id"] == sweep_id and parent.info.status == "FINISHED"
     assert parent.data.params["sweep.n_configs"] == "2" and parent.data.metrics["sweep.finished"] == 2
+    # accuracy and ε first: one table of the jobs on the parent run
+    with open(client.download_artifacts(parent.info.run_id, "results.json")) as f:
+        logged = json.load(f)
+    assert logged["columns"][:4] == ["run", "test_accuracy", "epsilon", "status"]
+    rows = [dict(zip(logged["columns"], row, strict=True)) for row in logged["data"]]
+    assert sorted(r["dp.noise_multiplier"] for r in rows) == ["1.0", "2.0"]  # what differs between the jobs
+    by_name = {r.info.run_name: r for r in runs}
+    for row in rows:
+        assert row["test_accuracy"] == pytest.approx(by_name[row["run"]].data.metrics["test_accuracy"], rel=1e-9)
+        assert row["epsilon"] == pytest.approx(by_name[row["run"]].data.metrics["epsilon"], rel=1e-9)
+        assert row["status"] == "FINISHED"  # (log_table keeps 10 significant digits)
+    # the experiment opens as model training in MLflow 3's UI, not on its GenAI traces page
+    assert client.get_experiment_by_name("dpsweep").tags["mlflow.experimentKind"] == "custom_model_development"
 
 
 @pytest.mark.parametrize(
@@ -130,9 +147,21 @@ def test_local_jobs_run_in_their_own_processes_and_a_killed_one_is_closed(tmp_pa
         proc.kill()
         out, err = proc.communicate(timeout=60)
         raise AssertionError(f"the long job never ran alone:\n{out}\n{err}")
+    time.sleep(3)  # job 1 trains on, seconds after job 0 ended
     os.kill(victim, signal.SIGKILL)  # what the OOM killer does: no Python cleanup at all
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, out + err
+    # each job's line as it ends, in the driver's terminal: the first when it ended, not with the second
+    first, second = (x for x in out.splitlines() if x.startswith(("dpsweep: [1/2]", "dpsweep: [2/2]")))
+    assert first.startswith("dpsweep: [1/2] run ") and "test_accuracy=" in first and "ETA" in first, out
+    assert second.startswith("dpsweep: [2/2] ") and ": failed (" in second and "ETA" not in second, out
+
+    def elapsed_s(line: str) -> int:
+        text = line.rsplit("(", 1)[1].split(" elapsed")[0]
+        minutes, _, seconds = text.rstrip("s").rpartition("m")
+        return int(minutes or 0) * 60 + int(seconds)
+
+    assert elapsed_s(first) + 2 <= elapsed_s(second), out
     line = next(x for x in out.splitlines() if x.startswith("dpsweep: sweep "))
     assert ": 1 finished, 0 skipped, 1 failed" in line and "killed runs: " in line
     assert sorted(statuses(tmp_path).values()) == ["FINISHED", "KILLED"]

@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
 from dpsweep import data, models, privacy
-from dpsweep.config import ConfigError, DigitsConfig, DPConfig, GradSampleMode, flatten, to_config
+from dpsweep.config import ConfigError, DigitsConfig, DPConfig, GradSampleMode, flatten, identity, to_config
 from dpsweep.data import DatasetNotFoundError
 from dpsweep.dpsgd import make_private
 from dpsweep.memory import STAGES
@@ -107,7 +107,9 @@ def test_dp_run_logs_exactly_the_documented_params(dp_run: tuple) -> None:  # ty
     result, client, exp, flat = dp_run
     [run] = runs_of(client, exp)
     assert run.info.status == "FINISHED" and run.info.run_id == result.run_id
-    assert set(run.data.params) == set(flat)
+    assert set(run.data.params) == set(identity(flat))  # the hyperparameters; settings are tags
+    assert not any(k.startswith(("tracking.", "launcher.", "sweep.")) for k in run.data.params)
+    assert run.data.tags["launcher.name"] == "inline" and run.data.tags["tracking.experiment_name"] == "dp"
     assert run.data.params["dp.noise_multiplier"] == "1.1"
     assert run.data.params["train.batch_size"] == "64"
     assert run.data.params["model.hidden_units"] == "32"
@@ -252,6 +254,48 @@ def test_dp_run_logs_the_documented_tags_and_config(dp_run: tuple) -> None:  # t
     with open(artifact) as f:
         logged = yaml.safe_load(f)
     assert logged["dp"]["noise_multiplier"] == 1.1 and logged["train"]["epochs"] == 3
+    # MLflow's own run context, as mlflow.start_run would set it, with the command as the source
+    assert tags["mlflow.source.name"] == "dpsweep" and tags["mlflow.source.type"] == "LOCAL"
+    assert tags["mlflow.user"]
+
+
+@DP_RUN
+def test_dp_run_logs_its_dataset_splits_as_mlflow_inputs(dp_run: tuple) -> None:  # type: ignore[type-arg]
+    """The UI's Dataset column: both splits, named and context-tagged, with a digest of the dataset's
+    public description (config and sizes), never of the private examples."""
+    _, client, exp, flat = dp_run
+    [run] = runs_of(client, exp)
+    inputs = {i.dataset.name: i for i in client.get_run(run.info.run_id).inputs.dataset_inputs}
+    assert sorted(inputs) == ["digits-test", "digits-train"]
+    assert {i.tags[0].key: i.tags[0].value for i in [inputs["digits-train"]]} == {"mlflow.data.context": "train"}
+    assert inputs["digits-test"].tags[0].value == "test"
+    source = json.loads(inputs["digits-train"].dataset.source)["tags"]
+    assert source["split"] == "train" and source["n_train"] == "1437" and source["n_test"] == "360"
+    assert source["split_seed"] == str(flat["dataset.split_seed"])
+    digest = inputs["digits-train"].dataset.digest
+    assert digest == inputs["digits-test"].dataset.digest and len(digest) == 12
+    # another split of the same data is another dataset: its digest differs
+    from dpsweep.tracking import Tracker
+
+    other = client.create_run(run.info.experiment_id)
+    description = {k.removeprefix("dataset."): v for k, v in flat.items() if k.startswith("dataset.")}
+    same = Tracker(client, other.info.run_id).log_dataset_splits(description, {"train": 1437, "test": 360})
+    assert same == digest
+    moved = Tracker(client, other.info.run_id).log_dataset_splits(description | {"split_seed": 7}, {"train": 1437})
+    assert moved != digest
+
+
+def test_system_metrics_are_logged_from_the_configured_delay(
+    make_cfg: Composer, client: MlflowClient, experiment_name: str
+) -> None:
+    """MLflow's own system metrics, from tracking.system_metrics_after_s into training (0 here; the
+    default 60 s keeps short runs free of them: the documented-metrics tests see none)."""
+    train(make_cfg("dp=off", "train.epochs=3", "tracking.system_metrics_after_s=0",
+                   "tracking.system_metrics_interval_s=0.2"))  # fmt: skip
+    [run] = runs_of(client, experiment_name)
+    system = {k for k in run.data.metrics if k.startswith("system/")}
+    assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= system, system
+    assert run.info.status == "FINISHED"
 
 
 @DP_RUN

@@ -3,6 +3,7 @@
     dpsweep-plan experiment=demo
     dpsweep-plan train.batch_size=64,256 dp.noise_multiplier=0.8,1.1 train.epochs=10,30
     dpsweep-plan dp.noise_multiplier=0.5,1,2 sweep.max_epsilon=3     # over-budget jobs are dropped
+    dpsweep-plan train.seed=0,0,1        # jobs dpsweep -m would skip (repeats, configs FINISHED) are marked
     dpsweep-plan experiment=demo --json
     dpsweep-plan train.batch_size=64,512 --memory-model memory_model.json --gpu-memory 16GiB   # peak memory
 
@@ -19,6 +20,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dpsweep.cli.errors import exits_on_bad_input
@@ -68,12 +70,43 @@ class PlanRow:
     steps: int
     n_train: int
     over_budget: bool  # ε > sweep.max_epsilon: dpsweep -m skips it
+    skipped: str | None = None  # why dpsweep -m would not run it: FINISHED before, or a repeat of a job
     peak_bytes: float | None = None  # predicted iteration peak (with --memory-model)
     gpu_memory: str | None = None  # the budget it is compared with
     fits_memory: bool | None = None  # None: no memory model or no budget
 
 
-def plan_row(job: int, overrides: list[str], plan: RunPlan) -> PlanRow:
+def _store_readable(uri: str) -> bool:
+    """Whether ``uri`` can be asked for runs without creating it (a local SQLite file that is not
+    there holds no runs, and opening it would create it)."""
+    if uri.startswith("sqlite:///"):
+        return Path(uri.removeprefix("sqlite:///")).is_file()
+    return True
+
+
+def skip_reasons(plans: Sequence[RunPlan]) -> list[str | None]:
+    """Why ``dpsweep -m`` would skip each job (``dpsweep.plan.skip_reasons``, as its sweeper decides):
+    its config already FINISHED in its experiment (unless ``sweep.force``), or the same config as an
+    earlier job. None: it runs. (Jobs running now in live processes are skipped too; that is known
+    only when the sweep starts.)"""
+    from dpsweep.plan import skip_reasons as reasons
+
+    done: dict[str, str] = {}
+    stores = {(p.config.tracking.uri, p.config.tracking.experiment_name) for p in plans if not p.config.sweep.force}
+    for uri, experiment in sorted(stores):
+        if not _store_readable(uri):
+            continue
+        from dpsweep.tracking import runs_by_hash  # MLflow: only where there is a store to ask
+
+        try:
+            done |= runs_by_hash(uri, experiment, "FINISHED")
+        except Exception as err:  # an unreachable server: the plan stands, without this column
+            print(f"{PROG}: note: could not read {uri} ({type(err).__name__}); FINISHED configs are not marked",
+                  file=sys.stderr)  # fmt: skip
+    return reasons([p.config_hash for p in plans], done)
+
+
+def plan_row(job: int, overrides: list[str], plan: RunPlan, skipped: str | None = None) -> PlanRow:
     cfg, p = plan.config, plan.privacy
     memory = plan.memory
     return PlanRow(
@@ -81,7 +114,7 @@ def plan_row(job: int, overrides: list[str], plan: RunPlan) -> PlanRow:
         batch_size=cfg.train.batch_size, noise_multiplier=plan.noise_multiplier,
         max_grad_norm=cfg.dp.max_grad_norm if p else None, lr=cfg.optimizer.lr, epochs=cfg.train.epochs,
         delta=p.delta if p else None, epsilon=p.epsilon if p else None, accountant=p.accountant if p else None,
-        steps=plan.steps, n_train=plan.facts.n_train, over_budget=plan.over_budget is not None,
+        steps=plan.steps, n_train=plan.facts.n_train, over_budget=plan.over_budget is not None, skipped=skipped,
         peak_bytes=memory.peak_bytes if memory else None,
         gpu_memory=plan.gpu_memory if memory else None, fits_memory=plan.fits_memory,
     )  # fmt: skip
@@ -146,7 +179,9 @@ def job_plans(overrides: Sequence[str], memory: MemoryCheck | None = None) -> li
 
 def plan(overrides: Sequence[str], memory: MemoryCheck | None = None) -> list[PlanRow]:
     """One row per job of ``dpsweep -m <overrides>``; needs Hydra initialised on dpsweep.conf."""
-    return [plan_row(i, job, p) for i, (job, p) in enumerate(job_plans(overrides, memory))]
+    jobs = job_plans(overrides, memory)
+    reasons = skip_reasons([p for _, p in jobs])
+    return [plan_row(i, job, p, why) for i, ((job, p), why) in enumerate(zip(jobs, reasons, strict=True))]
 
 
 def format_table(rows: Sequence[PlanRow]) -> str:
@@ -168,6 +203,8 @@ def format_table(rows: Sequence[PlanRow]) -> str:
             line += f"  {format_bytes(r.peak_bytes) if r.peak_bytes is not None else dash:>10}"
         if r.fits_memory is False:
             line += f"  will not fit {r.gpu_memory}"
+        if r.skipped is not None:
+            line += f"  skipped: {r.skipped}"
         lines.append(line + ("  over budget: skipped" if r.over_budget else ""))
     accountants = sorted({r.accountant for r in rows if r.accountant})
     if accountants:
@@ -222,6 +259,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps([asdict(r) for r in rows], indent=1))
         return 0
     print(format_table(rows))
+    repeats = [r for r in rows if r.skipped is not None]
+    if repeats:
+        print(f"{len(repeats)} of {len(rows)} jobs would be skipped by dpsweep -m: already FINISHED, or repeated")
     dropped = [r for r in rows if r.over_budget]
     if dropped:
         print(f"{len(dropped)} of {len(rows)} jobs exceed sweep.max_epsilon and would be skipped")

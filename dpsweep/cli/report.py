@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", metavar="ID", help="only the runs of this sweep (tag sweep.id)")
     p.add_argument("--format", default="md", metavar="|".join(rep.FORMATS.names()),
                    help="table format (default md)")  # fmt: skip
-    p.add_argument("--out", type=Path, metavar="DIR", help="write report.<format> and the PNG plots here")
+    p.add_argument("--out", type=Path, metavar="DIR", help="write report.<format> and the plots here")
     p.add_argument("--sort", default="accuracy", metavar="|".join(rep.SORT_KEYS.names()),
                    help="row order per dataset and model: accuracy (best first) or epsilon (least first)")  # fmt: skip
     p.add_argument("--runs", nargs="+", metavar="ID",
@@ -59,6 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI),
                    help=f"MLflow tracking URI (default $MLFLOW_TRACKING_URI or {DEFAULT_URI})")  # fmt: skip
     p.add_argument("--no-log", action="store_true", help="do not log the files on the sweep's parent run")
+    p.add_argument("--figure-format", default="png", metavar="png|pdf|svg", help="plot file format (default png)")
+    p.add_argument("--dpi", type=int, default=150, metavar="N", help="plot resolution (default 150)")
     return p
 
 
@@ -126,6 +128,10 @@ def run(argv: Sequence[str] | None = None) -> rep.Report:
     a = _parser().parse_args(argv)
     rep.lookup(rep.FORMATS, a.format, "format")
     rep.lookup(rep.SORT_KEYS, a.sort, "sort")
+    if a.figure_format not in rep.FIGURE_FORMATS:
+        raise InputError("--figure-format", a.figure_format, f"one of {', '.join(rep.FIGURE_FORMATS)}")
+    if a.dpi <= 0:
+        raise InputError("--dpi", a.dpi, "a positive number of dots per inch")
     if a.out is not None:
         _check_out(a.out)
     _check_uri(a.tracking_uri)
@@ -144,10 +150,10 @@ def run(argv: Sequence[str] | None = None) -> rep.Report:
             print(f"dpsweep-report: {note}", file=sys.stderr)
     if a.out is None:
         return report
-    from dpsweep.analysis.report_plots import plot_report  # matplotlib only when plotting
+    from dpsweep.analysis.report_plots import FigureStyle, plot_report  # matplotlib only when plotting
 
-    paths = [rep.write(report, a.format, a.out)]
-    paths += plot_report(report, a.out, rep.metric_histories(report.uri, chosen))
+    figures = plot_report(report, a.out, rep.metric_histories(report.uri, chosen), FigureStyle(a.figure_format, a.dpi))
+    paths = [rep.write(report, a.format, a.out, figures), *figures]
     for path in paths:
         print(f"dpsweep-report: wrote {path}", file=sys.stderr)
     if not a.no_log:

@@ -16,6 +16,7 @@ import re
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
@@ -70,8 +71,13 @@ def summary_line(cfg: Config, r: TrainResult) -> str:
     )
 
 
+INTERNAL_OVERRIDES = ("sweep.id=", "sweep.parent_run_id=")  # set by dpsweep's sweepers on every job
+
+
 def _job_overrides() -> str:
-    return " ".join(HydraConfig.get().overrides.task) or "(defaults)"
+    """The job's overrides as the user gave them (without the ones dpsweep's sweepers add)."""
+    given = [o for o in HydraConfig.get().overrides.task if not o.startswith(INTERNAL_OVERRIDES)]
+    return " ".join(given) or "(defaults)"
 
 
 register_hydra_plugins()
@@ -136,9 +142,19 @@ def main() -> None:
     app()
 
 
+@dataclass(frozen=True)
+class JobSummary:
+    """What a sweep's job returns to the driver (pickled back by submitit launchers): its result line,
+    which the driver prints as the job completes, and the figures behind it."""
+
+    line: str
+    test_accuracy: float
+    epsilon: float | None
+
+
 @hydra.main(version_base="1.3", config_path="pkg://dpsweep.conf", config_name="config")
-def app(cfg: DictConfig) -> float | None:
-    """The Hydra task: train one config; returns the metric a sweeper optimises (None: skipped)."""
+def app(cfg: DictConfig) -> JobSummary | None:
+    """The Hydra task: train one config; returns its summary (None: skipped)."""
     hydra_cfg = HydraConfig.get()
     die_with_driver()  # a launcher=local job: ends (run KILLED) when the sweep's driver is gone
     if cfg.train.checkpoint_dir is None:  # the job's own directory: stable when a cluster requeues it
@@ -153,10 +169,11 @@ def app(cfg: DictConfig) -> float | None:
             raise  # the sweeper records this job as failed and goes on
         raise SystemExit(report_bad_input("dpsweep", err)) from err
     config = to_config(cfg)
-    print(summary_line(config, result), flush=True)
+    line = summary_line(config, result)
+    print(line, flush=True)
     if hydra_cfg.mode != RunMode.MULTIRUN:  # a sweep ends with its own line
         print(next_steps(config.tracking.uri, config.tracking.experiment_name), flush=True)
-    return result.test_accuracy
+    return JobSummary(line, result.test_accuracy, result.epsilon)
 
 
 if __name__ == "__main__":
