@@ -39,6 +39,8 @@ test: lint
 test-fast: $(STAMP)
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/pytest -n 2 --dist loadgroup --no-loadscope-reorder -m "not cluster and not slow"
 
+# Open the page each run's last line names (.../#/experiments/<id>?workflowType=machine_learning):
+# MLflow 3's UI otherwise opens experiments on its GenAI traces view.
 ui: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000
 

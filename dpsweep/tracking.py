@@ -179,13 +179,30 @@ def system_metrics(run_id: str, uri: str, after_s: float | None, interval_s: flo
 DEFAULT_URI = TrackingConfig.uri  # dpsweep's default store (sqlite:///mlflow.db), relative to where it ran
 
 
+UI_ADDRESS = "http://127.0.0.1:5000"  # where `mlflow ui` (make ui) serves by default
+
+
+def ui_url(server: str, experiment_id: str) -> str:
+    """The MLflow UI page of an experiment's training runs. MLflow 3's UI opens experiments in its
+    GenAI view (traces, token usage) unless the page asks for the model-training one, whatever the
+    experiment's kind: ``workflowType=machine_learning`` does (checked in a real browser)."""
+    return f"{server.rstrip('/')}/#/experiments/{experiment_id}?workflowType=machine_learning"
+
+
 def next_steps(uri: str, experiment: str, sweep_id: str | None = None) -> str:
-    """The line a finished run or sweep ends with: the report command for its runs, and how to browse them."""
+    """The line a finished run or sweep ends with: the report command for its runs, and how to browse
+    them (the command that serves the UI, for a local store, and the page of the experiment's runs)."""
     report = f"dpsweep-report --experiment {experiment}" + (f" --sweep {sweep_id}" if sweep_id else "")
     if uri != DEFAULT_URI:
         report += f" --tracking-uri {uri}"
     local = urlparse(uri).scheme in ("sqlite", "file", "")
     browse = f"mlflow ui --backend-store-uri {uri}" + (" (make ui)" if uri == DEFAULT_URI else "") if local else uri
+    try:
+        found = MlflowClient(uri).get_experiment_by_name(experiment)
+    except Exception:  # the line is a hint: a store that cannot be read now just gets no page
+        found = None
+    if found is not None:
+        browse += f", then open {ui_url(UI_ADDRESS if local else uri, found.experiment_id)}"
     return f"dpsweep: next: {report}; browse the runs: {browse}"
 
 

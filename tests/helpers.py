@@ -124,3 +124,33 @@ def run_main(main: Callable[[Sequence[str]], int], *args: str) -> subprocess.Com
         except SystemExit as exit_:
             code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
     return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
+CHROMIUM_SCRIPT = Path(__file__).resolve().parents[1] / "launchers" / "scripts" / "chromium_path.sh"
+
+
+def chromium_path() -> str:
+    """Headless Chromium (Debian's package, installed by launchers/scripts/chromium_path.sh if missing)."""
+    done = subprocess.run(["bash", str(CHROMIUM_SCRIPT)], capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, f"no Chromium: {done.stderr[-3000:]}"
+    return done.stdout.strip().splitlines()[-1]
+
+
+def browser_dom(chromium: str, url: str, budget_ms: int = 20_000) -> str:
+    """The DOM of ``url`` after a real browser ran its scripts (``budget_ms`` of virtual time, which
+    waits for pending network requests too)."""
+    done = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+         f"--virtual-time-budget={budget_ms}", "--dump-dom", url],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip(), f"chromium on {url}: {done.stderr[-3000:]}"
+    return done.stdout
+
+
+def visible_text(dom: str) -> str:
+    """The text of a DOM, one line per element, without scripts and styles."""
+    import re
+
+    text = re.sub(r"<(script|style)\b.*?</\1>", " ", dom, flags=re.S)
+    return "\n".join(line.strip() for line in re.sub(r"<[^>]+>", "\n", text).splitlines() if line.strip())

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from helpers import run_dpsweep, run_script
+from mlflow.tracking import MlflowClient
 
 
 def run_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -42,9 +43,13 @@ def test_sweep_runs_each_job_and_prints_accuracy_and_epsilon(tmp_path: Path) -> 
     assert len(epochs) == 2 and "test_accuracy=" in epochs[1] and "ε=" in epochs[1], proc.stdout
     sweep_id = re.search(r"dpsweep: sweep (s[0-9a-f]{11}): 2 finished", proc.stdout)
     assert sweep_id is not None, proc.stdout
+    experiment = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_experiment_by_name("cli")
+    assert experiment is not None
+    experiment_id = experiment.experiment_id
     assert proc.stdout.rstrip().splitlines()[-1] == (
         f"dpsweep: next: dpsweep-report --experiment cli --sweep {sweep_id.group(1)}; "
-        "browse the runs: mlflow ui --backend-store-uri sqlite:///mlflow.db (make ui)"
+        "browse the runs: mlflow ui --backend-store-uri sqlite:///mlflow.db (make ui), "
+        f"then open http://127.0.0.1:5000/#/experiments/{experiment_id}?workflowType=machine_learning"
     )
     # dpsweep's own lines, not Hydra's ("Launching 1 jobs locally", "#0 : <internal overrides>")
     said = proc.stdout + proc.stderr

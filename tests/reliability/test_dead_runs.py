@@ -45,6 +45,13 @@ def jobs_running(cwd: Path, n: int) -> bool:
     return sum(s == "RUNNING" and t.get("sweep.role") != "parent" for s, t in runs) >= n
 
 
+def second_job_started(cwd: Path) -> bool:
+    """One job FINISHED and another RUNNING, in one read of the store (two reads could see the first
+    job RUNNING, then FINISHED, before the second has started)."""
+    jobs = [s for s, t in statuses(cwd).values() if t.get("sweep.role") != "parent"]
+    return "FINISHED" in jobs and "RUNNING" in jobs
+
+
 def run_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*args], cwd=cwd, capture_output=True, text=True, timeout=600, check=False)
 
@@ -70,8 +77,7 @@ def test_a_killed_inline_driver_leaves_nothing_running_after_reconcile_and_rerun
     log = (tmp_path / "driver.log").open("w")  # a file, not a pipe: the jobs inherit it and outlive the driver
     driver = subprocess.Popen([BIN / "dpsweep", *grid], cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: jobs_running(tmp_path, 1) and any(
-            s == "FINISHED" for s, _ in statuses(tmp_path).values()), 300, "the second job to start")  # fmt: skip
+        wait_for(lambda: second_job_started(tmp_path), 300, "the second job to start")
     finally:
         driver.kill()
         driver.wait(timeout=60)
