@@ -160,19 +160,25 @@ def system_metrics(run_id: str, uri: str, after_s: float | None, interval_s: flo
     if after_s is None:
         yield
         return
-    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+    started: list[Any] = []
 
-    quiet = logging.getLogger("mlflow.system_metrics")
-    quiet.setLevel(logging.WARNING)  # no "Started monitoring system metrics" lines in the terminal
-    monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s, samples_before_logging=1, tracking_uri=uri)
-    timer = threading.Timer(after_s, monitor.start)
+    def start() -> None:  # psutil and pynvml are imported only by runs that reach after_s
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no "Started monitoring" lines
+        monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s, samples_before_logging=1, tracking_uri=uri)
+        monitor.start()
+        started.append(monitor)
+
+    timer = threading.Timer(after_s, start)
     timer.daemon = True
     timer.start()
     try:
         yield
     finally:
         timer.cancel()
-        if getattr(monitor, "_process", None) is not None:  # started: stop its thread, flush its last sample
+        timer.join()  # a start already under way ends first
+        for monitor in started:  # stop its thread, flush its last sample
             monitor.finish()
 
 

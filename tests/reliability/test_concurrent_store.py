@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
+import multiprocessing
 from pathlib import Path
 
 import pytest
@@ -15,32 +13,48 @@ pytestmark = pytest.mark.slow
 
 RUNS = 16
 
-# One real run through dpsweep's tracking layer, as a job's process opens it (its own interpreter).
-JOB = textwrap.dedent(
-    """
-    import sys, time
-    from pathlib import Path
+
+def _job(uri: str, barrier: str, job: int, n: int, out_dir: str) -> None:
+    """One real run through dpsweep's tracking layer, as a job's process opens it: its own process
+    (forked from a server that imported dpsweep.tracking once), the store opened only after every
+    process is ready. A failure leaves its traceback in ``out_dir/<job>.err``."""
+    import time
+    import traceback
+
     from dpsweep.config import TrackingConfig
     from dpsweep.tracking import tracked_run
-    barrier, job, n = Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-    (barrier / job).touch()
-    while len(list(barrier.iterdir())) < n:  # every process opens the store at the same moment
-        time.sleep(0.001)
-    with tracked_run(TrackingConfig(uri=sys.argv[1], experiment_name="concurrent"), {"job": job}) as run:
-        run.log_metrics({"test_accuracy": 0.5}, step=1)
-    """
-)
+
+    try:
+        (Path(barrier) / str(job)).touch()
+        while len(list(Path(barrier).iterdir())) < n:  # every process opens the store at the same moment
+            time.sleep(0.001)
+        with tracked_run(TrackingConfig(uri=uri, experiment_name="concurrent"), {"job": str(job)}) as run:
+            run.log_metrics({"test_accuracy": 0.5}, step=1)
+    except BaseException:
+        Path(out_dir, f"{job}.err").write_text(traceback.format_exc())
+        raise
 
 
 def test_sixteen_first_runs_at_once_are_all_recorded(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     barrier = tmp_path / "barrier"
     barrier.mkdir()
-    command = [sys.executable, "-c", JOB, uri, str(barrier)]
-    procs = [subprocess.Popen([*command, str(i), str(RUNS)], stderr=subprocess.PIPE, text=True) for i in range(RUNS)]
-    errors = [p.communicate(timeout=300)[1] for p in procs]
-    failed = [(p.returncode, err) for p, err in zip(procs, errors, strict=True) if p.returncode != 0]
-    assert failed == [], "\n".join(err[-2000:] for _, err in failed)
+    # Processes forked from a forkserver that imported dpsweep's tracking layer once (each would
+    # otherwise spend seconds importing MLflow): still 16 processes, each opening the store itself.
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["dpsweep.tracking"])
+    procs = [ctx.Process(target=_job, args=(uri, str(barrier), i, RUNS, str(tmp_path))) for i in range(RUNS)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=300)
+    errors = {
+        f"job {i} (exit {p.exitcode})": (tmp_path / f"{i}.err").read_text() if (tmp_path / f"{i}.err").exists() else ""
+        for i, p in enumerate(procs)
+        if p.exitcode != 0
+    }
+    assert errors == {}, "\n".join(f"{name}: {err[-2000:]}" for name, err in errors.items())
+    assert len({p.pid for p in procs}) == RUNS  # one process each
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("concurrent")
     assert exp is not None
