@@ -5,8 +5,8 @@
 
 Each command runs as its own process, from a temporary directory, with its output discarded; the
 figure is the median wall time. Goals (issue 14), each measured against the bare interpreter in the
-same run: ``--help`` of ``dpsweep-epsilon`` and ``dpsweep-plan`` within 1.5 s of it, and a
-``dpsweep-plan`` of the demo sweep within 3 s. The other commands' figures are printed for the record.
+same run: ``--help`` of every command within 1.5 s of it, and a ``dpsweep-plan`` of the demo sweep
+within 3 s. The ε query's figure is printed for the record (its goal needs accounting without torch).
 It exits 1 if a goal is missed.
 """
 
@@ -28,10 +28,10 @@ COMMANDS: dict[str, tuple[list[str], float | None]] = {
     "dpsweep-plan experiment=demo": ([str(BIN / "dpsweep-plan"), "experiment=demo"], 3.0),
     "dpsweep-epsilon (a query)": ([str(BIN / "dpsweep-epsilon"), "-s", "60000", "-b", "256", "-n", "1.1", "-e", "10"],
                                   None),
-    "dpsweep-report --help": ([str(BIN / "dpsweep-report"), "--help"], None),
-    "dpsweep-memory --help": ([str(BIN / "dpsweep-memory"), "--help"], None),
-    "dpsweep-runs --help": ([str(BIN / "dpsweep-runs"), "--help"], None),
-    "dpsweep --help": ([str(BIN / "dpsweep"), "--help"], None),
+    "dpsweep-report --help": ([str(BIN / "dpsweep-report"), "--help"], 1.5),
+    "dpsweep-memory --help": ([str(BIN / "dpsweep-memory"), "--help"], 1.5),
+    "dpsweep-runs --help": ([str(BIN / "dpsweep-runs"), "--help"], 1.5),
+    "dpsweep --help": ([str(BIN / "dpsweep"), "--help"], 1.5),
 }  # fmt: skip
 
 

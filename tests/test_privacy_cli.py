@@ -123,15 +123,38 @@ def test_default_orders_are_opacus_own() -> None:
     assert list(privacy.DEFAULT_ALPHAS) == list(RDPAccountant.DEFAULT_ALPHAS)
 
 
-@pytest.mark.parametrize("module", ["dpsweep.cli.epsilon", "dpsweep.cli.plan"])
-def test_commands_that_must_start_fast_import_neither_torch_nor_hydra_before_work(module: str) -> None:
+LIBRARIES = ("torch", "opacus", "mlflow", "pandas")  # seconds each to import
+HEAVY = (*LIBRARIES, "hydra")
+
+
+@pytest.mark.parametrize(
+    ("module", "heavy"),
+    [
+        ("dpsweep.cli.epsilon", HEAVY),
+        ("dpsweep.cli.plan", HEAVY),
+        # these read dpsweep.config's defaults, which registers its schemas with Hydra (0.1 s)
+        ("dpsweep.cli.report", LIBRARIES),
+        ("dpsweep.cli.runs", LIBRARIES),
+        ("dpsweep.cli.memory", LIBRARIES),
+        ("dpsweep.cli.train", LIBRARIES),  # a Hydra app: Hydra is its --help
+    ],
+)
+def test_commands_import_nothing_heavy_before_work(module: str, heavy: tuple[str, ...]) -> None:
     """Their --help and argument errors come before any heavy import (benchmarks/startup.py times them)."""
     import subprocess
     import sys
 
-    probe = (
-        f"import sys, {module}; print(sorted(m for m in ('torch', 'opacus', 'hydra', 'mlflow') if m in sys.modules))"
-    )
+    probe = f"import sys, {module}; print(sorted(m for m in {heavy!r} if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_report_help_names_the_formats_and_sort_keys_it_accepts() -> None:
+    """dpsweep-report --help lists them without importing the report module: the same names."""
+    from dpsweep.analysis import report as rep
+    from dpsweep.cli import report as cli
+
+    assert sorted(cli.FORMAT_NAMES) == sorted(rep.FORMATS.names())
+    assert sorted(cli.SORT_NAMES) == sorted(rep.SORT_KEYS.names())
+    assert cli.FIGURE_FORMAT_NAMES == rep.FIGURE_FORMATS

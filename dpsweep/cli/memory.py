@@ -36,22 +36,20 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
-import torch
-from hydra import initialize_config_module
-from mlflow.tracking import MlflowClient
+from typing import TYPE_CHECKING, Any
 
 from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.cli.overrides import override_value
 from dpsweep.cli.plan import CONFIG_MODULE, MemoryCheck, job_plans
-from dpsweep.config import Config
+from dpsweep.config import Config, TrackingConfig
 from dpsweep.errors import InputError
 from dpsweep.memory_model import PEAK_TARGET, STAGE_PEAK_TARGETS
-from dpsweep.memory_predict import MAX_HIDDEN_UNITS
-from dpsweep.tracking import DEFAULT_URI
 from dpsweep.units import format_bytes
+
+if TYPE_CHECKING:  # pandas, torch, Hydra and MLflow are imported where used: --help stays fast
+    import pandas as pd
+
+DEFAULT_URI = TrackingConfig.uri  # as dpsweep.tracking.DEFAULT_URI
 
 PROBE_LAUNCHERS = ("local", "slurm", "sge")  # a fresh process per config
 # What every probe sweep sets: probe mode; a fresh measurement even of a config probed before (maybe
@@ -83,6 +81,8 @@ def probe_overrides(overrides: Sequence[str]) -> list[str]:
         if value is not None:
             raise InputError(key, value, f"leave it out: dpsweep-memory probe sets {', '.join(FORCED_VALUES)}")
     extra = [f"launcher={launcher}"]
+    import torch
+
     gpus = torch.cuda.device_count()
     if launcher == "local" and override_value(overrides, "launcher.max_parallel") is None:
         extra.append(f"launcher.max_parallel={gpus or os.cpu_count() or 1}")  # one per GPU, or per core
@@ -104,6 +104,9 @@ def probe_table(
     """The FINISHED probes of an experiment (only those of ``hashes``, and started at or after
     ``since_ms``, when given), one row each, newest per config and device: the config columns and
     the measurements in bytes. Runs that lack a probe's tags or metrics are left out with a note."""
+    import pandas as pd
+    from mlflow.tracking import MlflowClient
+
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
@@ -163,6 +166,8 @@ def _probe_row(run: Any, tags: dict[str, str], params: dict[str, str], metrics: 
 def run_probes(overrides: Sequence[str], csv: Path) -> pd.DataFrame:
     """Probe every config of ``overrides`` (a ``dpsweep -m`` sweep) and write the table to ``csv``."""
     args = probe_overrides(overrides)
+    from hydra import initialize_config_module
+
     with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
         configs, hashes = plan_probes(args)
     first = configs[0]
@@ -245,6 +250,8 @@ def run_fit(args: argparse.Namespace) -> dict[str, Any]:
     if args.targets:  # the iteration peak is what plans use: always fitted
         targets = list(dict.fromkeys([*(t.strip() for t in args.targets.split(",") if t.strip()), PEAK_TARGET]))
     models = mm.fit_all(probes, args.model, features, targets=targets, folds=args.folds)
+    import pandas as pd
+
     meta = {"source": source, "created": pd.Timestamp.now(tz="UTC").isoformat(timespec="seconds")}
     out = mm.save_models(args.out, models, meta)
     plot = args.plot or out.with_name(out.stem + "_residuals.png")
@@ -272,6 +279,8 @@ def run_fit(args: argparse.Namespace) -> dict[str, Any]:
 # predict
 # ---------------------------------------------------------------------------------------------
 def run_predict(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from hydra import initialize_config_module
+
     memory = MemoryCheck(str(args.memory_model), args.gpu_memory, args.backend)
     with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
         plans = job_plans(args.overrides, memory)
@@ -310,6 +319,8 @@ def _print_prediction(overrides: str, p: Any, budget: str, n_train: int) -> None
         )
     if p.largest_hidden_units is not None:
         h = p.largest_hidden_units
+        from dpsweep.memory_predict import MAX_HIDDEN_UNITS
+
         shown = f"≥ {MAX_HIDDEN_UNITS} (the end of the range searched)" if h >= MAX_HIDDEN_UNITS else str(h)
         print(f"  largest model.hidden_units that fits at B={p.batch_size}: {shown}")
     for note in p.notes:

@@ -27,15 +27,22 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
-
-from dpsweep.analysis import report as rep
 from dpsweep.cli.errors import exits_on_bad_input
+from dpsweep.config import TrackingConfig
 from dpsweep.errors import InputError
-from dpsweep.reconcile import reconcile
-from dpsweep.tracking import DEFAULT_URI
+
+if TYPE_CHECKING:  # pandas and MLflow are imported once the arguments parse: --help stays fast
+    from dpsweep.analysis import report as rep
+
+DEFAULT_URI = TrackingConfig.uri  # as dpsweep.tracking.DEFAULT_URI
+# The names of analysis.report's FORMATS, SORT_KEYS and FIGURE_FORMATS, for --help (a test keeps them equal)
+FORMAT_NAMES, SORT_NAMES, FIGURE_FORMAT_NAMES = (
+    ("csv", "html", "md", "tex"),
+    ("accuracy", "epsilon"),
+    ("png", "pdf", "svg"),
+)
 
 ARTIFACT_DIR = "report"  # where the files go on the sweep's parent run
 DEFAULT_CURVES = 3  # runs on curves.png unless --runs names them
@@ -48,10 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--experiment", required=True, metavar="NAME", help="MLflow experiment (tracking.experiment_name)")
     p.add_argument("--sweep", metavar="ID", help="only the runs of this sweep (tag sweep.id)")
-    p.add_argument("--format", default="md", metavar="|".join(rep.FORMATS.names()),
+    p.add_argument("--format", default="md", metavar="|".join(FORMAT_NAMES),
                    help="table format (default md)")  # fmt: skip
     p.add_argument("--out", type=Path, metavar="DIR", help="write report.<format> and the plots here")
-    p.add_argument("--sort", default="accuracy", metavar="|".join(rep.SORT_KEYS.names()),
+    p.add_argument("--sort", default="accuracy", metavar="|".join(SORT_NAMES),
                    help="row order per dataset and model: accuracy (best first) or epsilon (least first)")  # fmt: skip
     p.add_argument("--runs", nargs="+", metavar="ID",
                    help=f"runs (ids or unique prefixes) for curves.png; default: the {DEFAULT_CURVES} most "
@@ -59,7 +66,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI),
                    help=f"MLflow tracking URI (default $MLFLOW_TRACKING_URI or {DEFAULT_URI})")  # fmt: skip
     p.add_argument("--no-log", action="store_true", help="do not log the files on the sweep's parent run")
-    p.add_argument("--figure-format", default="png", metavar="png|pdf|svg", help="plot file format (default png)")
+    p.add_argument("--figure-format", default="png", metavar="|".join(FIGURE_FORMAT_NAMES),
+                   help="plot file format (default png)")  # fmt: skip
     p.add_argument("--dpi", type=int, default=150, metavar="N", help="plot resolution (default 150)")
     return p
 
@@ -93,6 +101,8 @@ def _check_uri(uri: str) -> None:
 
 
 def _chosen_runs(report: rep.Report, wanted: Sequence[str] | None) -> list[str]:
+    from dpsweep.analysis import report as rep
+
     if not wanted:
         return rep.best_runs(report.runs, DEFAULT_CURVES) or rep.best_runs(report.runs, DEFAULT_CURVES, private=None)
     known = list(report.table_runs["run_id"])
@@ -107,6 +117,9 @@ def _chosen_runs(report: rep.Report, wanted: Sequence[str] | None) -> list[str]:
 
 
 def _log_on_parent(report: rep.Report, paths: Sequence[Path]) -> None:
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
     if report.sweep_id is None:
         return
     if report.parent_run_id is None:
@@ -126,6 +139,11 @@ def _log_on_parent(report: rep.Report, paths: Sequence[Path]) -> None:
 def run(argv: Sequence[str] | None = None) -> rep.Report:
     """Parse, check, report; returns the report (the table is also printed)."""
     a = _parser().parse_args(argv)
+    from mlflow.exceptions import MlflowException
+
+    from dpsweep.analysis import report as rep
+    from dpsweep.reconcile import reconcile
+
     rep.lookup(rep.FORMATS, a.format, "format")
     rep.lookup(rep.SORT_KEYS, a.sort, "sort")
     if a.figure_format not in rep.FIGURE_FORMATS:

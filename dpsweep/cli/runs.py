@@ -18,8 +18,9 @@ import sys
 from collections.abc import Sequence
 
 from dpsweep.cli.errors import exits_on_bad_input
-from dpsweep.reconcile import reconcile
-from dpsweep.tracking import DEFAULT_URI
+from dpsweep.config import TrackingConfig
+
+DEFAULT_URI = TrackingConfig.uri  # as dpsweep.tracking.DEFAULT_URI, without importing MLflow for --help
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
 @exits_on_bad_input("dpsweep-runs")
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from dpsweep.reconcile import reconcile  # MLflow: after the arguments parse
+
     dead = reconcile(args.tracking_uri, args.experiment, dry_run=args.dry_run)
     verb = "would end" if args.dry_run else "ended"
     for run in dead:

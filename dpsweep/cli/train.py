@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -25,14 +26,15 @@ from hydra.core.plugins import Plugins
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from dpsweep import memory, units
+from dpsweep import units
 from dpsweep.cli.errors import bad_input_types, report_bad_input
 from dpsweep.cli.overrides import override_value
 from dpsweep.config import Config, to_config
 from dpsweep.errors import InputError
 from dpsweep.liveness import die_with_driver
-from dpsweep.runner import OverBudget, TrainResult, train
-from dpsweep.tracking import Claimed, next_steps
+
+if TYPE_CHECKING:  # torch and MLflow are imported where a run needs them: --help stays fast
+    from dpsweep.runner import TrainResult
 
 
 def register_hydra_plugins() -> None:
@@ -50,6 +52,8 @@ def register_hydra_plugins() -> None:
 def summary_line(cfg: Config, r: TrainResult) -> str:
     """``dpsweep: run 1a2b3c4d digits/cnn B=64 epochs=8  test_accuracy=0.8778  ε=7.417 (rdp, δ=1e-05; …)``"""
     if cfg.train.probe:
+        from dpsweep import memory
+
         m = r.epochs[-1]
         stages = "  ".join(f"{s}={units.format_bytes(m[f'memory.{s}_bytes'])}" for s in memory.STAGES)
         peak = units.format_bytes(m["memory.iteration_peak_bytes"])
@@ -155,6 +159,9 @@ class JobSummary:
 @hydra.main(version_base="1.3", config_path="pkg://dpsweep.conf", config_name="config")
 def app(cfg: DictConfig) -> JobSummary | None:
     """The Hydra task: train one config; returns its summary (None: skipped)."""
+    from dpsweep.runner import OverBudget, train
+    from dpsweep.tracking import Claimed, next_steps
+
     hydra_cfg = HydraConfig.get()
     die_with_driver()  # a launcher=local job: ends (run KILLED) when the sweep's driver is gone
     if cfg.train.checkpoint_dir is None:  # the job's own directory: stable when a cluster requeues it
