@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -486,6 +487,20 @@ def identity(flat: dict[str, Any]) -> dict[str, Any]:
         for k, v in flat.items()
         if not k.startswith(NON_IDENTITY_PREFIXES) and not (dp_off and k.startswith("dp.") and k != "dp.enabled")
     }
+
+
+SWEEPER_KEYS = ("sweep.id", "sweep.parent_run_id")  # what dpsweep's grid sweeper adds to every job
+
+
+def given_overrides(overrides: Sequence[str]) -> list[str]:
+    """A job's overrides as the user gave them, without those the sweeper added (SWEEPER_KEYS)."""
+    return [o for o in overrides if o.partition("=")[0] not in SWEEPER_KEYS]
+
+
+def settings(flat: dict[str, Any]) -> dict[str, Any]:
+    """The rest of a flattened config: where a run is tracked, launched or checkpointed
+    (NON_IDENTITY_PREFIXES), which does not change what it computes; unset ones left out."""
+    return {k: v for k, v in flat.items() if k.startswith(NON_IDENTITY_PREFIXES) and v is not None}
 
 
 def validate_for_dataset(cfg: Config, n_train: int) -> None:

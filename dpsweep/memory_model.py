@@ -56,10 +56,9 @@ TARGETS: dict[str, str] = {
     "backward_peak_bytes": "backward_peak",
     "optimizer_step_peak_bytes": "optimizer_step_peak",
 }
-STAGE_PEAK_TARGETS = tuple(t for t in TARGETS if t.endswith("_peak_bytes") and t[: -len("_peak_bytes")] in (
-    "model_load", "batch_load", "forward", "backward", "optimizer_step"))  # fmt: skip
 PEAK_TARGET = "iteration_peak_bytes"  # the iteration's allocated peak: the largest of STAGE_PEAK_TARGETS
 RESERVED_TARGET = "reserved_peak_bytes"  # the CUDA allocator's reserved peak (on the CPU twin: the same)
+STAGE_PEAK_TARGETS = tuple(t for t in TARGETS if t.endswith("_peak_bytes") and t not in (PEAK_TARGET, RESERVED_TARGET))
 PLAN_FIT = "envelope"  # the fit plans use: the upper envelope, which under-predicts no fitted probe
 
 # Equal-length columns by name: a dict of numpy arrays, or a pandas DataFrame (read only through

@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 
 from dpsweep import checkpoint, memory, privacy, tasks, units
 from dpsweep import data as datasets
-from dpsweep.config import Config, ConfigError, Device, flatten, identity, to_config, validate
+from dpsweep.config import Config, ConfigError, Device, flatten, identity, settings, to_config, validate
 from dpsweep.plan import MemoryFiles, RunPlan, prepare
 from dpsweep.tracking import (
     Claim,
@@ -359,12 +359,10 @@ def run_params(plan: RunPlan) -> dict[str, Any]:
 
 
 def setting_tags(plan: RunPlan) -> dict[str, Any]:
-    """The config's settings that do not change the result, as tags (same dotted keys): so that the
-    MLflow UI's params are the hyperparameters alone. ``config.yaml`` holds both."""
-    flat = flatten(plan.config)
-    kept = identity(flat)
-    dp_off = plan.privacy is None
-    return {k: v for k, v in flat.items() if k not in kept and v is not None and not (dp_off and k.startswith("dp."))}
+    """The config's settings that do not change the result (:func:`dpsweep.config.settings`), as tags
+    (same dotted keys): so that the MLflow UI's params are the hyperparameters alone. ``config.yaml``
+    holds both."""
+    return settings(flatten(plan.config))
 
 
 def resolved_yaml(plan: RunPlan) -> str:

@@ -349,13 +349,11 @@ def experiment_id(client: MlflowClient, name: str) -> str:
     found = client.get_experiment_by_name(name)
     if found is None:
         try:
-            found_id = str(client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}))
-        except MlflowException:  # another job created it first
-            again = client.get_experiment_by_name(name)
-            if again is None:
+            return str(client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}))
+        except MlflowException:  # another job created it first (with the tag)
+            found = client.get_experiment_by_name(name)
+            if found is None:
                 raise
-            found_id = str(again.experiment_id)
-        return found_id
     if EXPERIMENT_KIND_TAG not in found.tags:  # made by an older dpsweep, or by hand
         retry_busy(lambda: client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND))
     return str(found.experiment_id)
@@ -474,14 +472,18 @@ def ensure_experiments(pairs: set[tuple[str, str]]) -> None:
         experiment_id(open_client(uri), name)
 
 
-def runs_of_sweep(uri: str, experiment: str, sweep_id: str) -> dict[str, str]:
-    """{run id: status} of the runs tagged with ``sweep.id``."""
-    client = MlflowClient(uri)
+def sweep_jobs(client: MlflowClient, experiment: str, sweep_id: str) -> list[Any]:
+    """The runs of a sweep's jobs (tagged with ``sweep.id``; not its parent run)."""
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
-        return {}
+        return []
     runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`sweep.id` = '{sweep_id}'", max_results=50000)
-    return {r.info.run_id: r.info.status for r in runs if r.data.tags.get("sweep.role") != "parent"}
+    return [r for r in runs if r.data.tags.get("sweep.role") != "parent"]
+
+
+def runs_of_sweep(uri: str, experiment: str, sweep_id: str) -> dict[str, str]:
+    """{run id: status} of the runs of a sweep's jobs."""
+    return {r.info.run_id: r.info.status for r in sweep_jobs(MlflowClient(uri), experiment, sweep_id)}
 
 
 RESULTS_TABLE = "results.json"  # the sweep parent run's table of its jobs (MLflow's log_table)
@@ -492,11 +494,7 @@ def log_results_table(uri: str, experiment: str, sweep_id: str, parent_run_id: s
     shown in the run's artifacts): the run name, ``test_accuracy`` and ``epsilon`` first, the
     status, then the params that differ between the jobs. Returns the number of rows."""
     client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        return 0
-    found = client.search_runs([exp.experiment_id], filter_string=f"tags.`sweep.id` = '{sweep_id}'", max_results=50000)
-    runs = [r for r in found if r.data.tags.get("sweep.role") != "parent"]
+    runs = sweep_jobs(client, experiment, sweep_id)
     keys = sorted({k for r in runs for k in r.data.params})
     differing = [k for k in keys if len({r.data.params.get(k) for r in runs}) > 1]
     table: dict[str, list[Any]] = {"run": [r.info.run_name for r in runs]}

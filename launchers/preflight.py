@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from omegaconf import DictConfig
 
+from dpsweep.config import given_overrides
 from dpsweep.errors import EXIT_BAD_INPUT, InputError
 
 SUBMIT_COMMANDS = {"slurm": "sbatch", "sge": "qsub"}  # launchers that need a scheduler's client tools
@@ -36,7 +37,7 @@ def preflight(configs: Sequence[DictConfig], jobs: Sequence[Sequence[str]]) -> N
         try:
             prepare(cfg, facts(cfg), memory_files.budget(cfg, job_backend(cfg)))
         except InputError as err:
-            refuse(f"job {' '.join(job[:-1])}: {err}")
+            refuse(f"job {' '.join(given_overrides(job))}: {err}")
     launcher = typed[0].launcher
     try:
         validate_launcher(launcher)

@@ -30,6 +30,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from dpsweep.config import given_overrides
 from dpsweep.launchers.nodes import OptunaSearchConf
 from dpsweep.launchers.overrides import new_sweep_id, string_override
 from dpsweep.launchers.preflight import preflight, refuse
@@ -82,8 +83,7 @@ class Progress:
         elapsed = time.monotonic() - self.started_s
         left = self.total - self.ended
         eta = f", ETA {_duration(elapsed / self.ended * left)}" if left else ""
-        internal = ("sweep.id=", "sweep.parent_run_id=")  # what the sweeper adds to every job
-        shown = " ".join(o for o in (ret.overrides or []) if not o.startswith(internal))
+        shown = " ".join(given_overrides(ret.overrides or []))
         if ret.status != JobStatus.COMPLETED:
             what = f"{shown}: failed"
         elif ret.return_value is None:
@@ -255,7 +255,7 @@ def select_jobs(jobs: Sequence[list[str]], configs: Sequence[DictConfig]) -> tup
         if why is None:
             todo.append(job)
         else:
-            skipped.append(f"{' '.join(job[:-1])}: {why}")  # the job without its sweep.id
+            skipped.append(f"{' '.join(given_overrides(job))}: {why}")
     return todo, skipped
 
 

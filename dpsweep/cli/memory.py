@@ -39,9 +39,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpsweep.cli.errors import exits_on_bad_input
+from dpsweep.cli.options import add_tracking_uri
 from dpsweep.cli.overrides import override_value
 from dpsweep.cli.plan import CONFIG_MODULE, MemoryCheck, job_plans
-from dpsweep.config import Config, TrackingConfig
+from dpsweep.config import Config
 from dpsweep.errors import InputError
 from dpsweep.memory_model import PEAK_TARGET, STAGE_PEAK_TARGETS
 from dpsweep.units import format_bytes
@@ -49,7 +50,6 @@ from dpsweep.units import format_bytes
 if TYPE_CHECKING:  # pandas, torch, Hydra and MLflow are imported where used: --help stays fast
     import pandas as pd
 
-DEFAULT_URI = TrackingConfig.uri  # as dpsweep.tracking.DEFAULT_URI
 
 PROBE_LAUNCHERS = ("local", "slurm", "sge")  # a fresh process per config
 # What every probe sweep sets: probe mode; a fresh measurement even of a config probed before (maybe
@@ -63,8 +63,6 @@ MEASURED = (
     "model_load_delta_bytes", "batch_load_delta_bytes", "backward_delta_bytes", "optimizer_step_delta_bytes",
     "iteration_peak_bytes", "reserved_peak_bytes",
 )  # fmt: skip
-# In-stage peaks, logged since dpsweep 0.2: an older probe's row has them empty (its fit leaves them out).
-MEASURED_PEAKS = STAGE_PEAK_TARGETS
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,7 +157,8 @@ def _probe_row(run: Any, tags: dict[str, str], params: dict[str, str], metrics: 
         "torch_version": tags.get("torch.version", ""),
     }
     row |= {name: int(metrics[f"memory.{name}"]) for name in MEASURED}
-    row |= {name: metrics.get(f"memory.{name}", float("nan")) for name in MEASURED_PEAKS}
+    # the in-stage peaks, logged since dpsweep 0.2: an older probe's row has them empty (its fit leaves them out)
+    row |= {name: metrics.get(f"memory.{name}", float("nan")) for name in STAGE_PEAK_TARGETS}
     return row
 
 
@@ -363,8 +362,7 @@ def _parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=Path("memory_model.json"), help="model file (default memory_model.json)"
     )
     fi.add_argument("--plot", type=Path, help="residual plot PNG (default <out>_residuals.png)")
-    fi.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI),
-                    help=f"MLflow tracking URI (default $MLFLOW_TRACKING_URI or {DEFAULT_URI})")  # fmt: skip
+    add_tracking_uri(fi)
 
     pe = sub.add_parser("predict", help="predicted memory, OOM verdict and the largest batch that fits")
     pe.add_argument(

@@ -22,7 +22,6 @@ The same tables are importable as DataFrames: see ``dpsweep.analysis.report``.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -30,13 +29,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dpsweep.cli.errors import exits_on_bad_input
-from dpsweep.config import TrackingConfig
+from dpsweep.cli.options import add_tracking_uri
 from dpsweep.errors import InputError
 
 if TYPE_CHECKING:  # pandas and MLflow are imported once the arguments parse: --help stays fast
     from dpsweep.analysis import report as rep
 
-DEFAULT_URI = TrackingConfig.uri  # as dpsweep.tracking.DEFAULT_URI
 # The names of analysis.report's FORMATS, SORT_KEYS and FIGURE_FORMATS, for --help (a test keeps them equal)
 FORMAT_NAMES, SORT_NAMES, FIGURE_FORMAT_NAMES = (
     ("csv", "html", "md", "tex"),
@@ -63,8 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", nargs="+", metavar="ID",
                    help=f"runs (ids or unique prefixes) for curves.png; default: the {DEFAULT_CURVES} most "
                    "accurate private runs")  # fmt: skip
-    p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI),
-                   help=f"MLflow tracking URI (default $MLFLOW_TRACKING_URI or {DEFAULT_URI})")  # fmt: skip
+    add_tracking_uri(p)
     p.add_argument("--no-log", action="store_true", help="do not log the files on the sweep's parent run")
     p.add_argument("--figure-format", default="png", metavar="|".join(FIGURE_FORMAT_NAMES),
                    help="plot file format (default png)")  # fmt: skip

@@ -13,14 +13,11 @@ their experiment before they start.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 
 from dpsweep.cli.errors import exits_on_bad_input
-from dpsweep.config import TrackingConfig
-
-DEFAULT_URI = TrackingConfig.uri  # as dpsweep.tracking.DEFAULT_URI, without importing MLflow for --help
+from dpsweep.cli.options import add_tracking_uri
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,8 +25,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("reconcile", help="end KILLED the RUNNING runs whose process is gone")
     rec.add_argument("--experiment", metavar="NAME", help="only this experiment (default: every experiment)")
-    rec.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI),
-                     help=f"MLflow tracking URI (default $MLFLOW_TRACKING_URI or {DEFAULT_URI})")  # fmt: skip
+    add_tracking_uri(rec)
     rec.add_argument("--dry-run", action="store_true", help="list the dead runs without closing them")
     return p
 

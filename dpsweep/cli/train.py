@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 from dpsweep import units
 from dpsweep.cli.errors import bad_input_types, report_bad_input
 from dpsweep.cli.overrides import override_value
-from dpsweep.config import Config, to_config
+from dpsweep.config import Config, given_overrides, to_config
 from dpsweep.errors import InputError
 from dpsweep.liveness import die_with_driver
 
@@ -75,13 +75,9 @@ def summary_line(cfg: Config, r: TrainResult) -> str:
     )
 
 
-INTERNAL_OVERRIDES = ("sweep.id=", "sweep.parent_run_id=")  # set by dpsweep's sweepers on every job
-
-
 def _job_overrides() -> str:
     """The job's overrides as the user gave them (without the ones dpsweep's sweepers add)."""
-    given = [o for o in HydraConfig.get().overrides.task if not o.startswith(INTERNAL_OVERRIDES)]
-    return " ".join(given) or "(defaults)"
+    return " ".join(given_overrides(HydraConfig.get().overrides.task)) or "(defaults)"
 
 
 register_hydra_plugins()
