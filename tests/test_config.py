@@ -142,6 +142,9 @@ BAD_STATIC = [
     ("dataset.test_fraction=1.5", "dataset.test_fraction", "1.5"),
     ("sweep.min_jobs_for_failure_rate=0", "sweep.min_jobs_for_failure_rate", "0"),
     ("sweep.max_failure_rate=0", "sweep.max_failure_rate", "0.0"),
+    ("tracking.log_model_max_mib=0", "tracking.log_model_max_mib", "0.0"),
+    ("tracking.system_metrics_after_s=-1", "tracking.system_metrics_after_s", "-1.0"),
+    ("tracking.system_metrics_interval_s=0", "tracking.system_metrics_interval_s", "0.0"),
 ]
 
 
