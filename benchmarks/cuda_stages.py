@@ -97,7 +97,7 @@ def independent_levels(overrides: list[str], device_type: str) -> dict[str, int]
     if cfg.dp.enabled:
         assert cfg.dp.noise_multiplier is not None, "give the cases an explicit dp.noise_multiplier"
         _, model, optimizer, criterion, _ = dpsgd.make_private(
-            cfg.dp, cfg.dp.noise_multiplier, model, optimizer, loader, criterion
+            cfg.dp, cfg.dp.noise_multiplier, cfg.dp.max_grad_norm, model, optimizer, loader, criterion
         )
     levels = {"model_load": read()}
     pick = torch.randperm(len(data.train), generator=torch.Generator().manual_seed(0))[: cfg.train.batch_size]  # type: ignore[arg-type]

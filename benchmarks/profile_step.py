@@ -117,7 +117,9 @@ def build(setting: Setting, factory: Callable[[], nn.Module], dataset: TensorDat
     if setting.dp != "off":
         dp = DPConfig(noise_multiplier=ts.SIGMA, max_grad_norm=ts.MAX_GRAD_NORM,
                       grad_sample_mode=GradSampleMode(setting.dp))  # fmt: skip
-        _, model, optimizer, criterion, loader = make_private(dp, ts.SIGMA, model, optimizer, loader, criterion)
+        _, model, optimizer, criterion, loader = make_private(
+            dp, ts.SIGMA, dp.max_grad_norm, model, optimizer, loader, criterion
+        )
     model.train()
     if setting.data == "fixed":
         x, y = dataset.tensors[0].to(device), dataset.tensors[1].to(device)

@@ -237,7 +237,9 @@ def measure(
     criterion: nn.Module = nn.CrossEntropyLoss()
     if dp != "off":
         dp_cfg = DPConfig(noise_multiplier=SIGMA, max_grad_norm=MAX_GRAD_NORM, grad_sample_mode=GradSampleMode(dp))
-        _, model, optimizer, criterion, loader = make_private(dp_cfg, SIGMA, model, optimizer, loader, criterion)
+        _, model, optimizer, criterion, loader = make_private(
+            dp_cfg, SIGMA, dp_cfg.max_grad_norm, model, optimizer, loader, criterion
+        )
     batches: Iterable[Batch]
     if fixed_xy is not None:
         batches = FixedBatches(*fixed_xy, batch_size, device)

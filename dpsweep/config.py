@@ -33,10 +33,32 @@ ConfigError = InputError
 
 
 class Accountant(StrEnum):
-    """Privacy accountants (Opacus names)."""
+    """Privacy accountants of the run's ledger (dpsweep.ledger)."""
 
     rdp = "rdp"  # Rényi DP, Mironov 2017; ε via the improved conversion of Balle et al. 2020
-    prv = "prv"  # privacy random variables, Gopi et al. 2021
+    prv = "prv"  # privacy random variables, Gopi et al. 2021 (Opacus's PRVAccountant)
+    pld = "pld"  # privacy loss distributions (dp-accounting), Doroshenko et al. 2022
+
+
+class RdpOrders(StrEnum):
+    """The RDP orders ε is minimised over (dpsweep.rdp.ORDER_GRIDS)."""
+
+    default = "default"  # Opacus's grid plus a dense fractional grid and orders up to 1024
+    opacus = "opacus"  # Opacus's and TF Privacy's grid (to 63): reproduces their published ε
+
+
+class Clipping(StrEnum):
+    """How the clipping norm C is chosen."""
+
+    fixed = "fixed"  # C = dp.max_grad_norm
+    quantile = "quantile"  # C = a private quantile of per-example gradient norms at initialisation
+
+
+class QuantileMethod(StrEnum):
+    """The ε-DP quantile mechanism of dp.clipping=quantile (dpsweep.mechanisms)."""
+
+    histogram = "histogram"  # AboveThreshold over dp.clip_steps bins of [clip_low, clip_high]
+    exponential = "exponential"  # the exponential mechanism (Smith 2011)
 
 
 class GradSampleMode(StrEnum):
@@ -148,7 +170,8 @@ class DPConfig:
     noise_multiplier: float = 1.0  # σ: noise std relative to max_grad_norm; calibrated when target_epsilon is set
     max_grad_norm: float = 1.0  # C: per-sample gradient clipping norm (L2)
     delta: float = 1e-5  # δ of the (ε, δ) guarantee; must be < 1/N unless allow_large_delta
-    accountant: Accountant = Accountant.rdp  # rdp | prv: the accountant of the ε logged per epoch
+    accountant: Accountant = Accountant.rdp  # rdp | prv | pld: the accountant of the ε logged as `epsilon`
+    rdp_orders: RdpOrders = RdpOrders.default  # default (to 1024) | opacus (Opacus's grid, to 63)
     target_epsilon: float | None = None  # when set, σ is calibrated so that ε <= target_epsilon
     allow_large_delta: bool = False  # permit δ >= 1/N, which makes the guarantee void
     grad_sample_mode: GradSampleMode = GradSampleMode.hooks  # how Opacus computes per-sample gradients
@@ -156,6 +179,17 @@ class DPConfig:
     # instead of torch's generator, which train.seed (logged) regenerates. Off: runs are tagged
     # dp.release=not-for-release.
     secure_mode: bool = False
+    # The clipping norm: fixed (dp.max_grad_norm), or quantile: before training, the dp.clip_quantile of
+    # the per-example gradient norms at initialisation on one Poisson sample, released with
+    # dp.clip_epsilon-DP by dp.clip_quantile_method over the public range [clip_low, clip_high], and
+    # charged in the run's privacy ledger (dp.max_grad_norm is then unused).
+    clipping: Clipping = Clipping.fixed
+    clip_quantile: float = 0.5  # the target quantile γ of per-example gradient norms, in (0, 1)
+    clip_quantile_method: QuantileMethod = QuantileMethod.histogram
+    clip_epsilon: float = 0.1  # ε of the quantile release (pure DP; amplified by the Poisson sample)
+    clip_low: float = 0.0  # the public range the quantile is searched in
+    clip_high: float = 10.0
+    clip_steps: int = 100  # bins of [clip_low, clip_high] for the histogram method
 
 
 @dataclass
@@ -431,6 +465,12 @@ def validate(cfg: Config) -> None:
         return
     ranges.check("delta", "dp.delta", dp.delta)
     ranges.check("max_grad_norm", "dp.max_grad_norm", dp.max_grad_norm)
+    if dp.clipping == Clipping.quantile:
+        _require(0 < dp.clip_quantile < 1, "dp.clip_quantile", dp.clip_quantile, "a quantile in (0, 1)")
+        _require(dp.clip_epsilon > 0, "dp.clip_epsilon", dp.clip_epsilon, "a positive ε for the quantile release")
+        _require(dp.clip_low >= 0, "dp.clip_low", dp.clip_low, "a gradient norm >= 0")
+        _require(dp.clip_low < dp.clip_high, "dp.clip_high", dp.clip_high, f"a norm above dp.clip_low={dp.clip_low:g}")
+        _require(dp.clip_steps >= 2, "dp.clip_steps", dp.clip_steps, "2 or more histogram bins")
     if dp.target_epsilon is None:
         ranges.check("noise_multiplier", "dp.noise_multiplier", dp.noise_multiplier)
     else:

@@ -13,9 +13,10 @@ all call :func:`prepare`; none of them repeats its sequence:
 
 1. the ranges that need no data (:func:`dpsweep.config.validate`) and those that need N
    (:func:`dpsweep.config.validate_for_dataset`: B <= N, δ < 1/N);
-2. σ: ``dp.noise_multiplier``, or calibrated so that ε <= ``dp.target_epsilon``;
+2. σ: ``dp.noise_multiplier``, or calibrated so that ε <= ``dp.target_epsilon``, which the whole
+   ledger spends: the clipping release of ``dp.clipping=quantile`` (``dpsweep.clipping``) included;
 3. the sampling schedule and steps (Opacus's Poisson-loader convention, ``dpsweep.privacy``) and the
-   planned ε over all of them, which is exactly the ε the run logs at its end;
+   planned ε of the ledger (releases and steps), which is exactly the ε the run logs at its end;
 4. the budget verdict against ``sweep.max_epsilon`` (a probe takes one step: no budget applies);
 5. the physical batch: ``train.physical_batch_size``, or the largest pass a memory model predicts
    to fit the GPU memory, and the memory prediction itself when asked;
@@ -34,9 +35,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from dpsweep import checkpoint, privacy
+from dpsweep import checkpoint, clipping, ledger, privacy, rdp
 from dpsweep import data as datasets
-from dpsweep.config import Config, ConfigError, flatten, identity, validate, validate_for_dataset
+from dpsweep.config import Config, ConfigError, DPConfig, flatten, identity, validate, validate_for_dataset
+from dpsweep.ledger import Accounting
 from dpsweep.memory import model_key
 from dpsweep.memory_model import MemoryModel, load_models
 from dpsweep.memory_predict import MemoryPrediction, chosen_physical_batch, gpu_budget, model_for, predict_config
@@ -131,26 +133,39 @@ def config_hash(cfg: Config) -> str:
     return checkpoint.config_hash(identity(flatten(cfg)))
 
 
+def accounting(dp: DPConfig) -> Accounting:
+    """How a run's ε is computed: ``dp.accountant`` over the orders of ``dp.rdp_orders``."""
+    return Accounting(dp.accountant.value, orders=rdp.ORDER_GRIDS.get(dp.rdp_orders.value, key="dp.rdp_orders"))
+
+
 def _planned_privacy(cfg: Config, n_train: int) -> PlannedPrivacy | None:
     dp = cfg.dp
     if not dp.enabled:
         return None
     sigma = dp.noise_multiplier
     schedule = privacy.poisson_schedule(n_train, cfg.train.batch_size)
+    extra = clipping.planned(dp, schedule.sample_rate)
+    how = accounting(dp)
     if dp.target_epsilon is not None:
+        before = ledger.epsilon(extra, dp.delta, how).epsilon
+        if before >= dp.target_epsilon:
+            raise ConfigError(
+                "dp.target_epsilon", dp.target_epsilon,
+                f"more than the clipping release alone spends (ε={before:.4g} for dp.clip_epsilon={dp.clip_epsilon:g} "
+                f"on a Poisson sample at q={schedule.sample_rate:.4g}): raise it or lower dp.clip_epsilon",
+            )  # fmt: skip
         try:
             sigma = privacy.calibrate_noise(
                 schedule, target_epsilon=dp.target_epsilon, delta=dp.delta, epochs=cfg.train.epochs,
-                accountant=dp.accountant.value,
+                accounting=how, extra=extra,
             )  # fmt: skip
         except ValueError as err:  # "The privacy budget is too low."
             raise ConfigError(
                 "dp.target_epsilon", dp.target_epsilon, f"a budget reachable with σ <= 1e6 ({err})"
             ) from err
     eps = privacy.epsilon(
-        schedule, noise_multiplier=sigma, delta=dp.delta, epochs=cfg.train.epochs,
-        accounting=privacy.Accounting(dp.accountant.value),
-    )  # fmt: skip
+        schedule, noise_multiplier=sigma, delta=dp.delta, epochs=cfg.train.epochs, accounting=how, extra=extra
+    )
     return PlannedPrivacy(
         sigma, dp.target_epsilon is not None, eps.sample_rate, eps.steps, dp.delta, dp.accountant.value, eps.epsilon
     )

@@ -1,13 +1,15 @@
-"""Privacy accounting as pure functions over Opacus's accountants (no model, no data).
+"""Planning DP-SGD's privacy before training: the sampling schedule, ε of a configuration, and
+calibration of σ or the epochs to a target ε, all over the run's ledger (:mod:`dpsweep.ledger`),
+so the ε planned here is the ε the run logs. No torch (``prv`` imports Opacus).
 
     >>> from dpsweep.privacy import epsilon, poisson_schedule
     >>> epsilon(poisson_schedule(60000, 150), noise_multiplier=1.3, delta=1e-5, epochs=15).epsilon
-    0.7242234026109339
 
 ``epsilon``, ``calibrate_noise``, ``calibrate_epochs`` and ``epsilon_curve`` take the sampling
 schedule (:func:`poisson_schedule`) first (``epsilon_grid`` takes N and its :class:`GridAxes`), then
 Opacus's and dp-accounting's quantities (``noise_multiplier``, ``delta``, ``epochs`` or ``steps``);
-how ε is computed (accountant, conversion, RDP orders) travels as one :class:`Accounting`.
+how ε is computed (accountant, conversion, RDP orders) travels as one :class:`Accounting`, and the
+releases a run makes besides its steps (a private clipping norm) as ``extra``, a :class:`Ledger`.
 
 Step-count convention (shared by the trainer and every ε dpsweep prints). It is the one Opacus's
 Poisson loader defines, ``DPDataLoader.from_data_loader`` and ``PrivacyEngine.make_private``:
@@ -19,15 +21,6 @@ Poisson loader defines, ``DPDataLoader.from_data_loader`` and ``PrivacyEngine.ma
 - the accountant records every optimizer step with ``sample_rate = 1 / steps_per_epoch``, which
   is never below the true inclusion probability, so ε is never under-stated;
 - ``steps = epochs * steps_per_epoch``.
-
-Accountants: ``rdp`` (Mironov 2017, "Rényi Differential Privacy", with the subsampled-Gaussian
-bound of Mironov, Talwar & Zhang 2019) and ``prv`` (Gopi, Lee & Wutschitz 2021, "Numerical
-Composition of Differential Privacy"). RDP -> (ε, δ) conversions:
-
-- ``improved`` (default, what Opacus reports): Balle et al. 2020, "Hypothesis Testing
-  Interpretations and Renyi Differential Privacy", Prop. 12:
-  ε = min_α rdp(α) + log((α-1)/α) - (log δ + log α) / (α - 1);
-- ``classic``: Mironov 2017, Prop. 3: ε = min_α rdp(α) + log(1/δ) / (α - 1).
 """
 
 from __future__ import annotations
@@ -36,18 +29,14 @@ import itertools
 import math
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
-from dpsweep.registry import Registry
-
-# Opacus's RDPAccountant.DEFAULT_ALPHAS, stated here so that importing this module (and --help of the
-# commands) does not import opacus and torch; a test checks they are the same. Opacus is imported by
-# the functions that compute.
-DEFAULT_ALPHAS: tuple[float, ...] = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
+from dpsweep import ledger, rdp
+from dpsweep.ledger import Accounting, Ledger
 
 # Opacus's accountant history: (noise_multiplier, sample_rate, steps) per constant segment.
 History = Sequence[tuple[float, float, int]]
@@ -94,92 +83,9 @@ def max_poisson_batch(n: int, batch_size: int | np.ndarray, epochs: int, tail: f
     return np.minimum(binom.isf(tail / steps, n, 1 / steps_per_epoch).astype(np.int64), n)
 
 
-# ---------------------------------------------------------------------------------------------
-# RDP -> (ε, δ) conversions and accountants
-# ---------------------------------------------------------------------------------------------
-Conversion = Callable[[np.ndarray, np.ndarray, float], tuple[float, float]]
-CONVERSIONS: Registry[Conversion] = Registry("RDP conversion")
-
-
-@CONVERSIONS.register("improved")
-def _improved(orders: np.ndarray, rdp: np.ndarray, delta: float) -> tuple[float, float]:
-    from opacus.accountants.analysis import rdp as rdp_analysis
-
-    eps, alpha = rdp_analysis.get_privacy_spent(orders=orders, rdp=rdp, delta=delta)
-    return float(eps), float(alpha)
-
-
-@CONVERSIONS.register("classic")
-def _classic(orders: np.ndarray, rdp: np.ndarray, delta: float) -> tuple[float, float]:
-    eps = rdp + math.log(1 / delta) / (orders - 1)
-    if np.isnan(eps).all():
-        return math.inf, math.nan
-    i = int(np.nanargmin(eps))
-    return float(eps[i]), float(orders[i])
-
-
-def rdp_curve(history: History, orders: Sequence[float] | np.ndarray = DEFAULT_ALPHAS) -> np.ndarray:
-    """Total RDP at each order, summed over the history's segments."""
-    from opacus.accountants.analysis import rdp as rdp_analysis
-
-    total = np.zeros(len(orders))
-    for sigma, q, steps in history:
-        total += np.asarray(rdp_analysis.compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=orders))
-    return total
-
-
-Accountant = Callable[[History, float, str, Sequence[float]], tuple[float, float | None]]
-ACCOUNTANTS: Registry[Accountant] = Registry("accountant")
-
-
-@ACCOUNTANTS.register("rdp")
-def _rdp(history: History, delta: float, conversion: str, orders: Sequence[float]) -> tuple[float, float | None]:
-    return CONVERSIONS.get(conversion)(np.asarray(orders, dtype=float), rdp_curve(history, orders), delta)
-
-
-@ACCOUNTANTS.register("prv")
-def _prv(history: History, delta: float, conversion: str, orders: Sequence[float]) -> tuple[float, float | None]:
-    from opacus.accountants import PRVAccountant
-
-    accountant = PRVAccountant()
-    accountant.history = list(history)
-    return float(accountant.get_epsilon(delta=delta)), None
-
-
-def epsilon_from_history(
-    history: History,
-    delta: float,
-    accountant: str = "rdp",
-    conversion: str = "improved",
-    alphas: Sequence[float] = DEFAULT_ALPHAS,
-) -> tuple[float, float | None]:
-    """(ε, optimal α) for an Opacus accountant history; α is None for PRV; ε is 0 for no steps.
-
-    The ε returned is never negative and never NaN: (ε, δ)-DP implies (ε', δ)-DP for every ε' >= ε
-    (Dwork & Roth 2014, Def. 2.4), so a negative bound (the improved conversion gives one for large δ,
-    e.g. δ = 0.5) is reported as 0; a bound that could not be computed (NaN) is reported as +inf, which
-    no budget admits."""
-    if not history or sum(s for _, _, s in history) == 0:
-        return 0.0, None
-    eps, alpha = ACCOUNTANTS.get(accountant)(history, delta, conversion, alphas)
-    return sound_epsilon(eps), alpha
-
-
-def sound_epsilon(eps: float) -> float:
-    """A computed ε as a guarantee: negative -> 0, NaN -> +inf (see :func:`epsilon_from_history`)."""
-    return math.inf if math.isnan(eps) else max(0.0, eps)
-
-
-@dataclass(frozen=True)
-class Accounting:
-    """How ε is computed: an accountant of :data:`ACCOUNTANTS` and, for ``rdp``, a conversion of
-    :data:`CONVERSIONS` over the RDP orders ``alphas`` (``prv`` uses neither). The names are checked
-    against those registries where they are looked up; an unknown one lists the valid ones. The default
-    is what Opacus reports: RDP, improved conversion, Opacus's orders."""
-
-    accountant: str = "rdp"
-    conversion: str = "improved"
-    alphas: tuple[float, ...] = DEFAULT_ALPHAS
+ACCOUNTANTS = ledger.ACCOUNTANTS
+CONVERSIONS = rdp.CONVERSIONS
+DEFAULT_ALPHAS = rdp.DEFAULT_ORDERS
 
 
 # Calibration stops once the bracket's ε is within this of the target (Opacus's default).
@@ -190,12 +96,17 @@ CALIBRATION_TOLERANCE = 0.01
 class EpsilonResult:
     epsilon: float
     delta: float
-    alpha: float | None  # optimal RDP order; None for PRV
+    alpha: float | None  # optimal RDP order; None for PRV and PLD
     steps: int
     sample_rate: float
     noise_multiplier: float
     accountant: str
-    conversion: str | None  # None for PRV
+    conversion: str | None  # None for PRV and PLD
+
+
+def run_ledger(schedule: PoissonSchedule, noise_multiplier: float, steps: int, extra: Ledger = Ledger()) -> Ledger:
+    """The ledger of a run: ``extra`` (releases before training) then its DP-SGD steps."""
+    return extra + Ledger((ledger.dpsgd(noise_multiplier, schedule.sample_rate, steps),))
 
 
 def epsilon(
@@ -206,16 +117,15 @@ def epsilon(
     epochs: int | None = None,
     steps: int | None = None,
     accounting: Accounting = Accounting(),
+    extra: Ledger = Ledger(),
 ) -> EpsilonResult:
-    """ε after ``epochs`` (or ``steps``) of DP-SGD with this Poisson ``schedule`` (N examples, batch B)."""
+    """ε after ``epochs`` (or ``steps``) of DP-SGD with this Poisson ``schedule`` (N examples, batch B),
+    with the releases of ``extra``."""
     total = _steps(schedule, epochs, steps)
-    a = accounting
-    eps, alpha = epsilon_from_history(
-        [(noise_multiplier, schedule.sample_rate, total)], delta, a.accountant, a.conversion, a.alphas
-    )
+    spent = ledger.epsilon(run_ledger(schedule, noise_multiplier, total, extra), delta, accounting)
     return EpsilonResult(
-        eps, delta, alpha, total, schedule.sample_rate, noise_multiplier, a.accountant,
-        a.conversion if a.accountant == "rdp" else None,
+        spent.epsilon, delta, spent.order, total, schedule.sample_rate, noise_multiplier, spent.accountant,
+        spent.conversion,
     )  # fmt: skip
 
 
@@ -225,6 +135,9 @@ def _steps(schedule: PoissonSchedule, epochs: int | None, steps: int | None) -> 
     return schedule.steps(epochs) if epochs is not None else int(steps)  # type: ignore[arg-type]
 
 
+SIGMA_MAX = 1e6  # calibration gives up beyond this σ: the target is out of reach
+
+
 def calibrate_noise(
     schedule: PoissonSchedule,
     target_epsilon: float,
@@ -232,25 +145,35 @@ def calibrate_noise(
     *,
     epochs: int | None = None,
     steps: int | None = None,
-    accountant: str = "rdp",
+    accounting: Accounting = Accounting(),
+    extra: Ledger = Ledger(),
 ) -> float:
-    """Smallest σ found (to :data:`CALIBRATION_TOLERANCE`) whose ε does not exceed ``target_epsilon``.
+    """Smallest σ found (to :data:`CALIBRATION_TOLERANCE`) whose ε, with ``extra``, does not exceed
+    ``target_epsilon``; ValueError when even σ = :data:`SIGMA_MAX` exceeds it.
 
-    Opacus's bisection (``get_noise_multiplier``) keeps the upper end of the bracket, whose ε is
-    always <= target, so the result never lands over the target.
-    """
-    from opacus.accountants.utils import get_noise_multiplier
+    Opacus's bisection (``get_noise_multiplier``): double the upper end until its ε is within the
+    target, then halve the bracket, always keeping the upper end, whose ε is <= target, so the result
+    never lands over the target."""
+    total = _steps(schedule, epochs, steps)
 
-    return float(
-        get_noise_multiplier(
-            target_epsilon=target_epsilon,
-            target_delta=delta,
-            sample_rate=schedule.sample_rate,
-            steps=_steps(schedule, epochs, steps),
-            accountant=accountant,
-            epsilon_tolerance=CALIBRATION_TOLERANCE,
-        )
-    )
+    def eps(sigma: float) -> float:
+        return epsilon(schedule, sigma, delta, steps=total, accounting=accounting, extra=extra).epsilon
+
+    low, high = 0.0, 10.0
+    eps_high = eps(high)
+    while eps_high > target_epsilon:
+        low, high = high, 2 * high
+        if high > SIGMA_MAX:
+            raise ValueError(f"the privacy budget ε={target_epsilon} is too low: σ > {SIGMA_MAX:g} would be needed")
+        eps_high = eps(high)
+    while target_epsilon - eps_high > CALIBRATION_TOLERANCE:
+        mid = (low + high) / 2
+        eps_mid = eps(mid)
+        if eps_mid <= target_epsilon:
+            high, eps_high = mid, eps_mid
+        else:
+            low = mid
+    return high
 
 
 def calibrate_epochs(
@@ -259,17 +182,16 @@ def calibrate_epochs(
     noise_multiplier: float,
     delta: float,
     *,
-    accountant: str = "rdp",
+    accounting: Accounting = Accounting(),
+    extra: Ledger = Ledger(),
     max_epochs: int = 100_000,
 ) -> int:
-    """Most epochs whose ε stays <= ``target_epsilon`` at this σ (0 if even one epoch exceeds it).
-
-    ε grows monotonically with the number of steps, so this is a bisection over whole epochs.
+    """Most epochs whose ε, with ``extra``, stays <= ``target_epsilon`` at this σ (0 if even one epoch
+    exceeds it). ε grows monotonically with the number of steps, so this is a bisection over whole epochs.
     """
-    accounting = Accounting(accountant)
 
     def eps(e: int) -> float:
-        return epsilon(schedule, noise_multiplier, delta, epochs=e, accounting=accounting).epsilon
+        return epsilon(schedule, noise_multiplier, delta, epochs=e, accounting=accounting, extra=extra).epsilon
 
     if eps(1) > target_epsilon:
         return 0
@@ -311,18 +233,21 @@ def epsilon_grid(
     delta: float,
     *,
     accounting: Accounting = Accounting(),
+    extra: Ledger = Ledger(),
     workers: int | None = None,
 ) -> np.ndarray:
-    """RDP ε for every (B, σ, epochs) of ``grid`` on N examples, shape (len(B), len(σ), len(epochs)).
+    """RDP ε for every (B, σ, epochs) of ``grid`` on N examples, with the releases of ``extra``, shape
+    (len(B), len(σ), len(epochs)).
 
-    RDP composes linearly in the number of steps, so one Opacus ``compute_rdp`` per (q, σ) pair
-    gives the per-step curve over all orders; each grid point scales it and converts to ε.
+    RDP composes linearly in the number of steps, so one per-step curve per (q, σ) pair
+    (:func:`dpsweep.rdp.subsampled_gaussian`) gives every grid point: scaled, plus ``extra``'s, converted.
     Only the ``rdp`` accountant has this shortcut: another one raises ValueError.
     """
     ACCOUNTANTS.get(accounting.accountant)  # an unknown name lists the valid ones
     if accounting.accountant != "rdp":
         raise ValueError(f"epsilon_grid computes RDP ε only, not accountant={accounting.accountant!r}")
-    orders = np.asarray(accounting.alphas, dtype=float)
+    orders = np.asarray(accounting.orders, dtype=float)
+    base = ledger.rdp_curve(extra, accounting.orders)
     convert = CONVERSIONS.get(accounting.conversion)
     epochs_arr = np.asarray(grid.epochs, dtype=int)
     schedules = [poisson_schedule(n, b) for b in grid.batch_sizes]
@@ -333,13 +258,14 @@ def epsilon_grid(
         for j in range(len(grid.noise_multipliers)):
             rdp1 = next(per_step)
             for k, e in enumerate(epochs_arr):
-                out[i, j, k] = sound_epsilon(convert(orders, rdp1 * schedule.steps(int(e)), delta)[0])
+                curve = base + rdp1 * schedule.steps(int(e))
+                out[i, j, k] = ledger.sound_epsilon(convert(accounting.orders, curve, delta)[0])
     return out
 
 
 def _rdp_one(pair: tuple[float, float], orders: np.ndarray) -> np.ndarray:
     q, sigma = pair
-    return rdp_curve([(sigma, q, 1)], orders)
+    return rdp.subsampled_gaussian(q, sigma, orders.tolist())
 
 
 def _per_step_rdp(pairs: list[tuple[float, float]], orders: np.ndarray, workers: int | None) -> list[np.ndarray]:

@@ -23,6 +23,7 @@ It owns what every task shares (``dpsweep.tasks`` owns what differs):
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import random
 import sys
@@ -37,10 +38,11 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from tqdm.auto import tqdm
 
-from dpsweep import checkpoint, memory, privacy, tasks, units
+from dpsweep import checkpoint, ledger, memory, tasks, units
 from dpsweep import data as datasets
 from dpsweep.config import Config, ConfigError, Device, flatten, identity, settings, to_config, validate
-from dpsweep.plan import MemoryFiles, RunPlan, prepare
+from dpsweep.ledger import Ledger
+from dpsweep.plan import MemoryFiles, RunPlan, accounting, prepare
 from dpsweep.tracking import (
     Claim,
     RunEnded,
@@ -52,7 +54,7 @@ from dpsweep.tracking import (
     tracked_run,
 )
 
-ACCOUNTANTS = ("rdp", "prv")  # the final ε is logged under both (epsilon_rdp, epsilon_prv)
+PRIVACY_LEDGER = "privacy_ledger.json"  # the run's artifact: every release, its parameters and share of ε
 
 
 class OverBudget(Exception):
@@ -67,11 +69,12 @@ class TrainResult:
     n_train: int  # N
     steps: int  # optimizer steps actually taken
     epsilon: float | None = None  # final ε under dp.accountant; None without DP
-    epsilons: dict[str, float] = field(default_factory=dict)  # final ε by accountant: rdp, prv
+    epsilons: dict[str, float] = field(default_factory=dict)  # final ε by accountant: rdp, prv, pld
     delta: float | None = None
     noise_multiplier: float | None = None  # σ used (calibrated when dp.target_epsilon is set)
     sample_rate: float | None = None  # q the accountant used
-    accountant_history: list[tuple[float, float, int]] = field(default_factory=list)
+    accountant_history: list[tuple[float, float, int]] = field(default_factory=list)  # DP-SGD's (σ, q, steps)
+    ledger: Ledger = field(default_factory=Ledger)  # every privacy-spending release (dpsweep.ledger)
     epochs: list[dict[str, float]] = field(default_factory=list)  # per-epoch metrics
     memory_backend: str = ""  # cuda, or the CPU twin cpu-tensors
     model: nn.Module | None = None  # the trained module, without any DP wrapper (None for a probe)
@@ -125,6 +128,8 @@ def train(cfg: DictConfig | Config) -> TrainResult:
                 {"train": data.n_train, "test": len(data.test)},  # type: ignore[arg-type]
             )
         parts = task_run.start(run)
+        if resume is None:
+            run.log_params(task_run.params())
         result = TrainResult(run.run_id, float("nan"), float("nan"), data.n_train, 0, memory_backend=monitor.backend)
         state = None
         if ckpt_dir is not None and resume is not None:
@@ -209,9 +214,9 @@ def _epochs(
         metrics = task_run.evaluate() | metrics
         if not cfg.dp.enabled:  # with DP the peak of the Poisson batches would tell their (private) sizes
             metrics["memory.peak_bytes"] = float(stages.recorder.observe())
-        if cfg.dp.enabled:  # ε so far, from the same accountant functions as the final ε
-            history = task_run.privacy_history()
-            metrics["epsilon"] = privacy.epsilon_from_history(history, cfg.dp.delta, cfg.dp.accountant.value)[0]
+        if cfg.dp.enabled:  # ε so far, from the same ledger and accountant as the final ε
+            spent = ledger.epsilon(task_run.privacy_ledger(), cfg.dp.delta, accounting(cfg.dp))
+            metrics["epsilon"] = spent.epsilon
         run.log_metrics(metrics, step=epoch)
         result.epochs.append({"epoch": float(epoch), **metrics})
         _report_epoch(f"epoch {epoch}/{cfg.train.epochs}", metrics, time.monotonic() - started, bar)
@@ -274,18 +279,29 @@ def _log_model(cfg: Config, task_run: tasks.TaskRun, run: Tracker) -> None:
 
 
 def _finish_privacy(cfg: Config, plan: RunPlan, task_run: tasks.TaskRun, result: TrainResult, run: Tracker) -> None:
-    """Final ε over the steps actually taken, under both accountants, from the task's history."""
+    """Final ε of the task's ledger over the releases and steps actually made, under every
+    accountant, and the ledger itself as the ``privacy_ledger.json`` artifact."""
     if plan.privacy is None:
         return
-    history = list(task_run.privacy_history())
+    bill = task_run.privacy_ledger()
+    how = accounting(cfg.dp)
     delta = cfg.dp.delta
-    result.accountant_history = history
-    result.epsilons = {name: privacy.epsilon_from_history(history, delta, name)[0] for name in ACCOUNTANTS}
+    result.ledger = bill
+    result.accountant_history = [
+        (e.params["noise_multiplier"], e.params["sample_rate"], e.params["steps"])
+        for e in bill.entries
+        if e.name == "dpsgd"
+    ]
+    result.epsilons = ledger.epsilons(bill, delta, how.orders)
     result.epsilon = result.epsilons[cfg.dp.accountant.value]
     result.delta, result.noise_multiplier = delta, plan.privacy.noise_multiplier
-    result.sample_rate = history[0][1] if history else None
+    result.sample_rate = plan.privacy.sample_rate
     run.log_metrics({f"epsilon_{name}": eps for name, eps in result.epsilons.items()}, step=cfg.train.epochs)
-    run.set_tags({"dp.steps": result.steps, "dp.sample_rate": result.sample_rate, "dp.conversion": "improved"})
+    run.log_text(json.dumps(ledger.to_json(bill, delta, how), indent=2), PRIVACY_LEDGER)
+    run.set_tags({
+        "dp.steps": result.steps, "dp.sample_rate": result.sample_rate, "dp.conversion": how.conversion,
+        "dp.unit": ledger.UNIT, "dp.neighbours": ledger.NEIGHBOURS, "dp.events": len(bill.entries),
+    })  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------

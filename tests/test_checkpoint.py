@@ -1,6 +1,6 @@
 """Resume: a run killed mid-training and started again continues its MLflow run from the last
 completed epoch, and reports the same ε (and, with restored RNG state, the same model) as a run
-that was never interrupted."""
+that was never interrupted, its private clipping-norm release charged once."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ from helpers import Composer, runs_of
 from mlflow.tracking import MlflowClient
 
 from dpsweep import checkpoint, privacy
-from dpsweep.config import ConfigError
+from dpsweep.config import ConfigError, to_config
+from dpsweep.data import DatasetFacts
+from dpsweep.plan import prepare
 from dpsweep.train import train
 
 DPSWEEP = str(Path(sys.executable).with_name("dpsweep"))
@@ -39,6 +41,7 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(
     args = [
         DPSWEEP, f"train.epochs={EPOCHS}", "train.progress=false", f"train.checkpoint_dir={ckpt}",
         f"tracking.uri={mlflow_uri}", f"tracking.experiment_name={experiment_name}", "tracking.log_model=false",
+        "dp.clipping=quantile",  # a release before training: the resumed run must not charge it twice
     ]  # fmt: skip
     first = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
@@ -63,12 +66,18 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(
     assert sorted(set(steps)) == list(range(1, EPOCHS + 1))
     assert not (ckpt / checkpoint.FILENAME).exists()  # removed once the run finished
 
-    planned = privacy.epsilon(privacy.poisson_schedule(1437, 64), 1.0, 1e-5, epochs=EPOCHS).epsilon
-    assert resumed.data.metrics["epsilon_rdp"] == planned  # all steps of all epochs, exactly once
+    cfg = make_cfg(f"train.epochs={EPOCHS}", "tracking.experiment_name=uninterrupted", "dp.clipping=quantile")
+    plan = prepare(to_config(cfg), DatasetFacts(1437, (1, 28, 28), 10))
+    assert plan.privacy is not None
+    assert resumed.data.metrics["epsilon_rdp"] == plan.privacy.epsilon  # the release and every step, exactly once
+    without_release = privacy.epsilon(privacy.poisson_schedule(1437, 64), 1.0, 1e-5, epochs=EPOCHS).epsilon
+    assert plan.privacy.epsilon > without_release
 
-    straight = train(make_cfg(f"train.epochs={EPOCHS}", "tracking.experiment_name=uninterrupted"))
+    straight = train(cfg)
     assert straight.epsilons["rdp"] == resumed.data.metrics["epsilon_rdp"]
-    assert straight.test_accuracy == resumed.data.metrics["test_accuracy"]  # same samples, same noise
+    assert straight.test_accuracy == resumed.data.metrics["test_accuracy"]  # same samples, same noise, same C
+    chosen = straight.ledger.entries[0].params["max_grad_norm_chosen"]
+    assert resumed.data.params["dp.max_grad_norm_chosen"] == str(chosen)
 
 
 def test_a_checkpoint_of_another_config_is_refused(tmp_path: Path, make_cfg: Composer) -> None:

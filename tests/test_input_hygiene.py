@@ -11,8 +11,9 @@ import pytest
 from helpers import Composer, run_dpsweep, runs_of
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow.tracking import MlflowClient
+from opacus.accountants.analysis import rdp as opacus_rdp
 
-from dpsweep import privacy
+from dpsweep import ledger, privacy, rdp
 from dpsweep.config import ConfigError, to_config, validate
 from dpsweep.data import DatasetFacts
 from dpsweep.launchers.overrides import new_sweep_id, string_override
@@ -55,10 +56,12 @@ def test_a_key_the_schema_lacks_is_refused_however_it_arrives(make_cfg: Composer
 
 def test_epsilon_is_never_negative_even_where_the_conversion_says_so() -> None:
     schedule = privacy.poisson_schedule(1437, 64)
-    raw = privacy.ACCOUNTANTS.get("rdp")([(1.0, schedule.sample_rate, 10)], 0.5, "improved", privacy.DEFAULT_ALPHAS)
-    assert raw[0] < 0  # what Opacus's conversion gives for δ = 0.5: no guarantee can be negative
+    orders = rdp.OPACUS_ORDERS
+    curve = 10 * rdp.subsampled_gaussian(schedule.sample_rate, 1.0, orders)
+    raw, _ = opacus_rdp.get_privacy_spent(orders=orders, rdp=curve, delta=0.5)
+    assert raw < 0  # what Opacus's conversion gives for δ = 0.5: no guarantee can be negative
     assert privacy.epsilon(schedule, 1.0, 0.5, steps=10).epsilon == 0.0
-    assert privacy.sound_epsilon(math.nan) == math.inf and privacy.sound_epsilon(-0.6) == 0.0
+    assert ledger.sound_epsilon(math.nan) == math.inf and ledger.sound_epsilon(-0.6) == 0.0
 
 
 def test_large_delta_plans_a_sound_epsilon_and_an_untrustworthy_one_is_over_budget(make_cfg: Composer) -> None:

@@ -117,7 +117,9 @@ def test_plan_table_and_bad_input() -> None:
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert lines[0].split() == ["job", "dataset", "model", "B", "σ", "C", "lr", "epochs", "δ", "ε"]
-    assert sum("non-DP" in line for line in lines) == 2 and "7.417" in table.stdout
+    assert sum("non-DP" in line for line in lines) == 2 and "7.414" in table.stdout
+    opacus = run_main(main, "experiment=demo", "dp.rdp_orders=opacus")  # Opacus's orders: its figure
+    assert opacus.returncode == 0 and "7.417" in opacus.stdout, opacus.stderr
     bad = run_main(main, "dp.noise_multiplier=0,1")
     assert bad.returncode == 2 and "dp.noise_multiplier=0.0 is invalid" in bad.stderr, bad.stderr
     unknown = run_main(main, "dataset=imagenet")

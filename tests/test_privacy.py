@@ -1,5 +1,5 @@
-"""Accounting: exact reference vectors, the step convention of Opacus's Poisson loader,
-monotonicity, PRV <= RDP, and calibration that never lands over the target."""
+"""Planning's accounting: exact reference vectors (on Opacus's orders), the step convention of Opacus's
+Poisson loader, monotonicity, PRV <= RDP, and calibration that never lands over the target."""
 
 from __future__ import annotations
 
@@ -13,8 +13,18 @@ from hypothesis import strategies as st
 from opacus.data_loader import DPDataLoader
 from torch.utils.data import DataLoader, TensorDataset
 
-from dpsweep import privacy
-from dpsweep.privacy import Accounting, GridAxes, calibrate_noise, epsilon, epsilon_from_history, poisson_schedule
+from dpsweep import ledger, privacy, rdp
+from dpsweep.ledger import Accounting, Ledger
+from dpsweep.privacy import GridAxes, calibrate_noise, epsilon, poisson_schedule
+
+OPACUS = Accounting(orders=rdp.OPACUS_ORDERS)  # Opacus's and TF Privacy's orders: published figures
+
+
+def epsilon_from_history(
+    history: list[tuple[float, float, int]], delta: float, orders: tuple[float, ...] = rdp.OPACUS_ORDERS
+) -> tuple[float, float | None]:
+    spent = ledger.epsilon(ledger.from_history(history), delta, Accounting(orders=orders))
+    return spent.epsilon, spent.order
 
 
 def test_opacus_reference_vector_rdp_improved() -> None:
@@ -26,14 +36,18 @@ def test_opacus_reference_vector_rdp_improved() -> None:
 @pytest.mark.parametrize(("conversion", "expected"), [("classic", 0.941870567), ("improved", 0.7242234026)])
 def test_mnist_reference_vector(conversion: str, expected: float) -> None:
     # N=60000, B=150, σ=1.3, 15 epochs, δ=1e-5
-    r = epsilon(poisson_schedule(60000, 150), 1.3, 1e-5, epochs=15, accounting=Accounting(conversion=conversion))
+    accounting = Accounting(conversion=conversion, orders=rdp.OPACUS_ORDERS)
+    r = epsilon(poisson_schedule(60000, 150), 1.3, 1e-5, epochs=15, accounting=accounting)
     assert r.steps == 6000 and r.sample_rate == 150 / 60000
     assert r.epsilon == pytest.approx(expected, rel=1e-6)
     assert r.alpha == 19
+    # the default grid holds Opacus's: the optimum, inside it, is unchanged or lower
+    default = epsilon(poisson_schedule(60000, 150), 1.3, 1e-5, epochs=15, accounting=Accounting(conversion=conversion))
+    assert default.epsilon <= r.epsilon and default.epsilon == pytest.approx(expected, rel=1e-3)
 
 
 def test_reference_vector_with_custom_orders() -> None:
-    eps, alpha = epsilon_from_history([(1.0, 0.01, 300)], delta=1e-5, alphas=[2, 5, 10, 20, 100])
+    eps, alpha = epsilon_from_history([(1.0, 0.01, 300)], delta=1e-5, orders=(2, 5, 10, 20, 100))
     assert round(eps, 2) == 2.39 and alpha == 5
 
 
@@ -95,22 +109,23 @@ def test_steps_and_epochs_agree() -> None:
 
 def test_no_steps_costs_nothing() -> None:
     assert epsilon_from_history([], 1e-5) == (0.0, None)
+    assert epsilon_from_history([(1.0, 0.01, 0)], 1e-5) == (0.0, None)
 
 
 def test_unknown_accountant_lists_valid_ones() -> None:
-    with pytest.raises(KeyError, match="valid: prv, rdp"):
-        epsilon_from_history([(1.0, 0.01, 10)], 1e-5, accountant="gdp")
-    with pytest.raises(KeyError, match="valid: prv, rdp"):
+    with pytest.raises(KeyError, match="valid: pld, prv, rdp"):
+        ledger.epsilon(Ledger((ledger.dpsgd(1.0, 0.01, 10),)), 1e-5, Accounting("gdp"))
+    with pytest.raises(KeyError, match="valid: pld, prv, rdp"):
         epsilon(poisson_schedule(100, 10), 1.0, 1e-3, epochs=1, accounting=Accounting("gdp"))
     with pytest.raises(KeyError, match="valid: classic, improved"):
         epsilon(poisson_schedule(100, 10), 1.0, 1e-3, epochs=1, accounting=Accounting(conversion="tight"))
 
 
-@pytest.mark.parametrize("accountant", ["rdp", "prv"])
+@pytest.mark.parametrize("accountant", ["rdp", "prv", "pld"])
 @pytest.mark.parametrize("target", [1.0, 3.0, 8.0])
 def test_calibration_lands_just_under_target(accountant: str, target: float) -> None:
     schedule = poisson_schedule(1437, 64)
-    sigma = calibrate_noise(schedule, target, 1e-5, epochs=8, accountant=accountant)
+    sigma = calibrate_noise(schedule, target, 1e-5, epochs=8, accounting=Accounting(accountant))
     eps = epsilon(schedule, sigma, 1e-5, epochs=8, accounting=Accounting(accountant)).epsilon
     assert eps <= target
     assert target - eps <= privacy.CALIBRATION_TOLERANCE
@@ -118,14 +133,15 @@ def test_calibration_lands_just_under_target(accountant: str, target: float) -> 
 
 def test_calibration_to_an_unreachable_target_raises() -> None:
     with pytest.raises(ValueError, match="too low"):
-        calibrate_noise(poisson_schedule(100, 100), target_epsilon=1e-9, delta=1e-3, epochs=1000)
+        calibrate_noise(poisson_schedule(100, 100), target_epsilon=1e-9, delta=1e-10, epochs=1000)
 
 
-def test_default_alphas_are_opacus_defaults() -> None:
+def test_opacus_orders_are_opacus_defaults_and_the_default_grid_holds_them() -> None:
     from opacus.accountants import RDPAccountant
 
-    assert list(privacy.DEFAULT_ALPHAS) == RDPAccountant.DEFAULT_ALPHAS
-    assert Accounting().alphas == privacy.DEFAULT_ALPHAS
+    assert list(rdp.OPACUS_ORDERS) == RDPAccountant.DEFAULT_ALPHAS
+    assert set(rdp.OPACUS_ORDERS) <= set(rdp.DEFAULT_ORDERS) and max(rdp.DEFAULT_ORDERS) == 1024
+    assert Accounting().orders == rdp.DEFAULT_ORDERS == rdp.ORDER_GRIDS.get("default")
     assert not math.isnan(epsilon(poisson_schedule(100, 10), 1, 1e-3, epochs=1).epsilon)
 
 
@@ -135,7 +151,7 @@ def test_grid_equals_pointwise_epsilon_serial_and_parallel() -> None:
     parallel = privacy.epsilon_grid(5000, axes, 1e-5, workers=2)  # 16 pairs: the process pool
     assert serial.shape == (4, 4, 3)
     assert (serial == parallel).all()
-    classic = Accounting(conversion="classic", alphas=(2, 5, 10, 20, 100))
+    classic = Accounting(conversion="classic", orders=(2, 5, 10, 20, 100))
     other = privacy.epsilon_grid(5000, axes, 1e-5, accounting=classic)
     for i, b in enumerate(axes.batch_sizes):
         for j, s in enumerate(axes.noise_multipliers):

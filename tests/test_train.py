@@ -17,7 +17,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from dpsweep import data, models, privacy
+from dpsweep import data, ledger, models, privacy
 from dpsweep.config import ConfigError, DigitsConfig, DPConfig, GradSampleMode, flatten, identity, to_config
 from dpsweep.data import DatasetNotFoundError
 from dpsweep.dpsgd import make_private
@@ -33,7 +33,7 @@ MEMORY_METRICS = {
     "memory.reserved_peak_bytes",
 }
 # no memory.peak_bytes with DP: the peak over the Poisson batches would tell their (private) sizes
-DP_METRICS = {"test_accuracy", "train_loss", "epsilon", "epsilon_rdp", "epsilon_prv", *MEMORY_METRICS}
+DP_METRICS = {"test_accuracy", "train_loss", "epsilon", "epsilon_rdp", "epsilon_prv", "epsilon_pld", *MEMORY_METRICS}
 OUR_TAGS = {
     "git.commit", "torch.version", "opacus.version", "device.name", "memory.backend", "memory.batch",
     "dataset.n_train", "dataset.n_test", "model.trainable_params", "dp.enabled", "dataset.input_shape",
@@ -128,6 +128,8 @@ def test_dp_run_logs_exactly_the_documented_metrics(dp_run: tuple) -> None:  # t
     assert eps[0] < eps[1] < eps[2] == result.epsilon  # ε accumulates over epochs
     assert run.data.metrics["epsilon_rdp"] == result.epsilons["rdp"] == result.epsilon
     assert 0 < run.data.metrics["epsilon_prv"] <= run.data.metrics["epsilon_rdp"]
+    assert 0 < run.data.metrics["epsilon_pld"] <= run.data.metrics["epsilon_rdp"]
+    assert run.data.tags["dp.unit"] == "example" and run.data.tags["dp.events"] == "1"
     m = run.data.metrics
     assert m["memory.model_load_bytes"] > 0  # the CNN's weights
     assert m["memory.backward_bytes"] > m["memory.batch_load_bytes"]  # grads and per-sample grads
@@ -301,9 +303,9 @@ def test_system_metrics_are_logged_from_the_configured_delay(
 @DP_RUN
 def test_planner_epsilon_equals_trainer_epsilon(dp_run: tuple) -> None:  # type: ignore[type-arg]
     result, *_ = dp_run
-    for accountant in ("rdp", "prv"):
+    for accountant in ("rdp", "prv", "pld"):
         planned = privacy.epsilon(
-            privacy.poisson_schedule(1437, 64), 1.1, 1e-5, epochs=3, accounting=privacy.Accounting(accountant)
+            privacy.poisson_schedule(1437, 64), 1.1, 1e-5, epochs=3, accounting=ledger.Accounting(accountant)
         )
         assert planned.epsilon == result.epsilons[accountant]  # exactly: same convention, same maths
         assert planned.steps == result.steps
@@ -348,7 +350,7 @@ def test_per_sample_clipping_bounds_each_gradient() -> None:
     loader = torch.utils.data.DataLoader(splits.train, batch_size=64)
     c = 0.05  # small, so that clipping is active for most samples
     dp = DPConfig(noise_multiplier=1.0, max_grad_norm=c)
-    _, model, opt, _, _ = make_private(dp, 1.0, model, opt, loader, torch.nn.CrossEntropyLoss())
+    _, model, opt, _, _ = make_private(dp, 1.0, dp.max_grad_norm, model, opt, loader, torch.nn.CrossEntropyLoss())
     x, y = splits.train.tensors[0][:16], splits.train.tensors[1][:16]  # type: ignore[attr-defined]
     loss_fn = torch.nn.CrossEntropyLoss()
 
@@ -386,7 +388,9 @@ def test_every_grad_sample_mode_clips_per_sample_gradients_to_c(mode: GradSample
     loader = torch.utils.data.DataLoader(splits.train, batch_size=64)
     c = 0.05  # small, so that clipping binds for most samples
     dp = DPConfig(noise_multiplier=0.0, max_grad_norm=c, grad_sample_mode=mode)
-    _, model, opt, criterion, _ = make_private(dp, 0.0, model, opt, loader, torch.nn.CrossEntropyLoss())
+    _, model, opt, criterion, _ = make_private(
+        dp, 0.0, dp.max_grad_norm, model, opt, loader, torch.nn.CrossEntropyLoss()
+    )
     x, y = splits.train.tensors[0][:12], splits.train.tensors[1][:12]  # type: ignore[attr-defined]
     opt.zero_grad(set_to_none=True)
     criterion(model(x), y).backward()

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dpsweep import privacy, ranges
+from dpsweep import ledger, privacy, ranges, rdp
 from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.errors import InputError
 
@@ -30,7 +30,8 @@ from dpsweep.errors import InputError
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dpsweep-epsilon",
-        description="Privacy cost (ε, δ) of DP-SGD with Poisson sampling, computed with Opacus's accountants.",
+        description="Privacy cost (ε, δ) of DP-SGD with Poisson sampling (add/remove one example), "
+        "from dpsweep's privacy ledger.",
     )
     p.add_argument("-s", "--dataset-size", type=int, required=True, metavar="N", help="training-set size N")
     p.add_argument("-b", "--batch-size", type=int, required=True, metavar="B", help="logical batch size B")
@@ -38,10 +39,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-e", "--epochs", type=int, help="number of epochs (or give --steps)")
     p.add_argument("--steps", type=int, help="number of optimizer steps (or give -e)")
     p.add_argument("-d", "--delta", type=float, default=1e-5, help="δ, in (0, 1) and below 1/N (default 1e-5)")
-    p.add_argument("--accountant", choices=privacy.ACCOUNTANTS.names(), default="rdp")
-    p.add_argument("--conversion", choices=privacy.CONVERSIONS.names(), default="improved",
+    p.add_argument("--accountant", choices=ledger.ACCOUNTANTS.names(), default="rdp",
+                   help="rdp (Mironov 2017), prv (Gopi et al. 2021, Opacus's) or pld (dp-accounting's)")  # fmt: skip
+    p.add_argument("--conversion", choices=rdp.CONVERSIONS.names(), default="improved",
                    help="RDP to (ε, δ): improved (Balle et al. 2020, Opacus) or classic (Mironov 2017)")  # fmt: skip
-    p.add_argument("--alphas", type=float, nargs="+", metavar="ALPHA", help="RDP orders (default: Opacus's)")
+    p.add_argument("--alphas", nargs="+", metavar="ALPHA",
+                   help="RDP orders: 'default' (to 1024), 'opacus' (Opacus's and TF Privacy's, to 63, "
+                   "to reproduce published figures) or a list of orders")  # fmt: skip
     p.add_argument("--target-epsilon", type=float, metavar="EPS",
                    help="calibrate σ (given -e/--steps) or the epochs (given -n) so that ε <= EPS")  # fmt: skip
     p.add_argument("--allow-large-delta", action="store_true", help="permit δ >= 1/N (voids the guarantee)")
@@ -63,13 +67,13 @@ def _check(a: argparse.Namespace) -> None:
     if a.steps is not None:
         ranges.check("steps", "--steps", a.steps)
     if a.alphas is not None:
-        ranges.check("rdp_orders", "--alphas", a.alphas)
+        a.alphas = _orders(a.alphas)
     if a.target_epsilon is not None:
         ranges.check("target_epsilon", "--target-epsilon", a.target_epsilon)
-        if a.conversion != "improved" or a.alphas is not None:
+        if a.conversion != "improved":
             raise InputError(
-                "--target-epsilon", a.target_epsilon, "used with the improved conversion over Opacus's default "
-                "orders, as the trainer calibrates: drop --conversion classic / --alphas, or calibrate without them",
+                "--target-epsilon", a.target_epsilon, "used with the improved conversion, as the trainer "
+                "calibrates: drop --conversion classic, or calibrate without it",
             )  # fmt: skip
     given = (a.epochs is not None) + (a.steps is not None)
     length = ("-e/--epochs", a.epochs) if a.epochs is not None else ("--steps", a.steps)
@@ -86,10 +90,27 @@ def _check(a: argparse.Namespace) -> None:
         raise InputError("-e/--epochs or --steps", None, "the training length: -e/--epochs or --steps")
 
 
+def _orders(given: list[str]) -> tuple[float, ...]:
+    """--alphas: a grid's name (one word) or a list of orders, each > 1."""
+    if len(given) == 1 and given[0] in rdp.ORDER_GRIDS.names():
+        return rdp.ORDER_GRIDS.get(given[0])
+    try:
+        orders = [float(x) for x in given]
+    except ValueError as err:
+        raise InputError(
+            "--alphas", " ".join(given), f"one of {', '.join(rdp.ORDER_GRIDS.names())}, or numbers"
+        ) from err
+    ranges.check("rdp_orders", "--alphas", orders)
+    return tuple(orders)
+
+
+def _accounting(a: argparse.Namespace) -> ledger.Accounting:
+    return ledger.Accounting(a.accountant, a.conversion, a.alphas or rdp.DEFAULT_ORDERS)
+
+
 def _result(a: argparse.Namespace, sigma: float, epochs: int | None, steps: int | None) -> privacy.EpsilonResult:
-    accounting = privacy.Accounting(a.accountant, a.conversion, tuple(a.alphas) if a.alphas else privacy.DEFAULT_ALPHAS)
     return privacy.epsilon(
-        _schedule(a), noise_multiplier=sigma, delta=a.delta, epochs=epochs, steps=steps, accounting=accounting
+        _schedule(a), noise_multiplier=sigma, delta=a.delta, epochs=epochs, steps=steps, accounting=_accounting(a)
     )
 
 
@@ -108,7 +129,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
         try:
             sigma = privacy.calibrate_noise(
                 _schedule(a), target_epsilon=a.target_epsilon, delta=a.delta, epochs=epochs, steps=steps,
-                accountant=a.accountant,
+                accounting=_accounting(a),
             )  # fmt: skip
         except ValueError as err:
             raise InputError(
@@ -118,7 +139,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     elif a.target_epsilon is not None:
         epochs = privacy.calibrate_epochs(
             _schedule(a), target_epsilon=a.target_epsilon, noise_multiplier=sigma, delta=a.delta,
-            accountant=a.accountant,
+            accounting=_accounting(a),
         )  # fmt: skip
         if epochs == 0:
             raise InputError("--target-epsilon", a.target_epsilon, f"an ε above that of one epoch at σ={sigma}")

@@ -62,10 +62,12 @@ def summary_line(cfg: Config, r: TrainResult) -> str:
             f"dp={cfg.dp.enabled}  {stages}  peak={peak} ({r.memory_backend})"
         )
     if r.epsilon is not None:
+        others = ", ".join(f"{name} {eps:.3f}" for name, eps in r.epsilons.items())
+        clip = r.ledger.entries[0].params.get("max_grad_norm_chosen") if cfg.dp.clipping == "quantile" else None
+        clip_text = f"C={cfg.dp.max_grad_norm:g}" if clip is None else f"C={clip:.3g} (private quantile)"
         privacy_text = (
-            f"ε={r.epsilon:.3f} ({cfg.dp.accountant.value}, δ={cfg.dp.delta:g}; "
-            f"rdp {r.epsilons['rdp']:.3f}, prv {r.epsilons['prv']:.3f})  "
-            f"σ={r.noise_multiplier:.3g} C={cfg.dp.max_grad_norm:g}"
+            f"ε={r.epsilon:.3f} ({cfg.dp.accountant.value}, δ={cfg.dp.delta:g}, per example; {others})  "
+            f"σ={r.noise_multiplier:.3g} {clip_text}"
         )
     else:
         privacy_text = "non-private (no ε)"

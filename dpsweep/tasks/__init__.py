@@ -9,10 +9,10 @@ final privacy accounting and failure handling. A task owns what differs, through
 - a :class:`Task` (registered in :data:`TASKS`) builds a :class:`TaskRun` for one run, before the
   MLflow run exists, so that bad input (missing weights, an unwritable cache) leaves no run behind;
 - the :class:`TaskRun` then says how its modules reach the device, how one epoch of training goes,
-  how it evaluates, how the memory probe's single iteration goes, and which privacy events its
-  steps spent (``privacy_history``: Opacus's ``(noise_multiplier, sample_rate, steps)`` segments
-  of Poisson-subsampled Gaussian steps, which the runner's accountants turn into ε; a mechanism
-  without sampling reports ``sample_rate = 1``: no amplification).
+  how it evaluates, how the memory probe's single iteration goes, and which privacy events it
+  spent (``privacy_ledger``: a :class:`dpsweep.ledger.Ledger` of dp-accounting ``DpEvent`` s, e.g.
+  Poisson-subsampled Gaussian steps and a private clipping-norm release, which the runner's
+  accountants turn into ε; a mechanism without sampling declares no sampling: no amplification).
 
 A new task is a module in this package that registers itself::
 
@@ -37,7 +37,7 @@ import torch
 from opacus import PrivacyEngine
 from torch import nn
 
-from dpsweep import privacy
+from dpsweep import ledger
 from dpsweep.config import Config
 from dpsweep.data import DataSplits
 from dpsweep.plan import RunPlan
@@ -110,8 +110,11 @@ class TaskRun(Protocol):
     def trained_model(self) -> nn.Module:
         """The whole trained module, without any DP wrapper, on its device (returned by ``train``)."""
 
-    def privacy_history(self) -> privacy.History:
-        """Every privacy event spent, as ``(noise_multiplier, sample_rate, steps)`` segments (empty without DP)."""
+    def privacy_ledger(self) -> ledger.Ledger:
+        """Every privacy-spending release so far, in order (empty without DP)."""
+
+    def params(self) -> dict[str, Any]:
+        """Parameters the task decided at start and the run logs (e.g. dp.max_grad_norm_chosen)."""
 
 
 class Task(Protocol):

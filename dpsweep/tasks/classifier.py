@@ -30,11 +30,11 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from tqdm.auto import tqdm
 
+from dpsweep import clipping, device_data, dpsgd, feature_cache, ledger
 from dpsweep import data as datasets
-from dpsweep import device_data, dpsgd, feature_cache, privacy
 from dpsweep import models as model_zoo
 from dpsweep.batches import Batch, physical_batches
-from dpsweep.config import ConfigError
+from dpsweep.config import Clipping, ConfigError
 from dpsweep.optimizers import build_optimizer
 from dpsweep.tasks import TASKS, Checkpointed, Marks, RunInputs, Stages
 from dpsweep.tracking import Tracker
@@ -79,6 +79,8 @@ class ClassifierRun:
         self.batches: Iterable[Batch] = ()
         self.test: Dataset[Any] = inputs.data.test
         self.criterion: nn.Module = nn.CrossEntropyLoss()
+        self.released: ledger.Entry | None = None  # the private clipping-norm release (dp.clipping=quantile)
+        self.max_grad_norm: float | None = None
 
     def tags(self) -> dict[str, Any]:
         return {"model.trainable_params": model_zoo.trainable_parameters(self.model)}
@@ -96,7 +98,12 @@ class ClassifierRun:
         )
         sigma = self.inputs.plan.noise_multiplier
         if sigma is not None:
-            made = dpsgd.make_private(cfg.dp, sigma, self.model, self.optimizer, loader, self.criterion)
+            self.max_grad_norm = cfg.dp.max_grad_norm
+            if cfg.dp.clipping == Clipping.quantile:
+                self.max_grad_norm = self._private_clipping_norm()
+            made = dpsgd.make_private(
+                cfg.dp, sigma, self.max_grad_norm, self.model, self.optimizer, loader, self.criterion
+            )
             self.engine, self.model, self.optimizer, self.criterion, loader = made
         self.loader, self.generator = loader, generator
         self.trainer = Trainer(self.model, self.optimizer, self.criterion, device)
@@ -105,6 +112,18 @@ class ClassifierRun:
             self.batches, self.generator = _device_batches(self.inputs, self.data, loader)
             self.test = TensorDataset(*(t.to(device) for t in device_data.materialize(self.data.test)))  # once
         return Checkpointed(self.model, self.optimizer, self.engine, self.generator)
+
+    def _private_clipping_norm(self) -> float:
+        """C for dp.clipping=quantile (``dpsweep.clipping``): per-example gradient norms at initialisation
+        on one Poisson sample at the run's sample rate, then their private quantile."""
+        q = self.inputs.plan.privacy.sample_rate  # type: ignore[union-attr]  # a DP run has a privacy plan
+        generator = torch.Generator().manual_seed(self.cfg.train.seed + clipping.SEED_OFFSET)
+        n = len(self.data.train)  # type: ignore[arg-type]
+        pick = torch.nonzero(torch.rand(n, generator=generator) < q).flatten().tolist()
+        norms = per_example_grad_norms(self.model, self.criterion, self.data.train, pick, self.device)
+        chosen = clipping.choose(norms, self.cfg.dp, self.cfg.train.seed)
+        self.released = clipping.entry(self.cfg.dp, q, chosen)
+        return chosen
 
     def train_epoch(self, epoch: int, stages: Stages) -> dict[str, float]:
         self.model.train()
@@ -194,10 +213,49 @@ class ClassifierRun:
     def trained_model(self) -> nn.Module:
         return self.plain_model.eval()
 
-    def privacy_history(self) -> privacy.History:
+    def privacy_ledger(self) -> ledger.Ledger:
         if self.engine is None:
-            return []
-        return [(float(s), float(q), int(n)) for s, q, n in self.engine.accountant.history]
+            return ledger.Ledger()
+        before = ledger.Ledger((self.released,)) if self.released is not None else ledger.Ledger()
+        return before + ledger.from_history(self.engine.accountant.history)
+
+    def params(self) -> dict[str, Any]:
+        if self.released is None:
+            return {}
+        return {"dp.max_grad_norm_chosen": self.max_grad_norm}
+
+
+def per_example_grad_norms(
+    model: nn.Module,
+    criterion: nn.Module,
+    dataset: Dataset[Any],
+    indices: list[int],
+    device: torch.device,
+    chunk: int = 256,
+) -> np.ndarray:
+    """The L2 norm of each listed example's loss gradient with respect to the trainable parameters,
+    in chunks of ``chunk`` examples (``torch.func``: vmap over per-example grad; the model is not changed)."""
+    from torch.func import functional_call, grad, vmap
+
+    params = {k: p.detach() for k, p in model.named_parameters() if p.requires_grad}
+    buffers = {k: b.detach() for k, b in model.named_buffers()}
+
+    def loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = functional_call(model, (p, buffers), (x.unsqueeze(0),))
+        return criterion(out, y.unsqueeze(0))
+
+    per_example = vmap(grad(loss), in_dims=(None, 0, 0))
+    was_training = model.training
+    model.eval()  # dropout off: the norms at initialisation, deterministic
+    norms: list[np.ndarray] = []
+    for start in range(0, len(indices), chunk):
+        part = indices[start : start + chunk]
+        x, y = next(iter(DataLoader(Subset(dataset, part), batch_size=len(part))))
+        grads = per_example(params, x.to(device), y.to(device))
+        squared = sum(g.flatten(1).pow(2).sum(1) for g in grads.values())
+        norms.append(torch.as_tensor(squared).sqrt().cpu().numpy())
+    model.train(was_training)
+    return np.concatenate(norms) if norms else np.zeros(0)
 
 
 def _cached_features(
