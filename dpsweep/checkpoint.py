@@ -13,8 +13,6 @@ a run of the same config (its hash is stored and compared).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import pickle
 import random
@@ -32,12 +30,6 @@ from torch import nn
 from dpsweep.config import ConfigError
 
 FILENAME = "checkpoint.pt"
-
-
-def config_hash(flat_config: dict[str, Any]) -> str:
-    """Stable hash of a flattened config (keys sorted; values as JSON)."""
-    blob = json.dumps(flat_config, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 @dataclass

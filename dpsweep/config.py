@@ -13,7 +13,9 @@ Range checks that types cannot express (``noise_multiplier > 0``, ``delta < 1/N`
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -527,6 +529,12 @@ def identity(flat: dict[str, Any]) -> dict[str, Any]:
         for k, v in flat.items()
         if not k.startswith(NON_IDENTITY_PREFIXES) and not (dp_off and k.startswith("dp.") and k != "dp.enabled")
     }
+
+
+def identity_hash(flat_identity: dict[str, Any]) -> str:
+    """Stable hash of a flattened config's identity (keys sorted; values as JSON): resume and skipping."""
+    blob = json.dumps(flat_identity, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 SWEEPER_KEYS = ("sweep.id", "sweep.parent_run_id")  # what dpsweep's grid sweeper adds to every job

@@ -25,6 +25,7 @@ from torchvision import transforms as T
 
 from dpsweep.config import DatasetConfig, DigitsConfig, Flowers102Config, TorchvisionDatasetConfig
 from dpsweep.errors import InputError
+from dpsweep.facts import flowers102_image_size
 from dpsweep.registry import Registry
 
 # Per-channel normalisation constants (the ones the datasets' reference code uses).
@@ -32,7 +33,6 @@ MNIST_MEAN_STD = ((0.1307,), (0.3081,))
 CIFAR10_MEAN_STD = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
 IMAGENET_MEAN_STD = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 DIGITS_MEAN_STD = (0.5, 0.5)  # data-independent: pixel values 0..16 -> [0, 1] -> [-1, 1]
-FLOWERS102_FULL_SIZE = 224  # pixels: the VGG input size that dataset.downscale divides
 
 
 class DatasetNotFoundError(InputError, FileNotFoundError):
@@ -50,42 +50,6 @@ class DataSplits:
     def n_train(self) -> int:
         """N, the training-set size: the population that the privacy guarantee is about."""
         return len(self.train)  # type: ignore[arg-type]
-
-
-# Official training-set sizes, for planning before the files are downloaded (dpsweep-plan).
-OFFICIAL_N_TRAIN: dict[str, Callable[[Any], int]] = {
-    "mnist": lambda cfg: 60_000,
-    "cifar10": lambda cfg: 50_000,
-    "flowers102": lambda cfg: 1_020 * len(cfg.train_splits),  # train and val hold 1,020 images each
-}
-
-
-@dataclass(frozen=True)
-class DatasetFacts:
-    """What planning needs from a dataset, without training: N, one example's shape, the classes."""
-
-    n_train: int
-    input_shape: tuple[int, int, int]
-    num_classes: int
-
-
-def _square(channels: int, default_size: int) -> Callable[[Any], tuple[int, int, int]]:
-    return lambda cfg: (channels, cfg.image_size or default_size, cfg.image_size or default_size)
-
-
-# Official shapes and classes, for planning before the files are downloaded (as OFFICIAL_N_TRAIN).
-OFFICIAL_INPUT_SHAPE: dict[str, Callable[[Any], tuple[int, int, int]]] = {
-    "mnist": _square(1, 28),
-    "cifar10": _square(3, 32),
-    "flowers102": lambda cfg: (3, flowers102_image_size(cfg), flowers102_image_size(cfg)),
-}
-OFFICIAL_NUM_CLASSES: dict[str, int] = {"mnist": 10, "cifar10": 10, "flowers102": 102}
-
-
-def official_facts(cfg: DatasetConfig) -> DatasetFacts:
-    """N, shape and classes from the dataset's official description (KeyError for other datasets)."""
-    name = cfg.name
-    return DatasetFacts(OFFICIAL_N_TRAIN[name](cfg), OFFICIAL_INPUT_SHAPE[name](cfg), OFFICIAL_NUM_CLASSES[name])
 
 
 DatasetLoader = Callable[[Any], DataSplits]
@@ -214,11 +178,6 @@ def load_cifar10(cfg: TorchvisionDatasetConfig) -> DataSplits:
     make = _train_test(tvd.CIFAR10, cfg, _transform(cfg.image_size, CIFAR10_MEAN_STD), num_classes=10)
     how = "unpack cifar-10-python.tar.gz into dataset.root"
     return _open("CIFAR-10", cfg, root / "cifar-10-batches-py", how, make)
-
-
-def flowers102_image_size(cfg: Flowers102Config) -> int:
-    """Pixels Flowers-102 is served at: ``image_size`` if set, else 224 / ``downscale``."""
-    return cfg.image_size if cfg.image_size is not None else FLOWERS102_FULL_SIZE // cfg.downscale
 
 
 @DATASETS.register("flowers102")

@@ -36,7 +36,7 @@ from dpsweep.config import Config, ConfigError
 from dpsweep.memory_model import PEAK_TARGET, MemoryModel, MemoryModelError
 
 if TYPE_CHECKING:  # dpsweep.data imports scikit-learn (and with it pandas and scipy)
-    from dpsweep.data import DatasetFacts
+    from dpsweep.facts import DatasetFacts
 
 PEAK = PEAK_TARGET
 # The peak a config is planned with (MemoryModel.peak_targets): the largest of the in-stage allocated

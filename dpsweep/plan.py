@@ -1,7 +1,7 @@
 """The run plan: everything decided about a run before it starts, computed once, by one function.
 
     from dpsweep.plan import prepare
-    plan = prepare(cfg, facts)              # cfg: dpsweep.config.Config; facts: dpsweep.data.DatasetFacts
+    plan = prepare(cfg, facts)              # cfg: dpsweep.config.Config; facts: dpsweep.facts.DatasetFacts
     plan.noise_multiplier, plan.steps       # σ (calibrated when dp.target_epsilon is set), optimizer steps
     plan.privacy.epsilon                    # the planned ε over every step, under dp.accountant
     plan.over_budget                        # why the planned ε exceeds sweep.max_epsilon (None: within)
@@ -32,16 +32,28 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
-from dpsweep import checkpoint, clipping, ledger, privacy, rdp
-from dpsweep import data as datasets
-from dpsweep.config import Config, ConfigError, DPConfig, flatten, identity, validate, validate_for_dataset
+from dpsweep import clipping, ledger, privacy, rdp
+from dpsweep import facts as dataset_description
+from dpsweep.config import (
+    Config,
+    ConfigError,
+    DPConfig,
+    flatten,
+    identity,
+    identity_hash,
+    validate,
+    validate_for_dataset,
+)
+from dpsweep.facts import DatasetFacts
 from dpsweep.ledger import Accounting
-from dpsweep.memory import model_key
 from dpsweep.memory_model import MemoryModel, load_models
-from dpsweep.memory_predict import MemoryPrediction, chosen_physical_batch, gpu_budget, model_for, predict_config
+
+if TYPE_CHECKING:  # torch: imported by the plans that use a memory model, not by every plan
+    from dpsweep.memory_predict import MemoryPrediction
 
 
 @dataclass(frozen=True)
@@ -73,7 +85,7 @@ class MemoryBudget:
 @dataclass(frozen=True)
 class RunPlan:
     config: Config
-    facts: datasets.DatasetFacts
+    facts: DatasetFacts
     steps: int  # optimizer steps the run takes (with DP: Poisson steps, one per logical batch)
     privacy: PlannedPrivacy | None  # None without DP
     over_budget: str | None  # why the planned ε exceeds sweep.max_epsilon; None within budget
@@ -92,7 +104,7 @@ class RunPlan:
         return self.memory.fits if self.memory is not None else None
 
 
-def prepare(cfg: Config, facts: datasets.DatasetFacts, memory: MemoryBudget | None = None) -> RunPlan:
+def prepare(cfg: Config, facts: DatasetFacts, memory: MemoryBudget | None = None) -> RunPlan:
     """The plan of one run of ``cfg`` on a training set described by ``facts`` (see the module doc)."""
     validate(cfg)
     validate_for_dataset(cfg, facts.n_train)
@@ -130,7 +142,7 @@ def skip_reasons(
 
 def config_hash(cfg: Config) -> str:
     """The hash of what determines a run's result (:func:`dpsweep.config.identity`)."""
-    return checkpoint.config_hash(identity(flatten(cfg)))
+    return identity_hash(identity(flatten(cfg)))
 
 
 def accounting(dp: DPConfig) -> Accounting:
@@ -181,12 +193,15 @@ def _budget_verdict(cfg: Config, planned: PlannedPrivacy | None) -> str | None:
 
 
 def _memory(
-    cfg: Config, facts: datasets.DatasetFacts, memory: MemoryBudget | None
+    cfg: Config, facts: DatasetFacts, memory: MemoryBudget | None
 ) -> tuple[int | None, MemoryPrediction | None, str | None]:
     """The physical batch, the memory prediction when asked, and the GPU memory figure planned against."""
     t = cfg.train
     if memory is None or t.probe:
         return t.physical_batch_size, None, None
+    from dpsweep.memory import model_key  # torch
+    from dpsweep.memory_predict import chosen_physical_batch, gpu_budget, model_for, predict_config
+
     figure, budget = gpu_budget(cfg, memory.gpu_memory)
     fitted = model_for(memory.models, model_key(cfg), memory.backend)
     physical = t.physical_batch_size
@@ -204,16 +219,22 @@ def _memory(
 # ---------------------------------------------------------------------------------------------
 # dataset facts, before the run: N, the input shape and the classes
 # ---------------------------------------------------------------------------------------------
-def dataset_facts(cfg: Config) -> tuple[datasets.DatasetFacts, str | None]:
-    """N, input shape and classes from the dataset's files or, when they are not downloaded yet, from
-    its official description; the second value is a note saying so (None when the files were read)."""
+def dataset_facts(cfg: Config) -> tuple[DatasetFacts, str | None]:
+    """N, input shape and classes from the dataset's description (digits, no files needed), its files
+    or, when they are not downloaded yet, its official description; the second value is a note saying
+    so (None when the facts are exact)."""
+    described = dataset_description.described(cfg.dataset)
+    if described is not None:
+        return described, None
+    from dpsweep import data as datasets  # torch and torchvision: only to read a dataset's files
+
     try:
         splits = datasets.build(cfg.dataset)
-        return datasets.DatasetFacts(splits.n_train, splits.input_shape, splits.num_classes), None
+        return DatasetFacts(splits.n_train, splits.input_shape, splits.num_classes), None
     except datasets.DatasetNotFoundError:
-        if cfg.dataset.name not in datasets.OFFICIAL_N_TRAIN:
+        if cfg.dataset.name not in dataset_description.OFFICIAL_N_TRAIN:
             raise
-        facts = datasets.official_facts(cfg.dataset)
+        facts = dataset_description.official_facts(cfg.dataset)
         return facts, f"{cfg.dataset.name} files not found; using its official training-set size N={facts.n_train}"
 
 
@@ -222,10 +243,10 @@ class FactsCache:
     one); the notes of the datasets read from their official description are kept in ``notes``."""
 
     def __init__(self) -> None:
-        self._facts: dict[str, datasets.DatasetFacts] = {}
+        self._facts: dict[str, DatasetFacts] = {}
         self.notes: list[str] = []
 
-    def __call__(self, cfg: Config) -> datasets.DatasetFacts:
+    def __call__(self, cfg: Config) -> DatasetFacts:
         key = json.dumps(OmegaConf.to_container(OmegaConf.structured(cfg.dataset)), sort_keys=True)
         if key not in self._facts:
             self._facts[key], note = dataset_facts(cfg)

@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 from dpsweep import checkpoint, ledger, memory, tasks, units
 from dpsweep import data as datasets
 from dpsweep.config import Config, ConfigError, Device, flatten, identity, settings, to_config, validate
+from dpsweep.facts import DatasetFacts
 from dpsweep.ledger import Ledger
 from dpsweep.plan import MemoryFiles, RunPlan, accounting, prepare
 from dpsweep.tracking import (
@@ -101,7 +102,7 @@ def train(cfg: DictConfig | Config) -> TrainResult:
     seed_everything(config.train.seed)
     device = resolve_device(config.train.device)
     data = datasets.build(config.dataset)
-    facts = datasets.DatasetFacts(data.n_train, data.input_shape, data.num_classes)
+    facts = DatasetFacts(data.n_train, data.input_shape, data.num_classes)
     plan = prepare(config, facts, MemoryFiles().budget(config, memory.backend_for(device)))
     if plan.over_budget is not None:
         raise OverBudget(plan.over_budget)

@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from dpsweep import checkpoint, privacy
 from dpsweep.config import ConfigError, to_config
-from dpsweep.data import DatasetFacts
+from dpsweep.facts import DatasetFacts
 from dpsweep.plan import prepare
 from dpsweep.train import train
 

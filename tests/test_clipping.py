@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from dpsweep import clipping, ledger, privacy
 from dpsweep.config import ConfigError, to_config, validate
-from dpsweep.data import DatasetFacts
+from dpsweep.facts import DatasetFacts
 from dpsweep.plan import prepare
 from dpsweep.tasks.classifier import per_example_grad_norms
 from dpsweep.train import train

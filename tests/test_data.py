@@ -45,3 +45,12 @@ def test_unknown_dataset_names_the_key_and_the_valid_ones() -> None:
     assert str(info.value) == (
         "dataset.name='imagenet' is invalid: unknown dataset 'imagenet'; valid: cifar10, digits, flowers102, mnist"
     )
+
+
+@pytest.mark.parametrize(("fraction", "size"), [(0.2, 28), (0.5, None), (0.01, 16)])
+def test_digits_facts_need_no_files_and_equal_the_loaded_splits(fraction: float, size: int | None) -> None:
+    from dpsweep import facts
+
+    cfg = DigitsConfig(test_fraction=fraction, image_size=size)
+    splits = data.build(cfg)
+    assert facts.described(cfg) == facts.DatasetFacts(splits.n_train, splits.input_shape, splits.num_classes)

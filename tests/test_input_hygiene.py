@@ -15,7 +15,7 @@ from opacus.accountants.analysis import rdp as opacus_rdp
 
 from dpsweep import ledger, privacy, rdp
 from dpsweep.config import ConfigError, to_config, validate
-from dpsweep.data import DatasetFacts
+from dpsweep.facts import DatasetFacts
 from dpsweep.launchers.overrides import new_sweep_id, string_override
 from dpsweep.plan import prepare
 from dpsweep.train import train

@@ -150,6 +150,25 @@ def test_commands_import_nothing_heavy_before_work(module: str, heavy: tuple[str
     assert done.stdout.strip() == "[]", done.stdout
 
 
+@pytest.mark.parametrize(
+    "call",
+    [
+        "from dpsweep.cli.epsilon import run; run(['-s', '60000', '-b', '256', '-n', '1.1', '-e', '10'])",
+        "from dpsweep.cli.epsilon import run; run('-s 60000 -b 256 -n 1 -e 5 --accountant pld'.split())",
+        "from dpsweep.cli.plan import main; main(['experiment=demo'])",
+    ],
+)
+def test_an_epsilon_query_and_a_plan_of_digits_import_no_torch(call: str) -> None:
+    """Accounting is torch-free (issue 14): an ε query and planning the demo compute without torch or Opacus."""
+    import subprocess
+    import sys
+
+    probe = f"import sys; {call}; print(sorted(m for m in {LIBRARIES!r} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr
+
+
 def test_report_help_names_the_formats_and_sort_keys_it_accepts() -> None:
     """dpsweep-report --help lists them without importing the report module: the same names."""
     from dpsweep.analysis import report as rep
