@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import multiprocessing
 import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from multiprocessing.context import ForkServerContext
 from pathlib import Path
 
 from mlflow.entities import Run
@@ -46,6 +48,25 @@ def run_script(
         [str(BIN / name), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
         env={**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})}, check=False,
     )  # fmt: skip
+
+
+# What the forkserver of the tests that run many tracking jobs at once imports, once for all the
+# processes it forks: dpsweep's tracking layer, and what each job would otherwise import after the
+# fork, about a second of CPU each: pytest and SQLAlchemy (the test modules import them), MLflow's
+# sqlite store with Alembic, GitPython (the runs' source tags), requests. Not the test modules:
+# before Python 3.12 the forkserver imports its preload list before it sets sys.path (and ignores
+# the ImportError). One list for all those tests: a process starts one forkserver, at first use.
+FORKSERVER_PRELOAD = [
+    "dpsweep.tracking", "pytest", "requests", "sqlalchemy", "mlflow.store.tracking.sqlalchemy_store",
+    "mlflow.store.db.utils", "alembic.command", "alembic.runtime.migration", "git",
+]  # fmt: skip
+
+
+def forkserver() -> ForkServerContext:
+    """The forkserver context, with :data:`FORKSERVER_PRELOAD` (if this process has not started it yet)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+    return ctx
 
 
 @contextlib.contextmanager

@@ -17,7 +17,6 @@ reads through but blocks inserts, until every job has found no experiment and wa
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import shutil
 import subprocess
@@ -33,6 +32,7 @@ from pathlib import Path
 import pytest
 import requests
 import sqlalchemy
+from helpers import forkserver
 from mlflow.entities import Run, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
@@ -136,10 +136,7 @@ def test_32_concurrent_jobs_each_log_a_complete_run(
     monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # 32 downloads, 32 bars otherwise
     experiment = f"test-concurrent-{uuid.uuid4().hex[:12]}"  # the server outlives test sessions
     start = time.monotonic()
-    ctx = multiprocessing.get_context("forkserver")
-    # Not this module: before Python 3.12 the forkserver imports its preload list before it sets sys.path
-    # (and ignores the ImportError), so a test module is not found. Each job imports it in ~0.2 s.
-    ctx.set_forkserver_preload(["dpsweep.tracking", "pytest", "requests"])
+    ctx = forkserver()  # what the jobs import, imported once (helpers.FORKSERVER_PRELOAD)
     barrier = ctx.Barrier(JOBS + 1)
     procs = [
         ctx.Process(target=_job, args=(server_uri, experiment, i, barrier, str(tmp_path)), name=f"job-{i}")

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import multiprocessing
 from pathlib import Path
 
 import pytest
+from helpers import forkserver
 from mlflow.tracking import MlflowClient
 
 pytestmark = pytest.mark.slow
@@ -41,8 +41,7 @@ def test_sixteen_first_runs_at_once_are_all_recorded(tmp_path: Path) -> None:
     barrier.mkdir()
     # Processes forked from a forkserver that imported dpsweep's tracking layer once (each would
     # otherwise spend seconds importing MLflow): still 16 processes, each opening the store itself.
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["dpsweep.tracking"])
+    ctx = forkserver()
     procs = [ctx.Process(target=_job, args=(uri, str(barrier), i, RUNS, str(tmp_path))) for i in range(RUNS)]
     for proc in procs:
         proc.start()
