@@ -39,8 +39,9 @@ def test_sweep_runs_each_job_and_prints_accuracy_and_epsilon(tmp_path: Path) -> 
     assert "non-private" in lines[0] and "test_accuracy=" in lines[0]
     assert "ε=" in lines[1] and "δ=1e-05" in lines[1] and "rdp" in lines[1]
     # output piped, so no bars: one line per epoch with its figures, and the sweep's last line says what next
-    epochs = [line for line in proc.stdout.splitlines() if "epoch 1/1  train_loss=" in line]
+    epochs = [line for line in proc.stdout.splitlines() if "epoch 1/1  " in line]
     assert len(epochs) == 2 and "test_accuracy=" in epochs[1] and "ε=" in epochs[1], proc.stdout
+    assert "train_loss=" in epochs[0] and "train_loss=" not in epochs[1]  # un-noised: not released with DP
     sweep_id = re.search(r"dpsweep: sweep (s[0-9a-f]{11}): 2 finished", proc.stdout)
     assert sweep_id is not None, proc.stdout
     experiment = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_experiment_by_name("cli")
