@@ -54,6 +54,7 @@ class Clipping(StrEnum):
 
     fixed = "fixed"  # C = dp.max_grad_norm
     quantile = "quantile"  # C = a private quantile of per-example gradient norms at initialisation
+    adaptive = "adaptive"  # C moves towards a quantile at every step (Andrew et al. 2021)
 
 
 class QuantileMethod(StrEnum):
@@ -181,10 +182,13 @@ class DPConfig:
     # instead of torch's generator, which train.seed (logged) regenerates. Off: runs are tagged
     # dp.release=not-for-release.
     secure_mode: bool = False
-    # The clipping norm: fixed (dp.max_grad_norm), or quantile: before training, the dp.clip_quantile of
+    # The clipping norm: fixed (dp.max_grad_norm); quantile: before training, the dp.clip_quantile of
     # the per-example gradient norms at initialisation on one Poisson sample, released with
     # dp.clip_epsilon-DP by dp.clip_quantile_method over the public range [clip_low, clip_high], and
-    # charged in the run's privacy ledger (dp.max_grad_norm is then unused).
+    # charged in the run's privacy ledger (dp.max_grad_norm is then unused); adaptive: C starts at
+    # dp.max_grad_norm and moves geometrically towards the dp.clip_quantile of the norms at every step
+    # (Andrew et al. 2021), within [clip_low, clip_high], from a count of unclipped examples noised
+    # with std dp.clip_count_noise; the gradient noise grows so that each step costs what DP-SGD at σ does.
     clipping: Clipping = Clipping.fixed
     clip_quantile: float = 0.5  # the target quantile γ of per-example gradient norms, in (0, 1)
     clip_quantile_method: QuantileMethod = QuantileMethod.histogram
@@ -192,6 +196,9 @@ class DPConfig:
     clip_low: float = 0.0  # the public range the quantile is searched in
     clip_high: float = 10.0
     clip_steps: int = 100  # bins of [clip_low, clip_high] for the histogram method
+    clip_lr: float = 0.2  # adaptive: η of the geometric update C <- C·exp(-η(unclipped share - γ))
+    # adaptive: σ_b, the std of the noise on the count of unclipped examples; null: B/20 (Andrew et al.)
+    clip_count_noise: float | None = None
 
 
 @dataclass
@@ -467,12 +474,21 @@ def validate(cfg: Config) -> None:
         return
     ranges.check("delta", "dp.delta", dp.delta)
     ranges.check("max_grad_norm", "dp.max_grad_norm", dp.max_grad_norm)
-    if dp.clipping == Clipping.quantile:
+    if dp.clipping != Clipping.fixed:
         _require(0 < dp.clip_quantile < 1, "dp.clip_quantile", dp.clip_quantile, "a quantile in (0, 1)")
-        _require(dp.clip_epsilon > 0, "dp.clip_epsilon", dp.clip_epsilon, "a positive ε for the quantile release")
         _require(dp.clip_low >= 0, "dp.clip_low", dp.clip_low, "a gradient norm >= 0")
         _require(dp.clip_low < dp.clip_high, "dp.clip_high", dp.clip_high, f"a norm above dp.clip_low={dp.clip_low:g}")
+    if dp.clipping == Clipping.quantile:
+        _require(dp.clip_epsilon > 0, "dp.clip_epsilon", dp.clip_epsilon, "a positive ε for the quantile release")
         _require(dp.clip_steps >= 2, "dp.clip_steps", dp.clip_steps, "2 or more histogram bins")
+    if dp.clipping == Clipping.adaptive:
+        _require(dp.clip_lr > 0, "dp.clip_lr", dp.clip_lr, "a positive learning rate η of the clipping norm")
+        sigma_b = dp.clip_count_noise
+        _require(sigma_b is None or sigma_b > 0, "dp.clip_count_noise", sigma_b, "a positive noise std σ_b, or null")
+        _require(
+            dp.grad_sample_mode != GradSampleMode.ghost, "dp.grad_sample_mode", dp.grad_sample_mode.value,
+            "hooks, functorch or ew with dp.clipping=adaptive: Opacus's ghost clipping has a fixed norm",
+        )  # fmt: skip
     if dp.target_epsilon is None:
         ranges.check("noise_multiplier", "dp.noise_multiplier", dp.noise_multiplier)
     else:

@@ -10,16 +10,19 @@ subsampling, Mironov, Talwar & Zhang 2019), so a run's ε is that of what ran.
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
 import torch
 from opacus import PrivacyEngine
 from opacus.optimizers import DPOptimizer
+from opacus.optimizers.adaclipoptimizer import AdaClipDPOptimizer
 from torch import nn
 from torch.utils.data import DataLoader
 
-from dpsweep.config import DPConfig, GradSampleMode
+from dpsweep import clipping
+from dpsweep.config import Clipping, DPConfig, GradSampleMode
 
 # Known, understood warnings: secure_mode is off (recorded as the tag dp.secure_mode), and Opacus's
 # backward hooks fire on modules whose inputs need no gradient (the images).
@@ -44,6 +47,14 @@ def make_private(
     criterion (its loss runs Opacus's two backward passes), so the criterion to use is returned."""
     # Opacus's accountant only records the (σ, q, steps) history here; ε comes from the ledger.
     engine = PrivacyEngine(accountant="rdp", secure_mode=dp.secure_mode)
+    adaptive: dict[str, Any] = {}
+    if dp.clipping == Clipping.adaptive:
+        adaptive = {
+            "clipping": "adaptive", "target_unclipped_quantile": dp.clip_quantile,
+            "clipbound_learning_rate": dp.clip_lr, "max_clipbound": dp.clip_high,
+            "min_clipbound": max(dp.clip_low, MIN_CLIP_NORM),
+            "unclipped_num_std": clipping.count_noise(dp, loader.batch_size or 1),
+        }  # fmt: skip
     made = engine.make_private(
         module=model,
         optimizer=optimizer,
@@ -53,9 +64,30 @@ def make_private(
         poisson_sampling=True,  # the accountants analyse Poisson subsampling
         grad_sample_mode=dp.grad_sample_mode.value,
         criterion=criterion,
+        **adaptive,
     )
     if dp.grad_sample_mode == GradSampleMode.ghost:
         private_model, private_optimizer, criterion, private_loader = made
     else:
         private_model, private_optimizer, private_loader = made
+    if isinstance(private_optimizer, AdaClipDPOptimizer):
+        private_optimizer.__class__ = ExpectedBatchAdaClip  # the same object, with dpsweep's sound update
     return engine, private_model, private_optimizer, criterion, private_loader
+
+
+MIN_CLIP_NORM = 1e-6  # adaptive clipping's floor when dp.clip_low is 0: a norm of 0 clips every gradient away
+
+
+class ExpectedBatchAdaClip(AdaClipDPOptimizer):
+    """Opacus's adaptive clipping with the clipping-norm update of Andrew et al. 2021 and TF Privacy:
+    the unclipped share is the noisy count centred by 1/2 per example (sensitivity 1/2, the count noise
+    the accounting assumes) over the expected batch size, plus 1/2. Opacus's own update divides the
+    raw noisy count by the actual batch size, which is private and not noised. See dpsweep.clipping."""
+
+    def update_max_grad_norm(self) -> None:
+        # unclipped_num is (#unclipped + N(0, σ_b²)) after add_noise; minus n/2 it is the centred release
+        centred = float(self.unclipped_num) - self.sample_size / 2
+        share = centred / max(self.expected_batch_size, 1) + 0.5
+        current = float(self.max_grad_norm)  # type: ignore[has-type]  # set by Opacus in __init__
+        norm = current * math.exp(-self.clipbound_learning_rate * (share - self.target_unclipped_quantile))
+        self.max_grad_norm = min(max(norm, self.min_clipbound), self.max_clipbound)

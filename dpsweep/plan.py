@@ -175,6 +175,7 @@ def _planned_privacy(cfg: Config, n_train: int) -> PlannedPrivacy | None:
             raise ConfigError(
                 "dp.target_epsilon", dp.target_epsilon, f"a budget reachable with σ <= 1e6 ({err})"
             ) from err
+    clipping.check_adaptive(dp, sigma, cfg.train.batch_size)
     eps = privacy.epsilon(
         schedule, noise_multiplier=sigma, delta=dp.delta, epochs=cfg.train.epochs, accounting=how, extra=extra
     )

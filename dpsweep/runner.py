@@ -218,9 +218,13 @@ def _epochs(
         if cfg.dp.enabled:  # ε so far, from the same ledger and accountant as the final ε
             spent = ledger.epsilon(task_run.privacy_ledger(), cfg.dp.delta, accounting(cfg.dp))
             metrics["epsilon"] = spent.epsilon
-        run.log_metrics(metrics, step=epoch)
+        # With DP, statistics of the private examples that no mechanism noised (the training loss) are
+        # kept in this process (TrainResult) but never logged or printed: no accountant covers them.
+        private = set(task_run.private_metrics) if cfg.dp.enabled else set()
+        released = {k: v for k, v in metrics.items() if k not in private}
+        run.log_metrics(released, step=epoch)
         result.epochs.append({"epoch": float(epoch), **metrics})
-        _report_epoch(f"epoch {epoch}/{cfg.train.epochs}", metrics, time.monotonic() - started, bar)
+        _report_epoch(f"epoch {epoch}/{cfg.train.epochs}", released, time.monotonic() - started, bar)
         if reporter is not None and reporter.should_prune(epoch, metrics["test_accuracy"]):
             raise RunEnded(
                 f"pruned by the {cfg.sweep.pruner} pruner after epoch {epoch}",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -103,3 +104,81 @@ def test_a_target_below_the_release_alone_is_refused(make_cfg: Composer) -> None
     with pytest.raises(ConfigError, match="more than the clipping release alone") as info:
         prepare(cfg, DIGITS)
     assert info.value.key == "dp.target_epsilon"
+
+
+# ---------------------------------------------------------------------------------------------
+# dp.clipping=adaptive (Andrew et al. 2021)
+# ---------------------------------------------------------------------------------------------
+def _adaptive_optimizer(make_cfg: Composer, sigma: float, *overrides: str) -> tuple[Any, torch.nn.Linear]:
+    """A private optimizer of adaptive clipping over a 200,000-weight linear layer (N = 640, B = 64)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from dpsweep import dpsgd
+
+    cfg = to_config(make_cfg("dp.clipping=adaptive", *overrides))
+    layer = torch.nn.Linear(1000, 200)
+    loader = DataLoader(TensorDataset(torch.zeros(640, 1000), torch.zeros(640, dtype=torch.long)), batch_size=64)
+    _, _, optimizer, _, _ = dpsgd.make_private(
+        cfg.dp, sigma, 1.0, layer, torch.optim.SGD(layer.parameters(), lr=0.1), loader, torch.nn.MSELoss()
+    )
+    return optimizer, layer
+
+
+def test_adaptive_gradient_noise_is_sigma_delta_and_the_ledger_charges_the_full_sigma(make_cfg: Composer) -> None:
+    """The Opacus fix: gradient noise at σ_Δ = (σ^-2 - (2σ_b)^-2)^(-1/2) > σ, accounting at σ. Charging σ_Δ
+    (the old Opacus accounting) would under-state ε."""
+    from dpsweep import dpsgd
+
+    sigma, sigma_b = 1.0, 0.8
+    optimizer, layer = _adaptive_optimizer(make_cfg, sigma, f"dp.clip_count_noise={sigma_b}")
+    assert isinstance(optimizer, dpsgd.ExpectedBatchAdaClip)
+    assert optimizer.noise_multiplier == sigma  # what Opacus's accountant records: the full σ
+    # the noise Opacus adds to a zero gradient sum: its std is σ_Δ·C (C = 1)
+    for p in optimizer.params:
+        p.summed_grad = torch.zeros_like(p)
+    optimizer.unclipped_num = torch.tensor(0.0)
+    optimizer.add_noise()
+    param = layer.weight
+    sigma_delta = clipping.gradient_noise(sigma, sigma_b)
+    assert sigma_delta == pytest.approx((1 - 1 / 2.56) ** -0.5)
+    assert float(param.grad.std()) == pytest.approx(sigma_delta, rel=0.01)
+    entry = clipping.adaptive_steps(sigma, 0.05, 300, sigma_b)
+    charged = ledger.epsilon(ledger.Ledger((entry,)), 1e-5).epsilon
+    assert charged == ledger.epsilon(ledger.from_history([(sigma, 0.05, 300)]), 1e-5).epsilon
+    assert charged > ledger.epsilon(ledger.from_history([(sigma_delta, 0.05, 300)]), 1e-5).epsilon
+
+
+def test_adaptive_update_uses_the_centred_count_over_the_expected_batch(make_cfg: Composer) -> None:
+    optimizer, _ = _adaptive_optimizer(make_cfg, 1.0, "dp.clip_quantile=0.5", "dp.clip_lr=0.2")
+    expected = optimizer.expected_batch_size
+    # 40 of an actual 70 examples unclipped, noise +1.5: the release is 41.5 - 35 = 6.5 (centred)
+    optimizer.max_grad_norm, optimizer.sample_size, optimizer.unclipped_num = 1.0, 70, torch.tensor(41.5)
+    optimizer.update_max_grad_norm()
+    share = 6.5 / expected + 0.5
+    assert optimizer.max_grad_norm == pytest.approx(float(np.exp(-0.2 * (share - 0.5))))
+    optimizer.max_grad_norm, optimizer.sample_size, optimizer.unclipped_num = 9.9, 10, torch.tensor(0.0)
+    optimizer.update_max_grad_norm()
+    assert optimizer.max_grad_norm == 10.0  # clamped to dp.clip_high
+
+
+def test_an_adaptive_run_logs_c_per_epoch_and_charges_sigma(
+    make_cfg: Composer, client: MlflowClient, experiment_name: str
+) -> None:
+    cfg = make_cfg("dp.clipping=adaptive", "train.epochs=2", "dp.clip_quantile=0.7")
+    plan = prepare(to_config(cfg), DIGITS)
+    result = train(cfg)
+    [run] = runs_of(client, experiment_name)
+    norms = [m.value for m in client.get_metric_history(run.info.run_id, "max_grad_norm")]
+    assert len(norms) == 2 and all(0 < c <= 10 for c in norms) and norms[0] != 1.0  # it moved from C0 = 1
+    [steps] = result.ledger.entries
+    assert steps.params["clipping"] == "adaptive" and steps.params["count_noise"] == 64 / 20
+    assert plan.privacy is not None and result.epsilon == plan.privacy.epsilon  # the plan's σ, every step
+
+
+def test_adaptive_with_sigma_at_least_twice_the_count_noise_is_refused(make_cfg: Composer) -> None:
+    cfg = to_config(make_cfg("dp.clipping=adaptive", "dp.noise_multiplier=2", "dp.clip_count_noise=1"))
+    with pytest.raises(ConfigError, match="undefined") as info:
+        prepare(cfg, DIGITS)
+    assert info.value.key == "dp.clip_count_noise"
+    with pytest.raises(ConfigError, match="ghost clipping has a fixed norm"):
+        validate(to_config(make_cfg("dp.clipping=adaptive", "dp.grad_sample_mode=ghost")))

@@ -82,6 +82,10 @@ class Stages(Marks, Protocol):
 class TaskRun(Protocol):
     """One run of a task, built before the MLflow run and started inside it."""
 
+    # Metrics of train_epoch computed from private examples without noise (e.g. train_loss): with DP
+    # the runner keeps them in TrainResult but neither logs nor prints them.
+    private_metrics: tuple[str, ...]
+
     def tags(self) -> dict[str, Any]:
         """Tags about the task's modules, set when the MLflow run is created (e.g. model.trainable_params)."""
 

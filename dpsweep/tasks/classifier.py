@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from opacus import PrivacyEngine
 from opacus.grad_sample.gsm_exp_weights import GradSampleModuleExpandedWeights
+from opacus.optimizers import DPOptimizer
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from tqdm.auto import tqdm
@@ -68,6 +69,8 @@ def check_writable(directory: Path, key: str) -> None:
 
 class ClassifierRun:
     """One classifier run (see :class:`dpsweep.tasks.TaskRun`)."""
+
+    private_metrics = ("train_loss",)  # the mean loss of the Poisson batches: un-noised, not released with DP
 
     def __init__(self, inputs: RunInputs, model: nn.Module) -> None:
         self.inputs = inputs
@@ -142,7 +145,11 @@ class ClassifierRun:
                     loss_sum += loss * len(y)
                     seen += len(y)
         self.optimizer.zero_grad(set_to_none=True)  # gradients and per-sample gradients are not needed now
-        return {"train_loss": float(loss_sum) / max(seen, 1)}
+        metrics = {"train_loss": float(loss_sum) / max(seen, 1)}
+        if self.cfg.dp.enabled and self.cfg.dp.clipping == Clipping.adaptive:
+            optimizer: DPOptimizer = self.optimizer
+            metrics["max_grad_norm"] = float(optimizer.max_grad_norm)  # C after the epoch's last step
+        return metrics
 
     def evaluate(self) -> dict[str, float]:
         plain = self.plain_model
@@ -217,7 +224,16 @@ class ClassifierRun:
         if self.engine is None:
             return ledger.Ledger()
         before = ledger.Ledger((self.released,)) if self.released is not None else ledger.Ledger()
-        return before + ledger.from_history(self.engine.accountant.history)
+        history = self.engine.accountant.history
+        if self.cfg.dp.clipping == Clipping.adaptive:  # charged at the full σ of the plan (dpsweep.clipping)
+            sigma, sigma_b = (
+                self.inputs.plan.noise_multiplier,
+                clipping.count_noise(self.cfg.dp, self.cfg.train.batch_size),
+            )
+            assert sigma is not None
+            steps = tuple(clipping.adaptive_steps(sigma, float(q), int(n), sigma_b) for _, q, n in history if n)
+            return before + ledger.Ledger(steps)
+        return before + ledger.from_history(history)
 
     def params(self) -> dict[str, Any]:
         if self.released is None:
