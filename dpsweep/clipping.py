@@ -32,34 +32,42 @@ Opacus's ``AdaClipDPOptimizer`` divides the raw noisy count by the actual (priva
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from dpsweep import ledger, mechanisms
-from dpsweep.config import Clipping, ConfigError, DPConfig, QuantileMethod
+from dpsweep.errors import InputError
+
+if TYPE_CHECKING:  # the config module registers Hydra schemas: dpsweep-epsilon prices a release without it
+    from dpsweep.config import DPConfig
 
 RELEASE = "clip_quantile"  # the ledger entry's name
+DEFAULT_EPSILON = 1.0  # dp.clip_epsilon's default (a test checks they agree): cheap once amplified by q
 SEED_OFFSET = 7_919  # the release's generator: train.seed + this, apart from the training sampler's
 
 
-def amplified_epsilon(dp: DPConfig, sample_rate: float) -> float:
-    """ε' the ledger charges for the release (see the module docstring)."""
-    return ledger.amplified_by_poisson(dp.clip_epsilon, sample_rate)
+def release(epsilon: float, sample_rate: float, method: str, params: Mapping[str, Any] | None = None) -> ledger.Entry:
+    """The ledger entry of an ``epsilon``-DP quantile release by ``method`` on a Poisson sample at
+    ``sample_rate``: charged at ε' = log(1 + q(e^ε - 1)) (see the module docstring)."""
+    note = (
+        f"{epsilon:g}-DP quantile release ({method}) on a Poisson sample at rate q={sample_rate:.6g}, amplified "
+        "to ε'=log(1+q(e^ε-1)) (Balle et al. 2018); pure DP accounted by the randomized-response bound (RDP), "
+        "exactly (PLD), by basic composition (PRV)"
+    )
+    shown = {"method": method, "epsilon": epsilon, "sample_rate": sample_rate} | dict(params or {})
+    return ledger.pure_release(RELEASE, ledger.amplified_by_poisson(epsilon, sample_rate), shown, note)
 
 
 def entry(dp: DPConfig, sample_rate: float, chosen: float | None = None) -> ledger.Entry:
-    """The ledger entry of the quantile release on a Poisson sample at ``sample_rate`` (``chosen``: the C released)."""
+    """The ledger entry of the run's quantile release (``chosen``: the C released)."""
     params: dict[str, float | str | None] = {
-        "quantile": dp.clip_quantile, "method": dp.clip_quantile_method.value, "epsilon": dp.clip_epsilon,
-        "sample_rate": sample_rate, "low": dp.clip_low, "high": dp.clip_high, "max_grad_norm_chosen": chosen,
+        "quantile": dp.clip_quantile, "low": dp.clip_low, "high": dp.clip_high, "max_grad_norm_chosen": chosen,
     }  # fmt: skip
-    if dp.clip_quantile_method == QuantileMethod.histogram:
+    if dp.clip_quantile_method == "histogram":
         params["steps"] = dp.clip_steps
-    note = (
-        f"{dp.clip_epsilon:g}-DP quantile release ({dp.clip_quantile_method.value}) on a Poisson sample at rate "
-        f"q={sample_rate:.6g}, amplified to ε'=log(1+q(e^ε-1)) (Balle et al. 2018); pure DP accounted by the "
-        "randomized-response bound (RDP), exactly (PLD), by basic composition (PRV)"
-    )
-    return ledger.pure_release(RELEASE, amplified_epsilon(dp, sample_rate), params, note)
+    return release(dp.clip_epsilon, sample_rate, dp.clip_quantile_method.value, params)
 
 
 def count_noise(dp: DPConfig, batch_size: int) -> float:
@@ -76,13 +84,13 @@ def gradient_noise(noise_multiplier: float, sigma_b: float) -> float:
 
 
 def check_adaptive(dp: DPConfig, noise_multiplier: float, batch_size: int) -> None:
-    """Adaptive clipping needs σ < 2σ_b (ConfigError naming dp.clip_count_noise otherwise)."""
-    if dp.clipping != Clipping.adaptive:
+    """Adaptive clipping needs σ < 2σ_b (InputError naming dp.clip_count_noise otherwise)."""
+    if dp.clipping != "adaptive":
         return
     sigma_b = count_noise(dp, batch_size)
     given = dp.clip_count_noise if dp.clip_count_noise is not None else f"null (B/20={sigma_b:g})"
     if noise_multiplier >= 2 * sigma_b:
-        raise ConfigError(
+        raise InputError(
             "dp.clip_count_noise", given,
             f"a count-noise std σ_b above σ/2 = {noise_multiplier / 2:g}: with σ >= 2σ_b the gradient noise "
             "σ_Δ = (σ^-2 - (2σ_b)^-2)^(-1/2) of adaptive clipping is undefined (Andrew et al. 2021, Thm. 1)",
@@ -104,7 +112,7 @@ def adaptive_steps(noise_multiplier: float, sample_rate: float, steps: int, sigm
 
 def planned(dp: DPConfig, sample_rate: float) -> ledger.Ledger:
     """The releases a run makes before training, besides its DP-SGD steps (empty for fixed C)."""
-    if not dp.enabled or dp.clipping != Clipping.quantile:
+    if not dp.enabled or dp.clipping != "quantile":
         return ledger.Ledger()
     return ledger.Ledger((entry(dp, sample_rate),))
 
@@ -112,7 +120,7 @@ def planned(dp: DPConfig, sample_rate: float) -> ledger.Ledger:
 def choose(norms: np.ndarray, dp: DPConfig, seed: int) -> float:
     """C: the private ``dp.clip_quantile`` of per-example gradient ``norms`` (one Poisson sample)."""
     rng = np.random.default_rng(seed + SEED_OFFSET)
-    if dp.clip_quantile_method == QuantileMethod.exponential:
+    if dp.clip_quantile_method == "exponential":
         c = mechanisms.exponential_quantile(
             norms, dp.clip_quantile, low=dp.clip_low, high=dp.clip_high, epsilon=dp.clip_epsilon, rng=rng
         )

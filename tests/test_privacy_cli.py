@@ -91,6 +91,33 @@ BAD = [
         "--target-epsilon",
         "improved",
     ),
+    (["-s", "1000", "-b", "10", "-n", "1", "-e", "1", "--tuning-trials", "1"], "--tuning-trials=1.0", "above 1"),
+    (
+        [
+            "-s",
+            "1000",
+            "-b",
+            "10",
+            "-n",
+            "1",
+            "-e",
+            "1",
+            "--tuning-trials",
+            "5",
+            "--tuning-distribution",
+            "tnb",
+            "--tuning-eta",
+            "-2",
+        ],
+        "--tuning-eta=-2.0",
+        "η > -1",
+    ),
+    (
+        ["-s", "1000", "-b", "10", "-n", "1", "-e", "1", "--clipping", "quantile", "--clip-epsilon", "0"],
+        "--clip-epsilon=0.0",
+        "a positive ε",
+    ),
+    (["-s", "1000", "-b", "10", "-n", "1", "-e", "1", "--alphas", "big"], "--alphas='big'", "default, opacus"),
 ]
 
 
@@ -101,6 +128,41 @@ def test_bad_input_exits_2_naming_the_flag(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("dpsweep-epsilon: error: ") and flag in err and allowed in err, err
+
+
+def test_a_quantile_clipping_release_is_priced_and_calibrated_with(capsys: pytest.CaptureFixture[str]) -> None:
+    from dpsweep import clipping, config, ledger
+
+    assert config.DPConfig().clip_epsilon == clipping.DEFAULT_EPSILON  # one default for the CLI and the config
+    base = ["-s", "1437", "-b", "64", "-e", "8", "--json"]
+    run([*base, "-n", "1"])
+    plain = json.loads(capsys.readouterr().out)
+    run([*base, "-n", "1", "--clipping", "quantile", "--clip-epsilon", "2"])
+    priced = json.loads(capsys.readouterr().out)
+    q = plain["sample_rate"]
+    bill = ledger.Ledger((clipping.release(2.0, q, "histogram"), ledger.dpsgd(1.0, q, plain["steps"])))
+    assert priced["epsilon"] == ledger.epsilon(bill, 1e-5).epsilon > plain["epsilon"]
+    run([*base, "--target-epsilon", "3", "--clipping", "quantile", "--clip-epsilon", "2"])
+    calibrated = json.loads(capsys.readouterr().out)
+    run([*base, "--target-epsilon", "3"])
+    without = json.loads(capsys.readouterr().out)
+    assert calibrated["epsilon"] <= 3 and calibrated["noise_multiplier"] > without["noise_multiplier"]
+
+
+@pytest.mark.parametrize("distribution", ["poisson", "geometric", "tnb"])
+def test_tuning_prints_the_procedures_epsilon_beside_the_single_runs(
+    capsys: pytest.CaptureFixture[str], distribution: str
+) -> None:
+    from dpsweep import ledger
+
+    argv = ["-s", "60000", "-b", "150", "-n", "1.3", "-e", "15", "--tuning-trials", "10"]
+    run([*argv, "--tuning-distribution", distribution, "--json"])
+    out = json.loads(capsys.readouterr().out)
+    shape = 0.5 if distribution == "tnb" else ledger.TUNING_SHAPES.get(distribution)
+    expected = ledger.tuning_epsilon(ledger.from_history([(1.3, 0.0025, 6000)]), 1e-5, 10, shape).epsilon
+    assert out["epsilon_tuning"] == expected and out["epsilon_tuning"] > out["epsilon"]
+    run([*argv, "--tuning-distribution", distribution])
+    assert f"K ~ {distribution} with mean 10" in capsys.readouterr().out
 
 
 def test_large_delta_can_be_allowed(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,9 +7,14 @@ In the style of the field's ``compute_dp_sgd_privacy`` script::
     dpsweep-epsilon -s 60000 -b 150 -e 15 --target-epsilon 2     # σ for ε <= 2
     dpsweep-epsilon -s 60000 -b 150 -n 1.3 --target-epsilon 2    # most epochs with ε <= 2
     dpsweep-epsilon -s 60000 -b 150 -n 1.3 -e 15 --plot plots/   # ε against each knob, as PNG
+    dpsweep-epsilon -s 60000 -b 150 -n 1.3 -e 15 --clipping quantile --clip-epsilon 1   # with a private C
+    dpsweep-epsilon -s 60000 -b 150 -n 1.3 -e 15 --tuning-trials 10 --tuning-distribution poisson
 
 Steps follow Opacus's Poisson loader (see ``dpsweep.privacy``), so the ε printed here is exactly the
-ε ``dpsweep`` logs at the end of a run with the same N, B, σ, epochs and δ. Bad input exits with 2.
+ε ``dpsweep`` logs at the end of a run with the same N, B, σ, epochs, δ and clipping. ``--clipping
+quantile`` adds the clipping-norm release (``dpsweep.clipping``; calibration then spends the target
+with it). ``--tuning-trials M`` also prints the ε of tuning: the best of K runs, K random with mean M
+(Papernot & Steinke 2022, dp-accounting's RepeatAndSelectDpEvent). Bad input exits with 2.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dpsweep import ledger, privacy, ranges, rdp
+from dpsweep import clipping, ledger, privacy, ranges, rdp
 from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.errors import InputError
 
@@ -48,6 +53,16 @@ def _parser() -> argparse.ArgumentParser:
                    "to reproduce published figures) or a list of orders")  # fmt: skip
     p.add_argument("--target-epsilon", type=float, metavar="EPS",
                    help="calibrate σ (given -e/--steps) or the epochs (given -n) so that ε <= EPS")  # fmt: skip
+    p.add_argument("--clipping", choices=["fixed", "quantile", "adaptive"], default="fixed",
+                   help="how C is chosen: quantile adds its release (priced with --clip-epsilon); adaptive "
+                   "costs what fixed does (its count noise is inside σ)")  # fmt: skip
+    p.add_argument("--clip-epsilon", type=float, default=clipping.DEFAULT_EPSILON, metavar="EPS",
+                   help="ε of the quantile release, before Poisson amplification (as dp.clip_epsilon)")  # fmt: skip
+    p.add_argument("--tuning-trials", type=float, metavar="M", help="the mean number K of tuning trials")
+    p.add_argument("--tuning-distribution", choices=ledger.TUNING_SHAPES.names(), default="poisson",
+                   help="the distribution of K (Papernot & Steinke 2022)")  # fmt: skip
+    p.add_argument("--tuning-eta", type=float, default=0.5, metavar="ETA",
+                   help="η of the truncated negative binomial (-1 < η, η != 0; default 0.5)")  # fmt: skip
     p.add_argument("--allow-large-delta", action="store_true", help="permit δ >= 1/N (voids the guarantee)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", type=Path, metavar="DIR", help="write PNG plots of ε against each knob to DIR")
@@ -68,6 +83,12 @@ def _check(a: argparse.Namespace) -> None:
         ranges.check("steps", "--steps", a.steps)
     if a.alphas is not None:
         a.alphas = _orders(a.alphas)
+    if a.clipping == "quantile" and not a.clip_epsilon > 0:
+        raise InputError("--clip-epsilon", a.clip_epsilon, "a positive ε for the quantile release")
+    if a.tuning_trials is not None and not a.tuning_trials > 1:
+        raise InputError("--tuning-trials", a.tuning_trials, "a mean number of trials above 1")
+    if a.tuning_distribution == "tnb" and not (a.tuning_eta > -1 and a.tuning_eta != 0):
+        raise InputError("--tuning-eta", a.tuning_eta, "η > -1 and η != 0 (η = 1: geometric; use poisson for η -> ∞)")
     if a.target_epsilon is not None:
         ranges.check("target_epsilon", "--target-epsilon", a.target_epsilon)
         if a.conversion != "improved":
@@ -108,10 +129,22 @@ def _accounting(a: argparse.Namespace) -> ledger.Accounting:
     return ledger.Accounting(a.accountant, a.conversion, a.alphas or rdp.DEFAULT_ORDERS)
 
 
+def _extra(a: argparse.Namespace) -> ledger.Ledger:
+    """The releases besides the steps: the quantile clipping norm, on a Poisson sample at the run's q."""
+    if a.clipping != "quantile":
+        return ledger.Ledger()
+    return ledger.Ledger((clipping.release(a.clip_epsilon, _schedule(a).sample_rate, "histogram"),))
+
+
 def _result(a: argparse.Namespace, sigma: float, epochs: int | None, steps: int | None) -> privacy.EpsilonResult:
     return privacy.epsilon(
-        _schedule(a), noise_multiplier=sigma, delta=a.delta, epochs=epochs, steps=steps, accounting=_accounting(a)
-    )
+        _schedule(a), noise_multiplier=sigma, delta=a.delta, epochs=epochs, steps=steps, accounting=_accounting(a),
+        extra=_extra(a),
+    )  # fmt: skip
+
+
+def _tuning_shape(a: argparse.Namespace) -> float:
+    return a.tuning_eta if a.tuning_distribution == "tnb" else ledger.TUNING_SHAPES.get(a.tuning_distribution)
 
 
 def _schedule(a: argparse.Namespace) -> privacy.PoissonSchedule:
@@ -129,7 +162,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
         try:
             sigma = privacy.calibrate_noise(
                 _schedule(a), target_epsilon=a.target_epsilon, delta=a.delta, epochs=epochs, steps=steps,
-                accounting=_accounting(a),
+                accounting=_accounting(a), extra=_extra(a),
             )  # fmt: skip
         except ValueError as err:
             raise InputError(
@@ -139,7 +172,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     elif a.target_epsilon is not None:
         epochs = privacy.calibrate_epochs(
             _schedule(a), target_epsilon=a.target_epsilon, noise_multiplier=sigma, delta=a.delta,
-            accounting=_accounting(a),
+            accounting=_accounting(a), extra=_extra(a),
         )  # fmt: skip
         if epochs == 0:
             raise InputError("--target-epsilon", a.target_epsilon, f"an ε above that of one epoch at σ={sigma}")
@@ -152,6 +185,17 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     }  # fmt: skip
     if calibrated:
         out |= {"target_epsilon": a.target_epsilon, "calibrated": calibrated}
+    if a.clipping == "quantile":
+        out |= {"clipping": "quantile", "clip_epsilon": a.clip_epsilon}
+    if a.tuning_trials is not None:
+        bill = privacy.run_ledger(_schedule(a), r.noise_multiplier, r.steps, _extra(a))
+        tuned = ledger.tuning_epsilon(bill, a.delta, a.tuning_trials, _tuning_shape(a), _accounting(a).orders)
+        out |= {
+            "epsilon_tuning": tuned.epsilon, "tuning_trials": a.tuning_trials,
+            "tuning_distribution": a.tuning_distribution, "tuning_alpha": tuned.order,
+        }  # fmt: skip
+        if a.tuning_distribution == "tnb":
+            out["tuning_eta"] = a.tuning_eta
     if epochs is not None:
         out["epochs"] = epochs
     if a.plot is not None:
@@ -176,8 +220,16 @@ def statement(o: dict[str, Any]) -> str:
     )
     if o["alpha"] is not None:
         text += f"\nThe optimal RDP order is α = {o['alpha']:g}."
+    if o.get("clipping"):
+        text += f"\nIt includes the {o['clip_epsilon']:g}-DP quantile release of the clipping norm (amplified by q)."
     if o.get("calibrated"):
         text += f"\n{o['calibrated']} was calibrated for ε <= {o['target_epsilon']:g}."
+    if "epsilon_tuning" in o:
+        text += (
+            f"\nTuning: releasing the best of K runs, K ~ {o['tuning_distribution']} with mean {o['tuning_trials']:g}, "
+            f"costs ε = {o['epsilon_tuning']:.6g} at δ = {o['delta']:g} (RDP, Papernot & Steinke 2022), "
+            f"against ε = {o['epsilon']:.6g} for one run."
+        )
     for f in o.get("plots", []):
         text += f"\nwrote {f}"
     return text
