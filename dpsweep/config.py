@@ -284,6 +284,15 @@ class SweepConfig:
     pruner: str | None = None  # Optuna pruner the job consults each epoch (median), or null
     pruner_startup_trials: int = 2  # the median pruner prunes nothing until this many trials completed
     pruner_warmup_epochs: int = 1  # ... nor before this many epochs of a trial
+    # Private tuning (dpsweep.tuning, Papernot & Steinke 2022): instead of every grid config, run K
+    # trials, K drawn from tuning_distribution (poisson | geometric | tnb) with mean tuning_mean_trials
+    # from secret randomness, each a config drawn uniformly from the grid with a secret train.seed;
+    # only the best trial is released, and the parent run logs epsilon_tuning, the whole procedure's ε.
+    private_tuning: bool = False
+    tuning_distribution: str = "poisson"
+    tuning_mean_trials: float = 10.0
+    tuning_eta: float = 0.5  # shape η > 0 of the truncated negative binomial (tnb)
+    tuning_trial: int | None = None  # set by the sweeper on each trial of a private tuning
 
     @property
     def prunes(self) -> bool:

@@ -49,7 +49,7 @@ from dpsweep.config import (
     validate_for_dataset,
 )
 from dpsweep.facts import DatasetFacts
-from dpsweep.ledger import Accounting
+from dpsweep.ledger import Accounting, Ledger
 from dpsweep.memory_model import MemoryModel, load_models
 
 if TYPE_CHECKING:  # torch: imported by the plans that use a memory model, not by every plan
@@ -67,6 +67,7 @@ class PlannedPrivacy:
     delta: float
     accountant: str
     epsilon: float
+    ledger: Ledger  # every release the run will make, its DP-SGD steps included (dpsweep.ledger)
 
 
 @dataclass(frozen=True)
@@ -179,9 +180,11 @@ def _planned_privacy(cfg: Config, n_train: int) -> PlannedPrivacy | None:
     eps = privacy.epsilon(
         schedule, noise_multiplier=sigma, delta=dp.delta, epochs=cfg.train.epochs, accounting=how, extra=extra
     )
+    bill = privacy.run_ledger(schedule, sigma, eps.steps, extra)
     return PlannedPrivacy(
-        sigma, dp.target_epsilon is not None, eps.sample_rate, eps.steps, dp.delta, dp.accountant.value, eps.epsilon
-    )
+        sigma, dp.target_epsilon is not None, eps.sample_rate, eps.steps, dp.delta, dp.accountant.value, eps.epsilon,
+        bill,
+    )  # fmt: skip
 
 
 def _budget_verdict(cfg: Config, planned: PlannedPrivacy | None) -> str | None:

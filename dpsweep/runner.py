@@ -330,9 +330,12 @@ def _named(cfg: Config, plan: RunPlan) -> Any:
 
 def sweep_tags(cfg: Config) -> dict[str, Any]:
     """Tags that place a run in its sweep: the sweep id, the parent run (so MLflow shows a tree),
-    and the Optuna study and trial."""
+    the Optuna study and trial, and the trial of a private tuning."""
     s = cfg.sweep
-    tags = {"sweep.id": s.id, "mlflow.parentRunId": s.parent_run_id, "optuna.study": s.study, "optuna.trial": s.trial}
+    tags = {
+        "sweep.id": s.id, "mlflow.parentRunId": s.parent_run_id, "optuna.study": s.study, "optuna.trial": s.trial,
+        "tuning.trial": s.tuning_trial,
+    }  # fmt: skip
     return {k: v for k, v in tags.items() if v is not None}
 
 

@@ -31,6 +31,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from dpsweep.config import given_overrides
+from dpsweep.errors import InputError
 from dpsweep.launchers.nodes import OptunaSearchConf
 from dpsweep.launchers.overrides import new_sweep_id, string_override
 from dpsweep.launchers.preflight import preflight, refuse
@@ -145,7 +146,14 @@ class DpsweepSweeper(Sweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         assert self.config is not None and self.launcher is not None
+        private_tuning = bool(OmegaConf.select(self.config, "sweep.private_tuning", default=False))
         if self.optuna is not None:
+            if private_tuning:
+                refuse(
+                    "sweep.private_tuning=true with an Optuna search: its samplers (TPE, NSGA-II) choose each trial "
+                    "from the earlier trials' results, which Papernot & Steinke's bound does not cover; give grid "
+                    "axes instead, from which the trials are drawn at random"
+                )  # fmt: skip
             if self.params:
                 refuse(
                     "give either grid axes (hydra.sweeper.params) or an Optuna search (hydra.sweeper.optuna), not both"
@@ -161,6 +169,10 @@ class DpsweepSweeper(Sweeper):
         configs = [self.compose_job(job) for job in jobs]
         preflight(configs, jobs)
         first = to_config(configs[0])
+        tuned: PrivateTuning | None = None
+        if first.sweep.private_tuning:
+            tuned = private_trials(jobs, configs)
+            jobs, configs = tuned.jobs, [self.compose_job(job) for job in tuned.jobs]
         todo, skipped = select_jobs(jobs, configs)
         for line in skipped:
             print(f"dpsweep: skip {line}", flush=True)
@@ -169,6 +181,9 @@ class DpsweepSweeper(Sweeper):
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
 
         outcome = SweepOutcome(sweep_id, skipped=len(skipped))
+        if tuned is not None and not tuned.jobs:
+            print(f"dpsweep: sweep {sweep_id}: private tuning drew K = 0 trials: nothing runs, nothing is released")
+            return []
         if not todo:  # a no-op re-run: no parent run, which would stand empty in the MLflow UI
             print(outcome.line() + " (nothing to run: no parent run recorded)", flush=True)
             return []
@@ -185,6 +200,8 @@ class DpsweepSweeper(Sweeper):
                 returns = self._launch(todo, outcome, first)
                 finish(outcome, first)
                 log_results_table(first.tracking.uri, first.tracking.experiment_name, sweep_id, parent.run_id)
+                if tuned is not None:
+                    tuned.record(parent, first, sweep_id)
                 parent.log_metrics({"sweep.finished": outcome.finished, "sweep.failed": outcome.failed,
                                     "sweep.skipped": outcome.skipped})  # fmt: skip
                 if outcome.aborted:
@@ -227,6 +244,74 @@ class DpsweepSweeper(Sweeper):
 
 class SweepAborted(Exception):
     """The failure policy stopped the sweep."""
+
+
+@dataclass
+class PrivateTuning:
+    """``sweep.private_tuning``: the trials drawn from the grid (``dpsweep.tuning``) and their cost."""
+
+    jobs: list[list[str]]
+    epsilon: float  # of the whole procedure, releasing the best trial only
+    delta: float
+    single_run_epsilon: float  # of the dominant candidate alone
+    dominant: str  # its overrides
+
+    def record(self, parent: Any, first: Any, sweep_id: str) -> None:
+        """Log the procedure's ε on the parent run, and tag the trials: only the best is released."""
+        from mlflow.tracking import MlflowClient
+
+        from dpsweep.tracking import sweep_jobs
+
+        s = first.sweep
+        parent.log_metrics({"epsilon_tuning": self.epsilon, "epsilon_single_run": self.single_run_epsilon})
+        parent.log_params({
+            "sweep.tuning_distribution": s.tuning_distribution, "sweep.tuning_mean_trials": s.tuning_mean_trials,
+            "sweep.tuning_eta": s.tuning_eta,
+        })  # fmt: skip
+        client = MlflowClient(first.tracking.uri)
+        runs = [r for r in sweep_jobs(client, first.tracking.experiment_name, sweep_id) if r.info.status == "FINISHED"]
+        objective = "test_accuracy"
+        best = max(runs, key=lambda r: r.data.metrics.get(objective, float("-inf")), default=None)
+        for r in runs:
+            client.set_tag(r.info.run_id, "tuning.released", str(r is best).lower())
+        parent.set_tags({
+            "tuning.best_run_id": best.info.run_id if best is not None else "none",
+            "tuning.k": len(self.jobs),  # part of the secret randomness: not for publication
+            "tuning.dominant_candidate": self.dominant, "dp.delta": self.delta,
+            "tuning.release": "the best trial only (by test_accuracy); publishing K or other trials voids its ε",
+        })  # fmt: skip
+        best_text = f"run {best.info.run_id[:8]}" if best is not None else "no finished trial"
+        print(
+            f"dpsweep: private tuning: {len(runs)} trials finished; release only the best ({best_text}): "
+            f"ε={self.epsilon:.4g} for the whole procedure (δ={self.delta:g}; "
+            f"one run alone: ε={self.single_run_epsilon:.4g})",
+            flush=True,
+        )
+
+
+def private_trials(jobs: Sequence[list[str]], configs: Sequence[DictConfig]) -> PrivateTuning:
+    """K trials drawn from the grid's configs, with secret seeds, and the procedure's ε (``dpsweep.tuning``)."""
+    from dpsweep import tuning
+    from dpsweep.config import to_config
+    from dpsweep.plan import FactsCache, prepare
+
+    typed = [to_config(c) for c in configs]
+    s = typed[0].sweep
+    facts = FactsCache()
+    try:
+        cost = tuning.procedure([prepare(cfg, facts(cfg)) for cfg in typed], s)
+    except InputError as err:
+        refuse(str(err))
+    rng = tuning.secret_generator()
+    k = tuning.draw_k(s.tuning_distribution, s.tuning_mean_trials, s.tuning_eta, rng)
+    trials = []
+    for trial in range(k):
+        job = [o for o in jobs[int(rng.integers(len(jobs)))] if not o.startswith("train.seed=")]
+        seed = int(rng.integers(2**tuning.SEED_BITS))
+        trials.append([*job, f"train.seed={seed}", f"sweep.tuning_trial={trial}"])
+    common = set.intersection(*(set(job) for job in jobs))  # the overrides every candidate shares
+    axes = " ".join(o for o in given_overrides(jobs[cost.dominant]) if o not in common) or "(every candidate)"
+    return PrivateTuning(trials, cost.epsilon, cost.delta, cost.single_run_epsilon, axes)
 
 
 def select_jobs(jobs: Sequence[list[str]], configs: Sequence[DictConfig]) -> tuple[list[list[str]], list[str]]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import warnings
 from collections.abc import Sequence
@@ -62,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tuning-distribution", choices=ledger.TUNING_SHAPES.names(), default="poisson",
                    help="the distribution of K (Papernot & Steinke 2022)")  # fmt: skip
     p.add_argument("--tuning-eta", type=float, default=0.5, metavar="ETA",
-                   help="η of the truncated negative binomial (-1 < η, η != 0; default 0.5)")  # fmt: skip
+                   help="shape η > 0 of the truncated negative binomial (default 0.5)")  # fmt: skip
     p.add_argument("--allow-large-delta", action="store_true", help="permit δ >= 1/N (voids the guarantee)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", type=Path, metavar="DIR", help="write PNG plots of ε against each knob to DIR")
@@ -87,8 +88,8 @@ def _check(a: argparse.Namespace) -> None:
         raise InputError("--clip-epsilon", a.clip_epsilon, "a positive ε for the quantile release")
     if a.tuning_trials is not None and not a.tuning_trials > 1:
         raise InputError("--tuning-trials", a.tuning_trials, "a mean number of trials above 1")
-    if a.tuning_distribution == "tnb" and not (a.tuning_eta > -1 and a.tuning_eta != 0):
-        raise InputError("--tuning-eta", a.tuning_eta, "η > -1 and η != 0 (η = 1: geometric; use poisson for η -> ∞)")
+    if a.tuning_distribution == "tnb" and not (a.tuning_eta > 0 and math.isfinite(a.tuning_eta)):
+        raise InputError("--tuning-eta", a.tuning_eta, "a shape η > 0 (η = 1: geometric; poisson is η -> ∞)")
     if a.target_epsilon is not None:
         ranges.check("target_epsilon", "--target-epsilon", a.target_epsilon)
         if a.conversion != "improved":

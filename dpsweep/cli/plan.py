@@ -179,7 +179,11 @@ def job_plans(overrides: Sequence[str], memory: MemoryCheck | None = None) -> li
 
 def plan(overrides: Sequence[str], memory: MemoryCheck | None = None) -> list[PlanRow]:
     """One row per job of ``dpsweep -m <overrides>``; needs Hydra initialised on dpsweep.conf."""
-    jobs = job_plans(overrides, memory)
+    return rows_of(job_plans(overrides, memory))
+
+
+def rows_of(jobs: Sequence[tuple[list[str], RunPlan]]) -> list[PlanRow]:
+    """The table's rows of planned jobs, each marked with why ``dpsweep -m`` would skip it."""
     reasons = skip_reasons([p for _, p in jobs])
     return [plan_row(i, job, p, why) for i, ((job, p), why) in enumerate(zip(jobs, reasons, strict=True))]
 
@@ -254,7 +258,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hydra import initialize_config_module
 
     with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
-        rows = plan(args, memory)
+        jobs = job_plans(args, memory)
+        rows = rows_of(jobs)
+        tuned = None
+        if jobs and jobs[0][1].config.sweep.private_tuning:
+            from dpsweep import tuning
+
+            sweep_cfg = jobs[0][1].config.sweep
+            tuned = (sweep_cfg, tuning.procedure([p for _, p in jobs], sweep_cfg))
     if as_json:
         print(json.dumps([asdict(r) for r in rows], indent=1))
         return 0
@@ -268,6 +279,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     oom = [r for r in rows if r.fits_memory is False]
     if oom:
         print(f"{len(oom)} of {len(rows)} jobs are predicted not to fit the GPU memory")
+    if tuned is not None:
+        s, cost = tuned
+        print(
+            f"private tuning: K ~ {s.tuning_distribution} with mean {s.tuning_mean_trials:g} trials drawn from these "
+            f"{len(rows)} jobs, the best released: ε = {cost.epsilon:.4g} (δ = {cost.delta:g}) for the whole "
+            f"procedure, against {cost.single_run_epsilon:.4g} for job {cost.dominant} alone (Papernot & Steinke 2022)"
+        )
     return 0
 
 

@@ -1,0 +1,120 @@
+"""sweep.private_tuning (Papernot & Steinke 2022): K's distributions, the dominant candidate, a real
+private-tuning sweep whose parent logs the procedure's ε and releases only the best trial, and the
+refusals (an adaptive Optuna sampler, candidates whose costs cross, bad tuning parameters)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import run_script
+from mlflow.tracking import MlflowClient
+
+from dpsweep import ledger, privacy, tuning
+from dpsweep.errors import InputError
+
+
+@pytest.mark.parametrize(("distribution", "eta"), [("poisson", 0.5), ("geometric", 0.5), ("tnb", 0.5), ("tnb", 3.0)])
+def test_k_has_the_mean_asked_for(distribution: str, eta: float) -> None:
+    rng = np.random.default_rng(0)
+    draws = np.array([tuning.draw_k(distribution, 6.0, eta, rng) for _ in range(4000)])
+    assert abs(draws.mean() - 6.0) < 4 * draws.std() / np.sqrt(len(draws))  # within 4 standard errors
+    if distribution != "poisson":
+        assert draws.min() >= 1  # truncated at 1: some trial always runs
+
+
+def test_the_secret_generator_is_fresh() -> None:
+    a, b = tuning.secret_generator(), tuning.secret_generator()
+    assert a.integers(2**62) != b.integers(2**62)
+
+
+def test_the_dominant_candidate_is_the_costliest_and_crossing_costs_are_refused() -> None:
+    schedule = privacy.poisson_schedule(1437, 64)
+    by_sigma = [privacy.run_ledger(schedule, s, 230) for s in (1.5, 0.8, 1.1)]
+    assert tuning.dominant(by_sigma) == 1  # the smallest σ costs most at every order
+    # B = 16 for 2 epochs against B = 512 for 40 epochs: one is costlier at small orders, the other at large
+    crossing = [
+        privacy.run_ledger(privacy.poisson_schedule(1437, 16), 1.0, 2 * 89),
+        privacy.run_ledger(privacy.poisson_schedule(1437, 512), 1.0, 40 * 2),
+    ]
+    with pytest.raises(InputError, match="dominates") as info:
+        tuning.dominant(crossing)
+    assert info.value.key == "sweep.private_tuning"
+
+
+@pytest.mark.parametrize(
+    ("distribution", "mean", "eta", "key"),
+    [("uniform", 5, 0.5, "sweep.tuning_distribution"), ("poisson", 1, 0.5, "sweep.tuning_mean_trials"),
+     ("tnb", 5, 0, "sweep.tuning_eta")],
+)  # fmt: skip
+def test_bad_tuning_parameters_are_named(distribution: str, mean: float, eta: float, key: str) -> None:
+    with pytest.raises((InputError, KeyError)) as info:
+        tuning.check(distribution, mean, eta)
+    assert key in str(info.value)
+
+
+@pytest.mark.slow
+def test_a_private_tuning_sweep_releases_the_best_trial_and_logs_the_procedures_epsilon(tmp_path: Path) -> None:
+    proc = run_script(
+        "dpsweep", "-m", "sweep.private_tuning=true", "sweep.tuning_mean_trials=2",
+        "sweep.tuning_distribution=geometric", "dp.noise_multiplier=1.0,1.5", "train.epochs=1",
+        "train.progress=false", "tracking.experiment_name=tuned", "tracking.log_model=false", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("tuned")
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id])
+    [parent] = [r for r in runs if r.data.tags.get("sweep.role") == "parent"]
+    trials = [r for r in runs if r.data.tags.get("sweep.role") != "parent"]
+    assert len(trials) == int(parent.data.tags["tuning.k"]) >= 1
+    assert sorted(int(r.data.tags["tuning.trial"]) for r in trials) == list(range(len(trials)))
+    released = [r for r in trials if r.data.tags["tuning.released"] == "true"]
+    assert [r.info.run_id for r in released] == [parent.data.tags["tuning.best_run_id"]]
+    best_accuracy = max(r.data.metrics["test_accuracy"] for r in trials)
+    assert released[0].data.metrics["test_accuracy"] == best_accuracy
+    # the cost: the dominant candidate (σ = 1) repeated K ~ geometric(mean 2) times, best released
+    steps = privacy.poisson_schedule(1437, 64).steps(1)
+    bill = privacy.run_ledger(privacy.poisson_schedule(1437, 64), 1.0, steps)
+    expected = ledger.tuning_epsilon(bill, 1e-5, 2, 1.0).epsilon
+    assert parent.data.metrics["epsilon_tuning"] == pytest.approx(expected)
+    assert parent.data.metrics["epsilon_tuning"] > parent.data.metrics["epsilon_single_run"]
+    assert parent.data.tags["tuning.dominant_candidate"] == "dp.noise_multiplier=1.0"
+    seeds = {r.data.params["train.seed"] for r in trials}
+    assert "0" not in seeds or len(trials) > 1  # secret seeds, not the config's default
+    assert "release only the best" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["search=accuracy_tpe"], "choose each trial from the earlier trials' results"),
+        (["train.batch_size=16,512", "train.epochs=1"], "dominates the others"),
+        (["dp=off"], "dp.enabled=False is invalid"),
+    ],
+)
+def test_private_tuning_refuses_what_its_bound_does_not_cover(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = run_script("dpsweep", "-m", "sweep.private_tuning=true", *args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr, proc.stderr
+    store = tmp_path / "mlflow.db"
+    if store.exists():  # the experiment may exist; no run was started
+        client = MlflowClient(f"sqlite:///{store}")
+        assert not client.search_runs([e.experiment_id for e in client.search_experiments()])
+
+
+def test_dpsweep_plan_prices_a_private_tuning_and_refuses_crossing_costs() -> None:
+    from helpers import run_main
+
+    from dpsweep.cli.plan import main
+
+    table = run_main(main, "sweep.private_tuning=true", "sweep.tuning_mean_trials=4", "dp.noise_multiplier=1,1.5")
+    assert table.returncode == 0, table.stderr
+    steps = privacy.poisson_schedule(1437, 64).steps(10)
+    bill = privacy.run_ledger(privacy.poisson_schedule(1437, 64), 1.0, steps)
+    expected = ledger.tuning_epsilon(bill, 1e-5, 4, float("inf")).epsilon
+    assert f"ε = {expected:.4g} (δ = 1e-05) for the whole procedure" in table.stdout, table.stdout
+    crossing = run_main(main, "sweep.private_tuning=true", "train.batch_size=16,512")
+    assert crossing.returncode == 2 and "sweep.private_tuning=True is invalid" in crossing.stderr
