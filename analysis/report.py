@@ -61,6 +61,7 @@ HYPERPARAMETERS: dict[str, str] = {
     "batch_size": "train.batch_size",
     "noise_multiplier": "dp.noise_multiplier",
     "max_grad_norm": "dp.max_grad_norm",
+    "clipping": "dp.clipping",
     "lr": "optimizer.lr",
     "epochs": "train.epochs",
     "delta": "dp.delta",
@@ -73,6 +74,8 @@ FLOAT_COLUMNS = ("noise_multiplier", "max_grad_norm", "lr", "delta")
 REPLICATE_PARAMS = ("train.seed",)
 # Not in NON_IDENTITY_PREFIXES yet, but it cannot change a result: evaluation is deterministic.
 NOT_HYPERPARAMETERS = ("train.eval_batch_size",)
+# Params a run decided from its data (released privately), which differ between seeds of one config.
+DECIDED_PARAMS = ("dp.max_grad_norm_chosen",)
 # Params that say which kind of run it is rather than how it was tuned; never a swept axis.
 ROW_KIND_PARAMS = ("dataset.name", "model.name", "dp.enabled")
 
@@ -240,7 +243,7 @@ def hyperparameter_keys(runs: pd.DataFrame) -> list[str]:
     """The params that make a row: dpsweep.config.identity() of the logged params, without the seed."""
     logged = [c.removeprefix("params.") for c in runs.columns if c.startswith("params.")]
     kept = identity(dict.fromkeys(logged))
-    return sorted(k for k in kept if k not in REPLICATE_PARAMS + NOT_HYPERPARAMETERS)
+    return sorted(k for k in kept if k not in REPLICATE_PARAMS + NOT_HYPERPARAMETERS + DECIDED_PARAMS)
 
 
 def _config_id(keys: Sequence[str], values: Sequence[Any]) -> str:
@@ -565,7 +568,43 @@ def check(runs: pd.DataFrame, table: pd.DataFrame) -> list[str]:
     for (dataset, model), block in table.groupby(["dataset", "model"], sort=True):
         if block["private"].all():
             notes.append(f"{dataset}/{model}: no FINISHED non-private run; no accuracy drop can be given")
+    notes += _tuning_notes(done, table)
     notes += _baseline_mismatches(table, labels)
+    return notes
+
+
+def _tuning_notes(done: pd.DataFrame, table: pd.DataFrame) -> list[str]:
+    """The privacy of choosing among rows. A private tuning's runs (tag tuning.released): only the released
+    one may be published, at its parent's epsilon_tuning. Otherwise, where the table offers K > 1 private
+    rows of one dataset and model at the same ε (tuned hyperparameters: lr, C, ...), the best of them is
+    picked after seeing all, and its ε is that of one run, not of the choice: the note gives the naive
+    composed ε of their runs (basic composition: Dwork & Roth 2014, Thm. 3.16). Rows at different ε (a σ
+    sweep) are a trade-off curve, not a choice, and get no note."""
+    notes: list[str] = []
+    private = done[done["private"]]
+    released = column(private, "tags.tuning.released").astype(str)
+    tuned = private[released.isin(["true", "false"])]
+    if not tuned.empty:
+        kept = tuned[released[tuned.index] == "true"]["run_id"]
+        notes.append(
+            f"{_runs(len(tuned))} are trials of a private tuning (sweep.private_tuning): only "
+            f"{', '.join(r[:8] for r in kept) or 'none'} (tag tuning.released=true) may be published, and at its "
+            "sweep parent's epsilon_tuning, not at its own ε; the other trials and their number stay private"
+        )
+    plain = private.drop(tuned.index)
+    rows = table[table["private"] & table["config_id"].isin(plain["config_id"]) & table["epsilon"].notna()]
+    for (dataset, model, eps), block in rows.groupby(["dataset", "model", rows["epsilon"].round(6)], sort=True):
+        if len(block) < 2:
+            continue
+        runs = plain[plain["config_id"].isin(block["config_id"])]
+        total = column(runs, "metrics.epsilon").sum()
+        delta = pd.to_numeric(param_or_tag(runs, "dp.delta"), errors="coerce").sum()
+        notes.append(
+            f"{dataset}/{model} at ε={eps:.4g}: the best of these {len(block)} private rows is picked after seeing "
+            f"them all, so its ε is that of one run, not of the choice. Their {_runs(len(runs))} together cost at "
+            f"most ε = {total:.4g} at δ = {delta:.3g} (basic composition, Dwork & Roth 2014, Thm. 3.16); for a best "
+            "row with an honest ε, run the sweep with sweep.private_tuning=true (Papernot & Steinke 2022)"
+        )
     return notes
 
 
@@ -719,7 +758,8 @@ def display_columns(table: pd.DataFrame) -> list[tuple[str, str, Cell]]:
         ("model", "model", lambda r: _text(r["model"])),
         ("B", "$B$", lambda r: _num(r["batch_size"], "d")),
         ("σ", r"$\sigma$", lambda r: _num(r["noise_multiplier"], "g")),
-        ("C", "$C$", lambda r: _num(r["max_grad_norm"], "g")),
+        ("C", "$C$", _clip_norm),
+        ("clipping", "clipping", _clipping),
         ("lr", "lr", lambda r: _num(r["lr"], "g")),
         ("epochs", "epochs", lambda r: _num(r["epochs"], "d")),
     ]
@@ -733,6 +773,27 @@ def display_columns(table: pd.DataFrame) -> list[tuple[str, str, Cell]]:
         ("runs", "runs", lambda r: str(int(r["runs"]))),
     ]
     return cols
+
+
+def _clipping_of(row: pd.Series) -> str:
+    """The row's clipping strategy: runs from before dp.clipping existed clipped at a fixed C."""
+    value = row.get("clipping")
+    return "fixed" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+
+
+def _clipping(row: pd.Series) -> str:
+    """fixed, or quantile / adaptive with their target quantile γ."""
+    if not row["private"]:
+        return "—"
+    kind = _clipping_of(row)
+    gamma = row.get("params.dp.clip_quantile")
+    return kind if kind == "fixed" or gamma is None or pd.isna(gamma) else f"{kind} γ={_text(gamma)}"
+
+
+def _clip_norm(row: pd.Series) -> str:
+    """C as configured; a quantile run's C is its own private release (param dp.max_grad_norm_chosen), and an
+    adaptive run's moves from this start."""
+    return "—" if row["private"] and _clipping_of(row) == "quantile" else _num(row["max_grad_norm"], "g")
 
 
 def paper_table(table: pd.DataFrame, latex: bool = False) -> pd.DataFrame:

@@ -366,7 +366,22 @@ def _check_text_rows(rows: list[list[str]], table: pd.DataFrame, header: list[st
             assert {cell["σ"], cell["ε"], cell["drop"]} <= MISSING_CELLS and cell["accountant"] == "non-private"
 
 
-HEADER = ["dataset", "model", "B", "σ", "C", "lr", "epochs", "δ", "accountant", "ε", "test accuracy", "drop", "runs"]
+HEADER = [
+    "dataset",
+    "model",
+    "B",
+    "σ",
+    "C",
+    "clipping",
+    "lr",
+    "epochs",
+    "δ",
+    "accountant",
+    "ε",
+    "test accuracy",
+    "drop",
+    "runs",
+]
 
 
 @pytest.mark.slow
@@ -377,7 +392,7 @@ def test_text_formats_parse_back_to_the_same_numbers(
 ) -> None:
     r = rep.build_report(sweep.uri, EXPERIMENT, sort="epsilon")
     parsed = rows(rep.render(r, fmt))
-    assert len(parsed[0]) == len(HEADER) and parsed[0][9] in ("ε", r"$\varepsilon$")
+    assert len(parsed[0]) == len(HEADER) and parsed[0][10] in ("ε", r"$\varepsilon$")
     _check_text_rows(parsed[2:] if fmt == "md" else parsed[1:], r.table, HEADER)  # md: a rule under the header
 
 
@@ -624,3 +639,43 @@ def test_console_script(sweep: Sweep, tmp_path: Path) -> None:
                     cwd=tmp_path)  # fmt: skip
     assert ok.returncode == 0, ok.stderr
     assert len(pd.read_csv(io.StringIO(ok.stdout))) == 3 and "6 of 6 runs FINISHED" in ok.stderr, ok.stderr
+
+
+def test_clipping_is_a_column_and_a_quantile_runs_c_is_not_pooled_apart(
+    mlflow_uri: str, experiment_name: str, client: MlflowClient
+) -> None:
+    quantile = DP | {"dp.clipping": "quantile", "dp.clip_quantile": "0.5"}
+    log_run(
+        client, experiment_name, quantile | {"dp.max_grad_norm_chosen": "0.8"}, {"test_accuracy": 0.6, "epsilon": 3}
+    )
+    log_run(client, experiment_name, quantile | {"train.seed": "1", "dp.max_grad_norm_chosen": "1.3"},
+            {"test_accuracy": 0.7, "epsilon": 3})  # fmt: skip
+    log_run(client, experiment_name, DP | {"dp.clipping": "adaptive", "dp.clip_quantile": "0.7"},
+            {"test_accuracy": 0.5, "epsilon": 3})  # fmt: skip
+    log_run(client, experiment_name, DP, {"test_accuracy": 0.4, "epsilon": 3})  # before dp.clipping existed
+    r = rep.build_report(mlflow_uri, experiment_name)
+    rows = _rows_md(rep.render(r, "md"))
+    header = [c.split(" (")[0] for c in rows[0]]
+    cells = {row[header.index("clipping")]: (row[header.index("C")], row[header.index("runs")]) for row in rows[2:]}
+    assert cells == {"quantile γ=0.5": ("—", "2"), "adaptive γ=0.7": ("1", "1"), "fixed": ("1", "1")}
+
+
+def test_a_best_of_k_table_warns_with_the_composed_epsilon_and_a_private_tuning_names_the_released_run(
+    mlflow_uri: str, experiment_name: str, client: MlflowClient
+) -> None:
+    log_run(client, experiment_name, DP, {"test_accuracy": 0.6, "epsilon": 3.0})
+    log_run(client, experiment_name, DP | {"optimizer.lr": "0.1"}, {"test_accuracy": 0.7, "epsilon": 3.0})
+    log_run(client, experiment_name, DP | {"optimizer.lr": "0.2"}, {"test_accuracy": 0.65, "epsilon": 2.5})
+    text = "\n".join(rep.build_report(mlflow_uri, experiment_name).warnings)
+    assert "digits/cnn at ε=3: the best of these 2 private rows is picked after seeing them all" in text
+    assert "ε = 6 at δ = 2e-05 (basic composition" in text and "sweep.private_tuning=true" in text
+    assert "at ε=2.5" not in text  # a row alone at its ε is a point of the trade-off, not a choice
+    tuned = experiment_name + "-tuned"
+    best = log_run(client, tuned, DP | {"train.seed": "7"}, {"test_accuracy": 0.7, "epsilon": 3.0},
+                   {"tuning.released": "true"})  # fmt: skip
+    log_run(
+        client, tuned, DP | {"train.seed": "9"}, {"test_accuracy": 0.6, "epsilon": 3.0}, {"tuning.released": "false"}
+    )
+    text = "\n".join(rep.build_report(mlflow_uri, tuned).warnings)
+    assert f"only {best[:8]} (tag tuning.released=true) may be published" in text
+    assert "best of these" not in text
