@@ -81,7 +81,8 @@ def _app_state(env: Mapping[str, str]) -> Iterator[None]:
     global_hydra = GlobalHydra.instance()
     hydra_before, config_before = global_hydra.hydra, HydraConfig.instance().cfg
     global_hydra.clear()  # a test's own compose context (make_cfg) is set aside meanwhile
-    argv, env_before = sys.argv[:], {k: os.environ.get(k) for k in env}
+    # launcher=local names its driver (this process) in the environment its jobs copy: not for later tests
+    argv, env_before = sys.argv[:], {k: os.environ.get(k) for k in [*env, "DPSWEEP_DRIVER"]}
     os.environ.update(env)
     try:
         yield
@@ -107,8 +108,9 @@ def _app_state(env: Mapping[str, str]) -> Iterator[None]:
 def run_dpsweep(*args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``dpsweep *args`` (the Hydra app of ``dpsweep.cli.train``) in this process, from the current
     directory: its exit code, stdout and stderr, as a ``subprocess.run`` of the console script would
-    give them. Tests that are about real processes (signals, launcher=local, schedulers) and one
-    smoke test of the console script run it as its own process instead.
+    give them. Tests that are about the driver's own process (signals, a killed driver, schedulers)
+    and one smoke test of the console script run it as its own process instead; launcher=local's jobs
+    are processes of their own either way.
 
     The default ``tracking.uri=sqlite:///mlflow.db`` is given as the same file's absolute path: MLflow
     caches one store per URI for the life of the process, so a relative one would stay the store of

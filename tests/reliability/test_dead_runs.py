@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import run_dpsweep, run_main
 
+from dpsweep.cli import runs
 from dpsweep.liveness import ProcessId
 from dpsweep.tracking import HEARTBEAT_TAG, PROCESS_TAG, STALE_AFTER_S, open_client, why_dead
 
@@ -52,10 +54,6 @@ def second_job_started(cwd: Path) -> bool:
     return "FINISHED" in jobs and "RUNNING" in jobs
 
 
-def run_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*args], cwd=cwd, capture_output=True, text=True, timeout=600, check=False)
-
-
 def test_process_identity_tells_live_from_dead() -> None:
     me = ProcessId.current()
     assert ProcessId.parse(me.token) == me and me.alive() is True
@@ -84,8 +82,10 @@ def test_a_killed_inline_driver_leaves_nothing_running_after_reconcile_and_rerun
     stuck = [rid for rid, (s, _) in statuses(tmp_path).items() if s == "RUNNING"]
     assert len(stuck) == 2, (statuses(tmp_path), (tmp_path / "driver.log").read_text()[-3000:])  # parent and job
 
-    done = run_cli(tmp_path, str(BIN / "dpsweep-runs"), "reconcile", "--experiment", "faults")
-    assert done.returncode == 0, done.stderr
+    # the reconcile and the re-run in this process: what is under test is the killed driver's process
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    done = run_main(runs.main, "reconcile", "--experiment", "faults", "--tracking-uri", uri)
+    assert done.returncode == 0, done.stdout + done.stderr
     assert "2 dead run(s) ended KILLED" in done.stdout and "is no longer running" in done.stdout
     after = statuses(tmp_path)
     for rid in stuck:
@@ -93,8 +93,8 @@ def test_a_killed_inline_driver_leaves_nothing_running_after_reconcile_and_rerun
         assert status == "KILLED" and tags["failure.kind"] == "dead" and "no longer running" in tags["error"]
     assert not list(tmp_path.glob("multirun/**/checkpoint/checkpoint.pt"))  # its RNG state is not left behind
 
-    again = run_cli(tmp_path, str(BIN / "dpsweep"), *grid[:1], "train.epochs=1,2", *FAST)
-    assert again.returncode == 0, again.stderr
+    again = run_dpsweep(*grid[:1], "train.epochs=1,2", *FAST)
+    assert again.returncode == 0, again.stdout + again.stderr
     final = statuses(tmp_path).values()
     assert not [s for s, _ in final if s == "RUNNING"]
     hashes = [t["config.hash"] for s, t in final if s == "FINISHED" and t.get("sweep.role") != "parent"]
@@ -119,7 +119,7 @@ def test_local_jobs_die_with_their_driver_and_a_rerun_makes_no_duplicate(tmp_pat
         lambda: any(s == "KILLED" and t.get("sweep.role") != "parent" for s, t in statuses(tmp_path).values()),
         30, "the job's run to end KILLED",
     )  # fmt: skip
-    again = run_cli(tmp_path, str(BIN / "dpsweep"), "-m", "launcher=local", "train.epochs=1", *FAST)
-    assert again.returncode == 0, again.stderr
+    again = run_dpsweep("-m", "launcher=local", "train.epochs=1", *FAST)  # its driver: this process
+    assert again.returncode == 0, again.stdout + again.stderr
     assert "ended run" in again.stdout  # the parent left RUNNING by the killed driver, closed first
     assert not [s for s, _ in statuses(tmp_path).values() if s == "RUNNING"]
