@@ -6,14 +6,17 @@ output as the console script); killed jobs and launcher=local job processes are 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
+import submitit
 from helpers import BIN, run_dpsweep
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
@@ -128,29 +131,45 @@ def test_unknown_launcher_and_wrong_units_fail_at_composition(tmp_path: Path, ar
 
 
 @pytest.mark.slow
-def test_local_jobs_run_in_their_own_processes_and_a_killed_one_is_closed(tmp_path: Path) -> None:
+def test_local_jobs_run_in_their_own_processes_and_a_killed_one_is_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # submitit waits 15 s for the result file of a job that ended without one, for network file
+    # systems that show it late (its own tests set 0); this one is local, and the job left none
+    monkeypatch.setattr(submitit.core.core.Job, "_results_timeout_s", 1)
     sweep_dir = tmp_path / "sweep"
-    args = [str(BIN / "dpsweep"), "-m", "launcher=local", "launcher.max_parallel=2", "train.epochs=1,400",
-            "train.progress=false", f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
-    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    victim = None
-    deadline = time.monotonic() + 300
-    while victim is None and time.monotonic() < deadline and proc.poll() is None:
-        # job 1 (400 epochs) has checkpointed, so its run exists; job 0 (1 epoch) has ended, so
-        # the one job process left is job 1's (files and processes only: no reads of the MLflow store)
-        found = subprocess.run(["pgrep", "-f", f"submitit.core._submit {sweep_dir}"], capture_output=True, text=True)
-        pids = [int(x) for x in found.stdout.split()]
-        if len(pids) == 1 and list((sweep_dir / "1").rglob("checkpoint.pt")):
-            victim = pids[0]
-        time.sleep(0.5)
-    if victim is None:
-        proc.kill()
-        out, err = proc.communicate(timeout=60)
-        raise AssertionError(f"the long job never ran alone:\n{out}\n{err}")
-    time.sleep(3)  # job 1 trains on, seconds after job 0 ended
-    os.kill(victim, signal.SIGKILL)  # what the OOM killer does: no Python cleanup at all
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 1, out + err
+    victims: list[int] = []
+    sweep_over = threading.Event()
+
+    def kill_the_long_job() -> None:
+        """Job 1 (400 epochs) has checkpointed, so its run exists; job 0 (1 epoch) has ended, so the
+        one job process left is job 1's (files and processes only: no reads of the MLflow store)."""
+        pids: list[int] = []
+        jobs = ["pgrep", "-f", f"submitit.core._submit {sweep_dir}"]
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not sweep_over.is_set():
+            found = subprocess.run(jobs, capture_output=True, text=True)
+            pids = [int(x) for x in found.stdout.split()]
+            if len(pids) == 1 and list((sweep_dir / "1").rglob("checkpoint.pt")):
+                time.sleep(3)  # job 1 trains on, seconds after job 0 ended
+                os.kill(pids[0], signal.SIGKILL)  # what the OOM killer does: no Python cleanup at all
+                victims.append(pids[0])
+                return
+            sweep_over.wait(0.5)
+        for pid in pids:  # the long job never ran alone: end the jobs, so that the sweep ends and fails below
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    # The driver is this process (its jobs are processes of their own); a thread kills the long job.
+    killer = threading.Thread(target=kill_the_long_job, daemon=True)
+    killer.start()
+    proc = dpsweep(tmp_path, "-m", "launcher=local", "launcher.max_parallel=2", "train.epochs=1,400",
+                   "train.progress=false", f"hydra.sweep.dir={sweep_dir}")  # fmt: skip
+    sweep_over.set()
+    killer.join(timeout=60)
+    out = proc.stdout
+    assert len(victims) == 1, f"the long job never ran alone:\n{out}\n{proc.stderr}"
+    assert proc.returncode == 1, out + proc.stderr
     # each job's line as it ends, in the driver's terminal: the first when it ended, not with the second
     first, second = (x for x in out.splitlines() if x.startswith(("dpsweep: [1/2]", "dpsweep: [2/2]")))
     assert first.startswith("dpsweep: [1/2] run ") and "test_accuracy=" in first and "ETA" in first, out
