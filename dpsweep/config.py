@@ -201,6 +201,10 @@ class DPConfig:
     clip_lr: float = 0.2  # adaptive: η of the geometric update C <- C·exp(-η(unclipped share - γ))
     # adaptive: σ_b, the std of the noise on the count of unclipped examples; null: B/20 (Andrew et al.)
     clip_count_noise: float | None = None
+    # quantile and adaptive: divide the noisy clipped gradient by C, so that optimizer.lr is per unit of C
+    # and the rate tuned at C = 1 carries over to a C chosen privately (DP-SGD's step grows with C
+    # otherwise: normalised DP-SGD, De et al. 2022; Bu et al. 2022). Post-processing: no privacy cost.
+    clip_normalize: bool = True
 
 
 @dataclass

@@ -72,9 +72,11 @@ def make_private(
         private_model, private_optimizer, private_loader = made
     if isinstance(private_optimizer, AdaClipDPOptimizer):
         private_optimizer.__class__ = ExpectedBatchAdaClip  # the same object, with dpsweep's sound update
+        private_optimizer.normalize = dp.clip_normalize
     return engine, private_model, private_optimizer, criterion, private_loader
 
 
+STATE_KEY = "dpsweep.max_grad_norm"  # adaptive clipping's current C in the optimizer's state_dict
 MIN_CLIP_NORM = 1e-6  # adaptive clipping's floor when dp.clip_low is 0: a norm of 0 clips every gradient away
 
 
@@ -82,12 +84,35 @@ class ExpectedBatchAdaClip(AdaClipDPOptimizer):
     """Opacus's adaptive clipping with the clipping-norm update of Andrew et al. 2021 and TF Privacy:
     the unclipped share is the noisy count centred by 1/2 per example (sensitivity 1/2, the count noise
     the accounting assumes) over the expected batch size, plus 1/2. Opacus's own update divides the
-    raw noisy count by the actual batch size, which is private and not noised. See dpsweep.clipping."""
+    raw noisy count by the actual batch size, which is private and not noised. See dpsweep.clipping.
+
+    With ``normalize`` (``dp.clip_normalize``), the noisy clipped sum is divided by the C it was
+    clipped at, so the step does not grow with C. C is part of the optimizer's state_dict (checkpoints,
+    and the memory iteration that is undone)."""
+
+    normalize = False
+
+    def add_noise(self) -> None:
+        super().add_noise()
+        if self.normalize:
+            clip = float(self.max_grad_norm)  # the C of this step's clipping
+            for p in self.params:
+                p.grad /= clip
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), STATE_KEY: float(self.max_grad_norm)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = dict(state_dict)
+        clip = state.pop(STATE_KEY, None)
+        super().load_state_dict(state)
+        if clip is not None:
+            self.max_grad_norm = clip
 
     def update_max_grad_norm(self) -> None:
         # unclipped_num is (#unclipped + N(0, σ_b²)) after add_noise; minus n/2 it is the centred release
         centred = float(self.unclipped_num) - self.sample_size / 2
         share = centred / max(self.expected_batch_size, 1) + 0.5
-        current = float(self.max_grad_norm)  # type: ignore[has-type]  # set by Opacus in __init__
+        current = float(self.max_grad_norm)  # set by Opacus in __init__
         norm = current * math.exp(-self.clipbound_learning_rate * (share - self.target_unclipped_quantile))
         self.max_grad_norm = min(max(norm, self.min_clipbound), self.max_clipbound)

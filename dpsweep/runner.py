@@ -313,8 +313,11 @@ def _finish_privacy(cfg: Config, plan: RunPlan, task_run: tasks.TaskRun, result:
 # what the MLflow run records about its config
 # ---------------------------------------------------------------------------------------------
 def run_name(cfg: Config, sigma: float | None) -> str:
-    """A readable MLflow run name, e.g. ``digits-cnn-σ1.1-C1-B64-e10-s0`` (``nodp`` without DP)."""
-    privacy_part = f"σ{sigma:.3g}-C{cfg.dp.max_grad_norm:g}" if sigma is not None else "nodp"
+    """A readable MLflow run name, e.g. ``digits-cnn-σ1.1-C1-B64-e10-s0`` (``nodp`` without DP; ``Cq0.5`` and
+    ``Ca0.5``: C from the private 0.5 quantile, or adaptive towards it)."""
+    dp = cfg.dp
+    clip = f"C{dp.max_grad_norm:g}" if dp.clipping == "fixed" else f"C{dp.clipping.value[0]}{dp.clip_quantile:g}"
+    privacy_part = f"σ{sigma:.3g}-{clip}" if sigma is not None else "nodp"
     t = cfg.train
     name = f"{cfg.dataset.name}-{cfg.model.name}-{privacy_part}-B{t.batch_size}-e{t.epochs}-s{t.seed}"
     return name if cfg.sweep.trial is None else f"trial{cfg.sweep.trial}-{name}"

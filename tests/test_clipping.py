@@ -182,3 +182,25 @@ def test_adaptive_with_sigma_at_least_twice_the_count_noise_is_refused(make_cfg:
     assert info.value.key == "dp.clip_count_noise"
     with pytest.raises(ConfigError, match="ghost clipping has a fixed norm"):
         validate(to_config(make_cfg("dp.clipping=adaptive", "dp.grad_sample_mode=ghost")))
+
+
+def test_adaptive_c_is_in_the_optimizer_state_and_normalizing_divides_the_step_by_c(make_cfg: Composer) -> None:
+    optimizer, layer = _adaptive_optimizer(make_cfg, 1.0, "dp.clip_count_noise=5")
+    optimizer.max_grad_norm = 3.5
+    saved = optimizer.state_dict()
+    optimizer.max_grad_norm = 1.0
+    optimizer.load_state_dict(saved)
+    assert optimizer.max_grad_norm == 3.5  # a checkpoint (and the undone memory iteration) keep C
+    assert optimizer.normalize  # dp.clip_normalize defaults to true
+    for p in optimizer.params:
+        p.summed_grad = torch.full_like(p, 7.0)
+    optimizer.unclipped_num = torch.tensor(0.0)
+    torch.manual_seed(0)
+    optimizer.add_noise()
+    normalized = layer.weight.grad.clone()
+    optimizer.normalize = False
+    for p in optimizer.params:
+        p.summed_grad = torch.full_like(p, 7.0)
+    torch.manual_seed(0)
+    optimizer.add_noise()
+    assert torch.allclose(normalized * 3.5, layer.weight.grad)  # the same noise, the step per unit of C

@@ -112,7 +112,9 @@ def plan_row(job: int, overrides: list[str], plan: RunPlan, skipped: str | None 
     return PlanRow(
         job=job, overrides=" ".join(overrides), dataset=cfg.dataset.name, model=cfg.model.name,
         batch_size=cfg.train.batch_size, noise_multiplier=plan.noise_multiplier,
-        max_grad_norm=cfg.dp.max_grad_norm if p else None, lr=cfg.optimizer.lr, epochs=cfg.train.epochs,
+        # a quantile run's C is its own private release, unknown before it runs
+        max_grad_norm=cfg.dp.max_grad_norm if p and cfg.dp.clipping != "quantile" else None,
+        lr=cfg.optimizer.lr, epochs=cfg.train.epochs,
         delta=p.delta if p else None, epsilon=p.epsilon if p else None, accountant=p.accountant if p else None,
         steps=plan.steps, n_train=plan.facts.n_train, over_budget=plan.over_budget is not None, skipped=skipped,
         peak_bytes=memory.peak_bytes if memory else None,

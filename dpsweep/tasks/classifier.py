@@ -104,6 +104,9 @@ class ClassifierRun:
             self.max_grad_norm = cfg.dp.max_grad_norm
             if cfg.dp.clipping == Clipping.quantile:
                 self.max_grad_norm = self._private_clipping_norm()
+                if cfg.dp.clip_normalize:  # the step per unit of C (post-processing of the release)
+                    for group in self.optimizer.param_groups:
+                        group["lr"] = cfg.optimizer.lr / self.max_grad_norm
             made = dpsgd.make_private(
                 cfg.dp, sigma, self.max_grad_norm, self.model, self.optimizer, loader, self.criterion
             )
