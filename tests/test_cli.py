@@ -60,9 +60,11 @@ def test_sweep_runs_each_job_and_prints_accuracy_and_epsilon(tmp_path: Path) -> 
     assert progress[0].startswith("dpsweep: [1/2] done (") and "ETA" in progress[0], proc.stdout
     # default sqlite:///mlflow.db: the 2 jobs and the sweep's parent run
     assert run_statuses(tmp_path / "mlflow.db") == ["FINISHED", "FINISHED", "FINISHED"]
-    bad = run_script("dpsweep", "dp.noise_multiplier=0", "tracking.experiment_name=bad", cwd=tmp_path)
+    # bad input: exit code 2 and one line (each kind of bad input is checked in this process below;
+    # one that fails as the config composes, before the seconds of imports a training run needs)
+    bad = run_script("dpsweep", "dataset=imagenet", "tracking.experiment_name=bad", cwd=tmp_path)
     assert bad.returncode == 2, bad.stdout + bad.stderr
-    assert bad.stderr.count("dpsweep: error: dp.noise_multiplier=0.0 is invalid: ") == 1, bad.stderr
+    assert bad.stderr.count("dpsweep: error: dataset='imagenet' is invalid: ") == 1, bad.stderr
     assert "Traceback" not in bad.stderr and len(run_statuses(tmp_path / "mlflow.db")) == 3
 
 
