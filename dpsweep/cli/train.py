@@ -50,7 +50,7 @@ def register_hydra_plugins() -> None:
 
 
 def summary_line(cfg: Config, r: TrainResult) -> str:
-    """``dpsweep: run 1a2b3c4d digits/cnn B=64 epochs=8  test_accuracy=0.8778  ε=7.417 (rdp, δ=1e-05; …)``"""
+    """``dpsweep: run 1a2b3c4d digits/cnn B=64 epochs=8  test_accuracy=0.8778  ε=7.414 (rdp, δ=1e-05, …)``"""
     if cfg.train.probe:
         from dpsweep import memory
 
