@@ -375,7 +375,9 @@ def tracked_run(
 ) -> Iterator[Tracker]:
     """Start an MLflow run (or reopen ``resume_run_id``, e.g. after a requeue); end it FINISHED,
     FAILED (error recorded) or KILLED, whatever happens. With ``claim`` (the config hash of a sweep's
-    job) a config another run holds raises :class:`Claimed` before any run is created."""
+    job) a config another run holds raises :class:`Claimed` before any run is created; so does a
+    ``resume_run_id`` that another live process is running (two jobs sharing one checkpoint
+    directory, e.g. two identical sweeps started in the same second)."""
     mlflow.set_tracking_uri(cfg.uri)
     client = open_client(cfg.uri)
     alive = {PROCESS_TAG: ProcessId.current().token, HEARTBEAT_TAG: f"{time.time():.0f}"}
@@ -389,6 +391,15 @@ def tracked_run(
                 f"{resumed_in!r}, the experiment of run {resume_run_id} that this config's checkpoint resumes "
                 "(or another train.checkpoint_dir to start afresh)",
             )  # fmt: skip
+        with store_lock(cfg.uri):  # checked and taken over at once: one live process per run
+            run = client.get_run(resume_run_id)
+            held = run.data.tags
+            if (
+                run.info.status == "RUNNING" and held.get(PROCESS_TAG, alive[PROCESS_TAG]) != alive[PROCESS_TAG]
+                and why_dead(held, time.time()) is None
+            ):  # fmt: skip
+                raise Claimed(resume_run_id, "RUNNING")
+            retry_busy(lambda: client.set_tag(resume_run_id, PROCESS_TAG, alive[PROCESS_TAG]))
     else:
         run = _create_run(client, cfg, str_tags, claim)
     tracker = Tracker(client, run.info.run_id)
