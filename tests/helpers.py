@@ -83,10 +83,20 @@ def _app_state(env: Mapping[str, str]) -> Iterator[None]:
     global_hydra.clear()  # a test's own compose context (make_cfg) is set aside meanwhile
     # launcher=local names its driver (this process) in the environment its jobs copy: not for later tests
     argv, env_before = sys.argv[:], {k: os.environ.get(k) for k in [*env, "DPSWEEP_DRIVER"]}
+    # absl's handler (absl comes with dp-accounting) closes its stream when Hydra's logging set-up
+    # closes every handler, unless that stream is sys.stdout or sys.stderr at that moment. Under the
+    # app's redirect_stderr it is not, and it may be pytest's capture of the session's output.
+    absl = sys.modules.get("absl.logging")
+    absl_handler = absl.get_absl_handler().python_handler if absl is not None else None
+    absl_stream = absl_handler.stream if absl_handler is not None else None
+    if absl_handler is not None:
+        absl_handler.stream = sys.__stderr__
     os.environ.update(env)
     try:
         yield
     finally:
+        if absl_handler is not None:
+            absl_handler.stream = absl_stream
         sys.argv[:] = argv
         for key, value in env_before.items():
             if value is None:
