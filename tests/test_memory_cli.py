@@ -106,6 +106,15 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     return uri, root
 
 
+@pytest.fixture(scope="module")
+def fitted(probed: tuple[str, Path]) -> Path:
+    """The fit of the 12 probes, made once for the tests that predict with it (their tests are PROBED)."""
+    uri, root = probed
+    model = root / "fit" / "m.json"
+    memory_cli("fit", "--experiment", "probes", "--tracking-uri", uri, "--out", str(model))
+    return model
+
+
 @pytest.mark.slow
 @PROBED
 def test_fit_prints_formulas_and_held_out_error_and_saves_the_model(probed: tuple[str, Path], tmp_path: Path) -> None:
@@ -142,16 +151,14 @@ def predict_json(*args: str) -> list[dict[str, object]]:
 @pytest.mark.slow
 @PROBED
 def test_predict_gives_the_verdict_and_the_largest_batch_that_really_fits(
-    probed: tuple[str, Path], mlflow_uri: str, experiment_name: str, client: MlflowClient
+    fitted: Path, mlflow_uri: str, experiment_name: str, client: MlflowClient
 ) -> None:
     from hydra import compose, initialize_config_module
 
     from dpsweep.train import train
 
-    uri, _ = probed
-    memory_cli("fit", "--experiment", "probes", "--tracking-uri", uri, "--out", "m.json")
     budget = "3MiB"
-    common = ["--memory-model", "m.json", "--backend", "cpu-tensors", "--gpu-memory", budget]
+    common = ["--memory-model", str(fitted), "--backend", "cpu-tensors", "--gpu-memory", budget]
     config = ["model.hidden_units=64", "dataset.image_size=16"]
     small = memory_cli("predict", *common, "train.batch_size=8", *config)
     assert ": fits: predicted peak" in small.stdout and "largest Poisson batch of B=8" in small.stdout
@@ -175,10 +182,8 @@ def test_predict_gives_the_verdict_and_the_largest_batch_that_really_fits(
 
 @pytest.mark.slow
 @PROBED
-def test_device_resident_data_counts_against_the_gpu_memory(probed: tuple[str, Path]) -> None:
-    uri, _ = probed
-    memory_cli("fit", "--experiment", "probes", "--tracking-uri", uri, "--out", "m.json")
-    config = ["--memory-model", "m.json", "--backend", "cpu-tensors", "model.hidden_units=64",
+def test_device_resident_data_counts_against_the_gpu_memory(fitted: Path) -> None:
+    config = ["--memory-model", str(fitted), "--backend", "cpu-tensors", "model.hidden_units=64",
               "dataset.image_size=16", "train.batch_size=128"]  # fmt: skip
     [loader] = predict_json("--gpu-memory", "1GiB", *config)
     [resident] = predict_json("--gpu-memory", "1GiB", *config, "train.device_resident=true")
@@ -202,11 +207,9 @@ def test_plan_help_lists_every_option() -> None:
 
 @pytest.mark.slow
 @PROBED
-def test_plan_shows_the_predicted_peak_and_flags_what_will_not_fit(probed: tuple[str, Path]) -> None:
-    uri, _ = probed
-    memory_cli("fit", "--experiment", "probes", "--tracking-uri", uri, "--out", "m.json")
+def test_plan_shows_the_predicted_peak_and_flags_what_will_not_fit(fitted: Path) -> None:
     done = run_main(
-        plan.main, "--memory-model", "m.json", "--backend", "cpu-tensors", "--gpu-memory", "3MiB",
+        plan.main, "--memory-model", str(fitted), "--backend", "cpu-tensors", "--gpu-memory", "3MiB",
         "train.batch_size=8,1024", "model.hidden_units=64", "dataset.image_size=16",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
