@@ -119,7 +119,8 @@ def test_local_jobs_die_with_their_driver_and_a_rerun_makes_no_duplicate(tmp_pat
         lambda: any(s == "KILLED" and t.get("sweep.role") != "parent" for s, t in statuses(tmp_path).values()),
         30, "the job's run to end KILLED",
     )  # fmt: skip
-    again = run_dpsweep("-m", "launcher=local", "train.epochs=1", *FAST)  # its driver: this process
+    # the re-run in this process, its job inline: the sweep closes dead runs before it launches anything
+    again = run_dpsweep("-m", "train.epochs=1", *FAST)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "ended run" in again.stdout  # the parent left RUNNING by the killed driver, closed first
     assert not [s for s, _ in statuses(tmp_path).values() if s == "RUNNING"]
