@@ -118,9 +118,9 @@ def _app_state(env: Mapping[str, str]) -> Iterator[None]:
 def run_dpsweep(*args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``dpsweep *args`` (the Hydra app of ``dpsweep.cli.train``) in this process, from the current
     directory: its exit code, stdout and stderr, as a ``subprocess.run`` of the console script would
-    give them. Tests that are about the driver's own process (signals, a killed driver, schedulers)
-    and one smoke test of the console script run it as its own process instead; launcher=local's jobs
-    are processes of their own either way.
+    give them. Tests that are about the driver's own process (signals, a killed driver) and one smoke
+    test of the console script run it as its own process instead; the jobs of launcher=local and of
+    the schedulers are processes of their own either way.
 
     The default ``tracking.uri=sqlite:///mlflow.db`` is given as the same file's absolute path: MLflow
     caches one store per URI for the life of the process, so a relative one would stay the store of
