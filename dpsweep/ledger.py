@@ -313,20 +313,27 @@ def _native(event: dp_event.DpEvent) -> dp_event.DpEvent:
 # ---------------------------------------------------------------------------------------------
 # privacy_ledger.json
 # ---------------------------------------------------------------------------------------------
-def to_json(ledger: Ledger, delta: float, accounting: Accounting = Accounting()) -> dict[str, Any]:
+def to_json(
+    ledger: Ledger, delta: float, accounting: Accounting = Accounting(), spent: Mapping[str, float] | None = None
+) -> dict[str, Any]:
     """The ledger as ``privacy_ledger.json``: the unit and neighbouring relation, δ, ε under each
-    accountant, and each event with its parameters, its own ε (alone, under RDP and PLD: RDP over-states a
-    pure-DP release on its own) and its share of the total: its fraction of the total RDP at the optimal
+    accountant (``spent``, :func:`epsilons`, when the caller has it), and each event with its parameters,
+    its own ε (alone, under RDP and PLD: RDP over-states a pure-DP release on its own; a ledger of one
+    event is its own total) and its share of the total: its fraction of the total RDP at the optimal
     order (RDP adds up, so the shares sum to 1)."""
     orders = accounting.orders
+    spent = dict(spent) if spent is not None else epsilons(ledger, delta, orders)
     total = epsilon(ledger, delta, Accounting("rdp", accounting.conversion, orders))
     curves = [rdp_curve(Ledger((e,)), orders) for e in ledger.entries]
     at = orders.index(total.order) if total.order in orders else None
     whole = sum(float(c[at]) for c in curves) if at is not None else 0.0
     entries = []
     for entry, curve in zip(ledger.entries, curves, strict=True):
-        alone = {name: epsilon(Ledger((entry,)), delta, Accounting(name, accounting.conversion, orders)).epsilon
-                 for name in ("rdp", "pld")}  # fmt: skip
+        if len(ledger.entries) == 1:  # the PLD of a long run takes a second: not twice
+            alone = {"rdp": total.epsilon, "pld": spent["pld"]}
+        else:
+            alone = {name: epsilon(Ledger((entry,)), delta, Accounting(name, accounting.conversion, orders)).epsilon
+                     for name in ("rdp", "pld")}  # fmt: skip
         entries.append({
             "name": entry.name, "event": _describe(entry.event), "params": dict(entry.params), "note": entry.note,
             "epsilon_alone": alone,
@@ -335,7 +342,7 @@ def to_json(ledger: Ledger, delta: float, accounting: Accounting = Accounting())
     return {
         "unit": UNIT, "neighbours": NEIGHBOURS, "delta": delta, "accountant": accounting.accountant,
         "conversion": accounting.conversion, "rdp_orders": f"{len(orders)} orders, {min(orders):g} to {max(orders):g}",
-        "optimal_rdp_order": total.order, "epsilon": epsilons(ledger, delta, orders), "events": entries,
+        "optimal_rdp_order": total.order, "epsilon": spent, "events": entries,
     }  # fmt: skip
 
 

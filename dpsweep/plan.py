@@ -177,13 +177,11 @@ def _planned_privacy(cfg: Config, n_train: int) -> PlannedPrivacy | None:
                 "dp.target_epsilon", dp.target_epsilon, f"a budget reachable with σ <= 1e6 ({err})"
             ) from err
     clipping.check_adaptive(dp, sigma, cfg.train.batch_size)
-    eps = privacy.epsilon(
-        schedule, noise_multiplier=sigma, delta=dp.delta, epochs=cfg.train.epochs, accounting=how, extra=extra
-    )
-    bill = privacy.run_ledger(schedule, sigma, eps.steps, extra)
+    steps = schedule.steps(cfg.train.epochs)
+    bill = privacy.run_ledger(schedule, sigma, steps, extra)
     return PlannedPrivacy(
-        sigma, dp.target_epsilon is not None, eps.sample_rate, eps.steps, dp.delta, dp.accountant.value, eps.epsilon,
-        bill,
+        sigma, dp.target_epsilon is not None, schedule.sample_rate, steps, dp.delta, dp.accountant.value,
+        ledger.epsilon(bill, dp.delta, how).epsilon, bill,
     )  # fmt: skip
 
 
