@@ -33,6 +33,14 @@ MNIST_MEAN_STD = ((0.1307,), (0.3081,))
 CIFAR10_MEAN_STD = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
 IMAGENET_MEAN_STD = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 DIGITS_MEAN_STD = (0.5, 0.5)  # data-independent: pixel values 0..16 -> [0, 1] -> [-1, 1]
+# The single-channel datasets' normalisation, by name: what a generator's output range must match.
+SINGLE_CHANNEL_MEAN_STD = {"digits": DIGITS_MEAN_STD, "mnist": (MNIST_MEAN_STD[0][0], MNIST_MEAN_STD[1][0])}
+
+
+def value_range(name: str) -> tuple[float, float]:
+    """The range of a normalised pixel of single-channel dataset ``name``: (0 - mean)/std to (1 - mean)/std."""
+    mean, std = SINGLE_CHANNEL_MEAN_STD[name]
+    return (0.0 - mean) / std, (1.0 - mean) / std
 
 
 class DatasetNotFoundError(InputError, FileNotFoundError):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, grad, grad_and_value, vmap
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,18 @@ def per_example_critic_gradients(
 ) -> dict[str, torch.Tensor]:
     """Each example's gradient of its WGAN-GP critic loss ℓ_i (penalty included) with respect to the
     critic's trainable parameters: ``{name: (n, *shape)}``. ``critic(x, labels)`` scores images."""
+    return critic_gradients_and_losses(critic, real_x, labels, fake_x, rho, gp_weight)[0]
+
+
+def critic_gradients_and_losses(
+    critic: nn.Module,
+    real_x: torch.Tensor,
+    labels: torch.Tensor,
+    fake_x: torch.Tensor,
+    rho: torch.Tensor,
+    gp_weight: float,
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """:func:`per_example_critic_gradients` and each example's loss ℓ_i (n,), from one pass."""
     params = {k: p.detach() for k, p in critic.named_parameters() if p.requires_grad}
     buffers = {k: b.detach() for k, b in critic.named_buffers()}
 
@@ -63,7 +75,8 @@ def per_example_critic_gradients(
         penalty = (slope.flatten().norm(2) - 1) ** 2
         return score(p, f, y) - score(p, x, y) + gp_weight * penalty
 
-    return dict(vmap(grad(loss), in_dims=(None, 0, 0, 0, 0))(params, real_x, labels, fake_x.detach(), rho))
+    grads, losses = vmap(grad_and_value(loss), in_dims=(None, 0, 0, 0, 0))(params, real_x, labels, fake_x.detach(), rho)
+    return dict(grads), losses.detach()
 
 
 def clip_and_sum(per_example: dict[str, torch.Tensor], max_grad_norm: float) -> dict[str, torch.Tensor]:
@@ -81,20 +94,34 @@ def private_critic_gradient(
     rho: torch.Tensor,
     step: CriticStep,
     generator: torch.Generator | None = None,
-) -> dict[str, torch.Tensor]:
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """The noisy critic gradient of one private step (see the module docstring): clipped per example,
-    summed, N(0, σ²C²) added per coordinate, over the expected batch size. An empty Poisson batch still
-    gets its noise (the accountant counts the step)."""
+    summed, N(0, σ²C²) added per coordinate, over the expected batch size; and the examples' losses
+    ℓ_i (un-noised: not for release). An empty Poisson batch still gets its noise (the accountant
+    counts the step)."""
     params = {k: p for k, p in critic.named_parameters() if p.requires_grad}
     if len(real_x):
-        summed = clip_and_sum(
-            per_example_critic_gradients(critic, real_x, labels, fake_x, rho, step.gp_weight), step.max_grad_norm
-        )
+        per_example, losses = critic_gradients_and_losses(critic, real_x, labels, fake_x, rho, step.gp_weight)
+        summed = clip_and_sum(per_example, step.max_grad_norm)
     else:
-        summed = {k: torch.zeros_like(p) for k, p in params.items()}
+        summed, losses = {k: torch.zeros_like(p) for k, p in params.items()}, real_x.new_zeros(0)
     std = step.noise_multiplier * step.max_grad_norm
-    return {
+    noisy = {
         k: (g + std * torch.randn(g.shape, generator=generator, device=g.device, dtype=g.dtype))
         / step.expected_batch_size
         for k, g in summed.items()
     }
+    return noisy, losses
+
+
+def critic_gradient(
+    critic: nn.Module,
+    real_x: torch.Tensor,
+    labels: torch.Tensor,
+    fake_x: torch.Tensor,
+    rho: torch.Tensor,
+    gp_weight: float,
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Without DP: the plain gradient of the batch's mean WGAN-GP critic loss, and the examples' losses."""
+    per_example, losses = critic_gradients_and_losses(critic, real_x, labels, fake_x, rho, gp_weight)
+    return {k: g.mean(dim=0) for k, g in per_example.items()}, losses

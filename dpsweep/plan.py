@@ -47,6 +47,7 @@ from dpsweep.config import (
     identity_hash,
     validate,
     validate_for_dataset,
+    validate_input_shape,
 )
 from dpsweep.facts import DatasetFacts
 from dpsweep.ledger import Accounting, Ledger
@@ -63,7 +64,7 @@ class PlannedPrivacy:
     noise_multiplier: float  # σ
     calibrated: bool  # σ was calibrated to dp.target_epsilon
     sample_rate: float  # q the accountant records per step
-    steps: int
+    steps: int  # every step of train.epochs, or fewer where gan.stop_at_budget stops the run
     delta: float
     accountant: str
     epsilon: float
@@ -109,8 +110,9 @@ def prepare(cfg: Config, facts: DatasetFacts, memory: MemoryBudget | None = None
     """The plan of one run of ``cfg`` on a training set described by ``facts`` (see the module doc)."""
     validate(cfg)
     validate_for_dataset(cfg, facts.n_train)
-    steps = privacy.poisson_schedule(facts.n_train, cfg.train.batch_size).steps(cfg.train.epochs)
+    validate_input_shape(cfg, facts.input_shape)
     planned = _planned_privacy(cfg, facts.n_train)
+    steps = planned.steps if planned is not None else _scheduled_steps(cfg, facts.n_train)
     physical, prediction, figure = _memory(cfg, facts, memory)
     return RunPlan(
         config=cfg, facts=facts, steps=steps, privacy=planned, over_budget=_budget_verdict(cfg, planned),
@@ -151,6 +153,16 @@ def accounting(dp: DPConfig) -> Accounting:
     return Accounting(dp.accountant.value, orders=rdp.ORDER_GRIDS.get(dp.rdp_orders.value, key="dp.rdp_orders"))
 
 
+def _scheduled_steps(cfg: Config, n_train: int) -> int:
+    """Steps of train.epochs epochs of ceil(N/B) steps (Opacus's Poisson-loader convention)."""
+    return privacy.poisson_schedule(n_train, cfg.train.batch_size).steps(cfg.train.epochs)
+
+
+def stops_at_budget(cfg: Config) -> bool:
+    """task=gan with gan.stop_at_budget: σ is kept and training stops where ε would pass dp.target_epsilon."""
+    return cfg.gan is not None and cfg.gan.stop_at_budget
+
+
 def _planned_privacy(cfg: Config, n_train: int) -> PlannedPrivacy | None:
     dp = cfg.dp
     if not dp.enabled:
@@ -159,7 +171,19 @@ def _planned_privacy(cfg: Config, n_train: int) -> PlannedPrivacy | None:
     schedule = privacy.poisson_schedule(n_train, cfg.train.batch_size)
     extra = clipping.planned(dp, schedule.sample_rate)
     how = accounting(dp)
-    if dp.target_epsilon is not None:
+    steps = schedule.steps(cfg.train.epochs)
+    if dp.target_epsilon is not None and stops_at_budget(cfg):
+        steps = privacy.calibrate_steps(
+            schedule, dp.target_epsilon, sigma, dp.delta, max_steps=steps, accounting=how, extra=extra
+        )
+        if steps == 0:
+            one = privacy.epsilon(schedule, sigma, dp.delta, steps=1, accounting=how, extra=extra).epsilon
+            raise ConfigError(
+                "dp.target_epsilon", dp.target_epsilon,
+                f"at least one critic step's ε (ε={one:.4g} at σ={sigma:g}, q={schedule.sample_rate:.4g}) with "
+                "gan.stop_at_budget=true: raise it or dp.noise_multiplier",
+            )  # fmt: skip
+    elif dp.target_epsilon is not None:
         before = ledger.epsilon(extra, dp.delta, how).epsilon
         if before >= dp.target_epsilon:
             raise ConfigError(
@@ -177,11 +201,10 @@ def _planned_privacy(cfg: Config, n_train: int) -> PlannedPrivacy | None:
                 "dp.target_epsilon", dp.target_epsilon, f"a budget reachable with σ <= 1e6 ({err})"
             ) from err
     clipping.check_adaptive(dp, sigma, cfg.train.batch_size)
-    steps = schedule.steps(cfg.train.epochs)
     bill = privacy.run_ledger(schedule, sigma, steps, extra)
     return PlannedPrivacy(
-        sigma, dp.target_epsilon is not None, schedule.sample_rate, steps, dp.delta, dp.accountant.value,
-        ledger.epsilon(bill, dp.delta, how).epsilon, bill,
+        sigma, dp.target_epsilon is not None and not stops_at_budget(cfg), schedule.sample_rate, steps, dp.delta,
+        dp.accountant.value, ledger.epsilon(bill, dp.delta, how).epsilon, bill,
     )  # fmt: skip
 
 

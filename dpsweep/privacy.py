@@ -29,7 +29,7 @@ import itertools
 import math
 import multiprocessing
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -187,19 +187,44 @@ def calibrate_epochs(
     max_epochs: int = 100_000,
 ) -> int:
     """Most epochs whose ε, with ``extra``, stays <= ``target_epsilon`` at this σ (0 if even one epoch
-    exceeds it). ε grows monotonically with the number of steps, so this is a bisection over whole epochs.
-    """
+    exceeds it)."""
 
     def eps(e: int) -> float:
         return epsilon(schedule, noise_multiplier, delta, epochs=e, accounting=accounting, extra=extra).epsilon
 
+    return _largest_within(eps, target_epsilon, max_epochs)
+
+
+def calibrate_steps(
+    schedule: PoissonSchedule,
+    target_epsilon: float,
+    noise_multiplier: float,
+    delta: float,
+    *,
+    max_steps: int,
+    accounting: Accounting = Accounting(),
+    extra: Ledger = Ledger(),
+) -> int:
+    """Most steps (at most ``max_steps``) whose ε, with ``extra``, stays <= ``target_epsilon`` at this σ
+    (0 if even one step exceeds it): where dp-GAN's rule (stop once the accountant's ε at δ would pass
+    the budget) stops a run of ``max_steps`` steps."""
+
+    def eps(k: int) -> float:
+        return epsilon(schedule, noise_multiplier, delta, steps=k, accounting=accounting, extra=extra).epsilon
+
+    return _largest_within(eps, target_epsilon, max_steps)
+
+
+def _largest_within(eps: Callable[[int], float], target_epsilon: float, most: int) -> int:
+    """The largest n in [1, most] with eps(n) <= target (0 if none). ε grows monotonically with the
+    number of steps, so this is a bisection: doubling, then halving the bracket."""
     if eps(1) > target_epsilon:
         return 0
     lo, hi = 1, 2
-    while hi <= max_epochs and eps(hi) <= target_epsilon:
+    while hi <= most and eps(hi) <= target_epsilon:
         lo, hi = hi, hi * 2
-    hi = min(hi, max_epochs + 1)
-    while hi - lo > 1:  # invariant: eps(lo) <= target < eps(hi) (or hi past max_epochs)
+    hi = min(hi, most + 1)
+    while hi - lo > 1:  # invariant: eps(lo) <= target < eps(hi) (or hi past most)
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if eps(mid) <= target_epsilon else (lo, mid)
     return lo

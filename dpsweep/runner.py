@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import random
 import sys
 import time
@@ -65,8 +66,8 @@ class OverBudget(Exception):
 @dataclass
 class TrainResult:
     run_id: str
-    test_accuracy: float  # after the last epoch
-    train_loss: float  # mean over the last epoch's examples
+    test_accuracy: float  # after the last epoch (nan for a task without it, e.g. gan)
+    train_loss: float  # mean over the last epoch's examples (nan for a task without it)
     n_train: int  # N
     steps: int  # optimizer steps actually taken
     epsilon: float | None = None  # final ε under dp.accountant; None without DP
@@ -79,6 +80,8 @@ class TrainResult:
     epochs: list[dict[str, float]] = field(default_factory=list)  # per-epoch metrics
     memory_backend: str = ""  # cuda, or the CPU twin cpu-tensors
     model: nn.Module | None = None  # the trained module, without any DP wrapper (None for a probe)
+    objective: str = "test_accuracy"  # the task's objective (dpsweep.config.TaskConfig.objective) ...
+    score: float = math.nan  # ... and its value after the last epoch
 
 
 def resolve_device(requested: Device) -> torch.device:
@@ -212,7 +215,8 @@ def _epochs(
     for epoch in bar:
         started = time.monotonic()
         metrics = task_run.train_epoch(epoch, stages)
-        metrics = task_run.evaluate() | metrics
+        final = epoch == cfg.train.epochs or task_run.done()  # done: e.g. a budget spent before the last epoch
+        metrics = task_run.evaluate(epoch, final) | metrics
         if not cfg.dp.enabled:  # with DP the peak of the Poisson batches would tell their (private) sizes
             metrics["memory.peak_bytes"] = float(stages.recorder.observe())
         if cfg.dp.enabled:  # ε so far, from the same ledger and accountant as the final ε
@@ -225,7 +229,8 @@ def _epochs(
         run.log_metrics(released, step=epoch)
         result.epochs.append({"epoch": float(epoch), **metrics})
         _report_epoch(f"epoch {epoch}/{cfg.train.epochs}", released, time.monotonic() - started, bar)
-        if reporter is not None and reporter.should_prune(epoch, metrics["test_accuracy"]):
+        objective = cfg.task.objective
+        if reporter is not None and objective in metrics and reporter.should_prune(epoch, metrics[objective]):
             raise RunEnded(
                 f"pruned by the {cfg.sweep.pruner} pruner after epoch {epoch}",
                 status="KILLED",
@@ -237,8 +242,12 @@ def _epochs(
                 checkpoint.capture_rng(parts.generator),
             )  # fmt: skip
             checkpoint.save(ckpt.directory, saved, parts.model, parts.optimizer, parts.engine)
-    result.test_accuracy = result.epochs[-1]["test_accuracy"]
-    result.train_loss = result.epochs[-1]["train_loss"]
+        if final:
+            break
+    last = result.epochs[-1]
+    result.test_accuracy, result.train_loss = last.get("test_accuracy", math.nan), last.get("train_loss", math.nan)
+    result.objective = cfg.task.objective
+    result.score = last.get(result.objective, math.nan)
 
 
 def _probe(task_run: tasks.TaskRun, stages: StageLog) -> dict[str, float]:
@@ -248,7 +257,10 @@ def _probe(task_run: tasks.TaskRun, stages: StageLog) -> dict[str, float]:
     return stages.recorder.metrics() | measured
 
 
-EPOCH_FIGURES = {"train_loss": "train_loss={:.4f}", "test_accuracy": "test_accuracy={:.4f}", "epsilon": "ε={:.3f}"}
+EPOCH_FIGURES = {
+    "train_loss": "train_loss={:.4f}", "test_accuracy": "test_accuracy={:.4f}", "critic_loss": "critic_loss={:.3f}",
+    "generator_loss": "generator_loss={:.3f}", "tstr_accuracy": "tstr_accuracy={:.4f}", "epsilon": "ε={:.3f}",
+}  # fmt: skip
 log = logging.getLogger("dpsweep")
 
 
@@ -319,7 +331,8 @@ def run_name(cfg: Config, sigma: float | None) -> str:
     clip = f"C{dp.max_grad_norm:g}" if dp.clipping == "fixed" else f"C{dp.clipping.value[0]}{dp.clip_quantile:g}"
     privacy_part = f"σ{sigma:.3g}-{clip}" if sigma is not None else "nodp"
     t = cfg.train
-    name = f"{cfg.dataset.name}-{cfg.model.name}-{privacy_part}-B{t.batch_size}-e{t.epochs}-s{t.seed}"
+    what = cfg.model.name if cfg.task.name == "classifier" else cfg.task.name  # the default task: its model
+    name = f"{cfg.dataset.name}-{what}-{privacy_part}-B{t.batch_size}-e{t.epochs}-s{t.seed}"
     return name if cfg.sweep.trial is None else f"trial{cfg.sweep.trial}-{name}"
 
 

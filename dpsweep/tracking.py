@@ -92,6 +92,14 @@ class Tracker:
     def log_text(self, text: str, artifact_file: str) -> None:
         self.client.log_text(self.run_id, text, artifact_file)
 
+    def log_image(self, image: Any, artifact_file: str) -> None:
+        """An (H, W) or (H, W, 3) uint8 array as a PNG artifact (MLflow's image viewer shows it)."""
+        retry_busy(lambda: self.client.log_image(self.run_id, image, artifact_file=artifact_file))
+
+    def log_file(self, local_path: str | Path, artifact_path: str | None = None) -> None:
+        """A local file as an artifact, under ``artifact_path`` (a folder of the run's artifacts)."""
+        retry_busy(lambda: self.client.log_artifact(self.run_id, str(local_path), artifact_path))
+
     def log_model(self, module: Any, input_example: Any, artifact_path: str = "model") -> None:
         """A torch module as an MLflow PyTorch-flavour model (``MLmodel``, weights, signature from the
         input example and the module's output), under the run's ``artifact_path``:

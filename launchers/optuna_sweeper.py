@@ -83,6 +83,7 @@ class OptunaSearch:
             refuse(str(err))
         preflight([base], [arguments])
         typed = to_config(base)
+        metrics = objective.metric_names(typed.task.objective)
         study = optuna.create_study(
             study_name=c.study_name, storage=storage, sampler=sampler_spec.build(c.seed, grid),
             directions=[optuna.study.StudyDirection[d.upper()] for d in objective.directions], load_if_exists=True,
@@ -118,7 +119,7 @@ class OptunaSearch:
                 ]
                 results = launcher.launch(jobs, initial_job_idx=trials[0].number)
                 for trial, result in zip(trials, results, strict=True):
-                    state, values = self._outcome(typed, sweep_id, trial.number, result, objective.metrics)
+                    state, values = self._outcome(typed, sweep_id, trial.number, result, metrics)
                     _tell(study, trial.number, values, state)
                     told += 1
                     failed += state == optuna.trial.TrialState.FAIL
@@ -137,7 +138,7 @@ class OptunaSearch:
             close_orphaned_runs(typed.tracking.uri, typed.tracking.experiment_name, sweep_id)
             if aborted:
                 parent.set_tags({"error": aborted, "failure.kind": "failure_rate"})
-        print(_summary(c.study_name, study, best, objective.multi, objective.metrics), flush=True)
+        print(_summary(c.study_name, study, best, objective.multi, metrics), flush=True)
         if aborted:
             print(f"dpsweep: {aborted}", flush=True)
             raise SystemExit(1)

@@ -60,7 +60,7 @@ def grid_values(name: str, spec: ParamSpec) -> list[Any]:
 @dataclass(frozen=True)
 class Objective:
     directions: tuple[str, ...]
-    metrics: tuple[str, ...]  # MLflow metrics, in the order of directions
+    metrics: tuple[str, ...]  # MLflow metrics, in the order of directions; OBJECTIVE: the task's objective
     extra_overrides: Callable[[float | None], list[str]] = lambda budget: []
     forbidden_params: tuple[str, ...] = ()
     description: str = ""
@@ -69,16 +69,23 @@ class Objective:
     def multi(self) -> bool:
         return len(self.directions) > 1
 
+    def metric_names(self, task_objective: str) -> tuple[str, ...]:
+        """The MLflow metrics of a study whose task scores runs by ``task_objective`` (e.g. tstr_accuracy)."""
+        return tuple(task_objective if m == OBJECTIVE else m for m in self.metrics)
 
+
+OBJECTIVE = "objective"  # stands for the task's objective: test_accuracy (classifier), tstr_accuracy (gan)
 OBJECTIVES: Registry[Objective] = Registry("objective")
-OBJECTIVES.register("accuracy")(Objective(("maximize",), ("test_accuracy",), description="maximise test_accuracy"))
+OBJECTIVES.register("accuracy")(
+    Objective(("maximize",), (OBJECTIVE,), description="maximise the task's accuracy (test_accuracy, tstr_accuracy)")
+)
 OBJECTIVES.register("accuracy_epsilon")(
-    Objective(("maximize", "minimize"), ("test_accuracy", "epsilon"), description="test_accuracy up, ε down")
+    Objective(("maximize", "minimize"), (OBJECTIVE, "epsilon"), description="the task's accuracy up, ε down")
 )
 OBJECTIVES.register("accuracy_under_budget")(
     Objective(
         ("maximize",),
-        ("test_accuracy",),
+        (OBJECTIVE,),
         extra_overrides=lambda budget: [f"dp.target_epsilon={budget}"],
         forbidden_params=("dp.noise_multiplier", "dp.target_epsilon"),
         description="best test_accuracy at ε <= epsilon_budget: each trial calibrates σ to the budget",

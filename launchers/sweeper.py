@@ -270,7 +270,7 @@ class PrivateTuning:
         })  # fmt: skip
         client = MlflowClient(first.tracking.uri)
         runs = [r for r in sweep_jobs(client, first.tracking.experiment_name, sweep_id) if r.info.status == "FINISHED"]
-        objective = "test_accuracy"
+        objective = first.task.objective
         best = max(runs, key=lambda r: r.data.metrics.get(objective, float("-inf")), default=None)
         for r in runs:
             client.set_tag(r.info.run_id, "tuning.released", str(r is best).lower())
@@ -278,7 +278,7 @@ class PrivateTuning:
             "tuning.best_run_id": best.info.run_id if best is not None else "none",
             "tuning.k": len(self.jobs),  # part of the secret randomness: not for publication
             "tuning.dominant_candidate": self.dominant, "dp.delta": self.delta,
-            "tuning.release": "the best trial only (by test_accuracy); publishing K or other trials voids its ε",
+            "tuning.release": f"the best trial only (by {objective}); publishing K or other trials voids its ε",
         })  # fmt: skip
         best_text = f"run {best.info.run_id[:8]}" if best is not None else "no finished trial"
         print(

@@ -74,6 +74,8 @@ def test_sweep_runs_each_job_and_prints_accuracy_and_epsilon(tmp_path: Path) -> 
         (["dp.noise_multiplier=0"], "dp.noise_multiplier=0.0 is invalid: a positive, finite noise multiplier"),
         (["dp.delta=0.01"], "dp.delta=0.01 is invalid: a δ below 1/N"),
         (["dataset=cifar10", "dataset.root=nowhere"], "cifar-10-batches-py"),
+        (["task=gan", "gan.n_critic=0"], "gan.n_critic=0 is invalid: 1 or more critic steps per generator step"),
+        (["task=gan", "dp.grad_sample_mode=ghost"], "dp.grad_sample_mode='ghost' is invalid: functorch with task=gan"),
     ],
 )
 def test_bad_input_exits_2_with_one_clear_line_and_no_run(tmp_path: Path, args: list[str], needle: str) -> None:

@@ -66,11 +66,13 @@ def test_clipping_bounds_each_examples_contribution_and_the_noise_is_sigma_c() -
         alone = dpgan.clip_and_sum({k: g[i : i + 1] for k, g in per_example.items()}, max_grad_norm=0.1)
         assert torch.cat([g.flatten() for g in alone.values()]).norm() <= 0.1 + 1e-6
     step = dpgan.CriticStep(gp_weight=10.0, max_grad_norm=0.5, noise_multiplier=2.0, expected_batch_size=1.0)
-    empty = dpgan.private_critic_gradient(
+    empty, none = dpgan.private_critic_gradient(
         critic, x[:0], y[:0], f[:0], r[:0], step, generator=torch.Generator().manual_seed(0)
     )  # an empty Poisson batch: noise only
+    assert none.shape == (0,)
     noise = torch.cat([g.flatten() for g in empty.values()])
     assert noise.std().item() == pytest.approx(2.0 * 0.5, rel=0.05)
-    noisy = dpgan.private_critic_gradient(critic, x, y, f, r, step, generator=torch.Generator().manual_seed(0))
+    noisy, losses = dpgan.private_critic_gradient(critic, x, y, f, r, step, generator=torch.Generator().manual_seed(0))
+    assert losses.shape == (len(y),)
     clipped = dpgan.clip_and_sum(per_example, 0.5)
     assert all(torch.allclose(noisy[k] - clipped[k], empty[k], atol=1e-5) for k in noisy)  # the same draw added

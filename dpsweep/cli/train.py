@@ -71,9 +71,10 @@ def summary_line(cfg: Config, r: TrainResult) -> str:
         )
     else:
         privacy_text = "non-private (no ε)"
+    what = cfg.model.name if cfg.task.name == "classifier" else cfg.task.name
     return (
-        f"dpsweep: run {r.run_id[:8]} {cfg.dataset.name}/{cfg.model.name} B={cfg.train.batch_size} "
-        f"epochs={cfg.train.epochs}  test_accuracy={r.test_accuracy:.4f}  {privacy_text}"
+        f"dpsweep: run {r.run_id[:8]} {cfg.dataset.name}/{what} B={cfg.train.batch_size} "
+        f"epochs={cfg.train.epochs}  {r.objective}={r.score:.4f}  {privacy_text}"
     )
 
 
@@ -150,7 +151,7 @@ class JobSummary:
     which the driver prints as the job completes, and the figures behind it."""
 
     line: str
-    test_accuracy: float
+    score: float  # the task's objective (test_accuracy, tstr_accuracy)
     epsilon: float | None
 
 
@@ -178,7 +179,7 @@ def app(cfg: DictConfig) -> JobSummary | None:
     print(line, flush=True)
     if hydra_cfg.mode != RunMode.MULTIRUN:  # a sweep ends with its own line
         print(next_steps(config.tracking.uri, config.tracking.experiment_name), flush=True)
-    return JobSummary(line, result.test_accuracy, result.epsilon)
+    return JobSummary(line, result.score, result.epsilon)
 
 
 if __name__ == "__main__":

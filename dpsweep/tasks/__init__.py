@@ -9,21 +9,21 @@ final privacy accounting and failure handling. A task owns what differs, through
 - a :class:`Task` (registered in :data:`TASKS`) builds a :class:`TaskRun` for one run, before the
   MLflow run exists, so that bad input (missing weights, an unwritable cache) leaves no run behind;
 - the :class:`TaskRun` then says how its modules reach the device, how one epoch of training goes,
-  how it evaluates, how the memory probe's single iteration goes, and which privacy events it
-  spent (``privacy_ledger``: a :class:`dpsweep.ledger.Ledger` of dp-accounting ``DpEvent`` s, e.g.
-  Poisson-subsampled Gaussian steps and a private clipping-norm release, which the runner's
-  accountants turn into ε; a mechanism without sampling declares no sampling: no amplification).
+  how it evaluates (and whether it is done before ``train.epochs``), how the memory probe's single
+  iteration goes, and which privacy events it spent (``privacy_ledger``: a
+  :class:`dpsweep.ledger.Ledger` of dp-accounting ``DpEvent`` s, e.g. Poisson-subsampled Gaussian
+  steps and a private clipping-norm release, which the runner's accountants turn into ε; a
+  mechanism without sampling declares no sampling: no amplification).
 
-A new task is a module in this package that registers itself::
+A new task is a module in this package that registers itself (as ``dpsweep.tasks.gan`` does)::
 
     class GanTask:
-        objective = "tstr_accuracy"
         def build(self, inputs: RunInputs) -> TaskRun: ...
 
     TASKS.register("gan")(GanTask())
 
-plus a schema (a ``TaskConfig`` subclass in ``dpsweep.config``) and ``conf/task/gan.yaml``; the
-runner is not edited.
+plus its module in :data:`TASK_MODULES`, a schema (a ``TaskConfig`` subclass in ``dpsweep.config``,
+which names its ``objective``) and ``conf/task/<name>.yaml``; the runner is not edited.
 """
 
 from __future__ import annotations
@@ -95,8 +95,13 @@ class TaskRun(Protocol):
     def train_epoch(self, epoch: int, stages: Stages) -> dict[str, float]:
         """Train one epoch; returns the epoch's training metrics (e.g. train_loss)."""
 
-    def evaluate(self) -> dict[str, float]:
-        """The metrics after an epoch; they include the task's objective."""
+    def evaluate(self, epoch: int, final: bool) -> dict[str, float]:
+        """The metrics after ``epoch``; after the ``final`` one (the last, or where :meth:`done` ended
+        training) they include the task's objective."""
+
+    def done(self) -> bool:
+        """Training ended before train.epochs (e.g. task=gan's privacy budget is spent): the runner
+        evaluates this epoch as the final one and stops."""
 
     def probe(self, stages: Stages) -> dict[str, float]:
         """Run one training iteration on exactly ``train.batch_size`` examples (memory probe)."""
@@ -122,7 +127,7 @@ class TaskRun(Protocol):
 
 
 class Task(Protocol):
-    objective: str  # the metric a sweeper optimises, e.g. test_accuracy
+    # The metric a sweeper optimises is the task config's ``objective`` (dpsweep.config.TaskConfig).
 
     def build(self, inputs: RunInputs) -> TaskRun:
         """Build one run's modules; raise InputError for bad input (before any MLflow run exists)."""
@@ -131,7 +136,7 @@ class Task(Protocol):
 TASKS: Registry[Task] = Registry("task")
 
 # Modules that register tasks; imported on first lookup, so ``import dpsweep.tasks`` stays light.
-TASK_MODULES = ("dpsweep.tasks.classifier",)  # a new task adds its module here
+TASK_MODULES = ("dpsweep.tasks.classifier", "dpsweep.tasks.gan")  # a new task adds its module here
 
 
 def get(name: str) -> Task:

@@ -44,8 +44,6 @@ EXTRACT_BATCH_SIZE = 64  # images per forward pass of the frozen backbone when t
 
 
 class ClassifierTask:
-    objective = "test_accuracy"
-
     def build(self, inputs: RunInputs) -> ClassifierRun:
         model_cfg = inputs.cfg.model
         if getattr(model_cfg, "feature_cache", False):
@@ -154,10 +152,13 @@ class ClassifierRun:
             metrics["max_grad_norm"] = float(optimizer.max_grad_norm)  # C after the epoch's last step
         return metrics
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, epoch: int, final: bool) -> dict[str, float]:
         plain = self.plain_model
         t = self.cfg.train
         return {"test_accuracy": evaluate(plain, self.test, t.eval_batch_size, self.device, t.device_resident)}
+
+    def done(self) -> bool:
+        return False  # every epoch of train.epochs
 
     def _exact_batch(self, generator: torch.Generator, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``size`` training examples (all of them when there are fewer), on the CPU."""

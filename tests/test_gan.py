@@ -1,0 +1,236 @@
+"""task=gan end to end: a DP-WGAN-GP run on digits logs what the issue asks (ε per epoch from one
+Poisson-subsampled Gaussian event per critic step, generator losses, sample grids, TSTR accuracy, the
+memorisation share, the generator and the synthetic set), releases no un-noised statistic of the
+data without saying so, stops at its budget, resumes exactly, and refuses bad input before any run."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from helpers import Composer, runs_of
+from mlflow.tracking import MlflowClient
+
+from dpsweep import privacy, synthetic
+from dpsweep.config import ConfigError, flatten, identity, to_config
+from dpsweep.data import DigitsConfig, build
+from dpsweep.facts import DatasetFacts
+from dpsweep.plan import prepare
+from dpsweep.tasks import gan as gan_task
+from dpsweep.train import train
+
+DIGITS = DatasetFacts(1437, (1, 28, 28), 10)
+STEPS_PER_EPOCH = 23  # ceil(1437 / 64)
+QUICK = [
+    "task=gan", "gan.tstr_epochs=2", "gan.grid_every=1", "gan.memorisation_samples=200", "gan.critic_width=8",
+    "gan.generator_width=16",
+]  # fmt: skip
+
+
+def _artifacts(client: MlflowClient, run_id: str, path: str = "") -> set[str]:
+    found: set[str] = set()
+    for f in client.list_artifacts(run_id, path):
+        found |= _artifacts(client, run_id, f.path) if f.is_dir else {f.path}
+    return found
+
+
+@pytest.mark.slow
+def test_a_private_gan_run_logs_its_epsilon_samples_and_scores(make_cfg: Composer, client: MlflowClient) -> None:
+    cfg = make_cfg(*QUICK, "dp.noise_multiplier=1.2")
+    result = train(cfg)
+    run = client.get_run(result.run_id)
+    m, tags = run.data.metrics, run.data.tags
+
+    # every critic step is one Poisson-subsampled Gaussian step of the ledger: 2 epochs of ceil(N/B)
+    assert result.steps == 2 * STEPS_PER_EPOCH and tags["dp.steps"] == str(2 * STEPS_PER_EPOCH)
+    [entry] = result.ledger.entries
+    assert entry.params == {"noise_multiplier": 1.2, "sample_rate": 1 / STEPS_PER_EPOCH, "steps": 46}
+    expected = privacy.epsilon(privacy.poisson_schedule(1437, 64), 1.2, 1e-5, epochs=2).epsilon
+    assert m["epsilon"] == pytest.approx(expected, rel=1e-12) and m["epsilon_rdp"] == m["epsilon"]
+    per_epoch = client.get_metric_history(run.info.run_id, "epsilon")
+    assert [h.step for h in per_epoch] == [1, 2] and per_epoch[0].value < per_epoch[1].value
+    assert [h.step for h in client.get_metric_history(run.info.run_id, "generator_loss")] == [1, 2]
+    assert "critic_loss" not in m  # the critic's loss on real examples is not noised: not released with DP
+    assert 0 <= m["tstr_accuracy"] <= 1 and 0 <= m["memorisation_share"] <= 1
+    assert "real_accuracy" not in m  # the non-private reference belongs to dp=off runs
+    assert tags["dp.release"] == "not-for-release" and tags["dp.outside_ledger"] == "memorisation_share"
+    assert result.objective == "tstr_accuracy" and result.score == m["tstr_accuracy"]
+    assert run.info.run_name.startswith("digits-gan-σ1.2")
+
+    # the memory stages of one critic step on exactly B examples
+    for stage in ("model_load", "batch_load", "backward", "optimizer_step"):
+        assert m[f"memory.{stage}_bytes"] > 0
+    assert tags["memory.batch"] == "exact-B"
+
+    files = _artifacts(client, run.info.run_id)
+    assert {"samples/epoch_001.png", "samples/epoch_002.png", "generator.pt", "synthetic.npz"} <= files
+    assert "privacy_ledger.json" in files
+    synthetic_set = np.load(client.download_artifacts(run.info.run_id, "synthetic.npz"))
+    assert synthetic_set["x"].shape == (1437, 1, 28, 28)
+    assert np.bincount(synthetic_set["y"]).min() >= 1437 // 10  # balanced classes
+    low, high = -1.0, 1.0  # digits' normalised pixel range: the generator's output range
+    assert low <= synthetic_set["x"].min() and synthetic_set["x"].max() <= high
+    weights = torch.load(client.download_artifacts(run.info.run_id, "generator.pt"), weights_only=True)
+    assert set(weights) == set(result.model.generator.state_dict())  # type: ignore[union-attr]
+    grid = client.download_artifacts(run.info.run_id, "samples/epoch_002.png")
+    with open(grid, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_a_non_private_gan_logs_the_reference_rows_and_its_losses(make_cfg: Composer, client: MlflowClient) -> None:
+    result = train(make_cfg(*QUICK, "dp=off", "train.epochs=1", "gan.memorisation_check=false"))
+    run = client.get_run(result.run_id)
+    m = run.data.metrics
+    assert {"critic_loss", "generator_loss", "tstr_accuracy", "real_accuracy"} <= set(m)
+    assert "epsilon" not in m and "memorisation_share" not in m
+    assert m["real_accuracy"] > 0.5  # the cnn on the real training split, even after 2 epochs
+    assert run.data.tags["dp.enabled"] == "False" and "dp.release" not in run.data.tags
+
+
+@pytest.mark.slow
+def test_stop_at_budget_stops_at_the_last_step_within_it(make_cfg: Composer, client: MlflowClient) -> None:
+    target = 1.7  # reached after 30-40 of the 460 critic steps (2 epochs of 23)
+    cfg = make_cfg(
+        *QUICK, "train.epochs=20", "dp.noise_multiplier=1.2", f"dp.target_epsilon={target}",
+        "gan.stop_at_budget=true", "gan.memorisation_check=false",
+    )  # fmt: skip
+    result = train(cfg)
+    schedule = privacy.poisson_schedule(1437, 64)
+    assert result.noise_multiplier == 1.2  # kept, not calibrated
+    assert 0 < result.steps < 20 * STEPS_PER_EPOCH
+    assert result.epsilon is not None and result.epsilon <= target
+    one_more = privacy.epsilon(schedule, 1.2, 1e-5, steps=result.steps + 1).epsilon
+    assert one_more > target  # dp-GAN's rule: the next step would have passed the budget
+    run = client.get_run(result.run_id)
+    last_epoch = max(h.step for h in client.get_metric_history(result.run_id, "epsilon"))
+    assert last_epoch == -(-result.steps // STEPS_PER_EPOCH) < 20  # ended in the epoch the budget ran out
+    assert "tstr_accuracy" in run.data.metrics  # the final evaluation ran there
+
+
+@pytest.mark.slow
+def test_an_interrupted_gan_run_resumes_to_the_same_generator_and_epsilon(
+    tmp_path, make_cfg: Composer, client: MlflowClient, experiment_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = [*QUICK, "train.epochs=3", "dp.noise_multiplier=1.2", "gan.memorisation_check=false"]
+    straight = train(make_cfg(*args, "tracking.experiment_name=straight"))
+
+    original = gan_task.GanRun.train_epoch
+
+    def interrupted(self: gan_task.GanRun, epoch: int, stages: object) -> dict[str, float]:
+        if epoch == 3:
+            raise KeyboardInterrupt  # as SIGTERM is turned into (dpsweep.tracking.terminate_as_interrupt)
+        return original(self, epoch, stages)  # type: ignore[arg-type]
+
+    cfg = make_cfg(*args, f"train.checkpoint_dir={tmp_path / 'ckpt'}")
+    monkeypatch.setattr(gan_task.GanRun, "train_epoch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg)
+    [killed] = runs_of(client, experiment_name)
+    assert killed.info.status == "KILLED"
+    monkeypatch.setattr(gan_task.GanRun, "train_epoch", original)
+    resumed = train(cfg)
+    assert resumed.run_id == killed.info.run_id and resumed.steps == 3 * STEPS_PER_EPOCH
+    assert resumed.epsilons == straight.epsilons  # every critic step counted once, from the restored count
+    for name, weight in straight.model.generator.state_dict().items():  # type: ignore[union-attr]
+        assert torch.equal(weight, resumed.model.generator.state_dict()[name]), name  # type: ignore[union-attr]
+    assert resumed.score == straight.score
+
+
+def test_tstr_chooses_its_epoch_on_synthetic_data_only() -> None:
+    """The chosen epoch and its validation accuracy do not depend on the real test split at all."""
+    data = build(DigitsConfig(image_size=8))
+    x = torch.stack([data.train[i][0] for i in range(400)])
+    y = torch.tensor([int(data.train[i][1]) for i in range(400)])
+    test_a = (x[:100], y[:100])
+    test_b = (torch.randn(50, 1, 8, 8), torch.randint(0, 10, (50,)))
+    recipe = synthetic.Recipe(epochs=4, lr=0.05, batch_size=32, val_fraction=0.25)
+
+    def build_model() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+
+    first = synthetic.tstr_accuracy(build_model, (x, y), test_a, recipe, seed=0, device=torch.device("cpu"))
+    second = synthetic.tstr_accuracy(build_model, (x, y), test_b, recipe, seed=0, device=torch.device("cpu"))
+    assert (first.epoch, first.val_accuracy) == (second.epoch, second.val_accuracy)
+    assert first.accuracy != second.accuracy  # the test split scores the chosen model, nothing more
+    assert first.accuracy > 0.6  # linear on digits: a working classifier
+
+
+def test_memorisation_share_is_one_for_copies_and_its_baseline_for_fresh_samples() -> None:
+    data = build(DigitsConfig(image_size=8))
+    images = torch.stack([data.train[i][0] for i in range(len(data.train))])  # type: ignore[arg-type]
+    test = torch.stack([data.test[i][0] for i in range(len(data.test))])  # type: ignore[arg-type]
+    train_part, fresh = images[:1000], images[1000:]
+    rng = torch.Generator().manual_seed(0)
+    copies = train_part[torch.randperm(1000, generator=rng)[:300]] + 1e-4  # memorised training images
+    assert synthetic.memorisation_share(copies, train_part, test, samples=2000, rng=rng) > 0.99
+    share = synthetic.memorisation_share(fresh, train_part, test, samples=2000, rng=rng)
+    baseline = synthetic.memorisation_baseline(1000, len(test))
+    assert baseline == 1000 / 1360
+    assert abs(share - baseline) < 0.08  # held-out real images: nearest to any real image alike
+
+
+def test_the_gan_section_leaves_the_classifier_identity_unchanged(make_cfg: Composer) -> None:
+    classifier = to_config(make_cfg())
+    assert classifier.gan is None and not any(k.startswith("gan") for k in identity(flatten(classifier)))
+    gan = to_config(make_cfg("task=gan"))
+    assert gan.gan is not None and gan.dp.grad_sample_mode.value == "functorch"  # set by task=gan
+    assert gan.task.objective == "tstr_accuracy" and classifier.task.objective == "test_accuracy"
+    assert "gan.n_critic" in identity(flatten(gan)) and "gan.grid_every" not in identity(flatten(gan))
+
+
+def test_dpsweep_plan_prices_a_gan_as_its_critic_steps(make_cfg: Composer) -> None:
+    plan = prepare(to_config(make_cfg("task=gan", "train.epochs=30", "dp.noise_multiplier=1.1")), DIGITS)
+    assert plan.privacy is not None and plan.steps == 30 * STEPS_PER_EPOCH
+    schedule = privacy.poisson_schedule(1437, 64)
+    assert plan.privacy.epsilon == privacy.epsilon(schedule, 1.1, 1e-5, epochs=30).epsilon
+    capped = prepare(
+        to_config(make_cfg("task=gan", "train.epochs=30", "dp.target_epsilon=2", "gan.stop_at_budget=true")), DIGITS
+    )
+    assert capped.privacy is not None and not capped.privacy.calibrated and capped.privacy.noise_multiplier == 1.0
+    assert capped.steps < 30 * STEPS_PER_EPOCH and capped.privacy.epsilon <= 2
+    calibrated = prepare(to_config(make_cfg("task=gan", "train.epochs=30", "dp.target_epsilon=2")), DIGITS)
+    assert calibrated.privacy is not None and calibrated.privacy.calibrated and calibrated.steps == 690
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "allowed"),
+    [
+        (["gan.gp_weight=-1"], "gan.gp_weight", "λ >= 0"),
+        (["gan.n_critic=0"], "gan.n_critic", "1 or more critic steps"),
+        (["dp.grad_sample_mode=hooks"], "dp.grad_sample_mode", "Opacus's hooks mode cannot take"),
+        (["dp.grad_sample_mode=ghost"], "dp.grad_sample_mode", "Opacus's ghost mode cannot take"),
+        (["dp.grad_sample_mode=ew"], "dp.grad_sample_mode", "Opacus's ew mode cannot take"),
+        (["dataset.image_size=32"], "dataset.image_size", "28 with task=gan"),
+        (["dataset=cifar10"], "dataset.name", "a single-channel dataset"),
+        (["gan.stop_at_budget=true"], "gan.stop_at_budget", "with dp.target_epsilon set"),
+        (["model=vgg16_frozen"], "model.name", "cnn with task=gan"),
+        (["dp.target_epsilon=0.01", "gan.stop_at_budget=true"], "dp.target_epsilon", "at least one critic step"),
+    ],
+)
+def test_bad_gan_input_is_refused_before_training(
+    make_cfg: Composer, overrides: list[str], key: str, allowed: str
+) -> None:
+    from dpsweep.facts import described, official_facts
+
+    cfg = to_config(make_cfg("task=gan", *overrides))
+    facts = described(cfg.dataset) or official_facts(cfg.dataset)  # as dpsweep-plan reads them
+    with pytest.raises(ConfigError) as err:
+        prepare(cfg, facts)
+    assert err.value.key == key and allowed in str(err.value), str(err.value)
+
+
+def test_the_released_generator_is_one_input_module() -> None:
+    """What MLflow logs as the run's model: rows of [z | class] to images, without the critic."""
+    from dpsweep.gan_models import CodeGenerator, Generator
+
+    generator = Generator(latent_dim=8, width=4, num_classes=10)
+    code = torch.cat([torch.randn(3, 8), torch.tensor([[0.0], [4.0], [9.0]])], dim=1)
+    out = CodeGenerator(generator)(code)
+    assert out.shape == (3, 1, 28, 28)
+    assert torch.equal(out, generator(code[:, :8], torch.tensor([0, 4, 9])))
+    buffer = io.BytesIO()
+    torch.save(CodeGenerator(generator).state_dict(), buffer)
+    assert not any("critic" in k for k in CodeGenerator(generator).state_dict())
