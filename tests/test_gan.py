@@ -6,11 +6,13 @@ data without saying so, stops at its budget, resumes exactly, and refuses bad in
 from __future__ import annotations
 
 import io
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import Composer, runs_of
+from helpers import Composer, child_runs, run_dpsweep, run_main, runs_of
 from mlflow.tracking import MlflowClient
 
 from dpsweep import privacy, synthetic
@@ -112,7 +114,7 @@ def test_stop_at_budget_stops_at_the_last_step_within_it(make_cfg: Composer, cli
 
 @pytest.mark.slow
 def test_an_interrupted_gan_run_resumes_to_the_same_generator_and_epsilon(
-    tmp_path, make_cfg: Composer, client: MlflowClient, experiment_name: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, make_cfg: Composer, client: MlflowClient, experiment_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     args = [*QUICK, "train.epochs=3", "dp.noise_multiplier=1.2", "gan.memorisation_check=false"]
     straight = train(make_cfg(*args, "tracking.experiment_name=straight"))
@@ -234,3 +236,23 @@ def test_the_released_generator_is_one_input_module() -> None:
     buffer = io.BytesIO()
     torch.save(CodeGenerator(generator).state_dict(), buffer)
     assert not any("critic" in k for k in CodeGenerator(generator).state_dict())
+
+
+@pytest.mark.slow
+def test_dpsweep_m_sweeps_gans_and_dpsweep_plan_prices_them(tmp_path: Path) -> None:
+    from dpsweep.cli import plan as plan_cli
+
+    tiny = [a for a in QUICK if a != "gan.grid_every=1"] + ["tracking.log_model=false"]
+    planned = run_main(
+        plan_cli.main, *tiny, "train.epochs=30", "dp.target_epsilon=2", "gan.stop_at_budget=true", "--json"
+    )
+    assert planned.returncode == 0, planned.stderr
+    [row] = json.loads(planned.stdout)
+    assert row["steps"] < 30 * STEPS_PER_EPOCH and row["epsilon"] <= 2 and row["noise_multiplier"] == 1.0
+
+    swept = run_dpsweep("-m", *tiny, "train.epochs=1", "dp=off,dpsgd", "train.progress=false")
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    assert swept.stdout.count("tstr_accuracy=") >= 2, swept.stdout  # each job's line names the task's objective
+    runs = child_runs(tmp_path)
+    assert sorted(r.info.status for r in runs) == ["FINISHED", "FINISHED"]
+    assert all("tstr_accuracy" in r.data.metrics and r.data.tags["task.name"] == "gan" for r in runs)
