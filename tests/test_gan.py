@@ -256,3 +256,26 @@ def test_dpsweep_m_sweeps_gans_and_dpsweep_plan_prices_them(tmp_path: Path) -> N
     runs = child_runs(tmp_path)
     assert sorted(r.info.status for r in runs) == ["FINISHED", "FINISHED"]
     assert all("tstr_accuracy" in r.data.metrics and r.data.tags["task.name"] == "gan" for r in runs)
+
+
+@pytest.mark.slow
+def test_a_gan_trains_on_mnist_files_in_their_real_format(
+    tmp_path: Path, make_cfg: Composer, client: MlflowClient
+) -> None:
+    """MNIST through torchvision's real loader (tiny idx files): the generator draws in MNIST's normalised range."""
+    from fabricate import fabricate_mnist
+
+    from dpsweep.data import value_range
+
+    fabricate_mnist(tmp_path, n_train=40, n_test=20)
+    cfg = make_cfg(
+        *QUICK, "dataset=mnist", f"dataset.root={tmp_path}", "train.batch_size=8", "train.epochs=1",
+        "dp.noise_multiplier=1.0",
+    )  # fmt: skip
+    result = train(cfg)
+    assert result.steps == 5 and 0 <= result.score <= 1  # ceil(40 / 8) critic steps
+    low, high = value_range("mnist")
+    assert (low, high) == pytest.approx(((0 - 0.1307) / 0.3081, (1 - 0.1307) / 0.3081))
+    samples = np.load(client.download_artifacts(result.run_id, "synthetic.npz"))
+    assert samples["x"].shape == (40, 1, 28, 28)
+    assert low - 1e-5 <= samples["x"].min() and samples["x"].max() <= high + 1e-5
