@@ -24,6 +24,15 @@ at its δ: the ``epsilon`` metric, the largest among the row's runs (equal acros
 ``accuracy_drop`` is the baseline's mean accuracy minus the row's: the non-private row of the same
 dataset and model whose other hyperparameters match the row's best.
 
+Tasks: a run's accuracy is its task's objective metric (``TaskConfig.objective`` in dpsweep.config;
+runs without a ``task.name`` are classifier runs): ``test_accuracy``, or for ``task=gan`` the TSTR
+accuracy ``tstr_accuracy``. The columns keep their names (``test_accuracy_mean``, ...); the rendered
+header says which it is ("TSTR accuracy", or "accuracy" and a note when tasks are mixed). A GAN
+row's ``model`` is ``gan`` (its model.name is the TSTR classifier), so GAN rows are a block of their
+own with the non-private GAN as baseline; the notes add, per block, the same classifier trained on
+real data (``real_accuracy`` of the non-private GAN runs: :func:`reference_accuracies`) and the
+rows' memorisation share, and ``report_plots`` draws their final sample grids (gan_samples.png).
+
 Runs are read with one paginated ``MlflowClient.search_runs`` query (metric histories only for the
 few runs of the accuracy-against-epoch plot). Memory probes (tag ``probe=true``) and a sweep's
 parent run (tag ``sweep.role=parent``) are never part of a report. Runs that did not finish count
@@ -47,7 +56,7 @@ import pandas as pd
 from mlflow.entities import Run, ViewType
 from mlflow.tracking import MlflowClient
 
-from dpsweep.config import identity
+from dpsweep.config import TASK_SECTIONS, ClassifierTaskConfig, GanTaskConfig, TaskConfig, identity
 from dpsweep.errors import InputError
 from dpsweep.registry import Registry
 
@@ -67,6 +76,7 @@ HYPERPARAMETERS: dict[str, str] = {
     "delta": "dp.delta",
     "accountant": "dp.accountant",
 }
+SETTING_COLUMNS = [name for name in HYPERPARAMETERS if name not in ("dataset", "model")]  # after model (and task)
 INTEGER_COLUMNS = ("batch_size", "epochs")
 FLOAT_COLUMNS = ("noise_multiplier", "max_grad_norm", "lr", "delta")
 # Runs that differ only in these are replicates of one config (identity() keeps them, since they
@@ -77,7 +87,56 @@ NOT_HYPERPARAMETERS = ("train.eval_batch_size",)
 # Params a run decided from its data (released privately), which differ between seeds of one config.
 DECIDED_PARAMS = ("dp.max_grad_norm_chosen",)
 # Params that say which kind of run it is rather than how it was tuned; never a swept axis.
-ROW_KIND_PARAMS = ("dataset.name", "model.name", "dp.enabled")
+ROW_KIND_PARAMS = ("dataset.name", "model.name", "dp.enabled", "task.name")
+
+# Tasks (dpsweep.config.TaskConfig): a run's score is its task's objective metric. Runs from before
+# tasks existed log no task.name: they are classifier runs. Rows of another task than the classifier
+# show the task as their model (a GAN run's model.name is its TSTR classifier's), so each task's rows
+# form blocks of their own, with their own non-private baseline.
+DEFAULT_TASK: str = ClassifierTaskConfig.name
+OBJECTIVE_NAMES: dict[str, str] = {  # objective metric -> what a table header and an axis call it
+    ClassifierTaskConfig.objective: "test accuracy",
+    GanTaskConfig.objective: "TSTR accuracy",
+}
+OBJECTIVE_NOTES: dict[str, str] = {  # objective metric -> what it measures, for the notes under a table
+    GanTaskConfig.objective: "TSTR (train on synthetic, test on real) accuracy: the model group's classifier "
+    "(model.name) trained on each run's synthetic data, tested on the real test split",
+}
+SAMPLING_TASKS = (GanTaskConfig.name,)  # tasks whose runs log sample grids (samples/epoch_NNN.png)
+REFERENCE_METRIC = "real_accuracy"  # a non-private GAN run's TSTR classifier trained on real data
+MEMORISATION_METRICS = ("memorisation_share", "memorisation_baseline")  # mean per row in the table
+
+
+def task_objectives() -> dict[str, str]:
+    """Task name -> the metric its runs are scored by: each TaskConfig subclass's ``name`` default
+    and ``objective`` (read now, so that a task defined after this import is included)."""
+    out: dict[str, str] = {}
+    stack = list(TaskConfig.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        if isinstance(getattr(cls, "name", None), str) and cls.objective:
+            out[cls.name] = cls.objective
+    return out
+
+
+def objective_name(metric: str) -> str:
+    """``test accuracy``, ``TSTR accuracy``: a metric as a header or an axis names it."""
+    return OBJECTIVE_NAMES.get(metric, metric.replace("_", " "))
+
+
+def run_tasks(runs: pd.DataFrame) -> pd.Series:
+    """Each run's task (param, else tag ``task.name``; runs from before tasks: the classifier)."""
+    return param_or_tag(runs, "task.name").astype(object).fillna(DEFAULT_TASK).astype(str)
+
+
+def run_models(runs: pd.DataFrame) -> pd.Series:
+    """What the table's ``model`` column shows for each run: its model.name for a classifier run,
+    its task (``gan``) for any other task, whose model.name names an evaluation model."""
+    models = param_or_tag(runs, "model.name")
+    tasks = run_tasks(runs)
+    return models.where(tasks == DEFAULT_TASK, tasks)
+
 
 # Memory of the first training iteration at each stage (levels, not increments), and the peaks.
 MEMORY_STAGES: dict[str, str] = {
@@ -220,8 +279,9 @@ def parent_run_id(raw: pd.DataFrame) -> str | None:
 
 def report_runs(raw: pd.DataFrame) -> pd.DataFrame:
     """The runs a report is about: ``raw`` without parent runs and memory probes, plus the columns
-    ``outcome`` (finished, failed, pruned, running), ``private`` (DP on) and ``config_id`` (equal
-    for the runs of one row)."""
+    ``outcome`` (finished, failed, pruned, running), ``private`` (DP on), ``task`` (task.name),
+    ``objective`` (the name of the task's objective metric; NaN for a task this dpsweep does not
+    know), ``score`` (that metric's final value) and ``config_id`` (equal for the runs of one row)."""
     keep = (column(raw, "tags.sweep.role") != "parent") & (column(raw, "tags.probe").astype(str).str.lower() != "true")
     runs = raw[keep].reset_index(drop=True)
     outcome = runs["status"].map(OUTCOMES).fillna("running")
@@ -232,11 +292,23 @@ def report_runs(raw: pd.DataFrame) -> pd.DataFrame:
     newest = finished.groupby(config_hash[finished.index], sort=False).tail(1).index
     runs.loc[finished.index.difference(newest), "outcome"] = "duplicate"
     runs["private"] = param_or_tag(runs, "dp.enabled").astype(str) == "True"
+    runs["task"] = run_tasks(runs)
+    runs["objective"] = runs["task"].map(task_objectives())
+    runs["score"] = run_scores(runs)
     keys = hyperparameter_keys(runs)
     values = runs[[f"params.{k}" for k in keys]].astype(object)
     values = values.where(values.notna(), None)
     runs["config_id"] = [_config_id(keys, row) for row in values.itertuples(index=False, name=None)]
     return runs
+
+
+def run_scores(runs: pd.DataFrame) -> pd.Series:
+    """Each run's final value of its task's objective metric (``objective``); NaN where not logged."""
+    score = pd.Series(np.nan, index=runs.index, dtype=float)
+    for metric in runs["objective"].dropna().unique():
+        mine = runs["objective"] == metric
+        score[mine] = pd.to_numeric(column(runs, f"metrics.{metric}")[mine], errors="coerce")
+    return score
 
 
 def hyperparameter_keys(runs: pd.DataFrame) -> list[str]:
@@ -274,16 +346,20 @@ SORT_KEYS.register("epsilon")(SortKey("epsilon", ascending=True))  # most privat
 def summary_table(runs: pd.DataFrame, sort: str = "accuracy") -> pd.DataFrame:
     """One row per config over the FINISHED runs of ``runs`` (from report_runs).
 
-    Columns: config_id, dataset, model, private, batch_size, noise_multiplier, max_grad_norm, lr,
-    epochs, delta, accountant, epsilon, test_accuracy_mean, test_accuracy_std, accuracy_drop,
-    runs (FINISHED runs pooled), runs_without_accuracy, baseline_config_id, run_ids, and
-    ``params.<key>`` for every hyperparameter (the raw strings). Rows are in blocks per dataset and
-    model, the non-private baseline first, then by ``sort`` (a SORT_KEYS name); NaN last.
+    Columns: config_id, dataset, model, task, private, batch_size, noise_multiplier, max_grad_norm,
+    lr, epochs, delta, accountant, epsilon, test_accuracy_mean, test_accuracy_std, accuracy_drop,
+    runs (FINISHED runs pooled), runs_without_accuracy, baseline_config_id, run_ids,
+    memorisation_share, memorisation_baseline, and ``params.<key>`` for every hyperparameter (the
+    raw strings). The accuracy columns are of each run's score, its task's objective metric
+    (test_accuracy; a GAN's tstr_accuracy); the ``model`` of a row of another task than the
+    classifier is the task (``gan``). The memorisation columns are means over the row's runs (GAN
+    runs; NaN for others). Rows are in blocks per dataset and model, the non-private baseline
+    first, then by ``sort`` (a SORT_KEYS name); NaN last.
     """
     order = lookup(SORT_KEYS, sort, "sort")
     done = runs[runs["outcome"] == "finished"]
     keys = hyperparameter_keys(done)
-    accuracy = column(done, "metrics.test_accuracy")
+    accuracy = done["score"].astype(float)
     work = pd.DataFrame(
         {
             "config_id": done["config_id"],
@@ -291,6 +367,7 @@ def summary_table(runs: pd.DataFrame, sort: str = "accuracy") -> pd.DataFrame:
             "accuracy": accuracy,
             "epsilon": column(done, "metrics.epsilon"),
             "missing": accuracy.isna(),
+            **{name: column(done, f"metrics.{name}").astype(float) for name in MEMORISATION_METRICS},
         }
     )
     grouped = work.groupby("config_id", sort=False)
@@ -302,12 +379,15 @@ def summary_table(runs: pd.DataFrame, sort: str = "accuracy") -> pd.DataFrame:
             "runs": grouped.size(),
             "runs_without_accuracy": grouped["missing"].sum().astype(int),
             "run_ids": grouped["run_id"].agg(tuple),
+            **{name: grouped[name].mean() for name in MEMORISATION_METRICS},
         }
     )
     first = done.drop_duplicates("config_id").set_index("config_id")
     table["private"] = first["private"]
     for name, key in HYPERPARAMETERS.items():
         table[name] = param_or_tag(first, key)
+    table["task"] = run_tasks(first)
+    table["model"] = run_models(first)
     for name in INTEGER_COLUMNS:
         table[name] = pd.to_numeric(table[name], errors="coerce").astype("Int64")
     for name in FLOAT_COLUMNS:
@@ -316,8 +396,9 @@ def summary_table(runs: pd.DataFrame, sort: str = "accuracy") -> pd.DataFrame:
         table[f"params.{key}"] = first[f"params.{key}"]
     table = table.reset_index()
     table[["accuracy_drop", "baseline_config_id"]] = _baselines(table, keys)
-    head = ["config_id", *HYPERPARAMETERS, "private", "epsilon", "test_accuracy_mean", "test_accuracy_std"]
-    tail = ["accuracy_drop", "runs", "runs_without_accuracy", "baseline_config_id", "run_ids"]
+    head = ["config_id", "dataset", "model", "task", *SETTING_COLUMNS, "private", "epsilon"]
+    head += ["test_accuracy_mean", "test_accuracy_std"]
+    tail = ["accuracy_drop", "runs", "runs_without_accuracy", "baseline_config_id", "run_ids", *MEMORISATION_METRICS]
     table = table[head + tail + [f"params.{k}" for k in keys]]
     return _sorted(table, order)
 
@@ -354,17 +435,24 @@ def _sorted(table: pd.DataFrame, order: SortKey) -> pd.DataFrame:
 
 def swept_params(table: pd.DataFrame) -> list[str]:
     """Hyperparameters (MLflow param keys) that take more than one value among the table's rows,
-    besides the dataset, the model and DP on/off. Non-DP keys count over every row, dp.* keys over
-    the private rows (the baseline has none)."""
+    besides the dataset, the model, the task and DP on/off. Non-DP keys count over every row, dp.*
+    keys over the private rows (the baseline has none), the keys of a task's section (gan.*) over
+    the rows that have them (other tasks' rows have none)."""
     out = []
     for name in [c for c in table.columns if c.startswith("params.")]:
         key = name.removeprefix("params.")
         if key in ROW_KIND_PARAMS:
             continue
         rows = table[table["private"]] if key.startswith("dp.") else table
+        rows = rows[rows[name].notna()] if _in_task_section(key) else rows
         if rows[name].nunique(dropna=False) > 1:
             out.append(key)
     return out
+
+
+def _in_task_section(key: str) -> bool:
+    """Whether ``key`` belongs to a section only some tasks have (``gan.*``: dpsweep.config.TASK_SECTIONS)."""
+    return key.split(".", 1)[0] in TASK_SECTIONS
 
 
 def extra_columns(table: pd.DataFrame) -> list[str]:
@@ -397,9 +485,30 @@ def config_labels(table: pd.DataFrame) -> pd.Series:
         for key in swept:
             if key.startswith("dp.") and not row["private"]:
                 continue
+            if _in_task_section(key) and pd.isna(row[f"params.{key}"]):
+                continue  # a row of another task
             parts.append(f"{SHORT_NAMES.get(key, key)}={_text(row[f'params.{key}'])}")
         labels[row["config_id"]] = " ".join(parts) or f"{row['dataset']}/{row['model']}"
     return pd.Series(labels, name="label")
+
+
+def privacy_names(table: pd.DataFrame) -> pd.Series:
+    """A row's privacy in a few characters (indexed by config_id): ``ε=1.53`` or ``non-private``;
+    where rows of one dataset and model share it, what else tells them apart (their config_labels
+    less the dataset, model and privacy) follows in parentheses."""
+    labels = config_labels(table)
+    names, blocks = {}, {}
+    for _, row in table.iterrows():
+        name = "non-private" if not row["private"] else f"ε={_epsilon(row['epsilon'])}"
+        names[row["config_id"]], blocks[row["config_id"]] = name, (row["dataset"], row["model"], name)
+    shared = pd.Series(blocks).duplicated(keep=False)
+    out = {}
+    for _, row in table.iterrows():
+        cid, name = row["config_id"], names[row["config_id"]]
+        rest = str(labels.get(cid, "")).removeprefix(f"{row['dataset']}/{row['model']}").strip()
+        rest = rest.removeprefix("non-private").strip()
+        out[cid] = f"{name} ({rest})" if shared[cid] and rest else name
+    return pd.Series(out, dtype=object)
 
 
 def _sort_key(value: Any) -> tuple[int, float, str]:
@@ -490,13 +599,20 @@ def memory_groups(memory: pd.DataFrame, table: pd.DataFrame, resolution_bytes: f
 
 
 def best_runs(runs: pd.DataFrame, n: int = 3, private: bool | None = True) -> list[str]:
-    """The ``n`` FINISHED runs with the highest final test accuracy: private ones (``private=True``),
-    non-private ones (False) or any (None)."""
+    """The ``n`` FINISHED runs with the highest final score (test accuracy; a GAN's TSTR accuracy):
+    private ones (``private=True``), non-private ones (False) or any (None)."""
     done = runs[runs["outcome"] == "finished"]
     if private is not None:
         done = done[done["private"] == private]
-    ranked = done.assign(_acc=column(done, "metrics.test_accuracy")).dropna(subset=["_acc"])
+    ranked = done.assign(_acc=done["score"]).dropna(subset=["_acc"])
     return ranked.sort_values(["_acc", "start_time"], ascending=[False, True])["run_id"].head(n).tolist()
+
+
+def history_metrics(runs: pd.DataFrame, run_ids: Sequence[str]) -> list[str]:
+    """The metrics curves.png reads for ``run_ids`` (runs of report_runs): their tasks' objectives
+    (test_accuracy, a GAN's tstr_accuracy), then epsilon."""
+    chosen = runs[runs["run_id"].isin(run_ids)]
+    return [*sorted(set(chosen["objective"].dropna())), "epsilon"]
 
 
 def metric_histories(
@@ -545,13 +661,23 @@ def check(runs: pd.DataFrame, table: pd.DataFrame) -> list[str]:
                     f"{dataset}/{model}: the rows use different {what} ({', '.join(values)}); their ε are "
                     "not comparable, nor is the Pareto front across them"
                 )
-    for metric, who in (("test_accuracy", done), ("epsilon", done[done["private"]])):
-        lacking = who[column(who, f"metrics.{metric}").isna()]
-        for _, run in lacking.iterrows():
-            notes.append(
-                f"run {run['run_id']} ({labels.get(run['config_id'], run['config_id'])}) is FINISHED but has "
-                f"no {metric} metric; its row's {'accuracy' if metric == 'test_accuracy' else 'ε'} leaves it out"
-            )
+    unknown = done[done["objective"].isna()]
+    for task, group in unknown.groupby("task", sort=True):
+        notes.append(
+            f"{_runs(len(group))} of task {task!r}, which this dpsweep does not know (tasks: "
+            f"{', '.join(sorted(task_objectives()))}): the table has no accuracy for them"
+        )
+    known = done[done["objective"].notna()]
+    for _, run in known[known["score"].isna()].iterrows():
+        notes.append(
+            f"run {run['run_id']} ({labels.get(run['config_id'], run['config_id'])}) is FINISHED but has "
+            f"no {run['objective']} metric; its row's accuracy leaves it out"
+        )
+    for _, run in done[done["private"] & column(done, "metrics.epsilon").isna()].iterrows():
+        notes.append(
+            f"run {run['run_id']} ({labels.get(run['config_id'], run['config_id'])}) is FINISHED but has "
+            "no epsilon metric; its row's ε leaves it out"
+        )
     for config_hash, group in runs[runs["outcome"] == "duplicate"].groupby(column(runs, "tags.config.hash")):
         kept = done[column(done, "tags.config.hash") == config_hash]["run_id"]
         notes.append(
@@ -559,11 +685,18 @@ def check(runs: pd.DataFrame, table: pd.DataFrame) -> list[str]:
             f"{', '.join(r[:8] for r in kept)} (config.hash {config_hash}, seed included): a repeat is not another "
             "seed, so only the newest is in the table"
         )
-    insecure = done[done["private"] & (column(done, "tags.dp.release") == "not-for-release")]
+    not_for_release = done[done["private"] & (column(done, "tags.dp.release") == "not-for-release")]
+    insecure = not_for_release[column(not_for_release, "tags.dp.secure_mode").astype(str) != "True"]
     if not insecure.empty:
         notes.append(
             f"{_runs(len(insecure))} ran without dp.secure_mode: their noise and Poisson sampling can be "
             "regenerated from train.seed, which is logged, so a model they trained is not for release"
+        )
+    outside = not_for_release[column(not_for_release, "tags.dp.outside_ledger").notna()]
+    for what, group in outside.groupby(column(outside, "tags.dp.outside_ledger"), sort=True):
+        notes.append(
+            f"{_runs(len(group))} logged {what}, a statistic of the training data that no accountant covers: "
+            "their ε is not all they released"
         )
     for (dataset, model), block in table.groupby(["dataset", "model"], sort=True):
         if block["private"].all():
@@ -629,6 +762,95 @@ def _baseline_mismatches(table: pd.DataFrame, labels: pd.Series) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
+# what the accuracy columns are: each row's task objective
+# ---------------------------------------------------------------------------------------------
+def row_tasks(table: pd.DataFrame) -> pd.Series:
+    """The task of each of ``table``'s rows (a table from before the column: the classifier)."""
+    return table["task"] if "task" in table else pd.Series(DEFAULT_TASK, index=table.index, dtype=object)
+
+
+def score_metrics(table: pd.DataFrame) -> list[str]:
+    """The objective metrics behind the accuracy columns of ``table``'s rows, e.g. ``["tstr_accuracy"]``."""
+    return sorted(set(row_tasks(table).map(task_objectives()).dropna()))
+
+
+def score_name(table: pd.DataFrame) -> str:
+    """What the accuracy columns of ``table`` hold: ``test accuracy`` or ``TSTR accuracy`` when
+    every row has one objective, ``accuracy`` when tasks with different objectives are mixed."""
+    metrics = score_metrics(table)
+    return objective_name(metrics[0]) if len(metrics) == 1 else "accuracy"
+
+
+def score_note(table: pd.DataFrame) -> str:
+    """The notes' name for the accuracy columns; with mixed tasks, which objective is whose."""
+    name = score_name(table)
+    if name != "accuracy":
+        return name[0].upper() + name[1:]
+    objectives = task_objectives()
+    tasks = sorted(t for t in set(row_tasks(table)) if t in objectives)
+    return (
+        "Accuracy: each row's task objective ("
+        + "; ".join(f"{t} rows: {objective_name(objectives[t])}" for t in tasks)
+        + ")"
+    )
+
+
+def reference_accuracies(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per dataset and model (``digits/gan``): the FINISHED non-private runs that logged
+    ``real_accuracy`` (a GAN run's TSTR classifier trained on the real training split instead, the
+    reference for its TSTR accuracy), pooled: columns dataset, model, classifier (model.name),
+    real_accuracy_mean, real_accuracy_std (sample std; NaN for one run), runs, and ``differing``:
+    the classifier's settings (model.*, dataset.*, gan.tstr_*) that differ among them, if any."""
+    columns = ["dataset", "model", "classifier", "real_accuracy_mean", "real_accuracy_std", "runs", "differing"]
+    done = runs[(runs["outcome"] == "finished") & ~runs["private"]]
+    real = column(done, f"metrics.{REFERENCE_METRIC}").astype(float)
+    done = done[real.notna()]
+    rows = []
+    pairs = pd.Series(_pairs(done), index=done.index, dtype=object)
+    recipe = [c for c in done.columns if c.startswith(("params.model.", "params.dataset.", "params.gan.tstr_"))]
+    recipe = [c for c in recipe if c != "params.dataset.name"]
+    for (dataset, model), block in done.groupby(pairs, sort=True):
+        values = real[block.index]
+        differing = [
+            f"{c.removeprefix('params.')} {', '.join(sorted({_text(v) for v in block[c]}, key=_sort_key))}"
+            for c in recipe
+            if block[c].astype(object).fillna(MISSING).nunique() > 1
+        ]
+        classifier = ", ".join(sorted({str(v) for v in param_or_tag(block, "model.name").dropna()}))
+        rows.append((dataset, model, classifier, values.mean(), values.std(ddof=1), len(block), "; ".join(differing)))
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _percent(mean: float, std: float) -> str:
+    return f"{mean * PERCENT:.2f}" + ("" if pd.isna(std) else f" ± {std * PERCENT:.2f}") + "%"
+
+
+def task_notes(table: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
+    """Notes on rows of tasks other than the classifier: the real-data reference of each block with
+    one (reference_accuracies), and the rows' mean memorisation share against its baseline."""
+    notes = []
+    for _, ref in reference_accuracies(runs).iterrows():
+        pooled = f"; pooled over differing {ref['differing']}" if ref["differing"] else ""
+        n = int(ref["runs"])
+        notes.append(
+            f"{ref['dataset']}/{ref['model']}: the same classifier ({ref['classifier']}) trained on real data "
+            f"instead: {_percent(ref['real_accuracy_mean'], ref['real_accuracy_std'])} test accuracy "
+            f"({n} non-private run{'' if n == 1 else 's'}{pooled})"
+        )
+    share, baseline = MEMORISATION_METRICS
+    logged = table[table[share].notna()] if share in table else table.iloc[:0]
+    names = privacy_names(table) if not logged.empty else pd.Series(dtype=str)
+    for (dataset, model), block in logged.groupby(["dataset", "model"], sort=True):
+        rows = ", ".join(f"{names.get(r['config_id'])} {r[share] * PERCENT:.1f}%" for _, r in block.iterrows())
+        notes.append(
+            f"{dataset}/{model}: memorisation share (synthetic samples nearer a training image than any test "
+            f"image; {block[baseline].mean() * PERCENT:.1f}% if independent of the training set), mean per row: "
+            f"{rows}"
+        )
+    return notes
+
+
+# ---------------------------------------------------------------------------------------------
 # the report
 # ---------------------------------------------------------------------------------------------
 @dataclass
@@ -660,9 +882,11 @@ class Report:
             f"{self.selection}: {c['finished']} of {c['total']} runs FINISHED; {c['failed']} failed, "
             f"{c['pruned']} pruned, {c['running']} running"
             + (f", {c['duplicate']} duplicate." if c["duplicate"] else "."),
-            "ε: final ε under each row's accountant at its δ. Test accuracy: mean ± sample std over seeds, "
-            "in %. Drop: non-private baseline minus row, in percentage points.",
+            f"ε: final ε under each row's accountant at its δ. {score_note(self.table)}: mean ± sample std over "
+            "seeds, in %. Drop: non-private baseline minus row, in percentage points.",
         ]
+        lines += [OBJECTIVE_NOTES[m] + "." for m in score_metrics(self.table) if m in OBJECTIVE_NOTES]
+        lines += task_notes(self.table, self.table_runs)
         return lines + [f"warning: {w}" for w in self.warnings]
 
 
@@ -715,8 +939,8 @@ def _runs(n: int) -> str:
 
 
 def _pairs(runs: pd.DataFrame) -> list[tuple[Any, Any]]:
-    """(dataset, model) of each run."""
-    return list(zip(param_or_tag(runs, "dataset.name"), param_or_tag(runs, "model.name"), strict=True))
+    """(dataset, model) of each run, the model as the table shows it (a GAN run's: gan)."""
+    return list(zip(param_or_tag(runs, "dataset.name"), run_models(runs), strict=True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -756,6 +980,11 @@ def display_columns(table: pd.DataFrame) -> list[tuple[str, str, Cell]]:
     cols: list[tuple[str, str, Cell]] = [
         ("dataset", "dataset", lambda r: _text(r["dataset"])),
         ("model", "model", lambda r: _text(r["model"])),
+    ]
+    if _shows_tasks(table):
+        cols.append(("task", "task", lambda r: _text(r["task"])))
+    score = f"{score_name(table)} (%)"
+    cols += [
         ("B", "$B$", lambda r: _num(r["batch_size"], "d")),
         ("σ", r"$\sigma$", lambda r: _num(r["noise_multiplier"], "g")),
         ("C", "$C$", _clip_norm),
@@ -768,11 +997,16 @@ def display_columns(table: pd.DataFrame) -> list[tuple[str, str, Cell]]:
         ("δ", r"$\delta$", lambda r: _num(r["delta"], "g")),
         ("accountant", "accountant", lambda r: str(r["accountant"]) if r["private"] else "non-private"),
         ("ε", r"$\varepsilon$", lambda r: _epsilon(r["epsilon"])),
-        ("test accuracy (%)", r"test accuracy (\%)", _accuracy),
+        (score, _latex_cell(score), _accuracy),
         ("drop (pp)", "drop (pp)", lambda r: _num(r["accuracy_drop"] * PERCENT, ".2f")),
         ("runs", "runs", lambda r: str(int(r["runs"]))),
     ]
     return cols
+
+
+def _shows_tasks(table: pd.DataFrame) -> bool:
+    """A table with rows of another task than the classifier shows the task column (and CSV has it)."""
+    return bool((row_tasks(table) != DEFAULT_TASK).any())
 
 
 def _clipping_of(row: pd.Series) -> str:
@@ -804,7 +1038,7 @@ def paper_table(table: pd.DataFrame, latex: bool = False) -> pd.DataFrame:
     return pd.DataFrame(cells, columns=[tex if latex else plain for plain, tex, _ in cols])
 
 
-TEXT_COLUMNS = ("dataset", "model", "accountant")
+TEXT_COLUMNS = ("dataset", "model", "task", "accountant")
 
 
 def _right_aligned(shown: pd.DataFrame) -> list[bool]:
@@ -838,10 +1072,13 @@ def to_markdown(report: Report) -> str:
 
 def to_csv(report: Report) -> str:
     """The numbers at full precision (accuracies as fractions), one row per config, no notes."""
-    extras = [f"params.{k}" for k in extra_columns(report.table)]
-    names = ["config_id", *HYPERPARAMETERS, "private", *extras, "epsilon", "test_accuracy_mean"]
+    table = report.table
+    extras = [f"params.{k}" for k in extra_columns(table)]
+    kinds = ["dataset", "model", *(["task"] if _shows_tasks(table) else [])]
+    names = ["config_id", *kinds, *SETTING_COLUMNS, "private", *extras, "epsilon", "test_accuracy_mean"]
     names += ["test_accuracy_std", "accuracy_drop", "runs", "runs_without_accuracy", "run_ids"]
-    out = report.table[names].rename(columns={e: e.removeprefix("params.") for e in extras})
+    names += [m for m in MEMORISATION_METRICS if m in table and table[m].notna().any()]
+    out = table[names].rename(columns={e: e.removeprefix("params.") for e in extras})
     out = out.assign(run_ids=out["run_ids"].map(" ".join))
     return str(out.to_csv(index=False, lineterminator="\n"))
 

@@ -10,7 +10,8 @@ Every legend sits outside its axes, to the right, so that it never hides data. F
 Files, one panel per dataset and model:
 
 - ``pareto.png``: test accuracy (%) against ε, each config with its seed-to-seed std; the Pareto
-  front highlighted; the non-private baseline as a horizontal line.
+  front highlighted; the non-private baseline as a horizontal line. The accuracy is each row's
+  score, its task's objective: a GAN block's axes say TSTR accuracy.
 - ``accuracy_vs_<param>.png``, one per swept hyperparameter (e.g. ``accuracy_vs_dp.noise_multiplier.png``):
   test accuracy against its values, one line per setting of the other swept hyperparameters.
 - ``curves.png``: test accuracy against epoch (top) and ε against epoch (below), for chosen runs
@@ -19,12 +20,20 @@ Files, one panel per dataset and model:
 - ``memory.png``: memory (MiB) after each stage of the first training iteration, its peak and
   the run's peak, per config (configs with equal figures drawn once, labelled with what they
   share), titled with the measuring backend.
+- ``gan_samples.png``, when the report has GAN rows: one tile per GAN config, the final sample
+  grid (``samples/epoch_NNN.png`` of the highest epoch) of its first run with one, a row per
+  class, titled with its ε; ordered by ε, the non-private rows last.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import os
+import re
+import tempfile
+import textwrap
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +46,8 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
 
 from dpsweep.analysis import report as rep
 
@@ -102,6 +113,11 @@ def _log_scale_if_wide(ax: Axes, values: Sequence[float], axis: str = "x") -> No
         (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
 
 
+def _score_label(rows: pd.DataFrame) -> str:
+    """The accuracy axis: ``test accuracy (%)``, ``TSTR accuracy (%)``, or ``accuracy (%)`` for mixed tasks."""
+    return f"{rep.score_name(rows)} (%)"
+
+
 def _privacy_label(rows: pd.DataFrame) -> str:
     accountants = sorted({str(a) for a in rows["accountant"].dropna()})
     deltas = sorted({f"{d:g}" for d in rows["delta"].dropna()})
@@ -142,7 +158,7 @@ def plot_pareto(table: pd.DataFrame, path: Path, style: FigureStyle = FigureStyl
         _baselines(ax, rows[~rows["private"]], labels)
         _log_scale_if_wide(ax, list(dp["epsilon"]))
         ax.set_xlabel(_privacy_label(dp if not dp.empty else rows))
-        ax.set_ylabel("test accuracy (%)")
+        ax.set_ylabel(_score_label(rows))
         ax.set_title(f"{title}: privacy–accuracy trade-off", fontsize=10)
         ax.grid(alpha=0.3)
         _legend_outside(ax)
@@ -190,7 +206,7 @@ def plot_accuracy_vs(table: pd.DataFrame, key: str, path: Path, style: FigureSty
         else:
             _log_scale_if_wide(ax, list(usable["_x"]))
         ax.set_xlabel(_param_label(key))
-        ax.set_ylabel("test accuracy (%)")
+        ax.set_ylabel(_score_label(rows))
         more = "" if len(series) <= MAX_LEGEND_ENTRIES else f" ({len(series)} lines, one per setting of the others)"
         ax.set_title(f"{title}: accuracy against {rep.SHORT_NAMES.get(key, key)}{more}", fontsize=9)
         ax.grid(alpha=0.3)
@@ -222,13 +238,17 @@ def plot_sweeps(table: pd.DataFrame, out_dir: Path, style: FigureStyle = FigureS
 def curves_figure(histories: pd.DataFrame, labels: dict[str, str]) -> Figure:
     """Test accuracy against epoch (top) and ε against epoch (below, same epochs), one line per run,
     labelled by ``labels`` (what differs between the runs); runs with identical ε curves (same σ, q
-    and steps give the same ε) share one ε line, labelled with all of them."""
+    and steps give the same ε) share one ε line, labelled with all of them. The accuracy is each
+    run's task objective found in ``histories`` (test_accuracy; a GAN's tstr_accuracy, one point)."""
     fig, (ax, below) = plt.subplots(2, 1, figsize=(7, 6.5), dpi=100, sharex=True, height_ratios=(3, 2))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     eps_lines: dict[tuple[tuple[float, float], ...], list[tuple[str, str]]] = {}
+    objectives = set(rep.task_objectives().values())  # a run logs its own task's (a GAN's once, at the end)
+    scores = sorted(objectives & set(histories["metric"])) or ["test_accuracy"]
+    score = rep.objective_name(scores[0]) if len(scores) == 1 else "accuracy"
     for i, (run_id, run) in enumerate(histories.groupby("run_id", sort=False)):
         color = colors[i % len(colors)]
-        acc = run[run["metric"] == "test_accuracy"].sort_values("step")
+        acc = run[run["metric"].isin(objectives)].sort_values("step")
         eps = run[run["metric"] == "epsilon"].sort_values("step")
         name = labels.get(str(run_id), str(run_id)[:8])
         ax.plot(acc["step"], acc["value"] * PERCENT, "-o", color=color, markersize=4, label=name)
@@ -242,9 +262,9 @@ def curves_figure(histories: pd.DataFrame, labels: dict[str, str]) -> Figure:
                    label=" = ".join(n for n, _ in names) + (" (identical ε)" if shared else ""))  # fmt: skip
     below.set_xlabel("epoch")
     below.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel("test accuracy (%)")
+    ax.set_ylabel(f"{score} (%)" if len(scores) == 1 else f"accuracy (%): {', '.join(map(rep.objective_name, scores))}")
     below.set_ylabel("ε (the run's accountant)")
-    ax.set_title("test accuracy and ε per epoch", fontsize=10)
+    ax.set_title(f"{score} and ε per epoch", fontsize=10)
     for axes in (ax, below):
         axes.grid(alpha=0.3)
         if axes.get_legend_handles_labels()[0]:
@@ -281,6 +301,92 @@ def plot_memory(groups: pd.DataFrame, path: Path, style: FigureStyle = FigureSty
     return _save(fig, path, style)
 
 
+SAMPLE_DIR = "samples"  # a GAN run's sample grids: samples/epoch_NNN.png (dpsweep.tasks.gan)
+SAMPLE_GRID = re.compile(r"epoch_(\d+)\.png$")
+SAMPLE_COLUMNS = 4  # tiles per row of gan_samples.png
+
+
+@contextmanager
+def _quiet_downloads() -> Iterator[None]:
+    """No MLflow download progress bars on stderr (one per grid) while the block runs."""
+    name = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    before = os.environ.get(name)
+    os.environ[name] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+def final_sample_grid(client: MlflowClient, run_id: str, dst: Path) -> tuple[int, Path] | None:
+    """The run's sample grid of the highest epoch, downloaded into ``dst``: (epoch, path); None
+    when the run logged none."""
+    grids = {}
+    for f in client.list_artifacts(run_id, SAMPLE_DIR):
+        match = None if f.is_dir else SAMPLE_GRID.search(f.path)
+        if match:
+            grids[int(match.group(1))] = f.path
+    if not grids:
+        return None
+    epoch = max(grids)
+    return epoch, Path(client.download_artifacts(run_id, grids[epoch], str(dst)))
+
+
+def sample_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of tasks that log sample grids (GAN rows), in the figure's order: per dataset and
+    model, by ε (least first), the non-private rows last."""
+    rows = table[rep.row_tasks(table).isin(rep.SAMPLING_TASKS)]
+    order = rows.assign(_public=~rows["private"].astype(bool))
+    by = ["dataset", "model", "_public", "epsilon", "config_id"]
+    return order.sort_values(by, na_position="last", kind="mergesort").drop(columns="_public")
+
+
+def plot_gan_samples(report: rep.Report, path: Path, style: FigureStyle = FigureStyle()) -> Path | None:
+    """One tile per GAN row (:func:`sample_rows`): the final sample grid of its first run that logged
+    one (a row per class), titled with the row's ε or ``non-private`` and the grid's epoch. None
+    (no file) when the report has no GAN rows."""
+    rows = sample_rows(report.table)
+    if rows.empty:
+        return None
+    names = rep.privacy_names(report.table)
+    several = rows[["dataset", "model"]].drop_duplicates().shape[0] > 1
+    client = MlflowClient(report.uri)
+    cols = min(len(rows), SAMPLE_COLUMNS)
+    n_rows = math.ceil(len(rows) / cols)
+    fig, axes = plt.subplots(n_rows, cols, figsize=(3.2 * cols, 3.6 * n_rows), dpi=100, squeeze=False)
+    flat = list(axes.ravel())
+    for extra in flat[len(rows) :]:
+        extra.set_visible(False)
+    with tempfile.TemporaryDirectory(prefix="dpsweep-report-samples-") as tmp, _quiet_downloads():
+        for i, (ax, (_, row)) in enumerate(zip(flat, rows.iterrows(), strict=False)):
+            block = f"{row['dataset']}/{row['model']}: " if several else ""
+            title = textwrap.fill(block + str(names[row["config_id"]]), 36)  # a tile is about 36 characters wide
+            found, why = None, "no sample grid logged"
+            for run_id in row["run_ids"]:
+                try:
+                    found = final_sample_grid(client, run_id, Path(tmp) / str(i))
+                except (MlflowException, OSError) as err:
+                    why = f"could not read the samples of run {run_id[:8]}: {err}"
+                if found is not None:
+                    break
+            ax.set_axis_off()
+            if found is None:
+                ax.text(0.5, 0.5, why, ha="center", va="center", fontsize=7, wrap=True, transform=ax.transAxes)
+                ax.set_title(title, fontsize=9)
+                continue
+            epoch, grid = found
+            image = plt.imread(grid)
+            ax.imshow(
+                image, cmap="gray", vmin=0.0, vmax=1.0 if image.dtype.kind == "f" else 255, interpolation="nearest"
+            )
+            ax.set_title(f"{title}\nepoch {epoch}", fontsize=9)
+    fig.suptitle("GAN samples after the final epoch (a row per class)", fontsize=10)
+    return _save(fig, path, style)
+
+
 LABEL_KEYS = (*rep.HYPERPARAMETERS.values(), "dp.enabled", "train.seed")  # what a curve's label may name
 
 
@@ -302,7 +408,8 @@ def run_labels(report: rep.Report, run_ids: Sequence[str]) -> dict[str, str]:
 def plot_report(
     report: rep.Report, out_dir: Path, histories: pd.DataFrame, style: FigureStyle = FigureStyle()
 ) -> list[Path]:
-    """Every plot of the report into ``out_dir``; returns their paths (pareto, sweeps, curves, memory)."""
+    """Every plot of the report into ``out_dir``; returns their paths (pareto, sweeps, curves, memory,
+    and gan_samples when the report has GAN rows)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     table = report.table
     paths = [plot_pareto(table, out_dir / "pareto.png", style), *plot_sweeps(table, out_dir, style)]
@@ -310,4 +417,5 @@ def plot_report(
     paths.append(plot_curves(histories, run_labels(report, ids), out_dir / "curves.png", style))
     memory = rep.memory_table(report.table_runs)
     paths.append(plot_memory(rep.memory_groups(memory, table), out_dir / "memory.png", style))
-    return paths
+    samples = plot_gan_samples(report, out_dir / "gan_samples.png", style)
+    return paths if samples is None else [*paths, samples]

@@ -7,10 +7,13 @@
 
 One row per config (runs equal but for the seed): dataset, model, B, σ, C, lr, epochs, δ,
 accountant, ε, test accuracy mean ± std over seeds, its drop against the non-private baseline of
-the same dataset and model, and the number of runs. Only FINISHED runs count; the notes say how
-many failed, were pruned or are still running, and warn about mixed accountants or δ and missing
-metrics. With ``--out DIR`` the table is also written to ``DIR/report.<format>`` with the plots
-(pareto.png, accuracy_vs_<param>.png, curves.png, memory.png; see dpsweep.analysis.report_plots).
+the same dataset and model, and the number of runs. A run's accuracy is its task's objective: a
+GAN run's (``task=gan``) is its TSTR accuracy, its rows show model ``gan`` (and a task column), and
+the notes give the same classifier's accuracy on real data and the memorisation share. Only
+FINISHED runs count; the notes say how many failed, were pruned or are still running, and warn
+about mixed accountants or δ and missing metrics. With ``--out DIR`` the table is also written to
+``DIR/report.<format>`` with the plots (pareto.png, accuracy_vs_<param>.png, curves.png,
+memory.png, and gan_samples.png with GAN rows; see dpsweep.analysis.report_plots).
 When the sweep has a parent run (tag ``sweep.role=parent``) they are logged on it under
 ``report/``, so they appear in the MLflow UI.
 
@@ -167,7 +170,8 @@ def run(argv: Sequence[str] | None = None) -> rep.Report:
         return report
     from dpsweep.analysis.report_plots import FigureStyle, plot_report  # matplotlib only when plotting
 
-    figures = plot_report(report, a.out, rep.metric_histories(report.uri, chosen), FigureStyle(a.figure_format, a.dpi))
+    histories = rep.metric_histories(report.uri, chosen, rep.history_metrics(report.table_runs, chosen))
+    figures = plot_report(report, a.out, histories, FigureStyle(a.figure_format, a.dpi))
     paths = [rep.write(report, a.format, a.out, figures), *figures]
     for path in paths:
         print(f"dpsweep-report: wrote {path}", file=sys.stderr)
