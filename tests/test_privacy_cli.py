@@ -118,6 +118,13 @@ BAD = [
         "a positive ε",
     ),
     (["-s", "1000", "-b", "10", "-n", "1", "-e", "1", "--alphas", "big"], "--alphas='big'", "default, opacus"),
+    (
+        ["--mechanism", "dpftrl", "-s", "100", "-b", "10", "-n", "1", "-e", "3", "--restart-every", "5"],
+        "--restart-every=5",
+        "from 1 to the run's 3 epochs",
+    ),  # fmt: skip
+    (["--mechanism", "dpftrl", "-s", "100", "-b", "10", "-n", "1", "--steps", "30"], "--steps=30", "left out"),
+    (["-s", "100", "-b", "10", "-n", "1", "-e", "3", "--restart-every", "1"], "--restart-every=1", "dpftrl only"),
 ]
 
 
@@ -239,3 +246,23 @@ def test_report_help_names_the_formats_and_sort_keys_it_accepts() -> None:
     assert sorted(cli.FORMAT_NAMES) == sorted(rep.FORMATS.names())
     assert sorted(cli.SORT_NAMES) == sorted(rep.SORT_KEYS.names())
     assert cli.FIGURE_FORMAT_NAMES == rep.FIGURE_FORMATS
+
+
+def test_dpftrl_is_priced_without_sampling_and_calibrated(capsys: pytest.CaptureFixture[str]) -> None:
+    """DP-FTRL: ceil(N/B) batches per epoch, the tree's sensitivity, no sample rate; --target-epsilon calibrates σ."""
+    from dpsweep import ftrl_accounting
+
+    argv = ["--mechanism", "dpftrl", "-s", "1437", "-b", "64", "-e", "6", "--restart-every", "2", "--json"]
+    out = run([*argv, "-n", "4", "--tree-completion"])
+    assert out["sample_rate"] is None and out["steps_per_epoch"] == 23 and out["steps"] == 138
+    assert out["sensitivity_squared"] == ftrl_accounting.ftrl_sensitivity_squared(23, 6, 2, True)
+    assert out["epsilon"] == ftrl_accounting.ftrl_epsilon(4.0, 23, 6, 1e-5, 2, True)
+    sgd = privacy.epsilon(privacy.poisson_schedule(1437, 64), 4.0, 1e-5, epochs=6).epsilon
+    assert out["epsilon"] > sgd  # no amplification by sampling
+    calibrated = run([*argv, "--target-epsilon", "3", "--accountant", "pld"])
+    assert calibrated["epsilon"] <= 3 and calibrated["calibrated"] == "noise_multiplier"
+    assert ftrl_accounting.ftrl_epsilon(0.99 * calibrated["noise_multiplier"], 23, 6, 1e-5, 2, accountant="pld") > 3
+    capsys.readouterr()
+    run(argv[:-1] + ["-n", "4"])
+    text = capsys.readouterr().out
+    assert text.startswith("DP-FTRL with noise multiplier σ = 4") and "no sampling, no amplification" in text

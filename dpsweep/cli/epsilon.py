@@ -9,12 +9,17 @@ In the style of the field's ``compute_dp_sgd_privacy`` script::
     dpsweep-epsilon -s 60000 -b 150 -n 1.3 -e 15 --plot plots/   # ε against each knob, as PNG
     dpsweep-epsilon -s 60000 -b 150 -n 1.3 -e 15 --clipping quantile --clip-epsilon 1   # with a private C
     dpsweep-epsilon -s 60000 -b 150 -n 1.3 -e 15 --tuning-trials 10 --tuning-distribution poisson
+    dpsweep-epsilon --mechanism dpftrl -s 60000 -b 250 -e 100 -n 46.3 --restart-every 20 --tree-completion
+    dpsweep-epsilon --mechanism dpftrl -s 50 -b 5 -e 30 --target-epsilon 8   # user level: N = users
 
 Steps follow Opacus's Poisson loader (see ``dpsweep.privacy``), so the ε printed here is exactly the
 ε ``dpsweep`` logs at the end of a run with the same N, B, σ, epochs, δ and clipping. ``--clipping
 quantile`` adds the clipping-norm release (``dpsweep.clipping``; calibration then spends the target
 with it). ``--tuning-trials M`` also prints the ε of tuning: the best of K runs, K random with mean M
-(Papernot & Steinke 2022, dp-accounting's RepeatAndSelectDpEvent). Bad input exits with 2.
+(Papernot & Steinke 2022, dp-accounting's RepeatAndSelectDpEvent). ``--mechanism dpftrl`` prices
+DP-FTRL instead (Kairouz et al. 2021; ``dpsweep.ftrl_accounting``): ceil(N/B) batches per epoch in a
+fixed order, tree aggregation restarted every ``--restart-every`` epochs, one Gaussian mechanism of
+the tree's sensitivity, no sampling and so no amplification. Bad input exits with 2.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import Any
 from dpsweep import clipping, ledger, privacy, ranges, rdp
 from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.errors import InputError
+from dpsweep.registry import Registry
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,6 +70,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="the distribution of K (Papernot & Steinke 2022)")  # fmt: skip
     p.add_argument("--tuning-eta", type=float, default=0.5, metavar="ETA",
                    help="shape η > 0 of the truncated negative binomial (default 0.5)")  # fmt: skip
+    p.add_argument("--mechanism", choices=MECHANISMS.names(), default="dpsgd",
+                   help="dpsgd (Poisson DP-SGD, default) or dpftrl (tree aggregation: no sampling)")  # fmt: skip
+    p.add_argument("--restart-every", type=int, metavar="EPOCHS",
+                   help="dpftrl: restart the tree every this many epochs (default: never)")  # fmt: skip
+    p.add_argument("--tree-completion", action="store_true",
+                   help="dpftrl: complete each tree with virtual steps before a restart")  # fmt: skip
     p.add_argument("--allow-large-delta", action="store_true", help="permit δ >= 1/N (voids the guarantee)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", type=Path, metavar="DIR", help="write PNG plots of ε against each knob to DIR")
@@ -157,6 +169,18 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     a = _parser().parse_args(argv)
     _check(a)
     warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+    out = MECHANISMS.get(a.mechanism, key="--mechanism")(a)
+    print(json.dumps(out) if a.json else statement(out))
+    return out
+
+
+def _dpsgd(a: argparse.Namespace) -> dict[str, Any]:
+    """ε of DP-SGD with Poisson sampling (and the releases and tuning asked for)."""
+    if a.restart_every is not None or a.tree_completion:
+        flag, value = (
+            ("--restart-every", a.restart_every) if a.restart_every is not None else ("--tree-completion", True)
+        )
+        raise InputError(flag, value, "used with --mechanism dpftrl only (DP-SGD has no tree)")
     epochs, steps, sigma = a.epochs, a.steps, a.noise_multiplier
     calibrated: str | None = None
     if a.target_epsilon is not None and sigma is None:
@@ -207,13 +231,68 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
             delta=a.delta,
         )  # fmt: skip
         out["plots"] = [str(f) for f in paths]
-    print(json.dumps(out) if a.json else statement(out))
     return out
+
+
+def _dpftrl(a: argparse.Namespace) -> dict[str, Any]:
+    """ε of DP-FTRL: ceil(N/B) batches per epoch, tree aggregation (``dpsweep.ftrl_accounting``)."""
+    from dpsweep import ftrl_accounting
+
+    for flag, value, given in (
+        ("--steps", a.steps, a.steps is not None), ("--clipping", a.clipping, a.clipping != "fixed"),
+        ("--tuning-trials", a.tuning_trials, a.tuning_trials is not None), ("--plot", a.plot, a.plot is not None),
+        ("--accountant", a.accountant, a.accountant == "prv"), ("--alphas", a.alphas, a.alphas is not None),
+    ):  # fmt: skip
+        if given:
+            raise InputError(flag, value, "left out with --mechanism dpftrl (rdp or pld; whole epochs: -e)")
+    if a.epochs is None:
+        raise InputError("-e/--epochs", None, "the number of epochs with --mechanism dpftrl (calibrate σ with -e)")
+    steps_per_epoch = math.ceil(a.dataset_size / a.batch_size)  # each example in one batch per epoch
+    shape = (steps_per_epoch, a.epochs, a.restart_every, a.tree_completion)
+    try:  # checks the restart period against the run
+        ftrl_accounting.ftrl_sensitivity_squared(*shape)
+    except InputError as err:
+        flag = {"dp.ftrl_restart_every": "--restart-every", "train.epochs": "-e/--epochs"}.get(err.key, err.key)
+        raise InputError(flag, err.value, err.allowed) from err
+    sigma = a.noise_multiplier
+    if a.target_epsilon is not None:
+        sigma = ftrl_accounting.calibrate_ftrl_noise(
+            a.target_epsilon, *shape[:2], a.delta, *shape[2:], accountant=a.accountant
+        )
+    eps = ftrl_accounting.ftrl_epsilon(sigma, *shape[:2], a.delta, *shape[2:], accountant=a.accountant)
+    out: dict[str, Any] = {
+        "mechanism": "dpftrl", "epsilon": eps, "delta": a.delta, "alpha": None, "steps": steps_per_epoch * a.epochs,
+        "epochs": a.epochs, "steps_per_epoch": steps_per_epoch, "sample_rate": None, "noise_multiplier": sigma,
+        "restart_every": a.restart_every, "tree_completion": a.tree_completion,
+        "sensitivity_squared": ftrl_accounting.ftrl_sensitivity_squared(*shape), "accountant": a.accountant,
+        "conversion": a.conversion if a.accountant == "rdp" else None, "neighbours": "replace_one_with_zero",
+    }  # fmt: skip
+    if a.target_epsilon is not None:
+        out |= {"target_epsilon": a.target_epsilon, "calibrated": "noise_multiplier"}
+    return out
+
+
+MECHANISMS: Registry[Any] = Registry("mechanism")
+MECHANISMS.register("dpsgd")(_dpsgd)
+MECHANISMS.register("dpftrl")(_dpftrl)
 
 
 def statement(o: dict[str, Any]) -> str:
     """The readable form of the result."""
     how = f"{o['accountant'].upper()} accountant" + (f", {o['conversion']} conversion" if o["conversion"] else "")
+    if o.get("mechanism") == "dpftrl":
+        restarts = f", the tree restarted every {o['restart_every']} epochs" if o["restart_every"] else ""
+        completion = " with tree completion" if o["tree_completion"] and o["restart_every"] else ""
+        text = (
+            f"DP-FTRL with noise multiplier σ = {o['noise_multiplier']:.6g} over {o['steps']} steps "
+            f"({o['epochs']} epochs of {o['steps_per_epoch']} batches in a fixed order{restarts}{completion}; "
+            f"no sampling, no amplification; tree sensitivity Δ² = {o['sensitivity_squared']}) satisfies "
+            f"differential privacy with ε = {o['epsilon']:.6g} and δ = {o['delta']:g} ({how}; one example "
+            "replaced by a zero record, Kairouz et al. 2021)."
+        )
+        if o.get("calibrated"):
+            text += f"\n{o['calibrated']} was calibrated for ε <= {o['target_epsilon']:g}."
+        return text
     text = (
         f"DP-SGD with sample rate q = {o['sample_rate']:.6g} and noise multiplier σ = {o['noise_multiplier']:.6g}, "
         f"iterated over {o['steps']} steps{_epochs(o)}, satisfies differential privacy with "
