@@ -42,6 +42,26 @@ class Accountant(StrEnum):
     pld = "pld"  # privacy loss distributions (dp-accounting), Doroshenko et al. 2022
 
 
+class Mechanism(StrEnum):
+    """How a DP run noises its gradients (dp.mechanism)."""
+
+    dpsgd = "dpsgd"  # DP-SGD with Poisson sampling (Abadi et al. 2016): amplified by sampling
+    dpftrl = "dpftrl"  # DP-FTRL tree aggregation (Kairouz et al. 2021): a fixed order, no sampling
+
+
+class PrivacyUnit(StrEnum):
+    """Whom a run's ε protects (dp.unit): one example, or all of one user's examples together."""
+
+    example = "example"
+    user = "user"
+
+
+# Which user each training example belongs to (dataset.users): none (no users: example-level DP
+# only), natural (the data carries a user id), partition (dataset.num_users users, a seeded
+# Dirichlet(dataset.user_label_skew) label skew). A string, not an enum: str.partition is a method.
+USER_ASSIGNMENTS = ("none", "natural", "partition")
+
+
 class RdpOrders(StrEnum):
     """The RDP orders ε is minimised over (dpsweep.rdp.ORDER_GRIDS)."""
 
@@ -87,6 +107,13 @@ class DatasetConfig:
     name: str = MISSING
     # Side length in pixels the images are served at (square); null keeps the dataset's own size.
     image_size: int | None = None
+    # Users, for dp.unit=user (dpsweep.users): partition splits the training set into num_users
+    # non-iid users, each class's examples shared out by proportions ~ Dirichlet(user_label_skew)
+    # (Hsu et al. 2019; small: each user holds few classes), seeded by users_seed.
+    users: str = "none"  # none | natural | partition (USER_ASSIGNMENTS)
+    num_users: int = 100
+    user_label_skew: float = 1.0
+    users_seed: int = 0
 
 
 @dataclass
@@ -256,6 +283,18 @@ class DPConfig:
     # and the rate tuned at C = 1 carries over to a C chosen privately (DP-SGD's step grows with C
     # otherwise: normalised DP-SGD, De et al. 2022; Bu et al. 2022). Post-processing: no privacy cost.
     clip_normalize: bool = True
+    # dpsgd (Poisson sampling, amplified) | dpftrl: tree aggregation over batches in a fixed, seeded
+    # order, each example (or user) once per epoch, no sampling and no amplification (Kairouz et al.
+    # 2021); the tree restarts every ftrl_restart_every epochs (null: never), completed with virtual
+    # steps before a restart when ftrl_tree_completion; momentum is optimizer.momentum (sgd only).
+    mechanism: Mechanism = Mechanism.dpsgd
+    ftrl_restart_every: int | None = None
+    ftrl_tree_completion: bool = False
+    # example | user: ε per example, or per user (dataset.users; N = users, train.batch_size = expected
+    # users per step): each sampled user's contribution is the mean gradient of at most
+    # max_examples_per_user of their examples, clipped to max_grad_norm as a whole (McMahan et al. 2018).
+    unit: PrivacyUnit = PrivacyUnit.example
+    max_examples_per_user: int = 16
 
 
 @dataclass
@@ -540,8 +579,10 @@ def validate(cfg: Config) -> None:
             "a non-empty subset of [train, val] without repeats (test is held out; a repeat would count images twice)",
         )
     _validate_gan(cfg)
+    _validate_users(cfg)
     if not dp.enabled:
         return
+    _validate_mechanism(cfg)
     ranges.check("delta", "dp.delta", dp.delta)
     ranges.check("max_grad_norm", "dp.max_grad_norm", dp.max_grad_norm)
     if dp.clipping != Clipping.fixed:
@@ -576,6 +617,62 @@ def validate(cfg: Config) -> None:
         t.device_resident,
         "false with dp.secure_mode=true: device-resident Poisson sampling draws from torch's generator",
     )
+
+
+NATURAL_USER_DATASETS: tuple[str, ...] = ()  # datasets whose examples carry a user id (none of today's)
+
+
+def _validate_users(cfg: Config) -> None:
+    """dataset.users and dp.unit: users where the unit is the user, and sane partitions."""
+    d, dp = cfg.dataset, cfg.dp
+    _require(d.users in USER_ASSIGNMENTS, "dataset.users", d.users, f"one of {', '.join(USER_ASSIGNMENTS)}")
+    _require(
+        d.users != "natural" or d.name in NATURAL_USER_DATASETS, "dataset.users", d.users,
+        f"none or partition: {d.name} carries no user ids (partition splits it into dataset.num_users users)",
+    )  # fmt: skip
+    if d.users == "partition":
+        _require(d.num_users >= 2, "dataset.num_users", d.num_users, "2 or more users (at most N)")
+        _require(
+            d.user_label_skew > 0, "dataset.user_label_skew", d.user_label_skew,
+            "a positive Dirichlet concentration α (small: users hold few classes; large: iid)",
+        )  # fmt: skip
+    if not dp.enabled or dp.unit != PrivacyUnit.user:
+        return
+    _require(
+        d.users != "none", "dp.unit", dp.unit.value,
+        "example, or user on data with users (dataset.users=partition): this dataset has none",
+    )  # fmt: skip
+    _require(
+        dp.max_examples_per_user >= 1, "dp.max_examples_per_user", dp.max_examples_per_user,
+        "1 or more examples of a user per step",
+    )  # fmt: skip
+    _require(cfg.gan is None, "dp.unit", dp.unit.value, "example with task=gan")
+
+
+def _validate_mechanism(cfg: Config) -> None:
+    """What dp.mechanism=dpftrl and dp.unit=user run with (they noise their own gradients, without Opacus)."""
+    dp, t = cfg.dp, cfg.train
+    own = dp.mechanism == Mechanism.dpftrl or dp.unit == PrivacyUnit.user
+    if dp.mechanism == Mechanism.dpftrl:
+        _require(
+            cfg.optimizer.name == "sgd", "optimizer.name", cfg.optimizer.name,
+            "sgd with dp.mechanism=dpftrl: its tree adds noise to the prefix sums of the gradients, a fixed "
+            "linear workload; an adaptive optimizer (adam) is not that workload (Kairouz et al. 2021)",
+        )  # fmt: skip
+        restart = dp.ftrl_restart_every
+        _require(
+            restart is None or 1 <= restart <= t.epochs, "dp.ftrl_restart_every", restart,
+            f"a whole number of epochs from 1 to train.epochs={t.epochs} (a longer period never restarts), or null",
+        )  # fmt: skip
+        _require(dp.accountant != Accountant.prv, "dp.accountant", dp.accountant.value, "rdp or pld with dpftrl")
+        _require(cfg.gan is None, "dp.mechanism", dp.mechanism.value, "dpsgd with task=gan")
+    if not own:
+        return
+    what = "dp.mechanism=dpftrl" if dp.mechanism == Mechanism.dpftrl else "dp.unit=user"
+    _require(dp.clipping == Clipping.fixed, "dp.clipping", dp.clipping.value, f"fixed with {what}")
+    _require(not dp.secure_mode, "dp.secure_mode", dp.secure_mode, f"false with {what}: its noise is torch's")
+    pb = t.physical_batch_size
+    _require(pb is None, "train.physical_batch_size", pb, f"null with {what}: a step is one pass")
 
 
 GAN_GRAD_SAMPLE_MODES = (GradSampleMode.functorch,)  # those that can take a gradient of a gradient
@@ -715,7 +812,12 @@ def settings(flat: dict[str, Any]) -> dict[str, Any]:
 
 
 def validate_for_dataset(cfg: Config, n_train: int) -> None:
-    """Check the ranges that depend on the training-set size N."""
+    """Check the ranges that depend on the training-set size N (and, with dp.unit=user, the users)."""
+    d = cfg.dataset
+    if d.users == "partition":
+        _require(d.num_users <= n_train, "dataset.num_users", d.num_users, f"2 to N={n_train} users (one example each)")
+    if cfg.dp.enabled and cfg.dp.unit == PrivacyUnit.user:
+        n_train = d.num_users  # the population of the guarantee: B users per step, δ < 1/users
     ranges.check_batch_size("train.batch_size", cfg.train.batch_size, n_train)
     if cfg.dp.enabled:
         ranges.check_delta("dp.delta", cfg.dp.delta, n_train, cfg.dp.allow_large_delta, "dp.allow_large_delta=true")

@@ -47,8 +47,12 @@ from dp_accounting import dp_event
 from dpsweep import rdp
 from dpsweep.registry import Registry
 
-UNIT = "example"  # the neighbouring relation: add or remove one example (user-level is another unit)
+UNIT = "example"  # whom ε protects by default: one example (dp.unit=user: all of one user's examples)
 NEIGHBOURS = "add_or_remove_one"
+# The neighbouring relation each mechanism's ε is for (dp.mechanism): DP-SGD's Poisson analysis adds or
+# removes one example (or user); DP-FTRL's fixed order replaces one with a zero record (Kairouz et al.
+# 2021, Def. 1.1; dp-accounting's REPLACE_SPECIAL). For one Gaussian mechanism both give the same ε.
+NEIGHBOURS_OF = {"dpsgd": NEIGHBOURS, "dpftrl": "replace_one_with_zero"}
 
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)
@@ -238,11 +242,15 @@ def _prv(ledger: Ledger, delta: float, a: Accounting) -> tuple[float, float | No
     pure = sum(leaf.count * leaf.epsilon for leaf in all_leaves if leaf.kind == "pure")
     eps = 0.0
     if history:
+        import warnings
+
         from opacus.accountants import PRVAccountant
 
         accountant = PRVAccountant()
         accountant.history = history
-        eps = float(accountant.get_epsilon(delta=delta))
+        with warnings.catch_warnings():  # log(1 - q) at q = 1 (an unsampled Gaussian): handled by np.where
+            warnings.filterwarnings("ignore", "divide by zero encountered in log", RuntimeWarning)
+            eps = float(accountant.get_epsilon(delta=delta))
     return eps + pure, None
 
 
@@ -314,7 +322,12 @@ def _native(event: dp_event.DpEvent) -> dp_event.DpEvent:
 # privacy_ledger.json
 # ---------------------------------------------------------------------------------------------
 def to_json(
-    ledger: Ledger, delta: float, accounting: Accounting = Accounting(), spent: Mapping[str, float] | None = None
+    ledger: Ledger,
+    delta: float,
+    accounting: Accounting = Accounting(),
+    spent: Mapping[str, float] | None = None,
+    unit: str = UNIT,
+    neighbours: str = NEIGHBOURS,
 ) -> dict[str, Any]:
     """The ledger as ``privacy_ledger.json``: the unit and neighbouring relation, δ, ε under each
     accountant (``spent``, :func:`epsilons`, when the caller has it), and each event with its parameters,
@@ -340,7 +353,7 @@ def to_json(
             "share_of_rdp": float(curve[at]) / whole if at is not None and whole > 0 else None,
         })  # fmt: skip
     return {
-        "unit": UNIT, "neighbours": NEIGHBOURS, "delta": delta, "accountant": accounting.accountant,
+        "unit": unit, "neighbours": neighbours, "delta": delta, "accountant": accounting.accountant,
         "conversion": accounting.conversion, "rdp_orders": f"{len(orders)} orders, {min(orders):g} to {max(orders):g}",
         "optimal_rdp_order": total.order, "epsilon": spent, "events": entries,
     }  # fmt: skip

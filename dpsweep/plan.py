@@ -29,6 +29,7 @@ allowed; nothing here trains, logs or writes.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,8 @@ from dpsweep.config import (
     Config,
     ConfigError,
     DPConfig,
+    Mechanism,
+    PrivacyUnit,
     flatten,
     identity,
     identity_hash,
@@ -63,12 +66,19 @@ class PlannedPrivacy:
 
     noise_multiplier: float  # σ
     calibrated: bool  # σ was calibrated to dp.target_epsilon
-    sample_rate: float  # q the accountant records per step
+    sample_rate: float | None  # q the accountant records per step (of examples or users); None: dpftrl samples none
     steps: int  # every step of train.epochs, or fewer where gan.stop_at_budget stops the run
     delta: float
     accountant: str
     epsilon: float
     ledger: Ledger  # every release the run will make, its DP-SGD steps included (dpsweep.ledger)
+
+    @property
+    def poisson_rate(self) -> float:
+        """q of a Poisson-sampled mechanism (DP-SGD); ValueError for one that samples nothing (dpftrl)."""
+        if self.sample_rate is None:
+            raise ValueError("this run's mechanism samples nothing: it has no Poisson rate")
+        return self.sample_rate
 
 
 @dataclass(frozen=True)
@@ -112,7 +122,7 @@ def prepare(cfg: Config, facts: DatasetFacts, memory: MemoryBudget | None = None
     validate_for_dataset(cfg, facts.n_train)
     validate_input_shape(cfg, facts.input_shape)
     planned = _planned_privacy(cfg, facts.n_train)
-    steps = planned.steps if planned is not None else _scheduled_steps(cfg, facts.n_train)
+    steps = planned.steps if planned is not None else _scheduled_steps(cfg, population(cfg, facts.n_train))
     physical, prediction, figure = _memory(cfg, facts, memory)
     return RunPlan(
         config=cfg, facts=facts, steps=steps, privacy=planned, over_budget=_budget_verdict(cfg, planned),
@@ -158,6 +168,32 @@ def _scheduled_steps(cfg: Config, n_train: int) -> int:
     return privacy.poisson_schedule(n_train, cfg.train.batch_size).steps(cfg.train.epochs)
 
 
+def population(cfg: Config, n_train: int) -> int:
+    """N of the guarantee: training examples, or users with dp.unit=user (dataset.num_users)."""
+    return cfg.dataset.num_users if cfg.dp.enabled and cfg.dp.unit == PrivacyUnit.user else n_train
+
+
+def _planned_ftrl(cfg: Config, n: int) -> PlannedPrivacy:
+    """DP-FTRL: ceil(N/B) batches per epoch in a fixed order, one Gaussian mechanism of the tree's
+    sensitivity (``dpsweep.ftrl_accounting``), no sampling; σ calibrated by its own bisection."""
+    from dpsweep import ftrl_accounting
+
+    dp, t = cfg.dp, cfg.train
+    steps_per_epoch = math.ceil(n / t.batch_size)
+    shape = (steps_per_epoch, t.epochs, dp.ftrl_restart_every, dp.ftrl_tree_completion)
+    sigma = dp.noise_multiplier
+    if dp.target_epsilon is not None:
+        sigma = ftrl_accounting.calibrate_ftrl_noise(
+            dp.target_epsilon, *shape[:2], dp.delta, *shape[2:], accountant=dp.accountant.value
+        )
+    bill = Ledger((ftrl_accounting.ftrl_entry(sigma, *shape),))
+    how = accounting(dp)
+    return PlannedPrivacy(
+        sigma, dp.target_epsilon is not None, None, steps_per_epoch * t.epochs, dp.delta, dp.accountant.value,
+        ledger.epsilon(bill, dp.delta, how).epsilon, bill,
+    )  # fmt: skip
+
+
 def stops_at_budget(cfg: Config) -> bool:
     """task=gan with gan.stop_at_budget: σ is kept and training stops where ε would pass dp.target_epsilon."""
     return cfg.gan is not None and cfg.gan.stop_at_budget
@@ -167,6 +203,9 @@ def _planned_privacy(cfg: Config, n_train: int) -> PlannedPrivacy | None:
     dp = cfg.dp
     if not dp.enabled:
         return None
+    n_train = population(cfg, n_train)
+    if dp.mechanism == Mechanism.dpftrl:
+        return _planned_ftrl(cfg, n_train)
     sigma = dp.noise_multiplier
     schedule = privacy.poisson_schedule(n_train, cfg.train.batch_size)
     extra = clipping.planned(dp, schedule.sample_rate)

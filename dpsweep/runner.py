@@ -314,10 +314,13 @@ def _finish_privacy(cfg: Config, plan: RunPlan, task_run: tasks.TaskRun, result:
     result.delta, result.noise_multiplier = delta, plan.privacy.noise_multiplier
     result.sample_rate = plan.privacy.sample_rate
     run.log_metrics({f"epsilon_{name}": eps for name, eps in result.epsilons.items()}, step=cfg.train.epochs)
-    run.log_text(json.dumps(ledger.to_json(bill, delta, how, result.epsilons), indent=2), PRIVACY_LEDGER)
+    unit, neighbours = cfg.dp.unit.value, ledger.NEIGHBOURS_OF[cfg.dp.mechanism.value]
+    record = ledger.to_json(bill, delta, how, result.epsilons, unit=unit, neighbours=neighbours)
+    run.log_text(json.dumps(record, indent=2), PRIVACY_LEDGER)
     run.set_tags({
         "dp.steps": result.steps, "dp.sample_rate": result.sample_rate, "dp.conversion": how.conversion,
-        "dp.unit": ledger.UNIT, "dp.neighbours": ledger.NEIGHBOURS, "dp.events": len(bill.entries),
+        "dp.unit": unit, "dp.neighbours": neighbours, "dp.events": len(bill.entries),
+        "dp.mechanism": cfg.dp.mechanism.value,
     })  # fmt: skip
 
 

@@ -1,143 +1,133 @@
-"""dpsweep.mechanisms: privacy (exact output distributions on neighbouring datasets against e^ε) and
-accuracy (AboveThreshold's (α, β) bound, empirically)."""
+"""dp.mechanism and dp.unit through the runner (issue 17): DP-FTRL at example level, user-level DP-SGD
+and DP-FTRL over users plan, train, log and resume with the ε of exactly what ran: no amplification
+for DP-FTRL (nothing is sampled), Poisson amplification for DP-SGD, N = users at user level."""
 
 from __future__ import annotations
 
-import math
+from pathlib import Path
 
-import numpy as np
 import pytest
-from scipy import integrate, stats
+import torch
+from dp_accounting import dp_event
+from helpers import Composer, runs_of
+from mlflow.tracking import MlflowClient
 
-from dpsweep import mechanisms
+from dpsweep import ftrl_accounting, privacy
+from dpsweep.config import ConfigError, to_config
+from dpsweep.facts import DatasetFacts
+from dpsweep.plan import prepare
+from dpsweep.tasks import classifier
+from dpsweep.train import train
 
-EPS = 0.7
-
-
-def _above_threshold_distribution(answers: np.ndarray, threshold: float, epsilon: float) -> np.ndarray:
-    """Exact P[AboveThreshold returns i] for i = 0..k-1 and P[None] (last), by quadrature over the
-    noisy threshold: the queries' Laplace(4/ε) noises are independent given it."""
-    t_noise = stats.laplace(scale=2 / epsilon)
-    q_noise = stats.laplace(scale=4 / epsilon)
-
-    def p_index(i: int | None) -> float:
-        def integrand(t: float) -> float:
-            below = np.prod([q_noise.cdf(t - a) for a in answers[: len(answers) if i is None else i]])
-            hit = 1.0 if i is None else q_noise.sf(t - answers[i])
-            return float(t_noise.pdf(t - threshold) * below * hit)
-
-        points = sorted({threshold, *answers.tolist()})
-        return integrate.quad(integrand, -80, 80, points=points, limit=400, epsabs=1e-13)[0]
-
-    return np.array([p_index(i) for i in range(len(answers))] + [p_index(None)])
+DIGITS = DatasetFacts(1437, (1, 28, 28), 10)
+USERS = ["dp.unit=user", "dataset.users=partition", "dataset.num_users=50", "train.batch_size=10"]
+FTRL = ["dp.mechanism=dpftrl", "optimizer.momentum=0.9"]
 
 
-def test_above_threshold_output_distributions_of_neighbours_are_within_e_to_the_epsilon() -> None:
-    # Neighbouring datasets: the histogram method's queries f_i = #{x < t_i} - γ·n, with one example
-    # added (every count at or above it +1, n +1), γ = 0.5, so each answer moves by at most 0.5.
-    edges = np.array([1.0, 2.0, 3.0, 4.0])
-    x = np.array([0.5, 1.5, 1.7, 3.2])
-    x_added = np.append(x, 0.2)
-    f = np.searchsorted(np.sort(x), edges) - 0.5 * len(x)
-    g = np.searchsorted(np.sort(x_added), edges) - 0.5 * len(x_added)
-    assert np.max(np.abs(f - g)) <= 1  # sensitivity 1, the mechanism's premise
-    p, q = _above_threshold_distribution(f, 0.0, EPS), _above_threshold_distribution(g, 0.0, EPS)
-    assert p.sum() == pytest.approx(1, abs=1e-6) and q.sum() == pytest.approx(1, abs=1e-6)
-    ratio = np.max(np.maximum(p / q, q / p))
-    assert ratio <= math.exp(EPS) * (1 + 1e-6)
-    assert ratio > 1.05  # the outputs do depend on the data: the test can fail
+def _event_types(event: dp_event.DpEvent) -> set[type]:
+    found = {type(event)}
+    for child in getattr(event, "events", []) or []:
+        found |= _event_types(child)
+    inner = getattr(event, "event", None)
+    if inner is not None:
+        found |= _event_types(inner)
+    return found
 
 
-def test_the_sampler_draws_the_exact_distribution() -> None:
-    # The quadrature above is AboveThreshold's distribution; the sampler must draw it (chi-square test,
-    # 20,000 draws, rejects a correct sampler with probability 0.001).
-    answers = np.array([-1.5, -0.5, 0.0, 0.5])
-    p = _above_threshold_distribution(answers, 0.0, EPS)
-    rng = np.random.default_rng(1)
-    draws = [mechanisms.above_threshold(answers, 0.0, EPS, rng) for _ in range(20_000)]
-    counts = np.array([sum(d == i for d in draws) for i in range(len(answers))] + [sum(d is None for d in draws)])
-    assert stats.chisquare(counts, p * len(draws)).pvalue > 0.001
+def test_dpftrl_is_planned_without_sampling_and_dpsgd_with_it(make_cfg: Composer) -> None:
+    ftrl = prepare(to_config(make_cfg(*FTRL, "train.epochs=6", "dp.noise_multiplier=4",
+                                      "dp.ftrl_restart_every=2", "dp.ftrl_tree_completion=true")), DIGITS)  # fmt: skip
+    assert ftrl.privacy is not None and ftrl.privacy.sample_rate is None and ftrl.steps == 6 * 23
+    [entry] = ftrl.privacy.ledger.entries
+    assert dp_event.PoissonSampledDpEvent not in _event_types(entry.event)
+    assert ftrl.privacy.epsilon == pytest.approx(ftrl_accounting.ftrl_epsilon(4.0, 23, 6, 1e-5, 2, True), rel=1e-12)
+    sgd = prepare(to_config(make_cfg("train.epochs=6", "dp.noise_multiplier=4")), DIGITS)
+    assert sgd.privacy is not None
+    assert all(dp_event.PoissonSampledDpEvent in _event_types(e.event) for e in sgd.privacy.ledger.entries)
+    assert sgd.privacy.epsilon < ftrl.privacy.epsilon  # amplification: the same σ costs less when sampled
+    calibrated = prepare(to_config(make_cfg(*FTRL, "train.epochs=6", "dp.target_epsilon=5")), DIGITS)
+    assert calibrated.privacy is not None and calibrated.privacy.epsilon <= 5 and calibrated.privacy.calibrated
 
 
-def test_exponential_quantile_densities_of_neighbours_are_within_e_to_the_epsilon() -> None:
-    low, high = 0.0, 5.0
-    x = np.array([0.3, 0.9, 1.4, 2.2, 2.5, 4.1])
-    t = np.linspace(low + 1e-6, high - 1e-6, 4001)  # the output density on a fine grid of points
-    for neighbour in (np.append(x, 1.0), np.append(x, 4.9), x[1:]):
-        for gamma in (0.1, 0.5, 0.9):
-            dp, dq = (_density(v, gamma, low, high, t) for v in (x, neighbour))
-            ratio = np.max(np.maximum(dp / dq, dq / dp))
-            assert 1.05 < ratio <= math.exp(EPS) * (1 + 1e-9), (gamma, ratio)
-
-
-def _density(values: np.ndarray, gamma: float, low: float, high: float, t: np.ndarray) -> np.ndarray:
-    edges, p = mechanisms.exponential_intervals(values, gamma, low, high, EPS)
-    i = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, len(p) - 1)
-    return p[i] / np.diff(edges)[i]
-
-
-def test_exponential_sampler_draws_its_intervals_probabilities() -> None:
-    x = np.array([0.3, 0.9, 1.4, 2.2, 2.5, 4.1])
-    edges, p = mechanisms.exponential_intervals(x, 0.5, 0.0, 5.0, EPS)
-    rng = np.random.default_rng(2)
-    draws = np.array(
-        [mechanisms.exponential_quantile(x, 0.5, low=0.0, high=5.0, epsilon=EPS, rng=rng) for _ in range(20_000)]
-    )
-    counts = np.histogram(draws, bins=edges)[0]
-    assert stats.chisquare(counts, p * len(draws)).pvalue > 0.001
-
-
-@pytest.mark.parametrize("beta", [0.05, 0.2])
-def test_above_threshold_is_alpha_beta_accurate(beta: float) -> None:
-    # Dwork & Roth Thm. 3.24: with probability >= 1 - β, the returned k has f_k >= T - α and every earlier
-    # query f_i <= T + α, α = 8(log k + log(2/β))/ε. Counted over 2,000 trials; the bound must hold in at
-    # least a 1 - β share (a 3-sigma binomial margin allows for sampling error).
-    rng = np.random.default_rng(3)
-    answers = np.linspace(-40, 40, 50)  # sensitivity-1 queries crossing the threshold at 0
-    trials, failures = 2000, 0
-    for _ in range(trials):
-        k = mechanisms.above_threshold(answers, 0.0, 1.0, rng)
-        if k is None:
-            failures += 1
-            continue
-        alpha = mechanisms.above_threshold_alpha(k + 1, beta, 1.0)
-        if answers[k] < -alpha or np.any(answers[:k] > alpha):
-            failures += 1
-    assert failures / trials <= beta + 3 * math.sqrt(beta * (1 - beta) / trials)
-
-
-def test_histogram_and_exponential_quantiles_find_the_median() -> None:
-    rng = np.random.default_rng(4)
-    values = rng.gamma(2.0, 0.5, size=2000)
-    truth = float(np.median(values))
-    hist = mechanisms.histogram_quantiles(values, [0.5], low=0.0, high=5.0, steps=100, epsilon=1.0, rng=rng)
-    expo = mechanisms.exponential_quantile(values, 0.5, low=0.0, high=5.0, epsilon=1.0, rng=rng)
-    assert abs(hist[0] - truth) < 0.15 and abs(expo - truth) < 0.05
-    deciles = mechanisms.histogram_quantiles(
-        values, [d / 10 for d in range(1, 10)], low=0.0, high=5.0, steps=100, epsilon=9.0, rng=rng
-    )
-    assert np.all(np.diff(deciles) >= -0.1)  # nine AboveThresholds, each at ε/9, in order
-
-
-def test_the_same_seed_gives_the_same_release() -> None:
-    values = np.random.default_rng(5).gamma(2.0, 0.5, size=300)
-    a, b = (
-        mechanisms.histogram_quantiles(values, [0.5], low=0, high=5, steps=50, epsilon=1, rng=np.random.default_rng(9))
-        for _ in range(2)
-    )
-    assert a == b
+def test_user_level_plans_over_users(make_cfg: Composer) -> None:
+    plan = prepare(to_config(make_cfg(*USERS, "train.epochs=4", "dp.noise_multiplier=1.5")), DIGITS)
+    assert plan.privacy is not None and plan.privacy.sample_rate == 1 / 5 and plan.steps == 4 * 5
+    schedule = privacy.poisson_schedule(50, 10)  # N = 50 users, 10 expected per step
+    assert plan.privacy.epsilon == privacy.epsilon(schedule, 1.5, 1e-5, epochs=4).epsilon
+    both = prepare(to_config(make_cfg(*USERS, *FTRL, "train.epochs=4", "dp.noise_multiplier=3")), DIGITS)
+    assert both.privacy is not None
+    assert both.privacy.epsilon == pytest.approx(ftrl_accounting.ftrl_epsilon(3.0, 5, 4, 1e-5), rel=1e-12)
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("overrides", "key", "allowed"),
     [
-        ({"low": 2.0, "high": 1.0}, "low < high"),
-        ({"epsilon": 0.0}, "epsilon must be > 0"),
-        ({"quantile": 1.0}, r"in \(0, 1\)"),
+        (["dp.unit=user"], "dp.unit", "this dataset has none"),
+        (["dataset.users=natural"], "dataset.users", "digits carries no user ids"),
+        (["dataset.users=partition", "dataset.num_users=1"], "dataset.num_users", "2 or more users"),
+        (["dataset.users=partition", "dataset.num_users=2000"], "dataset.num_users", "2 to N=1437"),
+        (["dataset.users=partition", "dataset.user_label_skew=0"], "dataset.user_label_skew", "positive"),
+        ([*USERS, "dp.max_examples_per_user=0"], "dp.max_examples_per_user", "1 or more"),
+        ([*USERS, "dp.delta=0.05"], "dp.delta", "below 1/N = 0.02 (N=50)"),
+        (["dp.mechanism=dpftrl", "optimizer=adam"], "optimizer.name", "fixed linear workload"),
+        ([*FTRL, "dp.ftrl_restart_every=20"], "dp.ftrl_restart_every", "from 1 to train.epochs=2"),
+        ([*FTRL, "dp.clipping=quantile"], "dp.clipping", "fixed with dp.mechanism=dpftrl"),
     ],
 )
-def test_bad_parameters_are_refused(kwargs: dict[str, float], message: str) -> None:
-    args = {"quantile": 0.5, "low": 0.0, "high": 5.0, "epsilon": 1.0} | kwargs
-    with pytest.raises(ValueError, match=message):
-        mechanisms.exponential_quantile(np.ones(5), args["quantile"], low=args["low"], high=args["high"],
-                                        epsilon=args["epsilon"], rng=np.random.default_rng(0))  # fmt: skip
+def test_bad_mechanism_and_unit_input_is_refused_before_training(
+    make_cfg: Composer, overrides: list[str], key: str, allowed: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        prepare(to_config(make_cfg(*overrides)), DIGITS)
+    assert err.value.key == key and allowed in str(err.value), str(err.value)
+
+
+@pytest.mark.slow
+def test_dpftrl_and_user_level_runs_log_the_epsilon_of_what_ran(make_cfg: Composer, client: MlflowClient) -> None:
+    ftrl = train(make_cfg(*FTRL, "dp.noise_multiplier=4", "train.epochs=2", "tracking.run_name=ftrl"))
+    run = client.get_run(ftrl.run_id)
+    tags, m = run.data.tags, run.data.metrics
+    assert tags["dp.mechanism"] == "dpftrl" and tags["dp.neighbours"] == "replace_one_with_zero"
+    assert tags["dp.unit"] == "example" and ftrl.steps == 2 * 23
+    assert m["epsilon"] == pytest.approx(ftrl_accounting.ftrl_epsilon(4.0, 23, 2, 1e-5), rel=1e-12)
+    first = min(client.get_metric_history(ftrl.run_id, "epsilon"), key=lambda h: h.step)
+    assert first.value == pytest.approx(
+        ftrl_accounting.ftrl_epsilon(4.0, 23, 1, 1e-5)
+    )  # after epoch 1: one epoch's tree
+    assert "train_loss" not in m and 0 <= m["test_accuracy"] <= 1
+
+    user = train(make_cfg(*USERS, "dp.noise_multiplier=1.5", "train.epochs=2", "tracking.run_name=user"))
+    tags, m = client.get_run(user.run_id).data.tags, client.get_run(user.run_id).data.metrics
+    assert tags["dp.unit"] == "user" and tags["dp.mechanism"] == "dpsgd" and user.steps == 2 * 5
+    assert m["epsilon"] == privacy.epsilon(privacy.poisson_schedule(50, 10), 1.5, 1e-5, epochs=2).epsilon
+    for stage in ("batch_load", "backward", "optimizer_step"):
+        assert m[f"memory.{stage}_bytes"] > 0  # the stages of one step on exactly B users
+
+
+@pytest.mark.slow
+def test_an_interrupted_dpftrl_run_resumes_its_tree_exactly(
+    tmp_path: Path, make_cfg: Composer, client: MlflowClient, experiment_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = [*FTRL, "dp.noise_multiplier=3", "train.epochs=4", "dp.ftrl_restart_every=2", "dp.ftrl_tree_completion=true"]
+    straight = train(make_cfg(*args, "tracking.experiment_name=straight"))
+    original = classifier.ClassifierRun.train_epoch
+
+    def interrupted(self: classifier.ClassifierRun, epoch: int, stages: object) -> dict[str, float]:
+        if epoch == 4:
+            raise KeyboardInterrupt  # after epoch 3: the second tree is half done
+        return original(self, epoch, stages)  # type: ignore[arg-type]
+
+    cfg = make_cfg(*args, f"train.checkpoint_dir={tmp_path / 'ckpt'}")
+    monkeypatch.setattr(classifier.ClassifierRun, "train_epoch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg)
+    [killed] = runs_of(client, experiment_name)
+    assert killed.info.status == "KILLED"
+    monkeypatch.setattr(classifier.ClassifierRun, "train_epoch", original)
+    resumed = train(cfg)
+    assert resumed.run_id == killed.info.run_id and resumed.steps == straight.steps == 4 * 23
+    assert resumed.epsilons == straight.epsilons
+    assert resumed.epsilon == pytest.approx(ftrl_accounting.ftrl_epsilon(3.0, 23, 4, 1e-5, 2, True), rel=1e-12)
+    assert resumed.model is not None and straight.model is not None
+    for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name  # the same tree noise, the same fixed order, the same steps

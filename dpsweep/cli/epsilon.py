@@ -259,7 +259,8 @@ def _dpftrl(a: argparse.Namespace) -> dict[str, Any]:
         sigma = ftrl_accounting.calibrate_ftrl_noise(
             a.target_epsilon, *shape[:2], a.delta, *shape[2:], accountant=a.accountant
         )
-    eps = ftrl_accounting.ftrl_epsilon(sigma, *shape[:2], a.delta, *shape[2:], accountant=a.accountant)
+    bill = ledger.Ledger((ftrl_accounting.ftrl_entry(sigma, *shape),))  # what a run's ledger holds
+    eps = ledger.epsilon(bill, a.delta, _accounting(a)).epsilon
     out: dict[str, Any] = {
         "mechanism": "dpftrl", "epsilon": eps, "delta": a.delta, "alpha": None, "steps": steps_per_epoch * a.epochs,
         "epochs": a.epochs, "steps_per_epoch": steps_per_epoch, "sample_rate": None, "noise_multiplier": sigma,

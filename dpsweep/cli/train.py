@@ -66,7 +66,7 @@ def summary_line(cfg: Config, r: TrainResult) -> str:
         clip = r.ledger.entries[0].params.get("max_grad_norm_chosen") if cfg.dp.clipping == "quantile" else None
         clip_text = f"C={cfg.dp.max_grad_norm:g}" if clip is None else f"C={clip:.3g} (private quantile)"
         privacy_text = (
-            f"ε={r.epsilon:.3f} ({cfg.dp.accountant.value}, δ={cfg.dp.delta:g}, per example; {others})  "
+            f"ε={r.epsilon:.3f} ({cfg.dp.accountant.value}, δ={cfg.dp.delta:g}, per {cfg.dp.unit.value}; {others})  "
             f"σ={r.noise_multiplier:.3g} {clip_text}"
         )
     else:

@@ -31,11 +31,11 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from tqdm.auto import tqdm
 
-from dpsweep import clipping, device_data, dpsgd, feature_cache, ledger
+from dpsweep import clipping, device_data, dpsgd, feature_cache, func_dp, ledger, users
 from dpsweep import data as datasets
 from dpsweep import models as model_zoo
 from dpsweep.batches import Batch, physical_batches
-from dpsweep.config import Clipping, ConfigError
+from dpsweep.config import Clipping, ConfigError, Mechanism
 from dpsweep.optimizers import build_optimizer
 from dpsweep.tasks import TASKS, Checkpointed, Marks, RunInputs, Stages
 from dpsweep.tracking import Tracker
@@ -82,6 +82,7 @@ class ClassifierRun:
         self.criterion: nn.Module = nn.CrossEntropyLoss()
         self.released: ledger.Entry | None = None  # the private clipping-norm release (dp.clipping=quantile)
         self.max_grad_norm: float | None = None
+        self.own: func_dp.OwnSteps | None = None  # DP-FTRL and user-level DP (dpsweep.func_dp): not Opacus
 
     def tags(self) -> dict[str, Any]:
         return {"model.trainable_params": model_zoo.trainable_parameters(self.model)}
@@ -92,6 +93,8 @@ class ClassifierRun:
             self.model, self.data = _cached_features(self.inputs, self.model, run)  # the backbone is dropped
         self.test = self.data.test
         self.model = self.model.to(device)
+        if func_dp.uses_own_steps(cfg):
+            return self._start_own_steps()
         self.optimizer = build_optimizer(cfg.optimizer, self.model)
         generator = torch.Generator().manual_seed(cfg.train.seed)
         loader: DataLoader[Any] = DataLoader(
@@ -117,10 +120,51 @@ class ClassifierRun:
             self.test = TensorDataset(*(t.to(device) for t in device_data.materialize(self.data.test)))  # once
         return Checkpointed(self.model, self.optimizer, self.engine, self.generator)
 
+    def _start_own_steps(self) -> Checkpointed:
+        """DP-FTRL or user-level DP-SGD (``dpsweep.func_dp``): the training split on the device, in units."""
+        cfg, device = self.cfg, self.device
+        sigma = self.inputs.plan.noise_multiplier
+        assert sigma is not None  # a DP run
+        x, y = device_data.materialize(self.data.train)
+        unit = func_dp.unit_ids(cfg, y)
+        m = cfg.dp.max_examples_per_user if unit is not None else 1
+        B = cfg.train.batch_size
+        self.exact = func_dp.FixedOrderBatches(x, y, unit, B, m, cfg.train.seed, device)  # B units, for the probes
+        if cfg.dp.mechanism == Mechanism.dpftrl:
+            self.optimizer = func_dp.ftrl_optimizer(cfg, self.model, sigma, device)
+            self.generator = torch.Generator().manual_seed(cfg.train.seed)  # the order is fixed: nothing to draw
+            self.unit_batches: Iterable[users.UserBatch] = self.exact
+            self.expected_units = float(B)
+        else:
+            assert unit is not None
+            self.optimizer = build_optimizer(cfg.optimizer, self.model)
+            self.generator = device_data.device_generator(device, cfg.train.seed)
+            sampled = users.UserBatches(
+                x, y, unit, expected_users_per_step=B, max_examples_per_user=m, device=device, generator=self.generator
+            )
+            self.unit_batches, self.expected_units = sampled, sampled.expected_users
+        self.own = func_dp.OwnSteps(cfg, self.model, self.criterion, self.optimizer)
+        self.max_grad_norm = cfg.dp.max_grad_norm
+        return Checkpointed(self.model, self.optimizer, None, self.generator)
+
+    def _own_epoch(self, epoch: int, stages: Stages) -> dict[str, float]:
+        assert self.own is not None
+        self.model.train()
+        sigma = self.inputs.plan.noise_multiplier
+        assert sigma is not None
+        loss_sum, seen = torch.zeros((), device=self.device), 0
+        for batch in self.unit_batches:
+            loss = self.own.step(batch, self.expected_units, sigma, stages)
+            stages.stepped()
+            loss_sum += loss * len(batch[1])
+            seen += len(batch[1])
+        self.own.end_epoch(epoch)
+        return {"train_loss": float(loss_sum) / max(seen, 1)}
+
     def _private_clipping_norm(self) -> float:
         """C for dp.clipping=quantile (``dpsweep.clipping``): per-example gradient norms at initialisation
         on one Poisson sample at the run's sample rate, then their private quantile."""
-        q = self.inputs.plan.privacy.sample_rate  # type: ignore[union-attr]  # a DP run has a privacy plan
+        q = self.inputs.plan.privacy.poisson_rate  # type: ignore[union-attr]  # a DP run has a privacy plan
         generator = torch.Generator().manual_seed(self.cfg.train.seed + clipping.SEED_OFFSET)
         n = len(self.data.train)  # type: ignore[arg-type]
         pick = torch.nonzero(torch.rand(n, generator=generator) < q).flatten().tolist()
@@ -130,6 +174,8 @@ class ClassifierRun:
         return chosen
 
     def train_epoch(self, epoch: int, stages: Stages) -> dict[str, float]:
+        if self.own is not None:
+            return self._own_epoch(epoch, stages)
         self.model.train()
         loss_sum, seen = torch.zeros((), device=self.device), 0  # summed on the device: no wait per step
         show = None if self.cfg.train.progress else True
@@ -181,7 +227,12 @@ class ClassifierRun:
         optimizer_state = copy.deepcopy(self.optimizer.state_dict())
         history = list(self.engine.accountant.history) if self.engine is not None else []
         self.model.train()
-        train_pass(self.trainer, (x, y), stages)
+        if self.own is not None:  # B units in the order's first batch
+            sigma = self.inputs.plan.noise_multiplier
+            assert sigma is not None
+            self.own.step(next(iter(self.exact)), self.expected_units, sigma, stages)
+        else:
+            train_pass(self.trainer, (x, y), stages)
         self.optimizer.zero_grad(set_to_none=True)
         trainable.seek(0)
         saved = torch.load(trainable, map_location=device)
@@ -201,7 +252,12 @@ class ClassifierRun:
         make the measured batch random)."""
         x, y = self._exact_batch(self.generator, self.cfg.train.batch_size)
         self.model.train()
-        loss, _ = train_pass(self.trainer, (x, y), stages)
+        if self.own is not None:
+            sigma = self.inputs.plan.noise_multiplier
+            assert sigma is not None
+            loss = self.own.step(next(iter(self.exact)), self.expected_units, sigma, stages)
+        else:
+            loss, _ = train_pass(self.trainer, (x, y), stages)
         stages.stepped()
         # Without DP the loss is a plain training metric; with DP it would be an un-noised statistic of
         # private examples that no accountant covers, so it is not released.
@@ -225,6 +281,11 @@ class ClassifierRun:
         return self.plain_model.eval()
 
     def privacy_ledger(self) -> ledger.Ledger:
+        plan = self.inputs.plan.privacy
+        if self.own is not None and plan is not None:
+            if self.cfg.dp.mechanism == Mechanism.dpftrl:
+                return func_dp.ftrl_ledger(self.cfg, plan.noise_multiplier, self.own.steps, len(self.exact))
+            return ledger.from_history([(plan.noise_multiplier, plan.poisson_rate, self.own.steps)])
         if self.engine is None:
             return ledger.Ledger()
         before = ledger.Ledger((self.released,)) if self.released is not None else ledger.Ledger()

@@ -96,7 +96,7 @@ class GanRun:
         self.generator = device_data.device_generator(device, cfg.train.seed)
         self.batches: device_data.PoissonBatches | device_data.ShuffledBatches
         if self.inputs.plan.privacy is not None:
-            q = self.inputs.plan.privacy.sample_rate
+            q = self.inputs.plan.privacy.poisson_rate
             self.batches = device_data.PoissonBatches(x, y, sample_rate=q, device=device, generator=self.generator)
         else:
             self.batches = device_data.ShuffledBatches(
@@ -125,7 +125,7 @@ class GanRun:
         if plan.privacy is not None:
             step = dpgan.CriticStep(
                 g.gp_weight, self.cfg.dp.max_grad_norm, plan.privacy.noise_multiplier,
-                plan.privacy.sample_rate * plan.facts.n_train,
+                plan.privacy.poisson_rate * plan.facts.n_train,
             )  # fmt: skip
             grads, losses = dpgan.private_critic_gradient(gan.critic, x, y, fake, rho, step)
         else:
@@ -257,7 +257,7 @@ class GanRun:
         privacy = self.inputs.plan.privacy
         if privacy is None:
             return ledger.Ledger()
-        return ledger.from_history([(privacy.noise_multiplier, privacy.sample_rate, self.critic_steps)])
+        return ledger.from_history([(privacy.noise_multiplier, privacy.poisson_rate, self.critic_steps)])
 
     def params(self) -> dict[str, Any]:
         return {}
