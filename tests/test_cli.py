@@ -124,7 +124,7 @@ def test_help_names_the_tool_and_lists_each_groups_real_options(
     assert done.stdout.startswith("dpsweep: differentially private training runs and sweeps")
     assert "powered by Hydra" not in done.stdout and "base_" not in done.stdout
     groups = [d for d in Path(dpsweep.conf.__file__).parent.iterdir() if d.is_dir() and any(d.glob("*.yaml"))]
-    assert len(groups) == 10
+    assert len(groups) == 11
     for group in groups:
         options = ", ".join(sorted(p.stem for p in group.glob("*.yaml")))
         assert f"\n{group.name}: {options}\n" in done.stdout, group.name
