@@ -71,6 +71,8 @@ class PlanRow:
     n_train: int
     over_budget: bool  # ε > sweep.max_epsilon: dpsweep -m skips it
     skipped: str | None = None  # why dpsweep -m would not run it: FINISHED before, or a repeat of a job
+    mechanism: str | None = None  # dp.mechanism (dpsgd, dpftrl); None without DP
+    unit: str | None = None  # whom ε protects (example, user; N counts them); None without DP
     peak_bytes: float | None = None  # predicted iteration peak (with --memory-model)
     gpu_memory: str | None = None  # the budget it is compared with
     fits_memory: bool | None = None  # None: no memory model or no budget
@@ -117,6 +119,7 @@ def plan_row(job: int, overrides: list[str], plan: RunPlan, skipped: str | None 
         lr=cfg.optimizer.lr, epochs=cfg.train.epochs,
         delta=p.delta if p else None, epsilon=p.epsilon if p else None, accountant=p.accountant if p else None,
         steps=plan.steps, n_train=plan.facts.n_train, over_budget=plan.over_budget is not None, skipped=skipped,
+        mechanism=cfg.dp.mechanism.value if p else None, unit=cfg.dp.unit.value if p else None,
         peak_bytes=memory.peak_bytes if memory else None,
         gpu_memory=plan.gpu_memory if memory else None, fits_memory=plan.fits_memory,
     )  # fmt: skip
@@ -193,7 +196,10 @@ def rows_of(jobs: Sequence[tuple[list[str], RunPlan]]) -> list[PlanRow]:
 def format_table(rows: Sequence[PlanRow]) -> str:
     cols = ("job", "dataset", "model", "B", "σ", "C", "lr", "epochs", "δ", "ε")
     memory = any(r.peak_bytes is not None for r in rows)
+    # mechanism and unit columns where some job is not example-level DP-SGD (the default)
+    kinds = any((r.mechanism, r.unit) not in ((None, None), ("dpsgd", "example")) for r in rows)
     header = "{:>3}  {:<10} {:<12} {:>5} {:>7} {:>6} {:>8} {:>6} {:>8} {:>9}".format(*cols)
+    header += "  {:<9} {:<8}".format("mechanism", "ε per") if kinds else ""
     lines = [header + ("  {:>10}".format("peak") if memory else "")]
     for r in rows:
         dash = "—"
@@ -205,6 +211,8 @@ def format_table(rows: Sequence[PlanRow]) -> str:
             f"{r.job:>3}  {r.dataset:<10} {r.model:<12} {r.batch_size:>5} {sigma:>7} {clip:>6} {r.lr:>8.3g} "
             f"{r.epochs:>6} {delta:>8} {eps:>9}"
         )
+        if kinds:
+            line += f"  {r.mechanism or dash:<9} {r.unit or dash:<8}"
         if memory:
             line += f"  {format_bytes(r.peak_bytes) if r.peak_bytes is not None else dash:>10}"
         if r.fits_memory is False:
@@ -214,7 +222,10 @@ def format_table(rows: Sequence[PlanRow]) -> str:
         lines.append(line + ("  over budget: skipped" if r.over_budget else ""))
     accountants = sorted({r.accountant for r in rows if r.accountant})
     if accountants:
-        lines.append(f"ε: {', '.join(accountants)} accountant(s) over each job's steps (Opacus Poisson convention)")
+        how = "Opacus Poisson convention"
+        if any(r.mechanism == "dpftrl" for r in rows):
+            how += "; dpftrl: its tree's Gaussian mechanism, no sampling"
+        lines.append(f"ε: {', '.join(accountants)} accountant(s) over each job's steps ({how})")
     if memory:
         lines.append(
             "peak: predicted iteration peak (envelope fit; with DP for the run's largest Poisson batch); "
