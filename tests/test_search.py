@@ -12,10 +12,10 @@ from pathlib import Path
 
 import optuna
 import pytest
-from helpers import run_dpsweep
+from helpers import Composer, run_dpsweep
 from mlflow.tracking import MlflowClient
 
-from dpsweep.config import ConfigError
+from dpsweep.config import ConfigError, to_config
 from dpsweep.launchers.nodes import ParamSpec
 from dpsweep.launchers.search import OBJECTIVES, check_search_space, distribution, grid_values
 from dpsweep.trials import open_storage
@@ -232,19 +232,10 @@ def test_budget_study_calibrates_each_trial_to_the_budget(tmp_path: Path) -> Non
         assert 1.49 <= run.data.metrics["epsilon"] <= 1.5  # type: ignore[attr-defined]  # calibrated σ, never over
 
 
-@pytest.mark.slow
-def test_a_gan_study_maximises_tstr_accuracy(tmp_path: Path) -> None:
-    """The accuracy objective is the task's: a task=gan study is told each trial's tstr_accuracy."""
-    gan = ["task=gan", "gan.tstr_epochs=1", "gan.critic_width=8", "gan.generator_width=16"]
-    gan += ["gan.memorisation_check=false", "hydra.sweeper.optuna.study_name=gan_tpe"]
-    search = write_search(tmp_path, "gan_tpe", "hydra:\n  sweeper:\n    optuna:\n      params:\n"
-                          "        gan.gp_weight: {type: float, low: 1.0, high: 10.0}\n")  # fmt: skip
-    done = dpsweep(tmp_path, *search, *FAST, *gan, "hydra.sweeper.optuna.n_trials=2", "hydra.sweeper.optuna.n_jobs=1")
-    assert done.returncode == 0, done.stdout + done.stderr
-    study = load(tmp_path, "gan_tpe")
-    runs = [r for r in trial_runs(tmp_path, "gan_tpe") if r.data.tags.get("sweep.role") != "parent"]  # type: ignore[attr-defined]
-    assert len(study.trials) == 2 and len(runs) == 2
-    for trial in study.trials:
-        [run] = [r for r in runs if r.data.tags["optuna.trial"] == str(trial.number)]  # type: ignore[attr-defined]
-        assert trial.values == [run.data.metrics["tstr_accuracy"]]  # type: ignore[attr-defined]
-        assert "test_accuracy" not in run.data.metrics  # type: ignore[attr-defined]
+def test_the_accuracy_objectives_score_a_study_by_its_tasks_objective(make_cfg: Composer) -> None:
+    """A task=gan study is told each trial's tstr_accuracy; a classifier study its test_accuracy."""
+    gan, classifier = to_config(make_cfg("task=gan")), to_config(make_cfg())
+    for name in ("accuracy", "accuracy_under_budget"):
+        assert OBJECTIVES.get(name).metric_names(gan.task.objective) == ("tstr_accuracy",)
+        assert OBJECTIVES.get(name).metric_names(classifier.task.objective) == ("test_accuracy",)
+    assert OBJECTIVES.get("accuracy_epsilon").metric_names(gan.task.objective) == ("tstr_accuracy", "epsilon")
