@@ -112,7 +112,8 @@ def plan_row(job: int, overrides: list[str], plan: RunPlan, skipped: str | None 
     cfg, p = plan.config, plan.privacy
     memory = plan.memory
     return PlanRow(
-        job=job, overrides=" ".join(overrides), dataset=cfg.dataset.name, model=cfg.model.name,
+        job=job, overrides=" ".join(overrides), dataset=cfg.dataset.name,
+        model=cfg.model.name if cfg.task.name == "classifier" else cfg.task.name,  # a GAN's model group is its TSTR cnn
         batch_size=cfg.train.batch_size, noise_multiplier=plan.noise_multiplier,
         # a quantile run's C is its own private release, unknown before it runs
         max_grad_norm=cfg.dp.max_grad_norm if p and cfg.dp.clipping != "quantile" else None,
