@@ -117,7 +117,7 @@ def plan_row(job: int, overrides: list[str], plan: RunPlan, skipped: str | None 
         batch_size=cfg.train.batch_size, noise_multiplier=plan.noise_multiplier,
         # a quantile run's C is its own private release, unknown before it runs
         max_grad_norm=cfg.dp.max_grad_norm if p and cfg.dp.clipping != "quantile" else None,
-        lr=cfg.optimizer.lr, epochs=cfg.train.epochs,
+        lr=cfg.optimizer.lr if cfg.gan is None else cfg.gan.critic_lr, epochs=cfg.train.epochs,
         delta=p.delta if p else None, epsilon=p.epsilon if p else None, accountant=p.accountant if p else None,
         steps=plan.steps, n_train=plan.facts.n_train, over_budget=plan.over_budget is not None, skipped=skipped,
         mechanism=cfg.dp.mechanism.value if p else None, unit=cfg.dp.unit.value if p else None,
