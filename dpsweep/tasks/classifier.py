@@ -315,24 +315,15 @@ def per_example_grad_norms(
     chunk: int = 256,
 ) -> np.ndarray:
     """The L2 norm of each listed example's loss gradient with respect to the trainable parameters,
-    in chunks of ``chunk`` examples (``torch.func``: vmap over per-example grad; the model is not changed)."""
-    from torch.func import functional_call, grad, vmap
-
-    params = {k: p.detach() for k, p in model.named_parameters() if p.requires_grad}
-    buffers = {k: b.detach() for k, b in model.named_buffers()}
-
-    def loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        out = functional_call(model, (p, buffers), (x.unsqueeze(0),))
-        return criterion(out, y.unsqueeze(0))
-
-    per_example = vmap(grad(loss), in_dims=(None, 0, 0))
+    in chunks of ``chunk`` examples (``dpsweep.users.per_example_gradients``: torch.func; the model
+    is not changed)."""
     was_training = model.training
     model.eval()  # dropout off: the norms at initialisation, deterministic
     norms: list[np.ndarray] = []
     for start in range(0, len(indices), chunk):
         part = indices[start : start + chunk]
         x, y = next(iter(DataLoader(Subset(dataset, part), batch_size=len(part))))
-        grads = per_example(params, x.to(device), y.to(device))
+        grads = users.per_example_gradients(model, criterion, x.to(device), y.to(device))
         squared = sum(g.flatten(1).pow(2).sum(1) for g in grads.values())
         norms.append(torch.as_tensor(squared).sqrt().cpu().numpy())
     model.train(was_training)
