@@ -33,6 +33,17 @@ own with the non-private GAN as baseline; the notes add, per block, the same cla
 real data (``real_accuracy`` of the non-private GAN runs: :func:`reference_accuracies`) and the
 rows' memorisation share, and ``report_plots`` draws their final sample grids (gan_samples.png).
 
+Mechanisms and privacy units (``dp.mechanism``, ``dp.unit``): each private row has a ``mechanism``
+(``dpsgd``: DP-SGD, Poisson sampling; ``dpftrl``: DP-FTRL, tree aggregation without sampling) and a
+``unit`` (``example``, or ``user``: ε protects all of one user's examples, N = dataset.num_users),
+from its params, else its tags; runs from before these keys are ``dpsgd`` / ``example``, and
+non-private rows have neither (None). Rows differing only in them are separate rows (their params
+differ); the baseline of a row ignores them (dp.* keys) and the users' assignment (``dataset.users``
+and co., which change nothing without DP). Once a private row is not DP-SGD over examples, the
+rendered tables show a ``mechanism`` and a ``unit`` column and the notes say what each mechanism is
+and whom each unit's ε protects; ε per example and ε per user are different guarantees, so the
+Pareto front is one per unit (:func:`pareto_front`). Otherwise the output is as before these keys.
+
 Runs are read with one paginated ``MlflowClient.search_runs`` query (metric histories only for the
 few runs of the accuracy-against-epoch plot). Memory probes (tag ``probe=true``) and a sweep's
 parent run (tag ``sweep.role=parent``) are never part of a report. Runs that did not finish count
@@ -56,7 +67,15 @@ import pandas as pd
 from mlflow.entities import Run, ViewType
 from mlflow.tracking import MlflowClient
 
-from dpsweep.config import TASK_SECTIONS, ClassifierTaskConfig, GanTaskConfig, TaskConfig, identity
+from dpsweep.config import (
+    TASK_SECTIONS,
+    ClassifierTaskConfig,
+    GanTaskConfig,
+    Mechanism,
+    PrivacyUnit,
+    TaskConfig,
+    identity,
+)
 from dpsweep.errors import InputError
 from dpsweep.registry import Registry
 
@@ -105,6 +124,27 @@ OBJECTIVE_NOTES: dict[str, str] = {  # objective metric -> what it measures, for
 SAMPLING_TASKS = (GanTaskConfig.name,)  # tasks whose runs log sample grids (samples/epoch_NNN.png)
 REFERENCE_METRIC = "real_accuracy"  # a non-private GAN run's TSTR classifier trained on real data
 MEMORISATION_METRICS = ("memorisation_share", "memorisation_baseline")  # mean per row in the table
+
+# How a private row noised its gradients and whom its ε protects (issue 17): table column -> the
+# param (also a tag, set at the end of a DP run) it shows. Runs from before these keys log neither:
+# they ran DP-SGD over examples (the defaults). Non-private rows have neither (None).
+PRIVACY_KINDS: dict[str, str] = {"mechanism": "dp.mechanism", "unit": "dp.unit"}
+PRIVACY_KIND_DEFAULTS: dict[str, str] = {"mechanism": Mechanism.dpsgd.value, "unit": PrivacyUnit.example.value}
+DEFAULT_OF_PARAM = {PRIVACY_KINDS[name]: value for name, value in PRIVACY_KIND_DEFAULTS.items()}
+MECHANISM_NAMES = {Mechanism.dpsgd.value: "DP-SGD", Mechanism.dpftrl.value: "DP-FTRL"}
+MECHANISM_NOTES = {
+    Mechanism.dpsgd.value: "Poisson-sampled batches, amplified by sampling",
+    Mechanism.dpftrl.value: "tree aggregation over batches in a fixed order, no sampling and no amplification",
+}
+# dp.neighbours (a DP run's tag; dpsweep.ledger.NEIGHBOURS_OF) in words; runs without it ran DP-SGD
+NEIGHBOUR_NOTES = {
+    "add_or_remove_one": "one unit added or removed",
+    "replace_one_with_zero": "one unit replaced by a zero record",
+}
+DEFAULT_NEIGHBOURS = "add_or_remove_one"
+# Who holds which examples (dpsweep.users), what a dp.unit=user row's users are. Without DP they change
+# nothing a run computes (only dp.unit=user reads them), so a baseline is matched without them.
+USER_PARAMS = ("dataset.users", "dataset.num_users", "dataset.user_label_skew", "dataset.users_seed")
 
 
 def task_objectives() -> dict[str, str]:
@@ -347,14 +387,14 @@ def summary_table(runs: pd.DataFrame, sort: str = "accuracy") -> pd.DataFrame:
     """One row per config over the FINISHED runs of ``runs`` (from report_runs).
 
     Columns: config_id, dataset, model, task, private, batch_size, noise_multiplier, max_grad_norm,
-    lr, epochs, delta, accountant, epsilon, test_accuracy_mean, test_accuracy_std, accuracy_drop,
-    runs (FINISHED runs pooled), runs_without_accuracy, baseline_config_id, run_ids,
-    memorisation_share, memorisation_baseline, and ``params.<key>`` for every hyperparameter (the
-    raw strings). The accuracy columns are of each run's score, its task's objective metric
-    (test_accuracy; a GAN's tstr_accuracy); the ``model`` of a row of another task than the
-    classifier is the task (``gan``). The memorisation columns are means over the row's runs (GAN
-    runs; NaN for others). Rows are in blocks per dataset and model, the non-private baseline
-    first, then by ``sort`` (a SORT_KEYS name); NaN last.
+    lr, epochs, delta, accountant, mechanism, unit (privacy_kinds: None for a non-private row),
+    epsilon, test_accuracy_mean, test_accuracy_std, accuracy_drop, runs (FINISHED runs pooled),
+    runs_without_accuracy, baseline_config_id, run_ids, memorisation_share, memorisation_baseline,
+    and ``params.<key>`` for every hyperparameter (the raw strings). The accuracy columns are of
+    each run's score, its task's objective metric (test_accuracy; a GAN's tstr_accuracy); the
+    ``model`` of a row of another task than the classifier is the task (``gan``). The memorisation
+    columns are means over the row's runs (GAN runs; NaN for others). Rows are in blocks per
+    dataset and model, the non-private baseline first, then by ``sort`` (a SORT_KEYS name); NaN last.
     """
     order = lookup(SORT_KEYS, sort, "sort")
     done = runs[runs["outcome"] == "finished"]
@@ -388,6 +428,8 @@ def summary_table(runs: pd.DataFrame, sort: str = "accuracy") -> pd.DataFrame:
         table[name] = param_or_tag(first, key)
     table["task"] = run_tasks(first)
     table["model"] = run_models(first)
+    for name, value in privacy_kinds(first).items():
+        table[name] = value
     for name in INTEGER_COLUMNS:
         table[name] = pd.to_numeric(table[name], errors="coerce").astype("Int64")
     for name in FLOAT_COLUMNS:
@@ -396,17 +438,78 @@ def summary_table(runs: pd.DataFrame, sort: str = "accuracy") -> pd.DataFrame:
         table[f"params.{key}"] = first[f"params.{key}"]
     table = table.reset_index()
     table[["accuracy_drop", "baseline_config_id"]] = _baselines(table, keys)
-    head = ["config_id", "dataset", "model", "task", *SETTING_COLUMNS, "private", "epsilon"]
+    head = ["config_id", "dataset", "model", "task", *SETTING_COLUMNS, *PRIVACY_KINDS, "private", "epsilon"]
     head += ["test_accuracy_mean", "test_accuracy_std"]
     tail = ["accuracy_drop", "runs", "runs_without_accuracy", "baseline_config_id", "run_ids", *MEMORISATION_METRICS]
     table = table[head + tail + [f"params.{k}" for k in keys]]
     return _sorted(table, order)
 
 
+def privacy_kinds(runs: pd.DataFrame) -> dict[str, pd.Series]:
+    """Each run's (or row's) ``mechanism`` and ``unit``: the param, else the tag (PRIVACY_KINDS),
+    else the default (runs from before the keys: dpsgd, example); None where DP is off."""
+    private = runs["private"].astype(bool)
+    out = {}
+    for name, key in PRIVACY_KINDS.items():
+        logged = param_or_tag(runs, key).astype(object)
+        values = [
+            (PRIVACY_KIND_DEFAULTS[name] if pd.isna(v) else str(v)) if dp else None
+            for v, dp in zip(logged, private, strict=True)
+        ]
+        out[name] = pd.Series(values, index=runs.index, dtype=object)
+    return out
+
+
+def row_units(table: pd.DataFrame) -> pd.Series:
+    """The privacy unit of each of ``table``'s rows: ``example`` where not said (a table from before
+    the column, or a non-private row, which protects nothing)."""
+    units = table["unit"] if "unit" in table else pd.Series(None, index=table.index, dtype=object)
+    return units.astype(object).fillna(PRIVACY_KIND_DEFAULTS["unit"])
+
+
+def shows_privacy_kinds(table: pd.DataFrame) -> bool:
+    """Whether the rendered table shows ``mechanism`` and ``unit``: some private row is not DP-SGD
+    over examples (otherwise the table is as it was before these keys)."""
+    if not all(name in table for name in PRIVACY_KINDS):
+        return False
+    private = table[table["private"].astype(bool)]
+    return any(bool((private[n].fillna(d) != d).any()) for n, d in PRIVACY_KIND_DEFAULTS.items())
+
+
+def private_only(key: str) -> bool:
+    """A key that means something for private rows only: DP's (dp.*), which a non-private run does
+    not log, and the users' assignment (USER_PARAMS), which it logs but does not use."""
+    return key.startswith("dp.") or key in USER_PARAMS
+
+
+def key_applies(rows: pd.DataFrame, key: str) -> pd.Series:
+    """Which of ``rows`` (table rows) the hyperparameter ``key`` means something for: DP's keys (dp.*)
+    the private rows; the users' assignment (USER_PARAMS) the private rows over users (unit=user),
+    the only runs that read it; any other key every row."""
+    if not private_only(key):
+        return pd.Series(True, index=rows.index, dtype=bool)
+    private = rows["private"].astype(bool)
+    return private & (row_units(rows) == PrivacyUnit.user.value) if key in USER_PARAMS else private
+
+
+def _row_applies(row: pd.Series, key: str) -> bool:
+    """:func:`key_applies` for one row."""
+    if not private_only(key):
+        return True
+    return bool(row["private"]) and (key not in USER_PARAMS or row.get("unit") == PrivacyUnit.user.value)
+
+
+def _baseline_key(key: str) -> bool:
+    """A hyperparameter a private row and its non-private baseline should share: none of DP's
+    (dp.*, mechanism and unit included), of the row's kind, or of the users' assignment."""
+    return not private_only(key) and key not in ROW_KIND_PARAMS
+
+
 def _baselines(table: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
     """For each private row, the best-matching non-private row of the same dataset and model (most
-    equal non-DP hyperparameters; then more runs) and the accuracy drop against it."""
-    shared = [f"params.{k}" for k in keys if not k.startswith("dp.") and k not in ROW_KIND_PARAMS]
+    equal non-DP hyperparameters, the users' assignment aside: USER_PARAMS; then more runs) and the
+    accuracy drop against it."""
+    shared = [f"params.{k}" for k in keys if _baseline_key(k)]
     out = pd.DataFrame({"accuracy_drop": np.nan, "baseline_config_id": None}, index=table.index)
     values = table[shared].fillna(MISSING).astype(str).to_numpy()  # missing equals missing
     for _, block in table.groupby(["dataset", "model"], sort=False):
@@ -436,16 +539,19 @@ def _sorted(table: pd.DataFrame, order: SortKey) -> pd.DataFrame:
 def swept_params(table: pd.DataFrame) -> list[str]:
     """Hyperparameters (MLflow param keys) that take more than one value among the table's rows,
     besides the dataset, the model, the task and DP on/off. Non-DP keys count over every row, dp.*
-    keys over the private rows (the baseline has none), the keys of a task's section (gan.*) over
-    the rows that have them (other tasks' rows have none)."""
+    keys over the private rows (the baseline has none), the users' assignment (dataset.users, ...)
+    over the user-level rows (key_applies), the keys of a task's section (gan.*) over the rows that
+    have them (other tasks' rows have none). A private run without dp.mechanism or dp.unit (from
+    before them) counts as their default (dpsgd, example)."""
     out = []
     for name in [c for c in table.columns if c.startswith("params.")]:
         key = name.removeprefix("params.")
         if key in ROW_KIND_PARAMS:
             continue
-        rows = table[table["private"]] if key.startswith("dp.") else table
+        rows = table[key_applies(table, key)]
         rows = rows[rows[name].notna()] if _in_task_section(key) else rows
-        if rows[name].nunique(dropna=False) > 1:
+        values = rows[name].fillna(DEFAULT_OF_PARAM[key]) if key in DEFAULT_OF_PARAM else rows[name]
+        if values.nunique(dropna=False) > 1:
             out.append(key)
     return out
 
@@ -456,8 +562,9 @@ def _in_task_section(key: str) -> bool:
 
 
 def extra_columns(table: pd.DataFrame) -> list[str]:
-    """Swept hyperparameters that have no column of their own in the table (e.g. model.hidden_units)."""
-    shown = set(HYPERPARAMETERS.values())
+    """Swept hyperparameters that have no column of their own in the table (e.g. model.hidden_units;
+    not dp.mechanism and dp.unit, which have theirs once they vary: shows_privacy_kinds)."""
+    shown = set(HYPERPARAMETERS.values()) | set(PRIVACY_KINDS.values())
     return [k for k in swept_params(table) if k not in shown]
 
 
@@ -469,7 +576,10 @@ SHORT_NAMES = {
     "train.epochs": "epochs",
     "dp.delta": "δ",
     "dp.accountant": "accountant",
+    "dp.mechanism": "mechanism",
+    "dp.unit": "unit",
 }
+KIND_OF_PARAM = {key: name for name, key in PRIVACY_KINDS.items()}  # dp.mechanism -> mechanism
 
 
 def config_labels(table: pd.DataFrame) -> pd.Series:
@@ -477,17 +587,20 @@ def config_labels(table: pd.DataFrame) -> pd.Series:
     ``digits/cnn σ=1 B=64`` or ``digits/cnn non-private``."""
     several = table[["dataset", "model"]].drop_duplicates().shape[0] > 1
     swept = swept_params(table)
+    applies = {key: key_applies(table, key) for key in swept}
     labels = {}
-    for _, row in table.iterrows():
+    for index, row in table.iterrows():
         parts = [f"{row['dataset']}/{row['model']}"] if several else []
         if not row["private"]:
             parts.append("non-private")
         for key in swept:
-            if key.startswith("dp.") and not row["private"]:
+            if not applies[key][index]:
                 continue
             if _in_task_section(key) and pd.isna(row[f"params.{key}"]):
                 continue  # a row of another task
-            parts.append(f"{SHORT_NAMES.get(key, key)}={_text(row[f'params.{key}'])}")
+            kind = KIND_OF_PARAM.get(key)  # mechanism, unit: with their defaults for runs from before them
+            value = row[kind] if kind is not None and kind in row.index else row[f"params.{key}"]
+            parts.append(f"{SHORT_NAMES.get(key, key)}={_text(value)}")
         labels[row["config_id"]] = " ".join(parts) or f"{row['dataset']}/{row['model']}"
     return pd.Series(labels, name="label")
 
@@ -531,12 +644,13 @@ def _text(value: Any) -> str:
 
 
 def pareto_front(table: pd.DataFrame) -> pd.DataFrame:
-    """The private rows on the privacy–accuracy Pareto front of their dataset and model: no other
-    row has both a smaller-or-equal ε and a higher-or-equal mean accuracy, one of them strictly.
-    Sorted by ε. Rows without ε or accuracy take no part."""
+    """The private rows on the privacy–accuracy Pareto front of their dataset, model and privacy unit
+    (ε per example and ε per user are different guarantees: one front each): no other row has both
+    a smaller-or-equal ε and a higher-or-equal mean accuracy, one of them strictly. Sorted by ε.
+    Rows without ε or accuracy take no part."""
     dp = table[table["private"] & table["epsilon"].notna() & table["test_accuracy_mean"].notna()]
     keep = []
-    for _, block in dp.groupby(["dataset", "model"], sort=True):
+    for _, block in dp.groupby(["dataset", "model", row_units(dp)], sort=True):
         eps, acc = block["epsilon"].to_numpy(), block["test_accuracy_mean"].to_numpy()
         for i, index in enumerate(block.index):
             beaten = (eps <= eps[i]) & (acc >= acc[i]) & ((eps < eps[i]) | (acc > acc[i]))
@@ -744,8 +858,7 @@ def _tuning_notes(done: pd.DataFrame, table: pd.DataFrame) -> list[str]:
 def _baseline_mismatches(table: pd.DataFrame, labels: pd.Series) -> list[str]:
     notes = []
     by_id = table.set_index("config_id")
-    shared = [c for c in table.columns if c.startswith("params.") and not c.startswith("params.dp.")]
-    shared = [c for c in shared if c.removeprefix("params.") not in ROW_KIND_PARAMS]
+    shared = [c for c in table.columns if c.startswith("params.") and _baseline_key(c.removeprefix("params."))]
     for _, row in table[table["private"] & table["baseline_config_id"].notna()].iterrows():
         base = by_id.loc[row["baseline_config_id"]]
         differ = [
@@ -850,6 +963,62 @@ def task_notes(table: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
     return notes
 
 
+def privacy_kind_notes(table: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
+    """When the table shows mechanism and unit (shows_privacy_kinds): what each mechanism of its
+    private rows is, with the neighbouring relation its ε is for (tag dp.neighbours), and whom each
+    unit's ε protects, with N (dataset.num_users for unit=user). None otherwise."""
+    if not shows_privacy_kinds(table):
+        return []
+    private = table[table["private"].astype(bool)]
+    done = runs[(runs["outcome"] == "finished") & runs["private"] & runs["config_id"].isin(private["config_id"])]
+    run_mechanisms = privacy_kinds(done)["mechanism"]
+    neighbours = column(done, "tags.dp.neighbours")
+    parts = []
+    for mechanism in sorted(set(private["mechanism"].dropna()), key=mechanism_order):
+        mine = neighbours[run_mechanisms == mechanism].dropna()
+        relations = sorted({str(n) for n in mine}) or [_default_neighbours(mechanism)]
+        relation = " / ".join(NEIGHBOUR_NOTES.get(r, r) for r in relations)
+        name = MECHANISM_NAMES.get(mechanism, mechanism)
+        what = f"{name}, {MECHANISM_NOTES[mechanism]}" if mechanism in MECHANISM_NOTES else name
+        parts.append(f"{mechanism} = {what} (ε for neighbouring datasets differing in {relation})")
+    lines = ["Mechanism: " + "; ".join(parts) + "."]
+    units = []
+    unit_of_row = row_units(private)
+    for unit in sorted(set(unit_of_row), key=lambda u: (u != PrivacyUnit.example.value, u)):
+        if unit == PrivacyUnit.example.value:
+            units.append("unit=example: ε per example (protects one training example; N = training examples)")
+        elif unit == PrivacyUnit.user.value:
+            users = column(private, "params.dataset.num_users")[unit_of_row == unit].dropna()
+            n = ", ".join(sorted({_text(v) for v in users}, key=_sort_key)) or "?"
+            units.append(
+                "unit=user: ε per user (protects all of one user's examples, at most dp.max_examples_per_user "
+                f"of them per step; N = users, dataset.num_users = {n})"
+            )
+        else:
+            units.append(f"unit={unit}: ε per {unit}")
+    line = "Unit: whom each row's ε protects. " + "; ".join(units) + "."
+    if len(units) > 1:
+        line += (
+            " ε per example and ε per user are different guarantees: compare rows of one unit (one Pareto front each)."
+        )
+    return [*lines, line]
+
+
+def mechanism_order(mechanism: str) -> tuple[int, str]:
+    """Mechanisms in dpsweep.config.Mechanism's order (dpsgd first), unknown ones after, by name."""
+    known = [m.value for m in Mechanism]
+    return (known.index(mechanism) if mechanism in known else len(known), mechanism)
+
+
+def _default_neighbours(mechanism: str) -> str:
+    """The neighbouring relation of a mechanism's ε, for runs without the dp.neighbours tag."""
+    if mechanism == Mechanism.dpsgd.value:
+        return DEFAULT_NEIGHBOURS
+    from dpsweep.ledger import NEIGHBOURS_OF  # dp-accounting takes a second to import: only when needed
+
+    return NEIGHBOURS_OF.get(mechanism, "?")
+
+
 # ---------------------------------------------------------------------------------------------
 # the report
 # ---------------------------------------------------------------------------------------------
@@ -885,6 +1054,7 @@ class Report:
             f"ε: final ε under each row's accountant at its δ. {score_note(self.table)}: mean ± sample std over "
             "seeds, in %. Drop: non-private baseline minus row, in percentage points.",
         ]
+        lines += privacy_kind_notes(self.table, self.table_runs)
         lines += [OBJECTIVE_NOTES[m] + "." for m in score_metrics(self.table) if m in OBJECTIVE_NOTES]
         lines += task_notes(self.table, self.table_runs)
         return lines + [f"warning: {w}" for w in self.warnings]
@@ -975,7 +1145,7 @@ def display_columns(table: pd.DataFrame) -> list[tuple[str, str, Cell]]:
     """(header, LaTeX header, cell formatter) per column of the paper table."""
 
     def param(key: str) -> Cell:
-        return lambda row: _text(row[f"params.{key}"]) if row["private"] or not key.startswith("dp.") else "—"
+        return lambda row: _text(row[f"params.{key}"]) if _row_applies(row, key) else "—"
 
     cols: list[tuple[str, str, Cell]] = [
         ("dataset", "dataset", lambda r: _text(r["dataset"])),
@@ -996,12 +1166,28 @@ def display_columns(table: pd.DataFrame) -> list[tuple[str, str, Cell]]:
     cols += [
         ("δ", r"$\delta$", lambda r: _num(r["delta"], "g")),
         ("accountant", "accountant", lambda r: str(r["accountant"]) if r["private"] else "non-private"),
+    ]
+    if shows_privacy_kinds(table):  # whom each ε protects, and how its noise was added
+        cols += [(name, name, _privacy_kind(name)) for name in PRIVACY_KINDS]
+    cols += [
         ("ε", r"$\varepsilon$", lambda r: _epsilon(r["epsilon"])),
         (score, _latex_cell(score), _accuracy),
         ("drop (pp)", "drop (pp)", lambda r: _num(r["accuracy_drop"] * PERCENT, ".2f")),
         ("runs", "runs", lambda r: str(int(r["runs"]))),
     ]
     return cols
+
+
+def _privacy_kind(name: str) -> Cell:
+    """A private row's mechanism or unit (the default where unknown); a dash for a non-private row."""
+
+    def cell(row: pd.Series) -> str:
+        if not row["private"]:
+            return "—"
+        value = row.get(name)
+        return PRIVACY_KIND_DEFAULTS[name] if value is None or pd.isna(value) else str(value)
+
+    return cell
 
 
 def _shows_tasks(table: pd.DataFrame) -> bool:
@@ -1038,7 +1224,7 @@ def paper_table(table: pd.DataFrame, latex: bool = False) -> pd.DataFrame:
     return pd.DataFrame(cells, columns=[tex if latex else plain for plain, tex, _ in cols])
 
 
-TEXT_COLUMNS = ("dataset", "model", "task", "accountant")
+TEXT_COLUMNS = ("dataset", "model", "task", "accountant", *PRIVACY_KINDS)
 
 
 def _right_aligned(shown: pd.DataFrame) -> list[bool]:
@@ -1075,7 +1261,8 @@ def to_csv(report: Report) -> str:
     table = report.table
     extras = [f"params.{k}" for k in extra_columns(table)]
     kinds = ["dataset", "model", *(["task"] if _shows_tasks(table) else [])]
-    names = ["config_id", *kinds, *SETTING_COLUMNS, "private", *extras, "epsilon", "test_accuracy_mean"]
+    privacy = list(PRIVACY_KINDS) if shows_privacy_kinds(table) else []
+    names = ["config_id", *kinds, *SETTING_COLUMNS, *privacy, "private", *extras, "epsilon", "test_accuracy_mean"]
     names += ["test_accuracy_std", "accuracy_drop", "runs", "runs_without_accuracy", "run_ids"]
     names += [m for m in MEMORISATION_METRICS if m in table and table[m].notna().any()]
     out = table[names].rename(columns={e: e.removeprefix("params.") for e in extras})

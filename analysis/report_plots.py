@@ -11,7 +11,10 @@ Files, one panel per dataset and model:
 
 - ``pareto.png``: test accuracy (%) against ε, each config with its seed-to-seed std; the Pareto
   front highlighted; the non-private baseline as a horizontal line. The accuracy is each row's
-  score, its task's objective: a GAN block's axes say TSTR accuracy.
+  score, its task's objective: a GAN block's axes say TSTR accuracy. Once a private row is not
+  DP-SGD over examples (``report.shows_privacy_kinds``), the configs are coloured by mechanism
+  (DP-SGD blue, DP-FTRL orange) and user-level rows (ε per user) drawn as squares, each with a
+  legend entry, and the Pareto front is one per privacy unit (``report.pareto_front``).
 - ``accuracy_vs_<param>.png``, one per swept hyperparameter (e.g. ``accuracy_vs_dp.noise_multiplier.png``):
   test accuracy against its values, one line per setting of the other swept hyperparameters.
 - ``curves.png``: test accuracy against epoch (top) and ε against epoch (below), for chosen runs
@@ -56,6 +59,12 @@ MIB = 2.0**20
 MAX_LEGEND_ENTRIES = 8
 MAX_BASELINES = 3  # non-private rows drawn as lines; with more, only the most accurate
 MAX_MEMORY_GROUPS = 15  # beyond this, memory.png keeps the groups with the largest run peak
+# pareto.png with mechanisms and units (report.shows_privacy_kinds): a colour per mechanism, a marker per unit
+MECHANISM_COLORS = {"dpsgd": "tab:blue", "dpftrl": "tab:orange"}  # DP-SGD keeps the colour of every config before
+SPARE_COLORS = ("tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")  # other mechanisms
+UNIT_MARKERS = {"example": "o", "user": "s"}  # circles: ε per example; squares: ε per user
+UNIT_LABELS = {"example": "ε per example", "user": "ε per user (N = users)"}
+FRONT_STYLES = {"example": "-D", "user": "--s"}  # the Pareto front of each unit
 STAGE_LABELS = {
     "model_load_bytes": "model load",
     "batch_load_bytes": "batch load",
@@ -136,33 +145,95 @@ def _baselines(ax: Axes, baseline: pd.DataFrame, labels: pd.Series) -> None:
         ax.axhline(acc, color="black", linestyle="--", linewidth=1, alpha=0.8 - 0.2 * i, label=f"{name}: {acc:.1f}%")
 
 
-def plot_pareto(table: pd.DataFrame, path: Path, style: FigureStyle = FigureStyle()) -> Path:
-    """Test accuracy against ε per config; the Pareto front highlighted; the baseline as a line."""
+def pareto_figure(table: pd.DataFrame) -> Figure:
+    """Test accuracy against ε per config; the Pareto front highlighted; the baseline as a line.
+    With mechanisms or units other than DP-SGD over examples: a colour per mechanism, a marker per
+    unit (squares: user level), each with a legend entry, and a front per unit."""
     front = set(rep.pareto_front(table)["config_id"])
     labels = rep.config_labels(table)
+    kinds = rep.shows_privacy_kinds(table)
+    colors = _mechanism_colors(table) if kinds else {}
     panels = _panels(table)
     fig, axes = _figure(len(panels))
     for ax, (title, rows) in zip(axes, panels, strict=True):
         dp = rows[rows["private"] & rows["epsilon"].notna() & rows["test_accuracy_mean"].notna()]
-        on = dp[dp["config_id"].isin(front)].sort_values("epsilon")
-        ax.errorbar(
-            dp["epsilon"], dp["test_accuracy_mean"] * PERCENT, yerr=dp["test_accuracy_std"].fillna(0) * PERCENT,
-            fmt="o", color="tab:blue", alpha=0.6, capsize=3, label="configs (mean ± std over seeds)",
-        )  # fmt: skip
-        ax.plot(on["epsilon"], on["test_accuracy_mean"] * PERCENT, "-D", color="crimson", markersize=7,
-                drawstyle="steps-post", label="Pareto front")  # fmt: skip
-        for i, (_, row) in enumerate(on.iterrows()):  # staggered, so that close points stay legible
-            xy = (row["epsilon"], row["test_accuracy_mean"] * PERCENT)
-            ax.annotate(labels.get(row["config_id"], ""), xy, textcoords="offset points", xytext=(4, 6 + 9 * (i % 3)),
-                        fontsize=7, color="crimson")  # fmt: skip
+        if kinds:
+            _points_by_kind(ax, dp, colors)
+        else:
+            ax.errorbar(
+                dp["epsilon"], dp["test_accuracy_mean"] * PERCENT, yerr=dp["test_accuracy_std"].fillna(0) * PERCENT,
+                fmt="o", color="tab:blue", alpha=0.6, capsize=3, label="configs (mean ± std over seeds)",
+            )  # fmt: skip
+        on_front = dp[dp["config_id"].isin(front)]
+        units = rep.row_units(on_front)
+        fronts = sorted(set(units), key=_unit_order) or ["example"]  # none: an empty front, as before units
+        shown = 0  # annotations staggered over all fronts, so that close points stay legible
+        for unit in fronts:
+            on = on_front[units == unit].sort_values("epsilon")
+            name = "Pareto front" if len(fronts) == 1 else f"Pareto front (per {unit})"
+            ax.plot(on["epsilon"], on["test_accuracy_mean"] * PERCENT, FRONT_STYLES.get(unit, "-D"), color="crimson",
+                    markersize=7, drawstyle="steps-post", label=name)  # fmt: skip
+            for _, row in on.iterrows():
+                xy = (row["epsilon"], row["test_accuracy_mean"] * PERCENT)
+                ax.annotate(labels.get(row["config_id"], ""), xy, textcoords="offset points",
+                            xytext=(4, 6 + 9 * (shown % 3)), fontsize=7, color="crimson")  # fmt: skip
+                shown += 1
         _baselines(ax, rows[~rows["private"]], labels)
         _log_scale_if_wide(ax, list(dp["epsilon"]))
-        ax.set_xlabel(_privacy_label(dp if not dp.empty else rows))
+        ax.set_xlabel(_privacy_label(dp if not dp.empty else rows) + (_unit_label(dp) if kinds else ""))
         ax.set_ylabel(_score_label(rows))
         ax.set_title(f"{title}: privacy–accuracy trade-off", fontsize=10)
         ax.grid(alpha=0.3)
         _legend_outside(ax)
-    return _save(fig, path, style)
+    return fig
+
+
+def plot_pareto(table: pd.DataFrame, path: Path, style: FigureStyle = FigureStyle()) -> Path:
+    """:func:`pareto_figure`, written to ``path``."""
+    return _save(pareto_figure(table), path, style)
+
+
+def _unit_order(unit: str) -> tuple[bool, str]:
+    return (unit != "example", unit)
+
+
+def _mechanism_colors(table: pd.DataFrame) -> dict[str, str]:
+    """A colour per mechanism of the table's private rows (MECHANISM_COLORS, then SPARE_COLORS)."""
+    present = sorted({str(m) for m in table.loc[table["private"].astype(bool), "mechanism"].dropna()},
+                     key=rep.mechanism_order)  # fmt: skip
+    spare = iter(SPARE_COLORS * (1 + len(present) // len(SPARE_COLORS)))
+    return {m: MECHANISM_COLORS[m] if m in MECHANISM_COLORS else next(spare) for m in present}
+
+
+def _points_by_kind(ax: Axes, dp: pd.DataFrame, colors: dict[str, str]) -> None:
+    """The private configs, coloured by mechanism, marked by unit; legend entries for each mechanism
+    present and, where a unit other than the example is present, for each unit."""
+    mechanisms = dp["mechanism"].astype(object).fillna(rep.PRIVACY_KIND_DEFAULTS["mechanism"]).map(str)
+    units = rep.row_units(dp).map(str)
+    for (mechanism, unit), group in dp.groupby([mechanisms, units], sort=True):
+        ax.errorbar(
+            group["epsilon"], group["test_accuracy_mean"] * PERCENT,
+            yerr=group["test_accuracy_std"].fillna(0) * PERCENT, fmt=UNIT_MARKERS.get(unit, "^"),
+            color=colors.get(mechanism, "gray"), alpha=0.6, capsize=3, label="_nolegend_",
+        )  # fmt: skip
+    for mechanism in sorted(set(mechanisms), key=rep.mechanism_order):  # legend: the colours, then the markers
+        name = rep.MECHANISM_NAMES.get(mechanism, mechanism)
+        ax.plot([], [], "o", color=colors.get(mechanism, "gray"), alpha=0.6,
+                label=f"{name} configs (mean ± std over seeds)")  # fmt: skip
+    if set(units) - {"example"}:
+        for unit in sorted(set(units), key=_unit_order):
+            ax.plot([], [], UNIT_MARKERS.get(unit, "^"), color="dimgray", label=UNIT_LABELS.get(unit, f"ε per {unit}"))
+
+
+def _unit_label(dp: pd.DataFrame) -> str:
+    """What the ε axis measures per unit: ``, per user``, or which marker is which when mixed."""
+    units = sorted({str(u) for u in rep.row_units(dp)}, key=_unit_order)
+    if not units:
+        return ""
+    if len(units) == 1:
+        return f", per {units[0]}"
+    shapes = {"o": "circles", "s": "squares", "^": "triangles"}
+    return "\n" + "; ".join(f"per {u} ({shapes[UNIT_MARKERS.get(u, '^')]})" for u in units)
 
 
 def _axis_values(values: pd.Series) -> tuple[pd.Series, list[str] | None]:
@@ -184,6 +255,7 @@ def plot_accuracy_vs(table: pd.DataFrame, key: str, path: Path, style: FigureSty
     fig, axes = _figure(len(panels))
     for ax, (title, rows) in zip(axes, panels, strict=True):
         usable = rows[rows[f"params.{key}"].notna() & rows["test_accuracy_mean"].notna()]
+        usable = usable[rep.key_applies(usable, key)]  # dp.*: the private rows (the baseline is a line)
         x, names = _axis_values(usable[f"params.{key}"].map(rep._text))
         usable = usable.assign(_x=x)
         series = list(usable.groupby([usable["private"], *[usable[f"params.{k}"].fillna("—") for k in others]],
@@ -199,7 +271,7 @@ def plot_accuracy_vs(table: pd.DataFrame, key: str, path: Path, style: FigureSty
             marks = "-o" if private else "--s"  # non-private lines dashed, with square markers
             [drawn] = ax.plot(xs, mean, marks, markersize=4, label=name if len(series) <= MAX_LEGEND_ENTRIES else None)
             ax.vlines(xs, mean - std, mean + std, colors=drawn.get_color(), linewidth=1)  # ± std over seeds
-        if key.startswith("dp."):
+        if rep.private_only(key):
             _baselines(ax, rows[~rows["private"]], labels)
         if names is not None:
             ax.set_xticks(range(len(names)), names)
@@ -387,7 +459,7 @@ def plot_gan_samples(report: rep.Report, path: Path, style: FigureStyle = Figure
     return _save(fig, path, style)
 
 
-LABEL_KEYS = (*rep.HYPERPARAMETERS.values(), "dp.enabled", "train.seed")  # what a curve's label may name
+LABEL_KEYS = (*rep.HYPERPARAMETERS.values(), *rep.PRIVACY_KINDS.values(), "dp.enabled", "train.seed")  # label keys
 
 
 def run_labels(report: rep.Report, run_ids: Sequence[str]) -> dict[str, str]:
@@ -395,14 +467,28 @@ def run_labels(report: rep.Report, run_ids: Sequence[str]) -> dict[str, str]:
     params, dataset and model included when they differ); the run id only where nothing differs."""
     runs = report.table_runs.set_index("run_id")
     keys = [k for k in LABEL_KEYS if f"params.{k}" in runs.columns]
-    values = {k: {r: rep._text(runs.at[r, f"params.{k}"]) for r in run_ids} for k in keys}
-    differing = [k for k in keys if len(set(values[k].values())) > 1]
+    values = {k: {r: rep._text(_label_value(runs, r, k)) for r in run_ids} for k in keys}
+    private = {r: bool(runs.at[r, "private"]) for r in run_ids}
+
+    def named(k: str, r: str) -> bool:  # a non-private run has no mechanism or unit to tell it apart by
+        return private[r] or k not in rep.DEFAULT_OF_PARAM
+
+    differing = [k for k in keys if len({v for r, v in values[k].items() if named(k, r)}) > 1]
     out = {}
     for r in run_ids:
-        parts = [f"{rep.SHORT_NAMES.get(k, k.rsplit('.', 1)[-1])}={values[k][r]}" for k in differing]
+        parts = [f"{rep.SHORT_NAMES.get(k, k.rsplit('.', 1)[-1])}={values[k][r]}" for k in differing if named(k, r)]
         parts = [p.replace("enabled=False", "non-private").replace("enabled=True", "DP") for p in parts]
         out[r] = ", ".join(parts) or f"run {r[:8]}"
     return out
+
+
+def _label_value(runs: pd.DataFrame, run_id: str, key: str) -> object:
+    """A run's param ``key``; a private run without dp.mechanism or dp.unit (from before them): the default."""
+    value = runs.at[run_id, f"params.{key}"]
+    missing = value is None or (isinstance(value, float) and math.isnan(value))
+    if missing and key in rep.DEFAULT_OF_PARAM and bool(runs.at[run_id, "private"]):
+        return rep.DEFAULT_OF_PARAM[key]
+    return value
 
 
 def plot_report(

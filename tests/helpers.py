@@ -187,3 +187,11 @@ def visible_text(dom: str) -> str:
 
     text = re.sub(r"<(script|style)\b.*?</\1>", " ", dom, flags=re.S)
     return "\n".join(line.strip() for line in re.sub(r"<[^>]+>", "\n", text).splitlines() if line.strip())
+
+
+def fresh_store(folder: Path, experiment: str) -> tuple[str, list[str]]:
+    """An sqlite MLflow store in ``folder`` with ``experiment`` created, its artifacts in ``folder``
+    too (wherever the tests run from), and the overrides that track a run into it."""
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    MlflowClient(uri).create_experiment(experiment, artifact_location=(folder / "mlruns").as_uri())
+    return uri, [f"tracking.uri={uri}", f"tracking.experiment_name={experiment}"]

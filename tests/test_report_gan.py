@@ -17,6 +17,7 @@ from statistics import mean, stdev
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import fresh_store
 from hydra import compose, initialize_config_module
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
@@ -50,10 +51,7 @@ class GanStore:
 def gan_store(tmp_path_factory: pytest.TempPathFactory) -> GanStore:
     """2 seeds of a DP GAN (σ=1.2) and 2 of the non-private GAN, 1 epoch each, in their own store."""
     cwd = tmp_path_factory.mktemp("report-gan")
-    uri = f"sqlite:///{cwd / 'mlflow.db'}"
-    # artifacts (the sample grids) in the temporary directory, wherever the tests run from
-    MlflowClient(uri).create_experiment(EXPERIMENT, artifact_location=(cwd / "mlruns").as_uri())
-    tracking = [f"tracking.uri={uri}", f"tracking.experiment_name={EXPERIMENT}"]
+    uri, tracking = fresh_store(cwd, EXPERIMENT)
     ids: dict[str, list[str]] = {"private": [], "public": []}
     with initialize_config_module("dpsweep.conf", version_base="1.3"):
         for kind, dp in (("private", "dp.noise_multiplier=1.2"), ("public", "dp=off")):
