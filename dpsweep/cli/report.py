@@ -9,7 +9,9 @@ One row per config (runs equal but for the seed): dataset, model, B, σ, C, lr, 
 accountant, ε, test accuracy mean ± std over seeds, its drop against the non-private baseline of
 the same dataset and model, and the number of runs. A run's accuracy is its task's objective: a
 GAN run's (``task=gan``) is its TSTR accuracy, its rows show model ``gan`` (and a task column), and
-the notes give the same classifier's accuracy on real data and the memorisation share. Only
+the notes give the same classifier's accuracy on real data and the memorisation share. Where a
+private row is not example-level DP-SGD, the ``mechanism`` (dpsgd, dpftrl) and ``unit`` (example,
+user: whom its ε protects) columns appear, with notes; the Pareto plot colours by mechanism. Only
 FINISHED runs count; the notes say how many failed, were pruned or are still running, and warn
 about mixed accountants or δ and missing metrics. With ``--out DIR`` the table is also written to
 ``DIR/report.<format>`` with the plots (pareto.png, accuracy_vs_<param>.png, curves.png,
