@@ -364,16 +364,24 @@ def user_contributions(
     if len(x) == 0:
         return {k: p.new_zeros((num_segments, *p.shape)) for k, p in params.items()}
     per_example = per_example_gradients(model, loss_fn, x, y, chunk_size=chunk_size)
+    if num_segments == len(x) and bool((segment == torch.arange(len(x), device=segment.device)).all()):
+        means = per_example  # one example per segment (example-level DP-FTRL): each is its own mean
+    else:
+        means = _segment_means(per_example, segment, num_segments)
+    norms = torch.stack([m.flatten(1).norm(2, dim=1) for m in means.values()], dim=1).norm(2, dim=1)
+    factor = (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+    return {k: m * factor.to(m.dtype).view(-1, *([1] * (m.ndim - 1))) for k, m in means.items()}
+
+
+def _segment_means(per_example: dict[str, Tensor], segment: Tensor, num_segments: int) -> dict[str, Tensor]:
+    """The mean per-example gradient of each segment ``{name: (num_segments, *shape)}`` (zeros for an empty one)."""
     first = next(iter(per_example.values()))
     # (num_segments, n): row u averages user u's examples. A matmul rather than index_add_, which is
     # slow on CPU and adds in a nondeterministic order on CUDA.
     members = segment.to(first.device).unsqueeze(0) == torch.arange(num_segments, device=first.device).unsqueeze(1)
     average = members.to(first.dtype)
     average /= average.sum(dim=1, keepdim=True).clamp(min=1)
-    means = {k: (average @ g.flatten(1)).view(num_segments, *g.shape[1:]) for k, g in per_example.items()}
-    norms = torch.stack([m.flatten(1).norm(2, dim=1) for m in means.values()], dim=1).norm(2, dim=1)
-    factor = (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
-    return {k: m * factor.to(m.dtype).view(-1, *([1] * (m.ndim - 1))) for k, m in means.items()}
+    return {k: (average @ g.flatten(1)).view(num_segments, *g.shape[1:]) for k, g in per_example.items()}
 
 
 def user_level_gradient(

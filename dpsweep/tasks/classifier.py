@@ -148,18 +148,16 @@ class ClassifierRun:
         return Checkpointed(self.model, self.optimizer, None, self.generator)
 
     def _own_epoch(self, epoch: int, stages: Stages) -> dict[str, float]:
+        """An epoch of DP-FTRL or user-level DP-SGD; no train_loss (never released with DP: not computed)."""
         assert self.own is not None
         self.model.train()
         sigma = self.inputs.plan.noise_multiplier
         assert sigma is not None
-        loss_sum, seen = torch.zeros((), device=self.device), 0
         for batch in self.unit_batches:
-            loss = self.own.step(batch, self.expected_units, sigma, stages)
+            self.own.step(batch, self.expected_units, sigma, stages)
             stages.stepped()
-            loss_sum += loss * len(batch[1])
-            seen += len(batch[1])
         self.own.end_epoch(epoch)
-        return {"train_loss": float(loss_sum) / max(seen, 1)}
+        return {}
 
     def _private_clipping_norm(self) -> float:
         """C for dp.clipping=quantile (``dpsweep.clipping``): per-example gradient norms at initialisation
@@ -252,12 +250,13 @@ class ClassifierRun:
         make the measured batch random)."""
         x, y = self._exact_batch(self.generator, self.cfg.train.batch_size)
         self.model.train()
-        if self.own is not None:
+        if self.own is not None:  # always DP: no loss released
             sigma = self.inputs.plan.noise_multiplier
             assert sigma is not None
-            loss = self.own.step(next(iter(self.exact)), self.expected_units, sigma, stages)
-        else:
-            loss, _ = train_pass(self.trainer, (x, y), stages)
+            self.own.step(next(iter(self.exact)), self.expected_units, sigma, stages)
+            stages.stepped()
+            return {}
+        loss, _ = train_pass(self.trainer, (x, y), stages)
         stages.stepped()
         # Without DP the loss is a plain training metric; with DP it would be an un-noised statistic of
         # private examples that no accountant covers, so it is not released.
