@@ -32,6 +32,7 @@ GAN_RUNS = pytest.mark.xdist_group("report_gan")  # the tests of the trained run
 EXPERIMENT = "gan-report"
 QUICK = [
     "task=gan", "train.epochs=1", "gan.tstr_epochs=1", "gan.critic_width=8", "gan.generator_width=16",
+    "dataset.test_fraction=0.75",  # 449 training images: 8 critic steps, a quarter of the work
     "gan.memorisation_samples=100", "tracking.log_model=false", "train.progress=false",
 ]  # fmt: skip
 
