@@ -79,8 +79,7 @@ class FixedOrderBatches:
         num_units = int(unit.max()) + 1
         order = torch.randperm(num_units, generator=rng)
         keep = torch.randperm(n, generator=rng)  # a seeded rank per example: each user keeps its m first
-        members: list[Tensor] = []
-        by_unit = [[] for _ in range(num_units)]  # type: list[list[int]]
+        by_unit: list[list[int]] = [[] for _ in range(num_units)]
         for i in keep.tolist():
             u = int(unit[i])
             if len(by_unit[u]) < max_examples:

@@ -249,8 +249,8 @@ def _dpftrl(a: argparse.Namespace) -> dict[str, Any]:
         raise InputError("-e/--epochs", None, "the number of epochs with --mechanism dpftrl (calibrate σ with -e)")
     steps_per_epoch = math.ceil(a.dataset_size / a.batch_size)  # each example in one batch per epoch
     shape = (steps_per_epoch, a.epochs, a.restart_every, a.tree_completion)
-    try:  # checks the restart period against the run
-        ftrl_accounting.ftrl_sensitivity_squared(*shape)
+    try:  # also checks the restart period against the run
+        sensitivity_squared = ftrl_accounting.ftrl_sensitivity_squared(*shape)
     except InputError as err:
         flag = {"dp.ftrl_restart_every": "--restart-every", "train.epochs": "-e/--epochs"}.get(err.key, err.key)
         raise InputError(flag, err.value, err.allowed) from err
@@ -265,7 +265,7 @@ def _dpftrl(a: argparse.Namespace) -> dict[str, Any]:
         "mechanism": "dpftrl", "epsilon": eps, "delta": a.delta, "alpha": None, "steps": steps_per_epoch * a.epochs,
         "epochs": a.epochs, "steps_per_epoch": steps_per_epoch, "sample_rate": None, "noise_multiplier": sigma,
         "restart_every": a.restart_every, "tree_completion": a.tree_completion,
-        "sensitivity_squared": ftrl_accounting.ftrl_sensitivity_squared(*shape), "accountant": a.accountant,
+        "sensitivity_squared": sensitivity_squared, "accountant": a.accountant,
         "conversion": a.conversion if a.accountant == "rdp" else None, "neighbours": "replace_one_with_zero",
     }  # fmt: skip
     if a.target_epsilon is not None:

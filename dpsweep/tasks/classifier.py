@@ -143,7 +143,7 @@ class ClassifierRun:
                 x, y, unit, expected_users_per_step=B, max_examples_per_user=m, device=device, generator=self.generator
             )
             self.unit_batches, self.expected_units = sampled, sampled.expected_users
-        self.own = func_dp.OwnSteps(cfg, self.model, self.criterion, self.optimizer)
+        self.own, self.sigma = func_dp.OwnSteps(cfg, self.model, self.criterion, self.optimizer), sigma
         self.max_grad_norm = cfg.dp.max_grad_norm
         return Checkpointed(self.model, self.optimizer, None, self.generator)
 
@@ -151,13 +151,16 @@ class ClassifierRun:
         """An epoch of DP-FTRL or user-level DP-SGD; no train_loss (never released with DP: not computed)."""
         assert self.own is not None
         self.model.train()
-        sigma = self.inputs.plan.noise_multiplier
-        assert sigma is not None
         for batch in self.unit_batches:
-            self.own.step(batch, self.expected_units, sigma, stages)
+            self.own.step(batch, self.expected_units, self.sigma, stages)
             stages.stepped()
         self.own.end_epoch(epoch)
         return {}
+
+    def _own_exact_step(self, stages: Marks) -> None:
+        """One DP step on exactly B units, the fixed order's first batch (memory stages, probes)."""
+        assert self.own is not None
+        self.own.step(next(iter(self.exact)), self.expected_units, self.sigma, stages)
 
     def _private_clipping_norm(self) -> float:
         """C for dp.clipping=quantile (``dpsweep.clipping``): per-example gradient norms at initialisation
@@ -217,19 +220,17 @@ class ClassifierRun:
         device = self.device
         # first: iterating a DataLoader draws its base seed from the global generator
         rng = torch.get_rng_state(), torch.cuda.get_rng_state_all() if device.type == "cuda" else None
-        size = self.inputs.plan.physical_batch_size or self.cfg.train.batch_size  # one pass, as training makes
-        x, y = self._exact_batch(torch.Generator().manual_seed(self.cfg.train.seed), size)
         # As bytes, not tensors: the CPU twin's census would count a copy held as tensors.
         trainable = io.BytesIO()
         torch.save({n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad}, trainable)
         optimizer_state = copy.deepcopy(self.optimizer.state_dict())
         history = list(self.engine.accountant.history) if self.engine is not None else []
         self.model.train()
-        if self.own is not None:  # B units in the order's first batch
-            sigma = self.inputs.plan.noise_multiplier
-            assert sigma is not None
-            self.own.step(next(iter(self.exact)), self.expected_units, sigma, stages)
+        if self.own is not None:
+            self._own_exact_step(stages)
         else:
+            size = self.inputs.plan.physical_batch_size or self.cfg.train.batch_size  # one pass, as training makes
+            x, y = self._exact_batch(torch.Generator().manual_seed(self.cfg.train.seed), size)
             train_pass(self.trainer, (x, y), stages)
         self.optimizer.zero_grad(set_to_none=True)
         trainable.seek(0)
@@ -248,14 +249,12 @@ class ClassifierRun:
     def probe(self, stages: Stages) -> dict[str, float]:
         """The first iteration only, on exactly ``train.batch_size`` examples (a Poisson batch would
         make the measured batch random)."""
-        x, y = self._exact_batch(self.generator, self.cfg.train.batch_size)
         self.model.train()
         if self.own is not None:  # always DP: no loss released
-            sigma = self.inputs.plan.noise_multiplier
-            assert sigma is not None
-            self.own.step(next(iter(self.exact)), self.expected_units, sigma, stages)
+            self._own_exact_step(stages)
             stages.stepped()
             return {}
+        x, y = self._exact_batch(self.generator, self.cfg.train.batch_size)
         loss, _ = train_pass(self.trainer, (x, y), stages)
         stages.stepped()
         # Without DP the loss is a plain training metric; with DP it would be an un-noised statistic of
