@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from multiprocessing.context import ForkServerContext
 from pathlib import Path
+from typing import Any
 
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
@@ -195,3 +196,24 @@ def fresh_store(folder: Path, experiment: str) -> tuple[str, list[str]]:
     uri = f"sqlite:///{folder / 'mlflow.db'}"
     MlflowClient(uri).create_experiment(experiment, artifact_location=(folder / "mlruns").as_uri())
     return uri, [f"tracking.uri={uri}", f"tracking.experiment_name={experiment}"]
+
+
+def train_interrupted(cfg: DictConfig, task_run: type, epoch: int) -> None:
+    """Train ``cfg`` until ``task_run.train_epoch`` (a TaskRun class) reaches ``epoch``, then raise
+    KeyboardInterrupt there, as SIGTERM is turned into (dpsweep.tracking.terminate_as_interrupt): the
+    run ends KILLED with the checkpoint of epoch - 1. The class is as it was afterwards."""
+    import pytest
+
+    from dpsweep.train import train
+
+    original = task_run.train_epoch
+
+    def interrupted(self: Any, at: int, stages: Any) -> dict[str, float]:
+        if at == epoch:
+            raise KeyboardInterrupt
+        return original(self, at, stages)  # type: ignore[no-any-return]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(task_run, "train_epoch", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            train(cfg)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import Composer, child_runs, run_dpsweep, run_main, runs_of
+from helpers import Composer, child_runs, run_dpsweep, run_main, runs_of, train_interrupted
 from mlflow.tracking import MlflowClient
 
 from dpsweep import privacy, synthetic
@@ -114,25 +114,15 @@ def test_stop_at_budget_stops_at_the_last_step_within_it(make_cfg: Composer, cli
 
 @pytest.mark.slow
 def test_an_interrupted_gan_run_resumes_to_the_same_generator_and_epsilon(
-    tmp_path: Path, make_cfg: Composer, client: MlflowClient, experiment_name: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, make_cfg: Composer, client: MlflowClient, experiment_name: str
 ) -> None:
     args = [*QUICK, "train.epochs=2", "dp.noise_multiplier=1.2", "gan.memorisation_check=false"]
     straight = train(make_cfg(*args, "tracking.experiment_name=straight"))
 
-    original = gan_task.GanRun.train_epoch
-
-    def interrupted(self: gan_task.GanRun, epoch: int, stages: object) -> dict[str, float]:
-        if epoch == 2:
-            raise KeyboardInterrupt  # as SIGTERM is turned into (dpsweep.tracking.terminate_as_interrupt)
-        return original(self, epoch, stages)  # type: ignore[arg-type]
-
     cfg = make_cfg(*args, f"train.checkpoint_dir={tmp_path / 'ckpt'}")
-    monkeypatch.setattr(gan_task.GanRun, "train_epoch", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        train(cfg)
+    train_interrupted(cfg, gan_task.GanRun, epoch=2)
     [killed] = runs_of(client, experiment_name)
     assert killed.info.status == "KILLED"
-    monkeypatch.setattr(gan_task.GanRun, "train_epoch", original)
     resumed = train(cfg)
     assert resumed.run_id == killed.info.run_id and resumed.steps == 2 * STEPS_PER_EPOCH
     assert resumed.epsilons == straight.epsilons  # every critic step counted once, from the restored count

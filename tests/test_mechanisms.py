@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from dp_accounting import dp_event
-from helpers import Composer, runs_of
+from helpers import Composer, runs_of, train_interrupted
 from mlflow.tracking import MlflowClient
 
 from dpsweep import ftrl_accounting, privacy
@@ -106,24 +106,14 @@ def test_dpftrl_and_user_level_runs_log_the_epsilon_of_what_ran(make_cfg: Compos
 
 @pytest.mark.slow
 def test_an_interrupted_dpftrl_run_resumes_its_tree_exactly(
-    tmp_path: Path, make_cfg: Composer, client: MlflowClient, experiment_name: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, make_cfg: Composer, client: MlflowClient, experiment_name: str
 ) -> None:
     args = [*FTRL, "dp.noise_multiplier=3", "train.epochs=4", "dp.ftrl_restart_every=2", "dp.ftrl_tree_completion=true"]
     straight = train(make_cfg(*args, "tracking.experiment_name=straight"))
-    original = classifier.ClassifierRun.train_epoch
-
-    def interrupted(self: classifier.ClassifierRun, epoch: int, stages: object) -> dict[str, float]:
-        if epoch == 4:
-            raise KeyboardInterrupt  # after epoch 3: the second tree is half done
-        return original(self, epoch, stages)  # type: ignore[arg-type]
-
     cfg = make_cfg(*args, f"train.checkpoint_dir={tmp_path / 'ckpt'}")
-    monkeypatch.setattr(classifier.ClassifierRun, "train_epoch", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        train(cfg)
+    train_interrupted(cfg, classifier.ClassifierRun, epoch=4)  # after epoch 3: the second tree is half done
     [killed] = runs_of(client, experiment_name)
     assert killed.info.status == "KILLED"
-    monkeypatch.setattr(classifier.ClassifierRun, "train_epoch", original)
     resumed = train(cfg)
     assert resumed.run_id == killed.info.run_id and resumed.steps == straight.steps == 4 * 23
     assert resumed.epsilons == straight.epsilons
