@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import weakref
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -48,8 +50,8 @@ def test_cpu_twin_is_labelled_and_relative_to_its_baseline() -> None:
 
 
 def test_cpu_twin_is_not_fooled_by_garbage_of_an_earlier_run() -> None:
-    """Tensors an earlier in-process run left in a reference cycle are freed before the baseline,
-    not in the middle of the next run (where they would be subtracted from its figures)."""
+    """Tensors an earlier in-process run left in a reference cycle are frozen with the baseline, so
+    they are not freed in the middle of the next run (where they would be subtracted from its figures)."""
 
     class Cycle:
         def __init__(self) -> None:
@@ -61,6 +63,45 @@ def test_cpu_twin_is_not_fooled_by_garbage_of_an_earlier_run() -> None:
     kept = torch.ones(1000)
     gc.collect()
     assert monitor.allocated_bytes() == kept.untyped_storage().nbytes()
+    monitor.close()
+
+
+def test_cpu_twin_walks_only_what_came_after_its_baseline() -> None:
+    """The baseline is frozen (gc.freeze): a census sees new tensors, not a new view of a baseline
+    tensor's storage; close() collects the run's cycles and unfreezes the baseline."""
+    data = torch.zeros(25_000)  # 100,000 bytes, like a dataset loaded before the run
+    monitor = monitor_for(CPU)
+    assert gc.get_freeze_count() > 0
+    view = data[:10]  # a new tensor object on the baseline's storage: not new memory
+    new = torch.zeros(250)  # 1,000 bytes
+    assert monitor.allocated_bytes() == 1_000
+
+    class Cycle:
+        def __init__(self) -> None:
+            self.me = self
+
+    left = weakref.ref(Cycle())  # the run's garbage in a reference cycle
+    monitor.close()
+    assert gc.get_freeze_count() == 0 and left() is None
+    del view, new, data
+
+
+def test_a_monitor_never_closed_is_thawed_by_the_next() -> None:
+    data = torch.zeros(2_500)
+    first = monitor_for(CPU)  # never closed: data stays frozen, out of sight of a census ...
+    second = monitor_for(CPU)  # ... unless the next monitor thaws it for its baseline
+    view = data[:10]
+    assert second.allocated_bytes() == 0  # data's storage is in the second baseline
+    second.close()
+    assert gc.get_freeze_count() == 0
+    del first, view, data
+
+
+@pytest.fixture(autouse=True)
+def _thawed() -> Iterator[None]:
+    """Tests that leave a monitor open do not leave this test process's objects frozen."""
+    yield
+    gc.unfreeze()
 
 
 def test_recorder_levels_deltas_and_peaks() -> None:
