@@ -8,11 +8,12 @@ real torchvision loaders, reading from ``dataset.root`` and downloading only wit
 
 from __future__ import annotations
 
+import hashlib
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -20,13 +21,14 @@ import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch.utils.data import ConcatDataset, Dataset, TensorDataset
-from torchvision import datasets as tvd
-from torchvision import transforms as T
 
 from dpsweep.config import DatasetConfig, DigitsConfig, Flowers102Config, TorchvisionDatasetConfig
 from dpsweep.errors import InputError
 from dpsweep.facts import flowers102_image_size
 from dpsweep.registry import Registry
+
+if TYPE_CHECKING:  # torchvision is imported by the loaders that use it: digits runs never load it
+    from torchvision import transforms as T
 
 # Per-channel normalisation constants (the ones the datasets' reference code uses).
 MNIST_MEAN_STD = ((0.1307,), (0.3081,))
@@ -65,8 +67,31 @@ DATASETS: Registry[DatasetLoader] = Registry("dataset")
 
 
 def build(cfg: DatasetConfig) -> DataSplits:
-    """Load the dataset that ``cfg.name`` names."""
-    return DATASETS.get(cfg.name, key="dataset.name")(cfg)
+    """Load the dataset that ``cfg.name`` names. The last one loaded is kept for the next run of
+    this process with the same dataset config and the same files under ``dataset.root`` (the jobs
+    of an inline sweep): nothing trains in place on the splits, so they are shared as they are."""
+    key = repr(cfg) + _files_fingerprint(getattr(cfg, "root", None))  # a dataclass's repr: its type and fields
+    if _LAST.get("key") != key:
+        _LAST.clear()
+        _LAST.update(key=key, splits=DATASETS.get(cfg.name, key="dataset.name")(cfg))
+    splits: DataSplits = _LAST["splits"]
+    return splits
+
+
+_LAST: dict[str, Any] = {}  # the last dataset built: its key and its splits
+
+
+def _files_fingerprint(root: str | None) -> str:
+    """The path, size and modification time of every file under ``root`` ("" without a root): a
+    dataset whose files changed, appeared or went is loaded again."""
+    if root is None or not Path(root).is_dir():
+        return f"|{root}: none"
+    found = []
+    for path in sorted(Path(root).rglob("*")):
+        if path.is_file():
+            stat = path.stat()
+            found.append(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}")
+    return "|" + hashlib.sha256(";".join(found).encode()).hexdigest()
 
 
 def _splits(train: Dataset[Any], test: Dataset[Any], num_classes: int) -> DataSplits:
@@ -114,6 +139,8 @@ def load_digits_splits(cfg: DigitsConfig) -> DataSplits:
 # torchvision datasets
 # ---------------------------------------------------------------------------------------------
 def _transform(image_size: int | None, mean_std: tuple[tuple[float, ...], tuple[float, ...]]) -> T.Compose:
+    from torchvision import transforms as T
+
     steps: list[Any] = []
     if image_size is not None:
         steps += [T.Resize(image_size), T.CenterCrop(image_size)]
@@ -172,6 +199,8 @@ def _train_test(
 
 @DATASETS.register("mnist")
 def load_mnist(cfg: TorchvisionDatasetConfig) -> DataSplits:
+    from torchvision import datasets as tvd
+
     root = Path(cfg.root)
     make = _train_test(tvd.MNIST, cfg, _transform(cfg.image_size, MNIST_MEAN_STD), num_classes=10)
     how = (
@@ -182,6 +211,8 @@ def load_mnist(cfg: TorchvisionDatasetConfig) -> DataSplits:
 
 @DATASETS.register("cifar10")
 def load_cifar10(cfg: TorchvisionDatasetConfig) -> DataSplits:
+    from torchvision import datasets as tvd
+
     root = Path(cfg.root)
     make = _train_test(tvd.CIFAR10, cfg, _transform(cfg.image_size, CIFAR10_MEAN_STD), num_classes=10)
     how = "unpack cifar-10-python.tar.gz into dataset.root"
@@ -190,6 +221,8 @@ def load_cifar10(cfg: TorchvisionDatasetConfig) -> DataSplits:
 
 @DATASETS.register("flowers102")
 def load_flowers102(cfg: Flowers102Config) -> DataSplits:
+    from torchvision import datasets as tvd
+
     root = Path(cfg.root)
     tf = _transform(flowers102_image_size(cfg), IMAGENET_MEAN_STD)
 

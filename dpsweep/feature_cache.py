@@ -68,7 +68,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torchvision
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
@@ -331,6 +330,8 @@ def cached_splits(
     ``dataset_cfg`` is the dataset config as a plain dict (see :func:`cache_key`); ``batch_size`` is
     the extraction batch size (no effect on the features or on privacy).
     """
+    import torchvision  # for its version in the cache key: only runs with a feature cache load it
+
     cache = FeatureCache(root)
     weights = weights_fingerprint(model)
     loaded: dict[str, TensorDataset] = {}

@@ -11,16 +11,18 @@ from __future__ import annotations
 import pickle
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torchvision.models import VGG, VGG16_Weights, vgg16
 
 from dpsweep.config import CNNConfig, ConfigError, ModelConfig, VGG16FrozenConfig
 from dpsweep.errors import InputError
 from dpsweep.registry import Registry
+
+if TYPE_CHECKING:  # torchvision is imported where VGG16 is built: cnn runs never load it
+    from torchvision.models import VGG, VGG16_Weights
 
 
 class PretrainedWeightsError(InputError, FileNotFoundError):
@@ -138,6 +140,8 @@ class PooledHead(nn.Module):
 def _vgg16(pretrained: bool) -> VGG:
     """torchvision's VGG16, with ImageNet weights when ``pretrained``; a cached weights file that
     cannot be read (truncated, not a checkpoint) is bad input naming the file, not a torch traceback."""
+    from torchvision.models import vgg16
+
     if not pretrained:
         return vgg16(weights=None)
     weights = _imagenet_weights()
@@ -154,6 +158,8 @@ def _vgg16(pretrained: bool) -> VGG:
 
 def _imagenet_weights() -> VGG16_Weights:
     """ImageNet weights, from torch's cache or downloaded; a clear error when neither works."""
+    from torchvision.models import VGG16_Weights
+
     weights = VGG16_Weights.IMAGENET1K_V1
     cached = Path(torch.hub.get_dir()) / "checkpoints" / Path(weights.url).name
     if cached.exists():

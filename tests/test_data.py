@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
+from fabricate import fabricate_mnist
 
 from dpsweep import data
-from dpsweep.config import DigitsConfig
+from dpsweep.config import DigitsConfig, TorchvisionDatasetConfig
+from dpsweep.data import DatasetNotFoundError
 from dpsweep.registry import UnknownNameError
 
 
@@ -54,3 +58,19 @@ def test_digits_facts_need_no_files_and_equal_the_loaded_splits(fraction: float,
     cfg = DigitsConfig(test_fraction=fraction, image_size=size)
     splits = data.build(cfg)
     assert facts.described(cfg) == facts.DatasetFacts(splits.n_train, splits.input_shape, splits.num_classes)
+
+
+def test_a_dataset_is_loaded_once_per_process_for_the_same_config_and_files(tmp_path: Path) -> None:
+    """The jobs of an inline sweep share the splits; another config, or changed files under
+    dataset.root, load them again."""
+    first = data.build(DigitsConfig())
+    assert data.build(DigitsConfig()) is first
+    other = data.build(DigitsConfig(split_seed=1))
+    assert other is not first and data.build(DigitsConfig()) is not other
+    mnist = fabricate_mnist(tmp_path, n_train=6, n_test=4)
+    cfg = TorchvisionDatasetConfig(name="mnist", root=str(tmp_path), download=False)
+    loaded = data.build(cfg)
+    assert data.build(cfg) is loaded
+    (mnist.raw / "t10k-labels-idx1-ubyte").write_bytes((mnist.raw / "t10k-labels-idx1-ubyte").read_bytes()[:-1])
+    with pytest.raises(DatasetNotFoundError, match="corrupt"):  # read again: the change is seen
+        data.build(cfg)
