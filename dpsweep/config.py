@@ -324,6 +324,9 @@ class TrainConfig:
     seed: int = 0  # seeds torch, numpy and Python; sweep it as an ordinary axis
     device: Device = Device.auto
     eval_batch_size: int = 1024  # examples per evaluation batch (no effect on privacy)
+    # Evaluate (the classifier's test accuracy, the GAN's sample grids) every this many epochs; the
+    # last epoch always is. ε and the memory peak are still logged every epoch.
+    eval_every: int = 1
     progress: bool = True  # tqdm bars for epochs and steps (off by themselves when not on a terminal)
     # Per-epoch checkpoints (model, optimizer, accountant, RNG, MLflow run id); a run started again
     # with the same directory and config resumes from the last completed epoch. The dpsweep command
@@ -477,7 +480,20 @@ def _refuse_unknown_keys(given: DictConfig, typed: Config) -> None:
 
 def flatten(cfg: DictConfig | Config) -> dict[str, Any]:
     """Flatten a config to dotted keys: ``{"dp.noise_multiplier": 1.0, ...}`` (enums as strings)."""
-    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
+    if isinstance(cfg, DictConfig):
+        return _flatten(cfg)
+    key = repr(cfg)  # a dataclass's repr holds every field: a run flattens its config several times
+    if key not in _FLAT:
+        if len(_FLAT) >= 64:
+            _FLAT.clear()
+        _FLAT[key] = _flatten(OmegaConf.structured(cfg))
+    return dict(_FLAT[key])
+
+
+_FLAT: dict[str, dict[str, Any]] = {}
+
+
+def _flatten(node: DictConfig) -> dict[str, Any]:
     container = OmegaConf.to_container(node, resolve=True, enum_to_str=True)
     out: dict[str, Any] = {}
 
@@ -506,6 +522,7 @@ def validate(cfg: Config) -> None:
     ranges.check("batch_size", "train.batch_size", t.batch_size)
     ranges.check("epochs", "train.epochs", t.epochs)
     _require(t.eval_batch_size > 0, "train.eval_batch_size", t.eval_batch_size, "a positive integer")
+    _require(t.eval_every >= 1, "train.eval_every", t.eval_every, "a number of epochs, 1 or more")
     pb = t.physical_batch_size
     _require(pb is None or pb > 0, "train.physical_batch_size", pb, "a positive number of examples or null")
     _require(
@@ -767,7 +784,7 @@ def validate_launcher(launcher: LauncherConfig) -> None:
 # Keys that do not change what a run computes: where it is tracked, launched or checkpointed.
 NON_IDENTITY_PREFIXES = (
     "tracking.", "launcher.", "sweep.", "train.checkpoint_dir", "train.progress", "train.eval_batch_size",
-    "train.memory_model", "model.feature_cache_dir", "gan.grid_every", "gan.memorisation_",
+    "train.eval_every", "train.memory_model", "model.feature_cache_dir", "gan.grid_every", "gan.memorisation_",
 )  # fmt: skip
 
 

@@ -59,7 +59,8 @@ def materialize(dataset: Dataset[Any], *, batch_size: int = 1024) -> tuple[Tenso
     xs: Tensor | None = None
     ys = torch.empty(n, dtype=torch.int64)
     row = 0
-    for xb, yb in DataLoader(dataset, batch_size=batch_size, shuffle=False):
+    # a generator of its own: iterating a loader draws a seed, which must not shift training's RNG
+    for xb, yb in DataLoader(dataset, batch_size=batch_size, shuffle=False, generator=torch.Generator()):
         if xs is None:
             xs = torch.empty((n, *xb.shape[1:]), dtype=xb.dtype)
         xs[row : row + len(xb)] = xb

@@ -114,51 +114,58 @@ def train(cfg: DictConfig | Config) -> TrainResult:
     found = checkpoint.peek(ckpt_dir, plan.config_hash) if ckpt_dir else checkpoint.Found(None)
     resume = found.state
     monitor = memory.monitor_for(device)  # baseline before the model exists
-    task_run = tasks.get(config.task.name).build(tasks.RunInputs(config, plan, data, device))
-    tags = run_tags(plan, data, device, monitor.backend) | task_run.tags()
-    if found.set_aside is not None:  # the run starts afresh; the unreadable file is kept for inspection
-        tags["checkpoint.set_aside"] = str(found.set_aside)
-    claim = _claim(config, plan)
-    with (
-        terminate_as_interrupt(),
-        tracked_run(_named(config, plan), tags, resume.run_id if resume else None, claim) as run,
-    ):
-        if resume is None:
-            run.log_params(run_params(plan))
-            run.set_tags(setting_tags(plan))
-            run.log_text(resolved_yaml(plan), "config.yaml")
-            run.log_dataset_splits(
-                flatten(config.dataset),
-                {"train": data.n_train, "test": len(data.test)},  # type: ignore[arg-type]
+    try:
+        task_run = tasks.get(config.task.name).build(tasks.RunInputs(config, plan, data, device))
+        tags = run_tags(plan, data, device, monitor.backend) | task_run.tags()
+        if found.set_aside is not None:  # the run starts afresh; the unreadable file is kept for inspection
+            tags["checkpoint.set_aside"] = str(found.set_aside)
+        claim = _claim(config, plan)
+        with (
+            terminate_as_interrupt(),
+            tracked_run(_named(config, plan), tags, resume.run_id if resume else None, claim) as run,
+        ):
+            if resume is None:
+                run.log_params(run_params(plan))
+                run.set_tags(setting_tags(plan))
+                run.log_text(resolved_yaml(plan), "config.yaml")
+                run.log_dataset_splits(
+                    flatten(config.dataset),
+                    {"train": data.n_train, "test": len(data.test)},  # type: ignore[arg-type]
+                )
+            parts = task_run.start(run)
+            if resume is None:
+                run.log_params(task_run.params())
+            result = TrainResult(
+                run.run_id, float("nan"), float("nan"), data.n_train, 0, memory_backend=monitor.backend
             )
-        parts = task_run.start(run)
-        if resume is None:
-            run.log_params(task_run.params())
-        result = TrainResult(run.run_id, float("nan"), float("nan"), data.n_train, 0, memory_backend=monitor.backend)
-        state = None
-        if ckpt_dir is not None and resume is not None:
-            state = checkpoint.load(ckpt_dir, plan.config_hash, parts.model, parts.optimizer, parts.engine)
-        stages = StageLog(memory.StageRecorder(monitor, active=state is None), run, result)  # resumed: recorded before
-        if state is not None:
-            checkpoint.restore_rng(state.rng, parts.generator)
-            result.epochs, result.steps, stages.recorder.run_peak = state.epochs, state.steps, state.run_peak_bytes
-        stages.mark("model_load")
-        if config.train.probe:
-            result.epochs.append(_probe(task_run, stages))
-            return result
-        if config.dp.enabled and stages.recorder.active:  # stages of exactly B, not of a private Poisson batch
-            task_run.memory_iteration(stages)
-            stages.log_first_iteration()
-        t = config.tracking
-        with system_metrics(run.run_id, t.uri, t.system_metrics_after_s, t.system_metrics_interval_s):
-            _epochs(config, task_run, stages, parts, Checkpoints(ckpt_dir, plan.config_hash, state))
-        _finish_privacy(config, plan, task_run, result, run)
-        result.model = task_run.trained_model()
-        if config.tracking.log_model:
-            _log_model(config, task_run, run)
-    if ckpt_dir is not None:
-        checkpoint.remove(ckpt_dir)  # the run is complete; a rerun starts afresh
-    return result
+            state = None
+            if ckpt_dir is not None and resume is not None:
+                state = checkpoint.load(ckpt_dir, plan.config_hash, parts.model, parts.optimizer, parts.engine)
+            stages = StageLog(
+                memory.StageRecorder(monitor, active=state is None), run, result
+            )  # resumed: recorded before
+            if state is not None:
+                checkpoint.restore_rng(state.rng, parts.generator)
+                result.epochs, result.steps, stages.recorder.run_peak = state.epochs, state.steps, state.run_peak_bytes
+            stages.mark("model_load")
+            if config.train.probe:
+                result.epochs.append(_probe(task_run, stages))
+                return result
+            if config.dp.enabled and stages.recorder.active:  # stages of exactly B, not of a private Poisson batch
+                task_run.memory_iteration(stages)
+                stages.log_first_iteration()
+            t = config.tracking
+            with system_metrics(run.run_id, t.uri, t.system_metrics_after_s, t.system_metrics_interval_s):
+                _epochs(config, task_run, stages, parts, Checkpoints(ckpt_dir, plan.config_hash, state))
+            _finish_privacy(config, plan, task_run, result, run)
+            result.model = task_run.trained_model()
+            if config.tracking.log_model:
+                _log_model(config, task_run, run)
+        if ckpt_dir is not None:
+            checkpoint.remove(ckpt_dir)  # the run is complete; a rerun starts afresh
+        return result
+    finally:
+        monitor.close()  # the CPU twin's frozen baseline (dpsweep.memory)
 
 
 class StageLog:
@@ -216,7 +223,8 @@ def _epochs(
         started = time.monotonic()
         metrics = task_run.train_epoch(epoch, stages)
         final = epoch == cfg.train.epochs or task_run.done()  # done: e.g. a budget spent before the last epoch
-        metrics = task_run.evaluate(epoch, final) | metrics
+        if final or epoch % cfg.train.eval_every == 0:
+            metrics = task_run.evaluate(epoch, final) | metrics
         if not cfg.dp.enabled:  # with DP the peak of the Poisson batches would tell their (private) sizes
             metrics["memory.peak_bytes"] = float(stages.recorder.observe())
         if cfg.dp.enabled:  # ε so far, from the same ledger and accountant as the final ε

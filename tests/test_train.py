@@ -333,6 +333,22 @@ def test_target_epsilon_calibrates_and_logs_sigma(
     assert 2.0 - 0.01 <= result.epsilon <= 2.0  # type: ignore[operator]
 
 
+def test_eval_every_evaluates_its_epochs_and_the_last_and_changes_nothing_else(
+    make_cfg: Composer, client: MlflowClient, experiment_name: str
+) -> None:
+    """train.eval_every=2 over 3 epochs: test accuracy after epochs 2 and 3 only, ε after every epoch,
+    and the same final accuracy and ε as evaluating every epoch (evaluating does not touch training)."""
+    sparse = train(make_cfg("train.epochs=3", "train.eval_every=2"))
+    every = train(make_cfg("train.epochs=3"))
+    assert [m.step for m in client.get_metric_history(sparse.run_id, "test_accuracy")] == [2, 3]
+    assert [m.step for m in client.get_metric_history(every.run_id, "test_accuracy")] == [1, 2, 3]
+    assert [m.step for m in client.get_metric_history(sparse.run_id, "epsilon")] == [1, 2, 3]
+    assert sparse.test_accuracy == every.test_accuracy and sparse.epsilon == every.epsilon
+    run = client.get_run(sparse.run_id)
+    assert run.data.tags["train.eval_every"] == "2" and "train.eval_every" not in run.data.params  # a setting
+    assert run.data.tags["config.hash"] == client.get_run(every.run_id).data.tags["config.hash"]
+
+
 @SEED2
 def test_same_seed_same_result(make_cfg: Composer, seed2_run: TrainResult) -> None:
     a = seed2_run
@@ -455,6 +471,7 @@ BAD_INPUT = [
     (["train.batch_size=0"], ConfigError, "train.batch_size=0"),
     (["train.batch_size=5000"], ConfigError, "N=1437"),
     (["train.epochs=0"], ConfigError, "train.epochs=0"),
+    (["train.eval_every=0"], ConfigError, "train.eval_every=0 is invalid: a number of epochs, 1 or more"),
     (["model.hidden_units=-2"], ConfigError, "model.hidden_units=-2"),
     (["dp.target_epsilon=1e-9"], ConfigError, "dp.target_epsilon"),
     (

@@ -418,8 +418,8 @@ def evaluate(
         batches: Iterable[Batch] = (
             (xs[i : i + batch_size], ys[i : i + batch_size]) for i in range(0, len(ys), batch_size)
         )
-    else:
-        batches = DataLoader(dataset, batch_size=batch_size)
+    else:  # a generator of its own: iterating a loader draws a seed, which must not shift training's RNG
+        batches = DataLoader(dataset, batch_size=batch_size, generator=torch.Generator())
     for x, y in batches:
         pred = model(x.to(device)).argmax(dim=1)
         correct += int((pred == y.to(device)).sum())
