@@ -263,8 +263,20 @@ def epsilon(ledger: Ledger, delta: float, accounting: Accounting = Accounting())
     compute = ACCOUNTANTS.get(a.accountant, key="dp.accountant")
     if ledger.empty:
         return Spent(0.0, delta, a.accountant, conversion, None)
-    eps, order = compute(ledger, delta, a)
+    # Every accountant is a pure function of the ledger's mechanisms (its leaves), δ and the
+    # accounting: the jobs of a sweep over seeds, in one process, compute each ε once.
+    key = (tuple(leaf for e in ledger.entries for leaf in leaves(e.event) if leaf.count > 0), delta, a)
+    found = _COMPUTED.get(key)
+    if found is None:
+        if len(_COMPUTED) >= COMPUTED_SIZE:
+            _COMPUTED.clear()
+        found = _COMPUTED[key] = compute(ledger, delta, a)
+    eps, order = found
     return Spent(sound_epsilon(eps), delta, a.accountant, conversion, order)
+
+
+COMPUTED_SIZE = 4096  # ε values kept in this process (then forgotten all at once)
+_COMPUTED: dict[tuple[tuple[Leaf, ...], float, Accounting], tuple[float, float | None]] = {}
 
 
 def sound_epsilon(eps: float) -> float:

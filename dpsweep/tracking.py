@@ -12,6 +12,7 @@ Out-of-memory failures are tagged ``failure.kind=oom``, since they are data for 
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -153,7 +154,12 @@ def source_tags(entry_point: str = "dpsweep") -> dict[str, str]:
     """MLflow's own run-context tags (``mlflow.user``, ``mlflow.source.type``, and the git commit where
     MLflow finds one), resolved by MLflow's context registry as ``mlflow.start_run`` resolves them,
     with the source named after the command rather than the script that happens to run it (a
-    launcher's bootstrap, for jobs)."""
+    launcher's bootstrap, for jobs). Resolved once per process: the jobs of an inline sweep share it."""
+    return dict(_source_tags(entry_point))
+
+
+@functools.lru_cache(maxsize=8)
+def _source_tags(entry_point: str) -> dict[str, str]:
     from mlflow.tracking.context import registry
 
     resolved = registry.resolve_tags({})
@@ -589,8 +595,10 @@ def _record_failure(tracker: Tracker, err: BaseException, kind: str) -> None:
         pass
 
 
+@functools.lru_cache(maxsize=1)
 def git_commit() -> str:
-    """Commit of the dpsweep source tree, with ``-dirty`` if it has uncommitted changes."""
+    """Commit of the dpsweep source tree, with ``-dirty`` if it has uncommitted changes, asked once per
+    process (at its first run: an edit during an inline sweep does not change the code it runs)."""
     here = Path(__file__).resolve().parent
     try:
         sha = subprocess.run(

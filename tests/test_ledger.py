@@ -120,3 +120,27 @@ def test_an_event_no_accountant_supports_is_named() -> None:
     bill = Ledger((ledger.Entry("odd", dp_event.LaplaceDpEvent(1.0)),))
     with pytest.raises(ValueError, match="LaplaceDpEvent"):
         ledger.epsilon(bill, 1e-5)
+
+
+def test_each_epsilon_is_computed_once_per_process_and_only_for_the_same_mechanisms(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The jobs of an inline sweep over seeds share their ε: an accountant runs once per set of
+    mechanisms, δ and accounting; any difference in those is computed afresh."""
+    calls: list[int] = []
+    real = ledger.ACCOUNTANTS.get("pld")
+
+    def counted(bill: Ledger, delta: float, a: Accounting) -> tuple[float, float | None]:
+        calls.append(1)
+        return real(bill, delta, a)
+
+    monkeypatch.setitem(ledger.ACCOUNTANTS._entries, "pld", counted)
+    monkeypatch.setattr(ledger, "_COMPUTED", {})
+    pld = Accounting("pld")
+    first = ledger.epsilon(Ledger((ledger.dpsgd(1.1, 0.01, 500),)), 1e-5, pld)
+    again = ledger.epsilon(Ledger((ledger.dpsgd(1.1, 0.01, 500),)), 1e-5, pld)  # another run's equal ledger
+    assert again == first and len(calls) == 1
+    more = ledger.epsilon(Ledger((ledger.dpsgd(1.1, 0.01, 600),)), 1e-5, pld)
+    other_delta = ledger.epsilon(Ledger((ledger.dpsgd(1.1, 0.01, 500),)), 1e-6, pld)
+    assert len(calls) == 3 and more.epsilon > first.epsilon and other_delta.epsilon > first.epsilon
+    assert ledger.epsilon(Ledger((ledger.dpsgd(1.1, 0.01, 500),)), 1e-5).accountant == "rdp"  # not pld's value
