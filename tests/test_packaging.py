@@ -68,7 +68,7 @@ def test_console_scripts_are_the_cli_modules(wheel_names: set[str]) -> None:
     from importlib.metadata import entry_points as installed
 
     scripts = {e.name: e.value for e in installed(group="console_scripts") if e.name.startswith("dpsweep")}
-    assert scripts == {name: f"dpsweep.cli.{module}:main" for name, module in COMMANDS.items()}
+    assert scripts == {name: f"dpsweep.cli.{module}:console" for name, module in COMMANDS.items()}
     for module in COMMANDS.values():
         assert f"dpsweep/cli/{module}.py" in wheel_names
 

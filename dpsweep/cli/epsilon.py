@@ -31,10 +31,11 @@ import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from dpsweep import clipping, ledger, privacy, ranges, rdp
 from dpsweep.cli.errors import exits_on_bad_input
+from dpsweep.cli.shutdown import run_then_exit
 from dpsweep.errors import InputError
 from dpsweep.registry import Registry
 
@@ -326,5 +327,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def console() -> NoReturn:
+    """The console script: ``main``, then the process ends without the interpreter's teardown
+    (``dpsweep.cli.shutdown``)."""
+    run_then_exit(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -21,9 +21,10 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from dpsweep.cli.errors import exits_on_bad_input
+from dpsweep.cli.shutdown import run_then_exit
 from dpsweep.errors import InputError as ConfigError
 from dpsweep.units import format_bytes
 
@@ -303,5 +304,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def console() -> NoReturn:
+    """The console script: ``main``, then the process ends without the interpreter's teardown
+    (``dpsweep.cli.shutdown``)."""
+    run_then_exit(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

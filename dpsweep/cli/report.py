@@ -31,10 +31,11 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.cli.options import add_tracking_uri
+from dpsweep.cli.shutdown import run_then_exit
 from dpsweep.errors import InputError
 
 if TYPE_CHECKING:  # pandas and MLflow are imported once the arguments parse: --help stays fast
@@ -188,5 +189,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def console() -> NoReturn:
+    """The console script: ``main``, then the process ends without the interpreter's teardown
+    (``dpsweep.cli.shutdown``)."""
+    run_then_exit(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

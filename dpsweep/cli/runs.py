@@ -13,11 +13,12 @@ their experiment before they start.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.cli.options import add_tracking_uri
+from dpsweep.cli.shutdown import run_then_exit
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,5 +45,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def console() -> NoReturn:
+    """The console script: ``main``, then the process ends without the interpreter's teardown
+    (``dpsweep.cli.shutdown``)."""
+    run_then_exit(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -29,6 +29,7 @@ from omegaconf import DictConfig
 from dpsweep import units
 from dpsweep.cli.errors import bad_input_types, report_bad_input
 from dpsweep.cli.overrides import override_value
+from dpsweep.cli.shutdown import run_then_exit
 from dpsweep.config import Config, given_overrides, to_config
 from dpsweep.errors import InputError
 from dpsweep.liveness import die_with_driver
@@ -182,5 +183,11 @@ def app(cfg: DictConfig) -> JobSummary | None:
     return JobSummary(line, result.score, result.epsilon)
 
 
+def console() -> NoReturn:
+    """The console script: ``main``, then the process ends without the interpreter's teardown
+    (``dpsweep.cli.shutdown``)."""
+    run_then_exit(main)
+
+
 if __name__ == "__main__":
-    main()
+    console()

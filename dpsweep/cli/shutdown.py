@@ -1,0 +1,55 @@
+"""Ending a command's process: the interpreter's own shutdown steps, without its teardown.
+
+    [project.scripts]
+    dpsweep = "dpsweep.cli.train:console"     # console() is run_then_exit(main)
+
+When a program returns, CPython's ``Py_FinalizeEx`` shuts down in two parts. First what programs
+rely on: threading's exit callbacks and the join of non-daemon threads (``threading._shutdown``),
+then the atexit handlers (logging's flush, MLflow's, temporary directories' clean-up). Then the
+teardown: every module and object freed one by one, and the C libraries' exit handlers. With
+torch, MLflow and Hydra loaded, the teardown alone takes about 2 s on the 2-core development VM
+(torch's share is about 1 s), which a process with nothing left to do pays for nothing, once per
+command and once per sweep job.
+
+:func:`run_then_exit` runs the first part as ``Py_FinalizeEx`` does, flushes Python's and C's
+standard streams, and ends the process with ``os._exit(code)``, the code Python would have exited
+with. An uncaught exception other than SystemExit is left to Python (its traceback, its shutdown).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import NoReturn
+
+
+def exit_code(stop: SystemExit) -> int:
+    """The status Python exits with for ``stop`` (printing a message code to stderr as Python does)."""
+    code = stop.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def run_then_exit(main: Callable[[], int | None]) -> NoReturn:
+    """Run ``main`` (its return value is the exit code, as in ``sys.exit(main())``), then end the
+    process after the interpreter's shutdown steps that programs rely on, without its teardown."""
+    try:
+        code = exit_code(SystemExit(main()))
+    except SystemExit as stop:
+        code = exit_code(stop)
+    threading._shutdown()  # type: ignore[attr-defined]  # threading's exit callbacks, then non-daemon threads joined
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nothing more to write
+            stream.flush()
+    ctypes.CDLL(None).fflush(None)  # what C code buffered in its stdio (NULL: every stream)
+    os._exit(code)
