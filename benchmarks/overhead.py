@@ -1,6 +1,6 @@
 """Benchmark: dpsweep's own cost per run against a bare Opacus script doing the same training (issue 19).
 
-    .venv/bin/python benchmarks/overhead.py                  # 3 pairs of each measurement (about 8 min on 2 cores)
+    .venv/bin/python benchmarks/overhead.py                  # 3 pairs of each measurement (about 9 min on 2 cores)
     .venv/bin/python benchmarks/overhead.py --pairs 1        # one pair of each (noisier)
     .venv/bin/python benchmarks/overhead.py --json analysis/data/overhead.json
 
@@ -19,8 +19,9 @@ Measurements (each side run in turn, A then B, ``--pairs`` times; figures are me
 - single run, 8 epochs: wall and CPU seconds of ``dpsweep`` against the bare script (one evaluation at
   the end, ε at the end), as one process each;
 - fixed cost: the wall seconds of a 1-epoch run above the bare script's (goal: at most 1.5 s);
-- per epoch: (16-epoch run - 1-epoch run) / 15, evaluation and ε every epoch on both sides (goal: at
-  most 1.05x the bare script's);
+- per epoch: (LONG-epoch run - 1-epoch run) / (LONG - 1), evaluation and ε every epoch on both sides,
+  LONG = ``--long-epochs`` (default 31; the issue's 16 leaves the figure within the noise of whole
+  processes on a shared VM) (goal: at most 1.05x the bare script's);
 - inline sweep: ``dpsweep -m train.seed=0,...,7`` (``launcher=inline``: every job in one process) against
   eight bare runs in one process (goal: at most 1.1x);
 - local sweep: the same with ``launcher=local`` (a process per job, one at a time on a CPU) against
@@ -175,6 +176,7 @@ def pairs(a: list[str], b: list[str], cwd: Path, n: int, label: str) -> Pairs:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=3, help="runs of each side per measurement (default 3)")
+    parser.add_argument("--long-epochs", type=int, default=31, help="the long run of the per-epoch figure (default 31)")
     parser.add_argument("--local-pairs", type=int, default=1, help="runs of the local sweep measurement (default 1)")
     parser.add_argument("--sweep-epochs", type=int, default=2, help="epochs per sweep job (default 2)")
     parser.add_argument("--json", type=Path, help="also write every figure here")
@@ -194,18 +196,20 @@ def main() -> None:
         timed(dpsweep_argv(1), cwd), timed(bare_argv(1, True), cwd)
         run8 = pairs(dpsweep_argv(8), bare_argv(8, eval_every_epoch=False), cwd, n, "single run, 8 epochs")
         run1 = pairs(dpsweep_argv(1), bare_argv(1, eval_every_epoch=True), cwd, n, "1 epoch")
-        run16 = pairs(dpsweep_argv(16), bare_argv(16, eval_every_epoch=True), cwd, n, "16 epochs")
+        long = args.long_epochs
+        run_long = pairs(dpsweep_argv(long), bare_argv(long, eval_every_epoch=True), cwd, n, f"{long} epochs")
         inline = pairs(sweep_argv(e, "inline"), bare_argv(e, True, runs=SEEDS), cwd, n, f"inline sweep, {SEEDS} jobs")
         local_dp = [timed(sweep_argv(e, "local"), cwd) for _ in range(args.local_pairs)]
         local = Pairs(local_dp, [one_after_another(bare_argv(e, True), cwd, SEEDS) for _ in range(args.local_pairs)])
         print(f"  local sweep: dpsweep {local.median('dpsweep'):.2f} s, bare {local.median('bare'):.2f} s", flush=True)
 
-    per_epoch = {side: (run16.median(side) - run1.median(side)) / 15 for side in ("dpsweep", "bare")}
+    long = args.long_epochs
+    per_epoch = {side: (run_long.median(side) - run1.median(side)) / (long - 1) for side in ("dpsweep", "bare")}
     rows = [
         ("wall, 8 epochs", run8.median("dpsweep"), run8.median("bare"), None),
         ("CPU, 8 epochs", run8.median("dpsweep", "cpu_s"), run8.median("bare", "cpu_s"), None),
         ("wall, 1 epoch", run1.median("dpsweep"), run1.median("bare"), None),
-        ("wall per extra epoch (1 -> 16 epochs)", per_epoch["dpsweep"], per_epoch["bare"], 1.05),
+        (f"wall per extra epoch (1 -> {long} epochs)", per_epoch["dpsweep"], per_epoch["bare"], 1.05),
         (f"inline sweep of {SEEDS} x {e} epochs (bare: one process)", inline.median("dpsweep"), inline.median("bare"),
          1.1),
         (f"local sweep of {SEEDS} x {e} epochs (bare: {SEEDS} processes)", local.median("dpsweep"),
@@ -230,7 +234,7 @@ def main() -> None:
             "rows": [{"measure": r[0], "dpsweep_s": r[1], "bare_s": r[2], "ratio": r[1] / r[2], "goal": r[3]}
                      for r in rows],
             "raw": {k: asdict(v) for k, v in
-                    {"run8": run8, "run1": run1, "run16": run16, "inline": inline, "local": local}.items()},
+                    {"run8": run8, "run1": run1, "run_long": run_long, "inline": inline, "local": local}.items()},
         }  # fmt: skip
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
