@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,6 +34,9 @@ from dpsweep.liveness import driver_environment
 log = logging.getLogger(__name__)
 
 
+# The command submitit's executors start each job with, before "-u -m submitit.core._submit <folder>":
+# dpsweep.launchers.job runs submitit's job runner and ends the process without the teardown.
+JOB_PYTHON = f"{shlex.quote(sys.executable)} -u -m dpsweep.launchers.job"
 POLL_S = 1.0  # how often the driver looks for completed jobs (submitit's watchers rate-limit sacct/qstat)
 
 
@@ -46,6 +51,7 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
 
         init = {"folder": self.params["submitit_folder"]}
         init |= {f"{self._EXECUTOR}_{k}": v for k, v in self.params.items() if k in self._INIT_KEYS}
+        init[f"{self._EXECUTOR}_python"] = JOB_PYTHON  # each job ends without the interpreter's teardown
         executor = submitit.AutoExecutor(cluster=self._EXECUTOR, **init)
         generic = set(OmegaConf.structured(BaseQueueConf).keys())
         params = {

@@ -1,7 +1,8 @@
-"""dpsweep.cli.shutdown: a command ends with the interpreter's shutdown steps but not its teardown."""
+"""dpsweep.shutdown: a command ends with the interpreter's shutdown steps but not its teardown."""
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 SCRIPT = """
 import atexit, ctypes, sys, threading, time
 from pathlib import Path
-from dpsweep.cli.shutdown import run_then_exit
+from dpsweep.shutdown import run_then_exit
 
 out = Path(sys.argv[1])
 
@@ -49,3 +50,18 @@ def test_a_command_exits_with_its_code_after_threads_atexit_and_flushes_but_no_t
     assert (tmp_path / "atexit").read_text() == "ran" and (tmp_path / "thread").read_text() == "joined"
     assert not (tmp_path / "teardown").exists()  # the teardown was skipped
     assert done.stderr == ("a message instead of a code\n" if how == "message" else "")
+
+
+def test_a_sweep_job_runs_submitits_runner_and_refuses_other_arguments(tmp_path: Path) -> None:
+    """dpsweep.launchers.job takes exactly what submitit appends to its python command."""
+    from dpsweep.launchers.hydra_launchers import JOB_PYTHON
+    from dpsweep.launchers.job import main
+
+    assert JOB_PYTHON.endswith(" -u -m dpsweep.launchers.job")
+    with pytest.raises(SystemExit, match=r"usage: python -u -m dpsweep.launchers.job -u -m submitit.core._submit"):
+        main(["-m", "something.else", str(tmp_path)])
+    done = subprocess.run(  # submitit's runner itself: a folder without a job is its own error
+        [*shlex.split(JOB_PYTHON), "-u", "-m", "submitit.core._submit", str(tmp_path / "none")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0 and "submitit" in done.stderr, done.stderr

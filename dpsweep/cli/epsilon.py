@@ -35,9 +35,9 @@ from typing import Any, NoReturn
 
 from dpsweep import clipping, ledger, privacy, ranges, rdp
 from dpsweep.cli.errors import exits_on_bad_input
-from dpsweep.cli.shutdown import run_then_exit
 from dpsweep.errors import InputError
 from dpsweep.registry import Registry
+from dpsweep.shutdown import run_then_exit
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -329,7 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console() -> NoReturn:
     """The console script: ``main``, then the process ends without the interpreter's teardown
-    (``dpsweep.cli.shutdown``)."""
+    (``dpsweep.shutdown``)."""
     run_then_exit(main)
 
 

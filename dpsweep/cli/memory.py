@@ -42,10 +42,10 @@ from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.cli.options import add_tracking_uri
 from dpsweep.cli.overrides import override_value
 from dpsweep.cli.plan import CONFIG_MODULE, MemoryCheck, job_plans
-from dpsweep.cli.shutdown import run_then_exit
 from dpsweep.config import Config
 from dpsweep.errors import InputError
 from dpsweep.memory_model import PEAK_TARGET, STAGE_PEAK_TARGETS
+from dpsweep.shutdown import run_then_exit
 from dpsweep.units import format_bytes
 
 if TYPE_CHECKING:  # pandas, torch, Hydra and MLflow are imported where used: --help stays fast
@@ -395,7 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console() -> NoReturn:
     """The console script: ``main``, then the process ends without the interpreter's teardown
-    (``dpsweep.cli.shutdown``)."""
+    (``dpsweep.shutdown``)."""
     run_then_exit(main)
 
 

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from dpsweep.cli.errors import exits_on_bad_input
-from dpsweep.cli.shutdown import run_then_exit
 from dpsweep.errors import InputError as ConfigError
+from dpsweep.shutdown import run_then_exit
 from dpsweep.units import format_bytes
 
 if TYPE_CHECKING:  # Hydra, torch and the planner are imported where used: --help stays fast
@@ -306,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console() -> NoReturn:
     """The console script: ``main``, then the process ends without the interpreter's teardown
-    (``dpsweep.cli.shutdown``)."""
+    (``dpsweep.shutdown``)."""
     run_then_exit(main)
 
 

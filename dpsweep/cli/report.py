@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, NoReturn
 
 from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.cli.options import add_tracking_uri
-from dpsweep.cli.shutdown import run_then_exit
 from dpsweep.errors import InputError
+from dpsweep.shutdown import run_then_exit
 
 if TYPE_CHECKING:  # pandas and MLflow are imported once the arguments parse: --help stays fast
     from dpsweep.analysis import report as rep
@@ -191,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console() -> NoReturn:
     """The console script: ``main``, then the process ends without the interpreter's teardown
-    (``dpsweep.cli.shutdown``)."""
+    (``dpsweep.shutdown``)."""
     run_then_exit(main)
 
 

@@ -18,7 +18,7 @@ from typing import NoReturn
 
 from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.cli.options import add_tracking_uri
-from dpsweep.cli.shutdown import run_then_exit
+from dpsweep.shutdown import run_then_exit
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console() -> NoReturn:
     """The console script: ``main``, then the process ends without the interpreter's teardown
-    (``dpsweep.cli.shutdown``)."""
+    (``dpsweep.shutdown``)."""
     run_then_exit(main)
 
 

@@ -29,10 +29,10 @@ from omegaconf import DictConfig
 from dpsweep import units
 from dpsweep.cli.errors import bad_input_types, report_bad_input
 from dpsweep.cli.overrides import override_value
-from dpsweep.cli.shutdown import run_then_exit
 from dpsweep.config import Config, given_overrides, to_config
 from dpsweep.errors import InputError
 from dpsweep.liveness import die_with_driver
+from dpsweep.shutdown import run_then_exit
 
 if TYPE_CHECKING:  # torch and MLflow are imported where a run needs them: --help stays fast
     from dpsweep.runner import TrainResult
@@ -185,7 +185,7 @@ def app(cfg: DictConfig) -> JobSummary | None:
 
 def console() -> NoReturn:
     """The console script: ``main``, then the process ends without the interpreter's teardown
-    (``dpsweep.cli.shutdown``)."""
+    (``dpsweep.shutdown``)."""
     run_then_exit(main)
 
 

@@ -1,7 +1,8 @@
-"""Ending a command's process: the interpreter's own shutdown steps, without its teardown.
+"""Ending a command's or a sweep job's process: the interpreter's own shutdown steps, without its teardown.
 
     [project.scripts]
     dpsweep = "dpsweep.cli.train:console"     # console() is run_then_exit(main)
+    <interpreter> -u -m dpsweep.launchers.job -u -m submitit.core._submit <folder>   # a sweep job
 
 When a program returns, CPython's ``Py_FinalizeEx`` shuts down in two parts. First what programs
 rely on: threading's exit callbacks and the join of non-daemon threads (``threading._shutdown``),
