@@ -18,8 +18,9 @@ Two backends, chosen by the training device:
   (``gc.freeze``: the collector, and ``gc.get_objects``, no longer see those objects) and each
   later census walks only what was created since, skipping the baseline's storages (a new view of
   a dataset tensor is not new memory). ``close()`` collects the run's reference cycles and
-  unfreezes the baseline; the runner closes its monitor when the run ends. A monitor created while
-  objects are frozen thaws them first.
+  unfreezes the baseline; the runner closes its monitor when the run ends. Objects frozen before
+  the monitor (by a test harness, or a caller's own ``gc.freeze``) are not its to thaw: they stay
+  frozen, and out of every census (a new view of a tensor among them would count as new memory).
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ class CpuTensorMonitor:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        gc.unfreeze()  # objects a monitor that was never closed froze: the baseline must see them
+        self._thaw = gc.get_freeze_count() == 0  # what another froze is left frozen (module doc)
         # No collection first (a full one takes about 0.3 s): garbage an earlier run left in reference
         # cycles is frozen with the baseline, so it cannot be freed mid-run and subtracted from this
         # run's figures; close() collects this run's own cycles.
@@ -159,7 +160,8 @@ class CpuTensorMonitor:
 
     def close(self) -> None:
         gc.collect()  # this run's reference cycles (the frozen baseline is skipped: quick)
-        gc.unfreeze()  # the baseline's objects are the collector's again
+        if self._thaw:
+            gc.unfreeze()  # the baseline's objects are the collector's again
 
 
 def backend_for(device: torch.device) -> str:
