@@ -34,7 +34,7 @@ lint: $(STAMP)
 test: lint
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/pytest -n 3 --dist loadgroup --no-loadscope-reorder
 
-# The edit-test loop (under a minute): unit and in-process tests, without lint, the real schedulers
+# The edit-test loop (about 2.5 minutes): unit and in-process tests, without lint, the real schedulers
 # (-m cluster) or anything slow (-m slow: training in subprocesses, sweeps, studies, probes).
 test-fast: $(STAMP)
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/pytest -n 2 --dist loadgroup --no-loadscope-reorder -m "not cluster and not slow"
