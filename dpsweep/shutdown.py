@@ -47,8 +47,11 @@ def run_then_exit(main: Callable[[], int | None]) -> NoReturn:
         code = exit_code(SystemExit(main()))
     except SystemExit as stop:
         code = exit_code(stop)
-    threading._shutdown()  # type: ignore[attr-defined]  # threading's exit callbacks, then non-daemon threads joined
-    atexit._run_exitfuncs()
+    steps = getattr(threading, "_shutdown", None), getattr(atexit, "_run_exitfuncs", None)
+    if None in steps:  # an interpreter without CPython's shutdown steps: its own exit, teardown and all
+        sys.exit(code)
+    for step in steps:  # threading's exit callbacks and the join of non-daemon threads; the atexit handlers
+        step()  # type: ignore[misc]
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nothing more to write
             stream.flush()
