@@ -82,8 +82,8 @@ _LAST: dict[str, Any] = {}  # the last dataset built: its key and its splits
 
 
 def _files_fingerprint(root: str | None) -> str:
-    """The path, size and modification time of every file under ``root`` ("" without a root): a
-    dataset whose files changed, appeared or went is loaded again."""
+    """A digest of the path, size and modification time of every file under ``root`` (a fixed text
+    where there is no such directory): a dataset whose files changed, appeared or went is loaded again."""
     if root is None or not Path(root).is_dir():
         return f"|{root}: none"
     found = []

@@ -141,9 +141,8 @@ def train(cfg: DictConfig | Config) -> TrainResult:
             state = None
             if ckpt_dir is not None and resume is not None:
                 state = checkpoint.load(ckpt_dir, plan.config_hash, parts.model, parts.optimizer, parts.engine)
-            stages = StageLog(
-                memory.StageRecorder(monitor, active=state is None), run, result
-            )  # resumed: recorded before
+            # a resumed run's stages were recorded before it was interrupted
+            stages = StageLog(memory.StageRecorder(monitor, active=state is None), run, result)
             if state is not None:
                 checkpoint.restore_rng(state.rng, parts.generator)
                 result.epochs, result.steps, stages.recorder.run_peak = state.epochs, state.steps, state.run_peak_bytes
