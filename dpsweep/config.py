@@ -161,6 +161,14 @@ class CNNConfig(ModelConfig):
 
 
 @dataclass
+class MLPConfig(ModelConfig):
+    """Flattened pixels -> dense(hidden_units) -> ReLU -> dense(classes), trained from scratch."""
+
+    name: str = "mlp"
+    hidden_units: int = 16
+
+
+@dataclass
 class VGG16FrozenConfig(ModelConfig):
     """torchvision VGG16 with frozen convolutional features and a trained MLP head."""
 
@@ -222,6 +230,11 @@ class GanConfig:
     critic_lr: float = 1e-3  # Adam's α for the critic (its noisy, clipped gradient)
     generator_lr: float = 1e-3  # Adam's α for the generator
     betas: list[float] = field(default_factory=lambda: [0.5, 0.9])  # Adam's (β1, β2) for both
+    # Decay of an exponential moving average of the generator's weights, updated after each generator
+    # step (0: off). With it, the grids, the synthetic set, TSTR and the released model use the
+    # average (Yazıcı et al. 2019, "The Unusual Effectiveness of Averaging in GAN Training"); it is a
+    # function of the generator's iterates only, so post-processing.
+    generator_ema: float = 0.0
     # With dp.target_epsilon set: true keeps dp.noise_multiplier and stops training at the critic step
     # after which the ledger would exceed target_epsilon (dp-GAN's stopping rule); false calibrates σ.
     stop_at_budget: bool = False
@@ -443,6 +456,7 @@ def register_configs() -> None:
     cs.store(group="dataset", name="base_torchvision", node=TorchvisionDatasetConfig)
     cs.store(group="dataset", name="base_flowers102", node=Flowers102Config)
     cs.store(group="model", name="base_cnn", node=CNNConfig)
+    cs.store(group="model", name="base_mlp", node=MLPConfig)
     cs.store(group="model", name="base_vgg16_frozen", node=VGG16FrozenConfig)
     cs.store(group="dp", name="base_dp", node=DPConfig)
     cs.store(group="optimizer", name="base_sgd", node=SGDConfig)
@@ -710,6 +724,7 @@ def _validate_gan(cfg: Config) -> None:
     for key in ("critic_lr", "generator_lr", "tstr_lr"):
         value = getattr(g, key)
         _require(value > 0, f"gan.{key}", value, "a positive learning rate")
+    _require(0 <= g.generator_ema < 1, "gan.generator_ema", g.generator_ema, "a decay in [0, 1) (0: no average)")
     betas = list(g.betas)
     _require(len(betas) == 2 and all(0 <= b < 1 for b in betas), "gan.betas", betas, "two decay rates in [0, 1)")
     _require(

@@ -16,6 +16,8 @@ D(x, y) = w·h(x) + e_y·h(x); the generator by a learned class embedding concat
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -77,9 +79,11 @@ class Critic(nn.Module):
 class ConditionalGan(nn.Module):
     """Both networks in one module (what checkpoints save), with the count of private critic steps
     taken (``critic_steps``, a buffer: saved and restored with the weights, so a resumed run's ledger
-    counts exactly the steps taken)."""
+    counts exactly the steps taken), and with ``generator_ema`` > 0 a moving average of the
+    generator's weights (``average``, no gradients), which is then what :attr:`sampler` returns."""
 
     critic_steps: torch.Tensor
+    generator_steps: torch.Tensor
 
     def __init__(
         self,
@@ -88,11 +92,34 @@ class ConditionalGan(nn.Module):
         critic_width: int,
         num_classes: int,
         value_range: tuple[float, float] = (-1.0, 1.0),
+        generator_ema: float = 0.0,
     ) -> None:
         super().__init__()
         self.generator = Generator(latent_dim, generator_width, num_classes, value_range)
         self.critic = Critic(critic_width, num_classes)
         self.register_buffer("critic_steps", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("generator_steps", torch.zeros((), dtype=torch.int64))
+        self.ema = generator_ema
+        self.average: Generator | None = None
+        if generator_ema > 0:
+            self.average = copy.deepcopy(self.generator).requires_grad_(False)
+
+    @property
+    def sampler(self) -> Generator:
+        """The generator that samples and is released: the average when there is one."""
+        return self.average if self.average is not None else self.generator
+
+    @torch.no_grad()
+    def update_average(self) -> None:
+        """Count a generator step and move the average towards the generator's weights, with decay
+        min(ema, (1 + t) / (10 + t)) at step t: the warm-up of TensorFlow's
+        ``tf.train.ExponentialMovingAverage(num_updates=t)``, so early iterates fade fast."""
+        t = int(self.generator_steps)
+        self.generator_steps += 1
+        if self.average is None:
+            return
+        decay = min(self.ema, (1 + t) / (10 + t))
+        torch._foreach_lerp_(list(self.average.parameters()), list(self.generator.parameters()), 1 - decay)
 
 
 class CodeGenerator(nn.Module):

@@ -1,6 +1,8 @@
 """Models: a registry of image classifiers that Opacus can make private.
 
 - ``cnn``: the network of Opacus's MNIST example, trained from scratch.
+- ``mlp``: one hidden dense layer on the flattened pixels, trained from scratch: the smallest model,
+  for privacy units with few contributors (e.g. 50 users), where the noise's norm grows as √P.
 - ``vgg16_frozen``: torchvision's VGG16 with frozen convolutional features and a trained MLP head.
 
     python -c "from dpsweep import config, models; print(models.build(config.CNNConfig(), (1, 28, 28), 10))"
@@ -17,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dpsweep.config import CNNConfig, ConfigError, ModelConfig, VGG16FrozenConfig
+from dpsweep.config import CNNConfig, ConfigError, MLPConfig, ModelConfig, VGG16FrozenConfig
 from dpsweep.errors import InputError
 from dpsweep.registry import Registry
 
@@ -76,6 +78,25 @@ class OpacusCNN(nn.Module):
 @MODELS.register("cnn")
 def build_cnn(cfg: CNNConfig, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     return OpacusCNN(input_shape, num_classes, cfg.hidden_units)
+
+
+class MLP(nn.Module):
+    """dense(C*H*W -> hidden_units) -> ReLU -> dense(hidden_units -> classes) on the flattened image.
+    On digits at their native 8x8 with 16 hidden units: 64*16+16 + 16*10+10 = 1,210 parameters."""
+
+    def __init__(self, input_shape: tuple[int, int, int], num_classes: int, hidden_units: int) -> None:
+        super().__init__()
+        channels, height, width = input_shape
+        self.fc1 = nn.Linear(channels * height * width, hidden_units)
+        self.fc2 = nn.Linear(hidden_units, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+@MODELS.register("mlp")
+def build_mlp(cfg: MLPConfig, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    return MLP(input_shape, num_classes, cfg.hidden_units)
 
 
 VGG16_MIN_SIZE = 32  # pixels: VGG16's five 2x2 max-pools need at least 32x32 inputs

@@ -117,6 +117,7 @@ def test_an_interrupted_gan_run_resumes_to_the_same_generator_and_epsilon(
     tmp_path: Path, make_cfg: Composer, client: MlflowClient, experiment_name: str
 ) -> None:
     args = [*QUICK, "train.epochs=2", "dp.noise_multiplier=1.2", "gan.memorisation_check=false"]
+    args.append("gan.generator_ema=0.9")  # the generator's moving average is restored too
     straight = train(make_cfg(*args, "tracking.experiment_name=straight"))
 
     cfg = make_cfg(*args, f"train.checkpoint_dir={tmp_path / 'ckpt'}")
@@ -126,9 +127,32 @@ def test_an_interrupted_gan_run_resumes_to_the_same_generator_and_epsilon(
     resumed = train(cfg)
     assert resumed.run_id == killed.info.run_id and resumed.steps == 2 * STEPS_PER_EPOCH
     assert resumed.epsilons == straight.epsilons  # every critic step counted once, from the restored count
-    for name, weight in straight.model.generator.state_dict().items():  # type: ignore[union-attr]
-        assert torch.equal(weight, resumed.model.generator.state_dict()[name]), name  # type: ignore[union-attr]
+    for part in ("generator", "average"):  # the weights and their moving average, both restored exactly
+        for name, weight in getattr(straight.model, part).state_dict().items():
+            assert torch.equal(weight, getattr(resumed.model, part).state_dict()[name]), (part, name)
     assert resumed.score == straight.score
+
+
+def test_the_generator_average_warms_up_and_is_what_samples() -> None:
+    """gan.generator_ema: decay min(ema, (1+t)/(10+t)) at generator step t, and the average samples."""
+    from dpsweep.gan_models import ConditionalGan
+
+    gan = ConditionalGan(latent_dim=4, generator_width=2, critic_width=2, num_classes=10, generator_ema=0.5)
+    assert gan.average is not None and gan.sampler is gan.average
+    assert not any(p.requires_grad for p in gan.average.parameters())
+    start = [p.detach().clone() for p in gan.average.parameters()]
+    for step, decay in enumerate([1 / 10, 2 / 11, 3 / 12, 4 / 13, 5 / 14, 6 / 15, 7 / 16, 8 / 17, 0.5, 0.5]):
+        with torch.no_grad():
+            for p in gan.generator.parameters():
+                p.add_(1.0)
+        before = [p.detach().clone() for p in gan.average.parameters()]
+        gan.update_average()
+        for old, new, target in zip(before, gan.average.parameters(), gan.generator.parameters(), strict=True):
+            torch.testing.assert_close(new, decay * old + (1 - decay) * target)
+        assert int(gan.generator_steps) == step + 1
+    assert not torch.equal(start[0], next(gan.average.parameters()))
+    plain = ConditionalGan(latent_dim=4, generator_width=2, critic_width=2, num_classes=10)
+    assert plain.average is None and plain.sampler is plain.generator
 
 
 def test_tstr_chooses_its_epoch_on_synthetic_data_only() -> None:
@@ -192,6 +216,7 @@ def test_dpsweep_plan_prices_a_gan_as_its_critic_steps(make_cfg: Composer) -> No
     [
         (["gan.gp_weight=-1"], "gan.gp_weight", "λ >= 0"),
         (["gan.n_critic=0"], "gan.n_critic", "1 or more critic steps"),
+        (["gan.generator_ema=1"], "gan.generator_ema", "a decay in [0, 1)"),
         (["dp.grad_sample_mode=hooks"], "dp.grad_sample_mode", "Opacus's hooks mode cannot take"),
         (["dp.grad_sample_mode=ghost"], "dp.grad_sample_mode", "Opacus's ghost mode cannot take"),
         (["dp.grad_sample_mode=ew"], "dp.grad_sample_mode", "Opacus's ew mode cannot take"),

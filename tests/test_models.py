@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dpsweep import models
-from dpsweep.config import CNNConfig, ConfigError, VGG16FrozenConfig
+from dpsweep.config import CNNConfig, ConfigError, MLPConfig, VGG16FrozenConfig
 
 
 def test_cnn_is_the_opacus_mnist_network() -> None:
@@ -61,5 +61,13 @@ def test_vgg16_rejects_images_below_32px() -> None:
 
 
 def test_unknown_model_lists_the_valid_ones() -> None:
-    with pytest.raises(KeyError, match="valid: cnn, vgg16_frozen"):
+    with pytest.raises(KeyError, match="valid: cnn, mlp, vgg16_frozen"):
         models.build(CNNConfig(name="resnet"), (1, 28, 28), 10)
+
+
+def test_mlp_is_one_hidden_layer_on_the_flattened_pixels() -> None:
+    model = models.build(MLPConfig(hidden_units=16), (1, 8, 8), 10)
+    assert models.trainable_parameters(model) == 64 * 16 + 16 + 16 * 10 + 10
+    x = torch.randn(5, 1, 8, 8)
+    assert model(x).shape == (5, 10)
+    assert torch.equal(model(x), model.fc2(torch.relu(model.fc1(x.reshape(5, 64)))))  # type: ignore[operator]

@@ -65,7 +65,7 @@ class GanRun:
         self.num_classes = inputs.data.num_classes
         self.gan = ConditionalGan(
             g.latent_dim, g.generator_width, g.critic_width, self.num_classes,
-            datasets.value_range(self.cfg.dataset.name),
+            datasets.value_range(self.cfg.dataset.name), g.generator_ema,
         )  # fmt: skip
         self.run: Tracker | None = None
 
@@ -149,6 +149,7 @@ class GanRun:
             p.grad = None  # the critic's step is the private one only
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        gan.update_average()
         return float(loss.detach())
 
     def train_epoch(self, epoch: int, stages: Stages) -> dict[str, float]:
@@ -176,7 +177,7 @@ class GanRun:
         """Sample grids every gan.grid_every epochs and at the end; at the end, the synthetic set and its scores."""
         assert self.run is not None
         if final or epoch % self.settings.grid_every == 0:
-            grid = synthetic.image_grid(self.gan.generator, self.num_classes, self._rng(epoch), self.device)
+            grid = synthetic.image_grid(self.gan.sampler, self.num_classes, self._rng(epoch), self.device)
             self.run.log_image(grid, f"samples/epoch_{epoch:03d}.png")
         if not final:
             return {}
@@ -186,7 +187,7 @@ class GanRun:
         assert self.run is not None
         cfg, g, data = self.cfg, self.settings, self.inputs.data
         n = data.n_train
-        x, y = synthetic.sample(self.gan.generator, n, self.num_classes, self._rng(-1), self.device)
+        x, y = synthetic.sample(self.gan.sampler, n, self.num_classes, self._rng(-1), self.device)
         test = device_data.materialize(data.test)
         recipe = synthetic.Recipe(g.tstr_epochs, g.tstr_lr, g.tstr_batch_size, g.tstr_val_fraction)
 
@@ -212,7 +213,7 @@ class GanRun:
         assert self.run is not None
         with tempfile.TemporaryDirectory(prefix="dpsweep-gan-") as tmp:
             weights, samples = Path(tmp) / "generator.pt", Path(tmp) / "synthetic.npz"
-            torch.save({k: v.cpu() for k, v in self.gan.generator.state_dict().items()}, weights)
+            torch.save({k: v.cpu() for k, v in self.gan.sampler.state_dict().items()}, weights)
             np.savez_compressed(samples, x=x.numpy().astype(np.float32), y=y.numpy().astype(np.int64))
             self.run.log_file(weights)
             self.run.log_file(samples)
@@ -247,7 +248,7 @@ class GanRun:
     # ------------------------------------------------------------------ what the run releases
     def released_model(self) -> tuple[torch.nn.Module, np.ndarray]:
         """The generator (the critic, trained on data, is not released), as a one-input module: a row is [z | class]."""
-        generator = copy.deepcopy(self.gan.generator).to("cpu").eval()
+        generator = copy.deepcopy(self.gan.sampler).to("cpu").eval()
         return CodeGenerator(generator), np.zeros((1, generator.latent_dim + 1), dtype=np.float32)
 
     def trained_model(self) -> torch.nn.Module:
