@@ -7,8 +7,9 @@ Every run is ``dpsweep.train.train`` in this process with the presets' settings,
 the run's ε (RDP, δ = 1e-5) is the target:
 
 - example level: ``experiment=ftrl_vs_sgd_digits`` (B = 64, 8 epochs, SGD/FTRL with momentum 0.9);
-- user level: ``experiment=ftrl_vs_sgd_digits_users`` (50 users with a Dirichlet(0.5) label skew,
-  10 users a step, at most 16 examples of a user per step, 30 epochs).
+- user level: ``experiment=ftrl_vs_sgd_digits_users`` (``model=mlp`` on the native 8x8 digits, 50
+  users with a Dirichlet(0.5) label skew, 10 users a step, at most 16 examples of a user per step,
+  30 epochs).
 
 DP-SGD's ε is amplified by its Poisson sampling; DP-FTRL samples nothing (a fixed order) and its ε
 is that of its tree's Gaussian mechanism, so at one ε it needs a larger σ. It prints test accuracy
