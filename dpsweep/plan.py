@@ -205,7 +205,7 @@ def _planned_privacy(cfg: Config, n_train: int) -> PlannedPrivacy | None:
         return None
     n_train = population(cfg, n_train)
     if dp.mechanism == Mechanism.dpftrl:
-        return _planned_ftrl(cfg, n_train)
+        return _computable(dp, _planned_ftrl(cfg, n_train))
     sigma = dp.noise_multiplier
     schedule = privacy.poisson_schedule(n_train, cfg.train.batch_size)
     extra = clipping.planned(dp, schedule.sample_rate)
@@ -241,10 +241,25 @@ def _planned_privacy(cfg: Config, n_train: int) -> PlannedPrivacy | None:
             ) from err
     clipping.check_adaptive(dp, sigma, cfg.train.batch_size)
     bill = privacy.run_ledger(schedule, sigma, steps, extra)
-    return PlannedPrivacy(
+    return _computable(dp, PlannedPrivacy(
         sigma, dp.target_epsilon is not None and not stops_at_budget(cfg), schedule.sample_rate, steps, dp.delta,
         dp.accountant.value, ledger.epsilon(bill, dp.delta, how).epsilon, bill,
-    )  # fmt: skip
+    ))  # fmt: skip
+
+
+def _computable(dp: DPConfig, planned: PlannedPrivacy) -> PlannedPrivacy:
+    """The plan, unless dp.accountant is pld or prv beyond ``ledger.DISCRETISED_MAX_EPSILON``: there
+    they would take minutes and gigabytes at the end of the run to report ε = inf; refused before it."""
+    orders = accounting(dp).orders
+    if dp.accountant.value != "rdp" and ledger.beyond_discretised(planned.ledger, dp.delta, orders):
+        eps = ledger.epsilon(planned.ledger, dp.delta, Accounting("rdp", orders=orders)).epsilon
+        raise ConfigError(
+            "dp.accountant", dp.accountant.value,
+            f"rdp for this run: its RDP ε is {eps:.4g} (σ={planned.noise_multiplier:.3g}), above "
+            f"{ledger.DISCRETISED_MAX_EPSILON:g}, where PLD and PRV discretise the privacy loss for minutes "
+            "and gigabytes to report ε = inf",
+        )  # fmt: skip
+    return planned
 
 
 def _budget_verdict(cfg: Config, planned: PlannedPrivacy | None) -> str | None:

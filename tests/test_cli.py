@@ -76,6 +76,7 @@ def test_sweep_runs_each_job_and_prints_accuracy_and_epsilon(tmp_path: Path) -> 
         (["dataset=cifar10", "dataset.root=nowhere"], "cifar-10-batches-py"),
         (["task=gan", "gan.n_critic=0"], "gan.n_critic=0 is invalid: 1 or more critic steps per generator step"),
         (["task=gan", "dp.grad_sample_mode=ghost"], "dp.grad_sample_mode='ghost' is invalid: functorch with task=gan"),
+        (["dp.accountant=pld", "dp.noise_multiplier=0.03"], "dp.accountant='pld' is invalid: rdp for this run"),
     ],
 )
 def test_bad_input_exits_2_with_one_clear_line_and_no_run(tmp_path: Path, args: list[str], needle: str) -> None:

@@ -144,3 +144,21 @@ def test_each_epsilon_is_computed_once_per_process_and_only_for_the_same_mechani
     other_delta = ledger.epsilon(Ledger((ledger.dpsgd(1.1, 0.01, 500),)), 1e-6, pld)
     assert len(calls) == 3 and more.epsilon > first.epsilon and other_delta.epsilon > first.epsilon
     assert ledger.epsilon(Ledger((ledger.dpsgd(1.1, 0.01, 500),)), 1e-5).accountant == "rdp"  # not pld's value
+
+
+def test_beyond_its_cap_pld_and_prv_report_infinity_and_the_bill_says_why() -> None:
+    """σ = 0.03 on digits' q for 184 steps: PLD ran over 2 minutes and PRV ran out of memory. Beyond
+    an RDP ε of 100 they are not computed: +inf (sound: every ε' >= ε holds), and epsilons() has rdp only."""
+    huge = ledger.from_history([(0.03, 64 / 1437, 184)])
+    rdp_eps = ledger.epsilon(huge, 1e-5).epsilon
+    assert ledger.DISCRETISED_MAX_EPSILON < rdp_eps < math.inf and ledger.beyond_discretised(huge, 1e-5)
+    for name in ("pld", "prv"):
+        assert ledger.epsilon(huge, 1e-5, Accounting(name)).epsilon == math.inf
+    assert ledger.epsilons(huge, 1e-5) == {"rdp": rdp_eps}
+    bill = ledger.to_json(huge, 1e-5)
+    assert set(bill["not_computed"]) == {"pld", "prv"} and "exceeds 100" in bill["not_computed"]["pld"]
+    assert bill["events"][0]["epsilon_alone"] == {"rdp": rdp_eps, "pld": None}
+    within = ledger.from_history([(0.8, 64 / 1437, 184)])  # the demo's σ: every accountant, nothing left out
+    assert not ledger.beyond_discretised(within, 1e-5)
+    assert set(ledger.epsilons(within, 1e-5)) == {"rdp", "pld", "prv"}
+    assert not ledger.to_json(within, 1e-5)["not_computed"]

@@ -125,6 +125,8 @@ BAD = [
     ),
     (["--mechanism", "dpftrl", "-s", "100", "-b", "10", "-n", "1", "--steps", "30"], "--steps=30", "left out"),
     (["-s", "100", "-b", "10", "-n", "1", "-e", "3", "--restart-every", "1"], "--restart-every=1", "dpftrl only"),
+    (["-s", "1437", "-b", "64", "-n", "0.03", "-e", "8", "--accountant", "prv"], "--accountant='prv'", "rdp here"),
+    (["-s", "1437", "-b", "64", "-n", "0.1", "-e", "8", "--accountant", "pld"], "--accountant='pld'", "above 100"),
 ]
 
 

@@ -592,3 +592,16 @@ def test_ew_mode_survives_empty_poisson_batches(make_cfg: Composer) -> None:
     """torch's ExpandedWeights refuse an empty batch; the step still adds noise and is accounted."""
     result = train(make_cfg("dp.grad_sample_mode=ew", "train.batch_size=2", "train.epochs=1", "dataset.image_size=16"))
     assert result.steps == 719 and result.accountant_history == [(1.0, 1 / 719, 719)]  # ~13% of them empty
+
+
+def test_a_run_with_a_tiny_sigma_reports_rdp_and_says_why_pld_and_prv_are_not_computed(
+    make_cfg: Composer, client: MlflowClient, experiment_name: str, tmp_path: Path
+) -> None:
+    """σ = 0.05: PLD and PRV would discretise the privacy loss for minutes at the end of the run."""
+    result = train(make_cfg("dp.noise_multiplier=0.05", "train.epochs=1", "tracking.log_model=false"))
+    assert set(result.epsilons) == {"rdp"} and result.epsilon == result.epsilons["rdp"] > ledger.DISCRETISED_MAX_EPSILON
+    [run] = runs_of(client, experiment_name)
+    assert "epsilon_rdp" in run.data.metrics and not {"epsilon_pld", "epsilon_prv"} & set(run.data.metrics)
+    path = Path(client.download_artifacts(run.info.run_id, "privacy_ledger.json", str(tmp_path)))
+    bill = json.loads(path.read_text())
+    assert set(bill["not_computed"]) == {"pld", "prv"} and bill["epsilon"] == {"rdp": result.epsilon}

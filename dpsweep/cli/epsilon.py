@@ -204,6 +204,15 @@ def _dpsgd(a: argparse.Namespace) -> dict[str, Any]:
             raise InputError("--target-epsilon", a.target_epsilon, f"an ε above that of one epoch at σ={sigma}")
         calibrated = "epochs"
     r = _result(a, sigma, epochs, steps)
+    if a.accountant != "rdp" and math.isinf(r.epsilon):
+        bill = privacy.run_ledger(_schedule(a), r.noise_multiplier, r.steps, _extra(a))
+        if ledger.beyond_discretised(bill, a.delta, _accounting(a).orders):
+            rdp_eps = ledger.epsilon(bill, a.delta, ledger.Accounting("rdp", orders=_accounting(a).orders)).epsilon
+            raise InputError(
+                "--accountant", a.accountant,
+                f"rdp here: the RDP ε is {rdp_eps:.4g}, above {ledger.DISCRETISED_MAX_EPSILON:g}, where PLD and PRV "
+                "discretise the privacy loss for minutes and gigabytes to report ε = inf",
+            )  # fmt: skip
     out: dict[str, Any] = {
         "epsilon": r.epsilon, "delta": r.delta, "alpha": r.alpha, "steps": r.steps,
         "sample_rate": r.sample_rate, "noise_multiplier": r.noise_multiplier, "accountant": r.accountant,
