@@ -85,6 +85,7 @@ class VggRuns:
     cached: TrainResult  # its features built into the cache first, then the head trained on them
     again: TrainResult  # another run on the same data and weights: a cache hit
     runs: dict[str, Run]  # by run id
+    store: str  # their tracking URI
 
 
 @pytest.fixture(scope="module")
@@ -96,11 +97,12 @@ def vgg_runs(tmp_path_factory: pytest.TempPathFactory) -> VggRuns:
         "train.epochs=1", "train.batch_size=256", "optimizer.lr=0.05", f"model.feature_cache_dir={root / 'c'}",
         "tracking.experiment_name=vgg",
     ]  # fmt: skip
-    uncached = train(_compose(root, *common, "model.feature_cache=false"))
+    uncached = train(_compose(root, *common, "model.feature_cache=false", "tracking.log_model=true"))
     cached = train(_compose(root, *common))
     again = train(_compose(root, *common, "optimizer.lr=0.1"))  # same data and weights (a seed would change them)
-    runs = {r.info.run_id: r for r in runs_of(MlflowClient(f"sqlite:///{root / 'mlflow.db'}"), "vgg")}
-    return VggRuns(uncached, cached, again, runs)
+    store = f"sqlite:///{root / 'mlflow.db'}"
+    runs = {r.info.run_id: r for r in runs_of(MlflowClient(store), "vgg")}
+    return VggRuns(uncached, cached, again, runs, store)
 
 
 @DP_RUN
@@ -165,25 +167,25 @@ def test_the_trained_model_is_returned_and_logged_with_mlflows_pytorch_flavour(
     assert np.asarray(example).shape == (1, 1, 28, 28) and not np.any(example)  # zeros, never a training example
 
 
-def test_vgg16_logs_only_its_trained_head_and_a_size_limit_skips_a_model(
-    make_cfg: Composer, client: MlflowClient, experiment_name: str, tmp_path: Path
-) -> None:
-    vgg = ["model=vgg16_frozen", "model.pretrained=false", "model.feature_cache=false", "model.hidden_units=16",
-           "dataset.image_size=32", "train.epochs=1", "train.batch_size=256", "dp=off",
-           "tracking.log_model=true"]  # fmt: skip
-    result = train(make_cfg(*vgg))
-    assert isinstance(result.model, models.FrozenVGG16)  # the whole model is returned
+def test_a_size_limit_skips_logging_a_model(make_cfg: Composer, client: MlflowClient, experiment_name: str) -> None:
     small = train(make_cfg("train.epochs=1", "tracking.log_model=true", "tracking.log_model_max_mib=0.01"))
-    runs = {r.info.run_id: r for r in runs_of(client, experiment_name)}
-    head, _ = _logged_model(client, result.run_id, tmp_path)
+    [run] = runs_of(client, experiment_name)
+    assert run.info.run_id == small.run_id and run.data.tags["model.logged"].startswith("skipped: ")
+    assert "tracking.log_model_max_mib=0.01" in run.data.tags["model.logged"]
+    assert not client.list_artifacts(small.run_id, "model")
+
+
+@pytest.mark.slow
+@VGG
+def test_vgg16_logs_only_its_trained_head(vgg_runs: VggRuns, tmp_path: Path) -> None:
+    result = vgg_runs.uncached  # the backbone ran every step; the run logged its model
+    assert isinstance(result.model, models.FrozenVGG16)  # the whole model is returned
+    head, _ = _logged_model(MlflowClient(vgg_runs.store), result.run_id, tmp_path)
     assert isinstance(head, torch.nn.Sequential)  # the head alone: the backbone is public ImageNet weights
-    assert int(runs[result.run_id].data.tags["model.logged_bytes"]) == 4 * (25088 * 16 + 16 + 16 * 10 + 10)
+    assert int(vgg_runs.runs[result.run_id].data.tags["model.logged_bytes"]) == 4 * (25088 * 16 + 16 + 16 * 10 + 10)
     with torch.no_grad():
         x = torch.randn(3, 1, 32, 32)
         assert torch.equal(head(result.model.cpu().extract(x)), result.model(x))
-    assert runs[small.run_id].data.tags["model.logged"].startswith("skipped: ")
-    assert "tracking.log_model_max_mib=0.01" in runs[small.run_id].data.tags["model.logged"]
-    assert not client.list_artifacts(small.run_id, "model")
 
 
 def test_each_epoch_is_reported_as_a_line_where_no_bar_is_shown(
