@@ -376,10 +376,9 @@ def to_json(
         else:
             alone = {name: epsilon(Ledger((entry,)), delta, Accounting(name, accounting.conversion, orders)).epsilon
                      for name in ("rdp", "pld")}  # fmt: skip
-        alone = {name: eps if math.isfinite(eps) else None for name, eps in alone.items()}  # None: not computed
         entries.append({
             "name": entry.name, "event": _describe(entry.event), "params": dict(entry.params), "note": entry.note,
-            "epsilon_alone": alone,
+            "epsilon_alone": {k: v if math.isfinite(v) else None for k, v in alone.items()},  # None: not computed
             "share_of_rdp": float(curve[at]) / whole if at is not None and whole > 0 else None,
         })  # fmt: skip
     return {
