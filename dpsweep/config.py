@@ -235,6 +235,14 @@ class GanConfig:
     # average (Yazıcı et al. 2019, "The Unusual Effectiveness of Averaging in GAN Training"); it is a
     # function of the generator's iterates only, so post-processing.
     generator_ema: float = 0.0
+    # The synthetic set, TSTR, generator.pt and the released model: a uniform mixture of the generator
+    # (or its average) as it was at the end of the last `snapshots` epochs that are multiples of
+    # snapshot_every, and of the last epoch (1: the final generator alone). The generator's iterates
+    # are post-processing of the private critic's steps, so the mixture costs no privacy; a noisy
+    # critic lets the generator's modes drift during training, and the mixture keeps several of them
+    # (cf. Neunhoeffer et al. 2021, "Private Post-GAN Boosting", which weights the iterates instead).
+    snapshots: int = 1
+    snapshot_every: int = 5
     # With dp.target_epsilon set: true keeps dp.noise_multiplier and stops training at the critic step
     # after which the ledger would exceed target_epsilon (dp-GAN's stopping rule); false calibrates σ.
     stop_at_budget: bool = False
@@ -718,7 +726,10 @@ def _validate_gan(cfg: Config) -> None:
     _require(cfg.task.name == "gan", "task.name", cfg.task.name, "gan: the gan.* settings belong to task=gan")
     _require(g.gp_weight >= 0, "gan.gp_weight", g.gp_weight, "a gradient-penalty weight λ >= 0")
     _require(g.n_critic >= 1, "gan.n_critic", g.n_critic, "1 or more critic steps per generator step")
-    for key in ("latent_dim", "generator_width", "critic_width", "grid_every", "tstr_epochs", "tstr_batch_size"):
+    for key in (
+        "latent_dim", "generator_width", "critic_width", "grid_every", "tstr_epochs", "tstr_batch_size", "snapshots",
+        "snapshot_every",
+    ):  # fmt: skip
         value = getattr(g, key)
         _require(value >= 1, f"gan.{key}", value, "a positive integer")
     for key in ("critic_lr", "generator_lr", "tstr_lr"):

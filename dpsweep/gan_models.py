@@ -84,6 +84,7 @@ class ConditionalGan(nn.Module):
 
     critic_steps: torch.Tensor
     generator_steps: torch.Tensor
+    snapshots_taken: torch.Tensor
 
     def __init__(
         self,
@@ -93,16 +94,40 @@ class ConditionalGan(nn.Module):
         num_classes: int,
         value_range: tuple[float, float] = (-1.0, 1.0),
         generator_ema: float = 0.0,
+        snapshots: int = 1,
     ) -> None:
         super().__init__()
         self.generator = Generator(latent_dim, generator_width, num_classes, value_range)
         self.critic = Critic(critic_width, num_classes)
         self.register_buffer("critic_steps", torch.zeros((), dtype=torch.int64))
         self.register_buffer("generator_steps", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("snapshots_taken", torch.zeros((), dtype=torch.int64))
         self.ema = generator_ema
         self.average: Generator | None = None
         if generator_ema > 0:
             self.average = copy.deepcopy(self.generator).requires_grad_(False)
+        # a ring of the sampler's past weights (saved with the module, so a resume keeps them)
+        self.snapshots = nn.ModuleList(
+            [copy.deepcopy(self.generator).requires_grad_(False) for _ in range(snapshots if snapshots > 1 else 0)]
+        )
+
+    @torch.no_grad()
+    def take_snapshot(self) -> None:
+        """Keep the sampler's weights now, in place of the oldest kept (with ``snapshots`` > 1)."""
+        if len(self.snapshots) == 0:
+            return
+        slot = int(self.snapshots_taken) % len(self.snapshots)
+        self.snapshots[slot].load_state_dict(self.sampler.state_dict())
+        self.snapshots_taken += 1
+
+    @property
+    def mixture(self) -> list[Generator]:
+        """The generators that make the synthetic set: the snapshots taken (oldest first), or the sampler."""
+        taken, ring = int(self.snapshots_taken), len(self.snapshots)
+        if ring == 0 or taken == 0:
+            return [self.sampler]
+        slots = range(taken - min(taken, ring), taken)
+        return [self.snapshots[slot % ring] for slot in slots]  # type: ignore[misc]
 
     @property
     def sampler(self) -> Generator:
@@ -123,12 +148,25 @@ class ConditionalGan(nn.Module):
 
 
 class CodeGenerator(nn.Module):
-    """The released generator as one-input module (MLflow's signature): a row is [z | class index]."""
+    """The released generator(s) as a one-input module (MLflow's signature): a row is [z | class index],
+    and for a mixture of K generators [z | class index | member index in 0..K-1]."""
 
-    def __init__(self, generator: Generator) -> None:
+    def __init__(self, generators: list[Generator]) -> None:
         super().__init__()
-        self.generator = generator
+        self.members = nn.ModuleList(generators)
+        self.latent_dim = generators[0].latent_dim
+
+    @property
+    def code_width(self) -> int:
+        return self.latent_dim + (1 if len(self.members) == 1 else 2)
 
     def forward(self, code: torch.Tensor) -> torch.Tensor:
-        z, labels = code[:, : self.generator.latent_dim], code[:, self.generator.latent_dim].long()
-        return self.generator(z, labels)
+        z, labels = code[:, : self.latent_dim], code[:, self.latent_dim].long()
+        if len(self.members) == 1:
+            return self.members[0](z, labels)
+        member = code[:, self.latent_dim + 1].long()
+        out = torch.empty(len(code), 1, SIDE, SIDE, dtype=z.dtype, device=z.device)
+        for k, generator in enumerate(self.members):
+            rows = member == k
+            out[rows] = generator(z[rows], labels[rows])
+        return out

@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,16 +41,32 @@ def sample(
     batch_size: int = 512,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` labelled samples on the CPU, classes balanced (class i % num_classes), in a shuffled order."""
+    return sample_mixture([generator], n, num_classes, rng, device, batch_size)
+
+
+@torch.no_grad()
+def sample_mixture(
+    generators: Sequence[Generator],
+    n: int,
+    num_classes: int,
+    rng: torch.Generator,
+    device: torch.device | None = None,
+    batch_size: int = 512,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sample` from a uniform mixture of K ``generators``: the labels are drawn as there, and
+    the k-th generator makes the samples at positions k, k + K, k + 2K, ... (n/K each)."""
     labels = (torch.arange(n) % num_classes)[torch.randperm(n, generator=rng)]
-    was_training = generator.training
-    generator.eval()
-    parts = []
-    for start in range(0, n, batch_size):
-        y = labels[start : start + batch_size]
-        z = torch.randn(len(y), generator.latent_dim, generator=rng)
-        parts.append(generator(z.to(device or z.device), y.to(device or y.device)).cpu())
-    generator.train(was_training)
-    images = torch.cat(parts) if parts else torch.zeros(0, 1, 28, 28)
+    images = torch.zeros(n, 1, 28, 28)
+    k = len(generators)
+    for member, generator in enumerate(generators):
+        at = torch.arange(member, n, k)
+        was_training = generator.training
+        generator.eval()
+        for start in range(0, len(at), batch_size):
+            rows = at[start : start + batch_size]
+            z = torch.randn(len(rows), generator.latent_dim, generator=rng)
+            images[rows] = generator(z.to(device or z.device), labels[rows].to(device or z.device)).cpu()
+        generator.train(was_training)
     return images, labels
 
 

@@ -40,7 +40,7 @@ def _artifacts(client: MlflowClient, run_id: str, path: str = "") -> set[str]:
 
 @pytest.mark.slow
 def test_a_private_gan_run_logs_its_epsilon_samples_and_scores(make_cfg: Composer, client: MlflowClient) -> None:
-    cfg = make_cfg(*QUICK, "dp.noise_multiplier=1.2")
+    cfg = make_cfg(*QUICK, "dp.noise_multiplier=1.2", "gan.snapshots=2", "gan.snapshot_every=1")
     result = train(cfg)
     run = client.get_run(result.run_id)
     m, tags = run.data.metrics, run.data.tags
@@ -75,7 +75,10 @@ def test_a_private_gan_run_logs_its_epsilon_samples_and_scores(make_cfg: Compose
     low, high = -1.0, 1.0  # digits' normalised pixel range: the generator's output range
     assert low <= synthetic_set["x"].min() and synthetic_set["x"].max() <= high
     weights = torch.load(client.download_artifacts(run.info.run_id, "generator.pt"), weights_only=True)
-    assert set(weights) == set(result.model.generator.state_dict())  # type: ignore[union-attr]
+    first, last = weights["mixture"]  # the generator after epochs 1 and 2: the synthetic set's mixture
+    final = result.model.generator.state_dict()  # type: ignore[union-attr]
+    assert set(first) == set(last) == set(final) and all(torch.equal(last[k], final[k]) for k in final)
+    assert not all(torch.equal(first[k], final[k]) for k in final)
     grid = client.download_artifacts(run.info.run_id, "samples/epoch_002.png")
     with open(grid, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -117,7 +120,7 @@ def test_an_interrupted_gan_run_resumes_to_the_same_generator_and_epsilon(
     tmp_path: Path, make_cfg: Composer, client: MlflowClient, experiment_name: str
 ) -> None:
     args = [*QUICK, "train.epochs=2", "dp.noise_multiplier=1.2", "gan.memorisation_check=false"]
-    args.append("gan.generator_ema=0.9")  # the generator's moving average is restored too
+    args += ["gan.generator_ema=0.9", "gan.snapshots=2", "gan.snapshot_every=1"]  # restored too
     straight = train(make_cfg(*args, "tracking.experiment_name=straight"))
 
     cfg = make_cfg(*args, f"train.checkpoint_dir={tmp_path / 'ckpt'}")
@@ -127,7 +130,7 @@ def test_an_interrupted_gan_run_resumes_to_the_same_generator_and_epsilon(
     resumed = train(cfg)
     assert resumed.run_id == killed.info.run_id and resumed.steps == 2 * STEPS_PER_EPOCH
     assert resumed.epsilons == straight.epsilons  # every critic step counted once, from the restored count
-    for part in ("generator", "average"):  # the weights and their moving average, both restored exactly
+    for part in ("generator", "average", "snapshots"):  # the weights, their average and snapshots: restored exactly
         for name, weight in getattr(straight.model, part).state_dict().items():
             assert torch.equal(weight, getattr(resumed.model, part).state_dict()[name]), (part, name)
     assert resumed.score == straight.score
@@ -217,6 +220,7 @@ def test_dpsweep_plan_prices_a_gan_as_its_critic_steps(make_cfg: Composer) -> No
         (["gan.gp_weight=-1"], "gan.gp_weight", "λ >= 0"),
         (["gan.n_critic=0"], "gan.n_critic", "1 or more critic steps"),
         (["gan.generator_ema=1"], "gan.generator_ema", "a decay in [0, 1)"),
+        (["gan.snapshots=0"], "gan.snapshots", "a positive integer"),
         (["dp.grad_sample_mode=hooks"], "dp.grad_sample_mode", "Opacus's hooks mode cannot take"),
         (["dp.grad_sample_mode=ghost"], "dp.grad_sample_mode", "Opacus's ghost mode cannot take"),
         (["dp.grad_sample_mode=ew"], "dp.grad_sample_mode", "Opacus's ew mode cannot take"),
@@ -245,12 +249,42 @@ def test_the_released_generator_is_one_input_module() -> None:
 
     generator = Generator(latent_dim=8, width=4, num_classes=10)
     code = torch.cat([torch.randn(3, 8), torch.tensor([[0.0], [4.0], [9.0]])], dim=1)
-    out = CodeGenerator(generator)(code)
-    assert out.shape == (3, 1, 28, 28)
+    out = CodeGenerator([generator])(code)
+    assert out.shape == (3, 1, 28, 28) and CodeGenerator([generator]).code_width == 9
     assert torch.equal(out, generator(code[:, :8], torch.tensor([0, 4, 9])))
     buffer = io.BytesIO()
-    torch.save(CodeGenerator(generator).state_dict(), buffer)
-    assert not any("critic" in k for k in CodeGenerator(generator).state_dict())
+    torch.save(CodeGenerator([generator]).state_dict(), buffer)
+    assert not any("critic" in k for k in CodeGenerator([generator]).state_dict())
+    # a mixture (gan.snapshots > 1): the last column picks the member
+    other = Generator(latent_dim=8, width=4, num_classes=10)
+    mixed = CodeGenerator([generator, other])
+    assert mixed.code_width == 10
+    rows = mixed(torch.cat([code, torch.tensor([[1.0], [0.0], [1.0]])], dim=1))
+    assert torch.equal(rows[1:2], generator(code[1:2, :8], torch.tensor([4])))
+    assert torch.equal(rows[[0, 2]], other(code[[0, 2], :8], torch.tensor([0, 9])))
+
+
+def test_snapshots_keep_the_last_generators_and_the_synthetic_set_mixes_them() -> None:
+    """gan.snapshots: a ring of the sampler's past weights; the synthetic set draws from each equally."""
+    from dpsweep.gan_models import ConditionalGan
+
+    gan = ConditionalGan(latent_dim=4, generator_width=2, critic_width=2, num_classes=10, snapshots=2)
+    assert gan.mixture == [gan.sampler]  # none taken yet
+    weights = []
+    for _ in range(3):
+        with torch.no_grad():
+            for p in gan.generator.parameters():
+                p.add_(1.0)
+        gan.take_snapshot()
+        weights.append([p.detach().clone() for p in gan.generator.parameters()])
+    assert int(gan.snapshots_taken) == 3 and len(gan.mixture) == 2
+    for member, kept in zip(gan.mixture, weights[1:], strict=True):  # the last two, oldest first
+        assert all(torch.equal(a, b) for a, b in zip(member.parameters(), kept, strict=True))
+    x, y = synthetic.sample_mixture(gan.mixture, 101, 10, torch.Generator().manual_seed(0))
+    assert x.shape == (101, 1, 28, 28) and sorted(torch.bincount(y).tolist()) == [10] * 9 + [11]
+    one = synthetic.sample_mixture([gan.sampler], 50, 10, torch.Generator().manual_seed(1))
+    two = synthetic.sample(gan.sampler, 50, 10, torch.Generator().manual_seed(1))
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])  # one member: exactly sample()
 
 
 @pytest.mark.slow

@@ -65,7 +65,7 @@ class GanRun:
         self.num_classes = inputs.data.num_classes
         self.gan = ConditionalGan(
             g.latent_dim, g.generator_width, g.critic_width, self.num_classes,
-            datasets.value_range(self.cfg.dataset.name), g.generator_ema,
+            datasets.value_range(self.cfg.dataset.name), g.generator_ema, g.snapshots,
         )  # fmt: skip
         self.run: Tracker | None = None
 
@@ -164,6 +164,8 @@ class GanRun:
             seen += len(losses)
             if self.critic_steps % self.settings.n_critic == 0:
                 generator_losses.append(self._generator_step())
+        if epoch % self.settings.snapshot_every == 0 or self.done():  # the last epoch's generator always joins
+            self.gan.take_snapshot()
         metrics = {"critic_loss": float(critic_sum) / max(seen, 1), "critic_steps": float(self.critic_steps)}
         if generator_losses:
             metrics["generator_loss"] = float(np.mean(generator_losses))
@@ -187,7 +189,7 @@ class GanRun:
         assert self.run is not None
         cfg, g, data = self.cfg, self.settings, self.inputs.data
         n = data.n_train
-        x, y = synthetic.sample(self.gan.sampler, n, self.num_classes, self._rng(-1), self.device)
+        x, y = synthetic.sample_mixture(self.gan.mixture, n, self.num_classes, self._rng(-1), self.device)
         test = device_data.materialize(data.test)
         recipe = synthetic.Recipe(g.tstr_epochs, g.tstr_lr, g.tstr_batch_size, g.tstr_val_fraction)
 
@@ -213,7 +215,8 @@ class GanRun:
         assert self.run is not None
         with tempfile.TemporaryDirectory(prefix="dpsweep-gan-") as tmp:
             weights, samples = Path(tmp) / "generator.pt", Path(tmp) / "synthetic.npz"
-            torch.save({k: v.cpu() for k, v in self.gan.sampler.state_dict().items()}, weights)
+            members = [{k: v.cpu() for k, v in g.state_dict().items()} for g in self.gan.mixture]
+            torch.save(members[0] if len(members) == 1 else {"mixture": members}, weights)
             np.savez_compressed(samples, x=x.numpy().astype(np.float32), y=y.numpy().astype(np.int64))
             self.run.log_file(weights)
             self.run.log_file(samples)
@@ -247,9 +250,10 @@ class GanRun:
 
     # ------------------------------------------------------------------ what the run releases
     def released_model(self) -> tuple[torch.nn.Module, np.ndarray]:
-        """The generator (the critic, trained on data, is not released), as a one-input module: a row is [z | class]."""
-        generator = copy.deepcopy(self.gan.sampler).to("cpu").eval()
-        return CodeGenerator(generator), np.zeros((1, generator.latent_dim + 1), dtype=np.float32)
+        """The generator, or the mixture that made the synthetic set (the critic, trained on data, is
+        not released), as a one-input module: a row is [z | class] (a mixture: [z | class | member])."""
+        released = CodeGenerator([copy.deepcopy(g).to("cpu").eval() for g in self.gan.mixture])
+        return released, np.zeros((1, released.code_width), dtype=np.float32)
 
     def trained_model(self) -> torch.nn.Module:
         return self.gan.eval()
