@@ -13,8 +13,9 @@ held-out synthetic split (never on real data):
 - ``non-private GAN``: ``task=gan dp=off`` with the task's defaults (B = 64, 5 critic steps per
   generator step, critic width 32), ``--epochs`` epochs;
 - ``DP GAN ε≈10`` and ``DP GAN ε≈3``: ``experiment=dpgan_digits dp.target_epsilon=…`` (B = 512, one
-  critic step per generator step, critic width 16, 100 epochs; σ calibrated over every critic step;
-  RDP, δ = 1e-5, per example);
+  critic step per generator step, critic width 16, 100 epochs, the synthetic set a mixture of the
+  generator's last 10 snapshots 5 epochs apart; σ calibrated over every critic step; RDP, δ = 1e-5,
+  per example);
 - ``private Gaussian ε≈10``: the simple private baseline: per class, a Gaussian with the class's
   mean and per-pixel variance, both released with one Gaussian mechanism (below), sampled to a
   synthetic set of N examples and scored with the same recipe.

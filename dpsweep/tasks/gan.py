@@ -20,6 +20,12 @@ real test split), the memorisation share, and, without DP only, the same classif
 real training split (``real_accuracy``: the reference row). Artifacts: a 10 x 10 sample grid every
 ``gan.grid_every`` epochs and at the end (``samples/epoch_NNN.png``), the generator's weights
 (``generator.pt``) and the synthetic set (``synthetic.npz``); the run's ``model`` is the generator.
+
+With ``gan.snapshots`` = K > 1 the generator (its moving average with ``gan.generator_ema``) is
+kept at the end of every ``gan.snapshot_every``-th epoch and of the last, in a ring of K; the
+synthetic set, TSTR, ``generator.pt`` (``{"mixture": [...]}``) and the model (rows [z | class |
+member]) are then the uniform mixture of the kept ones. Post-processing: they are functions of the
+critic's noisy steps alone.
 """
 
 from __future__ import annotations
