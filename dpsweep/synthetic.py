@@ -1,7 +1,7 @@
 """Evaluating a generator's synthetic data without leaking the real data: TSTR, memorisation, grids.
 
     from dpsweep.synthetic import sample, tstr_accuracy, memorisation_share, image_grid
-    x, y = sample(gan.generator, n=1437, num_classes=10, generator=torch.Generator().manual_seed(0))
+    x, y = sample([gan.generator], n=1437, num_classes=10, rng=torch.Generator().manual_seed(0))
     result = tstr_accuracy(build_classifier, (x, y), real_test, Recipe(epochs=15, lr=0.05, batch_size=64,
                            val_fraction=0.2), seed=0, device=torch.device("cpu"))
 
@@ -33,19 +33,6 @@ from dpsweep.gan_models import Generator
 
 @torch.no_grad()
 def sample(
-    generator: Generator,
-    n: int,
-    num_classes: int,
-    rng: torch.Generator,
-    device: torch.device | None = None,
-    batch_size: int = 512,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``n`` labelled samples on the CPU, classes balanced (class i % num_classes), in a shuffled order."""
-    return sample_mixture([generator], n, num_classes, rng, device, batch_size)
-
-
-@torch.no_grad()
-def sample_mixture(
     generators: Sequence[Generator],
     n: int,
     num_classes: int,
@@ -53,8 +40,9 @@ def sample_mixture(
     device: torch.device | None = None,
     batch_size: int = 512,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`sample` from a uniform mixture of K ``generators``: the labels are drawn as there, and
-    the k-th generator makes the samples at positions k, k + K, k + 2K, ... (n/K each)."""
+    """``n`` labelled samples on the CPU from a uniform mixture of K ``generators`` (one: that
+    generator): classes balanced (class i % num_classes) in a shuffled order, and the k-th generator
+    makes the samples at positions k, k + K, k + 2K, ... (n/K each)."""
     labels = (torch.arange(n) % num_classes)[torch.randperm(n, generator=rng)]
     images = torch.zeros(n, 1, 28, 28)
     k = len(generators)

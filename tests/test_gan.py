@@ -280,11 +280,16 @@ def test_snapshots_keep_the_last_generators_and_the_synthetic_set_mixes_them() -
     assert int(gan.snapshots_taken) == 3 and len(gan.mixture) == 2
     for member, kept in zip(gan.mixture, weights[1:], strict=True):  # the last two, oldest first
         assert all(torch.equal(a, b) for a, b in zip(member.parameters(), kept, strict=True))
-    x, y = synthetic.sample_mixture(gan.mixture, 101, 10, torch.Generator().manual_seed(0))
+    rng = torch.Generator().manual_seed(0)
+    x, y = synthetic.sample(gan.mixture, 101, 10, rng)
     assert x.shape == (101, 1, 28, 28) and sorted(torch.bincount(y).tolist()) == [10] * 9 + [11]
-    one = synthetic.sample_mixture([gan.sampler], 50, 10, torch.Generator().manual_seed(1))
-    two = synthetic.sample(gan.sampler, 50, 10, torch.Generator().manual_seed(1))
-    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])  # one member: exactly sample()
+    rng.manual_seed(0)  # the same draws by hand: labels, then each member's z for positions k, k+2, ...
+    labels = (torch.arange(101) % 10)[torch.randperm(101, generator=rng)]
+    assert torch.equal(y, labels)
+    for k, member in enumerate(gan.mixture):
+        z = torch.randn(len(range(k, 101, 2)), 4, generator=rng)
+        with torch.no_grad():
+            torch.testing.assert_close(x[k::2], member.eval()(z, labels[k::2]))
 
 
 @pytest.mark.slow

@@ -195,7 +195,7 @@ class GanRun:
         assert self.run is not None
         cfg, g, data = self.cfg, self.settings, self.inputs.data
         n = data.n_train
-        x, y = synthetic.sample_mixture(self.gan.mixture, n, self.num_classes, self._rng(-1), self.device)
+        x, y = synthetic.sample(self.gan.mixture, n, self.num_classes, self._rng(-1), self.device)
         test = device_data.materialize(data.test)
         recipe = synthetic.Recipe(g.tstr_epochs, g.tstr_lr, g.tstr_batch_size, g.tstr_val_fraction)
 
