@@ -266,6 +266,18 @@ def beyond_discretised(ledger: Ledger, delta: float, orders: tuple[float, ...] =
     return epsilon(ledger, delta, Accounting("rdp", orders=orders)).epsilon > DISCRETISED_MAX_EPSILON
 
 
+def not_computed(ledger: Ledger, delta: float, accounting: Accounting, where: str) -> str | None:
+    """Why ``accounting`` is refused for this ledger (PLD or PRV beyond :data:`DISCRETISED_MAX_EPSILON`),
+    as what to use instead ``where`` (e.g. "for this run"); None when it is computed."""
+    if accounting.accountant == "rdp" or not beyond_discretised(ledger, delta, accounting.orders):
+        return None
+    eps = epsilon(ledger, delta, Accounting("rdp", orders=accounting.orders)).epsilon
+    return (
+        f"rdp {where}: its RDP ε is {eps:.4g}, above {DISCRETISED_MAX_EPSILON:g}, where PLD and PRV discretise "
+        "the privacy loss for minutes and gigabytes to report ε = inf"
+    )
+
+
 def epsilon(ledger: Ledger, delta: float, accounting: Accounting = Accounting()) -> Spent:
     """ε of everything in ``ledger`` at δ. Never negative and never NaN: (ε, δ)-DP implies (ε', δ)-DP
     for every ε' >= ε (Dwork & Roth 2014, Def. 2.4), so a negative bound is reported as 0, and a bound

@@ -250,15 +250,9 @@ def _planned_privacy(cfg: Config, n_train: int) -> PlannedPrivacy | None:
 def _computable(dp: DPConfig, planned: PlannedPrivacy) -> PlannedPrivacy:
     """The plan, unless dp.accountant is pld or prv beyond ``ledger.DISCRETISED_MAX_EPSILON``: there
     they would take minutes and gigabytes at the end of the run to report ε = inf; refused before it."""
-    orders = accounting(dp).orders
-    if dp.accountant.value != "rdp" and ledger.beyond_discretised(planned.ledger, dp.delta, orders):
-        eps = ledger.epsilon(planned.ledger, dp.delta, Accounting("rdp", orders=orders)).epsilon
-        raise ConfigError(
-            "dp.accountant", dp.accountant.value,
-            f"rdp for this run: its RDP ε is {eps:.4g} (σ={planned.noise_multiplier:.3g}), above "
-            f"{ledger.DISCRETISED_MAX_EPSILON:g}, where PLD and PRV discretise the privacy loss for minutes "
-            "and gigabytes to report ε = inf",
-        )  # fmt: skip
+    why = ledger.not_computed(planned.ledger, dp.delta, accounting(dp), "for this run")
+    if why is not None:
+        raise ConfigError("dp.accountant", dp.accountant.value, why)
     return planned
 
 

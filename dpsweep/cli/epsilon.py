@@ -204,15 +204,10 @@ def _dpsgd(a: argparse.Namespace) -> dict[str, Any]:
             raise InputError("--target-epsilon", a.target_epsilon, f"an ε above that of one epoch at σ={sigma}")
         calibrated = "epochs"
     r = _result(a, sigma, epochs, steps)
-    if a.accountant != "rdp" and math.isinf(r.epsilon):
-        bill = privacy.run_ledger(_schedule(a), r.noise_multiplier, r.steps, _extra(a))
-        if ledger.beyond_discretised(bill, a.delta, _accounting(a).orders):
-            rdp_eps = ledger.epsilon(bill, a.delta, ledger.Accounting("rdp", orders=_accounting(a).orders)).epsilon
-            raise InputError(
-                "--accountant", a.accountant,
-                f"rdp here: the RDP ε is {rdp_eps:.4g}, above {ledger.DISCRETISED_MAX_EPSILON:g}, where PLD and PRV "
-                "discretise the privacy loss for minutes and gigabytes to report ε = inf",
-            )  # fmt: skip
+    bill = privacy.run_ledger(_schedule(a), r.noise_multiplier, r.steps, _extra(a))
+    why = ledger.not_computed(bill, a.delta, _accounting(a), "here")
+    if why is not None:
+        raise InputError("--accountant", a.accountant, why)
     out: dict[str, Any] = {
         "epsilon": r.epsilon, "delta": r.delta, "alpha": r.alpha, "steps": r.steps,
         "sample_rate": r.sample_rate, "noise_multiplier": r.noise_multiplier, "accountant": r.accountant,
@@ -223,7 +218,6 @@ def _dpsgd(a: argparse.Namespace) -> dict[str, Any]:
     if a.clipping == "quantile":
         out |= {"clipping": "quantile", "clip_epsilon": a.clip_epsilon}
     if a.tuning_trials is not None:
-        bill = privacy.run_ledger(_schedule(a), r.noise_multiplier, r.steps, _extra(a))
         tuned = ledger.tuning_epsilon(bill, a.delta, a.tuning_trials, _tuning_shape(a), _accounting(a).orders)
         out |= {
             "epsilon_tuning": tuned.epsilon, "tuning_trials": a.tuning_trials,
