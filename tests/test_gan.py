@@ -221,6 +221,7 @@ def test_dpsweep_plan_prices_a_gan_as_its_critic_steps(make_cfg: Composer) -> No
         (["gan.n_critic=0"], "gan.n_critic", "1 or more critic steps"),
         (["gan.generator_ema=1"], "gan.generator_ema", "a decay in [0, 1)"),
         (["gan.snapshots=0"], "gan.snapshots", "a positive integer"),
+        (["gan.snapshot_every=0"], "gan.snapshot_every", "a positive integer"),
         (["dp.grad_sample_mode=hooks"], "dp.grad_sample_mode", "Opacus's hooks mode cannot take"),
         (["dp.grad_sample_mode=ghost"], "dp.grad_sample_mode", "Opacus's ghost mode cannot take"),
         (["dp.grad_sample_mode=ew"], "dp.grad_sample_mode", "Opacus's ew mode cannot take"),
