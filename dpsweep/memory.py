@@ -117,15 +117,25 @@ def live_storages(device: torch.device) -> dict[int, int]:
 
     # The walk over every tracked object stays in C (map, set lookups, compress): only tensors reach
     # Python. type() rather than isinstance(), which reads __class__ and makes some lazy proxies warn.
+    tensor_kinds = _subclasses(torch.Tensor)
     objects = gc.get_objects()
-    kinds = set(map(type, objects))
-    tensor_kinds = {k for k in kinds if issubclass(k, torch.Tensor)}
     for obj in itertools.compress(objects, map(tensor_kinds.__contains__, map(type, objects))):
         add(obj)
         if isinstance(obj, torch.nn.Parameter):  # .grad is created in C++: no Python object until read
             add(obj.grad)
     seen.pop(0, None)  # empty storages
     return seen
+
+
+def _subclasses(kind: type) -> set[type]:
+    """``kind`` and every class derived from it, directly or not (those defined so far)."""
+    found, todo = {kind}, [kind]
+    while todo:
+        for sub in type.__subclasses__(todo.pop()):
+            if sub not in found:
+                found.add(sub)
+                todo.append(sub)
+    return found
 
 
 @MONITORS.register("cpu")
