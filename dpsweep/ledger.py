@@ -292,18 +292,50 @@ def epsilon(ledger: Ledger, delta: float, accounting: Accounting = Accounting())
         return Spent(math.inf, delta, a.accountant, conversion, None)
     # Every accountant is a pure function of the ledger's mechanisms (its leaves), δ and the
     # accounting: the jobs of a sweep over seeds, in one process, compute each ε once.
-    key = (tuple(leaf for e in ledger.entries for leaf in leaves(e.event) if leaf.count > 0), delta, a)
+    key = _key(ledger, delta, a)
     found = _COMPUTED.get(key)
     if found is None:
-        if len(_COMPUTED) >= COMPUTED_SIZE:
-            _COMPUTED.clear()
-        found = _COMPUTED[key] = compute(ledger, delta, a)
+        found = compute(ledger, delta, a)
+        remember({key: found})
     eps, order = found
     return Spent(sound_epsilon(eps), delta, a.accountant, conversion, order)
 
 
 COMPUTED_SIZE = 4096  # ε values kept in this process (then forgotten all at once)
-_COMPUTED: dict[tuple[tuple[Leaf, ...], float, Accounting], tuple[float, float | None]] = {}
+Computed = dict[tuple[tuple["Leaf", ...], float, Accounting], tuple[float, float | None]]
+_COMPUTED: Computed = {}
+
+
+def _key(ledger: Ledger, delta: float, a: Accounting) -> tuple[tuple[Leaf, ...], float, Accounting]:
+    return tuple(leaf for e in ledger.entries for leaf in leaves(e.event) if leaf.count > 0), delta, a
+
+
+def _keys(ledger: Ledger, delta: float, orders: tuple[float, ...]) -> list[tuple[tuple[Leaf, ...], float, Accounting]]:
+    names = ["rdp"] if beyond_discretised(ledger, delta, orders) else ACCOUNTANTS.names()
+    return [_key(ledger, delta, Accounting(name, orders=orders)) for name in names]
+
+
+def computed(ledger: Ledger, delta: float, orders: tuple[float, ...] = rdp.DEFAULT_ORDERS) -> Computed:
+    """The values :func:`epsilons` of this ledger has computed in this process (to hand to another
+    process's :func:`remember`: :mod:`dpsweep.prefetch`)."""
+    return {k: _COMPUTED[k] for k in _keys(ledger, delta, orders) if k in _COMPUTED}
+
+
+def all_computed(ledger: Ledger, delta: float, orders: tuple[float, ...] = rdp.DEFAULT_ORDERS) -> bool:
+    """Whether :func:`epsilons` of this ledger would compute nothing (every value is remembered)."""
+    return all(k in _COMPUTED for k in _keys(ledger, delta, orders))
+
+
+def forget() -> None:
+    """Drop every remembered ε value (they are recomputed when next asked for)."""
+    _COMPUTED.clear()
+
+
+def remember(values: Computed) -> None:
+    """Keep ε values computed by :func:`epsilon`'s accountants, here or in a process forked from this one."""
+    if len(_COMPUTED) + len(values) > COMPUTED_SIZE:
+        _COMPUTED.clear()
+    _COMPUTED.update(values)
 
 
 def sound_epsilon(eps: float) -> float:

@@ -39,7 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from tqdm.auto import tqdm
 
-from dpsweep import checkpoint, ledger, memory, tasks, units
+from dpsweep import checkpoint, ledger, memory, prefetch, tasks, units
 from dpsweep import data as datasets
 from dpsweep.config import Config, ConfigError, Device, flatten, identity, settings, to_config, validate
 from dpsweep.facts import DatasetFacts
@@ -114,6 +114,8 @@ def train(cfg: DictConfig | Config) -> TrainResult:
     found = checkpoint.peek(ckpt_dir, plan.config_hash) if ckpt_dir else checkpoint.Found(None)
     resume = found.state
     monitor = memory.monitor_for(device)  # baseline before the model exists
+    # the final ε under every accountant, computed on another core while the run trains
+    ahead = None if config.train.probe else prefetch.start(*_planned_ledger(plan))
     try:
         task_run = tasks.get(config.task.name).build(tasks.RunInputs(config, plan, data, device))
         tags = run_tags(plan, data, device, monitor.backend) | task_run.tags()
@@ -156,6 +158,8 @@ def train(cfg: DictConfig | Config) -> TrainResult:
             t = config.tracking
             with system_metrics(run.run_id, t.uri, t.system_metrics_after_s, t.system_metrics_interval_s):
                 _epochs(config, task_run, stages, parts, Checkpoints(ckpt_dir, plan.config_hash, state))
+            if ahead is not None:
+                ahead.collect()
             _finish_privacy(config, plan, task_run, result, run)
             result.model = task_run.trained_model()
             if config.tracking.log_model:
@@ -164,6 +168,8 @@ def train(cfg: DictConfig | Config) -> TrainResult:
             checkpoint.remove(ckpt_dir)  # the run is complete; a rerun starts afresh
         return result
     finally:
+        if ahead is not None:
+            ahead.cancel()  # a run that ended early: its child is ended (after collect: nothing to do)
         monitor.close()  # the CPU twin's frozen baseline (dpsweep.memory)
 
 
@@ -300,6 +306,13 @@ def _log_model(cfg: Config, task_run: tasks.TaskRun, run: Tracker) -> None:
         return
     run.log_model(module, example)
     run.set_tags({"model.logged": "true", "model.logged_bytes": size_bytes})
+
+
+def _planned_ledger(plan: RunPlan) -> tuple[Ledger | None, float, tuple[float, ...]]:
+    """The ledger the run has after its last planned step (None without DP), its δ and RDP orders:
+    what :func:`dpsweep.prefetch.start` computes ahead."""
+    dp = plan.config.dp
+    return (plan.privacy.ledger if plan.privacy is not None else None), dp.delta, accounting(dp).orders
 
 
 def _finish_privacy(cfg: Config, plan: RunPlan, task_run: tasks.TaskRun, result: TrainResult, run: Tracker) -> None:
