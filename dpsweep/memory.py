@@ -131,7 +131,8 @@ def _subclasses(kind: type) -> set[type]:
     """``kind`` and every class derived from it, directly or not (those defined so far)."""
     found, todo = {kind}, [kind]
     while todo:
-        for sub in type.__subclasses__(todo.pop()):
+        subs: list[type] = type.__subclasses__(todo.pop())
+        for sub in subs:
             if sub not in found:
                 found.add(sub)
                 todo.append(sub)
