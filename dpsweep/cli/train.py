@@ -12,10 +12,12 @@ a sweep it raises instead, so that the sweeper records the job as failed and goe
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -109,41 +111,75 @@ def unwritable_output(argv: Sequence[str], cwd: Path | None = None) -> InputErro
         )
 
 
-def composition_error(argv: Sequence[str]) -> InputError | None:
-    """A single run's overrides that Hydra cannot compose (an unknown option of a config group, a
-    misspelt key, a value of the wrong type), as bad input naming the key, the value and what is
-    allowed, before Hydra starts. Sweeps (-m) and Hydra's own flags are left to Hydra."""
-    if any(a.startswith("-") for a in argv):
-        return None
-    from hydra import compose, initialize_config_module
+def composition_problem(err: BaseException, argv: Sequence[str]) -> InputError | None:
+    """``err`` as bad input naming the key, the value and what is allowed, where it is Hydra's
+    failure to compose the run's overrides (an unknown option of a config group, a misspelt key, a
+    value of the wrong type); None for any other error, and for errors raised by the run itself."""
     from hydra.errors import HydraException, MissingConfigException
     from omegaconf.errors import OmegaConfBaseException
 
-    try:
-        with initialize_config_module("dpsweep.conf", version_base="1.3"):
-            compose("config", overrides=list(argv))
-    except MissingConfigException as err:
+    if not isinstance(err, (HydraException, OmegaConfBaseException)) or _raised_by_the_run(err):
+        return None
+    if isinstance(err, MissingConfigException):
         group, _, name = (err.missing_cfg_file or "").rpartition("/")
         options = [o for o in err.options or [] if not o.startswith("base_")]  # base_*: schemas, not options
         if group and options:
             return InputError(group, name, f"one of {', '.join(options)}")
         return InputError("config", err.missing_cfg_file, str(err).splitlines()[0])
-    except (HydraException, OmegaConfBaseException) as err:
-        why = str(err.__cause__ or err).splitlines()[0]
-        found = re.search(r"override '?([^'=\s]+)'?", str(err))
-        key = found.group(1) if found else "overrides"
-        value = override_value(argv, key.lstrip("+~"))
-        return InputError(key, value if found else " ".join(argv), f"a key and value of the config schema ({why})")
-    return None
+    why = str(err.__cause__ or err).splitlines()[0]
+    found = re.search(r"override '?([^'=\s]+)'?", str(err))
+    key = found.group(1) if found else "overrides"
+    value = override_value(argv, key.lstrip("+~"))
+    return InputError(key, value if found else " ".join(argv), f"a key and value of the config schema ({why})")
+
+
+def _raised_by_the_run(err: BaseException) -> bool:
+    """Whether ``err`` passed through the Hydra task (:func:`app`), i.e. came after composition."""
+    task = app.__wrapped__.__code__  # hydra.main keeps the task function (functools.wraps)
+    tb = err.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is task:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+@contextmanager
+def composition_errors_raised() -> Iterator[None]:
+    """Hydra raises what it would print and exit 1 with (``HYDRA_FULL_ERROR=1``), for the block."""
+    before = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["HYDRA_FULL_ERROR"]
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = before
 
 
 def main() -> None:
-    """Console entry point ``dpsweep``: the Hydra app, once its overrides compose and its output
-    directory can be written (else exit 2)."""
-    problem = composition_error(sys.argv[1:]) or unwritable_output(sys.argv[1:])
+    """Console entry point ``dpsweep``: the Hydra app, where its output directory can be written and
+    its overrides compose (else exit 2).
+
+    A single run's config is composed once, by Hydra: its composition errors are raised to here and
+    reported as bad input; errors of the run itself keep their traceback and exit 1. Sweeps (-m) and
+    Hydra's own flags are left to Hydra (a sweep's jobs are checked by its sweeper)."""
+    argv = sys.argv[1:]
+    problem = unwritable_output(argv)
     if problem is not None:
         raise SystemExit(report_bad_input("dpsweep", problem))
-    app()
+    if any(a.startswith("-") for a in argv):
+        app()
+        return
+    with composition_errors_raised():
+        try:
+            app()
+        except Exception as err:
+            problem = composition_problem(err, argv)
+            if problem is None:
+                raise
+            raise SystemExit(report_bad_input("dpsweep", problem)) from None
 
 
 @dataclass(frozen=True)
