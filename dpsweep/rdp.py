@@ -77,63 +77,88 @@ def subsampled_gaussian(sample_rate: float, noise_multiplier: float, orders: Seq
         raise ValueError(f"sample_rate must be in [0, 1], got {q}")
     if sigma < 0:
         raise ValueError(f"noise_multiplier must be >= 0, got {sigma}")
-    out = np.empty(len(orders))
-    for k, alpha in enumerate(orders):
-        a = float(alpha)
-        if q == 0:
-            out[k] = 0.0
-        elif sigma == 0 or math.isinf(a):
-            out[k] = math.inf
-        elif q == 1:
-            out[k] = a / (2 * sigma**2)  # the Gaussian mechanism's RDP (Mironov 2017, Prop. 7)
-        else:
-            log_a = _log_a_int(q, sigma, int(a)) if a.is_integer() else _log_a_frac(q, sigma, a)
-            out[k] = log_a / (a - 1)
+    a = np.asarray(orders, dtype=float)
+    if q == 0:
+        return np.zeros(len(a))
+    if sigma == 0:
+        return np.full(len(a), math.inf)
+    if q == 1:
+        return a / (2 * sigma**2)  # the Gaussian mechanism's RDP (Mironov 2017, Prop. 7)
+    log_a = np.full(len(a), math.inf)  # α = inf
+    finite = np.isfinite(a)
+    integer = finite & (a == np.floor(a))
+    fractional = finite & ~integer
+    log_a[integer] = _log_a_int(q, sigma, a[integer])
+    log_a[fractional] = _log_a_frac(q, sigma, a[fractional])
+    with np.errstate(invalid="ignore"):  # α = inf: inf / inf
+        out = log_a / (a - 1)
+    out[~finite] = math.inf
     return out
 
 
-def _log_a_int(q: float, sigma: float, alpha: int) -> float:
-    """log A_α for integer α: log Σ_i C(α, i) (1-q)^(α-i) q^i exp((i² - i) / (2σ²))."""
-    i = np.arange(alpha + 1, dtype=float)
-    log_terms = (
-        special.gammaln(alpha + 1) - special.gammaln(i + 1) - special.gammaln(alpha - i + 1)
-        + i * math.log(q) + (alpha - i) * math.log1p(-q) + (i * i - i) / (2 * sigma**2)
-    )  # fmt: skip
-    return float(special.logsumexp(log_terms))
+def _log_a_int(q: float, sigma: float, alphas: np.ndarray) -> np.ndarray:
+    """log A_α for each integer α: log Σ_{i<=α} C(α, i) (1-q)^(α-i) q^i exp((i² - i) / (2σ²))."""
+    if len(alphas) == 0:
+        return np.empty(0)
+    alpha = np.asarray(alphas, dtype=float)[:, None]
+    i = np.arange(int(alpha.max()) + 1, dtype=float)[None, :]
+    with np.errstate(invalid="ignore"):  # i > α: left out below
+        log_terms = (
+            special.gammaln(alpha + 1) - special.gammaln(i + 1) - special.gammaln(alpha - i + 1)
+            + i * math.log(q) + (alpha - i) * math.log1p(-q) + (i * i - i) / (2 * sigma**2)
+        )  # fmt: skip
+    return np.asarray(special.logsumexp(np.where(i <= alpha, log_terms, -math.inf), axis=1))
 
 
-def _log_a_frac(q: float, sigma: float, alpha: float) -> float:
-    """log A_α for fractional α: the integrals over (-inf, z0] and [z0, inf) as two series whose
-    terms carry the sign of the generalised binomial coefficient C(α, i)."""
+_SERIES_CHUNK = 64  # terms computed at once, for every fractional order still summing
+
+
+def _log_a_frac(q: float, sigma: float, alphas: np.ndarray) -> np.ndarray:
+    """log A_α for each fractional α: the integrals over (-inf, z0] and [z0, inf) as two series whose
+    terms carry the sign of the generalised binomial coefficient C(α, i). Each order's series stops
+    at the first term i where both terms fall below exp(-30) (that term included). The terms of every
+    order still summing are computed together, a chunk of i at a time, and added to two running signed
+    sums per order (kept as log-magnitude and sign)."""
+    alpha = np.asarray(alphas, dtype=float)
     z0 = sigma**2 * math.log(1 / q - 1) + 0.5
     log_q, log_1mq = math.log(q), math.log1p(-q)
-    sums = [0.0, 0.0]  # the two series, each scaled by exp(-scale[k]) to stay representable
-    scale = [-math.inf, -math.inf]
-    for i in range(_SERIES_MAX_TERMS):
-        coef = special.binom(alpha, i)
-        log_coef = math.log(abs(coef))
-        j = alpha - i
+    log_sum = np.full((2, len(alpha)), -math.inf)  # each series' running sum: log |S| ...
+    sign = np.ones((2, len(alpha)))  # ... and the sign of S
+    summing = np.ones(len(alpha), dtype=bool)
+    for start in range(0, _SERIES_MAX_TERMS, _SERIES_CHUNK):
+        rows = np.flatnonzero(summing)
+        if rows.size == 0:
+            break
+        i = np.arange(start, start + _SERIES_CHUNK, dtype=float)[None, :]
+        a = alpha[rows, None]
+        j = a - i
+        coef = special.binom(a, i)
+        with np.errstate(divide="ignore"):  # C(α, i) underflows to 0 far past the cut-off
+            log_coef = np.log(np.abs(coef))
         log_e0 = math.log(0.5) + _log_erfc((i - z0) / (math.sqrt(2) * sigma))
         log_e1 = math.log(0.5) + _log_erfc((z0 - j) / (math.sqrt(2) * sigma))
-        log_s = (
+        log_s = np.stack([
             log_coef + i * log_q + j * log_1mq + (i * i - i) / (2 * sigma**2) + log_e0,
             log_coef + j * log_q + i * log_1mq + (j * j - j) / (2 * sigma**2) + log_e1,
-        )
-        for k in (0, 1):
-            if log_s[k] > scale[k]:  # rescale the running sum to the new largest term
-                sums[k] = sums[k] * math.exp(scale[k] - log_s[k]) if sums[k] else 0.0
-                scale[k] = log_s[k]
-            sums[k] += math.copysign(math.exp(log_s[k] - scale[k]), coef)
-        if max(log_s) < _SERIES_CUTOFF:
-            break
-    else:
-        raise ArithmeticError(f"RDP series did not converge: q={q}, σ={sigma}, α={alpha}")
-    total = [math.log(s) + c if s > 0 else -math.inf for s, c in zip(sums, scale, strict=True)]
-    return float(np.logaddexp(total[0], total[1]))
+        ])  # fmt: skip
+        below = np.maximum(log_s[0], log_s[1]) < _SERIES_CUTOFF
+        ends = below.any(axis=1)
+        last = np.where(ends, below.argmax(axis=1), _SERIES_CHUNK - 1)  # each row's last term in this chunk
+        kept = np.arange(_SERIES_CHUNK)[None, :] <= last[:, None]
+        # the chunk's terms and the running sum, added as signed values in log space
+        terms = np.concatenate([np.where(kept, log_s, -math.inf), log_sum[:, rows, None]], axis=2)
+        signs = np.concatenate([np.broadcast_to(np.sign(coef) * kept, log_s.shape), sign[:, rows, None]], axis=2)
+        with np.errstate(divide="ignore"):  # a sum of exactly 0
+            log_sum[:, rows], sign[:, rows] = special.logsumexp(terms, axis=2, b=signs, return_sign=True)
+        summing[rows[ends]] = False
+    if summing.any():
+        raise ArithmeticError(f"RDP series did not converge: q={q}, σ={sigma}, α={alpha[summing]}")
+    total = np.where(sign > 0, log_sum, -math.inf)
+    return np.asarray(np.logaddexp(total[0], total[1]))
 
 
-def _log_erfc(x: float) -> float:
-    return math.log(2) + float(special.log_ndtr(-x * math.sqrt(2)))
+def _log_erfc(x: np.ndarray) -> np.ndarray:
+    return math.log(2) + special.log_ndtr(-x * math.sqrt(2))
 
 
 def pure_dp(epsilon: float, orders: Sequence[float]) -> np.ndarray:

@@ -36,6 +36,21 @@ def test_subsampled_gaussian_rdp_is_the_renyi_divergence(sigma: float, q: float,
     assert rdp.subsampled_gaussian(q, sigma, [alpha])[0] == pytest.approx(math.log(a) / (alpha - 1), rel=1e-7)
 
 
+@pytest.mark.parametrize(("sigma", "q"), [(0.8, 64 / 1437), (0.5, 0.0102), (20.0, 1e-4), (1.0, 0.9)])
+def test_subsampled_gaussian_rdp_of_many_orders_is_each_order_alone(sigma: float, q: float) -> None:
+    # the orders are summed together (integer and fractional series, in chunks): each equals its own call
+    orders = [*rdp.DEFAULT_ORDERS, math.inf]
+    together = rdp.subsampled_gaussian(q, sigma, orders)
+    alone = np.array([rdp.subsampled_gaussian(q, sigma, [a])[0] for a in orders])
+    assert np.array_equal(np.isinf(together), np.isinf(alone)) and np.isinf(together[-1])
+    finite = np.isfinite(alone)
+    assert np.allclose(together[finite], alone[finite], rtol=1e-12, atol=1e-14)  # log A_α near 0: absolute
+    assert rdp.subsampled_gaussian(q, sigma, []).shape == (0,)
+    assert rdp.subsampled_gaussian(q, sigma, [2, 3]) == pytest.approx(
+        rdp.subsampled_gaussian(q, sigma, [1.5, 2, 3])[1:]
+    )
+
+
 def test_the_default_grid_only_lowers_epsilon_and_only_where_the_optimum_moved() -> None:
     moved = 0
     for sigma, q, steps in [*CASES, (8.0, 0.001, 1000), (20.0, 0.01, 100), (1.3, 150 / 60000, 6000)]:
