@@ -13,11 +13,12 @@ Range checks that types cannot express (``noise_multiplier > 0``, ``delta < 1/N`
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -489,15 +490,31 @@ def to_config(cfg: DictConfig | Config) -> Config:
 
 def _refuse_unknown_keys(given: DictConfig, typed: Config) -> None:
     """Keys the schema lacks (``+train.bach_size=32``: Hydra adds them, and the typed config would drop
-    them silently) are refused, with the closest valid keys."""
+    them silently) are refused, with the closest valid keys. Only the keys are compared (the given
+    config's node names against the schema's fields), so no value is resolved unless one is refused."""
     import difflib
 
-    known = flatten(typed)
-    for key, value in flatten(given).items():
-        if key not in known and not any(k.startswith(key + ".") for k in known):
-            close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise ConfigError(key, value, f"a key of the dpsweep config (this one is not in its schema){hint}")
+    for key in _unknown_keys(given, typed):
+        value = OmegaConf.select(given, key)
+        if isinstance(value, DictConfig):  # name the first value under the unknown node, as a dotted key
+            leaf, value = next(iter(_flatten(value).items()), ("", {}))
+            key = f"{key}.{leaf}" if leaf else key
+        close = difflib.get_close_matches(key, list(flatten(typed)), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ConfigError(key, value, f"a key of the dpsweep config (this one is not in its schema){hint}")
+
+
+def _unknown_keys(given: DictConfig, typed: object, prefix: str = "") -> Iterator[str]:
+    """The dotted key of each node of ``given`` whose name is no field of the dataclass ``typed`` at the
+    same place; below a field that is not a dataclass (a dict of any keys), every key is known."""
+    if not dataclasses.is_dataclass(typed):
+        return
+    names = {f.name for f in dataclasses.fields(typed)}
+    for name in map(str, given):
+        if name not in names:
+            yield prefix + name
+        elif isinstance(node := given._get_node(name), DictConfig):  # the node: nothing resolved
+            yield from _unknown_keys(node, getattr(typed, name), f"{prefix}{name}.")
 
 
 def flatten(cfg: DictConfig | Config) -> dict[str, Any]:

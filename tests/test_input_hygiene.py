@@ -54,6 +54,23 @@ def test_a_key_the_schema_lacks_is_refused_however_it_arrives(make_cfg: Composer
     assert info.value.key == "train.bach_size" and "did you mean train.batch_size" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("override", "key", "value"),
+    [("+train.bach_size=32", "train.bach_size", 32), ("+dataset.extra.deep=1", "dataset.extra.deep", 1),
+     ("+seed=3", "seed", 3), ("+dp.clip={a: 2}", "dp.clip.a", 2)],
+)  # fmt: skip
+def test_an_unknown_key_is_named_with_its_first_value(make_cfg: Composer, override: str, key: str, value: int) -> None:
+    with pytest.raises(ConfigError) as info:
+        to_config(make_cfg(override))
+    assert (info.value.key, info.value.value) == (key, value)
+
+
+def test_every_key_of_the_composed_config_is_known(make_cfg: Composer) -> None:
+    # the defaults and an experiment file: nothing refused (the check compares names only)
+    for overrides in [(), ("experiment=demo",), ("task=gan", "dataset=digits"), ("model=vgg16_frozen",)]:
+        to_config(make_cfg(*overrides))
+
+
 def test_epsilon_is_never_negative_even_where_the_conversion_says_so() -> None:
     schedule = privacy.poisson_schedule(1437, 64)
     orders = rdp.OPACUS_ORDERS
