@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from dpsweep.config import given_overrides
 from dpsweep.errors import InputError
+from dpsweep.launchers.composed import ComposedJobs
 from dpsweep.launchers.nodes import OptunaSearchConf
 from dpsweep.launchers.overrides import new_sweep_id, string_override
 from dpsweep.launchers.preflight import preflight, refuse
@@ -114,6 +115,7 @@ class DpsweepSweeper(Sweeper):
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.launcher: Launcher | None = None
+        self.composer: ComposedJobs | None = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         from hydra.core.plugins import Plugins
@@ -123,8 +125,12 @@ class DpsweepSweeper(Sweeper):
         with open_dict(config):
             config.hydra.sweep.dir = str(Path(str(config.hydra.sweep.dir)).absolute())
         self.config, self.hydra_context = config, hydra_context
+        # the inline launcher (Hydra's basic one, in this process) runs each job on the config composed here
+        inline = OmegaConf.select(config, "launcher.name") == "inline"
+        self.composer = ComposedJobs(hydra_context.config_loader, keep=inline)
+        launcher_context = HydraContext(self.composer, hydra_context.callbacks) if inline else hydra_context
         self.launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=hydra_context, task_function=task_function, config=config
+            hydra_context=launcher_context, task_function=task_function, config=config
         )
 
     def _jobs(self, arguments: list[str], sweep_id: str) -> list[list[str]]:
@@ -138,11 +144,8 @@ class DpsweepSweeper(Sweeper):
 
     def compose_job(self, job: list[str]) -> DictConfig:
         """The job's own config (without the ``hydra`` node, whose job fields exist only at run time)."""
-        assert self.hydra_context is not None and self.config is not None
-        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, job)
-        with open_dict(cfg):
-            del cfg["hydra"]
-        return cfg
+        assert self.composer is not None and self.config is not None
+        return self.composer.compose(self.config, job)
 
     def sweep(self, arguments: list[str]) -> Any:
         assert self.config is not None and self.launcher is not None
