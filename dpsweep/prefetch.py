@@ -25,11 +25,15 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import select
 import signal
+import time
 import warnings
 
 from dpsweep import ledger as ledgers
 from dpsweep.ledger import Ledger
+
+COLLECT_TIMEOUT_S = 60.0  # longest wait for the child once the run has trained; then the run computes its own
 
 
 class Prefetch:
@@ -40,18 +44,35 @@ class Prefetch:
         self.collected: int | None = None  # values brought into this process's cache; None before collect
         self.values: ledgers.Computed = {}  # what collect brought
 
-    def collect(self) -> int:
-        """Wait for the child and keep its values (:func:`dpsweep.ledger.remember`); the number kept
-        (0 when the child failed: the run then computes its ε itself)."""
+    def collect(self, timeout_s: float = COLLECT_TIMEOUT_S) -> int:
+        """Wait for the child, at most ``timeout_s``, and keep its values (:func:`dpsweep.ledger.remember`);
+        the number kept. 0 when the child failed or was still computing (it is then ended): the run
+        computes its ε itself. A fork can leave the child waiting forever on a lock that another thread
+        held when it was forked; the timeout keeps such a child from holding up the run's end."""
         if self.collected is not None:
             return self.collected
-        with os.fdopen(self.read_fd, "rb") as pipe:
-            data = pipe.read()
+        data = self._read(time.monotonic() + timeout_s)
+        if data is None:  # still computing, or stuck: the run computes its own
+            self.cancel()
+            return 0
+        self._close()
         _, status = os.waitpid(self.pid, 0)
         self.values = pickle.loads(data) if os.waitstatus_to_exitcode(status) == 0 and data else {}
         ledgers.remember(self.values)
         self.collected = len(self.values)
         return self.collected
+
+    def _read(self, deadline: float) -> bytes | None:
+        """Everything the child writes, up to its end of the pipe; None at the deadline."""
+        chunks: list[bytes] = []
+        while True:
+            ready, _, _ = select.select([self.read_fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return None
+            chunk = os.read(self.read_fd, 1 << 16)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
 
     def cancel(self) -> None:
         """End the child (the run failed or stopped before its end) and reap it."""
@@ -59,9 +80,14 @@ class Prefetch:
             return
         with contextlib.suppress(ProcessLookupError):  # already gone
             os.kill(self.pid, signal.SIGKILL)
-        os.waitpid(self.pid, 0)
-        os.close(self.read_fd)
+        with contextlib.suppress(ChildProcessError):  # already reaped
+            os.waitpid(self.pid, 0)
+        self._close()
         self.collected = 0
+
+    def _close(self) -> None:
+        with contextlib.suppress(OSError):  # closed already (a collect that was interrupted)
+            os.close(self.read_fd)
 
 
 def start(bill: Ledger | None, delta: float, orders: tuple[float, ...]) -> Prefetch | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -89,3 +90,36 @@ def test_a_ledger_beyond_the_discretised_range_forks_nothing() -> None:
     bill = ledger.Ledger((ledger.dpsgd(noise_multiplier=0.2, sample_rate=0.5, steps=500),))
     assert prefetch.start(bill, DELTA, ORDERS) is None  # RDP alone is reported: computed to decide that
     assert ledger.beyond_discretised(bill, DELTA) and ledger.all_computed(bill, DELTA, ORDERS)
+
+
+def test_a_child_that_does_not_finish_in_time_is_ended_and_the_run_computes_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def stuck(*args: object, **kwargs: object) -> dict[str, float]:
+        time.sleep(60)  # as a child that waits on a lock another thread held when it was forked
+        return {}
+
+    bill = _bill()
+    monkeypatch.setattr(ledger, "epsilons", stuck)  # in the forked child too
+    ahead = prefetch.start(bill, DELTA, ORDERS)
+    assert ahead is not None
+    started = time.monotonic()
+    assert ahead.collect(timeout_s=0.5) == 0 and ahead.values == {}
+    assert time.monotonic() - started < 10  # not the child's 60 s
+    assert _reaped(ahead.pid) and not ledger.all_computed(bill, DELTA, ORDERS)
+    ahead.cancel()  # after collect: nothing to do
+
+
+def test_cancel_after_an_interrupted_collect_reaps_the_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    ahead = prefetch.start(_bill(), DELTA, ORDERS)
+    assert ahead is not None
+
+    def interrupted(deadline: float) -> bytes | None:
+        os.close(ahead.read_fd)  # as far as the read got: the pipe is closed
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ahead, "_read", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ahead.collect()
+    ahead.cancel()  # the run's finally: no error from the closed pipe, the child reaped
+    assert _reaped(ahead.pid) and ahead.collected == 0
