@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 # The command submitit's executors start each job with, before "-u -m submitit.core._submit <folder>":
 # dpsweep.launchers.job runs submitit's job runner and ends the process without the teardown.
 JOB_PYTHON = f"{shlex.quote(sys.executable)} -u -m dpsweep.launchers.job"
-POLL_S = 1.0  # how often the driver looks for completed jobs (submitit's watchers rate-limit sacct/qstat)
+POLL_S = 1.0  # how often the driver looks for completed cluster jobs (submitit's watchers rate-limit sacct/qstat)
+LOCAL_POLL_S = 0.05  # ... and for local jobs (a poll of the job's process): each job's end is seen within it
 
 
 class _DpsweepSubmititLauncher(BaseSubmititLauncher):
@@ -45,6 +46,7 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
 
     _INIT_KEYS = frozenset({"max_num_timeout"})
     on_job_done: Callable[[JobReturn], None] | None = None  # told of each job as it completes
+    poll_s: float = POLL_S  # how often the driver looks for completed jobs
 
     def _executor(self) -> Any:
         import submitit
@@ -87,7 +89,7 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
                     if self.on_job_done is not None:
                         self.on_job_done(results[i])
             if len(results) < len(jobs):
-                time.sleep(POLL_S)
+                time.sleep(self.poll_s)
         return [results[i] for i in range(len(jobs))]
 
     def _watch(self, jobs: list[Any]) -> None:
@@ -112,6 +114,7 @@ class LocalLauncher(_DpsweepSubmititLauncher):
     training on and racing a re-run of the sweep."""
 
     _EXECUTOR = "local"
+    poll_s = LOCAL_POLL_S  # a local sweep on a CPU runs one job at a time: a second's wait after each adds up
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         os.environ.update(driver_environment())  # submitit copies os.environ into each job's
