@@ -390,8 +390,9 @@ def tracked_run(
     """Start an MLflow run (or reopen ``resume_run_id``, e.g. after a requeue); end it FINISHED,
     FAILED (error recorded) or KILLED, whatever happens. With ``claim`` (the config hash of a sweep's
     job) a config another run holds raises :class:`Claimed` before any run is created; so does a
-    ``resume_run_id`` that another live process is running (two jobs sharing one checkpoint
-    directory, e.g. two identical sweeps started in the same second)."""
+    ``resume_run_id`` that another live process is running or has finished (two jobs sharing one
+    checkpoint directory, e.g. two identical sweeps started in the same second: the other may finish
+    between this one finding its checkpoint and reopening its run)."""
     mlflow.set_tracking_uri(cfg.uri)
     client = open_client(cfg.uri)
     alive = {PROCESS_TAG: ProcessId.current().token, HEARTBEAT_TAG: f"{time.time():.0f}"}
@@ -408,6 +409,8 @@ def tracked_run(
         with store_lock(cfg.uri):  # checked and taken over at once: one live process per run
             run = client.get_run(resume_run_id)
             held = run.data.tags
+            if run.info.status == "FINISHED":  # finished by another process since its checkpoint was found
+                raise Claimed(resume_run_id, "FINISHED")  # (it removes the checkpoint next): never reopened
             if (
                 run.info.status == "RUNNING" and held.get(PROCESS_TAG, alive[PROCESS_TAG]) != alive[PROCESS_TAG]
                 and why_dead(held, time.time()) is None

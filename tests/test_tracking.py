@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+
 import pytest
 import torch
 from helpers import runs_of
 from mlflow.tracking import MlflowClient
 
 from dpsweep.config import TrackingConfig
-from dpsweep.tracking import environment_tags, experiment_id, git_commit, tracked_run
+from dpsweep.liveness import ProcessId, start_ticks
+from dpsweep.tracking import PROCESS_TAG, Claimed, environment_tags, experiment_id, git_commit, tracked_run
 
 
 def _cfg(uri: str, name: str) -> TrackingConfig:
@@ -67,3 +72,34 @@ def test_environment_tags_name_versions_and_commit() -> None:
     commit = git_commit()
     assert tags["git.commit"] == commit
     assert commit == "unknown" or len(commit.split("-")[0]) == 40
+
+
+def test_a_finished_run_is_never_reopened(mlflow_uri: str, experiment_name: str, client: MlflowClient) -> None:
+    # another process finished it between this one finding its checkpoint and reopening it
+    with tracked_run(_cfg(mlflow_uri, experiment_name)) as run:
+        run.log_metrics({"acc": 0.75}, step=1)
+    reopen = tracked_run(_cfg(mlflow_uri, experiment_name), resume_run_id=run.run_id)
+    with pytest.raises(Claimed, match=f"already FINISHED as run {run.run_id}"), reopen:
+        pytest.fail("the finished run was reopened")
+    [r] = runs_of(client, experiment_name)
+    assert r.info.status == "FINISHED" and r.data.metrics["acc"] == 0.75 and "error" not in r.data.tags
+
+
+def test_a_run_another_live_process_runs_is_not_taken_over(
+    mlflow_uri: str, experiment_name: str, client: MlflowClient
+) -> None:
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # a live process of this host
+    try:
+        with tracked_run(_cfg(mlflow_uri, experiment_name)) as run:
+            client.set_tag(
+                run.run_id, PROCESS_TAG, ProcessId(socket.gethostname(), other.pid, start_ticks(other.pid)).token
+            )
+            take_over = tracked_run(_cfg(mlflow_uri, experiment_name), resume_run_id=run.run_id)
+            with pytest.raises(Claimed, match=f"already RUNNING as run {run.run_id}"), take_over:
+                pytest.fail("a live process's run was taken over")
+            client.set_tag(run.run_id, PROCESS_TAG, ProcessId.current().token)
+    finally:
+        other.kill()
+        other.wait()
+    [r] = runs_of(client, experiment_name)
+    assert r.info.status == "FINISHED"
