@@ -51,6 +51,7 @@ from dpsweep.tracking import (
     Tracker,
     environment_tags,
     open_client,
+    run_finished,
     system_metrics,
     terminate_as_interrupt,
     tracked_run,
@@ -113,6 +114,9 @@ def train(cfg: DictConfig | Config) -> TrainResult:
     ckpt_dir = Path(config.train.checkpoint_dir) if config.train.checkpoint_dir and not config.train.probe else None
     found = checkpoint.peek(ckpt_dir, plan.config_hash) if ckpt_dir else checkpoint.Found(None)
     resume = found.state
+    if ckpt_dir is not None and resume is not None and run_finished(config.tracking.uri, resume.run_id):
+        checkpoint.remove(ckpt_dir)  # stale: its run FINISHED (and died before removing it, or another
+        resume = None  # process finished it): start afresh; a sweep job's claim then finds the run done
     monitor = memory.monitor_for(device)  # baseline before the model exists
     # the final ε under every accountant, computed on another core while the run trains
     ahead = None if config.train.probe else prefetch.start(*_planned_ledger(plan))

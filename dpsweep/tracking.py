@@ -380,6 +380,14 @@ def _is_oom(err: BaseException) -> bool:
     return torch is not None and isinstance(err, torch.OutOfMemoryError)
 
 
+def run_finished(uri: str, run_id: str) -> bool:
+    """Whether the run ``run_id`` exists in the store at ``uri`` and ended FINISHED."""
+    try:
+        return bool(retry_busy(lambda: open_client(uri).get_run(run_id)).info.status == "FINISHED")
+    except MlflowException:  # no such run (a checkpoint from another store)
+        return False
+
+
 @contextmanager
 def tracked_run(
     cfg: TrackingConfig,

@@ -100,3 +100,21 @@ def test_checkpointed_rng_replays_device_resident_poisson_batches() -> None:
     epoch2 = [b.clone() for b, _ in batches]
     checkpoint.restore_rng(saved, generator)
     assert all(torch.equal(a, b) for a, (b, _) in zip(epoch2, batches, strict=True))
+
+
+def test_a_finished_runs_checkpoint_is_stale_and_the_config_runs_afresh(
+    tmp_path: Path, make_cfg: Composer, monkeypatch: pytest.MonkeyPatch, client: MlflowClient, experiment_name: str
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    cfg = make_cfg("train.epochs=1", f"train.checkpoint_dir={ckpt}")
+    with monkeypatch.context() as died:  # the process died after its run FINISHED, before removing its checkpoint
+        died.setattr(checkpoint, "remove", lambda directory: None)
+        first = train(cfg)
+    assert checkpoint.peek_any(ckpt) is not None
+    second = train(cfg)  # not a resume of the finished run (nor a skip that leaves the stale file for ever)
+    assert second.run_id != first.run_id and checkpoint.peek_any(ckpt) is None
+    assert {r.info.run_id: r.info.status for r in runs_of(client, experiment_name)} == {
+        first.run_id: "FINISHED",
+        second.run_id: "FINISHED",
+    }
+    assert second.epsilon == first.epsilon and second.steps == first.steps
