@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-import select
+import selectors
 import signal
 import time
 import warnings
@@ -65,14 +65,15 @@ class Prefetch:
     def _read(self, deadline: float) -> bytes | None:
         """Everything the child writes, up to its end of the pipe; None at the deadline."""
         chunks: list[bytes] = []
-        while True:
-            ready, _, _ = select.select([self.read_fd], [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
-                return None
-            chunk = os.read(self.read_fd, 1 << 16)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
+        with selectors.DefaultSelector() as waiting:  # any descriptor number (select() stops at 1024)
+            waiting.register(self.read_fd, selectors.EVENT_READ)
+            while True:
+                if not waiting.select(max(0.0, deadline - time.monotonic())):
+                    return None
+                chunk = os.read(self.read_fd, 1 << 16)
+                if not chunk:
+                    return b"".join(chunks)
+                chunks.append(chunk)
 
     def cancel(self) -> None:
         """End the child (the run failed or stopped before its end) and reap it."""
