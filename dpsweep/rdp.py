@@ -84,15 +84,11 @@ def subsampled_gaussian(sample_rate: float, noise_multiplier: float, orders: Seq
         return np.full(len(a), math.inf)
     if q == 1:
         return a / (2 * sigma**2)  # the Gaussian mechanism's RDP (Mironov 2017, Prop. 7)
-    log_a = np.full(len(a), math.inf)  # α = inf
-    finite = np.isfinite(a)
-    integer = finite & (a == np.floor(a))
-    fractional = finite & ~integer
-    log_a[integer] = _log_a_int(q, sigma, a[integer])
-    log_a[fractional] = _log_a_frac(q, sigma, a[fractional])
-    with np.errstate(invalid="ignore"):  # α = inf: inf / inf
-        out = log_a / (a - 1)
-    out[~finite] = math.inf
+    out = np.full(len(a), math.inf)  # α = inf
+    integer = np.isfinite(a) & (a == np.floor(a))
+    fractional = np.isfinite(a) & ~integer
+    out[integer] = _log_a_int(q, sigma, a[integer]) / (a[integer] - 1)
+    out[fractional] = _log_a_frac(q, sigma, a[fractional]) / (a[fractional] - 1)
     return out
 
 
