@@ -4,7 +4,9 @@
 #   benchmarks/gpu_check.sh                   # results in gpu_check/
 #   benchmarks/gpu_check.sh /scratch/gpu_run  # results there
 #   STEPS="stages speed" benchmarks/gpu_check.sh   # some steps only (in this order: env stages speed
-#                                                  #   profile probes_cnn probes_vgg fit oom)
+#                                                  #   speed_224 profile probes_cnn probes_vgg fit oom)
+#   STEPS="fit oom" PROBES_CSV=analysis/data/gpu_probes_h100.csv benchmarks/gpu_check.sh
+#                                                  # the largest-batch check on the committed probes
 #   PYTHON=/opt/venv/bin/python PARALLEL=4 OOM_CASES=cnn SPEED_ARGS=--quick benchmarks/gpu_check.sh
 #
 # Steps (each logs to RESULTS/<step>.log; a failing step does not stop the others):
@@ -12,14 +14,16 @@
 #   stages      benchmarks/cuda_stages.py: dpsweep's four logged memory stages, iteration and reserved
 #               peaks against an independent torch.cuda.memory_allocated() reading  -> stages.json
 #   speed       benchmarks/training_speed.py --device cuda: the speed goals         -> speed.json
+#   speed_224   its cache goal again at 224 px, VGG16's own input (Flowers-102 at downscale 1) -> speed_224.json
 #   profile     benchmarks/profile_step.py: GPU busy share and host time by package (ours or the
 #               libraries') of the settings behind the speed goals                  -> profile.json
 #   probes_cnn  dpsweep-memory probe of the CNN: hidden units x batch size x image size, DP hooks, DP
 #               ghost and non-private, one fresh process per config, PARALLEL at once -> probes_cnn.csv
 #   probes_vgg  the same for vgg16_frozen (random weights, no feature cache; digits at 224, 112 and 56
 #               pixels: Flowers-102's dataset.downscale=1,2,4 sizes)               -> probes_vgg.csv
-#   fit         both tables as gpu_probes.csv; dpsweep-memory fit (memory_model.json, the per-stage
-#               formulas) and benchmarks/memory_fit.py (24 probes fitted per model, the rest scored)
+#   fit         both tables as gpu_probes.csv (or PROBES_CSV, a table from an earlier run, when set);
+#               dpsweep-memory fit (memory_model.json, the per-stage formulas) and
+#               benchmarks/memory_fit.py (24 probes fitted per model, the rest scored)
 #   oom         benchmarks/oom_check.py: the largest batch predicted for the card runs; the real limit
 #               is found by running larger batches until CUDA runs out of memory  -> oom.json
 # Exit status: the number of steps that failed (0: all passed).
@@ -27,7 +31,7 @@ set -u
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 R=$(mkdir -p "${1:-gpu_check}" && cd "${1:-gpu_check}" && pwd)
-STEPS=${STEPS:-env stages speed profile probes_cnn probes_vgg fit oom}
+STEPS=${STEPS:-env stages speed speed_224 profile probes_cnn probes_vgg fit oom}
 PARALLEL=${PARALLEL:-16}          # probes at once: each is its own process with its own allocator
 STEP_TIMEOUT_S=${STEP_TIMEOUT_S:-1800}
 export PYTHONUNBUFFERED=1
@@ -63,11 +67,14 @@ EOF
 }
 
 fit() {
-  "$PY" - "$R/gpu_probes.csv" "$R"/probes_cnn.csv "$R"/probes_vgg.csv <<'EOF' || return 1
+  if [ -n "${PROBES_CSV:-}" ]; then
+    cp "$PROBES_CSV" "$R/gpu_probes.csv" || return 1
+  else "$PY" - "$R/gpu_probes.csv" "$R"/probes_cnn.csv "$R"/probes_vgg.csv <<'EOF' || return 1
 import sys, pandas as pd
 out, *parts = sys.argv[1:]
 pd.concat([pd.read_csv(p) for p in parts], ignore_index=True).to_csv(out, index=False)
 EOF
+  fi
   "$PY" -m dpsweep.cli.memory fit --csv "$R/gpu_probes.csv" --out "$R/memory_model.json" \
     && "$PY" benchmarks/memory_fit.py --csv "$R/gpu_probes.csv" --json "$R/memory_fit.json"
 }
@@ -83,12 +90,14 @@ EOF
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 }
 
-export PY R PARALLEL
+export PY R PARALLEL PROBES_CSV
 export -f probe fit gpu_env  # the steps run in a child bash, under timeout
 step env gpu_env
 [ -f "$R/env.log" ] && cp "$R/env.log" "$R/env.txt"
 step stages "$PY" benchmarks/cuda_stages.py --device cuda --json "$R/stages.json"
 step speed "$PY" benchmarks/training_speed.py --device cuda --json "$R/speed.json" ${SPEED_ARGS:-}
+step speed_224 "$PY" benchmarks/training_speed.py --device cuda --sections cache --cache-image-size 224 \
+  --json "$R/speed_224.json" ${SPEED_ARGS:-}
 step profile "$PY" benchmarks/profile_step.py --device cuda --json "$R/profile.json"
 step probes_cnn probe probes_cnn model=cnn dataset.image_size=28,224 train.batch_size=8,32,128 \
   model.hidden_units=16,128,512
