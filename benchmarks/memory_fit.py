@@ -80,7 +80,7 @@ def evaluate(
             raise SystemExit(f"model {name}: {len(block)} probes leave none held out beyond the {max_probes} fitted")
         try:
             model = mm.fit(fitted_rows)
-            predicted = model.predict_peak(held_out, reserved=False)
+            predicted = model.predict_peak(held_out)
         except core.MemoryModelError as err:  # e.g. a held-out probe of a level no fitted probe had
             raise SystemExit(f"model {name}: {err}") from None
         observed = held_out[PEAK].to_numpy(dtype=float)
@@ -88,7 +88,7 @@ def evaluate(
         under = float(max(0.0, -rel.min()))
         mean = float(np.abs(rel).mean())
         results.append({
-            "model": str(name), "backend": model.backend, "peak_from": model.peak_targets(reserved=False),
+            "model": str(name), "backend": model.backend, "peak_from": model.peak_targets(),
             "design": design,
             "devices": devices,
             "probes_fitted": len(fitted_rows), "probes_held_out": len(held_out),

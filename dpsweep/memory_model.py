@@ -398,22 +398,18 @@ class MemoryModel:
     def features(self) -> dict[str, list[str]]:
         return {t: f.features for t, f in self.targets.items()}
 
-    def peak_targets(self, reserved: bool = True) -> list[str]:
+    def peak_targets(self) -> list[str]:
         """The targets whose largest prediction is the peak to plan with. The iteration's allocated
         peak is the largest of the in-stage peaks, and a maximum is not linear in the config (on a
         GPU, a frozen backbone's forward activations dominate small heads, per-sample gradients large
         ones): where every stage peak is fitted, each is predicted and the largest taken; else the
-        iteration peak's own fit. With ``reserved``, the reserved peak too where fitted."""
-        chosen = list(STAGE_PEAK_TARGETS) if all(t in self.targets for t in STAGE_PEAK_TARGETS) else [PEAK_TARGET]
-        if reserved and RESERVED_TARGET in self.targets:
-            chosen.append(RESERVED_TARGET)
-        return chosen
+        iteration peak's own fit. The reserved peak is fitted and reported but not planned with
+        (see ``dpsweep.memory_predict.ALLOCATOR_HEADROOM``)."""
+        return list(STAGE_PEAK_TARGETS) if all(t in self.targets for t in STAGE_PEAK_TARGETS) else [PEAK_TARGET]
 
-    def predict_peak(
-        self, table: Table, fit: str = PLAN_FIT, *, reserved: bool = True, allow_unprobed: bool = False
-    ) -> np.ndarray:
+    def predict_peak(self, table: Table, fit: str = PLAN_FIT, *, allow_unprobed: bool = False) -> np.ndarray:
         """The planned peak of each row: the largest prediction of :meth:`peak_targets`."""
-        predicted = self.predict(table, fit, self.peak_targets(reserved), allow_unprobed=allow_unprobed)
+        predicted = self.predict(table, fit, self.peak_targets(), allow_unprobed=allow_unprobed)
         return np.max(np.stack(list(predicted.values())), axis=0)
 
     def coefficients(self, target: str, fit: str = PLAN_FIT) -> dict[str, float]:

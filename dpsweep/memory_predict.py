@@ -40,9 +40,18 @@ if TYPE_CHECKING:  # dpsweep.data imports scikit-learn (and with it pandas and s
 
 PEAK = PEAK_TARGET
 # The peak a config is planned with (MemoryModel.peak_targets): the largest of the in-stage allocated
-# peaks (or the iteration peak, for probes without them) and, where it was fitted, the reserved peak.
-# On CUDA the caching allocator's reserved bytes (segments it holds, allocated or not) are what run
-# out; on the CPU twin the two are equal.
+# peaks (or the iteration peak, for probes without them). Not the reserved peak: when an allocation
+# fails, PyTorch's caching allocator frees its cached, unused segments and retries before it raises
+# out-of-memory (PyTorch docs, "CUDA semantics: memory management"), so reserved bytes above the
+# allocated ones are not needed. Measured on an H100 (benchmarks/oom_check.py, 2026-11-25): a VGG16
+# pass of 403 examples ran whose reserved peak was predicted at 103 GB, on a card with 84 GB to give.
+#
+# What the allocator cannot use of the memory it may take: blocks rounded up and split inside segments
+# that are still in use (fragmentation). No probe sees it, so a share of the GPU memory is kept back per
+# memory backend (none for the CPU twin, which counts tensors, not an allocator). On the H100, at the
+# real largest pass, the predicted allocated peak was 98.3% (VGG16 head, 403 ran, 407 did not) and
+# 98.4% (cnn, 221 ran, 222 did not) of the allocatable memory; the pass above ran out at 98.8-99.3%.
+ALLOCATOR_HEADROOM: dict[str, float] = {"cuda": 0.02}
 POISSON_TAIL = 1e-6  # chance that some batch of a run exceeds the planned one
 MAX_HIDDEN_UNITS = 65_536  # search range for the largest head
 
@@ -104,20 +113,30 @@ def resident_bytes(cfg: Config, facts: DatasetFacts) -> int:
     return facts.n_train * (math.prod(facts.input_shape) * 4 + 8)
 
 
-def pass_budget_bytes(cfg: Config, facts: DatasetFacts, budget_bytes: int | None = None) -> int:
-    """The GPU memory (``budget_bytes``, else ``launcher.gpu_memory``) less :func:`resident_bytes`:
-    what one pass may use. ConfigError when the resident data alone fills it."""
+def usable_bytes(fitted: MemoryModel, budget_bytes: float) -> float:
+    """What the peaks of ``fitted``'s backend may reach of ``budget_bytes``: the GPU memory less
+    :data:`ALLOCATOR_HEADROOM`."""
+    return budget_bytes * (1 - ALLOCATOR_HEADROOM.get(fitted.backend, 0.0))
+
+
+def pass_budget_bytes(
+    cfg: Config, facts: DatasetFacts, budget_bytes: int | None = None, fitted: MemoryModel | None = None
+) -> float:
+    """The GPU memory (``budget_bytes``, else ``launcher.gpu_memory``), less the allocator's headroom
+    for ``fitted``'s backend (:func:`usable_bytes`) and :func:`resident_bytes`: what one pass may use.
+    ConfigError when the resident data alone fills it."""
     if budget_bytes is None:
         assert cfg.launcher.gpu_memory is not None
         budget_bytes = units.parse_bytes(cfg.launcher.gpu_memory, key="launcher.gpu_memory")
+    usable = usable_bytes(fitted, budget_bytes) if fitted is not None else budget_bytes
     resident = resident_bytes(cfg, facts)
-    if resident and resident >= budget_bytes:
+    if resident and resident >= usable:
         raise ConfigError(
             "train.device_resident", True,
             f"false: the training split needs {units.format_bytes(resident)} of the GPU's "
             f"{units.format_bytes(budget_bytes)}",
         )  # fmt: skip
-    return budget_bytes - resident
+    return usable - resident
 
 
 def chosen_physical_batch(
@@ -126,7 +145,7 @@ def chosen_physical_batch(
     """The physical batch training picks from ``train.memory_model`` and the GPU memory
     (``budget_bytes``, else ``launcher.gpu_memory``): the largest pass predicted to fit (None: not
     even one example)."""
-    return largest_pass(fitted, cfg, facts, pass_budget_bytes(cfg, facts, budget_bytes))
+    return largest_pass(fitted, cfg, facts, pass_budget_bytes(cfg, facts, budget_bytes, fitted))
 
 
 def with_chosen_physical_batch(
@@ -157,12 +176,18 @@ class MemoryPrediction:
     largest_physical_batch_size: int | None  # the most examples one pass may hold (BatchMemoryManager)
     resident_bytes: int = 0  # the device-resident training split, beside the peak (no probe holds it)
     notes: tuple[str, ...] = ()  # what the prediction could not do, or where it extrapolates
+    headroom: float = 0.0  # share of budget_bytes kept back for the allocator (ALLOCATOR_HEADROOM)
+
+    @property
+    def usable_bytes(self) -> float | None:
+        """What the peak and the resident data may take of the budget: less the allocator's headroom."""
+        return None if self.budget_bytes is None else self.budget_bytes * (1 - self.headroom)
 
     @property
     def fits(self) -> bool | None:
-        if self.budget_bytes is None:
+        if self.usable_bytes is None:
             return None
-        return self.peak_bytes + self.resident_bytes <= self.budget_bytes
+        return self.peak_bytes + self.resident_bytes <= self.usable_bytes
 
 
 def config_row(cfg: Config, facts: DatasetFacts) -> dict[str, Any]:
@@ -200,10 +225,11 @@ def predict_config(
     resident = resident_bytes(cfg, facts)
     notes = [f"extrapolated: {note}" for note in fitted.outside_probed(table)]
     largest: dict[str, int | None] = {}
-    if budget_bytes is not None and budget_bytes > resident:
+    usable = usable_bytes(fitted, budget_bytes) if budget_bytes is not None else None
+    if usable is not None and usable > resident:
         for key, (search, column) in LARGEST.items():
             try:
-                found = largest[key] = search(fitted, cfg, facts, budget_bytes - resident, base)
+                found = largest[key] = search(fitted, cfg, facts, usable - resident, base)
             except MemoryModelError as err:  # e.g. every probe had the same batch size
                 notes.append(f"largest {key} not predicted: {err}")
                 continue
@@ -217,7 +243,7 @@ def predict_config(
     return MemoryPrediction(
         row, b, reason, stages, typical, planned_peak(fitted, stages), budget_bytes,
         largest.get("train.batch_size"), largest.get("model.hidden_units"), largest.get("train.physical_batch_size"),
-        resident, tuple(notes),
+        resident, tuple(notes), ALLOCATOR_HEADROOM.get(fitted.backend, 0.0),
     )  # fmt: skip
 
 

@@ -275,3 +275,28 @@ def test_fit_and_predict_refuse_bad_input(probed: tuple[str, Path], tmp_path: Pa
         done.returncode == 2
         and "--model='nope' is invalid: a model the probes are of: cnn, vgg16_frozen" in done.stderr
     )
+
+
+GPU_DATA = Path(__file__).resolve().parents[1] / "analysis" / "data"
+
+
+def test_largest_pass_predicted_from_the_h100_probes_ran_on_the_h100_and_is_tight(tmp_path: Path) -> None:
+    """``dpsweep-memory predict`` on a fit of the committed H100 probes, for the two configs that
+    benchmarks/oom_check.py ran on an H100 (analysis/data/gpu_oom_h100.json: which exact passes ran
+    and which ran out of CUDA memory). The largest pass predicted must not be one that ran out, and
+    must be within 2% of the largest that ran. Planning with the reserved peak (VGG16: 18% short) or
+    without the allocator's headroom (cnn: a pass that ran out) fails this."""
+    measured = json.loads((GPU_DATA / "gpu_oom_h100.json").read_text())
+    model = tmp_path / "gpu_model.json"
+    memory_cli("fit", "--csv", str(GPU_DATA / "gpu_probes_h100.csv"), "--out", str(model))
+    for case in measured["cases"]:
+        tried = {int(b): outcome for b, outcome in case["tried"].items()}
+        ran = max(b for b, outcome in tried.items() if outcome == "ok")
+        first_oom = min(b for b, outcome in tried.items() if outcome == "oom")
+        assert ran < first_oom, case
+        [row] = predict_json("--memory-model", str(model), "--backend", "cuda",
+                             "--gpu-memory", f"{measured['planning_bytes']}B", *case["overrides"])  # fmt: skip
+        predicted = int(row["largest_physical_batch_size"])  # type: ignore[call-overload]
+        assert row["headroom"] == pytest.approx(0.02)
+        assert predicted < first_oom, (case["case"], predicted, tried)
+        assert predicted >= 0.98 * ran, (case["case"], predicted, tried)

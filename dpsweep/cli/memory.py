@@ -301,7 +301,9 @@ def run_predict(args: argparse.Namespace) -> list[dict[str, Any]]:
 def _print_prediction(overrides: str, p: Any, budget: str, n_train: int) -> None:
     verdict = "fits" if p.fits else "OUT OF MEMORY"
     resident = f" + {format_bytes(p.resident_bytes)} of device-resident data" if p.resident_bytes else ""
-    print(f"{overrides}: {verdict}: predicted peak {format_bytes(p.peak_bytes)}{resident} for {budget} (envelope fit)")
+    kept = f", less {p.headroom:.0%} kept for the allocator's fragmentation" if p.headroom else ""
+    print(f"{overrides}: {verdict}: predicted peak {format_bytes(p.peak_bytes)}{resident} for {budget}{kept} "
+          "(envelope fit)")  # fmt: skip
     why = {
         "poisson": f"the largest Poisson batch of B={p.batch_size} in the run (exceeded with probability < 1e-6)",
         "physical": "train.physical_batch_size caps each pass",
@@ -330,7 +332,8 @@ def _print_prediction(overrides: str, p: Any, budget: str, n_train: int) -> None
 def _as_json(r: dict[str, Any]) -> dict[str, Any]:
     p = r["prediction"]
     return {
-        "overrides": r["overrides"], "gpu_memory": r["budget"], "fits": p.fits, "peak_bytes": p.peak_bytes,
+        "overrides": r["overrides"], "gpu_memory": r["budget"], "usable_bytes": p.usable_bytes, "headroom": p.headroom,
+        "fits": p.fits, "peak_bytes": p.peak_bytes,
         "resident_bytes": p.resident_bytes, "pass_batch_size": p.row["batch_size"], "stages_bytes": p.stages,
         "least_squares_bytes": p.typical, "largest_batch_size": p.largest_batch_size,
         "largest_hidden_units": p.largest_hidden_units, "largest_physical_batch_size": p.largest_physical_batch_size,
