@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from tqdm.auto import tqdm
 
-from dpsweep import clipping, device_data, dpsgd, feature_cache, func_dp, ledger, users
+from dpsweep import clipping, device_data, dpsgd, feature_cache, func_dp, gathered, ledger, users
 from dpsweep import data as datasets
 from dpsweep import models as model_zoo
 from dpsweep.batches import Batch, physical_batches
@@ -97,9 +97,7 @@ class ClassifierRun:
             return self._start_own_steps()
         self.optimizer = build_optimizer(cfg.optimizer, self.model)
         generator = torch.Generator().manual_seed(cfg.train.seed)
-        loader: DataLoader[Any] = DataLoader(
-            self.data.train, batch_size=cfg.train.batch_size, shuffle=not cfg.dp.enabled, generator=generator
-        )
+        loader = gathered.loader(self.data.train, cfg.train.batch_size, shuffle=not cfg.dp.enabled, generator=generator)
         sigma = self.inputs.plan.noise_multiplier
         if sigma is not None:
             self.max_grad_norm = cfg.dp.max_grad_norm
