@@ -49,8 +49,8 @@ PEAK = PEAK_TARGET
 # What the allocator cannot use of the memory it may take: blocks rounded up and split inside segments
 # that are still in use (fragmentation). No probe sees it, so a share of the GPU memory is kept back per
 # memory backend (none for the CPU twin, which counts tensors, not an allocator). On the H100, at the
-# real largest pass, the predicted allocated peak was 98.3% (VGG16 head, 403 ran, 407 did not) and
-# 98.4% (cnn, 221 ran, 222 did not) of the allocatable memory; the pass above ran out at 98.8-99.3%.
+# real largest pass, the predicted allocated peak was 98.3% (VGG16 head, 403 ran, 406 did not) and
+# 98.4% (cnn, 221 ran, 222 did not) of the allocatable memory; the first pass that ran out, 98.8-99.0%.
 ALLOCATOR_HEADROOM: dict[str, float] = {"cuda": 0.02}
 POISSON_TAIL = 1e-6  # chance that some batch of a run exceeds the planned one
 MAX_HIDDEN_UNITS = 65_536  # search range for the largest head
@@ -113,22 +113,24 @@ def resident_bytes(cfg: Config, facts: DatasetFacts) -> int:
     return facts.n_train * (math.prod(facts.input_shape) * 4 + 8)
 
 
+def headroom(fitted: MemoryModel) -> float:
+    """The share of the GPU memory kept back for the allocator of ``fitted``'s backend."""
+    return ALLOCATOR_HEADROOM.get(fitted.backend, 0.0)
+
+
 def usable_bytes(fitted: MemoryModel, budget_bytes: float) -> float:
-    """What the peaks of ``fitted``'s backend may reach of ``budget_bytes``: the GPU memory less
-    :data:`ALLOCATOR_HEADROOM`."""
-    return budget_bytes * (1 - ALLOCATOR_HEADROOM.get(fitted.backend, 0.0))
+    """What the peaks of ``fitted``'s backend may reach of ``budget_bytes``: less :func:`headroom`."""
+    return budget_bytes * (1 - headroom(fitted))
 
 
-def pass_budget_bytes(
-    cfg: Config, facts: DatasetFacts, budget_bytes: int | None = None, fitted: MemoryModel | None = None
-) -> float:
+def pass_budget_bytes(fitted: MemoryModel, cfg: Config, facts: DatasetFacts, budget_bytes: int | None = None) -> float:
     """The GPU memory (``budget_bytes``, else ``launcher.gpu_memory``), less the allocator's headroom
     for ``fitted``'s backend (:func:`usable_bytes`) and :func:`resident_bytes`: what one pass may use.
     ConfigError when the resident data alone fills it."""
     if budget_bytes is None:
         assert cfg.launcher.gpu_memory is not None
         budget_bytes = units.parse_bytes(cfg.launcher.gpu_memory, key="launcher.gpu_memory")
-    usable = usable_bytes(fitted, budget_bytes) if fitted is not None else budget_bytes
+    usable = usable_bytes(fitted, budget_bytes)
     resident = resident_bytes(cfg, facts)
     if resident and resident >= usable:
         raise ConfigError(
@@ -145,7 +147,7 @@ def chosen_physical_batch(
     """The physical batch training picks from ``train.memory_model`` and the GPU memory
     (``budget_bytes``, else ``launcher.gpu_memory``): the largest pass predicted to fit (None: not
     even one example)."""
-    return largest_pass(fitted, cfg, facts, pass_budget_bytes(cfg, facts, budget_bytes, fitted))
+    return largest_pass(fitted, cfg, facts, pass_budget_bytes(fitted, cfg, facts, budget_bytes))
 
 
 def with_chosen_physical_batch(
@@ -243,7 +245,7 @@ def predict_config(
     return MemoryPrediction(
         row, b, reason, stages, typical, planned_peak(fitted, stages), budget_bytes,
         largest.get("train.batch_size"), largest.get("model.hidden_units"), largest.get("train.physical_batch_size"),
-        resident, tuple(notes), ALLOCATOR_HEADROOM.get(fitted.backend, 0.0),
+        resident, tuple(notes), headroom(fitted),
     )  # fmt: skip
 
 
