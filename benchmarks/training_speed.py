@@ -36,9 +36,9 @@ Sections (``--sections``, default all), per device:
 - cache: vgg16_frozen (random weights, head of --hidden-units) on 56 px digits (``--cache-image-size``), B=256,
   DP (--cache-dp: default ghost clipping, the mode the head goal is about; hooks materialises the head's
   B x 3.2 M (128 units) per-sample gradients, which swamps both paths): images through the frozen backbone
-  every step (uncached; epoch
-  extrapolated from a few steps) vs the head on the cached maps (whole epochs timed), both through the
-  DataLoader + Opacus DPDataLoader that ``train.py`` uses; the cached head on device-resident maps too.
+  every step (uncached; epoch extrapolated from a few steps) vs the head on the cached maps (whole epochs
+  timed), both through the gathered DataLoader + Opacus DPDataLoader that training uses
+  (``dpsweep.gathered``); the cached head on device-resident maps too.
   The one-off extraction (both splits, cache files written) is reported on its own.
   Then ``train.train`` runs 1 epoch each way (``model.feature_cache=true/false``, same seed, MLflow in a
   temporary sqlite store; the cached run reuses the extraction above) to compare test accuracy and ε
@@ -551,9 +551,10 @@ def evaluate_goals(report: DeviceReport, sections: tuple[str, ...] = SECTIONS) -
     if "cache" in sections:
         goals.append(_cache_goal(report))
     if "head" in sections:
-        goals.append(_ratio_goal(r, "head", "ghost", "2 ghost head", GHOST_TIME_RATIO_MAX, GHOST_MEMORY_RATIO_MAX))
+        goals.append(_ratio_goal(report, "head", "ghost", "2 ghost head", GHOST_TIME_RATIO_MAX, GHOST_MEMORY_RATIO_MAX,
+                                 min_batch=GHOST_MIN_BATCH))  # fmt: skip
     if "cnn" in sections:
-        goals.append(_ratio_goal(r, "cnn", "hooks", "4 cnn", CNN_TIME_RATIO_MAX, None))
+        goals.append(_ratio_goal(report, "cnn", "hooks", "4 cnn", CNN_TIME_RATIO_MAX, None))
     if "resident" in sections:
         goals.append(_resident_goal(r))
 
@@ -580,15 +581,13 @@ def _cache_goal(report: DeviceReport) -> Goal:
     return Goal("1 cache", detail, ok)
 
 
-def _ratio_goal(r: dict[str, float], section: str, mode: str, name: str, time_max: float,
-                memory_max: float | None) -> Goal:  # fmt: skip
+def _ratio_goal(report: DeviceReport, section: str, mode: str, name: str, time_max: float,
+                memory_max: float | None, min_batch: int = 0) -> Goal:  # fmt: skip
     """DP (``mode``) / non-private step time, and peak memory where ``memory_max`` is given, at every
-    batch size of ``section`` from GHOST_MIN_BATCH up (the head) or at all of them (the cnn)."""
-    parts, ok, seen = [], True, False
-    batch_sizes = sorted(int(k.split(".")[1][1:]) for k in r if k.startswith(f"{section}.") and
-                         k.endswith(f".{mode}.time_ratio"))  # fmt: skip
-    for b in batch_sizes:
-        if section == "head" and b < GHOST_MIN_BATCH:
+    batch size of ``section`` measured from ``min_batch`` up."""
+    r, parts, ok, seen = report.ratios, [], True, False
+    for b in sorted({m.batch_size for m in report.measurements if m.section == section}):
+        if b < min_batch or f"{section}.B{b}.{mode}.time_ratio" not in r:
             continue
         seen = True
         t, mem = r[f"{section}.B{b}.{mode}.time_ratio"], r[f"{section}.B{b}.{mode}.memory_ratio"]
