@@ -10,10 +10,11 @@
 
 from __future__ import annotations
 
+import copy
 import pickle
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
@@ -38,6 +39,40 @@ MODELS: Registry[ModelBuilder] = Registry("model")
 def build(cfg: ModelConfig, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     """Build the model ``cfg.name`` for inputs of shape (C, H, W) and ``num_classes`` outputs."""
     return MODELS.get(cfg.name, key="model.name")(cfg, input_shape, num_classes)
+
+
+M = TypeVar("M", bound=nn.Module)
+# what Opacus's GradSampleModule sets on the modules it wraps (opacus/grad_sample/grad_sample_module.py:
+# add_hooks keeps the hook handles on the wrapped module, capture_activations_hook the last batch's
+# activations on each hooked layer)
+OPACUS_MODULE_ATTRIBUTES = ("autograd_grad_sample_hooks", "activations")
+
+
+def released_copy(module: M) -> M:
+    """A copy of ``module`` on the CPU, in eval mode, with its structure, parameters and buffers and
+    nothing that training attached to it: no hooks (Opacus registers its per-sample gradient hooks on
+    the module it wraps, and they hold the wrapper, ``GradSampleModule``), none of Opacus's attributes
+    (the hook handles, the last batch's activations) and no attributes on the parameters
+    (``grad_sample``, ``summed_grad``). A plain ``copy.deepcopy`` would copy all of it, so that the
+    pickled model would need Opacus to load, and would compute per-sample gradients when used.
+
+    The copy maps every hook dictionary, every parameter and each of those attributes to a fresh
+    one (nothing of theirs is copied), then drops the attributes."""
+    memo: dict[int, Any] = {}
+    for sub in module.modules():
+        for name, value in vars(sub).items():
+            if "hooks" in name and isinstance(value, dict):
+                memo[id(value)] = type(value)()
+            elif name in OPACUS_MODULE_ATTRIBUTES:
+                memo[id(value)] = None
+        for param in sub.parameters(recurse=False):
+            memo[id(param)] = nn.Parameter(param.detach().to("cpu", copy=True), requires_grad=param.requires_grad)
+    copied = copy.deepcopy(module, memo)
+    for sub in copied.modules():
+        for name in OPACUS_MODULE_ATTRIBUTES:
+            vars(sub).pop(name, None)
+        sub._is_full_backward_hook = None  # as a module without backward hooks has it
+    return copied.to("cpu").eval()
 
 
 def trainable_parameters(model: nn.Module) -> int:

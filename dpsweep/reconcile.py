@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpsweep.tracking import Tracker, open_client, retry_busy, why_dead
+from dpsweep.mlflow_store import open_client, retry_busy, set_tags
+from dpsweep.tracking import why_dead
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ def reconcile(uri: str, experiment: str | None = None, dry_run: bool = False) ->
             continue
         removed = None
         if not dry_run:
-            Tracker(client, run.info.run_id).set_tags({"error": f"found dead: {reason}", "failure.kind": "dead"})
+            set_tags(uri, run.info.run_id, {"error": f"found dead: {reason}", "failure.kind": "dead"})
             retry_busy(lambda run=run: client.set_terminated(run.info.run_id, "KILLED"))  # type: ignore[misc]
             removed = _remove_checkpoint(run)
         dead.append(DeadRun(run.info.run_id, reason, removed))

@@ -50,7 +50,7 @@ from dpsweep.tracking import (
     RunEnded,
     Tracker,
     environment_tags,
-    open_client,
+    open_store,
     run_finished,
     system_metrics,
     terminate_as_interrupt,
@@ -110,7 +110,7 @@ def train(cfg: DictConfig | Config) -> TrainResult:
     plan = prepare(config, facts, MemoryFiles().budget(config, memory.backend_for(device)))
     if plan.over_budget is not None:
         raise OverBudget(plan.over_budget)
-    open_client(config.tracking.uri)  # a store that is not one, or cannot be written, is bad input here
+    open_store(config.tracking.uri)  # a store that is not one, or cannot be written, is bad input here
     ckpt_dir = Path(config.train.checkpoint_dir) if config.train.checkpoint_dir and not config.train.probe else None
     found = checkpoint.peek(ckpt_dir, plan.config_hash) if ckpt_dir else checkpoint.Found(None)
     resume = found.state

@@ -26,6 +26,10 @@ def main(argv: list[str] | None = None) -> NoReturn:
         raise SystemExit(f"usage: python -u -m dpsweep.launchers.job {' '.join(SUBMITIT_ARGS)} FOLDER (got {args})")
     from submitit.core.submission import submitit_main
 
+    from dpsweep import tracking_service
+
+    tracking_service.start()  # MLflow imports in the tracking process while the job imports torch
+
     sys.argv = [sys.argv[0], args[3]]  # submitit_main parses the job folder from sys.argv
     run_then_exit(submitit_main)
 

@@ -161,7 +161,7 @@ class OptunaSearch:
         typed: Any, sweep_id: str, number: int, result: JobReturn, metrics: tuple[str, ...]
     ) -> tuple[optuna.trial.TrialState, list[float] | None]:
         """The trial's state and values, read from its MLflow run."""
-        from dpsweep.tracking import trial_run
+        from dpsweep.mlflow_store import trial_run  # an MLflow entity: read here, with Optuna loaded
 
         run = trial_run(typed.tracking.uri, typed.tracking.experiment_name, sweep_id, number)
         if run is not None and run.data.tags.get("optuna.pruned") == "true":

@@ -261,9 +261,7 @@ class PrivateTuning:
 
     def record(self, parent: Any, first: Any, sweep_id: str) -> None:
         """Log the procedure's ε on the parent run, and tag the trials: only the best is released."""
-        from mlflow.tracking import MlflowClient
-
-        from dpsweep.tracking import sweep_jobs
+        from dpsweep.tracking import release_best
 
         s = first.sweep
         parent.log_metrics({"epsilon_tuning": self.epsilon, "epsilon_single_run": self.single_run_epsilon})
@@ -271,21 +269,17 @@ class PrivateTuning:
             "sweep.tuning_distribution": s.tuning_distribution, "sweep.tuning_mean_trials": s.tuning_mean_trials,
             "sweep.tuning_eta": s.tuning_eta,
         })  # fmt: skip
-        client = MlflowClient(first.tracking.uri)
-        runs = [r for r in sweep_jobs(client, first.tracking.experiment_name, sweep_id) if r.info.status == "FINISHED"]
         objective = first.task.objective
-        best = max(runs, key=lambda r: r.data.metrics.get(objective, float("-inf")), default=None)
-        for r in runs:
-            client.set_tag(r.info.run_id, "tuning.released", str(r is best).lower())
+        best, finished = release_best(first.tracking.uri, first.tracking.experiment_name, sweep_id, objective)
         parent.set_tags({
-            "tuning.best_run_id": best.info.run_id if best is not None else "none",
+            "tuning.best_run_id": best if best is not None else "none",
             "tuning.k": len(self.jobs),  # part of the secret randomness: not for publication
             "tuning.dominant_candidate": self.dominant, "dp.delta": self.delta,
             "tuning.release": f"the best trial only (by {objective}); publishing K or other trials voids its ε",
         })  # fmt: skip
-        best_text = f"run {best.info.run_id[:8]}" if best is not None else "no finished trial"
+        best_text = f"run {best[:8]}" if best is not None else "no finished trial"
         print(
-            f"dpsweep: private tuning: {len(runs)} trials finished; release only the best ({best_text}): "
+            f"dpsweep: private tuning: {finished} trials finished; release only the best ({best_text}): "
             f"ε={self.epsilon:.4g} for the whole procedure (δ={self.delta:g}; "
             f"one run alone: ε={self.single_run_epsilon:.4g})",
             flush=True,
@@ -324,15 +318,14 @@ def select_jobs(jobs: Sequence[list[str]], configs: Sequence[DictConfig]) -> tup
     (``dpsweep.reconcile``), so that their configs run again."""
     from dpsweep.config import to_config
     from dpsweep.plan import config_hash, skip_reasons
-    from dpsweep.reconcile import reconcile
-    from dpsweep.tracking import runs_by_hash
+    from dpsweep.tracking import reconcile, runs_by_hash
 
     typed = [to_config(c) for c in configs]
     done: dict[str, str] = {}
     running: dict[str, str] = {}
     for uri, name in sorted({(c.tracking.uri, c.tracking.experiment_name) for c in typed}):
-        for dead in reconcile(uri, name):
-            print(f"dpsweep: ended run {dead.run_id} KILLED: {dead.reason}", flush=True)
+        for run_id, reason, _ in reconcile(uri, name):
+            print(f"dpsweep: ended run {run_id} KILLED: {reason}", flush=True)
         running |= runs_by_hash(uri, name, "RUNNING")
         if not typed[0].sweep.force:
             done |= runs_by_hash(uri, name, "FINISHED")

@@ -13,7 +13,8 @@ from mlflow.tracking import MlflowClient
 
 from dpsweep.config import TrackingConfig
 from dpsweep.liveness import ProcessId, start_ticks
-from dpsweep.tracking import PROCESS_TAG, Claimed, environment_tags, experiment_id, git_commit, tracked_run
+from dpsweep.mlflow_store import experiment_id
+from dpsweep.tracking import PROCESS_TAG, Claimed, environment_tags, git_commit, tracked_run
 
 
 def _cfg(uri: str, name: str) -> TrackingConfig:

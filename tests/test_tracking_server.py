@@ -40,6 +40,7 @@ from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
 from dpsweep.config import TrackingConfig
 from dpsweep.tracking import tracked_run
+from dpsweep.tracking_service import TrackingError
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER_UP = REPO / "launchers" / "scripts" / "mlflow_server_up.sh"
@@ -211,7 +212,9 @@ def _tracking_uri_error(uri: str, timeout_s: float = 3.0) -> str | None:
 
 
 def test_unreachable_tracking_uri_raises_only_after_mlflow_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    """MLflow retries a refused connection with exponential backoff before raising MlflowException.
+    """MLflow retries a refused connection with exponential backoff before raising MlflowException
+    (raised in the tracking process, which reports it as TrackingError, and follows the retry
+    settings this process has when it starts the run).
 
     With its defaults (7 retries, backoff factor 2, jitter 1 s, backoff capped at 120 s) entering
     ``tracked_run`` blocks about 4 minutes; here 2 retries with factor 1 keep it to ~2 s.
@@ -223,7 +226,7 @@ def test_unreachable_tracking_uri_raises_only_after_mlflow_retries(monkeypatch: 
     # _use_tracking_uri restores the global URI (and MLFLOW_TRACKING_URI) that tracked_run overwrites
     with (
         _use_tracking_uri(DEAD_URI),
-        pytest.raises(MlflowException, match=r"Max retries exceeded.*Connection refused"),
+        pytest.raises(TrackingError, match=r"MlflowException.*Max retries exceeded.*Connection refused"),
         tracked_run(TrackingConfig(uri=DEAD_URI, experiment_name="never-created")),
     ):
         pass

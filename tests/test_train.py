@@ -295,9 +295,10 @@ def test_dp_run_logs_its_dataset_splits_as_mlflow_inputs(dp_run: tuple) -> None:
 
     other = client.create_run(run.info.experiment_id)
     description = {k.removeprefix("dataset."): v for k, v in flat.items() if k.startswith("dataset.")}
-    same = Tracker(client, other.info.run_id).log_dataset_splits(description, {"train": 1437, "test": 360})
+    uri = client.tracking_uri
+    same = Tracker(uri, other.info.run_id).log_dataset_splits(description, {"train": 1437, "test": 360})
     assert same == digest
-    moved = Tracker(client, other.info.run_id).log_dataset_splits(description | {"split_seed": 7}, {"train": 1437})
+    moved = Tracker(uri, other.info.run_id).log_dataset_splits(description | {"split_seed": 7}, {"train": 1437})
     assert moved != digest
 
 

@@ -28,7 +28,7 @@ from hydra.core.plugins import Plugins
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from dpsweep import units
+from dpsweep import tracking_service, units
 from dpsweep.cli.errors import bad_input_types, report_bad_input
 from dpsweep.cli.overrides import override_value
 from dpsweep.config import Config, given_overrides, to_config
@@ -169,6 +169,8 @@ def main() -> None:
     problem = unwritable_output(argv)
     if problem is not None:
         raise SystemExit(report_bad_input("dpsweep", problem))
+    if not {a for a in argv if a.startswith("-")} - {"-m", "--multirun"}:  # a run or a sweep, not --help
+        tracking_service.start()  # MLflow imports in the tracking process while this one imports torch
     if any(a.startswith("-") for a in argv):
         app()
         return
@@ -195,6 +197,7 @@ class JobSummary:
 @hydra.main(version_base="1.3", config_path="pkg://dpsweep.conf", config_name="config")
 def app(cfg: DictConfig) -> JobSummary | None:
     """The Hydra task: train one config; returns its summary (None: skipped)."""
+    tracking_service.service().post("warm_store", cfg.tracking.uri)  # opened there while torch imports here
     from dpsweep.runner import OverBudget, train
     from dpsweep.tracking import Claimed, next_steps
 

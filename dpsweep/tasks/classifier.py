@@ -271,7 +271,7 @@ class ClassifierRun:
         # vgg16_frozen, whole or trained on cached maps: only its head (ImageNet's backbone is public)
         if isinstance(plain, (model_zoo.FrozenVGG16, model_zoo.PooledHead)):
             plain, shape = plain.head, (model_zoo.VGG16_FEATURES,)
-        return copy.deepcopy(plain).to("cpu").eval(), np.zeros((1, *shape), dtype=np.float32)
+        return model_zoo.released_copy(plain), np.zeros((1, *shape), dtype=np.float32)
 
     def trained_model(self) -> nn.Module:
         return self.plain_model.eval()

@@ -258,7 +258,7 @@ class GanRun:
     def released_model(self) -> tuple[torch.nn.Module, np.ndarray]:
         """The generator, or the mixture that made the synthetic set (the critic, trained on data, is
         not released), as a one-input module: a row is [z | class] (a mixture: [z | class | member])."""
-        released = CodeGenerator([copy.deepcopy(g).to("cpu").eval() for g in self.gan.mixture])
+        released = CodeGenerator([model_zoo.released_copy(g) for g in self.gan.mixture])
         return released, np.zeros((1, released.code_width), dtype=np.float32)
 
     def trained_model(self) -> torch.nn.Module:

@@ -15,7 +15,8 @@ from helpers import run_dpsweep, run_main
 
 from dpsweep.cli import runs
 from dpsweep.liveness import ProcessId
-from dpsweep.tracking import HEARTBEAT_TAG, PROCESS_TAG, STALE_AFTER_S, open_client, why_dead
+from dpsweep.mlflow_store import open_client
+from dpsweep.tracking import HEARTBEAT_TAG, PROCESS_TAG, STALE_AFTER_S, why_dead
 
 BIN = Path(sys.executable).parent
 FAST = ["train.progress=false", "tracking.experiment_name=faults", "tracking.log_model=false"]

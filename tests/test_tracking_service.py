@@ -1,0 +1,196 @@
+"""The tracking process (dpsweep.tracking_service): MLflow in a child process that runs log through,
+against a real sqlite store; and a run's process, which never imports MLflow."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import runs_of
+from mlflow.tracking import MlflowClient
+from opacus import PrivacyEngine
+
+from dpsweep import tracking_service
+from dpsweep.config import ConfigError, TrackingConfig
+from dpsweep.models import OpacusCNN, released_copy
+from dpsweep.tracking import Claim, Claimed, tracked_run
+from dpsweep.tracking_service import Child, TrackingError
+
+
+@pytest.fixture(scope="module")
+def child() -> Iterator[Child]:
+    """One tracking process for the module's tests (it imports MLflow once: about 2 s)."""
+    process = Child()
+    yield process
+    process.close()
+
+
+@pytest.fixture()
+def in_child(child: Child, monkeypatch: pytest.MonkeyPatch) -> Child:
+    """dpsweep.tracking logs through ``child`` (this test process has MLflow imported, so it would
+    otherwise run the ops in process)."""
+    monkeypatch.setattr(tracking_service, "_SERVICE", child)
+    return child
+
+
+def test_a_call_answers_plain_data_and_posts_run_in_order(mlflow_uri: str, experiment_name: str, child: Child) -> None:
+    child.call("ensure_experiments", {(mlflow_uri, experiment_name)})
+    tracking = TrackingConfig(uri=mlflow_uri, experiment_name=experiment_name)
+    run_id = child.call("begin_run", tracking, {"config.hash": "abc"}, None, None, "host:1:2")
+    for step in range(20):  # posted: not waited for, stored in the order sent
+        child.post("log_metrics", mlflow_uri, run_id, {"m": float(step)}, step, 1000 + step)
+    child.flush()
+    history = MlflowClient(mlflow_uri).get_metric_history(run_id, "m")
+    assert [(h.step, h.value) for h in history] == [(s, float(s)) for s in range(20)]
+    child.call("end_run", mlflow_uri, run_id, "FINISHED")
+    assert child.call("runs_by_hash", mlflow_uri, experiment_name, "FINISHED") == {"abc": run_id}
+    assert type(child.call("runs_of_sweep", mlflow_uri, experiment_name, "none")) is dict
+
+
+def test_a_failed_post_raises_at_the_next_flush_with_the_childs_traceback(mlflow_uri: str, child: Child) -> None:
+    child.post("set_tags", mlflow_uri, "0" * 32, {"k": "v"})  # no such run
+    with pytest.raises(TrackingError, match=r"(?s)mlflow.*Traceback.*set_tags"):
+        child.flush()
+    child.flush()  # reported once
+
+
+def test_dpsweeps_own_errors_cross_as_themselves(
+    tmp_path: Path, mlflow_uri: str, experiment_name: str, child: Child
+) -> None:
+    not_a_db = tmp_path / "notes.db"
+    not_a_db.write_text("not a database")
+    with pytest.raises(ConfigError, match=r"tracking\.uri=.*notes\.db.*is not one") as bad:
+        child.call("open_store", f"sqlite:///{not_a_db}")
+    assert bad.value.key == "tracking.uri"
+    tracking = TrackingConfig(uri=mlflow_uri, experiment_name=experiment_name)
+    held = child.call("begin_run", tracking, {"config.hash": "h1"}, None, Claim("h1"), "host:1:2")
+    child.call("end_run", mlflow_uri, held, "FINISHED")
+    with pytest.raises(Claimed) as claimed:
+        child.call("begin_run", tracking, {"config.hash": "h1"}, None, Claim("h1"), "host:1:2")
+    assert (claimed.value.run_id, claimed.value.status) == (held, "FINISHED")
+
+
+def test_tracked_run_through_the_child_stores_everything_before_it_ends(
+    in_child: Child, mlflow_uri: str, experiment_name: str, client: MlflowClient
+) -> None:
+    with tracked_run(TrackingConfig(uri=mlflow_uri, experiment_name=experiment_name), tags={"k": 1}) as run:
+        run.log_params({f"p{i}": i for i in range(150)})
+        for step in range(1, 4):
+            run.log_metrics({"acc": step / 4}, step=step)
+        run.log_text("a: 1\n", "config.yaml")
+    [r] = runs_of(client, experiment_name)
+    assert r.info.status == "FINISHED" and len(r.data.params) == 150 and r.data.tags["k"] == "1"
+    assert [m.value for m in client.get_metric_history(r.info.run_id, "acc")] == [0.25, 0.5, 0.75]
+    assert [a.path for a in client.list_artifacts(r.info.run_id)] == ["config.yaml"]
+
+
+def test_a_logging_call_that_failed_ends_the_run_failed(
+    in_child: Child, mlflow_uri: str, experiment_name: str, client: MlflowClient
+) -> None:
+    """MLflow refuses to change a logged param: the post fails in the child, and the run, which would
+    otherwise have ended FINISHED with a record it did not write, ends FAILED with that error."""
+    tracking = TrackingConfig(uri=mlflow_uri, experiment_name=experiment_name)
+    with pytest.raises(TrackingError, match="Changing param values is not allowed"), tracked_run(tracking) as run:
+        run.log_params({"lr": 0.1})
+        run.log_params({"lr": 0.2})
+        run.log_metrics({"after": 1.0})
+    [r] = runs_of(client, experiment_name)
+    assert r.info.status == "FAILED" and r.data.params["lr"] == "0.1"
+    assert "Changing param values" in r.data.tags["error"] and r.data.tags["failure.kind"] == "exception"
+    assert r.data.metrics["after"] == 1.0  # posts after the failed one still ran
+
+
+def test_an_interrupted_run_still_ends_killed_through_a_child_that_ignores_sigint(
+    in_child: Child, mlflow_uri: str, experiment_name: str, client: MlflowClient
+) -> None:
+    """A Ctrl-C reaches the whole process group: the child must outlive it to write KILLED."""
+    tracking = TrackingConfig(uri=mlflow_uri, experiment_name=experiment_name)
+    with pytest.raises(KeyboardInterrupt), tracked_run(tracking) as run:
+        run.log_metrics({"acc": 0.5}, step=1)
+        os.kill(in_child.process.pid, signal.SIGINT)
+        os.kill(in_child.process.pid, signal.SIGTERM)
+        raise KeyboardInterrupt
+    [r] = runs_of(client, experiment_name)
+    assert r.info.status == "KILLED" and r.data.metrics["acc"] == 0.5
+    assert in_child.process.poll() is None
+
+
+def test_a_dead_child_is_reported_and_replaced(monkeypatch: pytest.MonkeyPatch, mlflow_uri: str) -> None:
+    monkeypatch.setattr(tracking_service, "MLFLOW_STORE_MODULE", "not.imported")  # as in a run's process
+    monkeypatch.setattr(tracking_service, "_SERVICE", None)
+    first = tracking_service.service()
+    assert isinstance(first, Child)
+    first.call("open_store", mlflow_uri)
+    first.process.kill()
+    with pytest.raises(TrackingError, match=rf"pid {first.process.pid}\) ended with exit code -9"):
+        first.call("open_store", mlflow_uri)
+    second = tracking_service.service()
+    assert isinstance(second, Child) and second is not first
+    second.call("open_store", mlflow_uri)
+    second.close()
+    assert second.process.returncode is not None
+
+
+def test_closing_waits_for_what_was_posted(mlflow_uri: str, experiment_name: str, client: MlflowClient) -> None:
+    process = Child()
+    tracking = TrackingConfig(uri=mlflow_uri, experiment_name=experiment_name)
+    run_id = process.call("begin_run", tracking, {}, None, None, "host:1:2")
+    process.post("log_metrics", mlflow_uri, run_id, {"last": 1.0}, 0, 0)
+    process.post("end_run", mlflow_uri, run_id, "FINISHED")
+    process.close()  # not killed: the posts were not confirmed yet
+    assert process.process.returncode == 0
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics["last"] == 1.0
+
+
+def test_released_copy_has_no_opacus_hooks_or_per_sample_state() -> None:
+    """The model a run logs: trained weights only, loadable without Opacus."""
+    model = OpacusCNN((1, 28, 28), 10)
+    data = torch.utils.data.TensorDataset(torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,)))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    private, _, loader = PrivacyEngine().make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=loader,
+        noise_multiplier=1.0, max_grad_norm=1.0,
+    )  # fmt: skip
+    x, y = next(iter(loader))
+    torch.nn.functional.cross_entropy(private(x), y).backward()
+    assert any(p.grad_sample is not None for p in model.parameters())  # what a copy would carry along
+    assert "opacus" in pickle.dumps(model).decode("latin-1")
+
+    released = released_copy(model)
+    frozen = pickle.dumps(released).decode("latin-1")
+    assert "opacus" not in frozen and "grad_sample" not in frozen
+    assert all(not m._forward_hooks and not m._backward_hooks for m in released.modules())
+    for mine, theirs in zip(released.state_dict().values(), model.state_dict().values(), strict=True):
+        assert torch.equal(mine, theirs)
+    assert not released.training
+    assert model._forward_hooks or any(m._forward_hooks for m in model.modules())  # the original keeps them
+
+
+def test_a_runs_process_never_imports_mlflow(tmp_path: Path) -> None:
+    """The point of the tracking process: a whole run (its model logged) in a process without MLflow."""
+    script = (
+        "import sys\n"
+        "from hydra import compose, initialize_config_module\n"
+        "from dpsweep.runner import train\n"
+        "with initialize_config_module('dpsweep.conf', version_base='1.3'):\n"
+        "    cfg = compose('config', overrides=['train.epochs=1', 'train.progress=false', "
+        f"'tracking.uri=sqlite:///{tmp_path}/mlflow.db', 'tracking.experiment_name=solo'])\n"
+        "result = train(cfg)\n"
+        "heavy = ('mlflow', 'sqlalchemy', 'alembic')\n"
+        "print(result.run_id, sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
+    )  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stderr
+    run_id, imported = done.stdout.split(maxsplit=1)
+    assert imported.strip() == "[]"
+    run = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["model.logged"] == "true" and "epsilon" in run.data.metrics
