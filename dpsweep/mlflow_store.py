@@ -454,7 +454,3 @@ def release_best(uri: str, experiment: str, sweep_id: str, objective: str) -> tu
     for r in runs:
         retry_busy(lambda r=r: client.set_tag(r.info.run_id, "tuning.released", str(r is best).lower()))  # type: ignore[misc]
     return (best.info.run_id if best is not None else None), len(runs)
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
