@@ -298,8 +298,7 @@ def begin_run(
 
 
 def end_run(uri: str, run_id: str, status: str) -> None:
-    """End the run FINISHED, FAILED or KILLED (its system metrics stopped first)."""
-    stop_system_metrics(run_id)
+    """End the run FINISHED, FAILED or KILLED."""
     retry_busy(lambda: client_of(uri).set_terminated(run_id, status))
 
 

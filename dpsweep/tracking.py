@@ -262,8 +262,9 @@ def tracked_run(
         _record_failure(tracker, err, kind="oom" if _is_oom(err) else "exception")
         raise
     finally:
-        with contextlib.suppress(Exception):  # already reported (FAILED); the status must still be written
-            tracker.flush()  # what the run logged before it failed, and its failure, are stored first
+        if status != "FINISHED":  # (a finished run flushed above)
+            with contextlib.suppress(Exception):  # already reported (FAILED); the status must still be written
+                tracker.flush()  # what the run logged before it failed, and its failure, are stored first
         service().call("end_run", cfg.uri, run_id, status)
 
 
