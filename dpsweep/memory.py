@@ -21,12 +21,23 @@ Two backends, chosen by the training device:
   unfreezes the baseline; the runner closes its monitor when the run ends. Objects frozen before
   the monitor (by a test harness, or a caller's own ``gc.freeze``) are not its to thaw: they stay
   frozen, and out of every census (a new view of a tensor among them would count as new memory).
+
+  The baseline itself is one full walk (about 0.1 s on the 2-core development VM), once per run.
+  Runs that follow one another in one process (an inline sweep's jobs) can carry it instead, inside
+  :func:`carried_baseline`: a run's ``close()`` leaves the baseline frozen, and the next run's
+  baseline is the last one's tensors that are still alive (held by weak reference, their storages
+  read again) plus the tensors among the objects created since, which are all a walk now sees.
+  That is the same set of storages a full walk finds, for a walk of only what the last run left
+  alive. The block's end unfreezes what its runs froze.
 """
 
 from __future__ import annotations
 
 import gc
 import itertools
+import weakref
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -103,6 +114,21 @@ def live_tensor_bytes(device: torch.device) -> int:
 def live_storages(device: torch.device) -> dict[int, int]:
     """{data pointer: bytes} of the distinct storages of the live tensors on ``device`` that the
     garbage collector tracks (frozen objects left out, see the module doc); empty storages left out."""
+    return storages(tracked_tensors(), device)
+
+
+def tracked_tensors() -> list[torch.Tensor]:
+    """The tensors among the objects the garbage collector tracks (frozen ones left out)."""
+    # The walk over every tracked object stays in C (map, set lookups, compress): only tensors reach
+    # Python. type() rather than isinstance(), which reads __class__ and makes some lazy proxies warn.
+    tensor_kinds = _subclasses(torch.Tensor)
+    objects = gc.get_objects()
+    return list(itertools.compress(objects, map(tensor_kinds.__contains__, map(type, objects))))
+
+
+def storages(tensors: Iterable[torch.Tensor], device: torch.device) -> dict[int, int]:
+    """{data pointer: bytes} of the distinct storages of ``tensors`` (and of their parameters'
+    ``.grad``) on ``device``; empty storages left out."""
     seen: dict[int, int] = {}
 
     def add(t: object) -> None:
@@ -115,16 +141,41 @@ def live_storages(device: torch.device) -> dict[int, int]:
             storage = tensor.untyped_storage()
             seen[storage.data_ptr()] = storage.nbytes()
 
-    # The walk over every tracked object stays in C (map, set lookups, compress): only tensors reach
-    # Python. type() rather than isinstance(), which reads __class__ and makes some lazy proxies warn.
-    tensor_kinds = _subclasses(torch.Tensor)
-    objects = gc.get_objects()
-    for obj in itertools.compress(objects, map(tensor_kinds.__contains__, map(type, objects))):
-        add(obj)
-        if isinstance(obj, torch.nn.Parameter):  # .grad is created in C++: no Python object until read
-            add(obj.grad)
+    for tensor in tensors:
+        add(tensor)
+        if isinstance(tensor, torch.nn.Parameter):  # .grad is created in C++: no Python object until read
+            add(tensor.grad)
     seen.pop(0, None)  # empty storages
     return seen
+
+
+@dataclass
+class _Carry:
+    """What :func:`carried_baseline` hands from one run's monitor to the next."""
+
+    active: bool = False
+    tensors: list[weakref.ref[torch.Tensor]] | None = None  # the last baseline's tensors
+    thaw: bool = False  # a monitor of the block froze first: the block's end unfreezes
+
+
+_CARRY = _Carry()
+
+
+@contextmanager
+def carried_baseline() -> Iterator[None]:
+    """Runs inside this block, one after another in this process, carry the CPU twin's baseline
+    from one to the next instead of walking every object again (see the module doc)."""
+    if _CARRY.active:  # nested: the outer block carries
+        yield
+        return
+    _CARRY.active = True
+    try:
+        yield
+    finally:
+        thaw = _CARRY.thaw
+        _CARRY.active, _CARRY.tensors, _CARRY.thaw = False, None, False
+        if thaw:
+            gc.unfreeze()
 
 
 def _subclasses(kind: type) -> set[type]:
@@ -151,8 +202,14 @@ class CpuTensorMonitor:
         # No collection first (a full one takes about 0.3 s): garbage an earlier run left in reference
         # cycles is frozen with the baseline, so it cannot be freed mid-run and subtracted from this
         # run's figures; close() collects this run's own cycles.
-        self.baseline = live_storages(device)
+        tensors = tracked_tensors()
+        if _CARRY.active and _CARRY.tensors is not None:  # the last run's baseline, still frozen
+            tensors += [t for ref in _CARRY.tensors if (t := ref()) is not None]
+        self.baseline = storages(tensors, device)
         gc.freeze()  # later censuses walk only the objects created after the baseline (module doc)
+        if _CARRY.active:  # the block, not this run, unfreezes
+            _CARRY.tensors = [weakref.ref(t) for t in tensors]
+            _CARRY.thaw, self._thaw = _CARRY.thaw or self._thaw, False
         self._peak = 0
 
     def allocated_bytes(self) -> int:

@@ -1,18 +1,29 @@
-"""Each inline sweep job's config composed once: the sweeper's composition is served to the launcher.
+"""Each sweep job's config composed at most once, and most of them not at all: the sweeper's
+composition is served to the launcher, and jobs that differ only in values share one composition.
 
     loader = ComposedJobs(hydra_context.config_loader)
     job_cfg = loader.compose(master, job)               # the sweeper: preflight, hashes, claims
     loader.load_sweep_config(master, [*job, "sweep.parent_run_id=..."])   # the inline launcher
 
-Hydra's basic launcher (``launcher=inline``) composes each job's config from its overrides, after the
-sweeper composed the same job to check it: about 0.1 s per job, twice. The launcher's overrides are the
-sweeper's job plus the overrides the sweeper adds once the parent run exists (``sweep.parent_run_id``),
-so :meth:`ComposedJobs.load_sweep_config` takes a copy of the job's kept config and applies those with
-Hydra's own override semantics, recording them as a fresh composition does (``hydra.overrides.task``,
-``hydra.job.override_dirname``). Anything else (a config group or ``hydra.*`` among the extra overrides,
-a job never composed) is composed afresh. A test checks the served configs against fresh compositions.
+Hydra composes a job in two parts (``ConfigLoaderImpl._load_configuration_impl``, Hydra 1.3): the
+defaults list, from the config groups among the overrides, is composed into a config; then the
+other overrides (values: ``train.seed=3``, ``+dp.target_epsilon=3``, ``~key``) are applied to it in
+order and recorded (``hydra.overrides.task``, ``hydra.job.override_dirname``). The first part is
+most of the 0.1 s a composition takes, and the jobs of a grid over values (seeds, σ, learning
+rates) share it. So :meth:`ComposedJobs.compose` composes the group overrides once (a *skeleton*)
+and gives each job a copy with its value overrides applied by Hydra's own function; Hydra's
+classification decides which overrides are groups (``repository.group_exists``, dict values being
+values). Jobs with a ``hydra.*`` override (which can move the config search path), or whose values
+fail to apply (Hydra's own error then comes from a fresh composition), are composed afresh.
 
-In-process launchers only: the submitit launchers pickle their Hydra context into every job.
+The launcher's overrides are the sweeper's job plus the overrides the sweeper adds once the parent
+run exists (``sweep.parent_run_id``), so :meth:`ComposedJobs.load_sweep_config` serves a copy of the
+job's kept config with those applied in the same way. Tests check served and composed configs
+against fresh compositions, hydra node included.
+
+The submitit launchers compose in their own processes (their Hydra context is pickled into every
+job): for them nothing is kept (``keep=False``), but the sweeper's own compositions still share
+skeletons.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from hydra.core.config_loader import ConfigLoader
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.core.object_type import ObjectType
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.plugins.config_source import ConfigSource
 from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict
@@ -39,12 +51,14 @@ class ComposedJobs(ConfigLoader):
         self.loader = loader
         self.keep = keep  # False: compose() keeps nothing (a launcher that composes in its own processes)
         self.kept: dict[tuple[str, ...], DictConfig] = {}  # job overrides -> its config, hydra node included
+        self.skeletons: dict[tuple[str, ...], DictConfig] = {}  # group overrides -> their composition
         self.served = 0  # configs served from kept (not composed again)
+        self.composed = 0  # compositions by Hydra (skeletons and fresh ones)
 
     def compose(self, master: DictConfig, job: Sequence[str]) -> DictConfig:
         """The job's config without the ``hydra`` node (whose job fields exist only at run time); the
         whole config is kept for the launcher."""
-        full = self.loader.load_sweep_config(master, list(job))
+        full = self._from_skeleton(master, list(job)) or self._fresh(master, list(job))
         if self.keep:
             self.kept[tuple(job)] = full
         cfg = copy.deepcopy(full)
@@ -56,30 +70,61 @@ class ComposedJobs(ConfigLoader):
         for n in range(len(sweep_overrides), -1, -1):  # the longest kept job the overrides start with
             kept = self.kept.get(tuple(sweep_overrides[:n]))
             if kept is not None:
-                served = self._extended(kept, sweep_overrides[n:])
+                parsed = self._parser().parse_overrides(list(sweep_overrides))
+                served = self._with_values(kept, parsed[n:], parsed)
                 if served is not None:
                     self.served += 1
                     return served
                 break
-        return self.loader.load_sweep_config(master_config, sweep_overrides)
+        return self._fresh(master_config, sweep_overrides)
 
-    def _extended(self, kept: DictConfig, extra: list[str]) -> DictConfig | None:
-        """A copy of ``kept`` with ``extra`` applied as Hydra applies a job's overrides after composing
-        its defaults; None where ``extra`` holds what changes the composition itself."""
-        parser = OverridesParser.create(config_loader=self.loader)
-        parsed = parser.parse_overrides(extra)
-        if any(
-            o.is_hydra_override() or o.package is not None or self.get_group_options(o.key_or_group) for o in parsed
-        ):
+    def _fresh(self, master: DictConfig, overrides: list[str]) -> DictConfig:
+        self.composed += 1
+        return self.loader.load_sweep_config(master, overrides)
+
+    def _parser(self) -> OverridesParser:
+        return OverridesParser.create(config_loader=self.loader)
+
+    def _is_value(self, override: Override) -> bool | None:
+        """Whether Hydra applies ``override`` to the composed config rather than to the defaults list
+        (``hydra._internal.defaults_list.Overrides``); None where that cannot be told here."""
+        repository = getattr(self.loader, "repository", None)
+        if override.is_hydra_override() or override.package is not None or repository is None:
+            return None
+        return isinstance(override.value(), dict) or not repository.group_exists(override.key_or_group)
+
+    def _from_skeleton(self, master: DictConfig, job: list[str]) -> DictConfig | None:
+        """The job's config as a copy of the composition of its group overrides, with its value
+        overrides applied; None where the job must be composed afresh (see the module doc)."""
+        parsed = self._parser().parse_overrides(job)
+        kinds = [self._is_value(o) for o in parsed]
+        if None in kinds:
+            return None
+        groups = tuple(line for line, value in zip(job, kinds, strict=True) if not value)
+        skeleton = self.skeletons.get(groups)
+        if skeleton is None:
+            skeleton = self.skeletons[groups] = self._fresh(master, list(groups))
+        values = [o for o, value in zip(parsed, kinds, strict=True) if value]
+        return self._with_values(skeleton, values, parsed)
+
+    def _with_values(self, base: DictConfig, values: list[Override], job: list[Override]) -> DictConfig | None:
+        """A copy of ``base`` (its resolver cache, copied from the master config by Hydra, included)
+        with ``values`` applied as Hydra applies a job's overrides after composing its defaults, and
+        recorded as the overrides of ``job``; None where ``values`` hold what changes the composition
+        itself, or fail to apply."""
+        if any(self._is_value(o) is not True for o in values):
             return None  # a config group or hydra.*: the composition itself changes
-        cfg = copy.deepcopy(kept)
-        ConfigLoaderImpl._apply_overrides_to_config(parsed, cfg)
-        task = [*cfg.hydra.overrides.task, *(o.input_line for o in parsed)]
+        cfg = copy.deepcopy(base)
+        try:
+            ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+        except Exception:  # a fresh composition raises Hydra's own error for it
+            return None
+        task = [o for o in job if not o.is_hydra_override()]
         dirname = cfg.hydra.job.config.override_dirname
         with open_dict(cfg.hydra):
-            cfg.hydra.overrides.task = task
+            cfg.hydra.overrides.task = [o.input_line for o in task]
             cfg.hydra.job.override_dirname = get_overrides_dirname(
-                overrides=parser.parse_overrides(task),
+                overrides=task,
                 kv_sep=dirname.kv_sep,
                 item_sep=dirname.item_sep,
                 exclude_keys=dirname.exclude_keys,

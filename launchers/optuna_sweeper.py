@@ -42,6 +42,7 @@ class OptunaSearch:
         from dpsweep.errors import InputError
         from dpsweep.launchers.preflight import preflight, refuse
         from dpsweep.launchers.search import OBJECTIVES, SAMPLERS, check_search_space, grid_values
+        from dpsweep.memory import carried_baseline
         from dpsweep.tracking import close_orphaned_runs, terminate_as_interrupt, tracked_run
         from dpsweep.trials import open_storage
 
@@ -100,7 +101,8 @@ class OptunaSearch:
         }
         failed = told = 0
         aborted = None
-        with terminate_as_interrupt(), tracked_run(parent_cfg, tags) as parent:
+        # inline trials, one after another here, carry the memory census's baseline (dpsweep.memory)
+        with terminate_as_interrupt(), tracked_run(parent_cfg, tags) as parent, carried_baseline():
             parent.log_params(
                 {
                     "optuna.sampler": c.sampler,

@@ -30,6 +30,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from dpsweep import tracking_service
 from dpsweep.config import given_overrides
 from dpsweep.errors import InputError
 from dpsweep.launchers.composed import ComposedJobs
@@ -149,6 +150,9 @@ class DpsweepSweeper(Sweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         assert self.config is not None and self.launcher is not None
+        uri = OmegaConf.select(self.config, "tracking.uri", default=None)
+        if isinstance(uri, str):  # the store opens there while this process composes the jobs and imports torch
+            tracking_service.service().post("warm_store", uri)
         private_tuning = bool(OmegaConf.select(self.config, "sweep.private_tuning", default=False))
         if self.optuna is not None:
             if private_tuning:
@@ -165,6 +169,7 @@ class DpsweepSweeper(Sweeper):
 
             return OptunaSearch(self.optuna, self).run(arguments)
         from dpsweep.config import TrackingConfig, to_config
+        from dpsweep.memory import carried_baseline
         from dpsweep.tracking import log_results_table, next_steps, terminate_as_interrupt, tracked_run
 
         sweep_id = new_sweep_id()
@@ -193,7 +198,8 @@ class DpsweepSweeper(Sweeper):
         parent_cfg = TrackingConfig(first.tracking.uri, first.tracking.experiment_name, f"sweep-{sweep_id}")
         parent_tags = {"sweep.id": sweep_id, "sweep.role": "parent", "sweep.launcher": first.launcher.name}
         try:
-            with terminate_as_interrupt(), tracked_run(parent_cfg, parent_tags) as parent:
+            # inline jobs, one after another here, carry the memory census's baseline (dpsweep.memory)
+            with terminate_as_interrupt(), tracked_run(parent_cfg, parent_tags) as parent, carried_baseline():
                 parent.log_params(
                     {"sweep.overrides": " ".join(arguments), "sweep.launcher": first.launcher.name,
                      "sweep.n_configs": len(jobs), "sweep.n_skipped": len(skipped), "sweep.dir": str(sweep_dir)}

@@ -1,5 +1,6 @@
-"""dpsweep.launchers.composed: an inline job's config, served from the sweeper's composition, is the
-config a fresh composition of the launcher's overrides gives, hydra node included."""
+"""dpsweep.launchers.composed: a job's config built from a shared composition of its config groups,
+and an inline job's config served from the sweeper's composition, are the configs a fresh composition
+of the same overrides gives, hydra node included."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from hydra import initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from dpsweep.launchers.composed import ComposedJobs
 from dpsweep.launchers.overrides import string_override
@@ -70,3 +71,55 @@ def test_a_composer_that_keeps_nothing_serves_nothing(loader_and_master: tuple[C
     composer.compose(master, JOBS[0])
     composer.load_sweep_config(master, [*JOBS[0], PARENT])
     assert composer.kept == {} and composer.served == 0
+
+
+GRID = [  # a sweep over values and one group, values given before the group, added and forced
+    [*values, group, string_override("sweep.id", "s1")]
+    for group in ("model=cnn", "model=mlp")
+    for values in (["train.seed=0", "dp.noise_multiplier=0.8"], ["train.seed=1", "++train.checkpoint_dir=/tmp/c"],
+                   ["train.seed=2", "+dp.target_epsilon=3", "train={epochs:3}"])
+]  # fmt: skip
+
+
+def test_jobs_that_differ_in_values_share_one_composition(
+    loader_and_master: tuple[ComposedJobs, DictConfig],
+) -> None:
+    composer, master = loader_and_master
+    for job in GRID:
+        composed = composer.compose(master, job)
+        fresh = composer.loader.load_sweep_config(master, job)
+        assert everything(composer.kept[tuple(job)]) == everything(fresh), job
+        assert "hydra" not in composed
+    assert composer.composed == 2 and set(composer.skeletons) == {("model=cnn",), ("model=mlp",)}
+    first, last = composer.kept[tuple(GRID[0])], composer.kept[tuple(GRID[-1])]
+    assert (first.train.seed, first.dp.noise_multiplier, first.model.name) == (0, 0.8, "cnn")
+    assert (last.train.seed, last.train.epochs, last.dp.target_epsilon, last.model.name) == (2, 3, 3, "mlp")
+    assert composer.kept[tuple(GRID[1])].train.checkpoint_dir == "/tmp/c"
+    assert list(last.hydra.overrides.task) == GRID[-1]
+    # a copy each: one job's changes leave the skeleton and the other jobs as they were
+    first.train.epochs = 99
+    again = composer.compose(master, GRID[1])  # the same skeleton as the first job's
+    assert everything(again) == everything(_without_hydra(composer.loader.load_sweep_config(master, GRID[1])))
+
+
+def test_a_hydra_override_or_a_bad_value_is_composed_afresh(
+    loader_and_master: tuple[ComposedJobs, DictConfig],
+) -> None:
+    composer, master = loader_and_master
+    job = ["train.seed=3", "hydra.job.chdir=true"]
+    assert everything(composer.compose(master, job)) == everything(
+        _without_hydra(composer.loader.load_sweep_config(master, job))
+    )
+    assert composer.skeletons == {} and composer.composed == 1
+    for bad in ("train.no_such_key=1", "~train.seed"):  # unknown; deleting from a structured config
+        with pytest.raises(Exception, match=bad) as from_skeleton:
+            composer.compose(master, ["train.seed=4", bad])
+        with pytest.raises(Exception, match=bad) as fresh:
+            composer.loader.load_sweep_config(master, ["train.seed=4", bad])
+        assert type(from_skeleton.value) is type(fresh.value) and str(from_skeleton.value) == str(fresh.value)
+
+
+def _without_hydra(cfg: DictConfig) -> DictConfig:
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg

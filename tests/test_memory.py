@@ -10,7 +10,15 @@ import pytest
 import torch
 
 from dpsweep.config import ConfigError
-from dpsweep.memory import STAGES, CpuTensorMonitor, StageRecorder, live_tensor_bytes, monitor_for
+from dpsweep.memory import (
+    STAGES,
+    CpuTensorMonitor,
+    StageRecorder,
+    carried_baseline,
+    live_tensor_bytes,
+    monitor_for,
+    storages,
+)
 from dpsweep.units import format_bytes, parse_bytes
 
 MIB = 2**20
@@ -97,6 +105,31 @@ def test_what_another_froze_stays_frozen() -> None:
     monitor.close()
     assert gc.get_freeze_count() >= frozen > 0
     del new
+
+
+def test_runs_in_a_carried_baseline_block_see_what_a_full_walk_sees() -> None:
+    """Inside carried_baseline, the next run's baseline is the last one's surviving tensors plus what
+    came since: a view of a tensor from before the first run, or of one a run left alive, is not new
+    memory; a parameter's .grad made since is in the baseline too; the block's end unfreezes."""
+    gc.unfreeze()
+    data = torch.zeros(25_000)  # before the first run (a dataset)
+    with carried_baseline():
+        first = monitor_for(CPU)
+        left = torch.zeros(500)  # 2,000 bytes that the first run leaves alive
+        weight = torch.nn.Parameter(torch.zeros(100))
+        weight.grad = torch.zeros(100)  # .grad: 400 bytes, no Python object of its own once dropped
+        assert first.allocated_bytes() == 2_000 + 400 + 400
+        first.close()
+        assert gc.get_freeze_count() > 0  # left frozen for the next run
+        second = monitor_for(CPU)
+        views = data[:10], left[:10], weight.grad[:10]  # no new memory
+        new = torch.zeros(250)  # 1,000 bytes
+        assert second.allocated_bytes() == 1_000
+        assert second.baseline == first.baseline | storages([left, weight], CPU)
+        second.close()
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
+    del views, new
 
 
 @pytest.fixture(autouse=True)
