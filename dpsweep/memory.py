@@ -198,13 +198,20 @@ class CpuTensorMonitor:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self._thaw = gc.get_freeze_count() == 0  # what another froze is left frozen (module doc)
-        # No collection first (a full one takes about 0.3 s): garbage an earlier run left in reference
-        # cycles is frozen with the baseline, so it cannot be freed mid-run and subtracted from this
-        # run's figures; close() collects this run's own cycles.
-        tensors = tracked_tensors()
         if _CARRY.active and _CARRY.tensors is not None:  # the last run's baseline, still frozen
-            tensors += [t for ref in _CARRY.tensors if (t := ref()) is not None]
+            # The last run's reference cycles (its model, once the runner let go of it) are among the
+            # objects made since that baseline, which is all a collection now walks: free them, or the
+            # freeze below would keep them for the rest of the block.
+            gc.collect()
+            tensors = tracked_tensors() + [t for ref in _CARRY.tensors if (t := ref()) is not None]
+            self._thaw = False
+        else:
+            # gc.get_freeze_count() walks the frozen objects: asked only here, where usually none are
+            self._thaw = gc.get_freeze_count() == 0  # what another froze is left frozen (module doc)
+            # No collection first (a full one takes about 0.3 s): garbage an earlier run left in
+            # reference cycles is frozen with the baseline, so it cannot be freed mid-run and
+            # subtracted from this run's figures; close() collects this run's own cycles.
+            tensors = tracked_tensors()
         self.baseline = storages(tensors, device)
         gc.freeze()  # later censuses walk only the objects created after the baseline (module doc)
         if _CARRY.active:  # the block, not this run, unfreezes

@@ -107,10 +107,19 @@ def test_what_another_froze_stays_frozen() -> None:
     del new
 
 
+class Cycle:
+    """An object in a reference cycle: freed only by the cycle collector."""
+
+    def __init__(self) -> None:
+        self.me = self
+        self.weights: torch.Tensor | None = None
+
+
 def test_runs_in_a_carried_baseline_block_see_what_a_full_walk_sees() -> None:
     """Inside carried_baseline, the next run's baseline is the last one's surviving tensors plus what
     came since: a view of a tensor from before the first run, or of one a run left alive, is not new
-    memory; a parameter's .grad made since is in the baseline too; the block's end unfreezes."""
+    memory; a parameter's .grad made since is in the baseline too; a run's cyclic garbage is freed;
+    the block's end unfreezes."""
     gc.unfreeze()
     data = torch.zeros(25_000)  # before the first run (a dataset)
     with carried_baseline():
@@ -119,9 +128,14 @@ def test_runs_in_a_carried_baseline_block_see_what_a_full_walk_sees() -> None:
         weight = torch.nn.Parameter(torch.zeros(100))
         weight.grad = torch.zeros(100)  # .grad: 400 bytes, no Python object of its own once dropped
         assert first.allocated_bytes() == 2_000 + 400 + 400
+        model = Cycle()  # the first run's model, in a reference cycle, let go of after its close()
+        model.weights = torch.zeros(1000)
         first.close()
         assert gc.get_freeze_count() > 0  # left frozen for the next run
+        garbage = weakref.ref(model)
+        del model
         second = monitor_for(CPU)
+        assert garbage() is None  # collected by the next baseline, not frozen for the rest of the block
         views = data[:10], left[:10], weight.grad[:10]  # no new memory
         new = torch.zeros(250)  # 1,000 bytes
         assert second.allocated_bytes() == 1_000
