@@ -521,15 +521,28 @@ def flatten(cfg: DictConfig | Config) -> dict[str, Any]:
     """Flatten a config to dotted keys: ``{"dp.noise_multiplier": 1.0, ...}`` (enums as strings)."""
     if isinstance(cfg, DictConfig):
         return _flatten(cfg)
-    key = repr(cfg)  # a dataclass's repr holds every field: a run flattens its config several times
-    if key not in _FLAT:
-        if len(_FLAT) >= 64:
-            _FLAT.clear()
-        _FLAT[key] = _flatten(OmegaConf.structured(cfg))
-    return dict(_FLAT[key])
+    return dict(_structured(cfg)[1])
 
 
-_FLAT: dict[str, dict[str, Any]] = {}
+def structured(cfg: Config) -> DictConfig:
+    """``OmegaConf.structured(cfg)``, read-only (a run asks for it again for its ``config.yaml``)."""
+    return _structured(cfg)[0]
+
+
+def _structured(cfg: Config) -> tuple[DictConfig, dict[str, Any]]:
+    """A typed config as a read-only DictConfig and flattened, made once per config: a run flattens
+    its config several times, and ``OmegaConf.structured`` takes about 15 ms each time."""
+    key = repr(cfg)  # a dataclass's repr holds every field
+    if key not in _STRUCTURED:
+        if len(_STRUCTURED) >= 64:
+            _STRUCTURED.clear()
+        node = OmegaConf.structured(cfg)
+        OmegaConf.set_readonly(node, True)
+        _STRUCTURED[key] = node, _flatten(node)
+    return _STRUCTURED[key]
+
+
+_STRUCTURED: dict[str, tuple[DictConfig, dict[str, Any]]] = {}
 
 
 def _flatten(node: DictConfig) -> dict[str, Any]:

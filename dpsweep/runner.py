@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 
 from dpsweep import checkpoint, ledger, memory, prefetch, tasks, units
 from dpsweep import data as datasets
-from dpsweep.config import Config, ConfigError, Device, flatten, identity, settings, to_config, validate
+from dpsweep.config import Config, ConfigError, Device, flatten, identity, settings, structured, to_config, validate
 from dpsweep.facts import DatasetFacts
 from dpsweep.ledger import Ledger
 from dpsweep.plan import MemoryFiles, RunPlan, accounting, prepare
@@ -434,7 +434,9 @@ def setting_tags(plan: RunPlan) -> dict[str, Any]:
 
 def resolved_yaml(plan: RunPlan) -> str:
     """The config as it ran (σ as calibrated), for the run's ``config.yaml`` artifact."""
-    resolved = OmegaConf.structured(plan.config)
+    config = plan.config
     if plan.privacy is not None:
-        resolved.dp.noise_multiplier = plan.privacy.noise_multiplier
-    return OmegaConf.to_yaml(resolved)
+        config = dataclasses.replace(
+            config, dp=dataclasses.replace(config.dp, noise_multiplier=plan.privacy.noise_multiplier)
+        )
+    return OmegaConf.to_yaml(structured(config))

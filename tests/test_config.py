@@ -3,15 +3,20 @@ range that types cannot express is rejected by validate() with the key, value an
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers import Composer
 from hydra.errors import ConfigCompositionException, MissingConfigException
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, ReadonlyConfigError
 
 from dpsweep import config as C
 from dpsweep.config import ConfigError, to_config, validate, validate_for_dataset
+from dpsweep.facts import DatasetFacts
+from dpsweep.plan import prepare
+from dpsweep.runner import resolved_yaml
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and not p.name.startswith("__"))
@@ -209,6 +214,30 @@ def test_flatten_uses_dotted_keys_and_plain_values(make_cfg: Composer) -> None:
     assert flat["train.device"] == "auto"
     assert "tracking.uri" in flat
     assert not any(isinstance(v, dict) for v in flat.values())
+
+
+def test_a_typed_config_is_made_structured_once_and_read_only(make_cfg: Composer) -> None:
+    cfg = to_config(make_cfg("dp.noise_multiplier=1.3"))
+    node = C.structured(cfg)
+    assert node is C.structured(cfg)  # made once per config
+    assert OmegaConf.to_container(node) == OmegaConf.to_container(OmegaConf.structured(cfg))
+    with pytest.raises(ReadonlyConfigError):
+        node.dp.noise_multiplier = 2.0
+    flat = C.flatten(cfg)
+    flat["dp.noise_multiplier"] = 9.0  # a copy for the caller
+    assert C.flatten(cfg)["dp.noise_multiplier"] == 1.3
+    other = dataclasses.replace(cfg, dp=dataclasses.replace(cfg.dp, noise_multiplier=2.0))
+    assert C.flatten(other)["dp.noise_multiplier"] == 2.0 and C.structured(other) is not node
+
+
+def test_the_logged_config_has_the_calibrated_noise(make_cfg: Composer) -> None:
+    cfg = to_config(make_cfg("dp.target_epsilon=3"))
+    plan = prepare(cfg, DatasetFacts(1437, (1, 28, 28), 10))
+    assert plan.privacy is not None and plan.privacy.noise_multiplier != cfg.dp.noise_multiplier
+    logged = yaml.safe_load(resolved_yaml(plan))
+    assert logged["dp"]["noise_multiplier"] == plan.privacy.noise_multiplier
+    assert logged["dp"]["target_epsilon"] == 3 and logged["train"] == yaml.safe_load(OmegaConf.to_yaml(cfg.train))
+    assert C.structured(cfg).dp.noise_multiplier == cfg.dp.noise_multiplier  # the run's config as given
 
 
 def test_to_config_rejects_a_plain_mapping() -> None:
