@@ -29,9 +29,13 @@ def open_store(uri: str) -> None:
 
 
 def warm_store(uri: str) -> None:
-    """Open the store at ``uri`` ahead of the run's :func:`open_store`, which reports what fails."""
+    """Open the store at ``uri`` ahead of the run's :func:`open_store`, which reports what fails, and
+    do what the process's first run creation would otherwise wait for: MLflow's tracking URI set, and
+    the source tags resolved (GitPython imported)."""
     with contextlib.suppress(Exception):
         store.open_client(uri)
+        store.use_uri(uri)
+        store.source_tags()
 
 
 OPS: dict[str, Callable[..., Any]] = {

@@ -50,7 +50,6 @@ from typing import Any, NoReturn, Protocol
 CHILD_MODULE = "dpsweep.tracking_child"  # python -m dpsweep.tracking_child <fd> <argv0>
 MLFLOW_STORE_MODULE = "mlflow.store.tracking.sqlalchemy_store"  # imported: ops run in process
 EXIT_WAIT_S = 30.0  # at exit, how long to wait for the child to finish what was posted
-HINTS = frozenset({"warm_store"})  # posts that only save later ops time: an exit does not wait for them
 
 
 class TrackingError(RuntimeError):
@@ -126,7 +125,7 @@ class Child:
         self._state = threading.Condition()
         self._answers: dict[int, tuple[bool, Any]] = {}
         self._waiting: set[int] = set()  # calls whose answer is awaited
-        self._last_sent = 0  # the seq of the last op sent (hints aside) ...
+        self._last_sent = 0  # the seq of the last op sent ...
         self._answered = 0  # ... and of the last call answered, which confirms every op before it
         self._errors: list[BaseException] = []
         self._ended: str | None = None  # why the child can no longer answer
@@ -156,9 +155,7 @@ class Child:
         env = _mlflow_env()
         with self._send_lock:
             changed, self._env = (env if env != self._env else None), env
-            seq = next(self._seq)
-            if op not in HINTS:
-                self._last_sent = seq
+            seq = self._last_sent = next(self._seq)
             if reply:
                 with self._state:
                     self._waiting.add(seq)

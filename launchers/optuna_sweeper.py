@@ -17,6 +17,7 @@ toward ``n_trials``. Multi-objective studies print their Pareto set and log it t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from typing import Any
@@ -102,7 +103,8 @@ class OptunaSearch:
         failed = told = 0
         aborted = None
         # inline trials, one after another here, carry the memory census's baseline (dpsweep.memory)
-        with terminate_as_interrupt(), tracked_run(parent_cfg, tags) as parent, carried_baseline():
+        carried = carried_baseline() if typed.launcher.name == "inline" else contextlib.nullcontext()
+        with terminate_as_interrupt(), tracked_run(parent_cfg, tags) as parent, carried:
             parent.log_params(
                 {
                     "optuna.sampler": c.sampler,

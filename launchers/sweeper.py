@@ -16,6 +16,7 @@ if any job failed. Every job gets the override ``sweep.id='<id>'`` (quoted: see
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -199,7 +200,8 @@ class DpsweepSweeper(Sweeper):
         parent_tags = {"sweep.id": sweep_id, "sweep.role": "parent", "sweep.launcher": first.launcher.name}
         try:
             # inline jobs, one after another here, carry the memory census's baseline (dpsweep.memory)
-            with terminate_as_interrupt(), tracked_run(parent_cfg, parent_tags) as parent, carried_baseline():
+            carried = carried_baseline() if first.launcher.name == "inline" else contextlib.nullcontext()
+            with terminate_as_interrupt(), tracked_run(parent_cfg, parent_tags) as parent, carried:
                 parent.log_params(
                     {"sweep.overrides": " ".join(arguments), "sweep.launcher": first.launcher.name,
                      "sweep.n_configs": len(jobs), "sweep.n_skipped": len(skipped), "sweep.dir": str(sweep_dir)}

@@ -18,6 +18,8 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
+from dpsweep import tracking_service
+
 # Settings that keep a training test to a few seconds on 2 CPU cores.
 # tracking.log_model=false: saving the model takes seconds; tests/test_train.py checks it on its own
 FAST = ["train.epochs=2", "train.progress=false", "tracking.log_model=false"]
@@ -145,6 +147,11 @@ def run_dpsweep(*args: str, env: Mapping[str, str] | None = None) -> subprocess.
             if code is not None and not isinstance(code, int):
                 print(code, file=sys.stderr)  # what the interpreter does with a message: print it, exit 1
                 code = 1
+        finally:
+            # What the command's exit waits for: the tracking process's work (a sweep's warm-up opens,
+            # or creates, the store while it composes its jobs; a refused sweep must not leave the
+            # store half-made for the test that reads it next).
+            tracking_service.service().flush()
     return subprocess.CompletedProcess(["dpsweep", *args], code or 0, out.getvalue(), err.getvalue())
 
 

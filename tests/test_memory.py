@@ -119,10 +119,11 @@ def test_runs_in_a_carried_baseline_block_see_what_a_full_walk_sees() -> None:
     """Inside carried_baseline, the next run's baseline is the last one's surviving tensors plus what
     came since: a view of a tensor from before the first run, or of one a run left alive, is not new
     memory; a parameter's .grad made since is in the baseline too; a run's cyclic garbage is freed;
-    the block's end unfreezes."""
+    the block freezes what exists as it starts, and unfreezes at its end."""
     gc.unfreeze()
     data = torch.zeros(25_000)  # before the first run (a dataset)
     with carried_baseline():
+        assert gc.get_freeze_count() > 0  # the block's own baseline, taken and frozen as it starts
         first = monitor_for(CPU)
         left = torch.zeros(500)  # 2,000 bytes that the first run leaves alive
         weight = torch.nn.Parameter(torch.zeros(100))

@@ -39,6 +39,8 @@ def write_search(folder: Path, name: str, body: str) -> list[str]:
 def trial_runs(cwd: Path, study: str) -> list[object]:
     client = MlflowClient(f"sqlite:///{cwd / 'mlflow.db'}")
     exp = client.get_experiment_by_name("dpsweep")
+    if exp is None:  # (a refused study may leave the store it warmed, without its experiment)
+        return []
     return client.search_runs([exp.experiment_id], filter_string=f"tags.`optuna.study` = '{study}'")
 
 
