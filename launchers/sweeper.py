@@ -152,7 +152,9 @@ class DpsweepSweeper(Sweeper):
     def sweep(self, arguments: list[str]) -> Any:
         assert self.config is not None and self.launcher is not None
         uri = OmegaConf.select(self.config, "tracking.uri", default=None)
-        if isinstance(uri, str):  # the store opens there while this process composes the jobs and imports torch
+        # A local store opens in the tracking process while this one composes the jobs and imports torch.
+        # Not a server's: a refused sweep's exit waits for the warm-up, which could wait on the network.
+        if isinstance(uri, str) and uri.startswith("sqlite:"):
             tracking_service.service().post("warm_store", uri)
         private_tuning = bool(OmegaConf.select(self.config, "sweep.private_tuning", default=False))
         if self.optuna is not None:
