@@ -160,7 +160,8 @@ def train(cfg: DictConfig | Config) -> TrainResult:
                 task_run.memory_iteration(stages)
                 stages.log_first_iteration()
             t = config.tracking
-            with system_metrics(run.run_id, t.uri, t.system_metrics_after_s, t.system_metrics_interval_s):
+            private = config.dp.enabled  # GPU memory would tell the Poisson batch sizes, as the peak would
+            with system_metrics(run.run_id, t.uri, t.system_metrics_after_s, t.system_metrics_interval_s, private):
                 _epochs(config, task_run, stages, parts, Checkpoints(ckpt_dir, plan.config_hash, state))
             if ahead is not None:
                 ahead.collect()

@@ -126,15 +126,18 @@ class Tracker:
 
 
 @contextmanager
-def system_metrics(run_id: str, uri: str, after_s: float | None, interval_s: float = 10.0) -> Iterator[None]:
+def system_metrics(
+    run_id: str, uri: str, after_s: float | None, interval_s: float = 10.0, private: bool = False
+) -> Iterator[None]:
     """MLflow's system metrics (CPU, memory, disk, network, and GPU where pynvml finds one) logged to
     ``run_id`` every ``interval_s``, from ``after_s`` seconds into the block (None: never), by the
     tracking process. The delay keeps short runs (tests, probes) free of them; a run longer than it
-    gets them for the rest."""
+    gets them for the rest. A ``private`` (DP) run logs no GPU memory: it follows the sizes of the
+    run's Poisson batches (``mlflow_store.GPU_MEMORY_METRIC``)."""
     if after_s is None:
         yield
         return
-    service().post("start_system_metrics", run_id, uri, after_s, interval_s)
+    service().post("start_system_metrics", run_id, uri, after_s, interval_s, private)
     try:
         yield
     finally:  # stop its thread, flush its last sample

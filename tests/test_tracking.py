@@ -5,15 +5,18 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
+from typing import ClassVar
 
 import pytest
 import torch
 from helpers import runs_of
+from mlflow.system_metrics.metrics.base_metrics_monitor import BaseMetricsMonitor
 from mlflow.tracking import MlflowClient
 
 from dpsweep.config import TrackingConfig
 from dpsweep.liveness import ProcessId, start_ticks
-from dpsweep.mlflow_store import experiment_id
+from dpsweep.mlflow_store import experiment_id, system_metrics_monitor
 from dpsweep.tracking import PROCESS_TAG, Claimed, environment_tags, git_commit, tracked_run
 
 
@@ -104,3 +107,38 @@ def test_a_run_another_live_process_runs_is_not_taken_over(
         other.wait()
     [r] = runs_of(client, experiment_name)
     assert r.info.status == "FINISHED"
+
+
+class CardReading(BaseMetricsMonitor):
+    """One card's readings under the names MLflow's GPUMonitor gives them (this machine has no GPU; the
+    real reading is checked on a card by benchmarks/system_metrics_gpu.py)."""
+
+    READINGS: ClassVar[dict[str, float]] = {
+        "gpu_0_memory_usage_megabytes": 4779.3, "gpu_0_memory_usage_percentage": 3.3,
+        "gpu_0_utilization_percentage": 41.0, "gpu_0_power_usage_watts": 180.0,
+    }  # fmt: skip
+
+    def collect_metrics(self) -> None:
+        for name, value in self.READINGS.items():
+            self._metrics[name].append(value)
+
+    def aggregate_metrics(self) -> dict[str, float]:
+        return {name: sum(values) / len(values) for name, values in self._metrics.items()}
+
+
+@pytest.mark.parametrize("private", [True, False])
+def test_a_private_run_logs_every_system_metric_but_gpu_memory(client: MlflowClient, private: bool) -> None:
+    """Through MLflow's own monitor loop, aggregation and batch logger into the store: a DP run's
+    system metrics leave out the GPU memory (it follows the Poisson batch sizes) and keep the rest."""
+    run = client.create_run(client.create_experiment(f"system_metrics_{private}"))
+    monitor = system_metrics_monitor(run.info.run_id, client.tracking_uri, 0.05, withhold_gpu_memory=private)
+    monitor.monitors.append(CardReading())
+    monitor.start()
+    time.sleep(0.5)
+    monitor.finish()
+    logged = client.get_run(run.info.run_id).data.metrics
+    assert {"system/cpu_utilization_percentage", "system/gpu_0_utilization_percentage",
+            "system/gpu_0_power_usage_watts"} <= set(logged), logged  # fmt: skip
+    gpu_memory = {k for k in logged if k.startswith("system/gpu_0_memory")}
+    expected = set() if private else {"system/gpu_0_memory_usage_megabytes", "system/gpu_0_memory_usage_percentage"}
+    assert gpu_memory == expected, logged

@@ -22,6 +22,7 @@ from dpsweep.config import ConfigError, DigitsConfig, DPConfig, GradSampleMode, 
 from dpsweep.data import DatasetNotFoundError
 from dpsweep.dpsgd import make_private
 from dpsweep.memory import STAGES
+from dpsweep.mlflow_store import GPU_MEMORY_TAG
 from dpsweep.train import TrainResult, train
 
 MEMORY_METRICS = {
@@ -302,17 +303,21 @@ def test_dp_run_logs_its_dataset_splits_as_mlflow_inputs(dp_run: tuple) -> None:
     assert moved != digest
 
 
+@pytest.mark.parametrize("dp", ["off", "dpsgd"])
 def test_system_metrics_are_logged_from_the_configured_delay(
-    make_cfg: Composer, client: MlflowClient, experiment_name: str
+    make_cfg: Composer, client: MlflowClient, experiment_name: str, dp: str
 ) -> None:
     """MLflow's own system metrics, from tracking.system_metrics_after_s into training (0 here; the
-    default 60 s keeps short runs free of them: the documented-metrics tests see none)."""
-    train(make_cfg("dp=off", "train.epochs=3", "tracking.system_metrics_after_s=0",
+    default 60 s keeps short runs free of them: the documented-metrics tests see none). A DP run is
+    tagged as withholding GPU memory (tests/test_tracking.py checks that it logs none)."""
+    train(make_cfg(f"dp={dp}", "train.epochs=3", "tracking.system_metrics_after_s=0",
                    "tracking.system_metrics_interval_s=0.2"))  # fmt: skip
     [run] = runs_of(client, experiment_name)
     system = {k for k in run.data.metrics if k.startswith("system/")}
     assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= system, system
     assert run.info.status == "FINISHED"
+    withheld = run.data.tags.get(GPU_MEMORY_TAG, "")
+    assert withheld.startswith("withheld") if dp == "dpsgd" else withheld == "", run.data.tags
 
 
 @DP_RUN
