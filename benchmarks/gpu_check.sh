@@ -4,7 +4,8 @@
 #   benchmarks/gpu_check.sh                   # results in gpu_check/
 #   benchmarks/gpu_check.sh /scratch/gpu_run  # results there
 #   STEPS="stages speed" benchmarks/gpu_check.sh   # some steps only (in this order: env stages speed
-#                                                  #   speed_224 profile probes_cnn probes_vgg fit oom)
+#                                                  #   speed_224 profile probes_cnn probes_vgg fit oom
+#                                                  #   oom_expandable sysmetrics)
 #   STEPS="fit oom" PROBES_CSV=analysis/data/gpu_probes_h100.csv benchmarks/gpu_check.sh
 #                                                  # the largest-batch check on the committed probes
 #   PYTHON=/opt/venv/bin/python PARALLEL=4 OOM_CASES=cnn SPEED_ARGS=--quick benchmarks/gpu_check.sh
@@ -26,12 +27,16 @@
 #               benchmarks/memory_fit.py (24 probes fitted per model, the rest scored)
 #   oom         benchmarks/oom_check.py: the largest batch predicted for the card runs; the real limit
 #               is found by running larger batches until CUDA runs out of memory  -> oom.json
+#   oom_expandable  the same for the cnn under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less
+#               fragmentation: how much of the 2% headroom the default allocator needs) -> oom_expandable.json
+#   sysmetrics  benchmarks/system_metrics_gpu.py: the GPU memory MLflow's system metrics log, by batch
+#               size, for non-private and DP runs                                -> sysmetrics.json
 # Exit status: the number of steps that failed (0: all passed).
 set -u
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 R=$(mkdir -p "${1:-gpu_check}" && cd "${1:-gpu_check}" && pwd)
-STEPS=${STEPS:-env stages speed speed_224 profile probes_cnn probes_vgg fit oom}
+STEPS=${STEPS:-env stages speed speed_224 profile probes_cnn probes_vgg fit oom oom_expandable sysmetrics}
 PARALLEL=${PARALLEL:-16}          # probes at once: each is its own process with its own allocator
 STEP_TIMEOUT_S=${STEP_TIMEOUT_S:-1800}
 export PYTHONUNBUFFERED=1
@@ -107,5 +112,8 @@ step fit fit
 oom_cases=()
 for c in ${OOM_CASES:-cnn vgg16_frozen}; do oom_cases+=(--case "$c"); done
 step oom "$PY" benchmarks/oom_check.py --memory-model "$R/memory_model.json" --json "$R/oom.json" "${oom_cases[@]}"
+step oom_expandable env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+  "$PY" benchmarks/oom_check.py --memory-model "$R/memory_model.json" --json "$R/oom_expandable.json" --case cnn
+step sysmetrics "$PY" benchmarks/system_metrics_gpu.py --json "$R/sysmetrics.json"
 echo "gpu_check: $failed step(s) failed; results in $R"
 exit "$failed"

@@ -16,6 +16,10 @@ For each case (one config per model, chosen so that the card fills up before the
    20%, 40%, 80%) until one fails with CUDA out-of-memory, and the gap is bisected: the real largest batch
    B_real is printed beside B*. The prediction is safe when B* runs, and tight when B*/B_real is near 1.
 
+Every size above B* that was tried is a size the plan rejects: the JSON lists those that ran out of memory
+on the card (``plan_rejected_and_oom``) and those that ran all the same (``plan_rejected_but_ran``: the
+allocator headroom's cost, ``memory_predict.ALLOCATOR_HEADROOM``).
+
 It exits 1 when B* does not run, or when a run fails for another reason than out-of-memory.
 Needs CUDA and a memory model of CUDA probes (``dpsweep-memory fit``).
 """
@@ -118,7 +122,12 @@ def check_case(name: str, memory_model: Path, gpu_memory: str, workdir: Path) ->
             failed = mid
     others = [f"B={b}: {s}" for b, s in tried.items() if s not in ("ok", "oom")]
     problems += [f"a run failed for another reason than out-of-memory: {o}" for o in others]
-    result |= {"real_largest_batch_size_at_least": ok, "first_oom_batch_size": failed, "problems": problems}
+    # The plan accepts exactly the sizes up to B*: each larger one tried either ran (the headroom's cost)
+    # or ran out of memory on the card (a rejection borne out).
+    rejected = {b: s for b, s in tried.items() if b > best}
+    result |= {"real_largest_batch_size_at_least": ok, "first_oom_batch_size": failed, "problems": problems,
+               "plan_rejected_and_oom": sorted(b for b, s in rejected.items() if s == "oom"),
+               "plan_rejected_but_ran": sorted(b for b, s in rejected.items() if s == "ok")}  # fmt: skip
     return result
 
 
@@ -163,6 +172,9 @@ def main() -> None:
         print(f"{name}: --gpu-memory {gpu_memory}: predicted largest pass {r['predicted_largest_pass']} "
               f"(largest logical batch {r['predicted_largest_batch_size']}, whose Poisson batches stay under it); "
               f"real largest pass ≥ {real} (first OOM at {first}); the prediction is {ratio}")  # fmt: skip
+        if "plan_rejected_and_oom" in r:
+            print(f"  rejected by the plan: ran out of memory at {r['plan_rejected_and_oom']}; "
+                  f"ran at {r['plan_rejected_but_ran'] or 'none'}")  # fmt: skip
         for p in r["problems"]:
             print(f"  PROBLEM: {p}")
     if args.json:
