@@ -280,13 +280,14 @@ def test_fit_and_predict_refuse_bad_input(probed: tuple[str, Path], tmp_path: Pa
 GPU_DATA = Path(__file__).resolve().parents[1] / "analysis" / "data"
 
 
-def test_largest_pass_predicted_from_the_h100_probes_ran_on_the_h100_and_is_tight(tmp_path: Path) -> None:
-    """``dpsweep-memory predict`` on a fit of the committed H100 probes, for the two configs that
-    benchmarks/oom_check.py ran on an H100 (analysis/data/gpu_oom_h100.json: which exact passes ran
-    and which ran out of CUDA memory). The largest pass predicted must not be one that ran out, and
-    must be within 2% of the largest that ran. Planning with the reserved peak (VGG16: 18% short) or
-    without the allocator's headroom (cnn: a pass that ran out) fails this."""
-    measured = json.loads((GPU_DATA / "gpu_oom_h100.json").read_text())
+@pytest.mark.parametrize("outcomes", ["gpu_oom_h100.json", "gpu_oom_h200.json"])
+def test_largest_pass_predicted_from_the_h100_probes_ran_and_is_tight(tmp_path: Path, outcomes: str) -> None:
+    """``dpsweep-memory predict`` on a fit of the committed H100 probes, for the configs that
+    benchmarks/oom_check.py ran on an H100 and on an H200 (analysis/data/gpu_oom_*.json: which exact
+    passes ran and which ran out of CUDA memory). The largest pass predicted must not be one that ran
+    out, and must be within 2% of the largest that ran. Planning with the reserved peak (VGG16: 18%
+    short) or without the allocator's headroom (cnn: a pass that ran out) fails this."""
+    measured = json.loads((GPU_DATA / outcomes).read_text())
     model = tmp_path / "gpu_model.json"
     memory_cli("fit", "--csv", str(GPU_DATA / "gpu_probes_h100.csv"), "--out", str(model))
     for case in measured["cases"]:
