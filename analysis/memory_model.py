@@ -1,6 +1,6 @@
 """Fitting linear memory models to memory probes: how many bytes a config needs before it is run.
 
-A probe measures the first training iteration of one config (see ``dpsweep.memory``): the bytes
+A probe measures the first training iteration of one config (see ``dpsweep.memory.stages``): the bytes
 allocated after each stage (``model_load``, ``batch_load``, ``backward``, ``optimizer_step``), the
 iteration's allocated peak and the CUDA allocator's reserved peak. Each of these six targets is
 fitted, per model, as a linear function of features computed from the config (batch size B,
@@ -11,10 +11,10 @@ trainable parameters P, B·C·H·W input values, B·P, DP on/off, the grad-sampl
   least total over-prediction. It is the figure to plan with: it under-predicts no fitted probe.
 
 Each fit is scored by k-fold held-out error (k = min(5, probes)). This module fits (pandas, scipy)
-and plots (matplotlib); the fitted model, its features and its file are :mod:`dpsweep.memory_model`
+and plots (matplotlib); the fitted model, its features and its file are :mod:`dpsweep.memory.model`
 (numpy only), which runs load and predict from. From Python::
 
-    from dpsweep import memory_model as core
+    from dpsweep.memory import model as core
     from dpsweep.analysis import memory_model as mm
     models = mm.fit_all(probes)                         # one core.MemoryModel per model in the frame
     m = models["vgg16_frozen"]
@@ -52,7 +52,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import linprog
 
-from dpsweep.memory_model import (
+from dpsweep.memory.model import (
     CONST,
     FEATURES,
     FORMAT,

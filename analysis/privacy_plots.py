@@ -4,7 +4,7 @@
 
 Each plot varies one knob (epochs, σ, batch size B, dataset size N, δ) and keeps the others at the
 given configuration, which is marked. RDP accountant, improved conversion; steps follow Opacus's
-Poisson loader (``dpsweep.privacy``).
+Poisson loader (``dpsweep.privacy.schedule``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import NullFormatter
 
-from dpsweep import privacy
+from dpsweep.privacy import schedule as privacy
 
 
 def plot_all(

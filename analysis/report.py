@@ -136,13 +136,13 @@ MECHANISM_NOTES = {
     Mechanism.dpsgd.value: "Poisson-sampled batches, amplified by sampling",
     Mechanism.dpftrl.value: "tree aggregation over batches in a fixed order, no sampling and no amplification",
 }
-# dp.neighbours (a DP run's tag; dpsweep.ledger.NEIGHBOURS_OF) in words; runs without it ran DP-SGD
+# dp.neighbours (a DP run's tag; dpsweep.privacy.ledger.NEIGHBOURS_OF) in words; runs without it ran DP-SGD
 NEIGHBOUR_NOTES = {
     "add_or_remove_one": "one unit added or removed",
     "replace_one_with_zero": "one unit replaced by a zero record",
 }
 DEFAULT_NEIGHBOURS = "add_or_remove_one"
-# Who holds which examples (dpsweep.users), what a dp.unit=user row's users are. Without DP they change
+# Who holds which examples (dpsweep.data.users), what a dp.unit=user row's users are. Without DP they change
 # nothing a run computes (only dp.unit=user reads them), so a baseline is matched without them.
 USER_PARAMS = ("dataset.users", "dataset.num_users", "dataset.user_label_skew", "dataset.users_seed")
 
@@ -1014,7 +1014,7 @@ def _default_neighbours(mechanism: str) -> str:
     """The neighbouring relation of a mechanism's ε, for runs without the dp.neighbours tag."""
     if mechanism == Mechanism.dpsgd.value:
         return DEFAULT_NEIGHBOURS
-    from dpsweep.ledger import NEIGHBOURS_OF  # dp-accounting takes a second to import: only when needed
+    from dpsweep.privacy.ledger import NEIGHBOURS_OF  # dp-accounting takes a second to import: only when needed
 
     return NEIGHBOURS_OF.get(mechanism, "?")
 

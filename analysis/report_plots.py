@@ -373,7 +373,7 @@ def plot_memory(groups: pd.DataFrame, path: Path, style: FigureStyle = FigureSty
     return _save(fig, path, style)
 
 
-SAMPLE_DIR = "samples"  # a GAN run's sample grids: samples/epoch_NNN.png (dpsweep.tasks.gan)
+SAMPLE_DIR = "samples"  # a GAN run's sample grids: samples/epoch_NNN.png (dpsweep.tasks.gan.task)
 SAMPLE_GRID = re.compile(r"epoch_(\d+)\.png$")
 SAMPLE_COLUMNS = 4  # tiles per row of gan_samples.png
 

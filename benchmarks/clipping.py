@@ -18,7 +18,7 @@ Strategies, each trained with σ calibrated so that the run's whole ledger spend
   charged at the full σ.
 
 It prints accuracy mean ± std over the seeds per strategy, the gap to the tuned fixed C, and PASS or
-FAIL; it exits 1 when neither private strategy is within the goal. Each run is ``dpsweep.train.train``
+FAIL; it exits 1 when neither private strategy is within the goal. Each run is ``dpsweep.run.runner.train``
 in this process, tracked to a temporary MLflow store.
 """
 
@@ -40,7 +40,7 @@ def accuracies(overrides: list[str], seeds: int, store: str) -> tuple[list[float
     """Test accuracies over seeds 0..seeds-1, the run's ε, and the mean C it clipped at (quantile runs)."""
     from hydra import compose, initialize_config_module
 
-    from dpsweep.train import train
+    from dpsweep.run.runner import train
 
     out, eps, chosen = [], 0.0, []
     for seed in range(seeds):

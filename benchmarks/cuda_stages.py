@@ -14,13 +14,13 @@ no feature cache, DP ghost clipping and non-private):
    iteration from dpsweep's building blocks (dataset, model, optimizer, ``dpsgd.make_private``), reading
    ``torch.cuda.memory_allocated()`` directly after the model is on the device, after the batch is, after
    ``loss.backward()`` and after ``optimizer.step()``: the points at which dpsweep marks its stages.
-   It does not use ``dpsweep.memory``.
+   It does not use ``dpsweep.memory.stages``.
 
 It prints both levels per stage and their difference, and exits 1 when a logged figure is missing, the
 backend is not the one expected (``cuda`` on a GPU), or a level differs from the independent reading by
 more than ``--tolerance`` (relative; default 1%).
 
-The CPU twin (``--device cpu``) reads ``dpsweep.memory.live_tensor_bytes`` in step 2 instead, so it is not
+The CPU twin (``--device cpu``) reads ``dpsweep.memory.stages.live_tensor_bytes`` in step 2 instead, so it is not
 independent: it only checks that this script and the CPU path run (the test suite runs it that way).
 """
 
@@ -65,7 +65,7 @@ def _reader(device_type: str) -> Callable[[], int]:
             return int(torch.cuda.memory_allocated())
 
         return read
-    from dpsweep.memory import live_tensor_bytes  # CPU twin: not independent (see the module doc)
+    from dpsweep.memory.stages import live_tensor_bytes  # CPU twin: not independent (see the module doc)
 
     device = torch.device("cpu")
     baseline = live_tensor_bytes(device)
@@ -78,11 +78,11 @@ def independent_levels(overrides: list[str], device_type: str) -> dict[str, int]
     from hydra import compose, initialize_config_module
     from torch.utils.data import DataLoader, Subset
 
-    from dpsweep import data as datasets
-    from dpsweep import dpsgd
-    from dpsweep import models as model_zoo
     from dpsweep.config import to_config
-    from dpsweep.optimizers import build_optimizer
+    from dpsweep.data import loaders as datasets
+    from dpsweep.mechanisms import dpsgd
+    from dpsweep.models import classifiers as model_zoo
+    from dpsweep.models.optimizers import build_optimizer
 
     with initialize_config_module("dpsweep.conf", version_base="1.3"):
         cfg = to_config(compose("config", overrides=overrides))

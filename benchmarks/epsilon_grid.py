@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/epsilon_grid.py            # prints the figures, exits 1 if over target
 
-RDP composes linearly in the number of steps, so ``dpsweep.privacy.epsilon_grid`` calls Opacus's
+RDP composes linearly in the number of steps, so ``dpsweep.privacy.schedule.epsilon_grid`` calls Opacus's
 ``compute_rdp`` once per (q, σ) pair over all orders, then scales and converts per grid point. The
 script also times the point-by-point path (one full accountant call per point) on a subset and
 prints the speed-up measured in this run.
@@ -16,7 +16,7 @@ import warnings
 
 import numpy as np
 
-from dpsweep import privacy
+from dpsweep.privacy import schedule as privacy
 
 TARGET_S = 2.0
 N = 60_000

@@ -68,7 +68,7 @@ def gan_runs(name: str, overrides: list[str], seeds: int, store: str, grids: Pat
     from hydra import compose, initialize_config_module
     from mlflow.tracking import MlflowClient
 
-    from dpsweep.train import train
+    from dpsweep.run.runner import train
 
     row, real = Row(name), []
     client = MlflowClient(store)
@@ -115,10 +115,11 @@ def private_gaussian(target_epsilon: float, norm: float, seeds: int, tstr: dict[
     """The private class-conditional Gaussian baseline (see the module docstring), scored by TSTR."""
     import torch
 
-    from dpsweep import data as datasets
-    from dpsweep import device_data, synthetic
-    from dpsweep import models as model_zoo
     from dpsweep.config import CNNConfig, DigitsConfig
+    from dpsweep.data import device as device_data
+    from dpsweep.data import loaders as datasets
+    from dpsweep.models import classifiers as model_zoo
+    from dpsweep.tasks.gan import synthetic
 
     splits = datasets.build(DigitsConfig())
     x, y = device_data.materialize(splits.train)

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/mechanisms.py                   # 3 seeds, ε in {1, 3, 8} (about 15 min on 2 cores)
     .venv/bin/python benchmarks/mechanisms.py --seeds 1 --epsilons 8 --json mechanisms.json
 
-Every run is ``dpsweep.train.train`` in this process with the presets' settings, σ calibrated so that
+Every run is ``dpsweep.run.runner.train`` in this process with the presets' settings, σ calibrated so that
 the run's ε (RDP, δ = 1e-5) is the target:
 
 - example level: ``experiment=ftrl_vs_sgd_digits`` (B = 64, 8 epochs, SGD/FTRL with momentum 0.9);
@@ -38,7 +38,7 @@ def runs(unit: str, mechanism: str, epsilon: float, seeds: int, store: str) -> d
     from hydra import compose, initialize_config_module
     from mlflow.tracking import MlflowClient
 
-    from dpsweep.train import train
+    from dpsweep.run.runner import train
 
     client = MlflowClient(store)
     out: dict[str, Any] = {"accuracies": [], "seconds_per_epoch": [], "sigma": None}

@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dpsweep import memory_model as core
 from dpsweep.analysis import memory_model as mm
+from dpsweep.memory import model as core
 
 REFERENCE = Path(__file__).resolve().parents[1] / "analysis" / "data" / "cpu_probes_digits.csv"
 MAX_PROBES = 24  # fitted per model
@@ -68,7 +68,7 @@ def evaluate(
     probes: pd.DataFrame, max_probes: int = MAX_PROBES, seed: int = 0, design: str = "corners"
 ) -> list[dict[str, Any]]:
     """Per model: fit the envelope to ``max_probes`` probes chosen by ``design`` (``dpsweep.analysis``),
-    and score the peak that the fitted model (``dpsweep.memory_model``, as runs use it) predicts on the rest."""
+    and score the peak that the fitted model (``dpsweep.memory.model``, as runs use it) predicts on the rest."""
     results = []
     for name, block in probes.groupby("model", sort=True):
         devices = sorted(set(block["device_name"])) if "device_name" in block else []

@@ -52,12 +52,14 @@ from torch.utils.data import DataLoader, TensorDataset
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import training_speed as ts
 
-from dpsweep import data as datasets
-from dpsweep import device_data, feature_cache, memory
-from dpsweep import models as model_zoo
 from dpsweep.config import CNNConfig, DigitsConfig, DPConfig, GradSampleMode, SGDConfig, VGG16FrozenConfig
-from dpsweep.dpsgd import make_private
-from dpsweep.optimizers import build_optimizer
+from dpsweep.data import device as device_data
+from dpsweep.data import loaders as datasets
+from dpsweep.mechanisms.dpsgd import make_private
+from dpsweep.memory import stages as memory
+from dpsweep.models import classifiers as model_zoo
+from dpsweep.models import feature_cache
+from dpsweep.models.optimizers import build_optimizer
 from dpsweep.tasks.classifier import EXTRACT_BATCH_SIZE, Trainer, train_pass
 
 Batch = tuple[torch.Tensor, torch.Tensor]

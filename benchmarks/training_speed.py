@@ -21,7 +21,7 @@ with a fresh iterator as in training, and the epoch time is their median ("timed
 
 Peak memory is that of the first iteration (model, DP wrapper, batch, backward, optimizer step), above the
 level when the setting started. On CUDA it is the caching allocator's ``max_memory_allocated``; on the CPU it
-is dpsweep's ``cpu-tensors`` census (``dpsweep.memory``): the bytes of live tensors at the stage boundaries,
+is dpsweep's ``cpu-tensors`` census (``dpsweep.memory.stages``): the bytes of live tensors at the stage boundaries,
 a lower bound that does not see temporaries freed inside a stage (activations, autograd buffers).
 
 Sections (``--sections``, default all), per device:
@@ -38,7 +38,7 @@ Sections (``--sections``, default all), per device:
   B x 3.2 M (128 units) per-sample gradients, which swamps both paths): images through the frozen backbone
   every step (uncached; epoch extrapolated from a few steps) vs the head on the cached maps (whole epochs
   timed), both through the gathered DataLoader + Opacus DPDataLoader that training uses
-  (``dpsweep.gathered``); the cached head on device-resident maps too.
+  (``dpsweep.data.gathered``); the cached head on device-resident maps too.
   The one-off extraction (both splits, cache files written) is reported on its own.
   Then ``train.train`` runs 1 epoch each way (``model.feature_cache=true/false``, same seed, MLflow in a
   temporary sqlite store; the cached run reuses the extraction above) to compare test accuracy and ε
@@ -86,15 +86,19 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import TensorDataset
 
-from dpsweep import data as datasets
-from dpsweep import device_data, feature_cache, gathered, memory, units
-from dpsweep import models as model_zoo
+from dpsweep import units
 from dpsweep.config import CNNConfig, DigitsConfig, DPConfig, GradSampleMode, SGDConfig, VGG16FrozenConfig
-from dpsweep.dpsgd import make_private
-from dpsweep.optimizers import build_optimizer
+from dpsweep.data import device as device_data
+from dpsweep.data import gathered
+from dpsweep.data import loaders as datasets
+from dpsweep.mechanisms.dpsgd import make_private
+from dpsweep.memory import stages as memory
+from dpsweep.models import classifiers as model_zoo
+from dpsweep.models import feature_cache
+from dpsweep.models.optimizers import build_optimizer
+from dpsweep.run.runner import train
 from dpsweep.tasks.classifier import EXTRACT_BATCH_SIZE, Trainer, train_pass
 from dpsweep.tracking import device_name
-from dpsweep.train import train
 
 CACHE_SPEEDUP_MIN = 20.0  # goal 1: uncached epoch / cached epoch
 ACCURACY_TOLERANCE = 1e-9  # goal 1: |accuracy cached - uncached|

@@ -1,21 +1,21 @@
 """The run plan: everything decided about a run before it starts, computed once, by one function.
 
     from dpsweep.plan import prepare
-    plan = prepare(cfg, facts)              # cfg: dpsweep.config.Config; facts: dpsweep.facts.DatasetFacts
+    plan = prepare(cfg, facts)              # cfg: dpsweep.config.Config; facts: dpsweep.data.facts.DatasetFacts
     plan.noise_multiplier, plan.steps       # σ (calibrated when dp.target_epsilon is set), optimizer steps
     plan.privacy.epsilon                    # the planned ε over every step, under dp.accountant
     plan.over_budget                        # why the planned ε exceeds sweep.max_epsilon (None: within)
     plan.physical_batch_size, plan.memory   # examples per pass, the memory prediction (with a memory model)
     plan.config_hash                        # the identity of the run (resume, skipping FINISHED configs)
 
-The trainer (``dpsweep.runner``), ``dpsweep-plan``, the sweeper's preflight and ``dpsweep-memory``
+The trainer (``dpsweep.run.runner``), ``dpsweep-plan``, the sweeper's preflight and ``dpsweep-memory``
 all call :func:`prepare`; none of them repeats its sequence:
 
 1. the ranges that need no data (:func:`dpsweep.config.validate`) and those that need N
    (:func:`dpsweep.config.validate_for_dataset`: B <= N, δ < 1/N);
 2. σ: ``dp.noise_multiplier``, or calibrated so that ε <= ``dp.target_epsilon``, which the whole
-   ledger spends: the clipping release of ``dp.clipping=quantile`` (``dpsweep.clipping``) included;
-3. the sampling schedule and steps (Opacus's Poisson-loader convention, ``dpsweep.privacy``) and the
+   ledger spends: the clipping release of ``dp.clipping=quantile`` (``dpsweep.privacy.clipping``) included;
+3. the sampling schedule and steps (Opacus's Poisson-loader convention, ``dpsweep.privacy.schedule``) and the
    planned ε of the ledger (releases and steps), which is exactly the ε the run logs at its end;
 4. the budget verdict against ``sweep.max_epsilon`` (a probe takes one step: no budget applies);
 5. the physical batch: ``train.physical_batch_size``, or the largest pass a memory model predicts
@@ -37,14 +37,13 @@ from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
-from dpsweep import clipping, ledger, privacy, rdp
-from dpsweep import facts as dataset_description
 from dpsweep.config import (
     Config,
     ConfigError,
     DPConfig,
     Mechanism,
     PrivacyUnit,
+    SweepConfig,
     flatten,
     identity,
     identity_hash,
@@ -52,12 +51,16 @@ from dpsweep.config import (
     validate_for_dataset,
     validate_input_shape,
 )
-from dpsweep.facts import DatasetFacts
-from dpsweep.ledger import Accounting, Ledger
-from dpsweep.memory_model import MemoryModel, load_models
+from dpsweep.data import facts as dataset_description
+from dpsweep.data.facts import DatasetFacts
+from dpsweep.errors import InputError
+from dpsweep.memory.model import MemoryModel, load_models
+from dpsweep.privacy import clipping, ledger, rdp, tuning
+from dpsweep.privacy import schedule as privacy
+from dpsweep.privacy.ledger import Accounting, Ledger
 
 if TYPE_CHECKING:  # torch: imported by the plans that use a memory model, not by every plan
-    from dpsweep.memory_predict import MemoryPrediction
+    from dpsweep.memory.predict import MemoryPrediction
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ class PlannedPrivacy:
     delta: float
     accountant: str
     epsilon: float
-    ledger: Ledger  # every release the run will make, its DP-SGD steps included (dpsweep.ledger)
+    ledger: Ledger  # every release the run will make, its DP-SGD steps included (dpsweep.privacy.ledger)
 
     @property
     def poisson_rate(self) -> float:
@@ -163,6 +166,22 @@ def accounting(dp: DPConfig) -> Accounting:
     return Accounting(dp.accountant.value, orders=rdp.ORDER_GRIDS.get(dp.rdp_orders.value, key="dp.rdp_orders"))
 
 
+def tuning_procedure(plans: Sequence[RunPlan], sweep: SweepConfig) -> tuning.Procedure:
+    """The privacy cost of a private tuning (``sweep.private_tuning``) over these candidates' plans
+    (:func:`dpsweep.privacy.tuning.procedure`); InputError for a non-private candidate or mixed δ."""
+    for p in plans:
+        if p.privacy is None:
+            raise InputError("dp.enabled", False, "true in every job of a private tuning")
+    deltas = sorted({p.privacy.delta for p in plans if p.privacy is not None})
+    if len(deltas) > 1:
+        raise InputError("dp.delta", deltas, "one δ for every job of a private tuning")
+    bills = [p.privacy.ledger for p in plans if p.privacy is not None]
+    how = accounting(plans[tuning.dominant(bills)].config.dp)
+    return tuning.procedure(
+        bills, deltas[0], how, sweep.tuning_distribution, sweep.tuning_mean_trials, sweep.tuning_eta
+    )
+
+
 def _scheduled_steps(cfg: Config, n_train: int) -> int:
     """Steps of train.epochs epochs of ceil(N/B) steps (Opacus's Poisson-loader convention)."""
     return privacy.poisson_schedule(n_train, cfg.train.batch_size).steps(cfg.train.epochs)
@@ -175,8 +194,8 @@ def population(cfg: Config, n_train: int) -> int:
 
 def _planned_ftrl(cfg: Config, n: int) -> PlannedPrivacy:
     """DP-FTRL: ceil(N/B) batches per epoch in a fixed order, one Gaussian mechanism of the tree's
-    sensitivity (``dpsweep.ftrl_accounting``), no sampling; σ calibrated by its own bisection."""
-    from dpsweep import ftrl_accounting
+    sensitivity (``dpsweep.privacy.tree``), no sampling; σ calibrated by its own bisection."""
+    from dpsweep.privacy import tree as ftrl_accounting
 
     dp, t = cfg.dp, cfg.train
     steps_per_epoch = math.ceil(n / t.batch_size)
@@ -272,8 +291,8 @@ def _memory(
     t = cfg.train
     if memory is None or t.probe:
         return t.physical_batch_size, None, None
-    from dpsweep.memory import model_key  # torch
-    from dpsweep.memory_predict import chosen_physical_batch, gpu_budget, model_for, predict_config
+    from dpsweep.memory.predict import chosen_physical_batch, gpu_budget, model_for, predict_config
+    from dpsweep.memory.stages import model_key  # torch
 
     figure, budget = gpu_budget(cfg, memory.gpu_memory)
     fitted = model_for(memory.models, model_key(cfg), memory.backend)
@@ -299,7 +318,7 @@ def dataset_facts(cfg: Config) -> tuple[DatasetFacts, str | None]:
     described = dataset_description.described(cfg.dataset)
     if described is not None:
         return described, None
-    from dpsweep import data as datasets  # torch and torchvision: only to read a dataset's files
+    from dpsweep.data import loaders as datasets  # torch and torchvision: only to read a dataset's files
 
     try:
         splits = datasets.build(cfg.dataset)

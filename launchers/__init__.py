@@ -1,5 +1,4 @@
-"""Job launchers for sweeps (installed as ``dpsweep.launchers``).
-
-Today sweeps run through Hydra's basic launcher, one job after the other in the dpsweep process.
-Parallel local jobs and the Slurm and Grid Engine launchers (via submitit) land here next.
+"""Sweeps (installed as ``dpsweep.launchers``): dpsweep's Hydra sweeper, Optuna studies and private
+tuning, and the launchers that run their jobs: inline, local processes, Slurm and Grid Engine (``sge/``),
+the last three through submitit.
 """

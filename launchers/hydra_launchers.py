@@ -29,7 +29,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmitit
 from omegaconf import OmegaConf
 from submitit.slurm.slurm import SlurmInfoWatcher
 
-from dpsweep.liveness import driver_environment
+from dpsweep.process.liveness import driver_environment
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
 class LocalLauncher(_DpsweepSubmititLauncher):
     """Jobs as processes of this machine. They die with the driver (this process): submitit's local
     controllers outlive it by design, so each job watches the driver named in its environment
-    (``dpsweep.liveness.die_with_driver``) and ends its run KILLED when the driver is gone, instead of
+    (``dpsweep.process.liveness.die_with_driver``) and ends its run KILLED when the driver is gone, instead of
     training on and racing a re-run of the sweep."""
 
     _EXECUTOR = "local"

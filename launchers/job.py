@@ -6,7 +6,7 @@ submitit's executors start each job as ``{python} -u -m submitit.core._submit <f
 launchers (local, Slurm, Grid Engine) set ``python`` to ``<interpreter> -u -m dpsweep.launchers.job``,
 so this module receives ``-u -m submitit.core._submit <folder>``. It runs submitit's own job runner
 (``submitit.core.submission.submitit_main``: the job's pickled function, its result or error written
-back, requeue on timeout) under :func:`dpsweep.shutdown.run_then_exit`, which spares each job the
+back, requeue on timeout) under :func:`dpsweep.process.shutdown.run_then_exit`, which spares each job the
 interpreter's teardown (about 2 s with torch, MLflow and Hydra loaded).
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from typing import NoReturn
 
-from dpsweep.shutdown import run_then_exit
+from dpsweep.process.shutdown import run_then_exit
 
 SUBMITIT_ARGS = ["-u", "-m", "submitit.core._submit"]  # what submitit appends to the python command
 
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         raise SystemExit(f"usage: python -u -m dpsweep.launchers.job {' '.join(SUBMITIT_ARGS)} FOLDER (got {args})")
     from submitit.core.submission import submitit_main
 
-    from dpsweep import tracking_service
+    from dpsweep.tracking import channel as tracking_service
 
     tracking_service.start()  # MLflow imports in the tracking process while the job imports torch
 

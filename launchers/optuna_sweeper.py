@@ -43,9 +43,9 @@ class OptunaSearch:
         from dpsweep.errors import InputError
         from dpsweep.launchers.preflight import preflight, refuse
         from dpsweep.launchers.search import OBJECTIVES, SAMPLERS, check_search_space, grid_values
-        from dpsweep.memory import carried_baseline
+        from dpsweep.memory.stages import carried_baseline
+        from dpsweep.run.pruning import open_storage
         from dpsweep.tracking import close_orphaned_runs, terminate_as_interrupt, tracked_run
-        from dpsweep.trials import open_storage
 
         launcher = self.sweeper.launcher
         assert launcher is not None
@@ -102,7 +102,7 @@ class OptunaSearch:
         }
         failed = told = 0
         aborted = None
-        # inline trials, one after another here, carry the memory census's baseline (dpsweep.memory)
+        # inline trials, one after another here, carry the memory census's baseline (dpsweep.memory.stages)
         carried = carried_baseline() if typed.launcher.name == "inline" else contextlib.nullcontext()
         with terminate_as_interrupt(), tracked_run(parent_cfg, tags) as parent, carried:
             parent.log_params(
@@ -165,7 +165,7 @@ class OptunaSearch:
         typed: Any, sweep_id: str, number: int, result: JobReturn, metrics: tuple[str, ...]
     ) -> tuple[optuna.trial.TrialState, list[float] | None]:
         """The trial's state and values, read from its MLflow run."""
-        from dpsweep.mlflow_store import trial_run  # an MLflow entity: read here, with Optuna loaded
+        from dpsweep.tracking.store import trial_run  # an MLflow entity: read here, with Optuna loaded
 
         run = trial_run(typed.tracking.uri, typed.tracking.experiment_name, sweep_id, number)
         if run is not None and run.data.tags.get("optuna.pruned") == "true":

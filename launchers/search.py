@@ -4,7 +4,7 @@
     dpsweep -m search=pareto_nsga2 hydra.sweeper.optuna.n_trials=30
 
 The study runs in ``dpsweep.launchers.optuna_sweeper``; what a training job needs of Optuna (storage,
-pruners, the trial reporter) is in the core, ``dpsweep.trials``.
+pruners, the trial reporter) is in the core, ``dpsweep.run.pruning``.
 """
 
 from __future__ import annotations

@@ -31,13 +31,13 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from dpsweep import tracking_service
 from dpsweep.config import given_overrides
 from dpsweep.errors import InputError
 from dpsweep.launchers.composed import ComposedJobs
 from dpsweep.launchers.nodes import OptunaSearchConf
 from dpsweep.launchers.overrides import new_sweep_id, string_override
 from dpsweep.launchers.preflight import preflight, refuse
+from dpsweep.tracking import channel as tracking_service
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class DpsweepSweeper(Sweeper):
 
             return OptunaSearch(self.optuna, self).run(arguments)
         from dpsweep.config import TrackingConfig, to_config
-        from dpsweep.memory import carried_baseline
+        from dpsweep.memory.stages import carried_baseline
         from dpsweep.tracking import log_results_table, next_steps, terminate_as_interrupt, tracked_run
 
         sweep_id = new_sweep_id()
@@ -201,7 +201,7 @@ class DpsweepSweeper(Sweeper):
         parent_cfg = TrackingConfig(first.tracking.uri, first.tracking.experiment_name, f"sweep-{sweep_id}")
         parent_tags = {"sweep.id": sweep_id, "sweep.role": "parent", "sweep.launcher": first.launcher.name}
         try:
-            # inline jobs, one after another here, carry the memory census's baseline (dpsweep.memory)
+            # inline jobs, one after another here, carry the memory census's baseline (dpsweep.memory.stages)
             carried = carried_baseline() if first.launcher.name == "inline" else contextlib.nullcontext()
             with terminate_as_interrupt(), tracked_run(parent_cfg, parent_tags) as parent, carried:
                 parent.log_params(
@@ -261,7 +261,7 @@ class SweepAborted(Exception):
 
 @dataclass
 class PrivateTuning:
-    """``sweep.private_tuning``: the trials drawn from the grid (``dpsweep.tuning``) and their cost."""
+    """``sweep.private_tuning``: the trials drawn from the grid (``dpsweep.privacy.tuning``) and their cost."""
 
     jobs: list[list[str]]
     epsilon: float  # of the whole procedure, releasing the best trial only
@@ -297,16 +297,16 @@ class PrivateTuning:
 
 
 def private_trials(jobs: Sequence[list[str]], configs: Sequence[DictConfig]) -> PrivateTuning:
-    """K trials drawn from the grid's configs, with secret seeds, and the procedure's ε (``dpsweep.tuning``)."""
-    from dpsweep import tuning
+    """K trials drawn from the grid's configs, with secret seeds, and the procedure's ε (``dpsweep.privacy.tuning``)."""
     from dpsweep.config import to_config
-    from dpsweep.plan import FactsCache, prepare
+    from dpsweep.plan import FactsCache, prepare, tuning_procedure
+    from dpsweep.privacy import tuning
 
     typed = [to_config(c) for c in configs]
     s = typed[0].sweep
     facts = FactsCache()
     try:
-        cost = tuning.procedure([prepare(cfg, facts(cfg)) for cfg in typed], s)
+        cost = tuning_procedure([prepare(cfg, facts(cfg)) for cfg in typed], s)
     except InputError as err:
         refuse(str(err))
     rng = tuning.secret_generator()
@@ -325,7 +325,7 @@ def select_jobs(jobs: Sequence[list[str]], configs: Sequence[DictConfig]) -> tup
     """Jobs to launch, and one line per job skipped: its config already FINISHED in the experiment
     (matched by the hash of its identity, see dpsweep.config.identity), running now in a live job, or
     a repeat of an earlier job. Runs left RUNNING by dead processes are ended KILLED first
-    (``dpsweep.reconcile``), so that their configs run again."""
+    (``dpsweep.tracking.dead_runs``), so that their configs run again."""
     from dpsweep.config import to_config
     from dpsweep.plan import config_hash, skip_reasons
     from dpsweep.tracking import reconcile, runs_by_hash

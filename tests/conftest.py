@@ -56,7 +56,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Hide what exists before a test from the garbage collector's object list.
 
-    On CPU a run measures memory with a census of all live tensors (dpsweep.memory.live_tensor_bytes),
+    On CPU a run measures memory with a census of all live tensors (dpsweep.memory.stages.live_tensor_bytes),
     which walks ``gc.get_objects()`` several times per run. In a test process that has imported
     everything and run many tests that is about 1 M objects, twice a fresh process's, and the
     census was most of an in-process run's time. ``gc.freeze()`` moves the objects that exist now

@@ -18,7 +18,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from dpsweep import tracking_service
+from dpsweep.tracking import channel as tracking_service
 
 # Settings that keep a training test to a few seconds on 2 CPU cores.
 # tracking.log_model=false: saving the model takes seconds; tests/test_train.py checks it on its own
@@ -211,7 +211,7 @@ def train_interrupted(cfg: DictConfig, task_run: type, epoch: int) -> None:
     run ends KILLED with the checkpoint of epoch - 1. The class is as it was afterwards."""
     import pytest
 
-    from dpsweep.train import train
+    from dpsweep.run.runner import train
 
     original = task_run.train_epoch
 

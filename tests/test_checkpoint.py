@@ -16,11 +16,12 @@ import torch
 from helpers import Composer, runs_of
 from mlflow.tracking import MlflowClient
 
-from dpsweep import checkpoint, privacy
 from dpsweep.config import ConfigError, to_config
-from dpsweep.facts import DatasetFacts
+from dpsweep.data.facts import DatasetFacts
 from dpsweep.plan import prepare
-from dpsweep.train import train
+from dpsweep.privacy import schedule as privacy
+from dpsweep.run import checkpoint
+from dpsweep.run.runner import train
 
 DPSWEEP = str(Path(sys.executable).with_name("dpsweep"))
 EPOCHS = 5
@@ -90,7 +91,7 @@ def test_a_checkpoint_of_another_config_is_refused(tmp_path: Path, make_cfg: Com
 
 def test_checkpointed_rng_replays_device_resident_poisson_batches() -> None:
     """A resumed device-resident run draws the batches the interrupted one would have drawn."""
-    from dpsweep import device_data
+    from dpsweep.data import device as device_data
 
     x, y = torch.arange(500.0).unsqueeze(1), torch.arange(500) % 10
     generator = device_data.device_generator(torch.device("cpu"), seed=3)

@@ -14,12 +14,13 @@ import torch
 from helpers import Composer, runs_of
 from mlflow.tracking import MlflowClient
 
-from dpsweep import clipping, ledger, privacy
 from dpsweep.config import ConfigError, to_config, validate
-from dpsweep.facts import DatasetFacts
+from dpsweep.data.facts import DatasetFacts
 from dpsweep.plan import prepare
+from dpsweep.privacy import clipping, ledger
+from dpsweep.privacy import schedule as privacy
+from dpsweep.run.runner import train
 from dpsweep.tasks.classifier import per_example_grad_norms
-from dpsweep.train import train
 
 DIGITS = DatasetFacts(1437, (1, 28, 28), 10)
 
@@ -51,8 +52,8 @@ def test_a_quantile_clipped_run_charges_its_release_and_logs_c(
 def test_the_released_c_tracks_the_true_quantile_of_the_norms(make_cfg: Composer) -> None:
     # With a generous ε the private median is close to the true median of the same sample's norms.
     cfg = to_config(make_cfg("dp.clipping=quantile", "dp.clip_epsilon=50", "dp.clip_quantile_method=exponential"))
-    from dpsweep import data
-    from dpsweep import models as zoo
+    from dpsweep.data import loaders as data
+    from dpsweep.models import classifiers as zoo
 
     torch.manual_seed(0)
     splits = data.build(cfg.dataset)
@@ -113,7 +114,7 @@ def _adaptive_optimizer(make_cfg: Composer, sigma: float, *overrides: str) -> tu
     """A private optimizer of adaptive clipping over a 200,000-weight linear layer (N = 640, B = 64)."""
     from torch.utils.data import DataLoader, TensorDataset
 
-    from dpsweep import dpsgd
+    from dpsweep.mechanisms import dpsgd
 
     cfg = to_config(make_cfg("dp.clipping=adaptive", *overrides))
     layer = torch.nn.Linear(1000, 200)
@@ -127,7 +128,7 @@ def _adaptive_optimizer(make_cfg: Composer, sigma: float, *overrides: str) -> tu
 def test_adaptive_gradient_noise_is_sigma_delta_and_the_ledger_charges_the_full_sigma(make_cfg: Composer) -> None:
     """The Opacus fix: gradient noise at σ_Δ = (σ^-2 - (2σ_b)^-2)^(-1/2) > σ, accounting at σ. Charging σ_Δ
     (the old Opacus accounting) would under-state ε."""
-    from dpsweep import dpsgd
+    from dpsweep.mechanisms import dpsgd
 
     sigma, sigma_b = 1.0, 0.8
     optimizer, layer = _adaptive_optimizer(make_cfg, sigma, f"dp.clip_count_noise={sigma_b}")

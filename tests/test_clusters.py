@@ -22,7 +22,8 @@ from helpers import run_dpsweep
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from dpsweep import checkpoint, privacy
+from dpsweep.privacy import schedule as privacy
+from dpsweep.run import checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "launchers" / "scripts"

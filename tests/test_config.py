@@ -14,9 +14,9 @@ from omegaconf import OmegaConf, ReadonlyConfigError
 
 from dpsweep import config as C
 from dpsweep.config import ConfigError, to_config, validate, validate_for_dataset
-from dpsweep.facts import DatasetFacts
+from dpsweep.data.facts import DatasetFacts
 from dpsweep.plan import prepare
-from dpsweep.runner import resolved_yaml
+from dpsweep.run.runner import resolved_yaml
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and not p.name.startswith("__"))

@@ -9,9 +9,9 @@ import pytest
 import torch
 from fabricate import fabricate_mnist
 
-from dpsweep import data
 from dpsweep.config import DigitsConfig, TorchvisionDatasetConfig
-from dpsweep.data import DatasetNotFoundError
+from dpsweep.data import loaders as data
+from dpsweep.data.loaders import DatasetNotFoundError
 from dpsweep.registry import UnknownNameError
 
 
@@ -53,7 +53,7 @@ def test_unknown_dataset_names_the_key_and_the_valid_ones() -> None:
 
 @pytest.mark.parametrize(("fraction", "size"), [(0.2, 28), (0.5, None), (0.01, 16)])
 def test_digits_facts_need_no_files_and_equal_the_loaded_splits(fraction: float, size: int | None) -> None:
-    from dpsweep import facts
+    from dpsweep.data import facts
 
     cfg = DigitsConfig(test_fraction=fraction, image_size=size)
     splits = data.build(cfg)

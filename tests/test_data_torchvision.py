@@ -1,7 +1,7 @@
-"""dpsweep.data's MNIST, CIFAR-10 and Flowers-102 loaders, run through the real torchvision classes.
+"""dpsweep.data.loaders's MNIST, CIFAR-10 and Flowers-102 loaders, run through the real torchvision classes.
 
 Each test fabricates a tiny copy of the dataset in its real on-disk format under ``tmp_path`` (see
-``tests/fabricate.py``) and calls :func:`dpsweep.data.build`, so torchvision's own file checks,
+``tests/fabricate.py``) and calls :func:`dpsweep.data.loaders.build`, so torchvision's own file checks,
 parsers and image decoding all run. torchvision is not mocked: the only monkeypatching replaces the
 md5 checksums that torchvision keeps as class attributes (``CIFAR10.train_list``/``test_list``/
 ``meta`` and ``Flowers102._file_dict``) with the md5s of the fabricated files, so that the real
@@ -32,7 +32,7 @@ from fabricate import (
 )
 
 from dpsweep.config import Flowers102Config, TorchvisionDatasetConfig
-from dpsweep.data import (
+from dpsweep.data.loaders import (
     CIFAR10_MEAN_STD,
     IMAGENET_MEAN_STD,
     MNIST_MEAN_STD,

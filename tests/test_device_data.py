@@ -12,8 +12,8 @@ from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from dpsweep.device_data import PoissonBatches, device_generator, materialize
-from dpsweep.privacy import poisson_schedule
+from dpsweep.data.device import PoissonBatches, device_generator, materialize
+from dpsweep.privacy.schedule import poisson_schedule
 
 CPU = torch.device("cpu")
 

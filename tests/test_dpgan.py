@@ -1,4 +1,4 @@
-"""dpsweep.dpgan: the per-example WGAN-GP critic gradients (penalty included) equal those of an explicit
+"""dpsweep.tasks.gan.critic: the per-example WGAN-GP critic gradients (penalty included) equal those of an explicit
 loop with double backward, clipping bounds each example's contribution, and the noise has std σ·C."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from dpsweep import dpgan
+from dpsweep.tasks.gan import critic as dpgan
 
 
 class Critic(nn.Module):

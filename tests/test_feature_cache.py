@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from dpsweep import feature_cache as fc
 from dpsweep.config import DigitsConfig
-from dpsweep.data import DataSplits, load_digits_splits
-from dpsweep.models import FrozenVGG16
+from dpsweep.data.loaders import DataSplits, load_digits_splits
+from dpsweep.models import feature_cache as fc
+from dpsweep.models.classifiers import FrozenVGG16
 
 CPU = torch.device("cpu")
 DATASET_CFG = {"name": "synthetic", "root": "data", "download": False, "image_size": 32}
@@ -229,7 +229,7 @@ def test_a_cache_of_another_number_of_examples_is_stale(
     fc.cached_splits(vgg, splits, DATASET_CFG, root=tmp_path, batch_size=8, device=CPU)
     x, y = splits.train.tensors  # type: ignore[attr-defined]
     fewer = DataSplits(TensorDataset(x[:20], y[:20]), splits.test, num_classes=3, input_shape=(1, 32, 32))
-    with caplog.at_level("WARNING", logger="dpsweep.feature_cache"):
+    with caplog.at_level("WARNING", logger="dpsweep.models.feature_cache"):
         cached = fc.cached_splits(vgg, fewer, DATASET_CFG, root=tmp_path, batch_size=8, device=CPU)
     assert cached.status["train"] == "rebuilt (stale: holds 24 examples, the dataset has 20)"
     assert cached.status["test"] == "hit" and cached.n_train == 20

@@ -15,13 +15,14 @@ import torch
 from helpers import Composer, child_runs, run_dpsweep, run_main, runs_of, train_interrupted
 from mlflow.tracking import MlflowClient
 
-from dpsweep import privacy, synthetic
 from dpsweep.config import ConfigError, flatten, identity, to_config
-from dpsweep.data import DigitsConfig, build
-from dpsweep.facts import DatasetFacts
+from dpsweep.data.facts import DatasetFacts
+from dpsweep.data.loaders import DigitsConfig, build
 from dpsweep.plan import prepare
+from dpsweep.privacy import schedule as privacy
+from dpsweep.run.runner import train
 from dpsweep.tasks import gan as gan_task
-from dpsweep.train import train
+from dpsweep.tasks.gan import synthetic
 
 DIGITS = DatasetFacts(1437, (1, 28, 28), 10)
 STEPS_PER_EPOCH = 23  # ceil(1437 / 64)
@@ -138,7 +139,7 @@ def test_an_interrupted_gan_run_resumes_to_the_same_generator_and_epsilon(
 
 def test_the_generator_average_warms_up_and_is_what_samples() -> None:
     """gan.generator_ema: decay min(ema, (1+t)/(10+t)) at generator step t, and the average samples."""
-    from dpsweep.gan_models import ConditionalGan
+    from dpsweep.tasks.gan.models import ConditionalGan
 
     gan = ConditionalGan(latent_dim=4, generator_width=2, critic_width=2, num_classes=10, generator_ema=0.5)
     assert gan.average is not None and gan.sampler is gan.average
@@ -235,7 +236,7 @@ def test_dpsweep_plan_prices_a_gan_as_its_critic_steps(make_cfg: Composer) -> No
 def test_bad_gan_input_is_refused_before_training(
     make_cfg: Composer, overrides: list[str], key: str, allowed: str
 ) -> None:
-    from dpsweep.facts import described, official_facts
+    from dpsweep.data.facts import described, official_facts
 
     cfg = to_config(make_cfg("task=gan", *overrides))
     facts = described(cfg.dataset) or official_facts(cfg.dataset)  # as dpsweep-plan reads them
@@ -246,7 +247,7 @@ def test_bad_gan_input_is_refused_before_training(
 
 def test_the_released_generator_is_one_input_module() -> None:
     """What MLflow logs as the run's model: rows of [z | class] to images, without the critic."""
-    from dpsweep.gan_models import CodeGenerator, Generator
+    from dpsweep.tasks.gan.models import CodeGenerator, Generator
 
     generator = Generator(latent_dim=8, width=4, num_classes=10)
     code = torch.cat([torch.randn(3, 8), torch.tensor([[0.0], [4.0], [9.0]])], dim=1)
@@ -267,7 +268,7 @@ def test_the_released_generator_is_one_input_module() -> None:
 
 def test_snapshots_keep_the_last_generators_and_the_synthetic_set_mixes_them() -> None:
     """gan.snapshots: a ring of the sampler's past weights; the synthetic set draws from each equally."""
-    from dpsweep.gan_models import ConditionalGan
+    from dpsweep.tasks.gan.models import ConditionalGan
 
     gan = ConditionalGan(latent_dim=4, generator_width=2, critic_width=2, num_classes=10, snapshots=2)
     assert gan.mixture == [gan.sampler]  # none taken yet
@@ -321,7 +322,7 @@ def test_a_gan_trains_on_mnist_files_in_their_real_format(
     """MNIST through torchvision's real loader (tiny idx files): the generator draws in MNIST's normalised range."""
     from fabricate import fabricate_mnist
 
-    from dpsweep.data import value_range
+    from dpsweep.data.loaders import value_range
 
     fabricate_mnist(tmp_path, n_train=40, n_test=20)
     cfg = make_cfg(

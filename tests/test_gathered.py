@@ -1,4 +1,4 @@
-"""dpsweep.gathered: batches gathered with one index per tensor are those of torch's default fetch and
+"""dpsweep.data.gathered: batches gathered with one index per tensor are those of torch's default fetch and
 collate, through Opacus's Poisson loader too (empty batches included)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 from opacus.data_loader import DPDataLoader
 from torch.utils.data import DataLoader, TensorDataset
 
-from dpsweep import gathered
+from dpsweep.data import gathered
 
 
 def _dataset(n: int) -> TensorDataset:

@@ -13,12 +13,13 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow.tracking import MlflowClient
 from opacus.accountants.analysis import rdp as opacus_rdp
 
-from dpsweep import ledger, privacy, rdp
 from dpsweep.config import ConfigError, to_config, validate
-from dpsweep.facts import DatasetFacts
+from dpsweep.data.facts import DatasetFacts
 from dpsweep.launchers.overrides import new_sweep_id, string_override
 from dpsweep.plan import prepare
-from dpsweep.train import train
+from dpsweep.privacy import ledger, rdp
+from dpsweep.privacy import schedule as privacy
+from dpsweep.run.runner import train
 
 DIGITS = DatasetFacts(1437, (1, 28, 28), 10)
 
@@ -133,14 +134,14 @@ def test_a_store_that_is_not_a_database_is_bad_input_and_left_untouched(make_cfg
 
 
 def test_a_digits_split_too_small_for_the_classes_names_the_key(make_cfg: Composer) -> None:
-    from dpsweep import data
+    from dpsweep.data import loaders as data
 
     with pytest.raises(ConfigError, match=r"dataset.test_fraction=0.001 is invalid: a share leaving each of the 10"):
         data.build(to_config(make_cfg("dataset.test_fraction=0.001")).dataset)
 
 
 def test_a_corrupt_weights_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dpsweep.models import PretrainedWeightsError, _vgg16
+    from dpsweep.models.classifiers import PretrainedWeightsError, _vgg16
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
     weights = tmp_path / "hub" / "checkpoints" / "vgg16-397923af.pth"
@@ -168,8 +169,8 @@ def test_a_resume_under_another_experiment_name_is_refused(
 ) -> None:
     import torch
 
-    from dpsweep import checkpoint
     from dpsweep.plan import config_hash
+    from dpsweep.run import checkpoint
 
     ckpt = tmp_path / "ckpt"
     first = to_config(make_cfg(f"train.checkpoint_dir={ckpt}"))

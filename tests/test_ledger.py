@@ -1,4 +1,4 @@
-"""dpsweep.ledger and dpsweep.rdp: the ledger's RDP equals Opacus's for plain DP-SGD, the exact
+"""dpsweep.privacy.ledger and dpsweep.privacy.rdp: the ledger's RDP equals Opacus's for plain DP-SGD, the exact
 subsampled-Gaussian RDP against numerical integration, the larger order grid only lowers ε, pure-DP
 releases, the three accountants, the JSON bill and the ε of tuning."""
 
@@ -11,8 +11,8 @@ import pytest
 from opacus.accountants.analysis import rdp as opacus_rdp
 from scipy import integrate, stats
 
-from dpsweep import ledger, rdp
-from dpsweep.ledger import Accounting, Ledger
+from dpsweep.privacy import ledger, rdp
+from dpsweep.privacy.ledger import Accounting, Ledger
 
 CASES = [(0.5, 0.0102, 490), (0.8, 0.0357, 280), (1.1, 0.004, 10_000), (2.0, 0.1, 50), (0.3, 0.5, 3)]
 

@@ -12,12 +12,13 @@ from dp_accounting import dp_event
 from helpers import Composer, runs_of, train_interrupted
 from mlflow.tracking import MlflowClient
 
-from dpsweep import ftrl_accounting, privacy
 from dpsweep.config import ConfigError, to_config
-from dpsweep.facts import DatasetFacts
+from dpsweep.data.facts import DatasetFacts
 from dpsweep.plan import prepare
+from dpsweep.privacy import schedule as privacy
+from dpsweep.privacy import tree as ftrl_accounting
+from dpsweep.run.runner import train
 from dpsweep.tasks import classifier
-from dpsweep.train import train
 
 DIGITS = DatasetFacts(1437, (1, 28, 28), 10)
 USERS = ["dp.unit=user", "dataset.users=partition", "dataset.num_users=50", "train.batch_size=10"]

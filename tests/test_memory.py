@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dpsweep.config import ConfigError
-from dpsweep.memory import (
+from dpsweep.memory.stages import (
     STAGES,
     CpuTensorMonitor,
     StageRecorder,
@@ -206,7 +206,7 @@ def test_unknown_stage_lists_the_valid_ones() -> None:
 
 
 def test_cuda_backend_is_registered_behind_the_same_interface() -> None:
-    from dpsweep.memory import MONITORS, CudaMemoryMonitor
+    from dpsweep.memory.stages import MONITORS, CudaMemoryMonitor
 
     assert MONITORS.get("cuda") is CudaMemoryMonitor and CudaMemoryMonitor.backend == "cuda"
     with pytest.raises(KeyError, match="valid: cpu, cuda"):

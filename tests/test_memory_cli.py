@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 from dpsweep.cli import plan
 from dpsweep.cli.memory import FORCED_VALUES, main, probe_overrides, probe_table
 from dpsweep.errors import InputError
-from dpsweep.memory_model import load_models
+from dpsweep.memory.model import load_models
 from dpsweep.units import parse_bytes
 
 PROBED = pytest.mark.xdist_group("probed")  # the tests of the 12 probes below: one worker trains them once
@@ -91,7 +91,7 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     """12 probes of the CNN on 16x16 digits (in-process: the fit does not care how they ran)."""
     from hydra import compose, initialize_config_module
 
-    from dpsweep.train import train
+    from dpsweep.run.runner import train
 
     root = tmp_path_factory.mktemp("probed")
     uri = f"sqlite:///{root / 'mlflow.db'}"
@@ -155,7 +155,7 @@ def test_predict_gives_the_verdict_and_the_largest_batch_that_really_fits(
 ) -> None:
     from hydra import compose, initialize_config_module
 
-    from dpsweep.train import train
+    from dpsweep.run.runner import train
 
     budget = "3MiB"
     common = ["--memory-model", str(fitted), "--backend", "cpu-tensors", "--gpu-memory", budget]

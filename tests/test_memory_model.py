@@ -1,4 +1,4 @@
-"""``dpsweep.analysis.memory_model`` (fitting) and ``dpsweep.memory_model`` / ``dpsweep.memory_predict``
+"""``dpsweep.analysis.memory_model`` (fitting) and ``dpsweep.memory.model`` / ``dpsweep.memory.predict``
 (the fitted model, as runs load and use it): fits to probes generated from a known linear memory law.
 
 The law (bytes, per stage) has realistic magnitudes: 12 MiB of CUDA context and workspaces, 4 B
@@ -22,9 +22,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpsweep import memory_model as core
 from dpsweep.analysis import memory_model as mm
 from dpsweep.errors import InputError
+from dpsweep.memory import model as core
 
 MIB = 2**20
 BASE_BYTES = 12 * MIB
@@ -551,7 +551,7 @@ def test_gpu_peak_goals_are_met_from_24_corner_probes_with_stage_peaks() -> None
 def test_plans_use_the_allocated_peaks_not_the_reserved_one(exact: core.MemoryModel) -> None:
     """The caching allocator gives cached segments back and retries before it runs out, so the
     reserved peak is reported but not planned with; the CUDA plan keeps a headroom instead."""
-    from dpsweep import memory_predict as mp
+    from dpsweep.memory import predict as mp
 
     stages = {t: float(v[0]) for t, v in exact.predict(configs().iloc[[0]]).items()}
     assert stages["reserved_peak_bytes"] > stages["iteration_peak_bytes"]  # the allocator keeps whole segments
@@ -562,7 +562,7 @@ def test_plans_use_the_allocated_peaks_not_the_reserved_one(exact: core.MemoryMo
 
 
 def test_cuda_plans_keep_a_headroom_for_the_allocator_and_the_cpu_twin_none(exact: core.MemoryModel) -> None:
-    from dpsweep import memory_predict as mp
+    from dpsweep.memory import predict as mp
 
     assert exact.backend == "cuda"
     assert mp.usable_bytes(exact, 1_000_000) == pytest.approx(1_000_000 * (1 - mp.ALLOCATOR_HEADROOM["cuda"]))
@@ -575,7 +575,8 @@ def test_cuda_plans_keep_a_headroom_for_the_allocator_and_the_cpu_twin_none(exac
 RUN_TIME = """
 import json, sys
 import numpy as np
-from dpsweep import memory_model, memory_predict
+from dpsweep.memory import model as memory_model
+from dpsweep.memory import predict as memory_predict
 row = json.loads(sys.argv[2])
 fitted = memory_predict.model_for(memory_model.load_models(sys.argv[1]), row["model"], backend="cuda")
 table = {column: np.array([value]) for column, value in row.items()}
@@ -621,7 +622,7 @@ def test_a_run_loads_and_predicts_with_numpy_alone(
 
 def test_importing_the_predictor_loads_neither_pandas_nor_scipy() -> None:
     code = (
-        "import sys, dpsweep.memory_predict, dpsweep.memory_model; "
+        "import sys, dpsweep.memory.predict, dpsweep.memory.model; "
         "print([m for m in ('pandas', 'scipy', 'matplotlib', 'dpsweep.analysis') if m in sys.modules])"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dpsweep import models
 from dpsweep.config import CNNConfig, ConfigError, MLPConfig, VGG16FrozenConfig
+from dpsweep.models import classifiers as models
 
 
 def test_cnn_is_the_opacus_mnist_network() -> None:

@@ -10,8 +10,8 @@ import pytest
 from helpers import child_runs, run_dpsweep, run_main, run_script
 from hydra import initialize_config_module
 
-from dpsweep import privacy
 from dpsweep.cli.plan import expand_sweep, main, plan
+from dpsweep.privacy import schedule as privacy
 
 
 @pytest.fixture()

@@ -1,4 +1,4 @@
-"""The final ε computed ahead in a forked process (dpsweep.prefetch): the same values, or none."""
+"""The final ε computed ahead in a forked process (dpsweep.run.prefetch): the same values, or none."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from dpsweep import ledger, prefetch, rdp
+from dpsweep.privacy import ledger, rdp
+from dpsweep.run import prefetch
 
 DELTA = 1e-5
 ORDERS = rdp.DEFAULT_ORDERS

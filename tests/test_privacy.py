@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 from opacus.data_loader import DPDataLoader
 from torch.utils.data import DataLoader, TensorDataset
 
-from dpsweep import ledger, privacy, rdp
-from dpsweep.ledger import Accounting, Ledger
-from dpsweep.privacy import GridAxes, calibrate_noise, epsilon, poisson_schedule
+from dpsweep.privacy import ledger, rdp
+from dpsweep.privacy import schedule as privacy
+from dpsweep.privacy.ledger import Accounting, Ledger
+from dpsweep.privacy.schedule import GridAxes, calibrate_noise, epsilon, poisson_schedule
 
 OPACUS = Accounting(orders=rdp.OPACUS_ORDERS)  # Opacus's and TF Privacy's orders: published figures
 

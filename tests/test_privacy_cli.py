@@ -9,8 +9,9 @@ import pytest
 from helpers import run_script
 from PIL import Image
 
-from dpsweep import privacy, rdp
 from dpsweep.cli.epsilon import main, run
+from dpsweep.privacy import rdp
+from dpsweep.privacy import schedule as privacy
 
 JSON_KEYS = {"epsilon", "delta", "alpha", "steps", "sample_rate", "noise_multiplier", "accountant", "conversion"}
 
@@ -140,7 +141,8 @@ def test_bad_input_exits_2_naming_the_flag(
 
 
 def test_a_quantile_clipping_release_is_priced_and_calibrated_with(capsys: pytest.CaptureFixture[str]) -> None:
-    from dpsweep import clipping, config, ledger
+    from dpsweep import config
+    from dpsweep.privacy import clipping, ledger
 
     assert config.DPConfig().clip_epsilon == clipping.DEFAULT_EPSILON  # one default for the CLI and the config
     base = ["-s", "1437", "-b", "64", "-e", "8", "--json"]
@@ -162,7 +164,7 @@ def test_a_quantile_clipping_release_is_priced_and_calibrated_with(capsys: pytes
 def test_tuning_prints_the_procedures_epsilon_beside_the_single_runs(
     capsys: pytest.CaptureFixture[str], distribution: str
 ) -> None:
-    from dpsweep import ledger
+    from dpsweep.privacy import ledger
 
     argv = ["-s", "60000", "-b", "150", "-n", "1.3", "-e", "15", "--tuning-trials", "10"]
     run([*argv, "--tuning-distribution", distribution, "--json"])
@@ -252,7 +254,7 @@ def test_report_help_names_the_formats_and_sort_keys_it_accepts() -> None:
 
 def test_dpftrl_is_priced_without_sampling_and_calibrated(capsys: pytest.CaptureFixture[str]) -> None:
     """DP-FTRL: ceil(N/B) batches per epoch, the tree's sensitivity, no sample rate; --target-epsilon calibrates σ."""
-    from dpsweep import ftrl_accounting
+    from dpsweep.privacy import tree as ftrl_accounting
 
     argv = ["--mechanism", "dpftrl", "-s", "1437", "-b", "64", "-e", "6", "--restart-every", "2", "--json"]
     out = run([*argv, "-n", "4", "--tree-completion"])

@@ -33,7 +33,7 @@ from PIL import Image
 
 from dpsweep.analysis import report as rep
 from dpsweep.cli.report import main, run
-from dpsweep.train import train
+from dpsweep.run.runner import train
 
 SWEEP = pytest.mark.xdist_group("report")  # the tests of the real sweep: one worker trains it once
 

@@ -26,7 +26,7 @@ from PIL import Image
 from dpsweep.analysis import report as rep
 from dpsweep.analysis import report_plots
 from dpsweep.cli.report import run
-from dpsweep.train import train
+from dpsweep.run.runner import train
 
 GAN_RUNS = pytest.mark.xdist_group("report_gan")  # the tests of the trained runs: one worker trains them once
 EXPERIMENT = "gan-report"

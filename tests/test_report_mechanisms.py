@@ -28,7 +28,7 @@ from PIL import Image
 
 from dpsweep.analysis import report as rep
 from dpsweep.analysis import report_plots as rp
-from dpsweep.train import train
+from dpsweep.run.runner import train
 
 TRAINED = pytest.mark.xdist_group("report_mechanisms")  # the tests of the trained runs: one worker trains them
 EXPERIMENT = "mechanisms"

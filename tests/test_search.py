@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 from dpsweep.config import ConfigError, to_config
 from dpsweep.launchers.nodes import ParamSpec
 from dpsweep.launchers.search import OBJECTIVES, check_search_space, distribution, grid_values
-from dpsweep.trials import open_storage
+from dpsweep.run.pruning import open_storage
 
 FAST = ["train.epochs=1", "train.progress=false", "tracking.log_model=false"]  # no model: saving it takes seconds
 

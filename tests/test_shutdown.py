@@ -1,4 +1,4 @@
-"""dpsweep.shutdown: a command ends with the interpreter's shutdown steps but not its teardown."""
+"""dpsweep.process.shutdown: a command ends with the interpreter's shutdown steps but not its teardown."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 SCRIPT = """
 import atexit, ctypes, sys, threading, time
 from pathlib import Path
-from dpsweep.shutdown import run_then_exit
+from dpsweep.process.shutdown import run_then_exit
 
 out = Path(sys.argv[1])
 

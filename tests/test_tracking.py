@@ -15,9 +15,9 @@ from mlflow.system_metrics.metrics.base_metrics_monitor import BaseMetricsMonito
 from mlflow.tracking import MlflowClient
 
 from dpsweep.config import TrackingConfig
-from dpsweep.liveness import ProcessId, start_ticks
-from dpsweep.mlflow_store import experiment_id, system_metrics_monitor
+from dpsweep.process.liveness import ProcessId, start_ticks
 from dpsweep.tracking import PROCESS_TAG, Claimed, environment_tags, git_commit, tracked_run
+from dpsweep.tracking.store import experiment_id, system_metrics_monitor
 
 
 def _cfg(uri: str, name: str) -> TrackingConfig:

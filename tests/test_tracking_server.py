@@ -40,7 +40,7 @@ from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
 from dpsweep.config import TrackingConfig
 from dpsweep.tracking import tracked_run
-from dpsweep.tracking_service import TrackingError
+from dpsweep.tracking.channel import TrackingError
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER_UP = REPO / "launchers" / "scripts" / "mlflow_server_up.sh"
@@ -249,7 +249,7 @@ def test_optuna_study_on_postgresql_storage(server_uri: str) -> None:
     """Studies on clusters keep their trials in an RDB: the same PostgreSQL serves as Optuna storage."""
     import optuna
 
-    from dpsweep.trials import open_storage
+    from dpsweep.run.pruning import open_storage
 
     env = os.environ.get
     url = (

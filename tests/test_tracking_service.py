@@ -1,4 +1,4 @@
-"""The tracking process (dpsweep.tracking_service): MLflow in a child process that runs log through,
+"""The tracking process (dpsweep.tracking.channel): MLflow in a child process that runs log through,
 against a real sqlite store; and a run's process, which never imports MLflow."""
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from helpers import runs_of
 from mlflow.tracking import MlflowClient
 from opacus import PrivacyEngine
 
-from dpsweep import tracking_service
 from dpsweep.config import ConfigError, TrackingConfig
-from dpsweep.models import OpacusCNN, released_copy
+from dpsweep.models.classifiers import OpacusCNN, released_copy
 from dpsweep.tracking import Claim, Claimed, tracked_run
-from dpsweep.tracking_service import Child, TrackingError
+from dpsweep.tracking import channel as tracking_service
+from dpsweep.tracking.channel import Child, TrackingError
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +179,7 @@ def test_a_runs_process_never_imports_mlflow(tmp_path: Path) -> None:
     script = (
         "import sys\n"
         "from hydra import compose, initialize_config_module\n"
-        "from dpsweep.runner import train\n"
+        "from dpsweep.run.runner import train\n"
         "with initialize_config_module('dpsweep.conf', version_base='1.3'):\n"
         "    cfg = compose('config', overrides=['train.epochs=1', 'train.progress=false', "
         f"'tracking.uri=sqlite:///{tmp_path}/mlflow.db', 'tracking.experiment_name=solo'])\n"

@@ -17,13 +17,17 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from dpsweep import data, ledger, models, prefetch, privacy
 from dpsweep.config import ConfigError, DigitsConfig, DPConfig, GradSampleMode, flatten, identity, to_config
-from dpsweep.data import DatasetNotFoundError
-from dpsweep.dpsgd import make_private
-from dpsweep.memory import STAGES
-from dpsweep.mlflow_store import GPU_MEMORY_TAG
-from dpsweep.train import TrainResult, train
+from dpsweep.data import loaders as data
+from dpsweep.data.loaders import DatasetNotFoundError
+from dpsweep.mechanisms.dpsgd import make_private
+from dpsweep.memory.stages import STAGES
+from dpsweep.models import classifiers as models
+from dpsweep.privacy import ledger
+from dpsweep.privacy import schedule as privacy
+from dpsweep.run import prefetch
+from dpsweep.run.runner import TrainResult, train
+from dpsweep.tracking.store import GPU_MEMORY_TAG
 
 MEMORY_METRICS = {
     *(f"memory.{s}_bytes" for s in STAGES),
@@ -61,7 +65,7 @@ def _compose(root: Path, *overrides: str) -> DictConfig:
         return compose("config", overrides=[*tracking, *overrides])
 
 
-PREFETCHED: list[prefetch.Prefetch] = []  # dp_run's final ε computed ahead (dpsweep.prefetch)
+PREFETCHED: list[prefetch.Prefetch] = []  # dp_run's final ε computed ahead (dpsweep.run.prefetch)
 
 
 @pytest.fixture(scope="module")

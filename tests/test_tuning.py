@@ -11,8 +11,9 @@ import pytest
 from helpers import run_script
 from mlflow.tracking import MlflowClient
 
-from dpsweep import ledger, privacy, tuning
 from dpsweep.errors import InputError
+from dpsweep.privacy import ledger, tuning
+from dpsweep.privacy import schedule as privacy
 
 
 @pytest.mark.parametrize(("distribution", "eta"), [("poisson", 0.5), ("geometric", 0.5), ("tnb", 0.5), ("tnb", 3.0)])
@@ -120,8 +121,8 @@ def test_a_private_tuning_of_non_private_jobs_or_mixed_delta_is_refused() -> Non
     from hydra import compose, initialize_config_module
 
     from dpsweep.config import to_config
-    from dpsweep.facts import DatasetFacts
-    from dpsweep.plan import prepare
+    from dpsweep.data.facts import DatasetFacts
+    from dpsweep.plan import prepare, tuning_procedure
 
     digits = DatasetFacts(1437, (1, 28, 28), 10)
     with initialize_config_module("dpsweep.conf", version_base="1.3"):
@@ -129,8 +130,8 @@ def test_a_private_tuning_of_non_private_jobs_or_mixed_delta_is_refused() -> Non
     plans = [prepare(cfg, digits) for cfg in cfgs]
     sweep = cfgs[1].sweep
     with pytest.raises(InputError, match="true in every job of a private tuning") as off:
-        tuning.procedure(plans[:2], sweep)
+        tuning_procedure(plans[:2], sweep)
     assert off.value.key == "dp.enabled"
     with pytest.raises(InputError, match="one δ for every job") as mixed:
-        tuning.procedure(plans[1:], sweep)
+        tuning_procedure(plans[1:], sweep)
     assert mixed.value.key == "dp.delta"

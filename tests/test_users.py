@@ -1,4 +1,4 @@
-"""User-level DP (dpsweep.users): the Dirichlet partition into users, Poisson batches of users, and the
+"""User-level DP (dpsweep.data.users): the Dirichlet partition into users, Poisson batches of users, and the
 user-level gradient, whose sum of clipped contributions moves by at most C when one user comes or goes."""
 
 from __future__ import annotations
@@ -11,12 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpsweep import data
 from dpsweep.config import DigitsConfig
-from dpsweep.device_data import device_generator, materialize
-from dpsweep.errors import InputError
-from dpsweep.privacy import poisson_schedule
-from dpsweep.users import (
+from dpsweep.data import loaders as data
+from dpsweep.data.device import device_generator, materialize
+from dpsweep.data.users import (
     UserBatch,
     UserBatches,
     _log_dirichlet_proportions,
@@ -28,6 +26,8 @@ from dpsweep.users import (
     user_contributions,
     user_level_gradient,
 )
+from dpsweep.errors import InputError
+from dpsweep.privacy.schedule import poisson_schedule
 
 CPU = torch.device("cpu")
 DEVICES = [CPU] + ([torch.device("cuda")] if torch.cuda.is_available() else [])

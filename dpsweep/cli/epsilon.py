@@ -12,12 +12,12 @@ In the style of the field's ``compute_dp_sgd_privacy`` script::
     dpsweep-epsilon --mechanism dpftrl -s 60000 -b 250 -e 100 -n 46.3 --restart-every 20 --tree-completion
     dpsweep-epsilon --mechanism dpftrl -s 50 -b 5 -e 30 --target-epsilon 8   # user level: N = users
 
-Steps follow Opacus's Poisson loader (see ``dpsweep.privacy``), so the ε printed here is exactly the
+Steps follow Opacus's Poisson loader (see ``dpsweep.privacy.schedule``), so the ε printed here is exactly the
 ε ``dpsweep`` logs at the end of a run with the same N, B, σ, epochs, δ and clipping. ``--clipping
-quantile`` adds the clipping-norm release (``dpsweep.clipping``; calibration then spends the target
+quantile`` adds the clipping-norm release (``dpsweep.privacy.clipping``; calibration then spends the target
 with it). ``--tuning-trials M`` also prints the ε of tuning: the best of K runs, K random with mean M
 (Papernot & Steinke 2022, dp-accounting's RepeatAndSelectDpEvent). ``--mechanism dpftrl`` prices
-DP-FTRL instead (Kairouz et al. 2021; ``dpsweep.ftrl_accounting``): ceil(N/B) batches per epoch in a
+DP-FTRL instead (Kairouz et al. 2021; ``dpsweep.privacy.tree``): ceil(N/B) batches per epoch in a
 fixed order, tree aggregation restarted every ``--restart-every`` epochs, one Gaussian mechanism of
 the tree's sensitivity, no sampling and so no amplification. Bad input exits with 2.
 """
@@ -33,11 +33,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from dpsweep import clipping, ledger, privacy, ranges, rdp
 from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.errors import InputError
+from dpsweep.privacy import clipping, ledger, ranges, rdp
+from dpsweep.privacy import schedule as privacy
+from dpsweep.process.shutdown import run_then_exit
 from dpsweep.registry import Registry
-from dpsweep.shutdown import run_then_exit
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -85,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _check(a: argparse.Namespace) -> None:
     """Reject bad input with the flag, the value and the allowed range (InputError: exit code 2).
-    The ranges are those of the config keys (``dpsweep.ranges``)."""
+    The ranges are those of the config keys (``dpsweep.privacy.ranges``)."""
     ranges.check("dataset_size", "-s/--dataset-size", a.dataset_size)
     ranges.check_batch_size("-b/--batch-size", a.batch_size, a.dataset_size)
     if a.noise_multiplier is not None:
@@ -239,8 +240,8 @@ def _dpsgd(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def _dpftrl(a: argparse.Namespace) -> dict[str, Any]:
-    """ε of DP-FTRL: ceil(N/B) batches per epoch, tree aggregation (``dpsweep.ftrl_accounting``)."""
-    from dpsweep import ftrl_accounting
+    """ε of DP-FTRL: ceil(N/B) batches per epoch, tree aggregation (``dpsweep.privacy.tree``)."""
+    from dpsweep.privacy import tree as ftrl_accounting
 
     for flag, value, given in (
         ("--steps", a.steps, a.steps is not None), ("--clipping", a.clipping, a.clipping != "fixed"),
@@ -332,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console() -> NoReturn:
     """The console script: ``main``, then the process ends without the interpreter's teardown
-    (``dpsweep.shutdown``)."""
+    (``dpsweep.process.shutdown``)."""
     run_then_exit(main)
 
 

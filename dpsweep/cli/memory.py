@@ -44,8 +44,8 @@ from dpsweep.cli.overrides import override_value
 from dpsweep.cli.plan import CONFIG_MODULE, MemoryCheck, job_plans
 from dpsweep.config import Config
 from dpsweep.errors import InputError
-from dpsweep.memory_model import PEAK_TARGET, STAGE_PEAK_TARGETS
-from dpsweep.shutdown import run_then_exit
+from dpsweep.memory.model import PEAK_TARGET, STAGE_PEAK_TARGETS
+from dpsweep.process.shutdown import run_then_exit
 from dpsweep.units import format_bytes
 
 if TYPE_CHECKING:  # pandas, torch, Hydra and MLflow are imported where used: --help stays fast
@@ -58,7 +58,7 @@ PROBE_LAUNCHERS = ("local", "slurm", "sge")  # a fresh process per config
 FORCED_VALUES = ("train.probe=true", "sweep.force=true", "sweep.max_epsilon=null")
 FORCED = tuple(v.partition("=")[0] for v in FORCED_VALUES)
 
-# The probe table: config columns (see dpsweep.memory.config_features), then the measurements.
+# The probe table: config columns (see dpsweep.memory.stages.config_features), then the measurements.
 MEASURED = (
     "model_load_bytes", "batch_load_bytes", "backward_bytes", "optimizer_step_bytes",
     "model_load_delta_bytes", "batch_load_delta_bytes", "backward_delta_bytes", "optimizer_step_delta_bytes",
@@ -321,7 +321,7 @@ def _print_prediction(overrides: str, p: Any, budget: str, n_train: int) -> None
         )
     if p.largest_hidden_units is not None:
         h = p.largest_hidden_units
-        from dpsweep.memory_predict import MAX_HIDDEN_UNITS
+        from dpsweep.memory.predict import MAX_HIDDEN_UNITS
 
         shown = f"≥ {MAX_HIDDEN_UNITS} (the end of the range searched)" if h >= MAX_HIDDEN_UNITS else str(h)
         print(f"  largest model.hidden_units that fits at B={p.batch_size}: {shown}")
@@ -398,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console() -> NoReturn:
     """The console script: ``main``, then the process ends without the interpreter's teardown
-    (``dpsweep.shutdown``)."""
+    (``dpsweep.process.shutdown``)."""
     run_then_exit(main)
 
 

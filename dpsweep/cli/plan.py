@@ -10,7 +10,7 @@
 It takes exactly the overrides ``dpsweep -m`` takes and expands them with Hydra's own basic-sweeper
 logic (``hydra.sweeper.params`` from the config first, then the command line), so the rows are the
 jobs, in the order Hydra launches them. ε uses the trainer's step convention
-(``dpsweep.privacy.poisson_schedule``), so it equals the ε each run logs at its end.
+(``dpsweep.privacy.schedule.poisson_schedule``), so it equals the ε each run logs at its end.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.errors import InputError as ConfigError
-from dpsweep.shutdown import run_then_exit
+from dpsweep.process.shutdown import run_then_exit
 from dpsweep.units import format_bytes
 
 if TYPE_CHECKING:  # Hydra, torch and the planner are imported where used: --help stays fast
@@ -99,7 +99,7 @@ def skip_reasons(plans: Sequence[RunPlan]) -> list[str | None]:
     for uri, experiment in sorted(stores):
         if not _store_readable(uri):
             continue
-        from dpsweep.mlflow_store import runs_by_hash  # MLflow: only where there is a store to ask
+        from dpsweep.tracking.store import runs_by_hash  # MLflow: only where there is a store to ask
 
         try:
             done |= runs_by_hash(uri, experiment, "FINISHED")
@@ -167,7 +167,7 @@ def job_plans(overrides: Sequence[str], memory: MemoryCheck | None = None) -> li
     from hydra import compose
 
     from dpsweep.config import to_config
-    from dpsweep.memory_model import load_models
+    from dpsweep.memory.model import load_models
     from dpsweep.plan import FactsCache, MemoryBudget, prepare
 
     facts = FactsCache()
@@ -277,10 +277,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = rows_of(jobs)
         tuned = None
         if jobs and jobs[0][1].config.sweep.private_tuning:
-            from dpsweep import tuning
+            from dpsweep.plan import tuning_procedure
 
             sweep_cfg = jobs[0][1].config.sweep
-            tuned = (sweep_cfg, tuning.procedure([p for _, p in jobs], sweep_cfg))
+            tuned = (sweep_cfg, tuning_procedure([p for _, p in jobs], sweep_cfg))
     if as_json:
         print(json.dumps([asdict(r) for r in rows], indent=1))
         return 0
@@ -306,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console() -> NoReturn:
     """The console script: ``main``, then the process ends without the interpreter's teardown
-    (``dpsweep.shutdown``)."""
+    (``dpsweep.process.shutdown``)."""
     run_then_exit(main)
 
 

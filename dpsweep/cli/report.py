@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, NoReturn
 from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.cli.options import add_tracking_uri
 from dpsweep.errors import InputError
-from dpsweep.shutdown import run_then_exit
+from dpsweep.process.shutdown import run_then_exit
 
 if TYPE_CHECKING:  # pandas and MLflow are imported once the arguments parse: --help stays fast
     from dpsweep.analysis import report as rep
@@ -145,7 +145,7 @@ def run(argv: Sequence[str] | None = None) -> rep.Report:
     from mlflow.exceptions import MlflowException
 
     from dpsweep.analysis import report as rep
-    from dpsweep.reconcile import reconcile
+    from dpsweep.tracking.dead_runs import reconcile
 
     rep.lookup(rep.FORMATS, a.format, "format")
     rep.lookup(rep.SORT_KEYS, a.sort, "sort")
@@ -191,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console() -> NoReturn:
     """The console script: ``main``, then the process ends without the interpreter's teardown
-    (``dpsweep.shutdown``)."""
+    (``dpsweep.process.shutdown``)."""
     run_then_exit(main)
 
 

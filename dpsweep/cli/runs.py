@@ -4,7 +4,7 @@
     dpsweep-runs reconcile --experiment demo --dry-run       # what would be closed, closing nothing
     dpsweep-runs reconcile --tracking-uri http://mlflow:5000
 
-``reconcile`` ends KILLED every RUNNING run whose process is gone (see ``dpsweep.reconcile``: a dead
+``reconcile`` ends KILLED every RUNNING run whose process is gone (see ``dpsweep.tracking.dead_runs``: a dead
 process on this host, or no heartbeat for 5 minutes from another host), with the reason in its
 ``error`` tag, and deletes its checkpoint. ``dpsweep -m`` and ``dpsweep-report`` do the same for
 their experiment before they start.
@@ -18,7 +18,7 @@ from typing import NoReturn
 
 from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.cli.options import add_tracking_uri
-from dpsweep.shutdown import run_then_exit
+from dpsweep.process.shutdown import run_then_exit
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
 @exits_on_bad_input("dpsweep-runs")
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from dpsweep.reconcile import reconcile  # MLflow: after the arguments parse
+    from dpsweep.tracking.dead_runs import reconcile  # MLflow: after the arguments parse
 
     dead = reconcile(args.tracking_uri, args.experiment, dry_run=args.dry_run)
     verb = "would end" if args.dry_run else "ended"
@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console() -> NoReturn:
     """The console script: ``main``, then the process ends without the interpreter's teardown
-    (``dpsweep.shutdown``)."""
+    (``dpsweep.process.shutdown``)."""
     run_then_exit(main)
 
 

@@ -4,7 +4,7 @@
     dpsweep dp.noise_multiplier=1.3 train.epochs=5   # one run with overrides
     dpsweep -m experiment=demo                       # the README's demo sweep (4 runs)
 
-A thin entry point: the run is :func:`dpsweep.runner.train`; this module sets the checkpoint
+A thin entry point: the run is :func:`dpsweep.run.runner.train`; this module sets the checkpoint
 directory to the Hydra job's own, prints the result line, and turns bad input into exit code 2 (in
 a sweep it raises instead, so that the sweeper records the job as failed and goes on). A config over
 ``sweep.max_epsilon`` is skipped, not failed.
@@ -28,16 +28,17 @@ from hydra.core.plugins import Plugins
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from dpsweep import tracking_service, units
+from dpsweep import units
 from dpsweep.cli.errors import bad_input_types, report_bad_input
 from dpsweep.cli.overrides import override_value
 from dpsweep.config import Config, given_overrides, to_config
 from dpsweep.errors import InputError
-from dpsweep.liveness import die_with_driver
-from dpsweep.shutdown import run_then_exit
+from dpsweep.process.liveness import die_with_driver
+from dpsweep.process.shutdown import run_then_exit
+from dpsweep.tracking import channel as tracking_service
 
 if TYPE_CHECKING:  # torch and MLflow are imported where a run needs them: --help stays fast
-    from dpsweep.runner import TrainResult
+    from dpsweep.run.runner import TrainResult
 
 
 def register_hydra_plugins() -> None:
@@ -55,7 +56,7 @@ def register_hydra_plugins() -> None:
 def summary_line(cfg: Config, r: TrainResult) -> str:
     """``dpsweep: run 1a2b3c4d digits/cnn B=64 epochs=8  test_accuracy=0.8778  ε=7.414 (rdp, δ=1e-05, …)``"""
     if cfg.train.probe:
-        from dpsweep import memory
+        from dpsweep.memory import stages as memory
 
         m = r.epochs[-1]
         stages = "  ".join(f"{s}={units.format_bytes(m[f'memory.{s}_bytes'])}" for s in memory.STAGES)
@@ -198,7 +199,7 @@ class JobSummary:
 def app(cfg: DictConfig) -> JobSummary | None:
     """The Hydra task: train one config; returns its summary (None: skipped)."""
     tracking_service.service().post("warm_store", cfg.tracking.uri)  # opened there while torch imports here
-    from dpsweep.runner import OverBudget, train
+    from dpsweep.run.runner import OverBudget, train
     from dpsweep.tracking import Claimed, next_steps
 
     hydra_cfg = HydraConfig.get()
@@ -224,7 +225,7 @@ def app(cfg: DictConfig) -> JobSummary | None:
 
 def console() -> NoReturn:
     """The console script: ``main``, then the process ends without the interpreter's teardown
-    (``dpsweep.shutdown``)."""
+    (``dpsweep.process.shutdown``)."""
     run_then_exit(main)
 
 

@@ -2,7 +2,7 @@
 
     dpsweep task=classifier          # the default: image classification with DP-SGD
 
-The runner (``dpsweep.runner``) owns everything that is the same for every task: the plan, the
+The runner (``dpsweep.run.runner``) owns everything that is the same for every task: the plan, the
 MLflow run's lifecycle, checkpoints and resume, the memory stages, the per-epoch loop, pruning, the
 final privacy accounting and failure handling. A task owns what differs, through two objects:
 
@@ -11,11 +11,11 @@ final privacy accounting and failure handling. A task owns what differs, through
 - the :class:`TaskRun` then says how its modules reach the device, how one epoch of training goes,
   how it evaluates (and whether it is done before ``train.epochs``), how the memory probe's single
   iteration goes, and which privacy events it spent (``privacy_ledger``: a
-  :class:`dpsweep.ledger.Ledger` of dp-accounting ``DpEvent`` s, e.g. Poisson-subsampled Gaussian
+  :class:`dpsweep.privacy.ledger.Ledger` of dp-accounting ``DpEvent`` s, e.g. Poisson-subsampled Gaussian
   steps and a private clipping-norm release, which the runner's accountants turn into ε; a
   mechanism without sampling declares no sampling: no amplification).
 
-A new task is a module in this package that registers itself (as ``dpsweep.tasks.gan`` does)::
+A new task is a module in this package that registers itself (as ``dpsweep.tasks.gan.task`` does)::
 
     class GanTask:
         def build(self, inputs: RunInputs) -> TaskRun: ...
@@ -37,10 +37,10 @@ import torch
 from opacus import PrivacyEngine
 from torch import nn
 
-from dpsweep import ledger
 from dpsweep.config import Config
-from dpsweep.data import DataSplits
+from dpsweep.data.loaders import DataSplits
 from dpsweep.plan import RunPlan
+from dpsweep.privacy import ledger
 from dpsweep.registry import Registry
 from dpsweep.tracking import Tracker
 
@@ -57,7 +57,7 @@ class RunInputs:
 
 @dataclass
 class Checkpointed:
-    """The parts of a run a checkpoint saves and restores (``dpsweep.checkpoint``): the trained module,
+    """The parts of a run a checkpoint saves and restores (``dpsweep.run.checkpoint``): the trained module,
     its optimizer, the privacy engine (its accountant) and the generator the batches are drawn from."""
 
     model: nn.Module
@@ -69,11 +69,11 @@ class Checkpointed:
 class Marks(Protocol):
     def mark(self, stage: str) -> None:
         """Record the memory level at ``stage`` (batch_load, backward, optimizer_step) during the first
-        iteration, or the peak so far at a split of it (forward: ``dpsweep.memory.PEAK_SPLITS``)."""
+        iteration, or the peak so far at a split of it (forward: ``dpsweep.memory.stages.PEAK_SPLITS``)."""
 
 
 class Stages(Marks, Protocol):
-    """The runner's memory-stage log, as a task sees it (see ``dpsweep.memory``)."""
+    """The runner's memory-stage log, as a task sees it (see ``dpsweep.memory.stages``)."""
 
     def stepped(self) -> None:
         """An optimizer step happened (counted; the first completes the four stages)."""
@@ -136,7 +136,7 @@ class Task(Protocol):
 TASKS: Registry[Task] = Registry("task")
 
 # Modules that register tasks; imported on first lookup, so ``import dpsweep.tasks`` stays light.
-TASK_MODULES = ("dpsweep.tasks.classifier", "dpsweep.tasks.gan")  # a new task adds its module here
+TASK_MODULES = ("dpsweep.tasks.classifier", "dpsweep.tasks.gan.task")  # a new task adds its module here
 
 
 def get(name: str) -> Task:

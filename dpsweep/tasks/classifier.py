@@ -2,12 +2,13 @@
 
     dpsweep task=classifier model=cnn dp.noise_multiplier=1.1   # task=classifier is the default
 
-One run: the model (``dpsweep.models``) on the device, the optimizer (``dpsweep.optimizers``), a loader
-of logical batches of ``train.batch_size`` (shuffled without DP; with DP, Opacus's Poisson sampling
-through ``dpsweep.dpsgd.make_private``), optionally held on the device (``train.device_resident``)
-and split into physical passes (``dpsweep.batches``). With ``model=vgg16_frozen`` and
-``model.feature_cache`` the frozen features come from ``dpsweep.feature_cache`` and only the pool and
-head are trained on them. The memory probe runs one iteration on exactly ``train.batch_size`` examples.
+One run: the model (``dpsweep.models.classifiers``) on the device, the optimizer
+(``dpsweep.models.optimizers``), a loader of logical batches of ``train.batch_size`` (shuffled without
+DP; with DP, Opacus's Poisson sampling through ``dpsweep.mechanisms.dpsgd.make_private``), optionally
+held on the device (``train.device_resident``) and split into physical passes
+(``dpsweep.mechanisms.batches``). With ``model=vgg16_frozen`` and ``model.feature_cache`` the frozen
+features come from ``dpsweep.models.feature_cache`` and only the pool and head are trained on them. The
+memory probe runs one iteration on exactly ``train.batch_size`` examples.
 """
 
 from __future__ import annotations
@@ -31,12 +32,17 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from tqdm.auto import tqdm
 
-from dpsweep import clipping, device_data, dpsgd, feature_cache, func_dp, gathered, ledger, users
-from dpsweep import data as datasets
-from dpsweep import models as model_zoo
-from dpsweep.batches import Batch, physical_batches
 from dpsweep.config import Clipping, ConfigError, Mechanism
-from dpsweep.optimizers import build_optimizer
+from dpsweep.data import device as device_data
+from dpsweep.data import gathered, users
+from dpsweep.data import loaders as datasets
+from dpsweep.mechanisms import dpsgd
+from dpsweep.mechanisms import functional as func_dp
+from dpsweep.mechanisms.batches import Batch, physical_batches
+from dpsweep.models import classifiers as model_zoo
+from dpsweep.models import feature_cache
+from dpsweep.models.optimizers import build_optimizer
+from dpsweep.privacy import clipping, ledger
 from dpsweep.tasks import TASKS, Checkpointed, Marks, RunInputs, Stages
 from dpsweep.tracking import Tracker
 
@@ -82,7 +88,9 @@ class ClassifierRun:
         self.criterion: nn.Module = nn.CrossEntropyLoss()
         self.released: ledger.Entry | None = None  # the private clipping-norm release (dp.clipping=quantile)
         self.max_grad_norm: float | None = None
-        self.own: func_dp.OwnSteps | None = None  # DP-FTRL and user-level DP (dpsweep.func_dp): not Opacus
+        self.own: func_dp.OwnSteps | None = (
+            None  # DP-FTRL and user-level DP (dpsweep.mechanisms.functional): not Opacus
+        )
 
     def tags(self) -> dict[str, Any]:
         return {"model.trainable_params": model_zoo.trainable_parameters(self.model)}
@@ -119,7 +127,8 @@ class ClassifierRun:
         return Checkpointed(self.model, self.optimizer, self.engine, self.generator)
 
     def _start_own_steps(self) -> Checkpointed:
-        """DP-FTRL or user-level DP-SGD (``dpsweep.func_dp``): the training split on the device, in units."""
+        """DP-FTRL or user-level DP-SGD (``dpsweep.mechanisms.functional``): the training split on the
+        device, in units."""
         cfg, device = self.cfg, self.device
         sigma = self.inputs.plan.noise_multiplier
         assert sigma is not None  # a DP run
@@ -161,7 +170,7 @@ class ClassifierRun:
         self.own.step(next(iter(self.exact)), self.expected_units, self.sigma, stages)
 
     def _private_clipping_norm(self) -> float:
-        """C for dp.clipping=quantile (``dpsweep.clipping``): per-example gradient norms at initialisation
+        """C for dp.clipping=quantile (``dpsweep.privacy.clipping``): per-example gradient norms at initialisation
         on one Poisson sample at the run's sample rate, then their private quantile."""
         q = self.inputs.plan.privacy.poisson_rate  # type: ignore[union-attr]  # a DP run has a privacy plan
         generator = torch.Generator().manual_seed(self.cfg.train.seed + clipping.SEED_OFFSET)
@@ -286,7 +295,7 @@ class ClassifierRun:
             return ledger.Ledger()
         before = ledger.Ledger((self.released,)) if self.released is not None else ledger.Ledger()
         history = self.engine.accountant.history
-        if self.cfg.dp.clipping == Clipping.adaptive:  # charged at the full σ of the plan (dpsweep.clipping)
+        if self.cfg.dp.clipping == Clipping.adaptive:  # charged at the full σ of the plan (dpsweep.privacy.clipping)
             sigma, sigma_b = (
                 self.inputs.plan.noise_multiplier,
                 clipping.count_noise(self.cfg.dp, self.cfg.train.batch_size),
@@ -311,7 +320,7 @@ def per_example_grad_norms(
     chunk: int = 256,
 ) -> np.ndarray:
     """The L2 norm of each listed example's loss gradient with respect to the trainable parameters,
-    in chunks of ``chunk`` examples (``dpsweep.users.per_example_gradients``: torch.func; the model
+    in chunks of ``chunk`` examples (``dpsweep.data.users.per_example_gradients``: torch.func; the model
     is not changed)."""
     was_training = model.training
     model.eval()  # dropout off: the norms at initialisation, deterministic
@@ -330,7 +339,7 @@ def _cached_features(
     inputs: RunInputs, model: model_zoo.FrozenVGG16, run: Tracker
 ) -> tuple[nn.Module, datasets.DataSplits]:
     """The frozen features of both splits from the cache (built on the device when missing), and the
-    module to train on them: the pool and head (see dpsweep.feature_cache). N is unchanged."""
+    module to train on them: the pool and head (see dpsweep.models.feature_cache). N is unchanged."""
     cfg, data = inputs.cfg, inputs.data
     cached = feature_cache.cached_splits(
         model, data, dataclasses.asdict(cfg.dataset), root=Path(cfg.model.feature_cache_dir),
@@ -373,7 +382,7 @@ def train_pass(
     trainer: Trainer, batch: Batch, stages: Marks, split: tuple[bool, bool, float] = (True, True, 1.0)
 ) -> tuple[torch.Tensor, bool]:
     """One forward/backward pass of ``batch``; ``split`` is ``(first, last, weight)`` of the pass in its
-    logical batch (``dpsweep.batches``): zero the gradients when first, step when last, weight the
+    logical batch (``dpsweep.mechanisms.batches``): zero the gradients when first, step when last, weight the
     loss. Returns the mean loss, a detached 0-d tensor on the device (reading it waits for the GPU,
     so callers sum it there and read once per epoch), and whether a real optimizer step happened (a
     DPOptimizer skips it inside a logical batch)."""

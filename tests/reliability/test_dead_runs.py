@@ -14,9 +14,9 @@ import pytest
 from helpers import run_dpsweep, run_main
 
 from dpsweep.cli import runs
-from dpsweep.liveness import ProcessId
-from dpsweep.mlflow_store import open_client
+from dpsweep.process.liveness import ProcessId
 from dpsweep.tracking import HEARTBEAT_TAG, PROCESS_TAG, STALE_AFTER_S, why_dead
+from dpsweep.tracking.store import open_client
 
 BIN = Path(sys.executable).parent
 FAST = ["train.progress=false", "tracking.experiment_name=faults", "tracking.log_model=false"]

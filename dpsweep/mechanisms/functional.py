@@ -1,0 +1,170 @@
+"""DP steps that noise their own gradients (per-example gradients from ``torch.func``, no Opacus):
+DP-FTRL at example or user level, and user-level DP-SGD. ``task=classifier`` uses them for every DP
+run but example-level DP-SGD (which is Opacus's).
+
+    dpsweep dp.mechanism=dpftrl optimizer.momentum=0.9 dp.ftrl_restart_every=5     # example-level DP-FTRL
+    dpsweep dp.unit=user dataset.users=partition dataset.num_users=50 train.batch_size=10   # user-level DP-SGD
+    dpsweep dp.mechanism=dpftrl dp.unit=user dataset.users=partition dataset.num_users=50 train.batch_size=5
+
+A **unit** is an example (``dp.unit=example``) or a user (``dp.unit=user``: all of one user's
+examples, at most ``dp.max_examples_per_user`` of them per step). Each unit's contribution is its
+mean per-example gradient clipped to C (``dpsweep.data.users.user_contributions``; for an example, its
+own gradient clipped), and a step sums the contributions of its units:
+
+- **DP-FTRL** (``dpsweep.mechanisms.ftrl``; Kairouz et al. 2021): ceil(U/B) batches of B units per epoch in a
+  fixed order (one seeded permutation of the units for the whole run; a user brings the same
+  seeded choice of examples every epoch), each unit once per epoch, no sampling. The sum over B (a
+  public constant, also for the last, smaller batch, so that optimizer.lr means what it does for
+  SGD) goes to :class:`~dpsweep.mechanisms.ftrl.FTRLOptimizer`, whose tree adds N(0, (σC/B)²) per node: the
+  sum's N(0, σ²C²) over B, as the reference implementation scales it. The tree restarts
+  after every ``dp.ftrl_restart_every`` epochs. Accounted by ``dpsweep.privacy.tree`` over the
+  epochs begun (a unit's sensitivity only grows with steps): no amplification.
+- **User-level DP-SGD** (McMahan et al. 2018): users Poisson-sampled at q = 1/ceil(U/B)
+  (``dpsweep.data.users.UserBatches``), N(0, σ²C²) added to the sum, divided by q·U, and the configured
+  optimizer steps. Accounted as DP-SGD over U users.
+
+The count of steps taken lives in the optimizer's first parameter group (``dp_steps``), so that a
+checkpoint restores it with the optimizer and the ledger counts exactly the steps taken.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from dpsweep.config import Config, Mechanism, PrivacyUnit
+from dpsweep.data import users
+from dpsweep.mechanisms import ftrl
+from dpsweep.privacy import ledger
+from dpsweep.privacy import tree as ftrl_accounting
+
+STEPS_KEY = "dp_steps"  # the optimizer param-group entry counting DP steps (saved with its state_dict)
+ORDER_SEED_OFFSET = 4_243  # the fixed order's permutation: its own generator, seeded from train.seed
+
+
+def uses_own_steps(cfg: Config) -> bool:
+    """A DP run whose steps are this module's (not Opacus's example-level DP-SGD)."""
+    dp = cfg.dp
+    return dp.enabled and (dp.mechanism != Mechanism.dpsgd or dp.unit != PrivacyUnit.example)
+
+
+def unit_ids(cfg: Config, labels: Tensor) -> Tensor | None:
+    """Each training example's user (dp.unit=user: ``dataset.users``), or None: each example its own unit."""
+    if cfg.dp.unit != PrivacyUnit.user:
+        return None
+    d = cfg.dataset
+    users.check_users(d.num_users, len(labels), d.user_label_skew)
+    ids = users.dirichlet_partition(labels.cpu().numpy(), d.num_users, d.user_label_skew, d.users_seed)
+    return torch.as_tensor(ids, dtype=torch.int64)
+
+
+class FixedOrderBatches:
+    """DP-FTRL's batches: the units in one seeded order, B per batch (the last one smaller), each once
+    per epoch; a user brings at most ``max_examples`` of their examples, the same ones every epoch."""
+
+    def __init__(
+        self,
+        x: Tensor,
+        y: Tensor,
+        unit: Tensor | None,
+        batch_size: int,
+        max_examples: int,
+        seed: int,
+        device: torch.device,
+    ) -> None:
+        n = len(y)
+        unit = torch.arange(n) if unit is None else unit.cpu()
+        rng = torch.Generator().manual_seed(seed + ORDER_SEED_OFFSET)
+        num_units = int(unit.max()) + 1
+        order = torch.randperm(num_units, generator=rng)
+        keep = torch.randperm(n, generator=rng)  # a seeded rank per example: each user keeps its m first
+        by_unit: list[list[int]] = [[] for _ in range(num_units)]
+        for i in keep.tolist():
+            u = int(unit[i])
+            if len(by_unit[u]) < max_examples:
+                by_unit[u].append(i)
+        members = [torch.tensor(sorted(by_unit[u]), dtype=torch.int64) for u in order.tolist()]
+        self.batches: list[tuple[Tensor, Tensor]] = []  # (example indices, segment ids) per batch
+        for start in range(0, num_units, batch_size):
+            chunk = members[start : start + batch_size]
+            index = torch.cat(chunk)
+            segment = torch.cat([torch.full((len(m),), j, dtype=torch.int64) for j, m in enumerate(chunk)])
+            self.batches.append((index.to(device), segment.to(device)))
+        self.x, self.y = x.to(device), y.to(device)
+        self.num_units = num_units
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[users.UserBatch]:
+        for index, segment in self.batches:
+            yield users.UserBatch(self.x[index], self.y[index], segment)
+
+
+class OwnSteps:
+    """One DP step of a unit batch: the clipped contributions summed, noised by the mechanism, stepped."""
+
+    def __init__(self, cfg: Config, model: nn.Module, loss_fn: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.cfg, self.model, self.loss_fn, self.optimizer = cfg, model, loss_fn, optimizer
+        self.optimizer.param_groups[0].setdefault(STEPS_KEY, 0)
+
+    @property
+    def steps(self) -> int:
+        return int(self.optimizer.param_groups[0][STEPS_KEY])
+
+    def step(self, batch: users.UserBatch, expected_units: float, sigma: float, stages: Any) -> None:
+        """One step. The loss is not computed (a forward pass more per step): with DP the training
+        loss is an un-noised statistic that no run releases anyway."""
+        x, y, segment = batch
+        stages.mark("batch_load")
+        self.optimizer.zero_grad(set_to_none=True)
+        n_seg = users.segment_count(segment)
+        c = self.cfg.dp.max_grad_norm
+        params = {k: p for k, p in self.model.named_parameters() if p.requires_grad}
+        if self.cfg.dp.mechanism == Mechanism.dpftrl:  # the clipped sum over B: the tree adds σC/B per node
+            if len(y):
+                parts = users.user_contributions(self.model, self.loss_fn, x, y, segment, n_seg, c)
+                grads = {k: g.sum(dim=0) / expected_units for k, g in parts.items()}
+            else:
+                grads = {k: torch.zeros_like(p) for k, p in params.items()}
+        else:  # user-level DP-SGD: noise σC on the sum, over the expected number of users
+            grads = users.user_level_gradient(self.model, self.loss_fn, x, y, segment, n_seg, c, sigma, expected_units)
+        stages.mark("backward")
+        for name, p in params.items():
+            p.grad = grads[name].detach()
+        self.optimizer.step()
+        self.optimizer.param_groups[0][STEPS_KEY] += 1
+        stages.mark("optimizer_step")
+
+    def end_epoch(self, epoch: int) -> None:
+        """DP-FTRL: restart the tree after every dp.ftrl_restart_every epochs (not after the last)."""
+        dp = self.cfg.dp
+        restart = ftrl_accounting.restart_after_epoch(epoch, self.cfg.train.epochs, dp.ftrl_restart_every)
+        if dp.mechanism == Mechanism.dpftrl and isinstance(self.optimizer, ftrl.FTRLOptimizer) and restart:
+            self.optimizer.restart()
+
+
+def ftrl_optimizer(cfg: Config, model: nn.Module, sigma: float, device: torch.device) -> ftrl.FTRLOptimizer:
+    """FTRLOptimizer over the trainable parameters, its tree's node noise σ·C/B, lr and momentum from optimizer.*."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    generator = torch.Generator(device=device).manual_seed(cfg.train.seed)
+    std = sigma * cfg.dp.max_grad_norm / cfg.train.batch_size  # on the clipped sum over B (OwnSteps.step)
+    tree = ftrl.TreeAggregator.for_params(
+        params, std=std, generator=generator, tree_completion=cfg.dp.ftrl_tree_completion
+    )
+    return ftrl.FTRLOptimizer(params, lr=cfg.optimizer.lr, momentum=getattr(cfg.optimizer, "momentum", 0.0), noise=tree)
+
+
+def ftrl_ledger(cfg: Config, sigma: float, steps: int, steps_per_epoch: int) -> ledger.Ledger:
+    """DP-FTRL's ledger over the epochs begun (``steps`` taken): one Gaussian mechanism of the tree's sensitivity."""
+    if steps == 0:
+        return ledger.Ledger()
+    epochs = math.ceil(steps / steps_per_epoch)
+    restart = cfg.dp.ftrl_restart_every
+    restart = restart if restart is not None and restart <= epochs else None  # no restart has happened yet
+    entry = ftrl_accounting.ftrl_entry(sigma, steps_per_epoch, epochs, restart, cfg.dp.ftrl_tree_completion)
+    return ledger.Ledger((entry,))

@@ -1,0 +1,112 @@
+"""The privacy cost of tuning (``sweep.private_tuning``): a random number K of trials, each a config
+drawn uniformly from the grid, and only the best run released. Papernot & Steinke 2022,
+"Hyperparameter Tuning with Renyi Differential Privacy" (ICLR), Thms. 2 and 6.
+
+    dpsweep -m sweep.private_tuning=true sweep.tuning_mean_trials=8 optimizer.lr=0.02,0.05,0.1 dp.max_grad_norm=0.5,1
+
+- K ~ ``sweep.tuning_distribution``: ``poisson`` (mean μ; K = 0 releases nothing), ``geometric`` or
+  ``tnb`` (truncated negative binomial with shape η > 0, on K >= 1, mean μ), from secret, fresh
+  randomness (the operating system's): a K known in advance is a fixed K, whose cost is that of
+  composing K runs, and so is a published K. Each trial draws its config and its ``train.seed``
+  from the same source, so trials are independent runs.
+- The cost is that of the candidate whose ledger dominates the others' at every RDP order (the
+  mixture over candidates costs at most the pointwise maximum, by the quasi-convexity of Rényi
+  divergence); a grid whose candidates' costs cross has no such bound here and is refused.
+- ε of the whole procedure: dp-accounting's ``RepeatAndSelectDpEvent`` (:func:`dpsweep.privacy.ledger.tuning_epsilon`).
+
+Only the best trial (by the task's objective) may be published; the other trials and K stay in the
+researcher's own tracking store.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpsweep.errors import InputError
+from dpsweep.privacy import ledger, rdp
+from dpsweep.privacy.ledger import Ledger
+
+SEED_BITS = 31  # a trial's train.seed: secret, fresh
+
+
+def shape(distribution: str, eta: float) -> float:
+    """dp-accounting's shape of K's distribution: ∞ (Poisson), 1 (geometric), η (tnb)."""
+    return eta if distribution == "tnb" else ledger.TUNING_SHAPES.get(distribution, key="sweep.tuning_distribution")
+
+
+def draw_k(distribution: str, mean: float, eta: float, rng: np.random.Generator) -> int:
+    """K, the number of trials: Poisson(μ), or the truncated negative binomial NB(η, γ) conditioned on
+    K >= 1 with γ chosen so its mean is μ (geometric: η = 1, γ = 1/μ)."""
+    from scipy import optimize, stats
+
+    if distribution == "poisson":
+        return int(rng.poisson(mean))
+    s = shape(distribution, eta)
+    if s == 1:
+        gamma = 1 / mean
+    else:  # mean of NB(η, γ) given K >= 1: η(1 - γ) / (γ(1 - γ^η))
+
+        def gap(g: float) -> float:
+            return s * (1 - g) / (g * (1 - g**s)) - mean
+
+        gamma = float(optimize.brentq(gap, 1e-12, 1 - 1e-12))
+    while True:
+        k = int(stats.nbinom(s, gamma).rvs(random_state=rng))
+        if k >= 1:
+            return k
+
+
+def secret_generator() -> np.random.Generator:
+    """A generator seeded from the operating system's entropy (see the module docstring)."""
+    return np.random.default_rng(secrets.randbits(128))
+
+
+def dominant(ledgers: Sequence[Ledger], orders: tuple[float, ...] = rdp.DEFAULT_ORDERS) -> int:
+    """The index of a ledger whose RDP is at least every other's at every order; InputError if none is."""
+    curves = np.array([ledger.rdp_curve(b, orders) for b in ledgers])
+    top = curves.max(axis=0)
+    for i, curve in enumerate(curves):
+        if np.all(curve >= top - 1e-12 * np.maximum(1.0, np.abs(top))):
+            return i
+    raise InputError(
+        "sweep.private_tuning", True,
+        "a grid with one candidate whose privacy cost dominates the others' at every RDP order (e.g. sweep σ, "
+        "C, lr or the seed, not both B and the epochs): these candidates' costs cross, and the tuning bound "
+        "needs the largest",
+    )  # fmt: skip
+
+
+def check(distribution: str, mean: float, eta: float) -> None:
+    """Bad tuning parameters, named (InputError)."""
+    shape(distribution, eta)
+    if not mean > 1 or not math.isfinite(mean):
+        raise InputError("sweep.tuning_mean_trials", mean, "a finite mean number of trials above 1")
+    if distribution == "tnb" and not (eta > 0 and math.isfinite(eta)):
+        raise InputError("sweep.tuning_eta", eta, "a shape η > 0 of the truncated negative binomial (1: geometric)")
+
+
+@dataclass(frozen=True)
+class Procedure:
+    """The cost of a private tuning over a grid of candidate runs."""
+
+    epsilon: float  # of the whole procedure, releasing the best trial only
+    delta: float
+    single_run_epsilon: float  # of the dominant candidate alone
+    dominant: int  # the candidate whose cost bounds every other's
+
+
+def procedure(
+    bills: Sequence[Ledger], delta: float, how: ledger.Accounting, distribution: str, mean_trials: float, eta: float
+) -> Procedure:
+    """The tuning ε of K ~ ``distribution`` (mean ``mean_trials``, shape ``eta``) trials drawn from these
+    candidates' planned ledgers (the dominant one repeated, the best released; see the module
+    docstring); InputError for what the bound does not cover."""
+    check(distribution, mean_trials, eta)
+    top = dominant(list(bills))
+    eps = ledger.tuning_epsilon(bills[top], delta, mean_trials, shape(distribution, eta), how.orders).epsilon
+    return Procedure(eps, delta, ledger.epsilon(bills[top], delta, how).epsilon, top)

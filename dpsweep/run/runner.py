@@ -1,0 +1,446 @@
+"""The runner: one run of one config, whatever its task, logged to one MLflow run.
+
+    from hydra import compose, initialize_config_module
+    from dpsweep.run.runner import train
+    with initialize_config_module("dpsweep.conf", version_base="1.3"):
+        result = train(compose("config", overrides=["train.epochs=2"]))
+
+It owns what every task shares (``dpsweep.tasks`` owns what differs):
+
+1. before the MLflow run exists, everything that can reject the input: the config ranges, the
+   dataset files, the plan (``dpsweep.plan.prepare``: σ, steps, budget, physical batch, hash), a
+   checkpoint of another config, and the task's modules (pretrained weights, cache directories), so
+   bad input leaves no run behind; a config over ``sweep.max_epsilon`` raises :class:`OverBudget`;
+2. the MLflow run (``dpsweep.tracking.tracked_run``): tags, params and ``config.yaml``, reopened on
+   resume; it always ends FINISHED, FAILED or KILLED (SIGTERM included);
+3. the epoch loop: the task's epoch, its evaluation, ε so far, the run's memory peak, the Optuna
+   pruner, and a checkpoint after every epoch (``dpsweep.run.checkpoint``: a resumed run continues from
+   the last completed epoch, its accountant restored);
+4. the memory stages of the first iteration (``dpsweep.memory.stages``), or only them for a probe;
+5. the final ε over the steps actually taken, under both accountants, from the task's history.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+from tqdm.auto import tqdm
+
+from dpsweep import tasks, units
+from dpsweep.config import Config, ConfigError, Device, flatten, identity, settings, structured, to_config, validate
+from dpsweep.data import loaders as datasets
+from dpsweep.data.facts import DatasetFacts
+from dpsweep.memory import stages as memory
+from dpsweep.plan import MemoryFiles, RunPlan, accounting, prepare
+from dpsweep.privacy import ledger
+from dpsweep.privacy.ledger import Ledger
+from dpsweep.run import checkpoint, prefetch
+from dpsweep.tracking import (
+    Claim,
+    RunEnded,
+    Tracker,
+    environment_tags,
+    open_store,
+    run_finished,
+    system_metrics,
+    terminate_as_interrupt,
+    tracked_run,
+)
+
+PRIVACY_LEDGER = "privacy_ledger.json"  # the run's artifact: every release, its parameters and share of ε
+
+
+class OverBudget(Exception):
+    """A config whose planned ε exceeds ``sweep.max_epsilon``; ``dpsweep -m`` skips it."""
+
+
+@dataclass
+class TrainResult:
+    run_id: str
+    test_accuracy: float  # after the last epoch (nan for a task without it, e.g. gan)
+    train_loss: float  # mean over the last epoch's examples (nan for a task without it)
+    n_train: int  # N
+    steps: int  # optimizer steps actually taken
+    epsilon: float | None = None  # final ε under dp.accountant; None without DP
+    epsilons: dict[str, float] = field(default_factory=dict)  # final ε by accountant: rdp, prv, pld
+    delta: float | None = None
+    noise_multiplier: float | None = None  # σ used (calibrated when dp.target_epsilon is set)
+    sample_rate: float | None = None  # q the accountant used
+    accountant_history: list[tuple[float, float, int]] = field(default_factory=list)  # DP-SGD's (σ, q, steps)
+    ledger: Ledger = field(default_factory=Ledger)  # every privacy-spending release (dpsweep.privacy.ledger)
+    epochs: list[dict[str, float]] = field(default_factory=list)  # per-epoch metrics
+    memory_backend: str = ""  # cuda, or the CPU twin cpu-tensors
+    model: nn.Module | None = None  # the trained module, without any DP wrapper (None for a probe)
+    objective: str = "test_accuracy"  # the task's objective (dpsweep.config.TaskConfig.objective) ...
+    score: float = math.nan  # ... and its value after the last epoch
+
+
+def resolve_device(requested: Device) -> torch.device:
+    if requested == Device.auto:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if requested == Device.cuda and not torch.cuda.is_available():
+        raise ConfigError("train.device", requested.value, "cpu or auto: no CUDA device is available here")
+    return torch.device(requested.value)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def train(cfg: DictConfig | Config) -> TrainResult:
+    """Train one config and log it to MLflow; returns the final metrics and privacy cost."""
+    config = to_config(cfg)
+    validate(config)
+    seed_everything(config.train.seed)
+    device = resolve_device(config.train.device)
+    data = datasets.build(config.dataset)
+    facts = DatasetFacts(data.n_train, data.input_shape, data.num_classes)
+    plan = prepare(config, facts, MemoryFiles().budget(config, memory.backend_for(device)))
+    if plan.over_budget is not None:
+        raise OverBudget(plan.over_budget)
+    open_store(config.tracking.uri)  # a store that is not one, or cannot be written, is bad input here
+    ckpt_dir = Path(config.train.checkpoint_dir) if config.train.checkpoint_dir and not config.train.probe else None
+    found = checkpoint.peek(ckpt_dir, plan.config_hash) if ckpt_dir else checkpoint.Found(None)
+    resume = found.state
+    if ckpt_dir is not None and resume is not None and run_finished(config.tracking.uri, resume.run_id):
+        checkpoint.remove(ckpt_dir)  # stale: its run FINISHED (and died before removing it, or another
+        resume = None  # process finished it): start afresh; a sweep job's claim then finds the run done
+    monitor = memory.monitor_for(device)  # baseline before the model exists
+    # the final ε under every accountant, computed on another core while the run trains
+    ahead = None if config.train.probe else prefetch.start(*_planned_ledger(plan))
+    try:
+        task_run = tasks.get(config.task.name).build(tasks.RunInputs(config, plan, data, device))
+        tags = run_tags(plan, data, device, monitor.backend) | task_run.tags()
+        if found.set_aside is not None:  # the run starts afresh; the unreadable file is kept for inspection
+            tags["checkpoint.set_aside"] = str(found.set_aside)
+        claim = _claim(config, plan)
+        with (
+            terminate_as_interrupt(),
+            tracked_run(_named(config, plan), tags, resume.run_id if resume else None, claim) as run,
+        ):
+            if resume is None:
+                run.log_params(run_params(plan))
+                run.set_tags(setting_tags(plan))
+                run.log_text(resolved_yaml(plan), "config.yaml")
+                run.log_dataset_splits(
+                    flatten(config.dataset),
+                    {"train": data.n_train, "test": len(data.test)},  # type: ignore[arg-type]
+                )
+            parts = task_run.start(run)
+            if resume is None:
+                run.log_params(task_run.params())
+            result = TrainResult(
+                run.run_id, float("nan"), float("nan"), data.n_train, 0, memory_backend=monitor.backend
+            )
+            state = None
+            if ckpt_dir is not None and resume is not None:
+                state = checkpoint.load(ckpt_dir, plan.config_hash, parts.model, parts.optimizer, parts.engine)
+            # a resumed run's stages were recorded before it was interrupted
+            stages = StageLog(memory.StageRecorder(monitor, active=state is None), run, result)
+            if state is not None:
+                checkpoint.restore_rng(state.rng, parts.generator)
+                result.epochs, result.steps, stages.recorder.run_peak = state.epochs, state.steps, state.run_peak_bytes
+            stages.mark("model_load")
+            if config.train.probe:
+                result.epochs.append(_probe(task_run, stages))
+                return result
+            if config.dp.enabled and stages.recorder.active:  # stages of exactly B, not of a private Poisson batch
+                task_run.memory_iteration(stages)
+                stages.log_first_iteration()
+            t = config.tracking
+            private = config.dp.enabled  # GPU memory would tell the Poisson batch sizes, as the peak would
+            with system_metrics(run.run_id, t.uri, t.system_metrics_after_s, t.system_metrics_interval_s, private):
+                _epochs(config, task_run, stages, parts, Checkpoints(ckpt_dir, plan.config_hash, state))
+            if ahead is not None:
+                ahead.collect()
+            _finish_privacy(config, plan, task_run, result, run)
+            result.model = task_run.trained_model()
+            if config.tracking.log_model:
+                _log_model(config, task_run, run)
+        if ckpt_dir is not None:
+            checkpoint.remove(ckpt_dir)  # the run is complete; a rerun starts afresh
+        return result
+    finally:
+        if ahead is not None:
+            ahead.cancel()  # a run that ended early: its child is ended (after collect: nothing to do)
+        monitor.close()  # the CPU twin's frozen baseline (dpsweep.memory.stages)
+
+
+class StageLog:
+    """The memory stages of the first iteration, logged once complete; counts the optimizer steps."""
+
+    def __init__(self, recorder: memory.StageRecorder, run: Tracker, result: TrainResult) -> None:
+        self.recorder, self.run, self.result = recorder, run, result
+        self.logged = not recorder.active  # a resumed run logged its stages before
+
+    def mark(self, stage: str) -> None:
+        self.recorder.mark(stage)
+
+    def stepped(self) -> None:
+        self.result.steps += 1
+        self.log_first_iteration()
+
+    def log_first_iteration(self) -> None:
+        """Log the four stages once, after the first optimizer step."""
+        if not self.logged:
+            self.recorder.mark("optimizer_step")  # if the task did not mark it right after the step
+            self.run.log_metrics(self.recorder.metrics(), step=0)
+            self.logged = True
+
+
+def _claim(cfg: Config, plan: RunPlan) -> Claim | None:
+    """A grid sweep's job claims its config, so that of two identical sweeps started together only one
+    trains it; not a single run, a forced re-run, a probe, or an Optuna trial (its study decides)."""
+    s = cfg.sweep
+    if s.id is None or s.force or s.trial is not None or cfg.train.probe:
+        return None
+    return Claim(plan.config_hash, owner=s.id)  # a requeued job of this sweep is the same owner
+
+
+@dataclass
+class Checkpoints:
+    directory: Path | None
+    config_hash: str
+    restored: checkpoint.TrainingState | None
+
+
+def _epochs(
+    cfg: Config, task_run: tasks.TaskRun, stages: StageLog, parts: tasks.Checkpointed, ckpt: Checkpoints
+) -> None:
+    """The epoch loop: train, evaluate, ε so far, prune, checkpoint."""
+    result, run = stages.result, stages.run
+    reporter = None
+    if cfg.sweep.prunes:
+        from dpsweep.run.pruning import TrialReporter  # optuna: only in a pruned study's jobs
+
+        reporter = TrialReporter(cfg.sweep)
+    first = ckpt.restored.epoch + 1 if ckpt.restored is not None else 1
+    show = None if cfg.train.progress else True
+    bar = tqdm(range(first, cfg.train.epochs + 1), desc="epochs", disable=show, file=sys.stderr)
+    for epoch in bar:
+        started = time.monotonic()
+        metrics = task_run.train_epoch(epoch, stages)
+        final = epoch == cfg.train.epochs or task_run.done()  # done: e.g. a budget spent before the last epoch
+        if final or epoch % cfg.train.eval_every == 0:
+            metrics = task_run.evaluate(epoch, final) | metrics
+        if not cfg.dp.enabled:  # with DP the peak of the Poisson batches would tell their (private) sizes
+            metrics["memory.peak_bytes"] = float(stages.recorder.observe())
+        if cfg.dp.enabled:  # ε so far, from the same ledger and accountant as the final ε
+            spent = ledger.epsilon(task_run.privacy_ledger(), cfg.dp.delta, accounting(cfg.dp))
+            metrics["epsilon"] = spent.epsilon
+        # With DP, statistics of the private examples that no mechanism noised (the training loss) are
+        # kept in this process (TrainResult) but never logged or printed: no accountant covers them.
+        private = set(task_run.private_metrics) if cfg.dp.enabled else set()
+        released = {k: v for k, v in metrics.items() if k not in private}
+        run.log_metrics(released, step=epoch)
+        result.epochs.append({"epoch": float(epoch), **metrics})
+        _report_epoch(f"epoch {epoch}/{cfg.train.epochs}", released, time.monotonic() - started, bar)
+        objective = cfg.task.objective
+        if reporter is not None and objective in metrics and reporter.should_prune(epoch, metrics[objective]):
+            raise RunEnded(
+                f"pruned by the {cfg.sweep.pruner} pruner after epoch {epoch}",
+                status="KILLED",
+                tags={"optuna.pruned": "true", "failure.kind": "pruned"},
+            )
+        if ckpt.directory is not None:
+            saved = checkpoint.TrainingState(
+                ckpt.config_hash, run.run_id, epoch, result.steps, result.epochs, stages.recorder.run_peak,
+                checkpoint.capture_rng(parts.generator),
+            )  # fmt: skip
+            checkpoint.save(ckpt.directory, saved, parts.model, parts.optimizer, parts.engine)
+        if final:
+            break
+    last = result.epochs[-1]
+    result.test_accuracy, result.train_loss = last.get("test_accuracy", math.nan), last.get("train_loss", math.nan)
+    result.objective = cfg.task.objective
+    result.score = last.get(result.objective, math.nan)
+
+
+def _probe(task_run: tasks.TaskRun, stages: StageLog) -> dict[str, float]:
+    """Memory probe: one iteration, the four stages and the peak; no evaluation, no ε."""
+    measured = task_run.probe(stages) | {"memory.peak_bytes": float(stages.recorder.observe())}
+    stages.run.log_metrics(measured, step=0)  # the stages were logged by stages.stepped()
+    return stages.recorder.metrics() | measured
+
+
+EPOCH_FIGURES = {
+    "train_loss": "train_loss={:.4f}", "test_accuracy": "test_accuracy={:.4f}", "critic_loss": "critic_loss={:.3f}",
+    "generator_loss": "generator_loss={:.3f}", "tstr_accuracy": "tstr_accuracy={:.4f}", "epsilon": "ε={:.3f}",
+}  # fmt: skip
+log = logging.getLogger("dpsweep")
+
+
+def _report_epoch(label: str, metrics: dict[str, float], seconds: float, bar: Any) -> None:
+    """An epoch's figures: a line on the console when no progress bar is shown (piped output, CI,
+    nohup; Hydra's logging also writes it to the job's ``<name>.log``), else the bar's postfix and
+    the line in the log file only."""
+    figures = "  ".join(form.format(metrics[k]) for k, form in EPOCH_FIGURES.items() if k in metrics)
+    line = f"{label}  {figures}  ({seconds:.1f} s)"
+    if bar.disable:
+        log.info(line)
+        return
+    bar.set_postfix_str(figures)
+    record = log.makeRecord(log.name, logging.INFO, __file__, 0, line, (), None)
+    for handler in logging.getLogger().handlers:  # Hydra's job log file, not the console under the bar
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
+def _log_model(cfg: Config, task_run: tasks.TaskRun, run: Tracker) -> None:
+    """The released model as the run's ``model`` artifact, or a tag saying why it was not logged."""
+    module, example = task_run.released_model()
+    size_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
+    limit_bytes = cfg.tracking.log_model_max_mib * 2**20
+    if size_bytes > limit_bytes:
+        why = (
+            f"skipped: {units.format_bytes(size_bytes)} > tracking.log_model_max_mib={cfg.tracking.log_model_max_mib:g}"
+        )
+        run.set_tags({"model.logged": why})
+        return
+    run.log_model(module, example)
+    run.set_tags({"model.logged": "true", "model.logged_bytes": size_bytes})
+
+
+def _planned_ledger(plan: RunPlan) -> tuple[Ledger | None, float, tuple[float, ...]]:
+    """The ledger the run has after its last planned step (None without DP), its δ and RDP orders:
+    what :func:`dpsweep.run.prefetch.start` computes ahead."""
+    dp = plan.config.dp
+    return (plan.privacy.ledger if plan.privacy is not None else None), dp.delta, accounting(dp).orders
+
+
+def _finish_privacy(cfg: Config, plan: RunPlan, task_run: tasks.TaskRun, result: TrainResult, run: Tracker) -> None:
+    """Final ε of the task's ledger over the releases and steps actually made, under every
+    accountant, and the ledger itself as the ``privacy_ledger.json`` artifact."""
+    if plan.privacy is None:
+        return
+    bill = task_run.privacy_ledger()
+    how = accounting(cfg.dp)
+    delta = cfg.dp.delta
+    result.ledger = bill
+    result.accountant_history = [
+        (e.params["noise_multiplier"], e.params["sample_rate"], e.params["steps"])
+        for e in bill.entries
+        if e.name == "dpsgd"
+    ]
+    result.epsilons = ledger.epsilons(bill, delta, how.orders)
+    result.epsilon = result.epsilons[cfg.dp.accountant.value]
+    result.delta, result.noise_multiplier = delta, plan.privacy.noise_multiplier
+    result.sample_rate = plan.privacy.sample_rate
+    run.log_metrics({f"epsilon_{name}": eps for name, eps in result.epsilons.items()}, step=cfg.train.epochs)
+    unit, neighbours = cfg.dp.unit.value, ledger.NEIGHBOURS_OF[cfg.dp.mechanism.value]
+    record = ledger.to_json(bill, delta, how, result.epsilons, unit=unit, neighbours=neighbours)
+    run.log_text(json.dumps(record, indent=2), PRIVACY_LEDGER)
+    run.set_tags({
+        "dp.steps": result.steps, "dp.sample_rate": result.sample_rate, "dp.conversion": how.conversion,
+        "dp.unit": unit, "dp.neighbours": neighbours, "dp.events": len(bill.entries),
+        "dp.mechanism": cfg.dp.mechanism.value,
+    })  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# what the MLflow run records about its config
+# ---------------------------------------------------------------------------------------------
+def run_name(cfg: Config, sigma: float | None) -> str:
+    """A readable MLflow run name, e.g. ``digits-cnn-σ1.1-C1-B64-e10-s0`` (``nodp`` without DP; ``Cq0.5`` and
+    ``Ca0.5``: C from the private 0.5 quantile, or adaptive towards it)."""
+    dp = cfg.dp
+    clip = f"C{dp.max_grad_norm:g}" if dp.clipping == "fixed" else f"C{dp.clipping.value[0]}{dp.clip_quantile:g}"
+    privacy_part = f"σ{sigma:.3g}-{clip}" if sigma is not None else "nodp"
+    t = cfg.train
+    what = cfg.model.name if cfg.task.name == "classifier" else cfg.task.name  # the default task: its model
+    name = f"{cfg.dataset.name}-{what}-{privacy_part}-B{t.batch_size}-e{t.epochs}-s{t.seed}"
+    return name if cfg.sweep.trial is None else f"trial{cfg.sweep.trial}-{name}"
+
+
+def _named(cfg: Config, plan: RunPlan) -> Any:
+    """The tracking config with a run name (MLflow's random names repeat here: seeding resets Python's RNG)."""
+    if cfg.tracking.run_name is not None:
+        return cfg.tracking
+    prefix = "probe-" if cfg.train.probe else ""
+    return dataclasses.replace(cfg.tracking, run_name=prefix + run_name(cfg, plan.noise_multiplier))
+
+
+def sweep_tags(cfg: Config) -> dict[str, Any]:
+    """Tags that place a run in its sweep: the sweep id, the parent run (so MLflow shows a tree),
+    the Optuna study and trial, and the trial of a private tuning."""
+    s = cfg.sweep
+    tags = {
+        "sweep.id": s.id, "mlflow.parentRunId": s.parent_run_id, "optuna.study": s.study, "optuna.trial": s.trial,
+        "tuning.trial": s.tuning_trial,
+    }  # fmt: skip
+    return {k: v for k, v in tags.items() if v is not None}
+
+
+def run_tags(plan: RunPlan, data: datasets.DataSplits, device: torch.device, backend: str) -> dict[str, Any]:
+    cfg = plan.config
+    tags: dict[str, Any] = {
+        **environment_tags(device),
+        "memory.backend": backend,
+        # which batch the memory stages are of: with DP, exactly B examples in an iteration that is then
+        # undone (a Poisson batch's size is private); without, the first training batch
+        "memory.batch": "exact-B" if cfg.dp.enabled or cfg.train.probe else "first-batch",
+        "dataset.n_train": data.n_train,
+        "dataset.n_test": len(data.test),  # type: ignore[arg-type]
+        "dataset.input_shape": "x".join(map(str, data.input_shape)),  # C x H x W of one example
+        "dp.enabled": cfg.dp.enabled,
+        "config.hash": plan.config_hash,
+        "task.name": cfg.task.name,
+    }
+    if cfg.train.probe:
+        tags["probe"] = "true"
+    if plan.physical_batch_size is not None:
+        tags["train.physical_batch_size_used"] = plan.physical_batch_size
+    tags |= sweep_tags(cfg)
+    if plan.privacy is not None:
+        tags |= {
+            "dp.delta": cfg.dp.delta, "dp.accountant": cfg.dp.accountant.value, "dp.secure_mode": cfg.dp.secure_mode,
+            # without secure mode, train.seed (logged) regenerates the noise and the sampling
+            "dp.release": "ok" if cfg.dp.secure_mode else "not-for-release",
+            "dp.grad_sample_mode": cfg.dp.grad_sample_mode.value,
+        }  # fmt: skip
+        if plan.privacy.calibrated:
+            tags["dp.noise_multiplier_calibrated"] = plan.privacy.noise_multiplier
+    return tags
+
+
+def run_params(plan: RunPlan) -> dict[str, Any]:
+    """MLflow params: what determines the run's result (:func:`dpsweep.config.identity` of the
+    flattened resolved config, σ as calibrated). Without DP only ``dp.enabled`` is kept, since σ, C,
+    δ and the accountant have no effect on a non-private run. Settings that do not change the
+    result (launcher, sweep, tracking, paths, progress bars) are :func:`setting_tags`."""
+    params = identity(flatten(plan.config))
+    if plan.privacy is None:
+        return params
+    return params | {"dp.noise_multiplier": plan.privacy.noise_multiplier}
+
+
+def setting_tags(plan: RunPlan) -> dict[str, Any]:
+    """The config's settings that do not change the result (:func:`dpsweep.config.settings`), as tags
+    (same dotted keys): so that the MLflow UI's params are the hyperparameters alone. ``config.yaml``
+    holds both."""
+    return settings(flatten(plan.config))
+
+
+def resolved_yaml(plan: RunPlan) -> str:
+    """The config as it ran (σ as calibrated), for the run's ``config.yaml`` artifact."""
+    config = plan.config
+    if plan.privacy is not None:
+        config = dataclasses.replace(
+            config, dp=dataclasses.replace(config.dp, noise_multiplier=plan.privacy.noise_multiplier)
+        )
+    return OmegaConf.to_yaml(structured(config))

@@ -1,0 +1,1 @@
+"""``task=gan``: private synthetic data from a conditional DP-WGAN-GP."""

@@ -1,0 +1,277 @@
+"""``task=gan``: private synthetic data from a conditional DP-WGAN-GP (dp-GAN), scored by TSTR accuracy.
+
+    dpsweep task=gan dp.noise_multiplier=1.0 train.epochs=60
+    dpsweep experiment=dpgan_digits                      # the tuned preset (see its header)
+
+dp-GAN (Zhang, Ji & Wang 2018, "Differentially Private Releasing via Deep Generative Model", Alg. 1)
+on WGAN-GP (Gulrajani et al. 2017). Each **critic step** takes a Poisson sample of the training set
+at q = 1/ceil(N/B) (Opacus's loader convention, so an epoch is ceil(N/B) critic steps and ε per
+epoch is DP-SGD's), pairs each real example (x_i, y_i) with a fake G(z_i, y_i) and ρ_i ~ U[0, 1],
+and steps Adam on the noisy mean of the clipped per-example gradients of the whole critic loss,
+gradient penalty included (``dpsweep.tasks.gan.critic``): one Poisson-subsampled Gaussian event in the run's
+ledger per critic step. Every ``gan.n_critic`` critic steps the **generator** takes a plain Adam
+step on -D(G(z, y)) with public random labels: it never reads data, so it is post-processing.
+
+Without DP (``dp=off``) the critic steps on the mean gradient of shuffled batches of B.
+
+Evaluation (``dpsweep.tasks.gan.synthetic``) at the end: a labelled synthetic set of N examples, the TSTR
+accuracy of the model group's classifier trained on it (chosen on a synthetic split, scored on the
+real test split), the memorisation share, and, without DP only, the same classifier trained on the
+real training split (``real_accuracy``: the reference row). Artifacts: a 10 x 10 sample grid every
+``gan.grid_every`` epochs and at the end (``samples/epoch_NNN.png``), the generator's weights
+(``generator.pt``) and the synthetic set (``synthetic.npz``); the run's ``model`` is the generator.
+
+With ``gan.snapshots`` = K > 1 the generator (its moving average with ``gan.generator_ema``) is
+kept at the end of every ``gan.snapshot_every``-th epoch and of the last, in a ring of K; the
+synthetic set, TSTR, ``generator.pt`` (``{"mixture": [...]}``) and the model (rows [z | class |
+member]) are then the uniform mixture of the kept ones. Post-processing: they are functions of the
+critic's noisy steps alone.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpsweep.data import device as device_data
+from dpsweep.data import loaders as datasets
+from dpsweep.models import classifiers as model_zoo
+from dpsweep.privacy import ledger
+from dpsweep.tasks import TASKS, Checkpointed, Marks, RunInputs, Stages
+from dpsweep.tasks.gan import critic as dpgan
+from dpsweep.tasks.gan import synthetic
+from dpsweep.tasks.gan.models import CodeGenerator, ConditionalGan
+from dpsweep.tracking import Tracker
+
+EVAL_SEED_OFFSET = 7_919  # the evaluation's draws (grids, synthetic set, TSTR) use their own generators
+
+
+class GanTask:
+    def build(self, inputs: RunInputs) -> GanRun:
+        return GanRun(inputs)
+
+
+TASKS.register("gan")(GanTask())
+
+
+class GanRun:
+    """One DP-WGAN-GP run (see :class:`dpsweep.tasks.TaskRun`)."""
+
+    # The critic's loss on the Poisson batches reads real examples without noise: not released with DP.
+    private_metrics = ("critic_loss",)
+
+    def __init__(self, inputs: RunInputs) -> None:
+        self.inputs, self.cfg, self.device = inputs, inputs.cfg, inputs.device
+        g = self.cfg.gan
+        assert g is not None  # task=gan's config has its gan section (dpsweep.config.validate)
+        self.settings = g
+        self.num_classes = inputs.data.num_classes
+        self.gan = ConditionalGan(
+            g.latent_dim, g.generator_width, g.critic_width, self.num_classes,
+            datasets.value_range(self.cfg.dataset.name), g.generator_ema, g.snapshots,
+        )  # fmt: skip
+        self.run: Tracker | None = None
+
+    def tags(self) -> dict[str, Any]:
+        tags: dict[str, Any] = {
+            "gan.generator_params": model_zoo.trainable_parameters(self.gan.generator),
+            "gan.critic_params": model_zoo.trainable_parameters(self.gan.critic),
+            "model.trainable_params": model_zoo.trainable_parameters(self.gan),
+        }
+        if self.cfg.dp.enabled and self.settings.memorisation_check:
+            # memorisation_share reads the training images without noise: a release ε does not cover
+            tags |= {"dp.release": "not-for-release", "dp.outside_ledger": "memorisation_share"}
+        return tags
+
+    def start(self, run: Tracker) -> Checkpointed:
+        cfg, device, g = self.cfg, self.device, self.settings
+        self.run = run
+        self.gan.to(device)
+        self.optimizer = torch.optim.Adam(
+            [
+                {"params": list(self.gan.critic.parameters()), "lr": g.critic_lr},
+                {"params": list(self.gan.generator.parameters()), "lr": g.generator_lr},
+            ],
+            betas=(float(g.betas[0]), float(g.betas[1])),
+        )
+        x, y = (t.to(device) for t in device_data.materialize(self.inputs.data.train))
+        self.train_x, self.train_y = x, y
+        self.generator = device_data.device_generator(device, cfg.train.seed)
+        self.batches: device_data.PoissonBatches | device_data.ShuffledBatches
+        if self.inputs.plan.privacy is not None:
+            q = self.inputs.plan.privacy.poisson_rate
+            self.batches = device_data.PoissonBatches(x, y, sample_rate=q, device=device, generator=self.generator)
+        else:
+            self.batches = device_data.ShuffledBatches(
+                x, y, batch_size=cfg.train.batch_size, device=device, generator=self.generator
+            )
+        return Checkpointed(self.gan, self.optimizer, None, self.generator)
+
+    @property
+    def critic_steps(self) -> int:
+        return int(self.gan.critic_steps)
+
+    def done(self) -> bool:
+        """Every planned critic step is taken (fewer than train.epochs' with gan.stop_at_budget)."""
+        return self.critic_steps >= self.inputs.plan.steps
+
+    # ------------------------------------------------------------------ training
+    def _critic_step(self, x: torch.Tensor, y: torch.Tensor, stages: Marks) -> torch.Tensor:
+        """One critic step on the batch (x, y): the examples' losses ℓ_i (un-noised)."""
+        gan, g, plan = self.gan, self.settings, self.inputs.plan
+        self.optimizer.zero_grad(set_to_none=True)
+        stages.mark("batch_load")
+        with torch.no_grad():
+            fake = gan.generator(torch.randn(len(y), g.latent_dim, device=self.device), y)
+        rho = torch.rand(len(y), 1, 1, 1, device=self.device)
+        stages.mark("forward")
+        if plan.privacy is not None:
+            step = dpgan.CriticStep(
+                g.gp_weight, self.cfg.dp.max_grad_norm, plan.privacy.noise_multiplier,
+                plan.privacy.poisson_rate * plan.facts.n_train,
+            )  # fmt: skip
+            grads, losses = dpgan.private_critic_gradient(gan.critic, x, y, fake, rho, step)
+        else:
+            grads, losses = dpgan.critic_gradient(gan.critic, x, y, fake, rho, g.gp_weight)
+        stages.mark("backward")
+        for name, p in gan.critic.named_parameters():
+            p.grad = grads[name]
+        self.optimizer.step()  # Adam skips the generator: its gradients are None
+        stages.mark("optimizer_step")
+        return losses
+
+    def _generator_step(self) -> float:
+        """One generator step on -D(G(z, y)), y uniform over the classes (public): post-processing."""
+        gan, g = self.gan, self.settings
+        self.optimizer.zero_grad(set_to_none=True)
+        size = self.cfg.train.batch_size
+        labels = torch.randint(0, self.num_classes, (size,), device=self.device)
+        loss = -gan.critic(gan.generator(torch.randn(size, g.latent_dim, device=self.device), labels), labels).mean()
+        loss.backward()
+        for p in gan.critic.parameters():
+            p.grad = None  # the critic's step is the private one only
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        gan.update_average()
+        return float(loss.detach())
+
+    def train_epoch(self, epoch: int, stages: Stages) -> dict[str, float]:
+        critic_sum, seen, generator_losses = torch.zeros((), device=self.device), 0, []
+        for x, y in self.batches:
+            if self.done():
+                break
+            losses = self._critic_step(x, y, stages)
+            self.gan.critic_steps += 1
+            stages.stepped()
+            critic_sum += losses.sum()
+            seen += len(losses)
+            if self.critic_steps % self.settings.n_critic == 0:
+                generator_losses.append(self._generator_step())
+        if epoch % self.settings.snapshot_every == 0 or self.done():  # the last epoch's generator always joins
+            self.gan.take_snapshot()
+        metrics = {"critic_loss": float(critic_sum) / max(seen, 1), "critic_steps": float(self.critic_steps)}
+        if generator_losses:
+            metrics["generator_loss"] = float(np.mean(generator_losses))
+        return metrics
+
+    # ------------------------------------------------------------------ evaluation
+    def _rng(self, salt: int) -> torch.Generator:
+        return torch.Generator().manual_seed(self.cfg.train.seed * 100_003 + EVAL_SEED_OFFSET + salt)
+
+    def evaluate(self, epoch: int, final: bool) -> dict[str, float]:
+        """Sample grids every gan.grid_every epochs and at the end; at the end, the synthetic set and its scores."""
+        assert self.run is not None
+        if final or epoch % self.settings.grid_every == 0:
+            grid = synthetic.image_grid(self.gan.sampler, self.num_classes, self._rng(epoch), self.device)
+            self.run.log_image(grid, f"samples/epoch_{epoch:03d}.png")
+        if not final:
+            return {}
+        return self._final_scores()
+
+    def _final_scores(self) -> dict[str, float]:
+        assert self.run is not None
+        cfg, g, data = self.cfg, self.settings, self.inputs.data
+        n = data.n_train
+        x, y = synthetic.sample(self.gan.mixture, n, self.num_classes, self._rng(-1), self.device)
+        test = device_data.materialize(data.test)
+        recipe = synthetic.Recipe(g.tstr_epochs, g.tstr_lr, g.tstr_batch_size, g.tstr_val_fraction)
+
+        def classifier() -> torch.nn.Module:
+            return model_zoo.build(cfg.model, data.input_shape, self.num_classes)
+
+        tstr = synthetic.tstr_accuracy(classifier, (x, y), test, recipe, cfg.train.seed, self.device)
+        scores = {"tstr_accuracy": tstr.accuracy, "tstr_val_accuracy": tstr.val_accuracy, "tstr_epoch": tstr.epoch}
+        real = (self.train_x.cpu(), self.train_y.cpu())
+        if g.memorisation_check:
+            scores["memorisation_share"] = synthetic.memorisation_share(
+                x, real[0], test[0], g.memorisation_samples, self._rng(-2)
+            )
+            scores["memorisation_baseline"] = synthetic.memorisation_baseline(len(real[1]), len(test[1]))
+        if not cfg.dp.enabled:  # the reference row: the same recipe on the real training split (non-private)
+            scores["real_accuracy"] = synthetic.tstr_accuracy(
+                classifier, real, test, recipe, cfg.train.seed, self.device
+            ).accuracy
+        self._log_artifacts(x, y)
+        return scores
+
+    def _log_artifacts(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        assert self.run is not None
+        with tempfile.TemporaryDirectory(prefix="dpsweep-gan-") as tmp:
+            weights, samples = Path(tmp) / "generator.pt", Path(tmp) / "synthetic.npz"
+            members = [{k: v.cpu() for k, v in g.state_dict().items()} for g in self.gan.mixture]
+            torch.save(members[0] if len(members) == 1 else {"mixture": members}, weights)
+            np.savez_compressed(samples, x=x.numpy().astype(np.float32), y=y.numpy().astype(np.int64))
+            self.run.log_file(weights)
+            self.run.log_file(samples)
+
+    # ------------------------------------------------------------------ memory and probes
+    def _exact_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exactly train.batch_size training examples (a Poisson batch's size is private; B is not)."""
+        pick = torch.randperm(len(self.train_y), generator=torch.Generator().manual_seed(self.cfg.train.seed))
+        pick = pick[: self.cfg.train.batch_size].to(self.device)
+        return self.train_x[pick], self.train_y[pick]
+
+    def memory_iteration(self, stages: Marks) -> None:
+        rng = torch.get_rng_state(), torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None
+        saved = io.BytesIO()  # as bytes, not tensors: the CPU twin's census would count a copy held as tensors
+        torch.save(self.gan.state_dict(), saved)
+        optimizer_state = copy.deepcopy(self.optimizer.state_dict())
+        self._critic_step(*self._exact_batch(), stages)
+        self.optimizer.zero_grad(set_to_none=True)
+        saved.seek(0)
+        self.gan.load_state_dict(torch.load(saved, map_location=self.device))
+        self.optimizer.load_state_dict(optimizer_state)
+        torch.set_rng_state(rng[0])
+        if rng[1] is not None:
+            torch.cuda.set_rng_state_all(rng[1])
+
+    def probe(self, stages: Stages) -> dict[str, float]:
+        """One critic step on exactly train.batch_size examples."""
+        self._critic_step(*self._exact_batch(), stages)
+        stages.stepped()
+        return {}
+
+    # ------------------------------------------------------------------ what the run releases
+    def released_model(self) -> tuple[torch.nn.Module, np.ndarray]:
+        """The generator, or the mixture that made the synthetic set (the critic, trained on data, is
+        not released), as a one-input module: a row is [z | class] (a mixture: [z | class | member])."""
+        released = CodeGenerator([model_zoo.released_copy(g) for g in self.gan.mixture])
+        return released, np.zeros((1, released.code_width), dtype=np.float32)
+
+    def trained_model(self) -> torch.nn.Module:
+        return self.gan.eval()
+
+    def privacy_ledger(self) -> ledger.Ledger:
+        privacy = self.inputs.plan.privacy
+        if privacy is None:
+            return ledger.Ledger()
+        return ledger.from_history([(privacy.noise_multiplier, privacy.poisson_rate, self.critic_steps)])
+
+    def params(self) -> dict[str, Any]:
+        return {}

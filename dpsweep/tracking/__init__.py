@@ -1,0 +1,420 @@
+"""MLflow tracking: one run per training job that always ends FINISHED, FAILED or KILLED.
+
+    with tracked_run(TrackingConfig(), tags={"dataset.name": "digits"}) as run:
+        run.log_params({"train.batch_size": 64})
+        run.log_metrics({"test_accuracy": 0.93}, step=1)
+
+A run that raises ends FAILED with the error in the tags ``error`` and ``error.type`` and the
+traceback as the artifact ``error.txt``; an interrupted one (Ctrl-C, SystemExit) ends KILLED.
+Out-of-memory failures are tagged ``failure.kind=oom``, since they are data for memory models.
+
+This module does not import MLflow: what talks to the store (:mod:`dpsweep.tracking.store`) runs in the
+tracking process (:mod:`dpsweep.tracking.channel`), which imports MLflow while this one imports torch.
+A run's logging calls return at once; the run waits for them all before it ends, and ends FAILED if
+one of them failed. The functions at the end (``runs_by_hash`` ...) are the sweep driver's questions
+to the store, answered by the same process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from dpsweep.config import TrackingConfig
+from dpsweep.process.liveness import ProcessId, heartbeat
+from dpsweep.tracking.channel import service
+
+if TYPE_CHECKING:  # torch is imported where it is used: tracking alone (a sweep's driver) stays light
+    import torch
+
+FAILURE_TAGS = frozenset({"error", "error.type", "failure.kind"})  # set when a run fails or is interrupted
+# A RUNNING run names its process (host:pid:start, see dpsweep.process.liveness) and beats every HEARTBEAT_S,
+# so that a later command can tell a live run from one whose process died (dpsweep.tracking.dead_runs).
+PROCESS_TAG = "run.process"
+HEARTBEAT_TAG = "run.heartbeat"  # unix seconds of the last beat
+HEARTBEAT_S = 30.0
+STALE_AFTER_S = 10 * HEARTBEAT_S  # a run of another host with no beat for this long is dead
+MAX_TAG_CHARS = 5000  # MLflow's limit on tag values is 8000 characters
+MAX_PARAM_CHARS = 6000  # MLflow's limit on param values
+
+
+class RunEnded(Exception):
+    """Raised inside a run to end it early with a given status and tags (e.g. a pruned trial)."""
+
+    def __init__(self, message: str, status: str, tags: Mapping[str, str]) -> None:
+        super().__init__(message)
+        self.status = status
+        self.tags = dict(tags)
+
+
+class Tracker:
+    """Logs to one MLflow run by id (no global 'active run' state), through the tracking process:
+    each call returns at once; :meth:`flush` waits for them all and raises the first error."""
+
+    def __init__(self, uri: str, run_id: str) -> None:
+        self.uri = uri
+        self.run_id = run_id
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        service().post("log_params", self.uri, self.run_id, {k: str(v) for k, v in params.items()})
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
+        service().post("log_metrics", self.uri, self.run_id, {k: float(v) for k, v in metrics.items()}, step, _now_ms())
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        service().post("set_tags", self.uri, self.run_id, {k: str(v) for k, v in tags.items()})
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        service().post("log_text", self.uri, self.run_id, text, artifact_file)
+
+    def log_image(self, image: Any, artifact_file: str) -> None:
+        """An (H, W) or (H, W, 3) uint8 array as a PNG artifact (MLflow's image viewer shows it)."""
+        service().post("log_image", self.uri, self.run_id, image, artifact_file)
+
+    def log_file(self, local_path: str | Path, artifact_path: str | None = None) -> None:
+        """A local file as an artifact, under ``artifact_path`` (a folder of the run's artifacts).
+        Waits until it is stored: the caller may delete the file next."""
+        service().call("log_file", self.uri, self.run_id, str(local_path), artifact_path)
+
+    def log_model(self, module: Any, input_example: Any, artifact_path: str = "model") -> None:
+        """A torch module (on the CPU) as an MLflow PyTorch-flavour model (``MLmodel``, weights,
+        signature from the input example and the module's output), under the run's ``artifact_path``:
+        ``mlflow.pytorch.load_model(f"runs:/{run_id}/model")`` loads it (with dpsweep importable).
+        The module is pickled now (posts are), so later changes to it are not logged."""
+        import torch
+
+        with torch.no_grad():
+            output = module(torch.as_tensor(input_example)).numpy()
+        version = importlib.metadata.version("torch")
+        service().post("log_model", self.uri, self.run_id, module, input_example, output, artifact_path, version)
+
+    def log_dataset_splits(self, description: Mapping[str, Any], sizes: Mapping[str, int]) -> str:
+        """Each split of the dataset (``sizes``: split -> examples, e.g. ``{"train": 1437, "test": 360}``)
+        as an MLflow dataset input of the run (the UI's Dataset column), context-tagged with the split.
+        ``description`` is the dataset's config (name, root, image size, split seed, …).
+
+        The digest is of that description and the sizes, not of the examples: a hash of the private
+        training data would let anyone holding a candidate dataset test whether it was used, a release
+        no accountant covers. Returns the digest (12 hex digits)."""
+        public = {str(k): str(v) for k, v in description.items()} | {f"n_{k}": str(v) for k, v in sizes.items()}
+        digest = hashlib.sha256(json.dumps(public, sort_keys=True).encode()).hexdigest()[:12]
+        service().post("log_dataset_splits", self.uri, self.run_id, public, digest, list(sizes))
+        return digest
+
+    def flush(self) -> None:
+        """Wait until everything logged so far is stored; raise the first error among it."""
+        service().flush()
+
+
+@contextmanager
+def system_metrics(
+    run_id: str, uri: str, after_s: float | None, interval_s: float = 10.0, private: bool = False
+) -> Iterator[None]:
+    """MLflow's system metrics (CPU, memory, disk, network, and GPU where pynvml finds one) logged to
+    ``run_id`` every ``interval_s``, from ``after_s`` seconds into the block (None: never), by the
+    tracking process. The delay keeps short runs (tests, probes) free of them; a run longer than it
+    gets them for the rest. A ``private`` (DP) run logs no GPU memory: it follows the sizes of the
+    run's Poisson batches (``mlflow_store.GPU_MEMORY_METRIC``)."""
+    if after_s is None:
+        yield
+        return
+    service().post("start_system_metrics", run_id, uri, after_s, interval_s, private)
+    try:
+        yield
+    finally:  # stop its thread, flush its last sample
+        service().post("stop_system_metrics", run_id)
+
+
+DEFAULT_URI = TrackingConfig.uri  # dpsweep's default store (sqlite:///mlflow.db), relative to where it ran
+
+
+UI_ADDRESS = "http://127.0.0.1:5000"  # where `mlflow ui` (make ui) serves by default
+
+
+def ui_url(server: str, experiment_id: str) -> str:
+    """The MLflow UI page of an experiment's training runs. MLflow 3's UI opens experiments in its
+    GenAI view (traces, token usage) unless the page asks for the model-training one, whatever the
+    experiment's kind: ``workflowType=machine_learning`` does (checked in a real browser)."""
+    return f"{server.rstrip('/')}/#/experiments/{experiment_id}?workflowType=machine_learning"
+
+
+def next_steps(uri: str, experiment: str, sweep_id: str | None = None) -> str:
+    """The line a finished run or sweep ends with: the report command for its runs, and how to browse
+    them (the command that serves the UI, for a local store, and the page of the experiment's runs)."""
+    report = f"dpsweep-report --experiment {experiment}" + (f" --sweep {sweep_id}" if sweep_id else "")
+    if uri != DEFAULT_URI:
+        report += f" --tracking-uri {uri}"
+    local = urlparse(uri).scheme in ("sqlite", "file", "")
+    browse = f"mlflow ui --backend-store-uri {uri}" + (" (make ui)" if uri == DEFAULT_URI else "") if local else uri
+    try:
+        found = service().call("experiment_of", uri, experiment)
+    except Exception:  # the line is a hint: a store that cannot be read now just gets no page
+        found = None
+    if found is not None:
+        browse += f", then open {ui_url(UI_ADDRESS if local else uri, found)}"
+    return f"dpsweep: next: {report}; browse the runs: {browse}"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A sweep job's claim on its config: the config hash, and its owner (the sweep id), so that a
+    requeued job of the same sweep does not mistake its own earlier run for another's."""
+
+    config_hash: str
+    owner: str | None = None
+
+
+OWNER_TAG = "claim.owner"
+
+
+class Claimed(Exception):
+    """Another run holds the config: FINISHED, or RUNNING in a live process."""
+
+    def __init__(self, run_id: str, status: str) -> None:
+        super().__init__(f"already {status} as run {run_id}")
+        self.run_id, self.status = run_id, status
+
+    def __reduce__(self) -> tuple[Any, ...]:  # raised in the tracking process, re-raised in the run's
+        return (type(self), (self.run_id, self.status))
+
+
+def why_dead(tags: dict[str, str], now_s: float) -> str | None:
+    """Why a RUNNING run's process is gone (None: alive, or nothing to judge by)."""
+    process = ProcessId.parse(tags.get(PROCESS_TAG, ""))
+    if process is None:
+        return None
+    alive = process.alive()
+    if alive is False:
+        return f"its process {process.token} is no longer running"
+    beat = tags.get(HEARTBEAT_TAG)
+    if alive is None and beat is not None and now_s - float(beat) > STALE_AFTER_S:
+        return f"no heartbeat from {process.token} for {now_s - float(beat):.0f} s (> {STALE_AFTER_S:.0f} s)"
+    return None
+
+
+# MLflow 3's UI opens an experiment by its kind; without one it guesses, and an experiment of
+# training runs can open on an empty GenAI traces page. dpsweep's are model training.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
+
+def _is_oom(err: BaseException) -> bool:
+    if isinstance(err, MemoryError) or "out of memory" in str(err).lower():
+        return True
+    torch = sys.modules.get("torch")  # a torch OOM can only come from a process that imported torch
+    return torch is not None and isinstance(err, torch.OutOfMemoryError)
+
+
+@contextmanager
+def tracked_run(
+    cfg: TrackingConfig,
+    tags: Mapping[str, Any] | None = None,
+    resume_run_id: str | None = None,
+    claim: Claim | None = None,
+) -> Iterator[Tracker]:
+    """Start an MLflow run (or reopen ``resume_run_id``, e.g. after a requeue); end it FINISHED,
+    FAILED (error recorded) or KILLED, whatever happens. With ``claim`` (the config hash of a sweep's
+    job) a config another run holds raises :class:`Claimed` before any run is created; so does a
+    ``resume_run_id`` that another live process is running or has finished (two jobs sharing one
+    checkpoint directory, e.g. two identical sweeps started in the same second: the other may finish
+    between this one finding its checkpoint and reopening its run). Everything logged in the block
+    is stored before the run ends FINISHED; a logging call that failed ends it FAILED instead."""
+    process = ProcessId.current().token
+    alive = {PROCESS_TAG: process, HEARTBEAT_TAG: f"{time.time():.0f}"}
+    str_tags = {k: str(v) for k, v in (tags or {}).items()} | alive
+    run_id = str(service().call("begin_run", cfg, str_tags, resume_run_id, claim, process))
+    tracker = Tracker(cfg.uri, run_id)
+    status = "FAILED"
+    try:
+        with heartbeat(lambda: tracker.set_tags({HEARTBEAT_TAG: f"{time.time():.0f}"}), HEARTBEAT_S):
+            yield tracker
+        tracker.flush()
+        status = "FINISHED"
+    except RunEnded as end:  # a planned early end, not a failure: keep what was logged, tag why
+        status = end.status
+        tracker.set_tags(end.tags | {"ended.reason": str(end)})
+        raise
+    except (KeyboardInterrupt, SystemExit) as err:
+        status = "KILLED"
+        _record_failure(tracker, err, kind="interrupted")
+        raise
+    except BaseException as err:
+        _record_failure(tracker, err, kind="oom" if _is_oom(err) else "exception")
+        raise
+    finally:
+        if status != "FINISHED":  # (a finished run flushed above)
+            with contextlib.suppress(Exception):  # already reported (FAILED); the status must still be written
+                tracker.flush()  # what the run logged before it failed, and its failure, are stored first
+        service().call("end_run", cfg.uri, run_id, status)
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (scancel, qdel, preemption) interrupts training, so its MLflow run ends KILLED."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"terminated by signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """Raise ConnectionError, fast, if jobs could not log to ``uri`` (checked before submitting)."""
+    parsed = urlparse(uri)
+    scheme = parsed.scheme.split("+")[0]
+    if scheme == "sqlite":
+        db = Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else Path(parsed.path)
+        folder = db.parent if str(db.parent) else Path(".")
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise ConnectionError(
+                f"tracking.uri={uri}: the directory {folder.absolute()} does not exist or is not writable"
+            )
+    elif scheme in ("http", "https"):
+        health = uri.rstrip("/") + "/health"
+        try:
+            with urllib.request.urlopen(health, timeout=timeout_s) as reply:
+                ok = reply.status == 200
+        except (OSError, ValueError) as err:
+            raise ConnectionError(
+                f"tracking.uri={uri}: no MLflow server answers at {health} ({err}); start one "
+                "(launchers/scripts/mlflow_server_up.sh) or correct the URI"
+            ) from err
+        if not ok:
+            raise ConnectionError(f"tracking.uri={uri}: {health} did not answer OK")
+    elif scheme in ("postgresql", "mysql", "mssql"):
+        default_port = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}[scheme]
+        try:
+            socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or default_port), timeout_s).close()
+        except OSError as err:
+            raise ConnectionError(f"tracking.uri={uri}: cannot connect to the database ({err})") from err
+
+
+def _record_failure(tracker: Tracker, err: BaseException, kind: str) -> None:
+    try:
+        tracker.set_tags(
+            {"error": f"{type(err).__name__}: {err}"[:MAX_TAG_CHARS], "error.type": type(err).__name__,
+             "failure.kind": kind}
+        )  # fmt: skip
+        tracker.log_text("".join(traceback.format_exception(err)), "error.txt")
+    except Exception:  # recording must never hide the original error or keep the run RUNNING
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# the store's answers to a run or a sweep's driver (dpsweep.tracking.store, in the tracking process)
+# ---------------------------------------------------------------------------------------------
+def open_store(uri: str) -> None:
+    """Raise ConfigError unless ``uri`` is an MLflow store, or a place one can be made (then made)."""
+    service().call("open_store", uri)
+
+
+def run_finished(uri: str, run_id: str) -> bool:
+    """Whether the run ``run_id`` exists in the store at ``uri`` and ended FINISHED."""
+    return bool(service().call("run_finished", uri, run_id))
+
+
+def ensure_experiments(pairs: set[tuple[str, str]]) -> None:
+    """Create each (tracking URI, experiment name) once, before jobs fan out."""
+    service().call("ensure_experiments", pairs)
+
+
+def runs_by_hash(uri: str, experiment: str, status: str = "FINISHED") -> dict[str, str]:
+    """{config hash: run id} of the experiment's runs in ``status``
+    (see :func:`dpsweep.tracking.store.runs_by_hash`)."""
+    return dict(service().call("runs_by_hash", uri, experiment, status))
+
+
+def runs_of_sweep(uri: str, experiment: str, sweep_id: str) -> dict[str, str]:
+    """{run id: status} of the runs of a sweep's jobs."""
+    return dict(service().call("runs_of_sweep", uri, experiment, sweep_id))
+
+
+def close_orphaned_runs(uri: str, experiment: str, sweep_id: str) -> list[str]:
+    """Mark KILLED the runs of a finished sweep still RUNNING: their job died without closing them."""
+    return list(service().call("close_orphaned_runs", uri, experiment, sweep_id))
+
+
+def log_results_table(uri: str, experiment: str, sweep_id: str, parent_run_id: str) -> int:
+    """The sweep's jobs as one table on its parent run (see :func:`dpsweep.tracking.store.log_results_table`)."""
+    return int(service().call("log_results_table", uri, experiment, sweep_id, parent_run_id))
+
+
+def release_best(uri: str, experiment: str, sweep_id: str, objective: str) -> tuple[str | None, int]:
+    """Tag the sweep's best FINISHED trial released, the others not; its run id and the number finished."""
+    best, finished = service().call("release_best", uri, experiment, sweep_id, objective)
+    return best, int(finished)
+
+
+def reconcile(uri: str, experiment: str | None) -> list[tuple[str, str, str | None]]:
+    """End KILLED the experiment's dead RUNNING runs (:func:`dpsweep.tracking.dead_runs.reconcile`): each one's
+    (run id, reason, checkpoint removed)."""
+    return list(service().call("reconcile", uri, experiment))
+
+
+@functools.lru_cache(maxsize=1)
+def git_commit() -> str:
+    """Commit of the dpsweep source tree, with ``-dirty`` if it has uncommitted changes, asked once per
+    process (at its first run: an edit during an inline sweep does not change the code it runs)."""
+    here = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here, capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{sha}-dirty" if dirty else sha
+
+
+def device_name(device: torch.device) -> str:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def environment_tags(device: torch.device) -> dict[str, str]:
+    import opacus
+    import torch
+
+    return {
+        "git.commit": git_commit(),
+        "torch.version": torch.__version__,
+        "opacus.version": opacus.__version__,
+        "device.name": device_name(device),
+        "job.pid": str(os.getpid()),  # the process the run trained in (memory probes: one each)
+    }

@@ -1,0 +1,69 @@
+"""Close the runs whose process died: RUNNING in MLflow, gone in fact (a killed sweep driver, a job
+killed with SIGKILL or by the OOM killer, a node that went down).
+
+    dpsweep-runs reconcile --experiment demo        # by hand (dpsweep.cli.runs)
+    reconcile(uri, "demo")                          # what dpsweep -m and dpsweep-report do first
+
+A run is dead when its process (tag ``run.process``, host:pid:start) is not running on this host, or,
+for a run of another host, when its heartbeat (tag ``run.heartbeat``) is older than
+:data:`dpsweep.tracking.STALE_AFTER_S`. A dead run is ended KILLED with ``failure.kind=dead`` and the reason in
+``error``, and its checkpoint (``train.checkpoint_dir``), which holds the RNG state that generated
+its noise and batches, is deleted. Runs of older versions, which carry neither tag, are left alone.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dpsweep.tracking import why_dead
+from dpsweep.tracking.store import open_client, retry_busy, set_tags
+
+
+@dataclass(frozen=True)
+class DeadRun:
+    run_id: str
+    reason: str
+    checkpoint_removed: str | None = None  # the checkpoint file deleted with it
+
+
+def reconcile(uri: str, experiment: str | None = None, dry_run: bool = False) -> list[DeadRun]:
+    """End KILLED every dead RUNNING run of ``experiment`` (every experiment when None); returns them."""
+    client = open_client(uri)
+    if experiment is None:
+        ids = [e.experiment_id for e in client.search_experiments()]
+    else:
+        found = client.get_experiment_by_name(experiment)
+        ids = [found.experiment_id] if found is not None else []
+    if not ids:
+        return []
+    running = client.search_runs(ids, filter_string="attributes.status = 'RUNNING'", max_results=50000)
+    now_s = time.time()
+    dead = []
+    for run in running:
+        reason = why_dead(run.data.tags, now_s)
+        if reason is None:
+            continue
+        removed = None
+        if not dry_run:
+            set_tags(uri, run.info.run_id, {"error": f"found dead: {reason}", "failure.kind": "dead"})
+            retry_busy(lambda run=run: client.set_terminated(run.info.run_id, "KILLED"))  # type: ignore[misc]
+            removed = _remove_checkpoint(run)
+        dead.append(DeadRun(run.info.run_id, reason, removed))
+    return dead
+
+
+def _remove_checkpoint(run: Any) -> str | None:
+    """Delete the dead run's checkpoint (only if it is that run's: another may have resumed since)."""
+    from dpsweep.run import checkpoint  # torch: only when a dead run has a checkpoint directory
+
+    directory = run.data.params.get("train.checkpoint_dir")
+    if not directory or directory == "None":
+        return None
+    state = checkpoint.peek_any(Path(directory))
+    if state is None or state.run_id != run.info.run_id:
+        return None
+    checkpoint.remove(Path(directory))
+    return str(Path(directory) / checkpoint.FILENAME)

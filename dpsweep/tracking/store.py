@@ -1,0 +1,490 @@
+"""The MLflow side of tracking: every function that talks to an MLflow store, with plain arguments.
+
+    python -m dpsweep.tracking.child <fd> ...     # runs these, for a run's process (dpsweep.tracking.channel)
+    from dpsweep.tracking.store import runs_by_hash  # or in the process of a command that reads a store
+
+A run's process logs through :mod:`dpsweep.tracking`, which hands these functions to the tracking
+process by name, so that it never imports MLflow itself (issue 19). Commands that read or mend a
+store (``dpsweep-report``, ``dpsweep-runs``, ``dpsweep-plan``, ``dpsweep-memory``) call them directly.
+
+The run ops (:func:`begin_run` ... :func:`end_run`) take the tracking URI and the run id each time;
+one client per URI is kept. Local sqlite stores are written under :func:`store_lock` where several
+processes must not interleave, and every write retries while SQLite reports itself busy.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import logging
+import os
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import mlflow
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from dpsweep.config import ConfigError, TrackingConfig
+from dpsweep.tracking import (
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
+    FAILURE_TAGS,
+    MAX_PARAM_CHARS,
+    MAX_TAG_CHARS,
+    OWNER_TAG,
+    PROCESS_TAG,
+    Claim,
+    Claimed,
+    why_dead,
+)
+
+_READY: set[str] = set()  # tracking URIs whose store this process has opened
+BUSY_RETRIES = 8  # attempts of a write that SQLite refused as "database is locked"
+
+
+@contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """An exclusive lock on a local sqlite store (a file ``<db>.lock`` beside it), for what must not
+    interleave between processes: creating the store, claiming a config. No-op for other stores."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    db = Path(uri[len("sqlite:///") :])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+def open_client(uri: str) -> MlflowClient:
+    """A client of ``uri`` whose store exists. A new sqlite store is created (its schema and
+    migrations) under :func:`store_lock`: MLflow's migrations collide when several processes open a
+    fresh database at once, and the loser can leave it broken for good."""
+    if uri not in _READY and uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///") :])
+        if not os.access(db.parent if str(db.parent) else Path("."), os.W_OK):
+            raise ConfigError(
+                "tracking.uri", uri, f"a database in a directory dpsweep can write ({db.parent.absolute()})"
+            )
+        with store_lock(uri):
+            try:
+                retry_busy(lambda: MlflowClient(uri).search_experiments(max_results=1))
+            except Exception as err:  # SQLAlchemy's DatabaseError ("file is not a database"), MLflow's own
+                raise ConfigError(
+                    "tracking.uri", uri, f"an MLflow database, or a path where one can be made: {db} is not one ({err})"
+                ) from err
+    _READY.add(uri)
+    return MlflowClient(uri)
+
+
+def _holder(client: MlflowClient, experiment: str, claim: Claim) -> Any:
+    """The run that holds the claimed config in the experiment: FINISHED, or RUNNING and alive, and
+    not an earlier run of the same job (a requeue)."""
+    for run in client.search_runs([experiment], filter_string=f"tags.`config.hash` = '{claim.config_hash}'"):
+        tags = run.data.tags
+        if tags.get("sweep.role") == "parent" or (claim.owner is not None and tags.get(OWNER_TAG) == claim.owner):
+            continue
+        if run.info.status == "FINISHED" or (
+            run.info.status == "RUNNING" and PROCESS_TAG in tags and why_dead(tags, time.time()) is None
+        ):
+            return run
+    return None
+
+
+def _create_run(client: MlflowClient, cfg: TrackingConfig, tags: dict[str, str], claim: Claim | None) -> Any:
+    """A new run; with a ``claim``, only if no other run holds that config, checked and created under
+    :func:`store_lock` so that two jobs of one config cannot both start it (a remote tracking server
+    has no such lock: there the check narrows the window but cannot close it)."""
+    exp = experiment_id(client, cfg.experiment_name)
+    tags = source_tags() | tags
+    if claim is None:
+        return retry_busy(lambda: client.create_run(exp, run_name=cfg.run_name, tags=tags))
+    if claim.owner is not None:
+        tags = tags | {OWNER_TAG: claim.owner}
+    with store_lock(cfg.uri):
+        holder = _holder(client, exp, claim)
+        if holder is not None:
+            raise Claimed(holder.info.run_id, holder.info.status)
+        return retry_busy(lambda: client.create_run(exp, run_name=cfg.run_name, tags=tags))
+
+
+T = TypeVar("T")
+
+
+def retry_busy(call: Callable[[], T]) -> T:
+    """``call()``, retried with exponential backoff (0.05 s doubling, BUSY_RETRIES attempts) while
+    SQLite answers "database is locked" or "busy": concurrent jobs writing one local store."""
+    for attempt in range(BUSY_RETRIES):
+        try:
+            return call()
+        except Exception as err:  # MlflowException and SQLAlchemy's OperationalError both carry the text
+            text = str(err).lower()
+            if attempt == BUSY_RETRIES - 1 or ("database is locked" not in text and "busy" not in text):
+                raise
+            time.sleep(0.05 * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def experiment_id(client: MlflowClient, name: str) -> str:
+    """Id of the experiment ``name``, created if missing (safe when several jobs race), and marked as
+    a model-training experiment for MLflow's UI unless it has a kind already."""
+    found = client.get_experiment_by_name(name)
+    if found is None:
+        try:
+            return str(client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}))
+        except MlflowException:  # another job created it first (with the tag)
+            found = client.get_experiment_by_name(name)
+            if found is None:
+                raise
+    if EXPERIMENT_KIND_TAG not in found.tags:  # made by an older dpsweep, or by hand
+        retry_busy(lambda: client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND))
+    return str(found.experiment_id)
+
+
+def run_finished(uri: str, run_id: str) -> bool:
+    """Whether the run ``run_id`` exists in the store at ``uri`` and ended FINISHED."""
+    try:
+        return bool(retry_busy(lambda: open_client(uri).get_run(run_id)).info.status == "FINISHED")
+    except MlflowException:  # no such run (a checkpoint from another store)
+        return False
+
+
+def ensure_experiments(pairs: set[tuple[str, str]]) -> None:
+    """Create each (tracking URI, experiment name) once, before jobs fan out."""
+    for uri, name in sorted(pairs):
+        experiment_id(open_client(uri), name)
+
+
+def sweep_jobs(client: MlflowClient, experiment: str, sweep_id: str) -> list[Any]:
+    """The runs of a sweep's jobs (tagged with ``sweep.id``; not its parent run)."""
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`sweep.id` = '{sweep_id}'", max_results=50000)
+    return [r for r in runs if r.data.tags.get("sweep.role") != "parent"]
+
+
+def runs_of_sweep(uri: str, experiment: str, sweep_id: str) -> dict[str, str]:
+    """{run id: status} of the runs of a sweep's jobs."""
+    return {r.info.run_id: r.info.status for r in sweep_jobs(MlflowClient(uri), experiment, sweep_id)}
+
+
+RESULTS_TABLE = "results.json"  # the sweep parent run's table of its jobs (MLflow's log_table)
+
+
+def log_results_table(uri: str, experiment: str, sweep_id: str, parent_run_id: str) -> int:
+    """The sweep's jobs as one table on its parent run (``results.json``, MLflow's ``log_table``,
+    shown in the run's artifacts): the run name, ``test_accuracy`` and ``epsilon`` first, the
+    status, then the params that differ between the jobs. Returns the number of rows."""
+    client = MlflowClient(uri)
+    runs = sweep_jobs(client, experiment, sweep_id)
+    keys = sorted({k for r in runs for k in r.data.params})
+    differing = [k for k in keys if len({r.data.params.get(k) for r in runs}) > 1]
+    table: dict[str, list[Any]] = {"run": [r.info.run_name for r in runs]}
+    table["test_accuracy"] = [r.data.metrics.get("test_accuracy") for r in runs]
+    table["epsilon"] = [r.data.metrics.get("epsilon") for r in runs]
+    table["status"] = [r.info.status for r in runs]
+    table |= {k: [r.data.params.get(k) for r in runs] for k in differing}
+    if runs:
+        retry_busy(lambda: client.log_table(parent_run_id, data=table, artifact_file=RESULTS_TABLE))
+    return len(runs)
+
+
+def runs_by_hash(uri: str, experiment: str, status: str = "FINISHED") -> dict[str, str]:
+    """{config hash: run id} of the experiment's runs in ``status`` (the newest run per hash). RUNNING
+    runs count only when they name their process (tag run.process): older versions' runs left RUNNING
+    cannot be told from live ones and must not block their config."""
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return {}
+    out: dict[str, str] = {}
+    token = None
+    while True:
+        page = client.search_runs(
+            [exp.experiment_id], filter_string=f"attributes.status = '{status}'", max_results=10000,
+            order_by=["attributes.start_time ASC"], page_token=token,
+        )  # fmt: skip
+        for run in page:
+            tags = run.data.tags
+            if status == "RUNNING" and PROCESS_TAG not in tags:
+                continue
+            if "config.hash" in tags and tags.get("sweep.role") != "parent":
+                out[tags["config.hash"]] = run.info.run_id
+        token = page.token
+        if not token:
+            return out
+
+
+def trial_run(uri: str, experiment: str, sweep_id: str, trial: int) -> Any:
+    """The MLflow run of an Optuna trial of a sweep (None if the job never started one).
+    (An MLflow entity: the Optuna search reads it in its own process, see launchers/optuna_sweeper.py.)"""
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    found = client.search_runs(
+        [exp.experiment_id], filter_string=f"tags.`sweep.id` = '{sweep_id}' and tags.`optuna.trial` = '{trial}'"
+    )
+    return found[0] if found else None
+
+
+def close_orphaned_runs(uri: str, experiment: str, sweep_id: str) -> list[str]:
+    """Mark KILLED the runs of a finished sweep still RUNNING: their job died without closing them."""
+    client = MlflowClient(uri)
+    orphans = [run_id for run_id, status in runs_of_sweep(uri, experiment, sweep_id).items() if status == "RUNNING"]
+    for run_id in orphans:
+        _set_tags(client, run_id, {
+            "error": "the job ended without closing its run (killed by the scheduler or the OS)",
+            "failure.kind": "killed",
+        })  # fmt: skip
+        retry_busy(lambda run_id=run_id: client.set_terminated(run_id, "KILLED"))  # type: ignore[misc]
+    return sorted(orphans)
+
+
+# ---------------------------------------------------------------------------------------------
+# a run's ops: what dpsweep.tracking.Tracker and tracked_run hand over
+# ---------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=16)
+def client_of(uri: str) -> MlflowClient:
+    """One client per store, for the run ops (its store opened, see :func:`open_client`)."""
+    return open_client(uri)
+
+
+def begin_run(
+    cfg: TrackingConfig, tags: Mapping[str, str], resume_run_id: str | None, claim: Claim | None, process: str
+) -> str:
+    """Create the run (or reopen ``resume_run_id``) with ``tags``; return its id. ``process`` is the
+    token of the process that will run it (tag ``run.process``). Raises :class:`Claimed` where
+    another run holds the claim or the resumed run, and ConfigError for a resume into another
+    experiment: both before anything is written."""
+    use_uri(cfg.uri)
+    client = client_of(cfg.uri)
+    if resume_run_id is None:
+        return str(_create_run(client, cfg, dict(tags), claim).info.run_id)
+    run = client.get_run(resume_run_id)
+    resumed_in = client.get_experiment(run.info.experiment_id).name
+    if resumed_in != cfg.experiment_name:
+        raise ConfigError(
+            "tracking.experiment_name", cfg.experiment_name,
+            f"{resumed_in!r}, the experiment of run {resume_run_id} that this config's checkpoint resumes "
+            "(or another train.checkpoint_dir to start afresh)",
+        )  # fmt: skip
+    with store_lock(cfg.uri):  # checked and taken over at once: one live process per run
+        run = client.get_run(resume_run_id)
+        held = run.data.tags
+        if run.info.status == "FINISHED":  # finished by another process since its checkpoint was found
+            raise Claimed(resume_run_id, "FINISHED")  # (it removes the checkpoint next): never reopened
+        if (
+            run.info.status == "RUNNING" and held.get(PROCESS_TAG, process) != process
+            and why_dead(held, time.time()) is None
+        ):  # fmt: skip
+            raise Claimed(resume_run_id, "RUNNING")
+        retry_busy(lambda: client.set_tag(resume_run_id, PROCESS_TAG, process))
+    # reopened after an interruption: it is no longer a failure
+    retry_busy(lambda: client.update_run(resume_run_id, status="RUNNING"))
+    for stale in FAILURE_TAGS & set(run.data.tags):
+        retry_busy(lambda stale=stale: client.delete_tag(resume_run_id, stale))  # type: ignore[misc]
+    previous = int(run.data.tags.get("resume.count", "0"))
+    _set_tags(client, resume_run_id, dict(tags) | {"resume.count": previous + 1})
+    return resume_run_id
+
+
+def use_uri(uri: str) -> None:
+    """Make ``uri`` MLflow's tracking URI in this process (the fluent APIs that log models and
+    datasets read it), where it is not already: ``mlflow.set_tracking_uri`` also resets MLflow's
+    tracing provider, which costs 0.2 s the second time (it imports the span processors)."""
+    if mlflow.get_tracking_uri() != uri:
+        mlflow.set_tracking_uri(uri)
+
+
+def end_run(uri: str, run_id: str, status: str) -> None:
+    """End the run FINISHED, FAILED or KILLED."""
+    retry_busy(lambda: client_of(uri).set_terminated(run_id, status))
+
+
+def log_params(uri: str, run_id: str, params: Mapping[str, Any]) -> None:
+    client = client_of(uri)
+    items = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in params.items()]
+    for i in range(0, len(items), 100):  # MLflow accepts at most 100 params per batch
+        chunk = items[i : i + 100]
+        retry_busy(lambda chunk=chunk: client.log_batch(run_id, params=chunk))  # type: ignore[misc]
+
+
+def log_metrics(uri: str, run_id: str, metrics: Mapping[str, float], step: int, timestamp_ms: int) -> None:
+    """``timestamp_ms``: when the run measured them (it hands them over later)."""
+    items = [Metric(k, float(v), timestamp_ms, step) for k, v in metrics.items()]
+    if items:
+        retry_busy(lambda: client_of(uri).log_batch(run_id, metrics=items))
+
+
+def _set_tags(client: MlflowClient, run_id: str, tags: Mapping[str, Any]) -> None:
+    items = [RunTag(k, str(v)[:MAX_TAG_CHARS]) for k, v in tags.items()]
+    if items:
+        retry_busy(lambda: client.log_batch(run_id, tags=items))
+
+
+def set_tags(uri: str, run_id: str, tags: Mapping[str, Any]) -> None:
+    _set_tags(client_of(uri), run_id, tags)
+
+
+def log_text(uri: str, run_id: str, text: str, artifact_file: str) -> None:
+    retry_busy(lambda: client_of(uri).log_text(run_id, text, artifact_file))
+
+
+def log_image(uri: str, run_id: str, image: Any, artifact_file: str) -> None:
+    retry_busy(lambda: client_of(uri).log_image(run_id, image, artifact_file=artifact_file))
+
+
+def log_file(uri: str, run_id: str, local_path: str, artifact_path: str | None) -> None:
+    retry_busy(lambda: client_of(uri).log_artifact(run_id, local_path, artifact_path))
+
+
+def log_model(
+    uri: str, run_id: str, module: Any, input_example: Any, output: Any, artifact_path: str, torch_version: str
+) -> None:
+    """A torch module as an MLflow PyTorch-flavour model (``MLmodel``, weights, and the signature of
+    ``input_example`` and the module's ``output`` on it) under the run's ``artifact_path``."""
+    import mlflow.pytorch  # torch and the flavour: only for runs that log a model
+    from mlflow.models import infer_signature
+
+    quiet = logging.getLogger("mlflow.pytorch")  # its warning on pickle: the format is chosen knowingly
+    level = quiet.level
+    with tempfile.TemporaryDirectory(prefix="dpsweep-model-") as tmp:
+        path = Path(tmp) / artifact_path
+        quiet.setLevel(logging.ERROR)
+        try:
+            mlflow.pytorch.save_model(
+                module, str(path), signature=infer_signature(input_example, output), input_example=input_example,
+                pip_requirements=[f"torch=={torch_version}"],  # its classes: dpsweep's
+                serialization_format="pickle",  # the whole module (torch.save), as the Opacus examples keep it
+            )  # fmt: skip
+        finally:
+            quiet.setLevel(level)
+        retry_busy(lambda: client_of(uri).log_artifacts(run_id, str(path), artifact_path))
+
+
+def log_dataset_splits(uri: str, run_id: str, public: Mapping[str, str], digest: str, splits: list[str]) -> None:
+    """Each split as an MLflow dataset input of the run (the UI's Dataset column), described by
+    ``public`` (see :meth:`dpsweep.tracking.Tracker.log_dataset_splits`) and context-tagged."""
+    from mlflow.data.code_dataset_source import CodeDatasetSource
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import DatasetInput, InputTag
+
+    name = str(public.get("name", "dataset"))
+    inputs = []
+    for split in splits:
+        source = CodeDatasetSource(dict(public) | {"split": split})
+        meta = MetaDataset(source, name=f"{name}-{split}", digest=digest)  # type: ignore[abstract]
+        inputs.append(DatasetInput(meta._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", split)]))
+    retry_busy(lambda: client_of(uri).log_inputs(run_id, datasets=inputs))
+
+
+_MONITORS: dict[str, Any] = {}  # run id -> its system metrics monitor, or the timer that starts it
+_MONITORS_LOCK = threading.Lock()
+
+# The card's memory in use, as MLflow's GPU monitors (NVIDIA and ROCm) name it. It follows the largest
+# batch a run has held: on an H200, 4.8, 5.1 and 11.4 GB for DP runs of B = 16, 64 and 128
+# (benchmarks/system_metrics_gpu.py, analysis/data/system_metrics_gpu_h200.json), so under DP it
+# would tell the sizes of the private Poisson batches, as the memory peak that DP runs withhold does.
+GPU_MEMORY_METRIC = re.compile(r"gpu_\d+_memory_usage_")
+GPU_MEMORY_TAG = "system_metrics.gpu_memory"
+
+
+def without_gpu_memory(metrics: Mapping[str, float]) -> dict[str, float]:
+    """``metrics`` (MLflow's system metric names, before their ``system/`` prefix) less GPU memory."""
+    return {k: v for k, v in metrics.items() if not GPU_MEMORY_METRIC.match(k)}
+
+
+def system_metrics_monitor(run_id: str, uri: str, interval_s: float, withhold_gpu_memory: bool) -> Any:
+    """MLflow's ``SystemMetricsMonitor`` for ``run_id`` (not started), one sample per logged step; with
+    ``withhold_gpu_memory`` (DP runs) it logs everything but the GPU memory metrics."""
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    class PrivateRunMonitor(SystemMetricsMonitor):
+        def publish_metrics(self, metrics: dict[str, float]) -> None:
+            super().publish_metrics(without_gpu_memory(metrics))
+
+    kind = PrivateRunMonitor if withhold_gpu_memory else SystemMetricsMonitor
+    return kind(run_id, sampling_interval=interval_s, samples_before_logging=1, tracking_uri=uri)
+
+
+def start_system_metrics(
+    run_id: str, uri: str, after_s: float, interval_s: float, withhold_gpu_memory: bool = False
+) -> None:
+    """MLflow's system metrics (CPU, memory, disk, network, and GPU where pynvml finds one: the
+    machine's, so measured from this process as well as from the run's) logged to ``run_id`` every
+    ``interval_s``, from ``after_s`` seconds on, until :func:`stop_system_metrics`. With
+    ``withhold_gpu_memory`` (DP runs) the GPU memory metrics are left out, and the run is tagged so."""
+    if withhold_gpu_memory:
+        _set_tags(client_of(uri), run_id, {GPU_MEMORY_TAG: "withheld: under DP it follows the private batch sizes"})
+
+    def start() -> None:  # psutil and pynvml are imported only by runs that reach after_s
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no "Started monitoring" lines
+        with _MONITORS_LOCK:
+            if _MONITORS.get(run_id) is not timer:  # stopped meanwhile
+                return
+            monitor = system_metrics_monitor(run_id, uri, interval_s, withhold_gpu_memory)
+            monitor.start()
+            _MONITORS[run_id] = monitor
+
+    timer = threading.Timer(after_s, start)
+    timer.daemon = True
+    with _MONITORS_LOCK:
+        _MONITORS[run_id] = timer
+    timer.start()
+
+
+def stop_system_metrics(run_id: str) -> None:
+    """Stop the run's system metrics (their last sample flushed), or the timer that would start them."""
+    with _MONITORS_LOCK:
+        found = _MONITORS.pop(run_id, None)
+    if isinstance(found, threading.Timer):
+        found.cancel()
+        found.join()  # a start under way ends first (and finds itself stopped)
+    elif found is not None:
+        found.finish()
+
+
+def source_tags(entry_point: str = "dpsweep") -> dict[str, str]:
+    """MLflow's own run-context tags (``mlflow.user``, ``mlflow.source.type``, and the git commit where
+    MLflow finds one), resolved by MLflow's context registry as ``mlflow.start_run`` resolves them,
+    with the source named after the command rather than the script that happens to run it (a
+    launcher's bootstrap, for jobs). Resolved once per process: the jobs of an inline sweep share it."""
+    return dict(_source_tags(entry_point))
+
+
+@functools.lru_cache(maxsize=8)
+def _source_tags(entry_point: str) -> dict[str, str]:
+    from mlflow.tracking.context import registry
+
+    resolved = registry.resolve_tags({})
+    return {k: v for k, v in resolved.items() if k.startswith("mlflow.")} | {"mlflow.source.name": entry_point}
+
+
+def experiment_of(uri: str, name: str) -> str | None:
+    """Id of the experiment ``name``, or None (also where the store cannot be read now)."""
+    try:
+        found = MlflowClient(uri).get_experiment_by_name(name)
+    except Exception:
+        return None
+    return None if found is None else str(found.experiment_id)
+
+
+def release_best(uri: str, experiment: str, sweep_id: str, objective: str) -> tuple[str | None, int]:
+    """Private tuning's release: tag the sweep's FINISHED trials ``tuning.released`` (true for the one
+    best by ``objective`` only); return its run id (None: none finished) and how many finished."""
+    client = MlflowClient(uri)
+    runs = [r for r in sweep_jobs(client, experiment, sweep_id) if r.info.status == "FINISHED"]
+    best = max(runs, key=lambda r: r.data.metrics.get(objective, float("-inf")), default=None)
+    for r in runs:
+        retry_busy(lambda r=r: client.set_tag(r.info.run_id, "tuning.released", str(r is best).lower()))  # type: ignore[misc]
+    return (best.info.run_id if best is not None else None), len(runs)
