@@ -1,6 +1,6 @@
 # dpsweep's two commands (Python >= 3.11; no GPU, no internet beyond the package registry):
 #   make demo   # set up .venv, then run the main job: DP on/off x two noise levels on digits
-#   make test   # set up .venv, then run lint, type checks and the test suite
+#   make test   # set up .venv, then run lint, type checks, the strict docs build and the test suite
 # Both create .venv on first use and reuse it afterwards (re-installed when pyproject.toml changes).
 
 PYTHON ?= python3
@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint ui clean
+.PHONY: setup demo test test-fast lint docs docs-serve ui clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,7 +32,7 @@ lint: $(STAMP)
 # One torch thread per process, so that parallel tests do not oversubscribe the cores.
 # --no-loadscope-reorder: tests are handed out in tests/conftest.py's order, the longest first.
 # --durations=15: the slowest tests, printed at the end, to keep the whole under its 8-minute target.
-test: lint
+test: lint docs
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/pytest -n 3 --dist loadgroup --no-loadscope-reorder --durations=15
 
 # The edit-test loop (about 2.5 minutes): unit and in-process tests, without lint, the real schedulers
@@ -40,10 +40,20 @@ test: lint
 test-fast: $(STAMP)
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/pytest -n 2 --dist loadgroup --no-loadscope-reorder -m "not cluster and not slow"
 
+# The documentation site (MkDocs + Material, pages in docs/src/), built with warnings as errors into
+# docs/site/ (ignored by git). docs/hooks.py generates the config reference from the schema and the
+# commands' --help, in seconds, without network or GPU. NO_MKDOCS_2_WARNING: Material's end-of-life
+# banner, printed on every build, is not a warning about these docs.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -f docs/mkdocs.yml
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict -f docs/mkdocs.yml -a 127.0.0.1:8000
+
 # Open the page each run's last line names (.../#/experiments/<id>?workflowType=machine_learning):
 # MLflow 3's UI otherwise opens experiments on its GenAI traces view.
 ui: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000
 
 clean:
-	rm -rf $(VENV) outputs multirun mlruns mlartifacts mlflow.db .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) outputs multirun mlruns mlartifacts mlflow.db .pytest_cache .mypy_cache .ruff_cache docs/site

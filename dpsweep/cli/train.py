@@ -2,7 +2,7 @@
 
     dpsweep                                          # one run on the defaults (digits, cnn, DP-SGD)
     dpsweep dp.noise_multiplier=1.3 train.epochs=5   # one run with overrides
-    dpsweep -m experiment=demo                       # the README's demo sweep (4 runs)
+    dpsweep -m experiment=demo                       # the README's demo sweep (4 configs, 3 train)
 
 A thin entry point: the run is :func:`dpsweep.run.runner.train`; this module sets the checkpoint
 directory to the Hydra job's own, prints the result line, and turns bad input into exit code 2 (in
