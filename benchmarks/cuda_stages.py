@@ -80,7 +80,7 @@ def independent_levels(overrides: list[str], device_type: str) -> dict[str, int]
 
     from dpsweep.config import to_config
     from dpsweep.data import loaders as datasets
-    from dpsweep.mechanisms import dpsgd
+    from dpsweep.mechanisms import opacus_engine as dpsgd
     from dpsweep.models import classifiers as model_zoo
     from dpsweep.models.optimizers import build_optimizer
 

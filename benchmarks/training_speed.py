@@ -91,7 +91,7 @@ from dpsweep.config import CNNConfig, DigitsConfig, DPConfig, GradSampleMode, SG
 from dpsweep.data import device as device_data
 from dpsweep.data import gathered
 from dpsweep.data import loaders as datasets
-from dpsweep.mechanisms.dpsgd import make_private
+from dpsweep.mechanisms.opacus_engine import make_private
 from dpsweep.memory import stages as memory
 from dpsweep.models import classifiers as model_zoo
 from dpsweep.models import feature_cache

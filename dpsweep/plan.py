@@ -29,19 +29,18 @@ allowed; nothing here trains, logs or writes.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
+from dpsweep import mechanisms
 from dpsweep.config import (
     Config,
     ConfigError,
     DPConfig,
-    Mechanism,
     PrivacyUnit,
     SweepConfig,
     flatten,
@@ -55,7 +54,7 @@ from dpsweep.data import facts as dataset_description
 from dpsweep.data.facts import DatasetFacts
 from dpsweep.errors import InputError
 from dpsweep.memory.model import MemoryModel, load_models
-from dpsweep.privacy import clipping, ledger, rdp, tuning
+from dpsweep.privacy import calibrate, clipping, ledger, rdp, tuning
 from dpsweep.privacy import schedule as privacy
 from dpsweep.privacy.ledger import Accounting, Ledger
 
@@ -192,78 +191,87 @@ def population(cfg: Config, n_train: int) -> int:
     return cfg.dataset.num_users if cfg.dp.enabled and cfg.dp.unit == PrivacyUnit.user else n_train
 
 
-def _planned_ftrl(cfg: Config, n: int) -> PlannedPrivacy:
-    """DP-FTRL: ceil(N/B) batches per epoch in a fixed order, one Gaussian mechanism of the tree's
-    sensitivity (``dpsweep.privacy.tree``), no sampling; σ calibrated by its own bisection."""
-    from dpsweep.privacy import tree as ftrl_accounting
-
-    dp, t = cfg.dp, cfg.train
-    steps_per_epoch = math.ceil(n / t.batch_size)
-    shape = (steps_per_epoch, t.epochs, dp.ftrl_restart_every, dp.ftrl_tree_completion)
-    sigma = dp.noise_multiplier
-    if dp.target_epsilon is not None:
-        sigma = ftrl_accounting.calibrate_ftrl_noise(
-            dp.target_epsilon, *shape[:2], dp.delta, *shape[2:], accountant=dp.accountant.value
-        )
-    bill = Ledger((ftrl_accounting.ftrl_entry(sigma, *shape),))
-    how = accounting(dp)
-    return PlannedPrivacy(
-        sigma, dp.target_epsilon is not None, None, steps_per_epoch * t.epochs, dp.delta, dp.accountant.value,
-        ledger.epsilon(bill, dp.delta, how).epsilon, bill,
-    )  # fmt: skip
-
-
 def stops_at_budget(cfg: Config) -> bool:
     """task=gan with gan.stop_at_budget: σ is kept and training stops where ε would pass dp.target_epsilon."""
     return cfg.gan is not None and cfg.gan.stop_at_budget
+
+
+def mechanism_of(cfg: Config) -> mechanisms.Mechanism:
+    """The run's mechanism (``dp.mechanism``), from the registry; InputError for an unknown name."""
+    return mechanisms.get(str(getattr(cfg.dp.mechanism, "value", cfg.dp.mechanism)))
+
+
+def setting(cfg: Config, n_train: int, mechanism: mechanisms.Mechanism | None = None) -> mechanisms.Setting:
+    """What the run's privacy depends on besides σ: N (examples or users), B, the epochs, δ, the
+    accounting, the private clipping norm's release (on a Poisson sample, where the mechanism samples)
+    and the mechanism's own ``dp.*`` options."""
+    dp, t = cfg.dp, cfg.train
+    mechanism = mechanism or mechanism_of(cfg)
+    base = mechanisms.Setting(population(cfg, n_train), t.batch_size, t.epochs, dp.delta, accounting(dp))
+    q = mechanism.sample_rate(base)
+    extra = clipping.planned(dp, q) if q is not None else Ledger()
+    options = {o.key: getattr(dp, o.key) for o in mechanism.options}
+    return replace(base, extra=extra, options=options)
 
 
 def _planned_privacy(cfg: Config, n_train: int) -> PlannedPrivacy | None:
     dp = cfg.dp
     if not dp.enabled:
         return None
-    n_train = population(cfg, n_train)
-    if dp.mechanism == Mechanism.dpftrl:
-        return _computable(dp, _planned_ftrl(cfg, n_train))
-    sigma = dp.noise_multiplier
-    schedule = privacy.poisson_schedule(n_train, cfg.train.batch_size)
-    extra = clipping.planned(dp, schedule.sample_rate)
-    how = accounting(dp)
-    steps = schedule.steps(cfg.train.epochs)
+    mechanism = mechanism_of(cfg)
+    s = setting(cfg, n_train, mechanism)
+    mechanism.check(s)
+    q = mechanism.sample_rate(s)
+    sigma, steps = dp.noise_multiplier, mechanism.steps(s)
     if dp.target_epsilon is not None and stops_at_budget(cfg):
-        steps = privacy.calibrate_steps(
-            schedule, dp.target_epsilon, sigma, dp.delta, max_steps=steps, accounting=how, extra=extra
-        )
-        if steps == 0:
-            one = privacy.epsilon(schedule, sigma, dp.delta, steps=1, accounting=how, extra=extra).epsilon
-            raise ConfigError(
-                "dp.target_epsilon", dp.target_epsilon,
-                f"at least one critic step's ε (ε={one:.4g} at σ={sigma:g}, q={schedule.sample_rate:.4g}) with "
-                "gan.stop_at_budget=true: raise it or dp.noise_multiplier",
-            )  # fmt: skip
+        steps = _steps_within_budget(mechanism, s, dp.target_epsilon, sigma, steps)
     elif dp.target_epsilon is not None:
-        before = ledger.epsilon(extra, dp.delta, how).epsilon
-        if before >= dp.target_epsilon:
-            raise ConfigError(
-                "dp.target_epsilon", dp.target_epsilon,
-                f"more than the clipping release alone spends (ε={before:.4g} for dp.clip_epsilon={dp.clip_epsilon:g} "
-                f"on a Poisson sample at q={schedule.sample_rate:.4g}): raise it or lower dp.clip_epsilon",
-            )  # fmt: skip
-        try:
-            sigma = privacy.calibrate_noise(
-                schedule, target_epsilon=dp.target_epsilon, delta=dp.delta, epochs=cfg.train.epochs,
-                accounting=how, extra=extra,
-            )  # fmt: skip
-        except ValueError as err:  # "The privacy budget is too low."
-            raise ConfigError(
-                "dp.target_epsilon", dp.target_epsilon, f"a budget reachable with σ <= 1e6 ({err})"
-            ) from err
+        sigma = _calibrated(mechanism, s, dp)
     clipping.check_adaptive(dp, sigma, cfg.train.batch_size)
-    bill = privacy.run_ledger(schedule, sigma, steps, extra)
+    bill = mechanism.ledger(replace(s, steps=steps), sigma)
     return _computable(dp, PlannedPrivacy(
-        sigma, dp.target_epsilon is not None and not stops_at_budget(cfg), schedule.sample_rate, steps, dp.delta,
-        dp.accountant.value, ledger.epsilon(bill, dp.delta, how).epsilon, bill,
+        sigma, dp.target_epsilon is not None and not stops_at_budget(cfg), q, steps, dp.delta,
+        dp.accountant.value, ledger.epsilon(bill, dp.delta, s.accounting).epsilon, bill,
     ))  # fmt: skip
+
+
+def _steps_within_budget(
+    mechanism: mechanisms.Mechanism, s: mechanisms.Setting, target: float, sigma: float, most: int
+) -> int:
+    """gan.stop_at_budget: the most steps whose ε stays within ``target`` at this σ (dp-GAN's rule)."""
+
+    def eps(k: int) -> float:
+        return ledger.epsilon(mechanism.ledger(replace(s, steps=k), sigma), s.delta, s.accounting).epsilon
+
+    steps = calibrate.largest_count(eps, target, most)
+    if steps == 0:
+        q = mechanism.sample_rate(s)
+        at = f"σ={sigma:g}" + (f", q={q:.4g}" if q is not None else "")
+        raise ConfigError(
+            "dp.target_epsilon", target,
+            f"at least one critic step's ε (ε={eps(1):.4g} at {at}) with gan.stop_at_budget=true: "
+            "raise it or dp.noise_multiplier",
+        )  # fmt: skip
+    return steps
+
+
+def _calibrated(mechanism: mechanisms.Mechanism, s: mechanisms.Setting, dp: DPConfig) -> float:
+    """σ calibrated to ``dp.target_epsilon`` (the mechanism's bisection), after what the other releases spend."""
+    target = float(dp.target_epsilon or 0)
+    before = ledger.epsilon(s.extra, s.delta, s.accounting).epsilon
+    if before >= target:
+        q = mechanism.sample_rate(s) or 1.0
+        raise ConfigError(
+            "dp.target_epsilon", target,
+            f"more than the clipping release alone spends (ε={before:.4g} for dp.clip_epsilon={dp.clip_epsilon:g} "
+            f"on a Poisson sample at q={q:.4g}): raise it or lower dp.clip_epsilon",
+        )  # fmt: skip
+    try:
+        return mechanism.calibrate(s, target)
+    except ValueError as err:  # the budget is out of reach
+        if isinstance(err, InputError):
+            raise
+        raise ConfigError("dp.target_epsilon", target, f"a budget reachable with σ <= 1e6 ({err})") from err
 
 
 def _computable(dp: DPConfig, planned: PlannedPrivacy) -> PlannedPrivacy:

@@ -114,7 +114,7 @@ def _adaptive_optimizer(make_cfg: Composer, sigma: float, *overrides: str) -> tu
     """A private optimizer of adaptive clipping over a 200,000-weight linear layer (N = 640, B = 64)."""
     from torch.utils.data import DataLoader, TensorDataset
 
-    from dpsweep.mechanisms import dpsgd
+    from dpsweep.mechanisms import opacus_engine as dpsgd
 
     cfg = to_config(make_cfg("dp.clipping=adaptive", *overrides))
     layer = torch.nn.Linear(1000, 200)
@@ -128,7 +128,7 @@ def _adaptive_optimizer(make_cfg: Composer, sigma: float, *overrides: str) -> tu
 def test_adaptive_gradient_noise_is_sigma_delta_and_the_ledger_charges_the_full_sigma(make_cfg: Composer) -> None:
     """The Opacus fix: gradient noise at σ_Δ = (σ^-2 - (2σ_b)^-2)^(-1/2) > σ, accounting at σ. Charging σ_Δ
     (the old Opacus accounting) would under-state ε."""
-    from dpsweep.mechanisms import dpsgd
+    from dpsweep.mechanisms import opacus_engine as dpsgd
 
     sigma, sigma_b = 1.0, 0.8
     optimizer, layer = _adaptive_optimizer(make_cfg, sigma, f"dp.clip_count_noise={sigma_b}")

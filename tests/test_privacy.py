@@ -129,7 +129,7 @@ def test_calibration_lands_just_under_target(accountant: str, target: float) -> 
     sigma = calibrate_noise(schedule, target, 1e-5, epochs=8, accounting=Accounting(accountant))
     eps = epsilon(schedule, sigma, 1e-5, epochs=8, accounting=Accounting(accountant)).epsilon
     assert eps <= target
-    assert target - eps <= privacy.CALIBRATION_TOLERANCE
+    assert target - eps <= 0.01  # Opacus's tolerance; the bisection stops at a relative σ of 1e-4
 
 
 def test_calibration_to_an_unreachable_target_raises() -> None:

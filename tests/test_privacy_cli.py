@@ -13,7 +13,10 @@ from dpsweep.cli.epsilon import main, run
 from dpsweep.privacy import rdp
 from dpsweep.privacy import schedule as privacy
 
-JSON_KEYS = {"epsilon", "delta", "alpha", "steps", "sample_rate", "noise_multiplier", "accountant", "conversion"}
+JSON_KEYS = {
+    "mechanism", "epsilon", "delta", "alpha", "steps", "sample_rate", "noise_multiplier", "accountant", "conversion",
+    "neighbours", "description",
+}  # fmt: skip
 
 
 def test_statement_for_the_mnist_reference(capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from dpsweep.config import ConfigError, DigitsConfig, DPConfig, GradSampleMode, flatten, identity, to_config
 from dpsweep.data import loaders as data
 from dpsweep.data.loaders import DatasetNotFoundError
-from dpsweep.mechanisms.dpsgd import make_private
+from dpsweep.mechanisms.opacus_engine import make_private
 from dpsweep.memory.stages import STAGES
 from dpsweep.models import classifiers as models
 from dpsweep.privacy import ledger

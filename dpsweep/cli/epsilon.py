@@ -30,15 +30,16 @@ import math
 import sys
 import warnings
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
+from dpsweep import mechanisms
 from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.errors import InputError
-from dpsweep.privacy import clipping, ledger, ranges, rdp
+from dpsweep.privacy import calibrate, clipping, ledger, ranges, rdp
 from dpsweep.privacy import schedule as privacy
 from dpsweep.process.shutdown import run_then_exit
-from dpsweep.registry import Registry
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -72,12 +73,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="the distribution of K (Papernot & Steinke 2022)")  # fmt: skip
     p.add_argument("--tuning-eta", type=float, default=0.5, metavar="ETA",
                    help="shape η > 0 of the truncated negative binomial (default 0.5)")  # fmt: skip
-    p.add_argument("--mechanism", choices=MECHANISMS.names(), default="dpsgd",
-                   help="dpsgd (Poisson DP-SGD, default) or dpftrl (tree aggregation: no sampling)")  # fmt: skip
-    p.add_argument("--restart-every", type=int, metavar="EPOCHS",
-                   help="dpftrl: restart the tree every this many epochs (default: never)")  # fmt: skip
-    p.add_argument("--tree-completion", action="store_true",
-                   help="dpftrl: complete each tree with virtual steps before a restart")  # fmt: skip
+    p.add_argument("--mechanism", choices=mechanisms.MECHANISMS.names(), default="dpsgd",
+                   help="; ".join(f"{n}: {mechanisms.get(n).label}, {mechanisms.get(n).note}"
+                                  for n in mechanisms.MECHANISMS.names()))  # fmt: skip
+    for name, option in _options():
+        if option.kind is bool:
+            p.add_argument(option.flag, action="store_true", help=f"{name}: {option.help}")
+        else:
+            p.add_argument(option.flag, type=option.kind, help=f"{name}: {option.help}")
     p.add_argument("--allow-large-delta", action="store_true", help="permit δ >= 1/N (voids the guarantee)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", type=Path, metavar="DIR", help="write PNG plots of ε against each knob to DIR")
@@ -171,138 +174,141 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     a = _parser().parse_args(argv)
     _check(a)
     warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
-    out = MECHANISMS.get(a.mechanism, key="--mechanism")(a)
+    out = price(a, mechanisms.get(a.mechanism, key="--mechanism"))
     print(json.dumps(out) if a.json else statement(out))
     return out
 
 
-def _dpsgd(a: argparse.Namespace) -> dict[str, Any]:
-    """ε of DP-SGD with Poisson sampling (and the releases and tuning asked for)."""
-    if a.restart_every is not None or a.tree_completion:
-        flag, value = (
-            ("--restart-every", a.restart_every) if a.restart_every is not None else ("--tree-completion", True)
-        )
-        raise InputError(flag, value, "used with --mechanism dpftrl only (DP-SGD has no tree)")
-    epochs, steps, sigma = a.epochs, a.steps, a.noise_multiplier
-    calibrated: str | None = None
+def _options() -> list[tuple[str, mechanisms.Option]]:
+    """Every mechanism's own options, with the mechanism that declares it."""
+    return [(n, o) for n in mechanisms.MECHANISMS.names() for o in mechanisms.get(n).options]
+
+
+def _dest(option: mechanisms.Option) -> str:
+    return option.flag.lstrip("-").replace("-", "_")
+
+
+# config keys named by the privacy code -> this command's flags
+FLAGS = {
+    "dp.accountant": "--accountant", "train.epochs": "-e/--epochs", "train.steps": "--steps",
+    "dp.target_epsilon": "--target-epsilon", "dp.clipping": "--clipping", "dp.mechanism": "--mechanism",
+}  # fmt: skip
+
+
+def _setting(a: argparse.Namespace, mechanism: mechanisms.Mechanism) -> mechanisms.Setting:
+    """The command line as the mechanism's setting; refuses another mechanism's options."""
+    for name, option in _options():
+        value = getattr(a, _dest(option))
+        if value not in (None, False) and option not in mechanism.options:
+            raise InputError(option.flag, value, f"used with --mechanism {name} only")
+    options = {o.key: getattr(a, _dest(o)) for o in mechanism.options}
+    base = mechanisms.Setting(a.dataset_size, a.batch_size, a.epochs, a.delta, _accounting(a), a.steps, options=options)
+    if a.clipping != "fixed" and not mechanism.sampled:
+        raise InputError("--clipping", a.clipping, f"fixed with --mechanism {a.mechanism} (it samples nothing)")
+    if a.plot is not None and not mechanism.sampled:
+        raise InputError("--plot", str(a.plot), f"left out with --mechanism {a.mechanism}: the plots vary q")
+    q = mechanism.sample_rate(base)
+    if a.clipping != "quantile" or q is None:
+        return base
+    return replace(base, extra=ledger.Ledger((clipping.release(a.clip_epsilon, q, "histogram"),)))
+
+
+def price(a: argparse.Namespace, mechanism: mechanisms.Mechanism) -> dict[str, Any]:
+    """ε of ``mechanism`` (and the releases and tuning asked for), or σ or the epochs calibrated."""
+    try:
+        return _price(a, mechanism)
+    except InputError as err:  # the privacy code names config keys: name this command's flags
+        flags = FLAGS | {f"dp.{o.key}": o.flag for _, o in _options()}
+        if err.key in flags:
+            raise InputError(flags[err.key], err.value, err.allowed) from err
+        raise
+
+
+def _price(a: argparse.Namespace, mechanism: mechanisms.Mechanism) -> dict[str, Any]:
+    s = _setting(a, mechanism)
+    mechanism.check(s)
+    sigma, calibrated = a.noise_multiplier, None
     if a.target_epsilon is not None and sigma is None:
         try:
-            sigma = privacy.calibrate_noise(
-                _schedule(a), target_epsilon=a.target_epsilon, delta=a.delta, epochs=epochs, steps=steps,
-                accounting=_accounting(a), extra=_extra(a),
-            )  # fmt: skip
+            sigma = mechanism.calibrate(s, a.target_epsilon)
         except ValueError as err:
+            if isinstance(err, InputError):
+                raise
             raise InputError(
                 "--target-epsilon", a.target_epsilon, "an ε that can be reached with σ <= 1e6 at this B, N and length"
             ) from err
         calibrated = "noise_multiplier"
     elif a.target_epsilon is not None:
-        epochs = privacy.calibrate_epochs(
-            _schedule(a), target_epsilon=a.target_epsilon, noise_multiplier=sigma, delta=a.delta,
-            accounting=_accounting(a), extra=_extra(a),
-        )  # fmt: skip
-        if epochs == 0:
-            raise InputError("--target-epsilon", a.target_epsilon, f"an ε above that of one epoch at σ={sigma}")
+        s = replace(s, epochs=_calibrated_epochs(a, mechanism, s, sigma))
         calibrated = "epochs"
-    r = _result(a, sigma, epochs, steps)
-    bill = privacy.run_ledger(_schedule(a), r.noise_multiplier, r.steps, _extra(a))
-    why = ledger.not_computed(bill, a.delta, _accounting(a), "here")
+    bill = mechanism.ledger(s, sigma)
+    why = ledger.not_computed(bill, a.delta, s.accounting, "here")
     if why is not None:
         raise InputError("--accountant", a.accountant, why)
+    spent = ledger.epsilon(bill, a.delta, s.accounting)
     out: dict[str, Any] = {
-        "epsilon": r.epsilon, "delta": r.delta, "alpha": r.alpha, "steps": r.steps,
-        "sample_rate": r.sample_rate, "noise_multiplier": r.noise_multiplier, "accountant": r.accountant,
-        "conversion": r.conversion,
+        "mechanism": a.mechanism, "epsilon": spent.epsilon, "delta": a.delta, "alpha": spent.order,
+        "steps": mechanism.steps(s), "sample_rate": mechanism.sample_rate(s), "noise_multiplier": sigma,
+        "accountant": spent.accountant, "conversion": spent.conversion, "neighbours": mechanism.neighbours,
+        "description": mechanism.describe(s, sigma),
     }  # fmt: skip
+    out |= mechanism.details(s)
+    if s.epochs is not None:
+        out["epochs"] = s.epochs
     if calibrated:
         out |= {"target_epsilon": a.target_epsilon, "calibrated": calibrated}
     if a.clipping == "quantile":
         out |= {"clipping": "quantile", "clip_epsilon": a.clip_epsilon}
     if a.tuning_trials is not None:
-        tuned = ledger.tuning_epsilon(bill, a.delta, a.tuning_trials, _tuning_shape(a), _accounting(a).orders)
-        out |= {
-            "epsilon_tuning": tuned.epsilon, "tuning_trials": a.tuning_trials,
-            "tuning_distribution": a.tuning_distribution, "tuning_alpha": tuned.order,
-        }  # fmt: skip
-        if a.tuning_distribution == "tnb":
-            out["tuning_eta"] = a.tuning_eta
-    if epochs is not None:
-        out["epochs"] = epochs
+        out |= _tuning(a, bill)
     if a.plot is not None:
-        from dpsweep.analysis.privacy_plots import plot_all
-
-        paths = plot_all(
-            a.plot, n=a.dataset_size, batch_size=a.batch_size, noise_multiplier=r.noise_multiplier, steps=r.steps,
-            delta=a.delta,
-        )  # fmt: skip
-        out["plots"] = [str(f) for f in paths]
+        out["plots"] = _plots(a, sigma, out["steps"])
     return out
 
 
-def _dpftrl(a: argparse.Namespace) -> dict[str, Any]:
-    """ε of DP-FTRL: ceil(N/B) batches per epoch, tree aggregation (``dpsweep.privacy.tree``)."""
-    from dpsweep.privacy import tree as ftrl_accounting
+def _calibrated_epochs(
+    a: argparse.Namespace, mechanism: mechanisms.Mechanism, s: mechanisms.Setting, sigma: float
+) -> int:
+    """The most epochs whose ε stays within --target-epsilon at σ."""
 
-    for flag, value, given in (
-        ("--steps", a.steps, a.steps is not None), ("--clipping", a.clipping, a.clipping != "fixed"),
-        ("--tuning-trials", a.tuning_trials, a.tuning_trials is not None), ("--plot", a.plot, a.plot is not None),
-        ("--accountant", a.accountant, a.accountant == "prv"), ("--alphas", a.alphas, a.alphas is not None),
-    ):  # fmt: skip
-        if given:
-            raise InputError(flag, value, "left out with --mechanism dpftrl (rdp or pld; whole epochs: -e)")
-    if a.epochs is None:
-        raise InputError("-e/--epochs", None, "the number of epochs with --mechanism dpftrl (calibrate σ with -e)")
-    steps_per_epoch = math.ceil(a.dataset_size / a.batch_size)  # each example in one batch per epoch
-    shape = (steps_per_epoch, a.epochs, a.restart_every, a.tree_completion)
-    try:  # also checks the restart period against the run
-        sensitivity_squared = ftrl_accounting.ftrl_sensitivity_squared(*shape)
-    except InputError as err:
-        flag = {"dp.ftrl_restart_every": "--restart-every", "train.epochs": "-e/--epochs"}.get(err.key, err.key)
-        raise InputError(flag, err.value, err.allowed) from err
-    sigma = a.noise_multiplier
-    if a.target_epsilon is not None:
-        sigma = ftrl_accounting.calibrate_ftrl_noise(
-            a.target_epsilon, *shape[:2], a.delta, *shape[2:], accountant=a.accountant
-        )
-    bill = ledger.Ledger((ftrl_accounting.ftrl_entry(sigma, *shape),))  # what a run's ledger holds
-    eps = ledger.epsilon(bill, a.delta, _accounting(a)).epsilon
-    out: dict[str, Any] = {
-        "mechanism": "dpftrl", "epsilon": eps, "delta": a.delta, "alpha": None, "steps": steps_per_epoch * a.epochs,
-        "epochs": a.epochs, "steps_per_epoch": steps_per_epoch, "sample_rate": None, "noise_multiplier": sigma,
-        "restart_every": a.restart_every, "tree_completion": a.tree_completion,
-        "sensitivity_squared": sensitivity_squared, "accountant": a.accountant,
-        "conversion": a.conversion if a.accountant == "rdp" else None, "neighbours": "replace_one_with_zero",
+    def eps(epochs: int) -> float:
+        return ledger.epsilon(mechanism.ledger(replace(s, epochs=epochs), sigma), a.delta, s.accounting).epsilon
+
+    epochs = calibrate.largest_count(eps, a.target_epsilon, EPOCHS_MAX)
+    if epochs == 0:
+        raise InputError("--target-epsilon", a.target_epsilon, f"an ε above that of one epoch at σ={sigma}")
+    return epochs
+
+
+EPOCHS_MAX = 100_000  # the epochs calibration looks no further
+
+
+def _tuning(a: argparse.Namespace, bill: ledger.Ledger) -> dict[str, Any]:
+    """ε of releasing the best of K runs of this ledger (Papernot & Steinke 2022)."""
+    tuned = ledger.tuning_epsilon(bill, a.delta, a.tuning_trials, _tuning_shape(a), _accounting(a).orders)
+    out = {
+        "epsilon_tuning": tuned.epsilon, "tuning_trials": a.tuning_trials,
+        "tuning_distribution": a.tuning_distribution, "tuning_alpha": tuned.order,
     }  # fmt: skip
-    if a.target_epsilon is not None:
-        out |= {"target_epsilon": a.target_epsilon, "calibrated": "noise_multiplier"}
+    if a.tuning_distribution == "tnb":
+        out["tuning_eta"] = a.tuning_eta
     return out
 
 
-MECHANISMS: Registry[Any] = Registry("mechanism")
-MECHANISMS.register("dpsgd")(_dpsgd)
-MECHANISMS.register("dpftrl")(_dpftrl)
+def _plots(a: argparse.Namespace, sigma: float, steps: int) -> list[str]:
+    from dpsweep.analysis.privacy_plots import plot_all
+
+    paths = plot_all(a.plot, n=a.dataset_size, batch_size=a.batch_size, noise_multiplier=sigma, steps=steps,
+                     delta=a.delta)  # fmt: skip
+    return [str(f) for f in paths]
 
 
 def statement(o: dict[str, Any]) -> str:
     """The readable form of the result."""
     how = f"{o['accountant'].upper()} accountant" + (f", {o['conversion']} conversion" if o["conversion"] else "")
-    if o.get("mechanism") == "dpftrl":
-        restarts = f", the tree restarted every {o['restart_every']} epochs" if o["restart_every"] else ""
-        completion = " with tree completion" if o["tree_completion"] and o["restart_every"] else ""
-        text = (
-            f"DP-FTRL with noise multiplier σ = {o['noise_multiplier']:.6g} over {o['steps']} steps "
-            f"({o['epochs']} epochs of {o['steps_per_epoch']} batches in a fixed order{restarts}{completion}; "
-            f"no sampling, no amplification; tree sensitivity Δ² = {o['sensitivity_squared']}) satisfies "
-            f"differential privacy with ε = {o['epsilon']:.6g} and δ = {o['delta']:g} ({how}; one example "
-            "replaced by a zero record, Kairouz et al. 2021)."
-        )
-        if o.get("calibrated"):
-            text += f"\n{o['calibrated']} was calibrated for ε <= {o['target_epsilon']:g}."
-        return text
     text = (
-        f"DP-SGD with sample rate q = {o['sample_rate']:.6g} and noise multiplier σ = {o['noise_multiplier']:.6g}, "
-        f"iterated over {o['steps']} steps{_epochs(o)}, satisfies differential privacy with "
-        f"ε = {o['epsilon']:.6g} and δ = {o['delta']:g} ({how})."
+        f"{o['description']}, satisfies differential privacy with ε = {o['epsilon']:.6g} and "
+        f"δ = {o['delta']:g} ({how}; neighbours: {o['neighbours'].replace('_', ' ')})."
     )
     if o["alpha"] is not None:
         text += f"\nThe optimal RDP order is α = {o['alpha']:g}."
@@ -319,10 +325,6 @@ def statement(o: dict[str, Any]) -> str:
     for f in o.get("plots", []):
         text += f"\nwrote {f}"
     return text
-
-
-def _epochs(o: dict[str, Any]) -> str:
-    return f" ({o['epochs']} epochs)" if "epochs" in o else ""
 
 
 @exits_on_bad_input("dpsweep-epsilon")

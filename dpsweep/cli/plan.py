@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from dpsweep import mechanisms
 from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.errors import InputError as ConfigError
 from dpsweep.process.shutdown import run_then_exit
@@ -72,7 +73,7 @@ class PlanRow:
     n_train: int
     over_budget: bool  # ε > sweep.max_epsilon: dpsweep -m skips it
     skipped: str | None = None  # why dpsweep -m would not run it: FINISHED before, or a repeat of a job
-    mechanism: str | None = None  # dp.mechanism (dpsgd, dpftrl); None without DP
+    mechanism: str | None = None  # dp.mechanism (a name in dpsweep.mechanisms); None without DP
     unit: str | None = None  # whom ε protects (example, user; N counts them); None without DP
     peak_bytes: float | None = None  # predicted iteration peak (with --memory-model)
     gpu_memory: str | None = None  # the budget it is compared with
@@ -224,9 +225,8 @@ def format_table(rows: Sequence[PlanRow]) -> str:
         lines.append(line + ("  over budget: skipped" if r.over_budget else ""))
     accountants = sorted({r.accountant for r in rows if r.accountant})
     if accountants:
-        how = "Opacus Poisson convention"
-        if any(r.mechanism == "dpftrl" for r in rows):
-            how += "; dpftrl: its tree's Gaussian mechanism, no sampling"
+        used = sorted({r.mechanism for r in rows if r.mechanism})
+        how = "; ".join(f"{m}: {mechanisms.get(m).note}" for m in used)
         lines.append(f"ε: {', '.join(accountants)} accountant(s) over each job's steps ({how})")
     if memory:
         lines.append(

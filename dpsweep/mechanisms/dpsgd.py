@@ -1,118 +1,36 @@
-"""DP-SGD through Opacus (Abadi et al. 2016, "Deep Learning with Differential Privacy"): per-sample
-clipping to C, Gaussian noise of std σ·C on the sum, Poisson sampling, every step accounted.
+"""``dp.mechanism=dpsgd``: DP-SGD with Poisson sampling (Abadi et al. 2016, "Deep Learning with
+Differential Privacy"), one Poisson-subsampled Gaussian mechanism per step; trained through Opacus
+(:mod:`dpsweep.mechanisms.opacus_engine`), or by :mod:`dpsweep.mechanisms.functional` at user level.
 
-    made = make_private(cfg.dp, sigma, cfg.dp.max_grad_norm, model, optimizer, loader, criterion)
-    engine, model, optimizer, criterion, loader = made
-
-Only Poisson sampling is used: it is what the accountants analyse (amplification by Poisson
-subsampling, Mironov, Talwar & Zhang 2019), so a run's ε is that of what ran.
+    dpsweep dp.mechanism=dpsgd dp.noise_multiplier=1.1   # the default mechanism
+    dpsweep-epsilon -s 60000 -b 256 -n 1.1 -e 10
 """
 
 from __future__ import annotations
 
-import math
-import warnings
-from typing import Any
-
-import torch
-from opacus import PrivacyEngine
-from opacus.optimizers import DPOptimizer
-from opacus.optimizers.adaclipoptimizer import AdaClipDPOptimizer
-from torch import nn
-from torch.utils.data import DataLoader
-
-from dpsweep.config import Clipping, DPConfig, GradSampleMode
-from dpsweep.privacy import clipping
-
-# Known, understood warnings: secure_mode is off (recorded as the tag dp.secure_mode), and Opacus's
-# backward hooks fire on modules whose inputs need no gradient (the images).
-warnings.filterwarnings("ignore", message="Secure RNG turned off")
-warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
+from dpsweep.mechanisms.base import MECHANISMS, Mechanism, Setting
+from dpsweep.privacy import ledger
+from dpsweep.privacy import schedule as poisson
+from dpsweep.privacy.ledger import Ledger
 
 
-def make_private(
-    dp: DPConfig,
-    noise_multiplier: float,
-    max_grad_norm: float,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    loader: DataLoader[Any],
-    criterion: nn.Module,
-) -> tuple[PrivacyEngine, nn.Module, DPOptimizer, nn.Module, DataLoader[Any]]:
-    """Opacus DP-SGD: per-sample clipping to C = ``max_grad_norm``, Gaussian noise of std σ·C,
-    Poisson sampling at rate 1/len(loader), every step recorded in Opacus's accountant history,
-    which the run's ledger (``dpsweep.privacy.ledger``) accounts under ``dp.accountant``.
+class DPSGD(Mechanism):
+    name = "dpsgd"
+    label = "DP-SGD"
+    neighbours = ledger.NEIGHBOURS  # add or remove one example (or user)
+    sampled = True
+    note = "Poisson-sampled batches, amplified by sampling"
+    trains = "opacus"
+    citation = "Abadi et al. 2016; Mironov, Talwar & Zhang 2019 (the subsampled Gaussian's RDP)"
 
-    ``dp.grad_sample_mode`` picks how per-sample gradients are obtained; ghost clipping also wraps the
-    criterion (its loss runs Opacus's two backward passes), so the criterion to use is returned."""
-    # Opacus's accountant only records the (σ, q, steps) history here; ε comes from the ledger.
-    engine = PrivacyEngine(accountant="rdp", secure_mode=dp.secure_mode)
-    adaptive: dict[str, Any] = {}
-    if dp.clipping == Clipping.adaptive:
-        adaptive = {
-            "clipping": "adaptive", "target_unclipped_quantile": dp.clip_quantile,
-            "clipbound_learning_rate": dp.clip_lr, "max_clipbound": dp.clip_high,
-            "min_clipbound": max(dp.clip_low, MIN_CLIP_NORM),
-            "unclipped_num_std": clipping.count_noise(dp, loader.batch_size or 1),
-        }  # fmt: skip
-    made = engine.make_private(
-        module=model,
-        optimizer=optimizer,
-        data_loader=loader,
-        noise_multiplier=noise_multiplier,
-        max_grad_norm=max_grad_norm,
-        poisson_sampling=True,  # the accountants analyse Poisson subsampling
-        grad_sample_mode=dp.grad_sample_mode.value,
-        criterion=criterion,
-        **adaptive,
-    )
-    if dp.grad_sample_mode == GradSampleMode.ghost:
-        private_model, private_optimizer, criterion, private_loader = made
-    else:
-        private_model, private_optimizer, private_loader = made
-    if isinstance(private_optimizer, AdaClipDPOptimizer):
-        private_optimizer.__class__ = ExpectedBatchAdaClip  # the same object, with dpsweep's sound update
-        private_optimizer.normalize = dp.clip_normalize
-    return engine, private_model, private_optimizer, criterion, private_loader
+    def schedule(self, s: Setting) -> poisson.PoissonSchedule:
+        return poisson.poisson_schedule(s.population, s.batch_size)
+
+    def sample_rate(self, s: Setting) -> float:
+        return self.schedule(s).sample_rate
+
+    def ledger(self, s: Setting, noise_multiplier: float) -> Ledger:
+        return poisson.run_ledger(self.schedule(s), noise_multiplier, self.steps(s), s.extra)
 
 
-STATE_KEY = "dpsweep.max_grad_norm"  # adaptive clipping's current C in the optimizer's state_dict
-MIN_CLIP_NORM = 1e-6  # adaptive clipping's floor when dp.clip_low is 0: a norm of 0 clips every gradient away
-
-
-class ExpectedBatchAdaClip(AdaClipDPOptimizer):
-    """Opacus's adaptive clipping with the clipping-norm update of Andrew et al. 2021 and TF Privacy:
-    the unclipped share is the noisy count centred by 1/2 per example (sensitivity 1/2, the count noise
-    the accounting assumes) over the expected batch size, plus 1/2. Opacus's own update divides the
-    raw noisy count by the actual batch size, which is private and not noised. See dpsweep.privacy.clipping.
-
-    With ``normalize`` (``dp.clip_normalize``), the noisy clipped sum is divided by the C it was
-    clipped at, so the step does not grow with C. C is part of the optimizer's state_dict (checkpoints,
-    and the memory iteration that is undone)."""
-
-    normalize = False
-
-    def add_noise(self) -> None:
-        super().add_noise()
-        if self.normalize:
-            clip = float(self.max_grad_norm)  # the C of this step's clipping
-            for p in self.params:
-                p.grad /= clip
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), STATE_KEY: float(self.max_grad_norm)}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        state = dict(state_dict)
-        clip = state.pop(STATE_KEY, None)
-        super().load_state_dict(state)
-        if clip is not None:
-            self.max_grad_norm = clip
-
-    def update_max_grad_norm(self) -> None:
-        # unclipped_num is (#unclipped + N(0, σ_b²)) after add_noise; minus n/2 it is the centred release
-        centred = float(self.unclipped_num) - self.sample_size / 2
-        share = centred / max(self.expected_batch_size, 1) + 0.5
-        current = float(self.max_grad_norm)  # set by Opacus in __init__
-        norm = current * math.exp(-self.clipbound_learning_rate * (share - self.target_unclipped_quantile))
-        self.max_grad_norm = min(max(norm, self.min_clipbound), self.max_clipbound)
+MECHANISMS.register(DPSGD.name)(DPSGD())

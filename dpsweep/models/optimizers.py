@@ -1,6 +1,6 @@
 """Optimizers by ``optimizer.name``, in a registry: ``sgd`` and ``adam`` (torch.optim).
 
-With DP, Opacus wraps the optimizer built here in a ``DPOptimizer`` (``dpsweep.mechanisms.dpsgd``); weight decay
+With DP, Opacus wraps the optimizer built here in a ``DPOptimizer`` (``dpsweep.mechanisms.opacus_engine``); weight decay
 is applied by the wrapped optimizer after the noisy gradient, so it is not clipped per sample (it
 does not depend on the data).
 """

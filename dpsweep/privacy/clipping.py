@@ -28,7 +28,7 @@ the expected batch size (public) plus 1/2, and C <- C·exp(-η(share - γ)). The
 (1/σ² = 1/σ_Δ² + 1/(2σ_b)²): each step is charged as a Poisson-subsampled Gaussian at the full σ,
 not at σ_Δ (which Opacus's AdaClip accounting did until its fix). σ >= 2σ_b leaves σ_Δ undefined.
 Opacus's ``AdaClipDPOptimizer`` divides the raw noisy count by the actual (private) batch size;
-:class:`dpsweep.mechanisms.dpsgd.ExpectedBatchAdaClip` uses the centred count over the expected batch size.
+:class:`dpsweep.mechanisms.opacus_engine.ExpectedBatchAdaClip` uses the centred count over the expected batch size.
 """
 
 from __future__ import annotations

@@ -29,13 +29,13 @@ import itertools
 import math
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
-from dpsweep.privacy import ledger, rdp
+from dpsweep.privacy import calibrate, ledger, rdp
 from dpsweep.privacy.ledger import Accounting, Ledger
 
 # Opacus's accountant history: (noise_multiplier, sample_rate, steps) per constant segment.
@@ -88,10 +88,6 @@ CONVERSIONS = rdp.CONVERSIONS
 DEFAULT_ALPHAS = rdp.DEFAULT_ORDERS
 
 
-# Calibration stops once the bracket's ε is within this of the target (Opacus's default).
-CALIBRATION_TOLERANCE = 0.01
-
-
 @dataclass(frozen=True)
 class EpsilonResult:
     epsilon: float
@@ -135,9 +131,6 @@ def _steps(schedule: PoissonSchedule, epochs: int | None, steps: int | None) -> 
     return schedule.steps(epochs) if epochs is not None else int(steps)  # type: ignore[arg-type]
 
 
-SIGMA_MAX = 1e6  # calibration gives up beyond this σ: the target is out of reach
-
-
 def calibrate_noise(
     schedule: PoissonSchedule,
     target_epsilon: float,
@@ -148,32 +141,13 @@ def calibrate_noise(
     accounting: Accounting = Accounting(),
     extra: Ledger = Ledger(),
 ) -> float:
-    """Smallest σ found (to :data:`CALIBRATION_TOLERANCE`) whose ε, with ``extra``, does not exceed
-    ``target_epsilon``; ValueError when even σ = :data:`SIGMA_MAX` exceeds it.
-
-    Opacus's bisection (``get_noise_multiplier``): double the upper end until its ε is within the
-    target, then halve the bracket, always keeping the upper end, whose ε is <= target, so the result
-    never lands over the target."""
+    """Smallest σ found (to ``calibrate.RTOL``, relative) whose ε, with ``extra``, does not exceed
+    ``target_epsilon`` (:func:`dpsweep.privacy.calibrate.noise_multiplier`, the one bisection of every
+    mechanism); ValueError when even σ = ``calibrate.SIGMA_MAX`` exceeds it."""
     total = _steps(schedule, epochs, steps)
-
-    def eps(sigma: float) -> float:
-        return epsilon(schedule, sigma, delta, steps=total, accounting=accounting, extra=extra).epsilon
-
-    low, high = 0.0, 10.0
-    eps_high = eps(high)
-    while eps_high > target_epsilon:
-        low, high = high, 2 * high
-        if high > SIGMA_MAX:
-            raise ValueError(f"the privacy budget ε={target_epsilon} is too low: σ > {SIGMA_MAX:g} would be needed")
-        eps_high = eps(high)
-    while target_epsilon - eps_high > CALIBRATION_TOLERANCE:
-        mid = (low + high) / 2
-        eps_mid = eps(mid)
-        if eps_mid <= target_epsilon:
-            high, eps_high = mid, eps_mid
-        else:
-            low = mid
-    return high
+    return calibrate.noise_multiplier(
+        lambda sigma: run_ledger(schedule, sigma, total, extra), target_epsilon, delta, accounting
+    )
 
 
 def calibrate_epochs(
@@ -192,7 +166,7 @@ def calibrate_epochs(
     def eps(e: int) -> float:
         return epsilon(schedule, noise_multiplier, delta, epochs=e, accounting=accounting, extra=extra).epsilon
 
-    return _largest_within(eps, target_epsilon, max_epochs)
+    return calibrate.largest_count(eps, target_epsilon, max_epochs)
 
 
 def calibrate_steps(
@@ -212,22 +186,7 @@ def calibrate_steps(
     def eps(k: int) -> float:
         return epsilon(schedule, noise_multiplier, delta, steps=k, accounting=accounting, extra=extra).epsilon
 
-    return _largest_within(eps, target_epsilon, max_steps)
-
-
-def _largest_within(eps: Callable[[int], float], target_epsilon: float, most: int) -> int:
-    """The largest n in [1, most] with eps(n) <= target (0 if none). ε grows monotonically with the
-    number of steps, so this is a bisection: doubling, then halving the bracket."""
-    if eps(1) > target_epsilon:
-        return 0
-    lo, hi = 1, 2
-    while hi <= most and eps(hi) <= target_epsilon:
-        lo, hi = hi, hi * 2
-    hi = min(hi, most + 1)
-    while hi - lo > 1:  # invariant: eps(lo) <= target < eps(hi) (or hi past most)
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if eps(mid) <= target_epsilon else (lo, mid)
-    return lo
+    return calibrate.largest_count(eps, target_epsilon, max_steps)
 
 
 def epsilon_curve(

@@ -84,11 +84,9 @@ import numpy as np
 from dp_accounting import dp_event, privacy_accountant
 
 from dpsweep.errors import InputError
-from dpsweep.privacy import ledger, rdp
+from dpsweep.privacy import calibrate, ledger, rdp
 
 ACCOUNTANTS = ("rdp", "pld")  # dp-accounting's RdpAccountant and PLDAccountant
-SIGMA_MAX = 1e6  # calibration gives up beyond this σ: the target is out of reach
-CALIBRATION_RTOL = 1e-4  # calibration stops once its bracket is this narrow, relative to σ
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,6 +246,15 @@ def ftrl_epsilon(
     return ledger.sound_epsilon(float(acc.get_epsilon(delta)))
 
 
+def zcdp_sigma(sensitivity_squared: float, target_epsilon: float, delta: float) -> float:
+    """The σ of the zCDP bound ε <= ρ + 2·sqrt(ρ·log(1/δ)) (Bun & Steinke 2016, Prop. 1.3) with
+    ρ = Δ²/(2σ²): where calibration starts, close to the answer (far below it, the PLD accountant is
+    slow: a wide loss range)."""
+    log_inv_delta = math.log(1 / delta)
+    rho = (math.sqrt(log_inv_delta + target_epsilon) - math.sqrt(log_inv_delta)) ** 2
+    return math.sqrt(sensitivity_squared / (2 * rho))
+
+
 def calibrate_ftrl_noise(
     target_epsilon: float,
     steps_per_epoch: int,
@@ -258,9 +265,10 @@ def calibrate_ftrl_noise(
     *,
     accountant: str = "rdp",
 ) -> float:
-    """The smallest σ (to :data:`CALIBRATION_RTOL`, relative) whose :func:`ftrl_epsilon` does not exceed
+    """The smallest σ (to ``calibrate.RTOL``, relative) whose :func:`ftrl_epsilon` does not exceed
     ``target_epsilon``. Bisection that always keeps the upper end, whose ε is <= target, so the result
-    never lands above the target; InputError when even σ = :data:`SIGMA_MAX` is not enough."""
+    never lands above the target (:func:`dpsweep.privacy.calibrate.smallest_sigma`, the one bisection);
+    InputError when even σ = ``calibrate.SIGMA_MAX`` is not enough."""
     if not (isinstance(target_epsilon, numbers.Real) and 0 < target_epsilon < math.inf):
         raise InputError("dp.target_epsilon", target_epsilon, "a positive, finite privacy budget ε")
 
@@ -269,29 +277,14 @@ def calibrate_ftrl_noise(
             sigma, steps_per_epoch, epochs, delta, restart_every, tree_completion, accountant=accountant
         )
 
-    # Start from the σ of the zCDP bound ε <= ρ + 2·sqrt(ρ·log(1/δ)) (Bun & Steinke 2016, Prop. 1.3) with
-    # ρ = Δ²/(2σ²), close to the answer: far below it the PLD accountant is slow (a wide loss range).
     s2 = ftrl_sensitivity_squared(steps_per_epoch, epochs, restart_every, tree_completion)
     _check_delta(delta)
-    log_inv_delta = math.log(1 / delta)
-    rho = (math.sqrt(log_inv_delta + target_epsilon) - math.sqrt(log_inv_delta)) ** 2
-    high = min(math.sqrt(s2 / (2 * rho)), SIGMA_MAX)
-    while eps(high) > target_epsilon:
-        high *= 2
-        if high > SIGMA_MAX:
-            raise InputError(
-                "dp.target_epsilon", target_epsilon, f"a budget that σ <= {SIGMA_MAX:g} reaches for DP-FTRL"
-            )
-    low = high / 2
-    while eps(low) <= target_epsilon:
-        high, low = low, low / 2
-    while high - low > CALIBRATION_RTOL * high:  # invariant: eps(low) > target >= eps(high)
-        mid = (low + high) / 2
-        if eps(mid) <= target_epsilon:
-            high = mid
-        else:
-            low = mid
-    return high
+    try:
+        return calibrate.smallest_sigma(eps, target_epsilon, guess=zcdp_sigma(s2, target_epsilon, delta))
+    except ValueError as err:
+        raise InputError(
+            "dp.target_epsilon", target_epsilon, f"a budget that σ <= {calibrate.SIGMA_MAX:g} reaches for DP-FTRL"
+        ) from err
 
 
 # ---------------------------------------------------------------------------------------------

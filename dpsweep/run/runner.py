@@ -44,7 +44,7 @@ from dpsweep.config import Config, ConfigError, Device, flatten, identity, setti
 from dpsweep.data import loaders as datasets
 from dpsweep.data.facts import DatasetFacts
 from dpsweep.memory import stages as memory
-from dpsweep.plan import MemoryFiles, RunPlan, accounting, prepare
+from dpsweep.plan import MemoryFiles, RunPlan, accounting, mechanism_of, prepare
 from dpsweep.privacy import ledger
 from dpsweep.privacy.ledger import Ledger
 from dpsweep.run import checkpoint, prefetch
@@ -342,7 +342,7 @@ def _finish_privacy(cfg: Config, plan: RunPlan, task_run: tasks.TaskRun, result:
     result.delta, result.noise_multiplier = delta, plan.privacy.noise_multiplier
     result.sample_rate = plan.privacy.sample_rate
     run.log_metrics({f"epsilon_{name}": eps for name, eps in result.epsilons.items()}, step=cfg.train.epochs)
-    unit, neighbours = cfg.dp.unit.value, ledger.NEIGHBOURS_OF[cfg.dp.mechanism.value]
+    unit, neighbours = cfg.dp.unit.value, mechanism_of(cfg).neighbours
     record = ledger.to_json(bill, delta, how, result.epsilons, unit=unit, neighbours=neighbours)
     run.log_text(json.dumps(record, indent=2), PRIVACY_LEDGER)
     run.set_tags({

@@ -4,7 +4,7 @@
 
 One run: the model (``dpsweep.models.classifiers``) on the device, the optimizer
 (``dpsweep.models.optimizers``), a loader of logical batches of ``train.batch_size`` (shuffled without
-DP; with DP, Opacus's Poisson sampling through ``dpsweep.mechanisms.dpsgd.make_private``), optionally
+DP; with DP, Opacus's Poisson sampling through ``dpsweep.mechanisms.opacus_engine.make_private``), optionally
 held on the device (``train.device_resident``) and split into physical passes
 (``dpsweep.mechanisms.batches``). With ``model=vgg16_frozen`` and ``model.feature_cache`` the frozen
 features come from ``dpsweep.models.feature_cache`` and only the pool and head are trained on them. The
@@ -36,8 +36,8 @@ from dpsweep.config import Clipping, ConfigError, Mechanism
 from dpsweep.data import device as device_data
 from dpsweep.data import gathered, users
 from dpsweep.data import loaders as datasets
-from dpsweep.mechanisms import dpsgd
 from dpsweep.mechanisms import functional as func_dp
+from dpsweep.mechanisms import opacus_engine as dpsgd
 from dpsweep.mechanisms.batches import Batch, physical_batches
 from dpsweep.models import classifiers as model_zoo
 from dpsweep.models import feature_cache

@@ -1,0 +1,126 @@
+"""What a DP mechanism declares, and the registry of mechanisms by ``dp.mechanism`` (no torch).
+
+A mechanism is a ledger for a setting plus one calibration, as in dp-accounting (an event and
+``calibrate_dp_mechanism``): :meth:`Mechanism.ledger` maps a noise multiplier to the ledger of the
+whole run, and :meth:`Mechanism.calibrate` bisects over that map (:mod:`dpsweep.privacy.calibrate`).
+Besides, it names its neighbouring relation, whether it samples (and so is amplified), its labels and
+report note, the accountants that price it, and how it trains (``trains``: ``opacus`` or ``own_steps``,
+see :mod:`dpsweep.mechanisms.functional`).
+
+A new mechanism is one module that subclasses :class:`Mechanism` and registers an instance::
+
+    MECHANISMS.register("name")(MyMechanism())
+
+``dpsweep.plan``, ``dpsweep-epsilon``, ``dpsweep-plan`` and the report ask this registry; none of them
+names a mechanism.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from dpsweep.errors import InputError
+from dpsweep.privacy import calibrate
+from dpsweep.privacy.ledger import Accounting, Ledger
+from dpsweep.registry import Registry
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What a run's privacy depends on besides σ, from a config (``dpsweep.plan``) or a command line
+    (``dpsweep-epsilon``): N (examples, or users with ``dp.unit=user``), the batch size B, the length
+    (epochs, or steps where a mechanism counts them), δ, the accounting, the releases made besides
+    the mechanism's own (``extra``: a private clipping norm) and the mechanism's own options."""
+
+    population: int
+    batch_size: int
+    epochs: int | None
+    delta: float
+    accounting: Accounting = Accounting()
+    steps: int | None = None  # a length in steps instead of epochs (dpsweep-epsilon --steps)
+    extra: Ledger = Ledger()
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """ceil(N/B): one step per logical batch, each example (or user) in one batch per epoch in
+        expectation (Opacus's Poisson loader, and every mechanism here)."""
+        return math.ceil(self.population / self.batch_size)
+
+
+@dataclass(frozen=True)
+class Option:
+    """A mechanism's own setting: its ``dp.<key>`` config key and its ``dpsweep-epsilon`` flag."""
+
+    key: str  # under dp.
+    flag: str  # dpsweep-epsilon's
+    help: str
+    kind: type = int  # int, or bool for a switch
+
+
+class Mechanism(ABC):
+    """A DP mechanism: its privacy (ledger, calibration, neighbours) and how a run names it."""
+
+    label: ClassVar[str]  # e.g. "DP-SGD"
+    neighbours: ClassVar[str]  # the neighbouring relation of its ε: add_or_remove_one, replace_one_with_zero
+    sampled: ClassVar[bool]  # Poisson-sampled batches: amplified by sampling, and a sample rate q
+    note: ClassVar[str]  # the report's one line on how it is accounted
+    trains: ClassVar[str]  # "opacus" (DP-SGD hooks) or "own_steps" (torch.func, no Opacus)
+    accountants: ClassVar[tuple[str, ...]] = ("rdp", "prv", "pld")
+    options: ClassVar[tuple[Option, ...]] = ()
+    citation: ClassVar[str] = ""
+
+    @abstractmethod
+    def ledger(self, s: Setting, noise_multiplier: float) -> Ledger:
+        """Every release of a whole run at noise multiplier σ, ``s.extra`` included."""
+
+    def steps(self, s: Setting) -> int:
+        """The optimizer steps of the run (every step, with or without DP)."""
+        return s.steps if s.steps is not None else s.steps_per_epoch * (s.epochs or 0)
+
+    def sample_rate(self, s: Setting) -> float | None:
+        """q of a sampled mechanism; None for one that samples nothing."""
+        return 1 / s.steps_per_epoch if self.sampled else None
+
+    def guess(self, s: Setting, target_epsilon: float) -> float:
+        """Where the calibration's bracket search starts."""
+        return 1.0
+
+    def calibrate(self, s: Setting, target_epsilon: float) -> float:
+        """The smallest σ whose ledger spends at most ``target_epsilon`` (one bisection for all)."""
+        return calibrate.noise_multiplier(
+            lambda sigma: self.ledger(s, sigma), target_epsilon, s.delta, s.accounting, self.guess(s, target_epsilon)
+        )
+
+    def check(self, s: Setting) -> None:
+        """Refuse what this mechanism cannot price (InputError names the key)."""
+        if s.accounting.accountant not in self.accountants:
+            allowed = f"one of {', '.join(self.accountants)} for {self.label}"
+            raise InputError("dp.accountant", s.accounting.accountant, allowed)
+
+    def describe(self, s: Setting, noise_multiplier: float) -> str:
+        """One sentence on what ran, for ``dpsweep-epsilon``'s statement."""
+        q = self.sample_rate(s)
+        return (
+            f"{self.label} with "
+            + (f"sample rate q = {q:.6g} and " if q is not None else "")
+            + f"noise multiplier σ = {noise_multiplier:.6g}, iterated over {self.steps(s)} steps"
+            + (f" ({s.epochs} epochs)" if s.epochs is not None and s.steps is None else "")
+            + ("" if self.sampled else " (no sampling, no amplification)")
+        )
+
+    def details(self, s: Setting) -> dict[str, Any]:
+        """What else ``dpsweep-epsilon --json`` reports of this mechanism's setting."""
+        return {}
+
+
+MECHANISMS: Registry[Mechanism] = Registry("mechanism")
+
+
+def get(name: str, key: str = "dp.mechanism") -> Mechanism:
+    """The mechanism registered as ``name``; InputError naming ``key`` and the valid names otherwise."""
+    return MECHANISMS.get(name, key=key)
