@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from dpsweep.errors import InputError
@@ -112,6 +112,16 @@ class Mechanism(ABC):
             + (f" ({s.epochs} epochs)" if s.epochs is not None and s.steps is None else "")
             + ("" if self.sampled else " (no sampling, no amplification)")
         )
+
+    def ledger_taken(self, s: Setting, noise_multiplier: float, steps: int) -> Ledger:
+        """The ledger of the ``steps`` a run took (an early stop, a resume): the mechanism's own events
+        only; the releases before training (``s.extra``) are the run's to add."""
+        return Ledger() if steps == 0 else self.ledger(replace(s, steps=steps, extra=Ledger()), noise_multiplier)
+
+    def own_steps(self) -> Any:
+        """How it trains when it noises its own gradients (``trains = "own_steps"``, or at user level):
+        a ``dpsweep.mechanisms.functional.OwnRule``; imported here, where a run trains (torch)."""
+        raise NotImplementedError(f"{self.label} has no rule for its own steps")
 
     def details(self, s: Setting) -> dict[str, Any]:
         """What else ``dpsweep-epsilon --json`` reports of this mechanism's setting."""

@@ -10,6 +10,8 @@ with :mod:`dpsweep.mechanisms.ftrl`'s tree and optimizer.
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from typing import Any
 
 from dpsweep.errors import InputError
@@ -52,6 +54,24 @@ class DPFTRL(Mechanism):
 
     def guess(self, s: Setting, target_epsilon: float) -> float:
         return tree.zcdp_sigma(tree.ftrl_sensitivity_squared(*self._shape(s)), target_epsilon, s.delta)
+
+    def ledger_taken(self, s: Setting, noise_multiplier: float, steps: int) -> Ledger:
+        """Over the epochs begun (a unit's sensitivity only grows with steps), and a restart only where
+        one has happened."""
+        if steps == 0:
+            return Ledger()
+        epochs = math.ceil(steps / s.steps_per_epoch)
+        restart = s.options.get("ftrl_restart_every")
+        options = dict(s.options) | {
+            "ftrl_restart_every": restart if restart is not None and restart <= epochs else None
+        }
+        return self.ledger(replace(s, epochs=epochs, steps=None, extra=Ledger(), options=options), noise_multiplier)
+
+    def own_steps(self) -> Any:
+        """The fixed order's batches; the FTRL optimizer's tree noises the prefix sums."""
+        from dpsweep.mechanisms.functional import TreeAggregation  # torch: where a run trains
+
+        return TreeAggregation()
 
     def details(self, s: Setting) -> dict[str, Any]:
         steps_per_epoch, _, restart_every, completion = self._shape(s)

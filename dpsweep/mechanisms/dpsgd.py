@@ -8,6 +8,8 @@ Differential Privacy"), one Poisson-subsampled Gaussian mechanism per step; trai
 
 from __future__ import annotations
 
+from typing import Any
+
 from dpsweep.mechanisms.base import MECHANISMS, Mechanism, Setting
 from dpsweep.privacy import ledger
 from dpsweep.privacy import schedule as poisson
@@ -31,6 +33,12 @@ class DPSGD(Mechanism):
 
     def ledger(self, s: Setting, noise_multiplier: float) -> Ledger:
         return poisson.run_ledger(self.schedule(s), noise_multiplier, self.steps(s), s.extra)
+
+    def own_steps(self) -> Any:
+        """At user level: users Poisson-sampled, noise on the sum of their clipped contributions."""
+        from dpsweep.mechanisms.functional import PoissonUnits  # torch: where a run trains
+
+        return PoissonUnits()
 
 
 MECHANISMS.register(DPSGD.name)(DPSGD())

@@ -29,17 +29,19 @@ checkpoint restores it with the optimizer and the ledger counts exactly the step
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from dpsweep.config import Config, Mechanism, PrivacyUnit
+from dpsweep.config import Config, PrivacyUnit
+from dpsweep.data import device as device_data
 from dpsweep.data import users
-from dpsweep.mechanisms import ftrl
-from dpsweep.privacy import ledger
+from dpsweep.mechanisms import ftrl, get
+from dpsweep.models.optimizers import build_optimizer
 from dpsweep.privacy import tree as ftrl_accounting
 
 STEPS_KEY = "dp_steps"  # the optimizer param-group entry counting DP steps (saved with its state_dict)
@@ -47,9 +49,17 @@ ORDER_SEED_OFFSET = 4_243  # the fixed order's permutation: its own generator, s
 
 
 def uses_own_steps(cfg: Config) -> bool:
-    """A DP run whose steps are this module's (not Opacus's example-level DP-SGD)."""
+    """A DP run whose steps are this module's: a mechanism that trains so (``trains = "own_steps"``), or
+    any at user level (Opacus's hooks clip examples, not users)."""
     dp = cfg.dp
-    return dp.enabled and (dp.mechanism != Mechanism.dpsgd or dp.unit != PrivacyUnit.example)
+    mechanism = get(str(getattr(dp.mechanism, "value", dp.mechanism)))
+    return dp.enabled and (mechanism.trains == "own_steps" or dp.unit != PrivacyUnit.example)
+
+
+def rule_of(cfg: Config) -> OwnRule:
+    """How the run's mechanism takes its own steps (``Mechanism.own_steps``)."""
+    rule: OwnRule = get(str(getattr(cfg.dp.mechanism, "value", cfg.dp.mechanism))).own_steps()
+    return rule
 
 
 def unit_ids(cfg: Config, labels: Tensor) -> Tensor | None:
@@ -105,11 +115,133 @@ class FixedOrderBatches:
             yield users.UserBatch(self.x[index], self.y[index], segment)
 
 
-class OwnSteps:
-    """One DP step of a unit batch: the clipped contributions summed, noised by the mechanism, stepped."""
+@dataclass
+class OwnSetup:
+    """What a rule trains with: its optimizer, its generator (checkpointed), its batches of units for
+    an epoch and the number of units it divides a step's noisy sum by."""
 
-    def __init__(self, cfg: Config, model: nn.Module, loss_fn: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self.cfg, self.model, self.loss_fn, self.optimizer = cfg, model, loss_fn, optimizer
+    optimizer: torch.optim.Optimizer
+    generator: torch.Generator
+    batches: Iterable[users.UserBatch]
+    expected_units: float
+
+
+class OwnRule(ABC):
+    """How a mechanism that noises its own gradients trains: its batches and optimizer, the noised
+    gradient of one batch, and what happens after an epoch. Each mechanism that trains so returns
+    one from ``own_steps()`` (``dpsweep.mechanisms.base``)."""
+
+    @abstractmethod
+    def setup(
+        self,
+        cfg: Config,
+        model: nn.Module,
+        data: tuple[Tensor, Tensor, Tensor | None],
+        exact: FixedOrderBatches,
+        sigma: float,
+        device: torch.device,
+    ) -> OwnSetup:
+        """The optimizer, generator and batches of a run; ``exact`` holds B units per batch in a fixed order."""
+
+    @abstractmethod
+    def gradient(
+        self,
+        cfg: Config,
+        model: nn.Module,
+        loss_fn: nn.Module,
+        batch: users.UserBatch,
+        sigma: float,
+        expected_units: float,
+    ) -> dict[str, Tensor]:
+        """The gradient the optimizer steps with, by parameter name (noised here or by the optimizer)."""
+
+    def end_epoch(self, cfg: Config, optimizer: torch.optim.Optimizer, epoch: int) -> None:
+        """After epoch ``epoch`` (1-based): nothing, unless the rule says otherwise."""
+        return None
+
+
+class PoissonUnits(OwnRule):
+    """User-level DP-SGD (McMahan et al. 2018): users Poisson-sampled at q = 1/ceil(U/B), N(0, σ²C²) on
+    the sum of their clipped contributions, over the expected number of users; the configured optimizer."""
+
+    def setup(
+        self,
+        cfg: Config,
+        model: nn.Module,
+        data: tuple[Tensor, Tensor, Tensor | None],
+        exact: FixedOrderBatches,
+        sigma: float,
+        device: torch.device,
+    ) -> OwnSetup:
+        x, y, unit = data
+        assert unit is not None
+        generator = device_data.device_generator(device, cfg.train.seed)
+        sampled = users.UserBatches(
+            x, y, unit, expected_users_per_step=cfg.train.batch_size,
+            max_examples_per_user=cfg.dp.max_examples_per_user, device=device, generator=generator,
+        )  # fmt: skip
+        return OwnSetup(build_optimizer(cfg.optimizer, model), generator, sampled, sampled.expected_users)
+
+    def gradient(
+        self,
+        cfg: Config,
+        model: nn.Module,
+        loss_fn: nn.Module,
+        batch: users.UserBatch,
+        sigma: float,
+        expected_units: float,
+    ) -> dict[str, Tensor]:
+        x, y, segment = batch
+        c, n_seg = cfg.dp.max_grad_norm, users.segment_count(segment)
+        return users.user_level_gradient(model, loss_fn, x, y, segment, n_seg, c, sigma, expected_units)
+
+
+class TreeAggregation(OwnRule):
+    """DP-FTRL: the fixed order's batches; the clipped sum over B goes to the FTRL optimizer, whose tree
+    adds σC/B per node; the tree restarts after every ``dp.ftrl_restart_every`` epochs."""
+
+    def setup(
+        self,
+        cfg: Config,
+        model: nn.Module,
+        data: tuple[Tensor, Tensor, Tensor | None],
+        exact: FixedOrderBatches,
+        sigma: float,
+        device: torch.device,
+    ) -> OwnSetup:
+        generator = torch.Generator().manual_seed(cfg.train.seed)  # the order is fixed: nothing to draw
+        return OwnSetup(ftrl_optimizer(cfg, model, sigma, device), generator, exact, float(cfg.train.batch_size))
+
+    def gradient(
+        self,
+        cfg: Config,
+        model: nn.Module,
+        loss_fn: nn.Module,
+        batch: users.UserBatch,
+        sigma: float,
+        expected_units: float,
+    ) -> dict[str, Tensor]:
+        x, y, segment = batch
+        if not len(y):
+            return {k: torch.zeros_like(p) for k, p in model.named_parameters() if p.requires_grad}
+        parts = users.user_contributions(
+            model, loss_fn, x, y, segment, users.segment_count(segment), cfg.dp.max_grad_norm
+        )
+        return {k: g.sum(dim=0) / expected_units for k, g in parts.items()}
+
+    def end_epoch(self, cfg: Config, optimizer: torch.optim.Optimizer, epoch: int) -> None:
+        restart = ftrl_accounting.restart_after_epoch(epoch, cfg.train.epochs, cfg.dp.ftrl_restart_every)
+        if isinstance(optimizer, ftrl.FTRLOptimizer) and restart:
+            optimizer.restart()
+
+
+class OwnSteps:
+    """One DP step of a unit batch: the rule's noised gradient, then the optimizer's step."""
+
+    def __init__(
+        self, cfg: Config, model: nn.Module, loss_fn: nn.Module, optimizer: torch.optim.Optimizer, rule: OwnRule
+    ) -> None:
+        self.cfg, self.model, self.loss_fn, self.optimizer, self.rule = cfg, model, loss_fn, optimizer, rule
         self.optimizer.param_groups[0].setdefault(STEPS_KEY, 0)
 
     @property
@@ -119,20 +251,10 @@ class OwnSteps:
     def step(self, batch: users.UserBatch, expected_units: float, sigma: float, stages: Any) -> None:
         """One step. The loss is not computed (a forward pass more per step): with DP the training
         loss is an un-noised statistic that no run releases anyway."""
-        x, y, segment = batch
         stages.mark("batch_load")
         self.optimizer.zero_grad(set_to_none=True)
-        n_seg = users.segment_count(segment)
-        c = self.cfg.dp.max_grad_norm
         params = {k: p for k, p in self.model.named_parameters() if p.requires_grad}
-        if self.cfg.dp.mechanism == Mechanism.dpftrl:  # the clipped sum over B: the tree adds σC/B per node
-            if len(y):
-                parts = users.user_contributions(self.model, self.loss_fn, x, y, segment, n_seg, c)
-                grads = {k: g.sum(dim=0) / expected_units for k, g in parts.items()}
-            else:
-                grads = {k: torch.zeros_like(p) for k, p in params.items()}
-        else:  # user-level DP-SGD: noise σC on the sum, over the expected number of users
-            grads = users.user_level_gradient(self.model, self.loss_fn, x, y, segment, n_seg, c, sigma, expected_units)
+        grads = self.rule.gradient(self.cfg, self.model, self.loss_fn, batch, sigma, expected_units)
         stages.mark("backward")
         for name, p in params.items():
             p.grad = grads[name].detach()
@@ -141,11 +263,7 @@ class OwnSteps:
         stages.mark("optimizer_step")
 
     def end_epoch(self, epoch: int) -> None:
-        """DP-FTRL: restart the tree after every dp.ftrl_restart_every epochs (not after the last)."""
-        dp = self.cfg.dp
-        restart = ftrl_accounting.restart_after_epoch(epoch, self.cfg.train.epochs, dp.ftrl_restart_every)
-        if dp.mechanism == Mechanism.dpftrl and isinstance(self.optimizer, ftrl.FTRLOptimizer) and restart:
-            self.optimizer.restart()
+        self.rule.end_epoch(self.cfg, self.optimizer, epoch)
 
 
 def ftrl_optimizer(cfg: Config, model: nn.Module, sigma: float, device: torch.device) -> ftrl.FTRLOptimizer:
@@ -157,14 +275,3 @@ def ftrl_optimizer(cfg: Config, model: nn.Module, sigma: float, device: torch.de
         params, std=std, generator=generator, tree_completion=cfg.dp.ftrl_tree_completion
     )
     return ftrl.FTRLOptimizer(params, lr=cfg.optimizer.lr, momentum=getattr(cfg.optimizer, "momentum", 0.0), noise=tree)
-
-
-def ftrl_ledger(cfg: Config, sigma: float, steps: int, steps_per_epoch: int) -> ledger.Ledger:
-    """DP-FTRL's ledger over the epochs begun (``steps`` taken): one Gaussian mechanism of the tree's sensitivity."""
-    if steps == 0:
-        return ledger.Ledger()
-    epochs = math.ceil(steps / steps_per_epoch)
-    restart = cfg.dp.ftrl_restart_every
-    restart = restart if restart is not None and restart <= epochs else None  # no restart has happened yet
-    entry = ftrl_accounting.ftrl_entry(sigma, steps_per_epoch, epochs, restart, cfg.dp.ftrl_tree_completion)
-    return ledger.Ledger((entry,))

@@ -32,7 +32,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from tqdm.auto import tqdm
 
-from dpsweep.config import Clipping, ConfigError, Mechanism
+from dpsweep.config import Clipping, ConfigError
 from dpsweep.data import device as device_data
 from dpsweep.data import gathered, users
 from dpsweep.data import loaders as datasets
@@ -42,6 +42,7 @@ from dpsweep.mechanisms.batches import Batch, physical_batches
 from dpsweep.models import classifiers as model_zoo
 from dpsweep.models import feature_cache
 from dpsweep.models.optimizers import build_optimizer
+from dpsweep.plan import mechanism_of, setting
 from dpsweep.privacy import clipping, ledger
 from dpsweep.tasks import TASKS, Checkpointed, Marks, RunInputs, Stages
 from dpsweep.tracking import Tracker
@@ -127,30 +128,21 @@ class ClassifierRun:
         return Checkpointed(self.model, self.optimizer, self.engine, self.generator)
 
     def _start_own_steps(self) -> Checkpointed:
-        """DP-FTRL or user-level DP-SGD (``dpsweep.mechanisms.functional``): the training split on the
-        device, in units."""
+        """A mechanism that noises its own gradients, or any at user level (``dpsweep.mechanisms.functional``):
+        the training split on the device, in units; batches and optimizer from the mechanism's rule."""
         cfg, device = self.cfg, self.device
         sigma = self.inputs.plan.noise_multiplier
         assert sigma is not None  # a DP run
         x, y = device_data.materialize(self.data.train)
         unit = func_dp.unit_ids(cfg, y)
         m = cfg.dp.max_examples_per_user if unit is not None else 1
-        B = cfg.train.batch_size
-        self.exact = func_dp.FixedOrderBatches(x, y, unit, B, m, cfg.train.seed, device)  # B units, for the probes
-        if cfg.dp.mechanism == Mechanism.dpftrl:
-            self.optimizer = func_dp.ftrl_optimizer(cfg, self.model, sigma, device)
-            self.generator = torch.Generator().manual_seed(cfg.train.seed)  # the order is fixed: nothing to draw
-            self.unit_batches: Iterable[users.UserBatch] = self.exact
-            self.expected_units = float(B)
-        else:
-            assert unit is not None
-            self.optimizer = build_optimizer(cfg.optimizer, self.model)
-            self.generator = device_data.device_generator(device, cfg.train.seed)
-            sampled = users.UserBatches(
-                x, y, unit, expected_users_per_step=B, max_examples_per_user=m, device=device, generator=self.generator
-            )
-            self.unit_batches, self.expected_units = sampled, sampled.expected_users
-        self.own, self.sigma = func_dp.OwnSteps(cfg, self.model, self.criterion, self.optimizer), sigma
+        self.exact = func_dp.FixedOrderBatches(x, y, unit, cfg.train.batch_size, m, cfg.train.seed, device)
+        rule = func_dp.rule_of(cfg)
+        own = rule.setup(cfg, self.model, (x, y, unit), self.exact, sigma, device)
+        self.optimizer, self.generator = own.optimizer, own.generator
+        self.unit_batches: Iterable[users.UserBatch] = own.batches
+        self.expected_units = own.expected_units
+        self.own, self.sigma = func_dp.OwnSteps(cfg, self.model, self.criterion, self.optimizer, rule), sigma
         self.max_grad_norm = cfg.dp.max_grad_norm
         return Checkpointed(self.model, self.optimizer, None, self.generator)
 
@@ -288,9 +280,8 @@ class ClassifierRun:
     def privacy_ledger(self) -> ledger.Ledger:
         plan = self.inputs.plan.privacy
         if self.own is not None and plan is not None:
-            if self.cfg.dp.mechanism == Mechanism.dpftrl:
-                return func_dp.ftrl_ledger(self.cfg, plan.noise_multiplier, self.own.steps, len(self.exact))
-            return ledger.from_history([(plan.noise_multiplier, plan.poisson_rate, self.own.steps)])
+            s = setting(self.cfg, self.inputs.plan.facts.n_train)
+            return mechanism_of(self.cfg).ledger_taken(s, plan.noise_multiplier, self.own.steps)
         if self.engine is None:
             return ledger.Ledger()
         before = ledger.Ledger((self.released,)) if self.released is not None else ledger.Ledger()
