@@ -68,7 +68,7 @@ class PlannedPrivacy:
 
     noise_multiplier: float  # σ
     calibrated: bool  # σ was calibrated to dp.target_epsilon
-    sample_rate: float | None  # q the accountant records per step (of examples or users); None: dpftrl samples none
+    sample_rate: float | None  # q the accountant records per step (of examples or users); None: no sampling
     steps: int  # every step of train.epochs, or fewer where gan.stop_at_budget stops the run
     delta: float
     accountant: str
@@ -77,7 +77,7 @@ class PlannedPrivacy:
 
     @property
     def poisson_rate(self) -> float:
-        """q of a Poisson-sampled mechanism (DP-SGD); ValueError for one that samples nothing (dpftrl)."""
+        """q of a Poisson-sampled mechanism (DP-SGD); ValueError for one that samples nothing."""
         if self.sample_rate is None:
             raise ValueError("this run's mechanism samples nothing: it has no Poisson rate")
         return self.sample_rate

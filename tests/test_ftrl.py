@@ -22,10 +22,10 @@ from scipy import optimize
 from scipy.stats import norm
 
 from dpsweep.errors import InputError
+from dpsweep.mechanisms import dpftrl_accounting as fa
 from dpsweep.mechanisms.ftrl import FTRLOptimizer, TreeAggregator
 from dpsweep.privacy import ledger, rdp
 from dpsweep.privacy import schedule as privacy
-from dpsweep.privacy import tree as fa
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,6 +415,6 @@ def test_optimizer_rejects_a_tree_of_other_shapes() -> None:
 
 
 def test_planning_imports_no_torch() -> None:
-    code = "import sys, dpsweep.privacy.tree as f; f.calibrate_ftrl_noise(3.0, 10, 4, 1e-5, 2, True); "
+    code = "import sys, dpsweep.mechanisms.dpftrl_accounting as f; f.calibrate_ftrl_noise(3.0, 10, 4, 1e-5, 2, True); "
     code += "assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

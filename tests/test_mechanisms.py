@@ -14,9 +14,9 @@ from mlflow.tracking import MlflowClient
 
 from dpsweep.config import ConfigError, to_config
 from dpsweep.data.facts import DatasetFacts
+from dpsweep.mechanisms import dpftrl_accounting as ftrl_accounting
 from dpsweep.plan import prepare
 from dpsweep.privacy import schedule as privacy
-from dpsweep.privacy import tree as ftrl_accounting
 from dpsweep.run.runner import train
 from dpsweep.tasks import classifier
 

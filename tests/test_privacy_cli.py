@@ -257,7 +257,7 @@ def test_report_help_names_the_formats_and_sort_keys_it_accepts() -> None:
 
 def test_dpftrl_is_priced_without_sampling_and_calibrated(capsys: pytest.CaptureFixture[str]) -> None:
     """DP-FTRL: ceil(N/B) batches per epoch, the tree's sensitivity, no sample rate; --target-epsilon calibrates σ."""
-    from dpsweep.privacy import tree as ftrl_accounting
+    from dpsweep.mechanisms import dpftrl_accounting as ftrl_accounting
 
     argv = ["--mechanism", "dpftrl", "-s", "1437", "-b", "64", "-e", "6", "--restart-every", "2", "--json"]
     out = run([*argv, "-n", "4", "--tree-completion"])

@@ -1,4 +1,4 @@
-"""``dpsweep-epsilon``: the privacy cost of a DP-SGD configuration, before training.
+"""``dpsweep-epsilon``: the privacy cost of a mechanism's configuration, before training.
 
 In the style of the field's ``compute_dp_sgd_privacy`` script::
 
@@ -9,17 +9,16 @@ In the style of the field's ``compute_dp_sgd_privacy`` script::
     dpsweep-epsilon -s 60000 -b 150 -n 1.3 -e 15 --plot plots/   # ε against each knob, as PNG
     dpsweep-epsilon -s 60000 -b 150 -n 1.3 -e 15 --clipping quantile --clip-epsilon 1   # with a private C
     dpsweep-epsilon -s 60000 -b 150 -n 1.3 -e 15 --tuning-trials 10 --tuning-distribution poisson
-    dpsweep-epsilon --mechanism dpftrl -s 60000 -b 250 -e 100 -n 46.3 --restart-every 20 --tree-completion
-    dpsweep-epsilon --mechanism dpftrl -s 50 -b 5 -e 30 --target-epsilon 8   # user level: N = users
+    dpsweep-epsilon --mechanism NAME -s 50 -b 5 -e 30 --target-epsilon 8   # any registered mechanism
 
-Steps follow Opacus's Poisson loader (see ``dpsweep.privacy.schedule``), so the ε printed here is exactly the
-ε ``dpsweep`` logs at the end of a run with the same N, B, σ, epochs, δ and clipping. ``--clipping
-quantile`` adds the clipping-norm release (``dpsweep.privacy.clipping``; calibration then spends the target
-with it). ``--tuning-trials M`` also prints the ε of tuning: the best of K runs, K random with mean M
-(Papernot & Steinke 2022, dp-accounting's RepeatAndSelectDpEvent). ``--mechanism dpftrl`` prices
-DP-FTRL instead (Kairouz et al. 2021; ``dpsweep.privacy.tree``): ceil(N/B) batches per epoch in a
-fixed order, tree aggregation restarted every ``--restart-every`` epochs, one Gaussian mechanism of
-the tree's sensitivity, no sampling and so no amplification. Bad input exits with 2.
+``--mechanism`` takes any mechanism of the registry (``dpsweep.mechanisms``; DP-SGD by default), with
+its own options (each mechanism's docstring gives its command). Its ledger is the one a run of the
+same N, B, σ, epochs, δ and clipping records, so the ε printed here is exactly the ε ``dpsweep`` logs
+at the end of such a run; calibration is the mechanism's (one bisection over σ -> ledger).
+``--clipping quantile`` adds the clipping-norm release (``dpsweep.privacy.clipping``; calibration then
+spends the target with it), for a mechanism that samples. ``--tuning-trials M`` also prints the ε of
+tuning: the best of K runs, K random with mean M (Papernot & Steinke 2022, dp-accounting's
+RepeatAndSelectDpEvent). Bad input exits with 2.
 """
 
 from __future__ import annotations

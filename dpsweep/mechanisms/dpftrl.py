@@ -1,7 +1,7 @@
 """``dp.mechanism=dpftrl``: DP-FTRL (Kairouz et al. 2021, "Practical and Private (Deep) Learning
 without Sampling or Shuffling"): tree-aggregation noise on the prefix sums of the clipped gradients,
 batches in a fixed order, no sampling and so no amplification. Accounted as one Gaussian mechanism of
-the tree's sensitivity (:mod:`dpsweep.privacy.tree`); trained by :mod:`dpsweep.mechanisms.functional`
+the tree's sensitivity (:mod:`dpsweep.mechanisms.dpftrl_accounting`); trained by :mod:`dpsweep.mechanisms.functional`
 with :mod:`dpsweep.mechanisms.ftrl`'s tree and optimizer.
 
     dpsweep dp.mechanism=dpftrl optimizer.momentum=0.9 dp.ftrl_restart_every=5
@@ -15,8 +15,8 @@ from dataclasses import replace
 from typing import Any
 
 from dpsweep.errors import InputError
+from dpsweep.mechanisms import dpftrl_accounting as tree
 from dpsweep.mechanisms.base import MECHANISMS, Mechanism, Option, Setting
-from dpsweep.privacy import tree
 from dpsweep.privacy.ledger import Ledger
 
 

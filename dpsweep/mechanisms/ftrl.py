@@ -1,10 +1,10 @@
 """DP-FTRL, the mechanism: tree-aggregation noise (:class:`TreeAggregator`) and the FTRL optimizer with
-heavy-ball momentum (:class:`FTRLOptimizer`). Its privacy is planned by :mod:`dpsweep.privacy.tree`
+heavy-ball momentum (:class:`FTRLOptimizer`). Its privacy is planned by :mod:`dpsweep.mechanisms.dpftrl_accounting`
 (no torch there).
 
     import torch
     from dpsweep.mechanisms.ftrl import FTRLOptimizer, TreeAggregator
-    from dpsweep.privacy.tree import restart_after_epoch
+    from dpsweep.mechanisms.dpftrl_accounting import restart_after_epoch
 
     tree = TreeAggregator.for_params(model.parameters(), std=noise_multiplier * clip,
                                      generator=torch.Generator(device).manual_seed(seed), tree_completion=True)

@@ -17,7 +17,7 @@ own gradient clipped), and a step sums the contributions of its units:
   public constant, also for the last, smaller batch, so that optimizer.lr means what it does for
   SGD) goes to :class:`~dpsweep.mechanisms.ftrl.FTRLOptimizer`, whose tree adds N(0, (σC/B)²) per node: the
   sum's N(0, σ²C²) over B, as the reference implementation scales it. The tree restarts
-  after every ``dp.ftrl_restart_every`` epochs. Accounted by ``dpsweep.privacy.tree`` over the
+  after every ``dp.ftrl_restart_every`` epochs. Accounted by ``dpsweep.mechanisms.dpftrl_accounting`` over the
   epochs begun (a unit's sensitivity only grows with steps): no amplification.
 - **User-level DP-SGD** (McMahan et al. 2018): users Poisson-sampled at q = 1/ceil(U/B)
   (``dpsweep.data.users.UserBatches``), N(0, σ²C²) added to the sum, divided by q·U, and the configured
@@ -40,9 +40,9 @@ from torch import Tensor, nn
 from dpsweep.config import Config, PrivacyUnit
 from dpsweep.data import device as device_data
 from dpsweep.data import users
+from dpsweep.mechanisms import dpftrl_accounting as ftrl_accounting
 from dpsweep.mechanisms import ftrl, get
 from dpsweep.models.optimizers import build_optimizer
-from dpsweep.privacy import tree as ftrl_accounting
 
 STEPS_KEY = "dp_steps"  # the optimizer param-group entry counting DP steps (saved with its state_dict)
 ORDER_SEED_OFFSET = 4_243  # the fixed order's permutation: its own generator, seeded from train.seed
