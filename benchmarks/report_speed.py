@@ -123,7 +123,7 @@ def log_runs(uri: str, artifacts: Path) -> int:
 def time_stages(uri: str, out: Path) -> dict[str, float]:
     """Each stage of the report in this process, in seconds (imports excluded)."""
     from dpsweep.analysis import report as rep
-    from dpsweep.analysis import report_plots
+    from dpsweep.analysis.report import plots as report_plots
 
     stages: dict[str, float] = {}
     start = time.perf_counter()

@@ -278,7 +278,7 @@ def test_html_report_is_one_self_contained_page_and_figures_take_a_format_and_dp
 @pytest.mark.slow
 @SWEEP
 def test_curves_are_labelled_by_what_differs_with_legends_outside_the_data(sweep: Sweep) -> None:
-    from dpsweep.analysis import report_plots as rp
+    from dpsweep.analysis.report import plots as rp
 
     r = rep.build_report(sweep.uri, EXPERIMENT)
     private = r.runs[r.runs["private"]]

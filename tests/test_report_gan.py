@@ -24,7 +24,8 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from dpsweep.analysis import report as rep
-from dpsweep.analysis import report_plots
+from dpsweep.analysis.report import samples
+from dpsweep.analysis.report.cells import epsilon_text
 from dpsweep.cli.report import run
 from dpsweep.run.runner import train
 
@@ -105,7 +106,7 @@ def test_gan_rows_score_tstr_and_drop_against_the_non_private_gan(gan_store: Gan
     assert reference.startswith("digits/gan: the same classifier (cnn)") and f"{shown} test accuracy" in reference
     assert "(2 non-private runs)" in reference
     [memorised] = [n for n in notes if "memorisation share" in n]
-    assert f"ε={rep._epsilon(private['epsilon'])} {mean(shares) * 100:.1f}%" in memorised
+    assert f"ε={epsilon_text(private['epsilon'])} {mean(shares) * 100:.1f}%" in memorised
     assert "TSTR" in notes[1] and not any("no tstr_accuracy metric" in w for w in r.warnings)
     assert any(
         "logged memorisation_share, a statistic of the training data that no accountant" in w for w in r.warnings
@@ -142,10 +143,10 @@ def test_report_out_draws_the_final_sample_grids_by_epsilon(
     assert 20_000 < (out / "gan_samples.png").stat().st_size < 5_000_000
     assert "![gan samples](gan_samples.png)" in (out / "report.md").read_text()
     # the tiles: by ε, the non-private GAN last; each the grid of its row's first run
-    order = report_plots.sample_rows(r.table)
+    order = samples.sample_rows(r.table)
     assert list(order["private"]) == [True, False]
     client = MlflowClient(gan_store.uri)
-    epoch, grid = report_plots.final_sample_grid(client, order.iloc[0]["run_ids"][0], tmp_path / "grid") or (0, None)
+    epoch, grid = samples.final_sample_grid(client, order.iloc[0]["run_ids"][0], tmp_path / "grid") or (0, None)
     assert epoch == 1 and grid is not None and grid.name == "epoch_001.png"
     # curves.png read the chosen runs' TSTR accuracy (their objective), not test_accuracy
     chosen = rep.best_runs(r.runs)
@@ -185,12 +186,12 @@ def test_the_newest_sample_grid_is_the_one_of_the_highest_epoch(
     run_id = log_run(client, experiment_name, BASE | OFF | GAN, {"tstr_accuracy": 0.5}, {"task.name": "gan"})
     for epoch in (2, 10, 9):  # logged out of order; 10 > 9 > 2 as numbers
         client.log_image(run_id, np.full((8, 8), epoch, dtype=np.uint8), f"samples/epoch_{epoch:03d}.png")
-    found = report_plots.final_sample_grid(client, run_id, tmp_path)
+    found = samples.final_sample_grid(client, run_id, tmp_path)
     assert found is not None and found[0] == 10
     with Image.open(found[1]) as img:
         assert np.asarray(img).max() == 10
     bare = log_run(client, experiment_name, BASE | OFF | GAN, {"tstr_accuracy": 0.5}, {})
-    assert report_plots.final_sample_grid(client, bare, tmp_path) is None
+    assert samples.final_sample_grid(client, bare, tmp_path) is None
 
 
 def test_mixed_tasks_keep_their_blocks_and_the_table_says_which_accuracy_is_whose(
@@ -218,9 +219,9 @@ def test_mixed_tasks_keep_their_blocks_and_the_table_says_which_accuracy_is_whos
     assert "digits/gan: the same classifier (cnn) trained on real data instead: 92.00 ± 1.41% test accuracy" in md
     assert not any("no test_accuracy metric" in w or "no tstr_accuracy" in w for w in r.warnings)
     # the sample figure: GAN rows only; runs without grids get a tile that says so
-    path = report_plots.plot_gan_samples(r, tmp_path / "gan_samples.png")
+    path = samples.plot_gan_samples(r, tmp_path / "gan_samples.png")
     assert path is not None and path.name == "gan_samples.png" and path.stat().st_size > 0
-    assert list(report_plots.sample_rows(r.table)["model"]) == ["gan", "gan"]
+    assert list(samples.sample_rows(r.table)["model"]) == ["gan", "gan"]
 
 
 def test_a_classifier_only_report_has_no_task_column_and_no_sample_figure(
@@ -233,5 +234,5 @@ def test_a_classifier_only_report_has_no_task_column_and_no_sample_figure(
     assert "test accuracy (%)" in header and "task" not in header
     assert "task" not in pd.read_csv(io.StringIO(rep.render(r, "csv"))).columns
     assert list(r.table["task"]) == ["classifier", "classifier"] and list(r.table["model"]) == ["cnn", "cnn"]
-    assert report_plots.plot_gan_samples(r, tmp_path / "gan_samples.png") is None
+    assert samples.plot_gan_samples(r, tmp_path / "gan_samples.png") is None
     assert not (tmp_path / "gan_samples.png").exists()

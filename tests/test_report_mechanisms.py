@@ -27,7 +27,7 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from dpsweep.analysis import report as rep
-from dpsweep.analysis import report_plots as rp
+from dpsweep.analysis.report import plots as rp
 from dpsweep.run.runner import train
 
 TRAINED = pytest.mark.xdist_group("report_mechanisms")  # the tests of the trained runs: one worker trains them

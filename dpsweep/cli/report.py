@@ -15,7 +15,7 @@ user: whom its ε protects) columns appear, with notes; the Pareto plot colours 
 FINISHED runs count; the notes say how many failed, were pruned or are still running, and warn
 about mixed accountants or δ and missing metrics. With ``--out DIR`` the table is also written to
 ``DIR/report.<format>`` with the plots (pareto.png, accuracy_vs_<param>.png, curves.png,
-memory.png, and gan_samples.png with GAN rows; see dpsweep.analysis.report_plots).
+memory.png, and gan_samples.png with GAN rows; see dpsweep.analysis.report.plots).
 When the sweep has a parent run (tag ``sweep.role=parent``) they are logged on it under
 ``report/``, so they appear in the MLflow UI.
 
@@ -171,7 +171,7 @@ def run(argv: Sequence[str] | None = None) -> rep.Report:
             print(f"dpsweep-report: {note}", file=sys.stderr)
     if a.out is None:
         return report
-    from dpsweep.analysis.report_plots import FigureStyle, plot_report  # matplotlib only when plotting
+    from dpsweep.analysis.report import FigureStyle, plot_report  # matplotlib only when plotting
 
     histories = rep.metric_histories(report.uri, chosen, rep.history_metrics(report.table_runs, chosen))
     figures = plot_report(report, a.out, histories, FigureStyle(a.figure_format, a.dpi))

@@ -24,20 +24,13 @@ Files, one panel per dataset and model:
   the run's peak, per config (configs with equal figures drawn once, labelled with what they
   share), titled with the measuring backend.
 - ``gan_samples.png``, when the report has GAN rows: one tile per GAN config, the final sample
-  grid (``samples/epoch_NNN.png`` of the highest epoch) of its first run with one, a row per
-  class, titled with its ε; ordered by ε, the non-private rows last.
+  grid of its first run with one, a row per class, titled with its ε (:mod:`dpsweep.analysis.report.samples`).
 """
 
 from __future__ import annotations
 
 import math
-import os
-import re
-import tempfile
-import textwrap
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -49,12 +42,42 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
 
-from dpsweep.analysis import report as rep
+from dpsweep.analysis.report.build import Report
+from dpsweep.analysis.report.cells import PERCENT, param_text
+from dpsweep.analysis.report.columns import (
+    DEFAULT_OF_PARAM,
+    HYPERPARAMETERS,
+    MECHANISM_NAMES,
+    PRIVACY_KIND_DEFAULTS,
+    PRIVACY_KINDS,
+    SHORT_NAMES,
+    mechanism_order,
+    objective_name,
+    row_units,
+    task_objectives,
+)
+from dpsweep.analysis.report.figures import (
+    DEFAULT_STYLE,
+    FigureStyle,
+    block_panels,
+    figure_grid,
+    legend_outside,
+    log_scale_if_wide,
+    save,
+)
+from dpsweep.analysis.report.memory import memory_groups, memory_table
+from dpsweep.analysis.report.samples import plot_gan_samples
+from dpsweep.analysis.report.table import (
+    config_labels,
+    key_applies,
+    pareto_front,
+    private_only,
+    score_name,
+    shows_privacy_kinds,
+    swept_params,
+)
 
-PERCENT = 100.0
 MIB = 2.0**20
 MAX_LEGEND_ENTRIES = 8
 MAX_BASELINES = 3  # non-private rows drawn as lines; with more, only the most accurate
@@ -79,52 +102,9 @@ BACKEND_NOTES = {
 }
 
 
-def _panels(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """(title, rows) per dataset and model."""
-    return [(f"{d}/{m}", block) for (d, m), block in table.groupby(["dataset", "model"], sort=True)]
-
-
-def _figure(n: int, width: float = 5.5, height: float = 4.0) -> tuple[Figure, list[Axes]]:
-    cols = min(n, 3)
-    rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), dpi=100, squeeze=False)
-    flat = list(axes.ravel())
-    for extra in flat[n:]:
-        extra.set_visible(False)
-    return fig, flat[:n]
-
-
-@dataclass(frozen=True)
-class FigureStyle:
-    """How figures are written: ``format`` (one of ``report.FIGURE_FORMATS``) and ``dpi`` (raster resolution)."""
-
-    format: str = "png"
-    dpi: int = 150
-
-
-def _save(fig: Figure, path: Path, style: FigureStyle) -> Path:
-    """Write ``fig`` as ``path`` with the style's suffix; the bounding box takes in the legends outside."""
-    path = path.with_suffix(f".{style.format}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=style.dpi, bbox_inches="tight")
-    plt.close(fig)
-    return path
-
-
-def _legend_outside(ax: Axes) -> None:
-    """The legend to the right of ``ax``, outside the data."""
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
-
-
-def _log_scale_if_wide(ax: Axes, values: Sequence[float], axis: str = "x") -> None:
-    positive = [v for v in values if v > 0 and math.isfinite(v)]
-    if len(positive) == len(values) and positive and max(positive) / min(positive) >= 20:
-        (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
-
-
 def _score_label(rows: pd.DataFrame) -> str:
     """The accuracy axis: ``test accuracy (%)``, ``TSTR accuracy (%)``, or ``accuracy (%)`` for mixed tasks."""
-    return f"{rep.score_name(rows)} (%)"
+    return f"{score_name(rows)} (%)"
 
 
 def _privacy_label(rows: pd.DataFrame) -> str:
@@ -149,12 +129,12 @@ def pareto_figure(table: pd.DataFrame) -> Figure:
     """Test accuracy against ε per config; the Pareto front highlighted; the baseline as a line.
     With mechanisms or units other than DP-SGD over examples: a colour per mechanism, a marker per
     unit (squares: user level), each with a legend entry, and a front per unit."""
-    front = set(rep.pareto_front(table)["config_id"])
-    labels = rep.config_labels(table)
-    kinds = rep.shows_privacy_kinds(table)
+    front = set(pareto_front(table)["config_id"])
+    labels = config_labels(table)
+    kinds = shows_privacy_kinds(table)
     colors = _mechanism_colors(table) if kinds else {}
-    panels = _panels(table)
-    fig, axes = _figure(len(panels))
+    panels = block_panels(table)
+    fig, axes = figure_grid(len(panels))
     for ax, (title, rows) in zip(axes, panels, strict=True):
         dp = rows[rows["private"] & rows["epsilon"].notna() & rows["test_accuracy_mean"].notna()]
         if kinds:
@@ -165,7 +145,7 @@ def pareto_figure(table: pd.DataFrame) -> Figure:
                 fmt="o", color="tab:blue", alpha=0.6, capsize=3, label="configs (mean ± std over seeds)",
             )  # fmt: skip
         on_front = dp[dp["config_id"].isin(front)]
-        units = rep.row_units(on_front)
+        units = row_units(on_front)
         fronts = sorted(set(units), key=_unit_order) or ["example"]  # none: an empty front, as before units
         shown = 0  # annotations staggered over all fronts, so that close points stay legible
         for unit in fronts:
@@ -179,18 +159,18 @@ def pareto_figure(table: pd.DataFrame) -> Figure:
                             xytext=(4, 6 + 9 * (shown % 3)), fontsize=7, color="crimson")  # fmt: skip
                 shown += 1
         _baselines(ax, rows[~rows["private"]], labels)
-        _log_scale_if_wide(ax, list(dp["epsilon"]))
+        log_scale_if_wide(ax, list(dp["epsilon"]))
         ax.set_xlabel(_privacy_label(dp if not dp.empty else rows) + (_unit_label(dp) if kinds else ""))
         ax.set_ylabel(_score_label(rows))
         ax.set_title(f"{title}: privacy–accuracy trade-off", fontsize=10)
         ax.grid(alpha=0.3)
-        _legend_outside(ax)
+        legend_outside(ax)
     return fig
 
 
-def plot_pareto(table: pd.DataFrame, path: Path, style: FigureStyle = FigureStyle()) -> Path:
+def plot_pareto(table: pd.DataFrame, path: Path, style: FigureStyle = DEFAULT_STYLE) -> Path:
     """:func:`pareto_figure`, written to ``path``."""
-    return _save(pareto_figure(table), path, style)
+    return save(pareto_figure(table), path, style)
 
 
 def _unit_order(unit: str) -> tuple[bool, str]:
@@ -200,7 +180,7 @@ def _unit_order(unit: str) -> tuple[bool, str]:
 def _mechanism_colors(table: pd.DataFrame) -> dict[str, str]:
     """A colour per mechanism of the table's private rows (MECHANISM_COLORS, then SPARE_COLORS)."""
     present = sorted({str(m) for m in table.loc[table["private"].astype(bool), "mechanism"].dropna()},
-                     key=rep.mechanism_order)  # fmt: skip
+                     key=mechanism_order)  # fmt: skip
     spare = iter(SPARE_COLORS * (1 + len(present) // len(SPARE_COLORS)))
     return {m: MECHANISM_COLORS[m] if m in MECHANISM_COLORS else next(spare) for m in present}
 
@@ -208,16 +188,16 @@ def _mechanism_colors(table: pd.DataFrame) -> dict[str, str]:
 def _points_by_kind(ax: Axes, dp: pd.DataFrame, colors: dict[str, str]) -> None:
     """The private configs, coloured by mechanism, marked by unit; legend entries for each mechanism
     present and, where a unit other than the example is present, for each unit."""
-    mechanisms = dp["mechanism"].astype(object).fillna(rep.PRIVACY_KIND_DEFAULTS["mechanism"]).map(str)
-    units = rep.row_units(dp).map(str)
+    mechanisms = dp["mechanism"].astype(object).fillna(PRIVACY_KIND_DEFAULTS["mechanism"]).map(str)
+    units = row_units(dp).map(str)
     for (mechanism, unit), group in dp.groupby([mechanisms, units], sort=True):
         ax.errorbar(
             group["epsilon"], group["test_accuracy_mean"] * PERCENT,
             yerr=group["test_accuracy_std"].fillna(0) * PERCENT, fmt=UNIT_MARKERS.get(unit, "^"),
             color=colors.get(mechanism, "gray"), alpha=0.6, capsize=3, label="_nolegend_",
         )  # fmt: skip
-    for mechanism in sorted(set(mechanisms), key=rep.mechanism_order):  # legend: the colours, then the markers
-        name = rep.MECHANISM_NAMES.get(mechanism, mechanism)
+    for mechanism in sorted(set(mechanisms), key=mechanism_order):  # legend: the colours, then the markers
+        name = MECHANISM_NAMES.get(mechanism, mechanism)
         ax.plot([], [], "o", color=colors.get(mechanism, "gray"), alpha=0.6,
                 label=f"{name} configs (mean ± std over seeds)")  # fmt: skip
     if set(units) - {"example"}:
@@ -227,7 +207,7 @@ def _points_by_kind(ax: Axes, dp: pd.DataFrame, colors: dict[str, str]) -> None:
 
 def _unit_label(dp: pd.DataFrame) -> str:
     """What the ε axis measures per unit: ``, per user``, or which marker is which when mixed."""
-    units = sorted({str(u) for u in rep.row_units(dp)}, key=_unit_order)
+    units = sorted({str(u) for u in row_units(dp)}, key=_unit_order)
     if not units:
         return ""
     if len(units) == 1:
@@ -245,25 +225,25 @@ def _axis_values(values: pd.Series) -> tuple[pd.Series, list[str] | None]:
     return values.map(lambda v: float(names.index(str(v)))), names
 
 
-def plot_accuracy_vs(table: pd.DataFrame, key: str, path: Path, style: FigureStyle = FigureStyle()) -> Path:
+def plot_accuracy_vs(table: pd.DataFrame, key: str, path: Path, style: FigureStyle = DEFAULT_STYLE) -> Path:
     """Test accuracy against the hyperparameter ``key`` (an MLflow param), one line per setting of
     the other swept hyperparameters; the baseline as a line when ``key`` is a DP setting."""
-    swept = rep.swept_params(table)
+    swept = swept_params(table)
     others = [k for k in swept if k != key]
-    labels = rep.config_labels(table)
-    panels = _panels(table)
-    fig, axes = _figure(len(panels))
+    labels = config_labels(table)
+    panels = block_panels(table)
+    fig, axes = figure_grid(len(panels))
     for ax, (title, rows) in zip(axes, panels, strict=True):
         usable = rows[rows[f"params.{key}"].notna() & rows["test_accuracy_mean"].notna()]
-        usable = usable[rep.key_applies(usable, key)]  # dp.*: the private rows (the baseline is a line)
-        x, names = _axis_values(usable[f"params.{key}"].map(rep._text))
+        usable = usable[key_applies(usable, key)]  # dp.*: the private rows (the baseline is a line)
+        x, names = _axis_values(usable[f"params.{key}"].map(param_text))
         usable = usable.assign(_x=x)
         series = list(usable.groupby([usable["private"], *[usable[f"params.{k}"].fillna("—") for k in others]],
                                      sort=True))  # fmt: skip
         for group_key, line in series:
             line = line.sort_values("_x")
             private, *rest = group_key
-            name = ", ".join(f"{rep.SHORT_NAMES.get(k, k)}={rep._text(v)}" for k, v in zip(others, rest, strict=True))
+            name = ", ".join(f"{SHORT_NAMES.get(k, k)}={param_text(v)}" for k, v in zip(others, rest, strict=True))
             name = (name or "private") if private else f"non-private {name}".strip()
             xs = line["_x"].to_numpy()
             mean = line["test_accuracy_mean"].to_numpy() * PERCENT
@@ -271,20 +251,20 @@ def plot_accuracy_vs(table: pd.DataFrame, key: str, path: Path, style: FigureSty
             marks = "-o" if private else "--s"  # non-private lines dashed, with square markers
             [drawn] = ax.plot(xs, mean, marks, markersize=4, label=name if len(series) <= MAX_LEGEND_ENTRIES else None)
             ax.vlines(xs, mean - std, mean + std, colors=drawn.get_color(), linewidth=1)  # ± std over seeds
-        if rep.private_only(key):
+        if private_only(key):
             _baselines(ax, rows[~rows["private"]], labels)
         if names is not None:
             ax.set_xticks(range(len(names)), names)
         else:
-            _log_scale_if_wide(ax, list(usable["_x"]))
+            log_scale_if_wide(ax, list(usable["_x"]))
         ax.set_xlabel(_param_label(key))
         ax.set_ylabel(_score_label(rows))
         more = "" if len(series) <= MAX_LEGEND_ENTRIES else f" ({len(series)} lines, one per setting of the others)"
-        ax.set_title(f"{title}: accuracy against {rep.SHORT_NAMES.get(key, key)}{more}", fontsize=9)
+        ax.set_title(f"{title}: accuracy against {SHORT_NAMES.get(key, key)}{more}", fontsize=9)
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
-            _legend_outside(ax)
-    return _save(fig, path, style)
+            legend_outside(ax)
+    return save(fig, path, style)
 
 
 PARAM_LABELS = {
@@ -302,9 +282,9 @@ def _param_label(key: str) -> str:
     return f"{PARAM_LABELS.get(key, key)}  [{key}]"
 
 
-def plot_sweeps(table: pd.DataFrame, out_dir: Path, style: FigureStyle = FigureStyle()) -> list[Path]:
+def plot_sweeps(table: pd.DataFrame, out_dir: Path, style: FigureStyle = DEFAULT_STYLE) -> list[Path]:
     """One ``accuracy_vs_<param>.<format>`` per swept hyperparameter."""
-    return [plot_accuracy_vs(table, key, out_dir / f"accuracy_vs_{key}.png", style) for key in rep.swept_params(table)]
+    return [plot_accuracy_vs(table, key, out_dir / f"accuracy_vs_{key}.png", style) for key in swept_params(table)]
 
 
 def curves_figure(histories: pd.DataFrame, labels: dict[str, str]) -> Figure:
@@ -315,9 +295,9 @@ def curves_figure(histories: pd.DataFrame, labels: dict[str, str]) -> Figure:
     fig, (ax, below) = plt.subplots(2, 1, figsize=(7, 6.5), dpi=100, sharex=True, height_ratios=(3, 2))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     eps_lines: dict[tuple[tuple[float, float], ...], list[tuple[str, str]]] = {}
-    objectives = set(rep.task_objectives().values())  # a run logs its own task's (a GAN's once, at the end)
+    objectives = set(task_objectives().values())  # a run logs its own task's (a GAN's once, at the end)
     scores = sorted(objectives & set(histories["metric"])) or ["test_accuracy"]
-    score = rep.objective_name(scores[0]) if len(scores) == 1 else "accuracy"
+    score = objective_name(scores[0]) if len(scores) == 1 else "accuracy"
     for i, (run_id, run) in enumerate(histories.groupby("run_id", sort=False)):
         color = colors[i % len(colors)]
         acc = run[run["metric"].isin(objectives)].sort_values("step")
@@ -334,24 +314,24 @@ def curves_figure(histories: pd.DataFrame, labels: dict[str, str]) -> Figure:
                    label=" = ".join(n for n, _ in names) + (" (identical ε)" if shared else ""))  # fmt: skip
     below.set_xlabel("epoch")
     below.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel(f"{score} (%)" if len(scores) == 1 else f"accuracy (%): {', '.join(map(rep.objective_name, scores))}")
+    ax.set_ylabel(f"{score} (%)" if len(scores) == 1 else f"accuracy (%): {', '.join(map(objective_name, scores))}")
     below.set_ylabel("ε (the run's accountant)")
     ax.set_title(f"{score} and ε per epoch", fontsize=10)
     for axes in (ax, below):
         axes.grid(alpha=0.3)
         if axes.get_legend_handles_labels()[0]:
-            _legend_outside(axes)
+            legend_outside(axes)
     return fig
 
 
 def plot_curves(
-    histories: pd.DataFrame, labels: dict[str, str], path: Path, style: FigureStyle = FigureStyle()
+    histories: pd.DataFrame, labels: dict[str, str], path: Path, style: FigureStyle = DEFAULT_STYLE
 ) -> Path:
     """:func:`curves_figure`, written to ``path``."""
-    return _save(curves_figure(histories, labels), path, style)
+    return save(curves_figure(histories, labels), path, style)
 
 
-def plot_memory(groups: pd.DataFrame, path: Path, style: FigureStyle = FigureStyle()) -> Path:
+def plot_memory(groups: pd.DataFrame, path: Path, style: FigureStyle = DEFAULT_STYLE) -> Path:
     """Memory (MiB) after each stage of the first iteration, its peak and the run's peak, per group
     of configs with the same figures (report.memory_groups)."""
     shown = groups.head(MAX_MEMORY_GROUPS).iloc[::-1]  # the largest at the top of a horizontal bar chart
@@ -369,114 +349,28 @@ def plot_memory(groups: pd.DataFrame, path: Path, style: FigureStyle = FigureSty
     cut = "" if len(groups) <= MAX_MEMORY_GROUPS else f", the {MAX_MEMORY_GROUPS} largest of {len(groups)} groups"
     ax.set_title(f"memory per stage, first training iteration{cut}\nbackend: {how}", fontsize=9)
     ax.grid(axis="x", alpha=0.3)
-    _legend_outside(ax)
-    return _save(fig, path, style)
+    legend_outside(ax)
+    return save(fig, path, style)
 
 
-SAMPLE_DIR = "samples"  # a GAN run's sample grids: samples/epoch_NNN.png (dpsweep.tasks.gan.task)
-SAMPLE_GRID = re.compile(r"epoch_(\d+)\.png$")
-SAMPLE_COLUMNS = 4  # tiles per row of gan_samples.png
+LABEL_KEYS = (*HYPERPARAMETERS.values(), *PRIVACY_KINDS.values(), "dp.enabled", "train.seed")  # label keys
 
 
-@contextmanager
-def _quiet_downloads() -> Iterator[None]:
-    """No MLflow download progress bars on stderr (one per grid) while the block runs."""
-    name = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
-    before = os.environ.get(name)
-    os.environ[name] = "false"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
-
-
-def final_sample_grid(client: MlflowClient, run_id: str, dst: Path) -> tuple[int, Path] | None:
-    """The run's sample grid of the highest epoch, downloaded into ``dst``: (epoch, path); None
-    when the run logged none."""
-    grids = {}
-    for f in client.list_artifacts(run_id, SAMPLE_DIR):
-        match = None if f.is_dir else SAMPLE_GRID.search(f.path)
-        if match:
-            grids[int(match.group(1))] = f.path
-    if not grids:
-        return None
-    epoch = max(grids)
-    return epoch, Path(client.download_artifacts(run_id, grids[epoch], str(dst)))
-
-
-def sample_rows(table: pd.DataFrame) -> pd.DataFrame:
-    """The rows of tasks that log sample grids (GAN rows), in the figure's order: per dataset and
-    model, by ε (least first), the non-private rows last."""
-    rows = table[rep.row_tasks(table).isin(rep.SAMPLING_TASKS)]
-    order = rows.assign(_public=~rows["private"].astype(bool))
-    by = ["dataset", "model", "_public", "epsilon", "config_id"]
-    return order.sort_values(by, na_position="last", kind="mergesort").drop(columns="_public")
-
-
-def plot_gan_samples(report: rep.Report, path: Path, style: FigureStyle = FigureStyle()) -> Path | None:
-    """One tile per GAN row (:func:`sample_rows`): the final sample grid of its first run that logged
-    one (a row per class), titled with the row's ε or ``non-private`` and the grid's epoch. None
-    (no file) when the report has no GAN rows."""
-    rows = sample_rows(report.table)
-    if rows.empty:
-        return None
-    names = rep.privacy_names(report.table)
-    several = rows[["dataset", "model"]].drop_duplicates().shape[0] > 1
-    client = MlflowClient(report.uri)
-    cols = min(len(rows), SAMPLE_COLUMNS)
-    n_rows = math.ceil(len(rows) / cols)
-    fig, axes = plt.subplots(n_rows, cols, figsize=(3.2 * cols, 3.6 * n_rows), dpi=100, squeeze=False)
-    flat = list(axes.ravel())
-    for extra in flat[len(rows) :]:
-        extra.set_visible(False)
-    with tempfile.TemporaryDirectory(prefix="dpsweep-report-samples-") as tmp, _quiet_downloads():
-        for i, (ax, (_, row)) in enumerate(zip(flat, rows.iterrows(), strict=False)):
-            block = f"{row['dataset']}/{row['model']}: " if several else ""
-            title = textwrap.fill(block + str(names[row["config_id"]]), 36)  # a tile is about 36 characters wide
-            found, why = None, "no sample grid logged"
-            for run_id in row["run_ids"]:
-                try:
-                    found = final_sample_grid(client, run_id, Path(tmp) / str(i))
-                except (MlflowException, OSError) as err:
-                    why = f"could not read the samples of run {run_id[:8]}: {err}"
-                if found is not None:
-                    break
-            ax.set_axis_off()
-            if found is None:
-                ax.text(0.5, 0.5, why, ha="center", va="center", fontsize=7, wrap=True, transform=ax.transAxes)
-                ax.set_title(title, fontsize=9)
-                continue
-            epoch, grid = found
-            image = plt.imread(grid)
-            ax.imshow(
-                image, cmap="gray", vmin=0.0, vmax=1.0 if image.dtype.kind == "f" else 255, interpolation="nearest"
-            )
-            ax.set_title(f"{title}\nepoch {epoch}", fontsize=9)
-    fig.suptitle("GAN samples after the final epoch (a row per class)", fontsize=10)
-    return _save(fig, path, style)
-
-
-LABEL_KEYS = (*rep.HYPERPARAMETERS.values(), *rep.PRIVACY_KINDS.values(), "dp.enabled", "train.seed")  # label keys
-
-
-def run_labels(report: rep.Report, run_ids: Sequence[str]) -> dict[str, str]:
+def run_labels(report: Report, run_ids: Sequence[str]) -> dict[str, str]:
     """Per run, what differs between ``run_ids``: ``σ=0.8, seed=1`` (short names of the differing
     params, dataset and model included when they differ); the run id only where nothing differs."""
     runs = report.table_runs.set_index("run_id")
     keys = [k for k in LABEL_KEYS if f"params.{k}" in runs.columns]
-    values = {k: {r: rep._text(_label_value(runs, r, k)) for r in run_ids} for k in keys}
+    values = {k: {r: param_text(_label_value(runs, r, k)) for r in run_ids} for k in keys}
     private = {r: bool(runs.at[r, "private"]) for r in run_ids}
 
     def named(k: str, r: str) -> bool:  # a non-private run has no mechanism or unit to tell it apart by
-        return private[r] or k not in rep.DEFAULT_OF_PARAM
+        return private[r] or k not in DEFAULT_OF_PARAM
 
     differing = [k for k in keys if len({v for r, v in values[k].items() if named(k, r)}) > 1]
     out = {}
     for r in run_ids:
-        parts = [f"{rep.SHORT_NAMES.get(k, k.rsplit('.', 1)[-1])}={values[k][r]}" for k in differing if named(k, r)]
+        parts = [f"{SHORT_NAMES.get(k, k.rsplit('.', 1)[-1])}={values[k][r]}" for k in differing if named(k, r)]
         parts = [p.replace("enabled=False", "non-private").replace("enabled=True", "DP") for p in parts]
         out[r] = ", ".join(parts) or f"run {r[:8]}"
     return out
@@ -486,13 +380,13 @@ def _label_value(runs: pd.DataFrame, run_id: str, key: str) -> object:
     """A run's param ``key``; a private run without dp.mechanism or dp.unit (from before them): the default."""
     value = runs.at[run_id, f"params.{key}"]
     missing = value is None or (isinstance(value, float) and math.isnan(value))
-    if missing and key in rep.DEFAULT_OF_PARAM and bool(runs.at[run_id, "private"]):
-        return rep.DEFAULT_OF_PARAM[key]
+    if missing and key in DEFAULT_OF_PARAM and bool(runs.at[run_id, "private"]):
+        return DEFAULT_OF_PARAM[key]
     return value
 
 
 def plot_report(
-    report: rep.Report, out_dir: Path, histories: pd.DataFrame, style: FigureStyle = FigureStyle()
+    report: Report, out_dir: Path, histories: pd.DataFrame, style: FigureStyle = DEFAULT_STYLE
 ) -> list[Path]:
     """Every plot of the report into ``out_dir``; returns their paths (pareto, sweeps, curves, memory,
     and gan_samples when the report has GAN rows)."""
@@ -501,7 +395,7 @@ def plot_report(
     paths = [plot_pareto(table, out_dir / "pareto.png", style), *plot_sweeps(table, out_dir, style)]
     ids = list(dict.fromkeys(histories["run_id"]))
     paths.append(plot_curves(histories, run_labels(report, ids), out_dir / "curves.png", style))
-    memory = rep.memory_table(report.table_runs)
-    paths.append(plot_memory(rep.memory_groups(memory, table), out_dir / "memory.png", style))
+    memory = memory_table(report.table_runs)
+    paths.append(plot_memory(memory_groups(memory, table), out_dir / "memory.png", style))
     samples = plot_gan_samples(report, out_dir / "gan_samples.png", style)
     return paths if samples is None else [*paths, samples]

@@ -1,0 +1,118 @@
+"""A report: a selection of runs read from MLflow, checked and tabulated (the library behind ``dpsweep-report``).
+
+    dpsweep-report --experiment demo                                  # the table, markdown, on stdout
+    dpsweep-report --experiment demo --sweep s3d13dc24edc --format tex --out report/
+
+From Python, e.g. in a notebook::
+
+    from dpsweep.analysis import report
+    r = report.build_report("sqlite:///mlflow.db", "demo", sweep_id=None, sort="accuracy")
+    r.table                            # one row per config, seeds pooled: ε, accuracy mean ± std, drop
+    r.runs                             # one row per run (mlflow.search_runs layout), with its outcome
+    r.counts                           # {"total": .., "finished": .., "failed": .., "pruned": .., "running": ..}
+    r.warnings                         # mixed accountants or δ, missing metrics, missing baselines
+    report.memory_table(r.table_runs)  # bytes per memory stage, per config
+    report.pareto_front(r.table)       # the private rows no other row beats on both ε and accuracy
+    print(report.render(r, "md"))      # or "csv", "tex", "html"
+
+What a row is, and what its columns mean: :mod:`dpsweep.analysis.report.table`. A sweep without a
+non-private run of a dataset and model borrows the experiment's (:func:`build_report`), and a note
+says so. The notes under the table (:meth:`Report.notes`) add, per block of GAN rows, the same
+classifier trained on real data and the rows' memorisation share, and once a private row is not
+DP-SGD over examples, what each mechanism is and whom each unit's ε protects
+(:mod:`dpsweep.analysis.report.notes`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from dpsweep.analysis.report.cells import runs_text
+from dpsweep.analysis.report.columns import OBJECTIVE_NOTES, OUTCOME_ORDER, ReportError, lookup, run_pairs
+from dpsweep.analysis.report.notes import check, privacy_kind_notes, score_note, task_notes
+from dpsweep.analysis.report.query import outcome_counts, parent_run_id, report_runs, search_runs
+from dpsweep.analysis.report.table import SORT_KEYS, score_metrics, summary_table
+
+
+@dataclass
+class Report:
+    uri: str
+    experiment: str
+    sweep_id: str | None
+    runs: pd.DataFrame  # the selection's runs (report_runs), every status
+    table: pd.DataFrame  # summary_table over the FINISHED runs (+ outside baselines, see warnings)
+    counts: dict[str, int]
+    parent_run_id: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    # FINISHED non-private runs from outside a sweep that has none, pooled into its baseline rows
+    baseline_runs: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @property
+    def table_runs(self) -> pd.DataFrame:
+        """The runs behind the table's rows: the selection's and the borrowed baseline runs."""
+        return pd.concat([self.runs, self.baseline_runs], ignore_index=True) if len(self.baseline_runs) else self.runs
+
+    @property
+    def selection(self) -> str:
+        return f"experiment {self.experiment!r}" + (f", sweep {self.sweep_id}" if self.sweep_id else "")
+
+    def notes(self) -> list[str]:
+        """The lines printed under the table: what was counted, what the columns mean, warnings."""
+        c = self.counts
+        lines = [
+            f"{self.selection}: {c['finished']} of {c['total']} runs FINISHED; {c['failed']} failed, "
+            f"{c['pruned']} pruned, {c['running']} running"
+            + (f", {c['duplicate']} duplicate." if c["duplicate"] else "."),
+            f"ε: final ε under each row's accountant at its δ. {score_note(self.table)}: mean ± sample std over "
+            "seeds, in %. Drop: non-private baseline minus row, in percentage points.",
+        ]
+        lines += privacy_kind_notes(self.table, self.table_runs)
+        lines += [OBJECTIVE_NOTES[m] + "." for m in score_metrics(self.table) if m in OBJECTIVE_NOTES]
+        lines += task_notes(self.table, self.table_runs)
+        return lines + [f"warning: {w}" for w in self.warnings]
+
+
+def build_report(uri: str, experiment: str, sweep_id: str | None = None, sort: str = "accuracy") -> Report:
+    """Read, check and tabulate a selection. Raises ReportError on an unknown experiment or sweep,
+    an unknown sort key, or a selection without FINISHED runs."""
+    lookup(SORT_KEYS, sort, "sort")  # fail before reading anything
+    raw = search_runs(uri, experiment, sweep_id)
+    runs = report_runs(raw)
+    counts = outcome_counts(runs)
+    if counts["finished"] == 0:
+        where = ("sweep", sweep_id) if sweep_id else ("experiment", experiment)
+        others = ", ".join(f"{counts[k]} {k}" for k in OUTCOME_ORDER[1:] if counts[k])
+        raise ReportError(
+            *where, f"0 FINISHED runs of {counts['total']}{f' ({others})' if others else ''}; nothing to report"
+        )
+    report = Report(uri, experiment, sweep_id, runs, pd.DataFrame(), counts, parent_run_id(raw))
+    borrowed: list[str] = []  # notes on baseline runs taken from outside the sweep
+    if sweep_id is not None:
+        report.baseline_runs, borrowed = _outside_baselines(uri, experiment, runs)
+    report.table = summary_table(report.table_runs, sort)
+    report.warnings = borrowed + check(report.table_runs, report.table)
+    return report
+
+
+def _outside_baselines(uri: str, experiment: str, runs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """For a sweep without non-private runs of a dataset and model: the experiment's FINISHED
+    non-private runs of it (sweeps usually reuse one baseline), and a note saying so."""
+    done = runs[runs["outcome"] == "finished"]
+    missing = set(run_pairs(done)) - set(run_pairs(done[~done["private"]]))
+    if not missing:
+        return pd.DataFrame(), []
+    raw = search_runs(uri, experiment, filter_string="attributes.status = 'FINISHED' and params.`dp.enabled` = 'False'")
+    if raw.empty:
+        return pd.DataFrame(), []
+    outside = report_runs(raw)
+    wanted = pd.Series(run_pairs(outside), index=outside.index, dtype=object).isin(missing)
+    outside = outside[wanted & ~outside["run_id"].isin(runs["run_id"])]
+    notes = []
+    for (dataset, model), block in outside.groupby(pd.Series(run_pairs(outside), index=outside.index), sort=True):
+        notes.append(
+            f"{dataset}/{model}: the sweep has no non-private run; the baseline rows pool the experiment's "
+            f"{runs_text(len(block))} of it, FINISHED and non-private ({', '.join(r[:8] for r in block['run_id'])})"
+        )
+    return outside, notes

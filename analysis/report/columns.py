@@ -1,0 +1,212 @@
+"""What a report's frames hold: the MLflow params behind the table's columns, run outcomes, tasks and
+their objectives, mechanisms and privacy units, and the accessors that read one column of a run frame.
+
+Tasks: a run's accuracy is its task's objective metric (``TaskConfig.objective`` in dpsweep.config;
+runs without a ``task.name`` are classifier runs): ``test_accuracy``, or for ``task=gan`` the TSTR
+accuracy ``tstr_accuracy``. A GAN row's ``model`` is ``gan`` (its model.name is the TSTR
+classifier: :func:`run_models`), so GAN rows are a block of their own with the non-private GAN as
+baseline.
+
+Mechanisms and privacy units (``dp.mechanism``, ``dp.unit``): each private row has a ``mechanism``
+(``dpsgd``: DP-SGD, Poisson sampling; ``dpftrl``: DP-FTRL, tree aggregation without sampling) and a
+``unit`` (``example``, or ``user``: ε protects all of one user's examples, N = dataset.num_users),
+from its params, else its tags; runs from before these keys are ``dpsgd`` / ``example``, and
+non-private rows have neither (None).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import numpy as np
+import pandas as pd
+
+from dpsweep.config import ClassifierTaskConfig, GanTaskConfig, Mechanism, PrivacyUnit, TaskConfig
+from dpsweep.errors import InputError
+from dpsweep.registry import Registry
+
+# Table column -> the MLflow param it shows. Every other hyperparameter that varies gets its own
+# column as well (see table.swept_params), so that no two rows look alike.
+HYPERPARAMETERS: dict[str, str] = {
+    "dataset": "dataset.name",
+    "model": "model.name",
+    "batch_size": "train.batch_size",
+    "noise_multiplier": "dp.noise_multiplier",
+    "max_grad_norm": "dp.max_grad_norm",
+    "clipping": "dp.clipping",
+    "lr": "optimizer.lr",
+    "epochs": "train.epochs",
+    "delta": "dp.delta",
+    "accountant": "dp.accountant",
+}
+SETTING_COLUMNS = [name for name in HYPERPARAMETERS if name not in ("dataset", "model")]  # after model (and task)
+INTEGER_COLUMNS = ("batch_size", "epochs")
+FLOAT_COLUMNS = ("noise_multiplier", "max_grad_norm", "lr", "delta")
+# Runs that differ only in these are replicates of one config (identity() keeps them, since they
+# change a run's numbers, but not what the run measures).
+REPLICATE_PARAMS = ("train.seed",)
+# Not in NON_IDENTITY_PREFIXES yet, but it cannot change a result: evaluation is deterministic.
+NOT_HYPERPARAMETERS = ("train.eval_batch_size",)
+# Params a run decided from its data (released privately), which differ between seeds of one config.
+DECIDED_PARAMS = ("dp.max_grad_norm_chosen",)
+# Params that say which kind of run it is rather than how it was tuned; never a swept axis.
+ROW_KIND_PARAMS = ("dataset.name", "model.name", "dp.enabled", "task.name")
+
+# Tasks (dpsweep.config.TaskConfig): a run's score is its task's objective metric. Runs from before
+# tasks existed log no task.name: they are classifier runs. Rows of another task than the classifier
+# show the task as their model (a GAN run's model.name is its TSTR classifier's), so each task's rows
+# form blocks of their own, with their own non-private baseline.
+DEFAULT_TASK: str = ClassifierTaskConfig.name
+OBJECTIVE_NAMES: dict[str, str] = {  # objective metric -> what a table header and an axis call it
+    ClassifierTaskConfig.objective: "test accuracy",
+    GanTaskConfig.objective: "TSTR accuracy",
+}
+OBJECTIVE_NOTES: dict[str, str] = {  # objective metric -> what it measures, for the notes under a table
+    GanTaskConfig.objective: "TSTR (train on synthetic, test on real) accuracy: the model group's classifier "
+    "(model.name) trained on each run's synthetic data, tested on the real test split",
+}
+SAMPLING_TASKS = (GanTaskConfig.name,)  # tasks whose runs log sample grids (samples/epoch_NNN.png)
+REFERENCE_METRIC = "real_accuracy"  # a non-private GAN run's TSTR classifier trained on real data
+MEMORISATION_METRICS = ("memorisation_share", "memorisation_baseline")  # mean per row in the table
+
+# How a private row noised its gradients and whom its ε protects (issue 17): table column -> the
+# param (also a tag, set at the end of a DP run) it shows. Runs from before these keys log neither:
+# they ran DP-SGD over examples (the defaults). Non-private rows have neither (None).
+PRIVACY_KINDS: dict[str, str] = {"mechanism": "dp.mechanism", "unit": "dp.unit"}
+PRIVACY_KIND_DEFAULTS: dict[str, str] = {"mechanism": Mechanism.dpsgd.value, "unit": PrivacyUnit.example.value}
+DEFAULT_OF_PARAM = {PRIVACY_KINDS[name]: value for name, value in PRIVACY_KIND_DEFAULTS.items()}
+MECHANISM_NAMES = {Mechanism.dpsgd.value: "DP-SGD", Mechanism.dpftrl.value: "DP-FTRL"}
+MECHANISM_NOTES = {
+    Mechanism.dpsgd.value: "Poisson-sampled batches, amplified by sampling",
+    Mechanism.dpftrl.value: "tree aggregation over batches in a fixed order, no sampling and no amplification",
+}
+# dp.neighbours (a DP run's tag; dpsweep.privacy.ledger.NEIGHBOURS_OF) in words; runs without it ran DP-SGD
+NEIGHBOUR_NOTES = {
+    "add_or_remove_one": "one unit added or removed",
+    "replace_one_with_zero": "one unit replaced by a zero record",
+}
+DEFAULT_NEIGHBOURS = "add_or_remove_one"
+# Who holds which examples (dpsweep.data.users), what a dp.unit=user row's users are. Without DP they change
+# nothing a run computes (only dp.unit=user reads them), so a baseline is matched without them.
+USER_PARAMS = ("dataset.users", "dataset.num_users", "dataset.user_label_skew", "dataset.users_seed")
+
+# Memory of the first training iteration at each stage (levels, not increments), and the peaks.
+MEMORY_STAGES: dict[str, str] = {
+    "model_load_bytes": "memory.model_load_bytes",
+    "batch_load_bytes": "memory.batch_load_bytes",
+    "backward_bytes": "memory.backward_bytes",
+    "optimizer_step_bytes": "memory.optimizer_step_bytes",
+    "iteration_peak_bytes": "memory.iteration_peak_bytes",
+    "run_peak_bytes": "memory.peak_bytes",
+}
+
+# MLflow run status -> outcome in the report (KILLED and tagged optuna.pruned=true: pruned).
+OUTCOMES: dict[str, str] = {
+    "FINISHED": "finished",
+    "FAILED": "failed",
+    "KILLED": "failed",
+    "RUNNING": "running",
+    "SCHEDULED": "running",
+}
+# duplicate: a FINISHED run whose config.hash (the seed included) a newer FINISHED run repeats; a
+# repeat of one run is not another seed, so it is left out of its row and named in a warning.
+OUTCOME_ORDER = ("finished", "failed", "pruned", "running", "duplicate")
+MISSING = "\0missing"  # stands for a param a run did not log, where missing must equal missing
+
+# How labels name a hyperparameter (config labels, memory groups, plot titles); others by their key.
+SHORT_NAMES = {
+    "train.batch_size": "B",
+    "dp.noise_multiplier": "σ",
+    "dp.max_grad_norm": "C",
+    "optimizer.lr": "lr",
+    "train.epochs": "epochs",
+    "dp.delta": "δ",
+    "dp.accountant": "accountant",
+    "dp.mechanism": "mechanism",
+    "dp.unit": "unit",
+}
+KIND_OF_PARAM = {key: name for name, key in PRIVACY_KINDS.items()}  # dp.mechanism -> mechanism
+
+T = TypeVar("T")
+
+
+class ReportError(InputError):
+    """The selection cannot be reported on. ``option`` names the input at fault (``experiment``,
+    ``sweep``, ``runs``, ``tracking_uri``, ``format``, ``sort``); the error's ``key`` is its flag
+    (``--tracking-uri``), ``value`` its value and ``allowed`` what is allowed."""
+
+    def __init__(self, option: str, value: Any, reason: str) -> None:
+        super().__init__("--" + option.replace("_", "-"), value, reason)
+
+
+def lookup(registry: Registry[T], name: str, option: str) -> T:
+    """``registry``'s entry ``name``; an unknown name raises ReportError listing the valid ones."""
+    if name not in registry:
+        raise ReportError(option, name, f"unknown {registry.kind}; valid: {', '.join(registry.names())}")
+    return registry.get(name)
+
+
+def column(frame: pd.DataFrame, name: str) -> pd.Series:
+    """``frame[name]``, or all-missing when no run has it (a param, metric or tag nobody logged)."""
+    if name in frame.columns:
+        return frame[name]
+    return pd.Series(np.nan if name.startswith("metrics.") else None, index=frame.index, dtype=object)
+
+
+def param_or_tag(frame: pd.DataFrame, key: str) -> pd.Series:
+    """The param ``key``, falling back to the tag of the same name (e.g. dp.delta, dp.accountant)."""
+    return column(frame, f"params.{key}").where(column(frame, f"params.{key}").notna(), column(frame, f"tags.{key}"))
+
+
+def task_objectives() -> dict[str, str]:
+    """Task name -> the metric its runs are scored by: each TaskConfig subclass's ``name`` default
+    and ``objective`` (read now, so that a task defined after this import is included)."""
+    out: dict[str, str] = {}
+    stack = list(TaskConfig.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        if isinstance(getattr(cls, "name", None), str) and cls.objective:
+            out[cls.name] = cls.objective
+    return out
+
+
+def objective_name(metric: str) -> str:
+    """``test accuracy``, ``TSTR accuracy``: a metric as a header or an axis names it."""
+    return OBJECTIVE_NAMES.get(metric, metric.replace("_", " "))
+
+
+def run_tasks(runs: pd.DataFrame) -> pd.Series:
+    """Each run's task (param, else tag ``task.name``; runs from before tasks: the classifier)."""
+    return param_or_tag(runs, "task.name").astype(object).fillna(DEFAULT_TASK).astype(str)
+
+
+def run_models(runs: pd.DataFrame) -> pd.Series:
+    """What the table's ``model`` column shows for each run: its model.name for a classifier run,
+    its task (``gan``) for any other task, whose model.name names an evaluation model."""
+    models = param_or_tag(runs, "model.name")
+    tasks = run_tasks(runs)
+    return models.where(tasks == DEFAULT_TASK, tasks)
+
+
+def run_pairs(runs: pd.DataFrame) -> list[tuple[Any, Any]]:
+    """(dataset, model) of each run, the model as the table shows it (a GAN run's: gan)."""
+    return list(zip(param_or_tag(runs, "dataset.name"), run_models(runs), strict=True))
+
+
+def row_tasks(table: pd.DataFrame) -> pd.Series:
+    """The task of each of ``table``'s rows (a table from before the column: the classifier)."""
+    return table["task"] if "task" in table else pd.Series(DEFAULT_TASK, index=table.index, dtype=object)
+
+
+def row_units(table: pd.DataFrame) -> pd.Series:
+    """The privacy unit of each of ``table``'s rows: ``example`` where not said (a table from before
+    the column, or a non-private row, which protects nothing)."""
+    units = table["unit"] if "unit" in table else pd.Series(None, index=table.index, dtype=object)
+    return units.astype(object).fillna(PRIVACY_KIND_DEFAULTS["unit"])
+
+
+def mechanism_order(mechanism: str) -> tuple[int, str]:
+    """Mechanisms in dpsweep.config.Mechanism's order (dpsgd first), unknown ones after, by name."""
+    known = [m.value for m in Mechanism]
+    return (known.index(mechanism) if mechanism in known else len(known), mechanism)

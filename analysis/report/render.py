@@ -1,0 +1,284 @@
+"""A report as text: markdown, CSV, LaTeX and HTML tables with their notes, a whole HTML page, and files.
+
+    dpsweep-report --experiment demo --format csv > table.csv         # notes go to stderr
+    dpsweep-report --experiment demo --format html --out report/      # report/report.html, a page with the plots
+
+The rendered header names the accuracy columns by their objective ("test accuracy", "TSTR accuracy",
+or "accuracy" and a note when tasks are mixed); a table with rows of another task shows a ``task``
+column, and once a private row is not DP-SGD over examples, a ``mechanism`` and a ``unit`` column.
+Otherwise the output is as before these keys.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Callable, Sequence
+from html import escape as html_escape
+from pathlib import Path
+
+import pandas as pd
+
+from dpsweep.analysis.report.build import Report
+from dpsweep.analysis.report.cells import PERCENT, epsilon_text, number_text, param_text
+from dpsweep.analysis.report.columns import (
+    DEFAULT_TASK,
+    MEMORISATION_METRICS,
+    PRIVACY_KIND_DEFAULTS,
+    PRIVACY_KINDS,
+    SETTING_COLUMNS,
+    lookup,
+    row_tasks,
+)
+from dpsweep.analysis.report.table import extra_columns, row_applies, score_name, shows_privacy_kinds
+from dpsweep.registry import Registry
+
+Cell = Callable[[pd.Series], str]
+
+
+def _accuracy(row: pd.Series) -> str:
+    mean, std = row["test_accuracy_mean"], row["test_accuracy_std"]
+    if pd.isna(mean):
+        return "—"
+    return f"{mean * PERCENT:.2f}" + ("" if pd.isna(std) else f" ± {std * PERCENT:.2f}")
+
+
+def display_columns(table: pd.DataFrame) -> list[tuple[str, str, Cell]]:
+    """(header, LaTeX header, cell formatter) per column of the paper table."""
+
+    def param(key: str) -> Cell:
+        return lambda row: param_text(row[f"params.{key}"]) if row_applies(row, key) else "—"
+
+    cols: list[tuple[str, str, Cell]] = [
+        ("dataset", "dataset", lambda r: param_text(r["dataset"])),
+        ("model", "model", lambda r: param_text(r["model"])),
+    ]
+    if shows_tasks(table):
+        cols.append(("task", "task", lambda r: param_text(r["task"])))
+    score = f"{score_name(table)} (%)"
+    cols += [
+        ("B", "$B$", lambda r: number_text(r["batch_size"], "d")),
+        ("σ", r"$\sigma$", lambda r: number_text(r["noise_multiplier"], "g")),
+        ("C", "$C$", _clip_norm),
+        ("clipping", "clipping", _clipping),
+        ("lr", "lr", lambda r: number_text(r["lr"], "g")),
+        ("epochs", "epochs", lambda r: number_text(r["epochs"], "d")),
+    ]
+    cols += [(key, _latex_cell(key), param(key)) for key in extra_columns(table)]
+    cols += [
+        ("δ", r"$\delta$", lambda r: number_text(r["delta"], "g")),
+        ("accountant", "accountant", lambda r: str(r["accountant"]) if r["private"] else "non-private"),
+    ]
+    if shows_privacy_kinds(table):  # whom each ε protects, and how its noise was added
+        cols += [(name, name, _privacy_kind(name)) for name in PRIVACY_KINDS]
+    cols += [
+        ("ε", r"$\varepsilon$", lambda r: epsilon_text(r["epsilon"])),
+        (score, _latex_cell(score), _accuracy),
+        ("drop (pp)", "drop (pp)", lambda r: number_text(r["accuracy_drop"] * PERCENT, ".2f")),
+        ("runs", "runs", lambda r: str(int(r["runs"]))),
+    ]
+    return cols
+
+
+def _privacy_kind(name: str) -> Cell:
+    """A private row's mechanism or unit (the default where unknown); a dash for a non-private row."""
+
+    def cell(row: pd.Series) -> str:
+        if not row["private"]:
+            return "—"
+        value = row.get(name)
+        return PRIVACY_KIND_DEFAULTS[name] if value is None or pd.isna(value) else str(value)
+
+    return cell
+
+
+def shows_tasks(table: pd.DataFrame) -> bool:
+    """A table with rows of another task than the classifier shows the task column (and CSV has it)."""
+    return bool((row_tasks(table) != DEFAULT_TASK).any())
+
+
+def _clipping_of(row: pd.Series) -> str:
+    """The row's clipping strategy: runs from before dp.clipping existed clipped at a fixed C."""
+    value = row.get("clipping")
+    return "fixed" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+
+
+def _clipping(row: pd.Series) -> str:
+    """fixed, or quantile / adaptive with their target quantile γ."""
+    if not row["private"]:
+        return "—"
+    kind = _clipping_of(row)
+    gamma = row.get("params.dp.clip_quantile")
+    return kind if kind == "fixed" or gamma is None or pd.isna(gamma) else f"{kind} γ={param_text(gamma)}"
+
+
+def _clip_norm(row: pd.Series) -> str:
+    """C as configured; a quantile run's C is its own private release (param dp.max_grad_norm_chosen), and an
+    adaptive run's moves from this start."""
+    return "—" if row["private"] and _clipping_of(row) == "quantile" else number_text(row["max_grad_norm"], "g")
+
+
+def paper_table(table: pd.DataFrame, latex: bool = False) -> pd.DataFrame:
+    """The table as text cells, with the headers a paper shows (unicode, or LaTeX when ``latex``)."""
+    cols = display_columns(table)
+    rows = [row for _, row in table.iterrows()]
+    cells = {(tex if latex else plain): [fmt(row) for row in rows] for plain, tex, fmt in cols}
+    return pd.DataFrame(cells, columns=[tex if latex else plain for plain, tex, _ in cols])
+
+
+TEXT_COLUMNS = ("dataset", "model", "task", "accountant", *PRIVACY_KINDS)
+
+
+def _right_aligned(shown: pd.DataFrame) -> list[bool]:
+    """Per column of a paper_table: numbers (or dashes, or "mean ± std") are right-aligned."""
+
+    def number(cell: str) -> bool:
+        try:
+            float(cell.partition(" ± ")[0])
+        except ValueError:
+            return cell == "—"
+        return True
+
+    return [h not in TEXT_COLUMNS and all(number(c) for c in shown[h]) for h in shown.columns]
+
+
+def to_markdown(report: Report) -> str:
+    """A GitHub-flavoured markdown table (numbers right-aligned), then the notes as a list."""
+    shown = paper_table(report.table).map(lambda c: c.replace("|", r"\|"))
+    widths = [max(3, len(h), *(len(v) for v in shown[h])) for h in shown.columns]  # a rule needs 3 dashes
+    right = _right_aligned(shown)
+
+    def line(cells: Sequence[str]) -> str:
+        padded = [c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True)]
+        return "| " + " | ".join(padded) + " |"
+
+    rule = ["-" * (w - 1) + ":" if r else "-" * w for w, r in zip(widths, right, strict=True)]
+    lines = [line(list(shown.columns)), line(rule)]
+    lines += [line(list(row)) for row in shown.itertuples(index=False, name=None)]
+    return "\n".join([*lines, "", *[f"- {note}" for note in report.notes()]]) + "\n"
+
+
+def to_csv(report: Report) -> str:
+    """The numbers at full precision (accuracies as fractions), one row per config, no notes."""
+    table = report.table
+    extras = [f"params.{k}" for k in extra_columns(table)]
+    kinds = ["dataset", "model", *(["task"] if shows_tasks(table) else [])]
+    privacy = list(PRIVACY_KINDS) if shows_privacy_kinds(table) else []
+    names = ["config_id", *kinds, *SETTING_COLUMNS, *privacy, "private", *extras, "epsilon", "test_accuracy_mean"]
+    names += ["test_accuracy_std", "accuracy_drop", "runs", "runs_without_accuracy", "run_ids"]
+    names += [m for m in MEMORISATION_METRICS if m in table and table[m].notna().any()]
+    out = table[names].rename(columns={e: e.removeprefix("params.") for e in extras})
+    out = out.assign(run_ids=out["run_ids"].map(" ".join))
+    return str(out.to_csv(index=False, lineterminator="\n"))
+
+
+LATEX_SPECIAL = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+}
+
+
+def _latex_cell(text: str) -> str:
+    escaped = "".join(LATEX_SPECIAL.get(ch, ch) for ch in text)
+    return escaped.replace(" ± ", r" $\pm$ ").replace("—", "--")
+
+
+def to_latex(report: Report) -> str:
+    """A booktabs ``tabular`` (needs ``\\usepackage{booktabs}``), the notes as ``%`` comments."""
+    shown = paper_table(report.table, latex=True)
+    spec = "".join("r" if r else "l" for r in _right_aligned(paper_table(report.table)))
+    lines = [f"% {note}" for note in report.notes()]
+    lines += [f"\\begin{{tabular}}{{{spec}}}", r"\toprule", " & ".join(shown.columns) + r" \\", r"\midrule"]
+    lines += [" & ".join(_latex_cell(c) for c in row) + r" \\" for row in shown.itertuples(index=False, name=None)]
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def to_html(report: Report) -> str:
+    """An HTML ``<table>`` and the notes as paragraphs (no page around them)."""
+    table = paper_table(report.table).to_html(index=False, border=0, escape=True)
+    notes = "\n".join(f"<p>{html_escape(n)}</p>" for n in report.notes())
+    return f"{table}\n{notes}\n"
+
+
+FORMATS: Registry[Callable[[Report], str]] = Registry("format")
+FORMATS.register("md")(to_markdown)
+FORMATS.register("csv")(to_csv)
+FORMATS.register("tex")(to_latex)
+FORMATS.register("html")(to_html)
+
+
+def render(report: Report, fmt: str = "md") -> str:
+    """The report as text in ``fmt`` (a FORMATS name)."""
+    return lookup(FORMATS, fmt, "format")(report)
+
+
+FIGURE_FORMATS = ("png", "pdf", "svg")  # dpsweep-report --figure-format (analysis.report.plots writes them)
+IMAGE_TYPES = {".png": "image/png", ".svg": "image/svg+xml"}  # what a browser shows inline (PDF: a link)
+
+HTML_PAGE = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{title}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em; max-width: 80em; }}
+table {{ border-collapse: collapse; font-size: 0.9em; }}
+th, td {{ padding: 0.25em 0.6em; border-bottom: 1px solid #ccc; text-align: right; }}
+th {{ border-bottom: 2px solid #333; }}
+figure {{ margin: 2em 0; }}
+img {{ max-width: 100%; height: auto; }}
+</style>
+</head>
+<body>
+<h1>{title}</h1>
+{table}
+{figures}
+</body>
+</html>
+"""
+
+
+def _figure_name(path: Path) -> str:
+    return path.stem.replace("_", " ")
+
+
+def to_html_page(report: Report, figures: Sequence[Path] = ()) -> str:
+    """A whole HTML page that needs nothing else: the table, the notes and the figures, PNG and SVG
+    embedded as data URIs (so it opens offline, mailed or archived on its own); PDF figures linked."""
+    parts = []
+    for path in figures:
+        kind = IMAGE_TYPES.get(path.suffix)
+        caption = f"<figcaption>{html_escape(_figure_name(path))}</figcaption>"
+        if kind is None:
+            parts.append(f'<figure><a href="{html_escape(path.name)}">{html_escape(path.name)}</a>{caption}</figure>')
+            continue
+        data = base64.b64encode(path.read_bytes()).decode("ascii")
+        alt = html_escape(_figure_name(path))
+        parts.append(f'<figure><img src="data:{kind};base64,{data}" alt="{alt}">{caption}</figure>')
+    title = f"dpsweep report: {report.selection}"
+    return HTML_PAGE.format(title=html_escape(title), table=to_html(report), figures="\n".join(parts))
+
+
+def write(report: Report, fmt: str, out_dir: Path, figures: Sequence[Path] = ()) -> Path:
+    """Write ``report.<fmt>`` into ``out_dir``; returns its path. With ``figures`` (files in
+    ``out_dir``): markdown embeds them as images below the table, HTML becomes a self-contained page
+    (:func:`to_html_page`), LaTeX lists them in a comment; CSV stays the numbers only."""
+    path = out_dir / f"report.{fmt}"
+    text = render(report, fmt)
+    if figures and fmt == "md":
+        text += "\n" + "\n".join(f"![{_figure_name(f)}]({f.name})\n" for f in figures)
+    elif fmt == "html":
+        text = to_html_page(report, figures)
+    elif figures and fmt == "tex":
+        text += "".join(f"% figure: \\includegraphics{{{f.name}}}\n" for f in figures)
+    path.write_text(text, encoding="utf-8")
+    return path
