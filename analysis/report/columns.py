@@ -7,11 +7,11 @@ accuracy ``tstr_accuracy``. A GAN row's ``model`` is ``gan`` (its model.name is 
 classifier: :func:`run_models`), so GAN rows are a block of their own with the non-private GAN as
 baseline.
 
-Mechanisms and privacy units (``dp.mechanism``, ``dp.unit``): each private row has a ``mechanism``
-(``dpsgd``: DP-SGD, Poisson sampling; ``dpftrl``: DP-FTRL, tree aggregation without sampling) and a
-``unit`` (``example``, or ``user``: ε protects all of one user's examples, N = dataset.num_users),
-from its params, else its tags; runs from before these keys are ``dpsgd`` / ``example``, and
-non-private rows have neither (None).
+Mechanisms and privacy units (``dp.mechanism``, ``dp.unit``): each private row has a ``mechanism`` (a
+name of the registry ``dpsweep.mechanisms``, whose label and note the report shows) and a ``unit``
+(``example``, or ``user``: ε protects all of one user's examples, N = dataset.num_users), from its
+params, else its tags; runs from before these keys have the schema's defaults, and non-private rows
+have neither (None).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
-from dpsweep.config import ClassifierTaskConfig, GanTaskConfig, Mechanism, PrivacyUnit, TaskConfig
+from dpsweep.config import ClassifierTaskConfig, DPConfig, GanTaskConfig, TaskConfig
 from dpsweep.errors import InputError
 from dpsweep.registry import Registry
 
@@ -73,19 +73,16 @@ MEMORISATION_METRICS = ("memorisation_share", "memorisation_baseline")  # mean p
 # param (also a tag, set at the end of a DP run) it shows. Runs from before these keys log neither:
 # they ran DP-SGD over examples (the defaults). Non-private rows have neither (None).
 PRIVACY_KINDS: dict[str, str] = {"mechanism": "dp.mechanism", "unit": "dp.unit"}
-PRIVACY_KIND_DEFAULTS: dict[str, str] = {"mechanism": Mechanism.dpsgd.value, "unit": PrivacyUnit.example.value}
+PRIVACY_KIND_DEFAULTS: dict[str, str] = {
+    name: str(getattr(value, "value", value))
+    for name, value in (("mechanism", DPConfig.mechanism), ("unit", DPConfig.unit))
+}  # the schema's defaults
 DEFAULT_OF_PARAM = {PRIVACY_KINDS[name]: value for name, value in PRIVACY_KIND_DEFAULTS.items()}
-MECHANISM_NAMES = {Mechanism.dpsgd.value: "DP-SGD", Mechanism.dpftrl.value: "DP-FTRL"}
-MECHANISM_NOTES = {
-    Mechanism.dpsgd.value: "Poisson-sampled batches, amplified by sampling",
-    Mechanism.dpftrl.value: "tree aggregation over batches in a fixed order, no sampling and no amplification",
-}
-# dp.neighbours (a DP run's tag; dpsweep.privacy.ledger.NEIGHBOURS_OF) in words; runs without it ran DP-SGD
+# dp.neighbours (a DP run's tag; the mechanism's ``neighbours``) in words; runs without it ran the default
 NEIGHBOUR_NOTES = {
     "add_or_remove_one": "one unit added or removed",
     "replace_one_with_zero": "one unit replaced by a zero record",
 }
-DEFAULT_NEIGHBOURS = "add_or_remove_one"
 # Who holds which examples (dpsweep.data.users), what a dp.unit=user row's users are. Without DP they change
 # nothing a run computes (only dp.unit=user reads them), so a baseline is matched without them.
 USER_PARAMS = ("dataset.users", "dataset.num_users", "dataset.user_label_skew", "dataset.users_seed")
@@ -207,6 +204,34 @@ def row_units(table: pd.DataFrame) -> pd.Series:
 
 
 def mechanism_order(mechanism: str) -> tuple[int, str]:
-    """Mechanisms in dpsweep.config.Mechanism's order (dpsgd first), unknown ones after, by name."""
-    known = [m.value for m in Mechanism]
+    """The default mechanism first, then the registered ones by name, unknown ones after, by name."""
+    known = known_mechanisms()
     return (known.index(mechanism) if mechanism in known else len(known), mechanism)
+
+
+def known_mechanisms() -> list[str]:
+    from dpsweep.mechanisms import MECHANISMS  # dp-accounting: imported where a report names mechanisms
+
+    default = PRIVACY_KIND_DEFAULTS["mechanism"]
+    return [default, *(m for m in MECHANISMS.names() if m != default)]
+
+
+def mechanism_label(mechanism: str) -> str:
+    """The registered mechanism's label (e.g. DP-SGD); the name itself for one this process lacks."""
+    from dpsweep.mechanisms import MECHANISMS
+
+    return MECHANISMS.get(mechanism).label if mechanism in MECHANISMS else mechanism
+
+
+def mechanism_note(mechanism: str) -> str | None:
+    """How the registered mechanism is accounted, in one line; None for one this process lacks."""
+    from dpsweep.mechanisms import MECHANISMS
+
+    return MECHANISMS.get(mechanism).note if mechanism in MECHANISMS else None
+
+
+def mechanism_neighbours(mechanism: str) -> str:
+    """The neighbouring relation of a registered mechanism's ε (``?`` for one this process lacks)."""
+    from dpsweep.mechanisms import MECHANISMS
+
+    return MECHANISMS.get(mechanism).neighbours if mechanism in MECHANISMS else "?"

@@ -14,14 +14,14 @@ import pandas as pd
 
 from dpsweep.analysis.report.cells import PERCENT, param_text, percent_text, runs_text, sort_key
 from dpsweep.analysis.report.columns import (
-    DEFAULT_NEIGHBOURS,
-    MECHANISM_NAMES,
-    MECHANISM_NOTES,
     MEMORISATION_METRICS,
     MISSING,
     NEIGHBOUR_NOTES,
     REFERENCE_METRIC,
     column,
+    mechanism_label,
+    mechanism_neighbours,
+    mechanism_note,
     mechanism_order,
     objective_name,
     param_or_tag,
@@ -38,7 +38,7 @@ from dpsweep.analysis.report.table import (
     score_name,
     shows_privacy_kinds,
 )
-from dpsweep.config import Mechanism, PrivacyUnit
+from dpsweep.config import PrivacyUnit
 
 
 def check(runs: pd.DataFrame, table: pd.DataFrame) -> list[str]:
@@ -279,10 +279,10 @@ def _mechanism_line(private: pd.DataFrame, done: pd.DataFrame) -> str:
     parts = []
     for mechanism in sorted(set(private["mechanism"].dropna()), key=mechanism_order):
         mine = neighbours[run_mechanisms == mechanism].dropna()
-        relations = sorted({str(n) for n in mine}) or [_default_neighbours(mechanism)]
+        relations = sorted({str(n) for n in mine}) or [mechanism_neighbours(mechanism)]
         relation = " / ".join(NEIGHBOUR_NOTES.get(r, r) for r in relations)
-        name = MECHANISM_NAMES.get(mechanism, mechanism)
-        what = f"{name}, {MECHANISM_NOTES[mechanism]}" if mechanism in MECHANISM_NOTES else name
+        name, note = mechanism_label(mechanism), mechanism_note(mechanism)
+        what = f"{name}, {note}" if note is not None else name
         parts.append(f"{mechanism} = {what} (ε for neighbouring datasets differing in {relation})")
     return "Mechanism: " + "; ".join(parts) + "."
 
@@ -309,12 +309,3 @@ def _unit_line(private: pd.DataFrame) -> str:
             " ε per example and ε per user are different guarantees: compare rows of one unit (one Pareto front each)."
         )
     return line
-
-
-def _default_neighbours(mechanism: str) -> str:
-    """The neighbouring relation of a mechanism's ε, for runs without the dp.neighbours tag."""
-    if mechanism == Mechanism.dpsgd.value:
-        return DEFAULT_NEIGHBOURS
-    from dpsweep.privacy.ledger import NEIGHBOURS_OF  # dp-accounting takes a second to import: only when needed
-
-    return NEIGHBOURS_OF.get(mechanism, "?")

@@ -48,10 +48,11 @@ from dpsweep.analysis.report.cells import PERCENT, param_text
 from dpsweep.analysis.report.columns import (
     DEFAULT_OF_PARAM,
     HYPERPARAMETERS,
-    MECHANISM_NAMES,
     PRIVACY_KIND_DEFAULTS,
     PRIVACY_KINDS,
     SHORT_NAMES,
+    known_mechanisms,
+    mechanism_label,
     mechanism_order,
     objective_name,
     row_units,
@@ -83,8 +84,9 @@ MAX_LEGEND_ENTRIES = 8
 MAX_BASELINES = 3  # non-private rows drawn as lines; with more, only the most accurate
 MAX_MEMORY_GROUPS = 15  # beyond this, memory.png keeps the groups with the largest run peak
 # pareto.png with mechanisms and units (report.shows_privacy_kinds): a colour per mechanism, a marker per unit
-MECHANISM_COLORS = {"dpsgd": "tab:blue", "dpftrl": "tab:orange"}  # DP-SGD keeps the colour of every config before
-SPARE_COLORS = ("tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")  # other mechanisms
+# by columns.mechanism_order: the default mechanism keeps the colour of every config before mechanisms
+MECHANISM_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive")
+SPARE_COLORS = ("tab:cyan", "tab:gray")  # mechanisms this process has not registered
 UNIT_MARKERS = {"example": "o", "user": "s"}  # circles: ε per example; squares: ε per user
 UNIT_LABELS = {"example": "ε per example", "user": "ε per user (N = users)"}
 FRONT_STYLES = {"example": "-D", "user": "--s"}  # the Pareto front of each unit
@@ -182,7 +184,11 @@ def _mechanism_colors(table: pd.DataFrame) -> dict[str, str]:
     present = sorted({str(m) for m in table.loc[table["private"].astype(bool), "mechanism"].dropna()},
                      key=mechanism_order)  # fmt: skip
     spare = iter(SPARE_COLORS * (1 + len(present) // len(SPARE_COLORS)))
-    return {m: MECHANISM_COLORS[m] if m in MECHANISM_COLORS else next(spare) for m in present}
+    colors = {}
+    for m in present:
+        rank = mechanism_order(m)[0]
+        colors[m] = MECHANISM_COLORS[rank % len(MECHANISM_COLORS)] if rank < len(known_mechanisms()) else next(spare)
+    return colors
 
 
 def _points_by_kind(ax: Axes, dp: pd.DataFrame, colors: dict[str, str]) -> None:
@@ -197,7 +203,7 @@ def _points_by_kind(ax: Axes, dp: pd.DataFrame, colors: dict[str, str]) -> None:
             color=colors.get(mechanism, "gray"), alpha=0.6, capsize=3, label="_nolegend_",
         )  # fmt: skip
     for mechanism in sorted(set(mechanisms), key=mechanism_order):  # legend: the colours, then the markers
-        name = MECHANISM_NAMES.get(mechanism, mechanism)
+        name = mechanism_label(mechanism)
         ax.plot([], [], "o", color=colors.get(mechanism, "gray"), alpha=0.6,
                 label=f"{name} configs (mean ± std over seeds)")  # fmt: skip
     if set(units) - {"example"}:

@@ -49,10 +49,6 @@ from dpsweep.registry import Registry
 
 UNIT = "example"  # whom ε protects by default: one example (dp.unit=user: all of one user's examples)
 NEIGHBOURS = "add_or_remove_one"
-# The neighbouring relation each mechanism's ε is for (dp.mechanism): DP-SGD's Poisson analysis adds or
-# removes one example (or user); DP-FTRL's fixed order replaces one with a zero record (Kairouz et al.
-# 2021, Def. 1.1; dp-accounting's REPLACE_SPECIAL). For one Gaussian mechanism both give the same ε.
-NEIGHBOURS_OF = {"dpsgd": NEIGHBOURS, "dpftrl": "replace_one_with_zero"}
 
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)
