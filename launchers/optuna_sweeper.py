@@ -17,18 +17,32 @@ toward ``n_trials``. Multi-objective studies print their Pareto set and log it t
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
 from hydra.core.utils import JobReturn, JobStatus
+from optuna.distributions import BaseDistribution
 
 from dpsweep.launchers.nodes import OptunaSearchConf
 from dpsweep.launchers.overrides import new_sweep_id, string_override
+from dpsweep.launchers.search import Objective, SamplerSpec
+from dpsweep.launchers.session import SweepSession
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Space:
+    """A checked study: its objective, sampler, search space (and grid, for the grid sampler), storage."""
+
+    objective: Objective
+    sampler: SamplerSpec
+    distributions: dict[str, BaseDistribution]
+    grid: dict[str, list[Any]]
+    storage: optuna.storages.BaseStorage
 
 
 class OptunaSearch:
@@ -39,22 +53,53 @@ class OptunaSearch:
         self.sweeper = sweeper
 
     def run(self, arguments: list[str]) -> Any:
-        from dpsweep.config import ConfigError, TrackingConfig, flatten, to_config
-        from dpsweep.errors import InputError
-        from dpsweep.launchers.preflight import preflight, refuse
-        from dpsweep.launchers.search import OBJECTIVES, SAMPLERS, check_search_space, grid_values
-        from dpsweep.memory.stages import carried_baseline
-        from dpsweep.run.pruning import open_storage
-        from dpsweep.tracking import close_orphaned_runs, terminate_as_interrupt, tracked_run
+        from dpsweep.config import to_config
+        from dpsweep.launchers.preflight import preflight
 
-        launcher = self.sweeper.launcher
-        assert launcher is not None
         c = self.conf
         sweep_id = new_sweep_id()
         base = self.sweeper.compose_job([*arguments, string_override("sweep.id", sweep_id)])
-        try:
-            from hydra.core.override_parser.overrides_parser import OverridesParser
+        space = self._space(arguments, base)
+        preflight([base], [arguments])
+        typed = to_config(base)
+        metrics = space.objective.metric_names(typed.task.objective)
+        study = optuna.create_study(
+            study_name=c.study_name, storage=space.storage, sampler=space.sampler.build(c.seed, space.grid),
+            directions=[optuna.study.StudyDirection[d.upper()] for d in space.objective.directions],
+            load_if_exists=True,
+        )  # fmt: skip
+        for stale in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            study.tell(stale.number, state=optuna.trial.TrialState.FAIL)  # left by an interrupted sweep
 
+        session = SweepSession(typed, sweep_id)
+        params = {
+            "optuna.sampler": c.sampler, "optuna.objective": c.objective, "optuna.n_trials": c.n_trials,
+            "optuna.n_jobs": c.n_jobs, "optuna.storage": c.storage, "sweep.overrides": " ".join(arguments),
+        }  # fmt: skip
+        with session.parent_run(f"study-{c.study_name}", {"optuna.study": c.study_name}, params) as parent:
+            failed, aborted = self._trials(session, study, space, arguments, metrics)
+            best = _best(study, space.objective.multi)
+            parent.log_text(json.dumps(best, indent=1), "pareto.json" if space.objective.multi else "best.json")
+            parent.log_metrics({"optuna.trials": len(study.trials), "optuna.failed_this_run": failed})
+            session.close_orphans()  # trials killed outright (SIGKILL, OOM killer, scancel) could not close their runs
+            if aborted:
+                parent.set_tags({"error": aborted, "failure.kind": "failure_rate"})
+        summary = _summary(c.study_name, study, best, space.objective.multi, metrics)
+        session.end([summary, *([f"dpsweep: {aborted}"] if aborted else [])], failed=bool(aborted))
+        return best
+
+    def _space(self, arguments: list[str], base: Any) -> Space:
+        """The study's objective, sampler, search space and storage; bad input is refused (exit code 2)."""
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        from dpsweep.config import ConfigError, flatten, to_config
+        from dpsweep.errors import InputError
+        from dpsweep.launchers.preflight import refuse
+        from dpsweep.launchers.search import OBJECTIVES, SAMPLERS, check_search_space, grid_values
+        from dpsweep.run.pruning import open_storage
+
+        c = self.conf
+        try:
             if any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(arguments)):
                 raise ConfigError(
                     "overrides", arguments, "fixed values only: the search space is hydra.sweeper.optuna.params"
@@ -83,70 +128,30 @@ class OptunaSearch:
             storage = open_storage(c.storage)
         except InputError as err:
             refuse(str(err))
-        preflight([base], [arguments])
-        typed = to_config(base)
-        metrics = objective.metric_names(typed.task.objective)
-        study = optuna.create_study(
-            study_name=c.study_name, storage=storage, sampler=sampler_spec.build(c.seed, grid),
-            directions=[optuna.study.StudyDirection[d.upper()] for d in objective.directions], load_if_exists=True,
-        )  # fmt: skip
-        for stale in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            study.tell(stale.number, state=optuna.trial.TrialState.FAIL)  # left by an interrupted sweep
+        return Space(objective, sampler_spec, distributions, grid, storage)
 
-        parent_cfg = TrackingConfig(typed.tracking.uri, typed.tracking.experiment_name, f"study-{c.study_name}")
-        tags = {
-            "sweep.id": sweep_id,
-            "sweep.role": "parent",
-            "optuna.study": c.study_name,
-            "sweep.launcher": typed.launcher.name,
-        }
+    def _trials(
+        self, session: SweepSession, study: optuna.Study, space: Space, arguments: list[str], metrics: tuple[str, ...]
+    ) -> tuple[int, str | None]:
+        """Ask, launch and tell trials in batches of n_jobs until n_trials are counted (or the grid is
+        done): the trials failed in this run, and why the failure policy stopped the study (None: it did not)."""
+        c, launcher = self.conf, self.sweeper.launcher
+        assert launcher is not None and session.parent is not None
         failed = told = 0
-        aborted = None
-        # inline trials, one after another here, carry the memory census's baseline (dpsweep.memory.stages)
-        carried = carried_baseline() if typed.launcher.name == "inline" else contextlib.nullcontext()
-        with terminate_as_interrupt(), tracked_run(parent_cfg, tags) as parent, carried:
-            parent.log_params(
-                {
-                    "optuna.sampler": c.sampler,
-                    "optuna.objective": c.objective,
-                    "optuna.n_trials": c.n_trials,
-                    "optuna.n_jobs": c.n_jobs,
-                    "optuna.storage": c.storage,
-                    "sweep.overrides": " ".join(arguments),
-                }
-            )
-            while (remaining := c.n_trials - _counted(study)) > 0 and not _exhausted(study):
-                trials = [study.ask(distributions) for _ in range(min(c.n_jobs, remaining))]
-                jobs = [
-                    self._job(arguments, sweep_id, parent.run_id, t, objective.extra_overrides(c.epsilon_budget))
-                    for t in trials
-                ]
-                results = launcher.launch(jobs, initial_job_idx=trials[0].number)
-                for trial, result in zip(trials, results, strict=True):
-                    state, values = self._outcome(typed, sweep_id, trial.number, result, metrics)
-                    _tell(study, trial.number, values, state)
-                    told += 1
-                    failed += state == optuna.trial.TrialState.FAIL
-                    log.info(f"trial {trial.number}: {state.name} {values or ''} {trial.params}")
-                if told >= typed.sweep.min_jobs_for_failure_rate and failed / told > typed.sweep.max_failure_rate:
-                    rate = typed.sweep.max_failure_rate
-                    aborted = (
-                        f"stopping study {c.study_name}: {failed} of {told} trials failed "
-                        f"({failed / told:.0%} > sweep.max_failure_rate={rate:.0%})"
-                    )
-                    break
-            best = _best(study, objective.multi)
-            parent.log_text(json.dumps(best, indent=1), "pareto.json" if objective.multi else "best.json")
-            parent.log_metrics({"optuna.trials": len(study.trials), "optuna.failed_this_run": failed})
-            # trials killed outright (SIGKILL, OOM killer, scancel) could not close their runs
-            close_orphaned_runs(typed.tracking.uri, typed.tracking.experiment_name, sweep_id)
-            if aborted:
-                parent.set_tags({"error": aborted, "failure.kind": "failure_rate"})
-        print(_summary(c.study_name, study, best, objective.multi, metrics), flush=True)
-        if aborted:
-            print(f"dpsweep: {aborted}", flush=True)
-            raise SystemExit(1)
-        return best
+        while (remaining := c.n_trials - _counted(study)) > 0 and not _exhausted(study):
+            trials = [study.ask(space.distributions) for _ in range(min(c.n_jobs, remaining))]
+            extra = space.objective.extra_overrides(c.epsilon_budget)
+            jobs = [self._job(arguments, session.sweep_id, session.parent.run_id, t, extra) for t in trials]
+            results = launcher.launch(jobs, initial_job_idx=trials[0].number)
+            for trial, result in zip(trials, results, strict=True):
+                state, values = self._outcome(session.first, session.sweep_id, trial.number, result, metrics)
+                _tell(study, trial.number, values, state)
+                told += 1
+                failed += state == optuna.trial.TrialState.FAIL
+                log.info(f"trial {trial.number}: {state.name} {values or ''} {trial.params}")
+            if (why := session.failure_rate(failed, told, "trials")) is not None:
+                return failed, f"stopping study {c.study_name}: {why}"
+        return failed, None
 
     def _job(
         self, arguments: list[str], sweep_id: str, parent: str, trial: optuna.Trial, extra: list[str]

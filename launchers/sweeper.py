@@ -11,21 +11,20 @@ While jobs run, a failed job (raised, killed, out of memory) is recorded and the
 the end it marks any run its jobs left RUNNING (a job killed outright) as KILLED, prints one summary
 line with the finished, skipped and failed counts and the failed runs' ids, and exits with status 1
 if any job failed. Every job gets the override ``sweep.id='<id>'`` (quoted: see
-``dpsweep.launchers.overrides``); its MLflow run carries that tag.
+``dpsweep.launchers.overrides``); its MLflow run carries that tag. The jobs are expanded by
+``dpsweep.launchers.expand``; the parent run, failure policy, progress lines, orphaned runs and
+summary come from ``dpsweep.launchers.session``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.utils import JobReturn, JobStatus
+from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
@@ -34,68 +33,14 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from dpsweep.config import given_overrides
 from dpsweep.errors import InputError
 from dpsweep.launchers.composed import ComposedJobs
+from dpsweep.launchers.expand import expand
 from dpsweep.launchers.nodes import OptunaSearchConf
 from dpsweep.launchers.overrides import new_sweep_id, string_override
 from dpsweep.launchers.preflight import preflight, refuse
+from dpsweep.launchers.session import SweepOutcome, SweepSession
 from dpsweep.tracking import channel as tracking_service
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class SweepOutcome:
-    sweep_id: str
-    finished: int = 0
-    skipped: int = 0
-    failed: int = 0
-    failed_runs: list[str] | None = None
-    killed_runs: list[str] | None = None
-    aborted: str | None = None  # why the failure policy stopped the sweep
-
-    def line(self) -> str:
-        text = f"dpsweep: sweep {self.sweep_id}: {self.finished} finished, {self.skipped} skipped, {self.failed} failed"
-        if self.failed_runs:
-            text += f"; failed runs: {', '.join(self.failed_runs)}"
-        if self.killed_runs:
-            text += f"; killed runs: {', '.join(self.killed_runs)}"
-        return text
-
-
-def _duration(seconds: float) -> str:
-    seconds = round(seconds)
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
-
-
-@dataclass
-class Progress:
-    """One line per job as it ends, whatever the launcher: ``[n/N]``, its result line, the time since
-    the sweep started and an ETA from the pace so far (jobs ended per second, so parallel launchers'
-    estimates count their parallelism). ``echoed``: the job printed its own line in this process
-    (launcher=inline), so only the count and times are added."""
-
-    total: int
-    echoed: bool
-    started_s: float = field(default_factory=time.monotonic)
-    ended: int = 0
-    seen: set[int] = field(default_factory=set)
-
-    def job_done(self, ret: JobReturn) -> None:
-        if id(ret) in self.seen:
-            return
-        self.seen.add(id(ret))
-        self.ended += 1
-        elapsed = time.monotonic() - self.started_s
-        left = self.total - self.ended
-        eta = f", ETA {_duration(elapsed / self.ended * left)}" if left else ""
-        shown = " ".join(given_overrides(ret.overrides or []))
-        if ret.status != JobStatus.COMPLETED:
-            what = f"{shown}: failed"
-        elif ret.return_value is None:
-            what = f"{shown}: skipped"
-        else:
-            line = str(getattr(ret.return_value, "line", ret.return_value)).removeprefix("dpsweep: ")
-            what = "done" if self.echoed else line
-        print(f"dpsweep: [{self.ended}/{self.total}] {what} ({_duration(elapsed)} elapsed{eta})", flush=True)
 
 
 class DpsweepSweeper(Sweeper):
@@ -136,12 +81,9 @@ class DpsweepSweeper(Sweeper):
         )
 
     def _jobs(self, arguments: list[str], sweep_id: str) -> list[list[str]]:
-        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper  # looked up after the plugin scan
-
+        """The grid's jobs (``hydra.sweeper.params`` first, then the command line), each with its sweep id."""
         assert self.hydra_context is not None
-        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
-        lines = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
-        [jobs] = BasicSweeper.split_arguments(parser.parse_overrides(lines), None)
+        jobs = expand(arguments, self.params, self.hydra_context.config_loader)
         return [[*job, string_override("sweep.id", sweep_id)] for job in jobs]
 
     def compose_job(self, job: list[str]) -> DictConfig:
@@ -171,9 +113,12 @@ class DpsweepSweeper(Sweeper):
             from dpsweep.launchers.optuna_sweeper import OptunaSearch
 
             return OptunaSearch(self.optuna, self).run(arguments)
-        from dpsweep.config import TrackingConfig, to_config
-        from dpsweep.memory.stages import carried_baseline
-        from dpsweep.tracking import log_results_table, next_steps, terminate_as_interrupt, tracked_run
+        return self._grid(arguments)
+
+    def _grid(self, arguments: list[str]) -> list[Sequence[JobReturn]]:
+        """The grid sweep (or the private tuning drawn from it): jobs composed and checked, launched
+        under one parent run, summarised."""
+        from dpsweep.config import to_config
 
         sweep_id = new_sweep_id()
         jobs = self._jobs(arguments, sweep_id)
@@ -187,69 +132,56 @@ class DpsweepSweeper(Sweeper):
         todo, skipped = select_jobs(jobs, configs)
         for line in skipped:
             print(f"dpsweep: skip {line}", flush=True)
+        assert self.config is not None
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
 
-        outcome = SweepOutcome(sweep_id, skipped=len(skipped))
+        session, outcome = SweepSession(first, sweep_id), SweepOutcome(sweep_id, skipped=len(skipped))
         if tuned is not None and not tuned.jobs:
             print(f"dpsweep: sweep {sweep_id}: private tuning drew K = 0 trials: nothing runs, nothing is released")
             return []
         if not todo:  # a no-op re-run: no parent run, which would stand empty in the MLflow UI
             print(outcome.line() + " (nothing to run: no parent run recorded)", flush=True)
             return []
-        parent_cfg = TrackingConfig(first.tracking.uri, first.tracking.experiment_name, f"sweep-{sweep_id}")
-        parent_tags = {"sweep.id": sweep_id, "sweep.role": "parent", "sweep.launcher": first.launcher.name}
+        params = {
+            "sweep.overrides": " ".join(arguments), "sweep.launcher": first.launcher.name,
+            "sweep.n_configs": len(jobs), "sweep.n_skipped": len(skipped), "sweep.dir": str(sweep_dir),
+        }  # fmt: skip
         try:
-            # inline jobs, one after another here, carry the memory census's baseline (dpsweep.memory.stages)
-            carried = carried_baseline() if first.launcher.name == "inline" else contextlib.nullcontext()
-            with terminate_as_interrupt(), tracked_run(parent_cfg, parent_tags) as parent, carried:
-                parent.log_params(
-                    {"sweep.overrides": " ".join(arguments), "sweep.launcher": first.launcher.name,
-                     "sweep.n_configs": len(jobs), "sweep.n_skipped": len(skipped), "sweep.dir": str(sweep_dir)}
-                )  # fmt: skip
+            with session.parent_run(f"sweep-{sweep_id}", {}, params) as parent:
                 todo = [[*job, string_override("sweep.parent_run_id", parent.run_id)] for job in todo]
                 log.info(f"dpsweep sweep {sweep_id}: {len(todo)} jobs to run, launcher={first.launcher.name}")
-                returns = self._launch(todo, outcome, first)
-                finish(outcome, first)
-                log_results_table(first.tracking.uri, first.tracking.experiment_name, sweep_id, parent.run_id)
+                returns = self._launch(todo, outcome, session)
+                session.finish(outcome)
                 if tuned is not None:
-                    tuned.record(parent, first, sweep_id)
+                    tuned.record(session)
                 parent.log_metrics({"sweep.finished": outcome.finished, "sweep.failed": outcome.failed,
                                     "sweep.skipped": outcome.skipped})  # fmt: skip
                 if outcome.aborted:
                     raise SweepAborted(outcome.aborted)
         except SweepAborted:
             pass  # the parent run ended FAILED with the reason; report and exit below
-        print(outcome.line(), flush=True)
-        if outcome.finished or outcome.skipped:
-            print(next_steps(first.tracking.uri, first.tracking.experiment_name, sweep_id), flush=True)
-        if outcome.failed or outcome.aborted:
-            raise SystemExit(1)
+        session.end(session.summary(outcome), failed=bool(outcome.failed or outcome.aborted))
         return returns
 
-    def _launch(self, jobs: list[list[str]], outcome: SweepOutcome, first: Any) -> list[Sequence[JobReturn]]:
+    def _launch(self, jobs: list[list[str]], outcome: SweepOutcome, session: SweepSession) -> list[Sequence[JobReturn]]:
         """Launch in batches; stop once the share of failed jobs exceeds sweep.max_failure_rate."""
         assert self.launcher is not None
         # inline jobs run one at a time anyway: batches of one let the failure policy act early
-        size = self.max_batch_size or (1 if first.launcher.name == "inline" else max(1, len(jobs)))
+        size = self.max_batch_size or (1 if session.inline else max(1, len(jobs)))
         returns: list[Sequence[JobReturn]] = []
-        progress = Progress(len(jobs), echoed=first.launcher.name == "inline")
-        if hasattr(self.launcher, "on_job_done"):  # dpsweep's submitit launchers: as each job completes
-            self.launcher.on_job_done = progress.job_done
+        progress = session.progress(self.launcher, len(jobs))
         for start in range(0, len(jobs), size):
             batch = self.launcher.launch(jobs[start : start + size], initial_job_idx=start)
             for ret in batch:  # those the launcher did not report as they completed
                 progress.job_done(ret)
             returns.append(batch)
-            count(outcome, batch)
-            ended = outcome.finished + outcome.failed
-            rate, floor = first.sweep.max_failure_rate, first.sweep.min_jobs_for_failure_rate
-            if start + size < len(jobs) and ended >= max(floor, 1) and outcome.failed / ended > rate:
-                outcome.aborted = (
-                    f"stopping: {outcome.failed} of {ended} jobs failed ({outcome.failed / ended:.0%} > "
-                    f"sweep.max_failure_rate={rate:.0%}); {len(jobs) - start - size} jobs not launched"
-                )
+            outcome.count(batch)
+            left = len(jobs) - start - size
+            why = session.failure_rate(outcome.failed, outcome.finished + outcome.failed, "jobs") if left > 0 else None
+            if why is not None:
+                outcome.aborted = f"stopping: {why}; {left} jobs not launched"
                 print(f"dpsweep: {outcome.aborted}", flush=True)
                 break
         return returns
@@ -269,10 +201,12 @@ class PrivateTuning:
     single_run_epsilon: float  # of the dominant candidate alone
     dominant: str  # its overrides
 
-    def record(self, parent: Any, first: Any, sweep_id: str) -> None:
+    def record(self, session: SweepSession) -> None:
         """Log the procedure's ε on the parent run, and tag the trials: only the best is released."""
         from dpsweep.tracking import release_best
 
+        parent, first = session.parent, session.first
+        assert parent is not None
         s = first.sweep
         parent.log_metrics({"epsilon_tuning": self.epsilon, "epsilon_single_run": self.single_run_epsilon})
         parent.log_params({
@@ -280,7 +214,7 @@ class PrivateTuning:
             "sweep.tuning_eta": s.tuning_eta,
         })  # fmt: skip
         objective = first.task.objective
-        best, finished = release_best(first.tracking.uri, first.tracking.experiment_name, sweep_id, objective)
+        best, finished = release_best(first.tracking.uri, first.tracking.experiment_name, session.sweep_id, objective)
         parent.set_tags({
             "tuning.best_run_id": best if best is not None else "none",
             "tuning.k": len(self.jobs),  # part of the secret randomness: not for publication
@@ -348,29 +282,3 @@ def select_jobs(jobs: Sequence[list[str]], configs: Sequence[DictConfig]) -> tup
         else:
             skipped.append(f"{' '.join(given_overrides(job))}: {why}")
     return todo, skipped
-
-
-def count(outcome: SweepOutcome, results: Sequence[JobReturn]) -> None:
-    """Add a batch's job results: a job returning None was skipped (over sweep.max_epsilon)."""
-    for r in results:
-        if r.status == JobStatus.COMPLETED:
-            if r.return_value is None:
-                outcome.skipped += 1
-            else:
-                outcome.finished += 1
-            continue
-        outcome.failed += 1
-        try:
-            r.return_value  # noqa: B018  (a failed job's return_value re-raises what it raised)
-        except BaseException as err:
-            log.error(f"job {' '.join(r.overrides or [])} failed: {err!r}")
-
-
-def finish(outcome: SweepOutcome, first: Any) -> None:
-    """Close runs left RUNNING by killed jobs; name the failed runs."""
-    from dpsweep.tracking import close_orphaned_runs, runs_of_sweep
-
-    uri, experiment = first.tracking.uri, first.tracking.experiment_name
-    outcome.killed_runs = close_orphaned_runs(uri, experiment, outcome.sweep_id)
-    runs = runs_of_sweep(uri, experiment, outcome.sweep_id)
-    outcome.failed_runs = sorted(run_id for run_id, status in runs.items() if status in ("FAILED", "KILLED"))

@@ -11,6 +11,7 @@ from helpers import child_runs, run_dpsweep, run_main, run_script
 from hydra import initialize_config_module
 
 from dpsweep.cli.plan import expand_sweep, main, plan
+from dpsweep.launchers.expand import expand
 from dpsweep.privacy import schedule as privacy
 
 
@@ -34,6 +35,37 @@ def test_sweeper_params_of_a_preset_come_first_and_the_command_line_wins(hydra_c
         ["dp=dpsgd", "dp.noise_multiplier=0.8"], ["dp=dpsgd", "dp.noise_multiplier=1.6"],
     ]  # fmt: skip
     assert len(expand_sweep(["experiment=demo", "dp.noise_multiplier=1.0"])) == 2
+
+
+def test_expand_gives_the_jobs_hydras_basic_sweeper_launches(hydra_ctx: None, tmp_path: Path) -> None:
+    """Sweeper params, a range, a choice and a ``+key``: the jobs Hydra's own sweeper launches, in its order."""
+    from hydra import compose
+    from hydra._internal.callbacks import Callbacks
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import HydraContext
+    from omegaconf import open_dict
+
+    params = {"train.batch_size": "32,64", "train.epochs": "1"}
+    overrides = ["train.seed=range(0,3)", "dp.noise_multiplier=choice(0.5,1.5)", "+note=a,b", "train.epochs=2"]
+    launched: list[list[str]] = []
+
+    class Recorder:
+        def launch(self, jobs: list[list[str]], initial_job_idx: int) -> list[object]:
+            launched.extend(list(job) for job in jobs)
+            return []
+
+    loader = GlobalHydra.instance().config_loader()
+    config = compose("config", return_hydra_config=True)
+    with open_dict(config):
+        config.hydra.sweep.dir = str(tmp_path)
+    hydras = BasicSweeper(max_batch_size=None, params=params)
+    hydras.config, hydras.hydra_context = config, HydraContext(config_loader=loader, callbacks=Callbacks())
+    hydras.launcher = Recorder()  # type: ignore[assignment]
+    hydras.sweep(overrides)  # composes every job first: the +key is a legal override
+    jobs = expand(overrides, params, loader)
+    assert jobs == launched and len(jobs) == 2 * 3 * 2 * 2
+    assert jobs[0] == ["train.batch_size=32", "train.epochs=2", "train.seed=0", "dp.noise_multiplier=0.5", "+note=a"]
 
 
 def test_rows_carry_the_trainers_epsilon_and_budget(hydra_ctx: None) -> None:

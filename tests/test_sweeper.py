@@ -250,6 +250,18 @@ def test_failure_policy_stops_a_mostly_failing_sweep(tmp_path: Path) -> None:
     assert ": 0 finished, 0 skipped, 4 failed" in summary(proc)
 
 
+def test_the_failure_policy_waits_for_min_jobs_then_names_the_rate() -> None:
+    """One policy for grids and studies (dpsweep.launchers.session): from sweep.min_jobs_for_failure_rate ended
+    jobs on, more than sweep.max_failure_rate failed stops the sweep."""
+    from dpsweep.config import Config
+    from dpsweep.launchers.session import SweepSession
+
+    session = SweepSession(Config(), "s0")  # max_failure_rate=0.5, min_jobs_for_failure_rate=4
+    assert session.failure_rate(3, 3, "jobs") is None  # too few ended to judge
+    assert session.failure_rate(2, 4, "jobs") is None  # 50% is not above 50%
+    assert session.failure_rate(3, 4, "trials") == "3 of 4 trials failed (75% > sweep.max_failure_rate=50%)"
+
+
 def test_memory_model_problems_stop_a_sweep_before_any_job(tmp_path: Path) -> None:
     import pandas as pd
 

@@ -37,22 +37,21 @@ PROG = "dpsweep-plan"
 
 
 def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
-    """The override lists of the jobs ``dpsweep -m <overrides>`` launches, in launch order."""
+    """The override lists of the jobs ``dpsweep -m <overrides>`` launches, in launch order
+    (``dpsweep.launchers.expand``, with the composed config's ``hydra.sweeper.params``)."""
     from hydra import compose
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    parser = OverridesParser.create()
-    parsed = parser.parse_overrides(list(overrides))
+    from dpsweep.launchers.expand import expand
+
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
     fixed = [o.input_line for o in parsed if not o.is_sweep_override() and o.input_line is not None]
     hydra_cfg = compose("config", overrides=fixed, return_hydra_config=True).hydra
     node = hydra_cfg.sweeper.get("params")
     params = OmegaConf.to_container(node, resolve=False) if node is not None else {}
     assert isinstance(params, dict)
-    lines = [f"{k!s}={v!s}" for k, v in params.items()] + list(overrides)
-    [jobs] = BasicSweeper.split_arguments(parser.parse_overrides(lines), max_batch_size=None)
-    return jobs
+    return expand(overrides, params)
 
 
 @dataclass(frozen=True)
