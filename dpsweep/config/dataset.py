@@ -1,0 +1,115 @@
+"""The dataset/ group: which data a run trains on, its users, and the checks of ``dataset.*``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from omegaconf import MISSING
+
+from dpsweep.config.checks import require
+from dpsweep.config.dp import PrivacyUnit
+from dpsweep.privacy import ranges
+
+if TYPE_CHECKING:
+    from dpsweep.config.schema import Config
+
+# Which user each training example belongs to (dataset.users): none (no users: example-level DP
+# only), natural (the data carries a user id), partition (dataset.num_users users, a seeded
+# Dirichlet(dataset.user_label_skew) label skew). A string, not an enum: str.partition is a method.
+USER_ASSIGNMENTS = ("none", "natural", "partition")
+
+NATURAL_USER_DATASETS: tuple[str, ...] = ()  # datasets whose examples carry a user id (none of today's)
+
+
+@dataclass
+class DatasetConfig:
+    name: str = MISSING
+    # Side length in pixels the images are served at (square); null keeps the dataset's own size.
+    image_size: int | None = None
+    # Users, for dp.unit=user (dpsweep.data.users): partition splits the training set into num_users
+    # non-iid users, each class's examples shared out by proportions ~ Dirichlet(user_label_skew)
+    # (Hsu et al. 2019; small: each user holds few classes), seeded by users_seed.
+    users: str = "none"  # none | natural | partition (USER_ASSIGNMENTS)
+    num_users: int = 100
+    user_label_skew: float = 1.0
+    users_seed: int = 0
+
+
+@dataclass
+class DigitsConfig(DatasetConfig):
+    """scikit-learn's 8x8 handwritten digits (1,797 images, ships offline)."""
+
+    name: str = "digits"
+    image_size: int | None = 28  # upsampled from 8x8 so the MNIST CNN applies unchanged
+    test_fraction: float = 0.2  # share of the data held out, stratified by class: 1,437 train / 360 test images
+    split_seed: int = 0  # fixed split: the same train/test partition in every run (not train.seed)
+
+
+@dataclass
+class TorchvisionDatasetConfig(DatasetConfig):
+    """A dataset read by a torchvision loader from ``root``."""
+
+    root: str = "data"
+    download: bool = False  # true fetches the files into root (needs internet)
+
+
+@dataclass
+class Flowers102Config(TorchvisionDatasetConfig):
+    name: str = "flowers102"
+    downscale: int = 1  # F: images are served at 224/F pixels unless image_size is set (2 -> 112, 4 -> 56)
+    # Official splits to train on; the official train split holds only 1,020 images, so
+    # [train, val] (2,040 images) is common. The N used is logged as the tag dataset.n_train.
+    train_splits: list[str] = field(default_factory=lambda: ["train"])
+
+
+def check_split(cfg: Config) -> None:
+    """digits: the held-out share of its fixed train/test split."""
+    if isinstance(cfg.dataset, DigitsConfig):
+        frac = cfg.dataset.test_fraction
+        require(0 < frac < 1, "dataset.test_fraction", frac, "a share of the data in (0, 1)")
+
+
+def check_images(cfg: Config) -> None:
+    """The size images are served at, and flowers102's downscaling and training splits."""
+    img = cfg.dataset.image_size
+    require(img is None or img > 0, "dataset.image_size", img, "a positive number of pixels or null")
+    if isinstance(cfg.dataset, Flowers102Config):
+        require(cfg.dataset.downscale > 0, "dataset.downscale", cfg.dataset.downscale, "a positive integer")
+        allowed_splits = {"train", "val"}
+        bad = [s for s in cfg.dataset.train_splits if s not in allowed_splits]
+        splits = list(cfg.dataset.train_splits)
+        require(
+            bool(splits) and not bad and len(set(splits)) == len(splits),
+            "dataset.train_splits",
+            list(cfg.dataset.train_splits),
+            "a non-empty subset of [train, val] without repeats (test is held out; a repeat would count images twice)",
+        )
+
+
+def check_users(cfg: Config) -> None:
+    """dataset.users: an assignment this dataset supports, and a sane partition (dp.unit=user: dpsweep.config.dp)."""
+    d = cfg.dataset
+    require(d.users in USER_ASSIGNMENTS, "dataset.users", d.users, f"one of {', '.join(USER_ASSIGNMENTS)}")
+    require(
+        d.users != "natural" or d.name in NATURAL_USER_DATASETS, "dataset.users", d.users,
+        f"none or partition: {d.name} carries no user ids (partition splits it into dataset.num_users users)",
+    )  # fmt: skip
+    if d.users == "partition":
+        require(d.num_users >= 2, "dataset.num_users", d.num_users, "2 or more users (at most N)")
+        require(
+            d.user_label_skew > 0, "dataset.user_label_skew", d.user_label_skew,
+            "a positive Dirichlet concentration α (small: users hold few classes; large: iid)",
+        )  # fmt: skip
+
+
+def validate_for_dataset(cfg: Config, n_train: int) -> None:
+    """Check the ranges that depend on the training-set size N (and, with dp.unit=user, the users)."""
+    d = cfg.dataset
+    if d.users == "partition":
+        require(d.num_users <= n_train, "dataset.num_users", d.num_users, f"2 to N={n_train} users (one example each)")
+    if cfg.dp.enabled and cfg.dp.unit == PrivacyUnit.user:
+        n_train = d.num_users  # the population of the guarantee: B users per step, δ < 1/users
+    ranges.check_batch_size("train.batch_size", cfg.train.batch_size, n_train)
+    if cfg.dp.enabled:
+        ranges.check_delta("dp.delta", cfg.dp.delta, n_train, cfg.dp.allow_large_delta, "dp.allow_large_delta=true")

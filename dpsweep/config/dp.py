@@ -1,0 +1,226 @@
+"""The dp/ group: how a run is made differentially private, and the checks of ``dp.*``."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from dpsweep.config.checks import require
+from dpsweep.privacy import ranges
+
+if TYPE_CHECKING:
+    from dpsweep.config.schema import Config
+
+SECURE_RNG_MODULE = "torchcsprng"  # what Opacus's PrivacyEngine(secure_mode=True) imports
+
+
+class Accountant(StrEnum):
+    """Privacy accountants of the run's ledger (dpsweep.privacy.ledger)."""
+
+    rdp = "rdp"  # Rényi DP, Mironov 2017; ε via the improved conversion of Balle et al. 2020
+    prv = "prv"  # privacy random variables, Gopi et al. 2021 (Opacus's PRVAccountant)
+    pld = "pld"  # privacy loss distributions (dp-accounting), Doroshenko et al. 2022
+
+
+class Mechanism(StrEnum):
+    """How a DP run noises its gradients (dp.mechanism)."""
+
+    dpsgd = "dpsgd"  # DP-SGD with Poisson sampling (Abadi et al. 2016): amplified by sampling
+    dpftrl = "dpftrl"  # DP-FTRL tree aggregation (Kairouz et al. 2021): a fixed order, no sampling
+
+
+class PrivacyUnit(StrEnum):
+    """Whom a run's ε protects (dp.unit): one example, or all of one user's examples together."""
+
+    example = "example"
+    user = "user"
+
+
+class RdpOrders(StrEnum):
+    """The RDP orders ε is minimised over (dpsweep.privacy.rdp.ORDER_GRIDS)."""
+
+    default = "default"  # Opacus's grid plus a dense fractional grid and orders up to 1024
+    opacus = "opacus"  # Opacus's and TF Privacy's grid (to 63): reproduces their published ε
+
+
+class Clipping(StrEnum):
+    """How the clipping norm C is chosen."""
+
+    fixed = "fixed"  # C = dp.max_grad_norm
+    quantile = "quantile"  # C = a private quantile of per-example gradient norms at initialisation
+    adaptive = "adaptive"  # C moves towards a quantile at every step (Andrew et al. 2021)
+
+
+class QuantileMethod(StrEnum):
+    """The ε-DP quantile mechanism of dp.clipping=quantile (dpsweep.privacy.stats)."""
+
+    histogram = "histogram"  # AboveThreshold over dp.clip_steps bins of [clip_low, clip_high]
+    exponential = "exponential"  # the exponential mechanism (Smith 2011)
+
+
+class GradSampleMode(StrEnum):
+    """How Opacus computes per-sample gradients (``grad_sample_mode`` of ``PrivacyEngine.make_private``)."""
+
+    hooks = "hooks"  # module hooks materialise every per-sample gradient (memory ~ B x P)
+    ghost = "ghost"  # ghost clipping: per-sample norms without per-sample gradients, two backward passes
+    functorch = "functorch"  # torch.func vmap per-sample gradients
+    ew = "ew"  # torch's ExpandedWeights
+
+
+@dataclass
+class DPConfig:
+    enabled: bool = True
+    noise_multiplier: float = 1.0  # σ: noise std relative to max_grad_norm; calibrated when target_epsilon is set
+    max_grad_norm: float = 1.0  # C: per-sample gradient clipping norm (L2)
+    delta: float = 1e-5  # δ of the (ε, δ) guarantee; must be < 1/N unless allow_large_delta
+    accountant: Accountant = Accountant.rdp  # rdp | prv | pld: the accountant of the ε logged as `epsilon`
+    rdp_orders: RdpOrders = RdpOrders.default  # default (to 1024) | opacus (Opacus's grid, to 63)
+    target_epsilon: float | None = None  # when set, σ is calibrated so that ε <= target_epsilon
+    allow_large_delta: bool = False  # permit δ >= 1/N, which makes the guarantee void
+    grad_sample_mode: GradSampleMode = GradSampleMode.hooks  # how Opacus computes per-sample gradients
+    # Opacus's secure mode: noise and Poisson sampling from a cryptographically secure RNG (torchcsprng)
+    # instead of torch's generator, which train.seed (logged) regenerates. Off: runs are tagged
+    # dp.release=not-for-release.
+    secure_mode: bool = False
+    # The clipping norm: fixed (dp.max_grad_norm); quantile: before training, the dp.clip_quantile of
+    # the per-example gradient norms at initialisation on one Poisson sample, released with
+    # dp.clip_epsilon-DP by dp.clip_quantile_method over the public range [clip_low, clip_high], and
+    # charged in the run's privacy ledger (dp.max_grad_norm is then unused); adaptive: C starts at
+    # dp.max_grad_norm and moves geometrically towards the dp.clip_quantile of the norms at every step
+    # (Andrew et al. 2021), within [clip_low, clip_high], from a count of unclipped examples noised
+    # with std dp.clip_count_noise; the gradient noise grows so that each step costs what DP-SGD at σ does.
+    clipping: Clipping = Clipping.fixed
+    clip_quantile: float = 0.5  # the target quantile γ of per-example gradient norms, in (0, 1)
+    clip_quantile_method: QuantileMethod = QuantileMethod.histogram
+    # ε of the quantile release (pure DP), before amplification by its Poisson sample: on digits (q = 1/23)
+    # ε = 1 costs 0.072; a smaller ε on a sample of ~60 norms is mostly noise (Laplace(4/ε) per count)
+    clip_epsilon: float = 1.0
+    clip_low: float = 0.0  # the public range the quantile is searched in
+    clip_high: float = 10.0
+    clip_steps: int = 100  # bins of [clip_low, clip_high] for the histogram method
+    clip_lr: float = 0.2  # adaptive: η of the geometric update C <- C·exp(-η(unclipped share - γ))
+    # adaptive: σ_b, the std of the noise on the count of unclipped examples; null: B/20 (Andrew et al.)
+    clip_count_noise: float | None = None
+    # quantile and adaptive: divide the noisy clipped gradient by C, so that optimizer.lr is per unit of C
+    # and the rate tuned at C = 1 carries over to a C chosen privately (DP-SGD's step grows with C
+    # otherwise: normalised DP-SGD, De et al. 2022; Bu et al. 2022). Post-processing: no privacy cost.
+    clip_normalize: bool = True
+    # dpsgd (Poisson sampling, amplified) | dpftrl: tree aggregation over batches in a fixed, seeded
+    # order, each example (or user) once per epoch, no sampling and no amplification (Kairouz et al.
+    # 2021); the tree restarts every ftrl_restart_every epochs (null: never), completed with virtual
+    # steps before a restart when ftrl_tree_completion; momentum is optimizer.momentum (sgd only).
+    mechanism: Mechanism = Mechanism.dpsgd
+    ftrl_restart_every: int | None = None
+    ftrl_tree_completion: bool = False
+    # example | user: ε per example, or per user (dataset.users; N = users, train.batch_size = expected
+    # users per step): each sampled user's contribution is the mean gradient of at most
+    # max_examples_per_user of their examples, clipped to max_grad_norm as a whole (McMahan et al. 2018).
+    unit: PrivacyUnit = PrivacyUnit.example
+    max_examples_per_user: int = 16
+
+
+def check(cfg: Config) -> None:
+    """With DP on: the privacy unit, the mechanism, the ranges of σ, C, δ and ε, clipping and secure mode."""
+    dp = cfg.dp
+    if not dp.enabled:
+        return
+    _check_unit(cfg)
+    _check_mechanism(cfg)
+    ranges.check("delta", "dp.delta", dp.delta)
+    ranges.check("max_grad_norm", "dp.max_grad_norm", dp.max_grad_norm)
+    _check_clipping(cfg)
+    if dp.target_epsilon is None:
+        ranges.check("noise_multiplier", "dp.noise_multiplier", dp.noise_multiplier)
+    else:
+        ranges.check("target_epsilon", "dp.target_epsilon", dp.target_epsilon)
+    _check_secure_mode(cfg)
+
+
+def _check_unit(cfg: Config) -> None:
+    """dp.unit=user: data with users (dataset.users, dpsweep.config.dataset), and not task=gan."""
+    d, dp = cfg.dataset, cfg.dp
+    if dp.unit != PrivacyUnit.user:
+        return
+    require(
+        d.users != "none", "dp.unit", dp.unit.value,
+        "example, or user on data with users (dataset.users=partition): this dataset has none",
+    )  # fmt: skip
+    require(
+        dp.max_examples_per_user >= 1, "dp.max_examples_per_user", dp.max_examples_per_user,
+        "1 or more examples of a user per step",
+    )  # fmt: skip
+    require(cfg.gan is None, "dp.unit", dp.unit.value, "example with task=gan")
+
+
+def _check_mechanism(cfg: Config) -> None:
+    """What dp.mechanism=dpftrl and dp.unit=user run with (they noise their own gradients, without Opacus)."""
+    dp, t = cfg.dp, cfg.train
+    own = dp.mechanism == Mechanism.dpftrl or dp.unit == PrivacyUnit.user
+    if dp.mechanism == Mechanism.dpftrl:
+        require(
+            cfg.optimizer.name == "sgd", "optimizer.name", cfg.optimizer.name,
+            "sgd with dp.mechanism=dpftrl: its tree adds noise to the prefix sums of the gradients, a fixed "
+            "linear workload; an adaptive optimizer (adam) is not that workload (Kairouz et al. 2021)",
+        )  # fmt: skip
+        restart = dp.ftrl_restart_every
+        require(
+            restart is None or 1 <= restart <= t.epochs, "dp.ftrl_restart_every", restart,
+            f"a whole number of epochs from 1 to train.epochs={t.epochs} (a longer period never restarts), or null",
+        )  # fmt: skip
+        require(dp.accountant != Accountant.prv, "dp.accountant", dp.accountant.value, "rdp or pld with dpftrl")
+        require(cfg.gan is None, "dp.mechanism", dp.mechanism.value, "dpsgd with task=gan")
+    if not own:
+        return
+    what = "dp.mechanism=dpftrl" if dp.mechanism == Mechanism.dpftrl else "dp.unit=user"
+    require(dp.clipping == Clipping.fixed, "dp.clipping", dp.clipping.value, f"fixed with {what}")
+    require(not dp.secure_mode, "dp.secure_mode", dp.secure_mode, f"false with {what}: its noise is torch's")
+    pb = t.physical_batch_size
+    require(pb is None, "train.physical_batch_size", pb, f"null with {what}: a step is one pass")
+
+
+def _check_clipping(cfg: Config) -> None:
+    """dp.clipping=quantile and adaptive: the quantile, its public range, and each method's own settings."""
+    dp = cfg.dp
+    if dp.clipping != Clipping.fixed:
+        require(0 < dp.clip_quantile < 1, "dp.clip_quantile", dp.clip_quantile, "a quantile in (0, 1)")
+        require(dp.clip_low >= 0, "dp.clip_low", dp.clip_low, "a gradient norm >= 0")
+        require(dp.clip_low < dp.clip_high, "dp.clip_high", dp.clip_high, f"a norm above dp.clip_low={dp.clip_low:g}")
+    if dp.clipping == Clipping.quantile:
+        require(dp.clip_epsilon > 0, "dp.clip_epsilon", dp.clip_epsilon, "a positive ε for the quantile release")
+        require(dp.clip_steps >= 2, "dp.clip_steps", dp.clip_steps, "2 or more histogram bins")
+    if dp.clipping == Clipping.adaptive:
+        require(dp.clip_lr > 0, "dp.clip_lr", dp.clip_lr, "a positive learning rate η of the clipping norm")
+        sigma_b = dp.clip_count_noise
+        require(sigma_b is None or sigma_b > 0, "dp.clip_count_noise", sigma_b, "a positive noise std σ_b, or null")
+        require(
+            dp.grad_sample_mode != GradSampleMode.ghost, "dp.grad_sample_mode", dp.grad_sample_mode.value,
+            "hooks, functorch or ew with dp.clipping=adaptive: Opacus's ghost clipping has a fixed norm",
+        )  # fmt: skip
+
+
+def _check_secure_mode(cfg: Config) -> None:
+    """dp.secure_mode=true needs Opacus's secure RNG, and Poisson sampling that draws from it."""
+    dp = cfg.dp
+    module = _secure_rng_module()
+    require(
+        not dp.secure_mode or importlib.util.find_spec(module) is not None,
+        "dp.secure_mode",
+        dp.secure_mode,
+        f"false here: Opacus's secure mode needs the {module} package, which is not installed "
+        "(pytorch/csprng; it has no build for recent torch versions)",
+    )
+    require(
+        not (dp.secure_mode and cfg.train.device_resident),
+        "train.device_resident",
+        cfg.train.device_resident,
+        "false with dp.secure_mode=true: device-resident Poisson sampling draws from torch's generator",
+    )
+
+
+def _secure_rng_module() -> str:
+    """SECURE_RNG_MODULE as the package ``dpsweep.config`` holds it now: callers (and tests) set it there."""
+    from dpsweep import config
+
+    return config.SECURE_RNG_MODULE

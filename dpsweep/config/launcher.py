@@ -1,0 +1,45 @@
+"""The launcher/ group: the resources of each job of a sweep, and their checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dpsweep import units
+from dpsweep.config.checks import require
+
+
+@dataclass
+class LauncherConfig:
+    """Resources, said once; each launcher maps them to its scheduler (conf/launcher/*.yaml)."""
+
+    name: str = "inline"  # inline (in-process, one after another) | local | slurm | sge
+    gpus_per_job: int = 0
+    cpus_per_job: int = 1
+    mem_gb: int = 4  # memory per job, GiB
+    timeout_min: int = 60  # wall-clock limit per job, minutes
+    partition: str | None = None  # Slurm partition or SGE queue; null: the scheduler's default
+    max_parallel: int = 1  # jobs running at once (local: processes; clusters: array throttle)
+    setup: list[str] = field(default_factory=list)  # shell lines run before each job (module load, venv)
+    gpu_resource: str = "gpu={gpus}"  # SGE only: the -l resource string sites use for GPUs
+    # Memory of each job's GPU with units, e.g. 16GiB or 80GB: dpsweep-plan flags configs predicted
+    # not to fit (with train.memory_model), and training picks the physical batch from it.
+    gpu_memory: str | None = None
+
+
+def validate_launcher(launcher: LauncherConfig) -> None:
+    """Resources must be satisfiable: positive counts, memory in GiB, time in minutes."""
+    require(launcher.gpus_per_job >= 0, "launcher.gpus_per_job", launcher.gpus_per_job, "0 or more GPUs")
+    require(launcher.cpus_per_job >= 1, "launcher.cpus_per_job", launcher.cpus_per_job, "1 or more CPUs")
+    require(launcher.mem_gb > 0, "launcher.mem_gb", launcher.mem_gb, "a positive amount of memory in GiB, e.g. 16")
+    require(
+        launcher.timeout_min > 0, "launcher.timeout_min", launcher.timeout_min, "a positive time in minutes, e.g. 120"
+    )
+    require(launcher.max_parallel >= 1, "launcher.max_parallel", launcher.max_parallel, "1 or more jobs at once")
+    if launcher.gpu_memory is not None:
+        units.parse_bytes(launcher.gpu_memory, key="launcher.gpu_memory")
+    require(
+        "{gpus}" in launcher.gpu_resource,
+        "launcher.gpu_resource",
+        launcher.gpu_resource,
+        "an SGE resource string with a {gpus} placeholder, e.g. gpu={gpus} or h_gpu={gpus}",
+    )

@@ -1,0 +1,207 @@
+"""The root :class:`Config`, its registration in Hydra's ConfigStore, and what is done with a whole config.
+
+The YAML files under ``conf/`` hold the values; the dataclasses of the group modules hold the keys and
+their types, so a misspelt key or a value of the wrong type fails at composition with Hydra's own message::
+
+    dpsweep train.bach_size=64      # Key 'bach_size' not in 'TrainConfig'
+    dpsweep train.device=gpu        # Invalid value 'gpu', expected one of [auto, cpu, cuda]
+
+A key the schema lacks that Hydra added anyway (``+train.bach_size=64``) is refused by :func:`to_config`.
+Range checks that types cannot express (``noise_multiplier > 0``, ``delta < 1/N``, ...) are the groups'
+own, run by ``dpsweep.config.validate`` and ``validate_for_dataset`` before any training starts.
+Here too: flattening to dotted keys, and the part of a config that determines a run's result
+(:func:`identity`, :func:`identity_hash`) apart from its :func:`settings`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from dpsweep.config.checks import ConfigError
+from dpsweep.config.dataset import DigitsConfig, Flowers102Config, TorchvisionDatasetConfig
+from dpsweep.config.dp import DPConfig
+from dpsweep.config.launcher import LauncherConfig
+from dpsweep.config.model import CNNConfig, MLPConfig, VGG16FrozenConfig
+from dpsweep.config.optimizer import AdamConfig, SGDConfig
+from dpsweep.config.sweep import SweepConfig
+from dpsweep.config.task import ClassifierTaskConfig, GanConfig, GanTaskConfig
+from dpsweep.config.tracking import TrackingConfig
+from dpsweep.config.train import TrainConfig
+
+
+@dataclass
+class Config:
+    task: Any = MISSING  # a TaskConfig subclass, chosen by the task/ group
+    gan: GanConfig | None = None  # task=gan's settings (conf/gan/), absent for every other task
+    dataset: Any = MISSING  # a DatasetConfig subclass, chosen by the dataset/ group
+    model: Any = MISSING  # a ModelConfig subclass
+    dp: DPConfig = MISSING
+    optimizer: Any = MISSING  # an OptimizerConfig subclass
+    train: TrainConfig = MISSING
+    tracking: TrackingConfig = MISSING
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+
+
+def register_configs() -> None:
+    """Register every schema in Hydra's ConfigStore (idempotent).
+
+    Each YAML option under ``conf/<group>/`` names its schema first in its defaults list.
+    """
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    cs.store(group="task", name="base_classifier", node=ClassifierTaskConfig)
+    cs.store(group="task", name="base_gan", node=GanTaskConfig)
+    cs.store(group="gan", name="base_gan", node=GanConfig)
+    cs.store(group="dataset", name="base_digits", node=DigitsConfig)
+    cs.store(group="dataset", name="base_torchvision", node=TorchvisionDatasetConfig)
+    cs.store(group="dataset", name="base_flowers102", node=Flowers102Config)
+    cs.store(group="model", name="base_cnn", node=CNNConfig)
+    cs.store(group="model", name="base_mlp", node=MLPConfig)
+    cs.store(group="model", name="base_vgg16_frozen", node=VGG16FrozenConfig)
+    cs.store(group="dp", name="base_dp", node=DPConfig)
+    cs.store(group="optimizer", name="base_sgd", node=SGDConfig)
+    cs.store(group="optimizer", name="base_adam", node=AdamConfig)
+    cs.store(group="train", name="base_train", node=TrainConfig)
+    cs.store(group="tracking", name="base_tracking", node=TrackingConfig)
+
+
+def to_config(cfg: DictConfig | Config) -> Config:
+    """Return the typed :class:`Config` object for a composed DictConfig (or pass one through)."""
+    if isinstance(cfg, Config):
+        return cfg
+    obj = OmegaConf.to_object(cfg)
+    if not isinstance(obj, Config):
+        raise TypeError(
+            "train() needs a config composed against the dpsweep schema "
+            "(hydra.compose(config_name='config') or the dpsweep CLI), got a plain mapping"
+        )
+    _refuse_unknown_keys(cfg, obj)
+    return obj
+
+
+def _refuse_unknown_keys(given: DictConfig, typed: Config) -> None:
+    """Keys the schema lacks (``+train.bach_size=32``: Hydra adds them, and the typed config would drop
+    them silently) are refused, with the closest valid keys. Only the keys are compared (the given
+    config's node names against the schema's fields), so no value is resolved unless one is refused."""
+    import difflib
+
+    for key in _unknown_keys(given, typed):
+        value = OmegaConf.select(given, key)
+        if isinstance(value, DictConfig):  # name the first value under the unknown node, as a dotted key
+            leaf, value = next(iter(_flatten(value).items()), ("", {}))
+            key = f"{key}.{leaf}" if leaf else key
+        close = difflib.get_close_matches(key, list(flatten(typed)), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ConfigError(key, value, f"a key of the dpsweep config (this one is not in its schema){hint}")
+
+
+def _unknown_keys(given: DictConfig, typed: object, prefix: str = "") -> Iterator[str]:
+    """The dotted key of each node of ``given`` whose name is no field of the dataclass ``typed`` at the
+    same place; below a field that is not a dataclass (a dict of any keys), every key is known."""
+    if not dataclasses.is_dataclass(typed):
+        return
+    names = {f.name for f in dataclasses.fields(typed)}
+    for name in map(str, given):
+        if name not in names:
+            yield prefix + name
+        elif isinstance(node := given._get_node(name), DictConfig):  # the node: nothing resolved
+            yield from _unknown_keys(node, getattr(typed, name), f"{prefix}{name}.")
+
+
+def flatten(cfg: DictConfig | Config) -> dict[str, Any]:
+    """Flatten a config to dotted keys: ``{"dp.noise_multiplier": 1.0, ...}`` (enums as strings)."""
+    if isinstance(cfg, DictConfig):
+        return _flatten(cfg)
+    return dict(_structured(cfg)[1])
+
+
+def structured(cfg: Config) -> DictConfig:
+    """``OmegaConf.structured(cfg)``, read-only (a run asks for it again for its ``config.yaml``)."""
+    return _structured(cfg)[0]
+
+
+def _structured(cfg: Config) -> tuple[DictConfig, dict[str, Any]]:
+    """A typed config as a read-only DictConfig and flattened, made once per config: a run flattens
+    its config several times, and ``OmegaConf.structured`` takes about 15 ms each time."""
+    key = repr(cfg)  # a dataclass's repr holds every field
+    if key not in _STRUCTURED:
+        if len(_STRUCTURED) >= 64:
+            _STRUCTURED.clear()
+        node = OmegaConf.structured(cfg)
+        OmegaConf.set_readonly(node, True)
+        _STRUCTURED[key] = node, _flatten(node)
+    return _STRUCTURED[key]
+
+
+_STRUCTURED: dict[str, tuple[DictConfig, dict[str, Any]]] = {}
+
+
+def _flatten(node: DictConfig) -> dict[str, Any]:
+    container = OmegaConf.to_container(node, resolve=True, enum_to_str=True)
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            out[prefix] = value
+
+    walk("", container)
+    return out
+
+
+# Keys that do not change what a run computes: where it is tracked, launched or checkpointed.
+NON_IDENTITY_PREFIXES = (
+    "tracking.", "launcher.", "sweep.", "train.checkpoint_dir", "train.progress", "train.eval_batch_size",
+    "train.eval_every", "train.memory_model", "model.feature_cache_dir", "gan.grid_every", "gan.memorisation_",
+)  # fmt: skip
+
+
+# Config sections only some tasks have (null for the others): absent ones are left out of the
+# identity, so adding a task's section leaves every other task's config hashes as they were.
+TASK_SECTIONS = ("gan",)
+
+
+def identity(flat: dict[str, Any]) -> dict[str, Any]:
+    """The part of a flattened config that determines the run's result (for hashes and resume).
+
+    Without DP, σ, C, δ and the accountant have no effect, so only ``dp.enabled`` is kept.
+    """
+    dp_off = flat.get("dp.enabled") is False
+    return {
+        k: v
+        for k, v in flat.items()
+        if not k.startswith(NON_IDENTITY_PREFIXES)
+        and not (dp_off and k.startswith("dp.") and k != "dp.enabled")
+        and not (k in TASK_SECTIONS and v is None)
+    }
+
+
+def identity_hash(flat_identity: dict[str, Any]) -> str:
+    """Stable hash of a flattened config's identity (keys sorted; values as JSON): resume and skipping."""
+    blob = json.dumps(flat_identity, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+SWEEPER_KEYS = ("sweep.id", "sweep.parent_run_id")  # what dpsweep's grid sweeper adds to every job
+
+
+def given_overrides(overrides: Sequence[str]) -> list[str]:
+    """A job's overrides as the user gave them, without those the sweeper added (SWEEPER_KEYS)."""
+    return [o for o in overrides if o.partition("=")[0] not in SWEEPER_KEYS]
+
+
+def settings(flat: dict[str, Any]) -> dict[str, Any]:
+    """The rest of a flattened config: where a run is tracked, launched or checkpointed
+    (NON_IDENTITY_PREFIXES), which does not change what it computes; unset ones left out."""
+    return {k: v for k, v in flat.items() if k.startswith(NON_IDENTITY_PREFIXES) and v is not None}

@@ -1,0 +1,63 @@
+"""The sweep settings of a job (``sweep.*``, set by the user and by dpsweep's sweepers), and their checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from dpsweep.config.checks import require
+
+if TYPE_CHECKING:
+    from dpsweep.config.schema import Config
+
+
+@dataclass
+class SweepConfig:
+    # Drop configs whose planned ε (dp.accountant, over all their steps) exceeds this budget:
+    # dpsweep-plan marks them and dpsweep -m skips them. null keeps every config.
+    max_epsilon: float | None = None
+    force: bool = False  # re-run configs that already FINISHED in the experiment (default: skip them)
+    # Stop a sweep or study that is mostly failing: checked once at least min_jobs_for_failure_rate
+    # jobs have ended. Below the rate, failures are reported at the end.
+    max_failure_rate: float = 0.5
+    min_jobs_for_failure_rate: int = 4
+    # Set by dpsweep's sweepers on every job; each becomes a tag of the job's MLflow run.
+    id: str | None = None
+    parent_run_id: str | None = None  # the sweep's parent MLflow run (mlflow.parentRunId)
+    study: str | None = None  # Optuna study name
+    trial: int | None = None  # Optuna trial number
+    storage: str | None = None  # Optuna storage URL, for reporting per-epoch accuracy (pruning)
+    pruner: str | None = None  # Optuna pruner the job consults each epoch (median), or null
+    pruner_startup_trials: int = 2  # the median pruner prunes nothing until this many trials completed
+    pruner_warmup_epochs: int = 1  # ... nor before this many epochs of a trial
+    # Private tuning (dpsweep.privacy.tuning, Papernot & Steinke 2022): instead of every grid config, run K
+    # trials, K drawn from tuning_distribution (poisson | geometric | tnb) with mean tuning_mean_trials
+    # from secret randomness, each a config drawn uniformly from the grid with a secret train.seed;
+    # only the best trial is released, and the parent run logs epsilon_tuning, the whole procedure's ε.
+    private_tuning: bool = False
+    tuning_distribution: str = "poisson"
+    tuning_mean_trials: float = 10.0
+    tuning_eta: float = 0.5  # shape η > 0 of the truncated negative binomial (tnb)
+    tuning_trial: int | None = None  # set by the sweeper on each trial of a private tuning
+
+    @property
+    def prunes(self) -> bool:
+        """This job reports per-epoch accuracy to an Optuna trial whose pruner may stop it."""
+        return bool(self.pruner and self.study and self.storage and self.trial is not None)
+
+
+def check(cfg: Config) -> None:
+    """The ε budget a sweep drops configs above, and when a mostly failing sweep is stopped."""
+    s = cfg.sweep
+    require(
+        s.max_epsilon is None or s.max_epsilon > 0, "sweep.max_epsilon", s.max_epsilon, "a positive ε budget or null"
+    )
+    require(
+        0 < s.max_failure_rate <= 1, "sweep.max_failure_rate", s.max_failure_rate, "a share of failed jobs in (0, 1]"
+    )
+    require(
+        s.min_jobs_for_failure_rate >= 1,
+        "sweep.min_jobs_for_failure_rate",
+        s.min_jobs_for_failure_rate,
+        "1 or more jobs",
+    )

@@ -1,0 +1,172 @@
+"""The task/ and gan/ groups: what a run trains and how it is scored, dp-GAN's settings, and their checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+from omegaconf import MISSING
+
+from dpsweep.config.checks import ConfigError, require
+from dpsweep.config.dp import Clipping, GradSampleMode
+
+if TYPE_CHECKING:
+    from dpsweep.config.schema import Config
+
+GAN_GRAD_SAMPLE_MODES = (GradSampleMode.functorch,)  # those that can take a gradient of a gradient
+GAN_IMAGE_SHAPE = (1, 28, 28)  # what task=gan's networks are sized for
+
+
+@dataclass
+class TaskConfig:
+    """What a run trains and how it is scored: a name in ``dpsweep.tasks.TASKS``."""
+
+    name: str = MISSING
+    # The metric a run is scored by (what sweeps, searches and private tuning maximise). A class
+    # constant, not a key: each task states it once here, where drivers read it without torch.
+    objective: ClassVar[str] = ""
+
+
+@dataclass
+class ClassifierTaskConfig(TaskConfig):
+    """Image classification: cross-entropy, scored by top-1 test accuracy (``dpsweep.tasks.classifier``)."""
+
+    name: str = "classifier"
+    objective: ClassVar[str] = "test_accuracy"
+
+
+@dataclass
+class GanTaskConfig(TaskConfig):
+    """Private synthetic data: a conditional DP-WGAN-GP (``dpsweep.tasks.gan.task``); its settings are ``gan.*``."""
+
+    name: str = "gan"
+    objective: ClassVar[str] = "tstr_accuracy"  # train on synthetic, test on real (dpsweep.tasks.gan.synthetic)
+
+
+# The gan/ group: task=gan's settings, absent from every other task's config.
+
+
+@dataclass
+class GanConfig:
+    """dp-GAN (Zhang, Ji & Wang 2018, Alg. 1) on WGAN-GP (Gulrajani et al. 2017): the critic trains with
+    DP-SGD (per-example clipping of its whole loss, gradient penalty included; Poisson batches of
+    expected size train.batch_size), the generator with plain Adam (post-processing). An epoch is
+    ceil(N/B) critic steps, so ε per epoch is DP-SGD's at the same σ, B and N; the generator steps
+    once every n_critic critic steps. The TSTR classifier is the model group (cnn)."""
+
+    latent_dim: int = 64  # z dimension
+    generator_width: int = 64  # channels of the generator's last hidden layer (doubled before it)
+    critic_width: int = 32  # channels of the critic's first convolution (doubled in the second)
+    gp_weight: float = 10.0  # λ of the gradient penalty λ(‖∇x̂ D(x̂)‖ − 1)²
+    n_critic: int = 5  # critic steps per generator step
+    critic_lr: float = 1e-3  # Adam's α for the critic (its noisy, clipped gradient)
+    generator_lr: float = 1e-3  # Adam's α for the generator
+    betas: list[float] = field(default_factory=lambda: [0.5, 0.9])  # Adam's (β1, β2) for both
+    # Decay of an exponential moving average of the generator's weights, updated after each generator
+    # step (0: off). With it, the grids, the synthetic set, TSTR and the released model use the
+    # average (Yazıcı et al. 2019, "The Unusual Effectiveness of Averaging in GAN Training"); it is a
+    # function of the generator's iterates only, so post-processing.
+    generator_ema: float = 0.0
+    # The synthetic set, TSTR, generator.pt and the released model: a uniform mixture of the generator
+    # (or its average) as it was at the end of the last `snapshots` epochs that are multiples of
+    # snapshot_every, and of the last epoch (1: the final generator alone). The generator's iterates
+    # are post-processing of the private critic's steps, so the mixture costs no privacy; a noisy
+    # critic lets the generator's modes drift during training, and the mixture keeps several of them
+    # (cf. Neunhoeffer et al. 2021, "Private Post-GAN Boosting", which weights the iterates instead).
+    snapshots: int = 1
+    snapshot_every: int = 5
+    # With dp.target_epsilon set: true keeps dp.noise_multiplier and stops training at the critic step
+    # after which the ledger would exceed target_epsilon (dp-GAN's stopping rule); false calibrates σ.
+    stop_at_budget: bool = False
+    grid_every: int = 5  # log a 10 x 10 sample grid (PNG) every this many epochs, and at the end
+    # Evaluation, train on synthetic / test on real (TSTR): a labelled synthetic set of N examples
+    # (balanced classes), the model group's classifier trained on it with SGD (momentum 0.9) for
+    # tstr_epochs, the epoch kept by accuracy on a held-out synthetic split (never real data), and
+    # its accuracy on the real test split logged as tstr_accuracy.
+    tstr_epochs: int = 15
+    tstr_lr: float = 0.05
+    tstr_batch_size: int = 64
+    tstr_val_fraction: float = 0.2
+    # The share of synthetic samples closer (L2) to a training image than to any test image, logged
+    # beside memorisation_baseline = n_train/(n_train+n_test), its mean for samples that memorised
+    # nothing. With DP it is a statistic of the training data that no accountant covers: the run
+    # is then tagged dp.release=not-for-release.
+    memorisation_check: bool = True
+    memorisation_samples: int = 2000  # synthetic samples compared (drawn at random), each against every real image
+
+
+def check_gan(cfg: Config) -> None:
+    """task=gan's settings (and that gan.* is set exactly when task=gan)."""
+    g = cfg.gan
+    if g is None:
+        require(cfg.task.name != "gan", "gan", None, "the gan settings: compose with task=gan (conf/task/gan.yaml)")
+        return
+    require(cfg.task.name == "gan", "task.name", cfg.task.name, "gan: the gan.* settings belong to task=gan")
+    _check_gan_settings(g)
+    require(
+        cfg.model.name == "cnn", "model.name", cfg.model.name,
+        "cnn with task=gan: the model group is the TSTR classifier, trained on 28x28 synthetic images",
+    )  # fmt: skip
+    if cfg.dp.enabled:
+        _check_gan_privacy(cfg, g)
+
+
+def _check_gan_settings(g: GanConfig) -> None:
+    """The ranges of gan.*: weights, counts, learning rates, Adam's decay rates and shares."""
+    require(g.gp_weight >= 0, "gan.gp_weight", g.gp_weight, "a gradient-penalty weight λ >= 0")
+    require(g.n_critic >= 1, "gan.n_critic", g.n_critic, "1 or more critic steps per generator step")
+    for key in (
+        "latent_dim", "generator_width", "critic_width", "grid_every", "tstr_epochs", "tstr_batch_size", "snapshots",
+        "snapshot_every",
+    ):  # fmt: skip
+        value = getattr(g, key)
+        require(value >= 1, f"gan.{key}", value, "a positive integer")
+    for key in ("critic_lr", "generator_lr", "tstr_lr"):
+        value = getattr(g, key)
+        require(value > 0, f"gan.{key}", value, "a positive learning rate")
+    require(0 <= g.generator_ema < 1, "gan.generator_ema", g.generator_ema, "a decay in [0, 1) (0: no average)")
+    betas = list(g.betas)
+    require(len(betas) == 2 and all(0 <= b < 1 for b in betas), "gan.betas", betas, "two decay rates in [0, 1)")
+    require(
+        0 < g.tstr_val_fraction < 1,
+        "gan.tstr_val_fraction",
+        g.tstr_val_fraction,
+        "a share of the synthetic set in (0, 1)",
+    )
+    require(g.memorisation_samples >= 1, "gan.memorisation_samples", g.memorisation_samples, "a positive integer")
+
+
+def _check_gan_privacy(cfg: Config, g: GanConfig) -> None:
+    """task=gan with DP: what its critic's private steps run with (dp.*, train.physical_batch_size)."""
+    dp = cfg.dp
+    require(
+        dp.grad_sample_mode in GAN_GRAD_SAMPLE_MODES, "dp.grad_sample_mode", dp.grad_sample_mode.value,
+        "functorch with task=gan: the gradient penalty needs a gradient of a gradient inside each example's "
+        f"clipped gradient, which Opacus's {dp.grad_sample_mode.value} mode cannot take (Opacus #31, #548); "
+        "dpsweep computes it with torch.func",
+    )  # fmt: skip
+    require(dp.clipping == Clipping.fixed, "dp.clipping", dp.clipping.value, "fixed with task=gan (dp.max_grad_norm)")
+    require(
+        not dp.secure_mode, "dp.secure_mode", dp.secure_mode,
+        "false with task=gan: its critic's noise and Poisson sampling draw from torch's generator",
+    )  # fmt: skip
+    pb = cfg.train.physical_batch_size
+    require(pb is None, "train.physical_batch_size", pb, "null with task=gan: a critic step is one pass")
+    require(
+        not g.stop_at_budget or dp.target_epsilon is not None, "gan.stop_at_budget", g.stop_at_budget,
+        "false, or true with dp.target_epsilon set (the budget training stops at)",
+    )  # fmt: skip
+
+
+def validate_input_shape(cfg: Config, input_shape: tuple[int, int, int]) -> None:
+    """task=gan: one example must be a 28x28 single-channel image (digits at image_size=28, MNIST)."""
+    if cfg.gan is None or tuple(input_shape) == GAN_IMAGE_SHAPE:
+        return
+    shape = "x".join(map(str, input_shape))
+    if input_shape[0] != 1:
+        raise ConfigError(
+            "dataset.name", cfg.dataset.name, f"a single-channel dataset (digits, mnist) with task=gan; it has {shape}"
+        )
+    raise ConfigError(
+        "dataset.image_size", cfg.dataset.image_size, f"28 with task=gan (its images are served at {shape})"
+    )

@@ -1,0 +1,75 @@
+"""The train/ group: batches, epochs, seed, device and checkpoints, and the checks of ``train.*``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dpsweep.config.checks import ConfigError, require
+from dpsweep.privacy import ranges
+
+if TYPE_CHECKING:
+    from dpsweep.config.schema import Config
+
+
+class Device(StrEnum):
+    auto = "auto"  # cuda when available, else cpu
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 64  # logical (expected) batch size B; with DP the sample rate is 1/ceil(N/B) (Opacus)
+    epochs: int = 10  # passes over the data; steps = epochs x ceil(N/B)
+    seed: int = 0  # seeds torch, numpy and Python; sweep it as an ordinary axis
+    device: Device = Device.auto
+    eval_batch_size: int = 1024  # examples per evaluation batch (no effect on privacy)
+    # Evaluate (the classifier's test accuracy, the GAN's sample grids) every this many epochs; the
+    # last epoch always is. ε and the memory peak are still logged every epoch.
+    eval_every: int = 1
+    progress: bool = True  # tqdm bars for epochs and steps (off by themselves when not on a terminal)
+    # Per-epoch checkpoints (model, optimizer, accountant, RNG, MLflow run id); a run started again
+    # with the same directory and config resumes from the last completed epoch. The dpsweep command
+    # uses the Hydra job's output directory when this is null.
+    checkpoint_dir: str | None = None
+    # Examples per forward/backward pass (Opacus's BatchMemoryManager): a logical batch is split into
+    # physical batches of at most this size, with one optimizer step (and one privacy step) per
+    # logical batch, so the privacy accounting is unchanged. null: chosen from train.memory_model and
+    # launcher.gpu_memory when both are set, else the whole logical batch in one pass.
+    physical_batch_size: int | None = None
+    memory_model: str | None = None  # a dpsweep-memory fit JSON file (used to choose physical_batch_size)
+    # Memory probe: run only the first iteration on a batch of exactly batch_size examples, record the
+    # four memory stages (tag probe=true), and stop; no evaluation, no ε. See dpsweep-memory probe.
+    probe: bool = False
+    # Hold the training split on the device and draw Poisson batches there (dpsweep.data.device):
+    # same sample rate and steps as Opacus's loader, without per-example loader overhead. For
+    # datasets that fit in device memory (digits, MNIST, CIFAR-10, cached VGG16 features).
+    device_resident: bool = False
+
+
+def check(cfg: Config) -> None:
+    """B and epochs, evaluation, the physical batch, and the memory model it may be chosen from."""
+    t = cfg.train
+    ranges.check("batch_size", "train.batch_size", t.batch_size)
+    ranges.check("epochs", "train.epochs", t.epochs)
+    require(t.eval_batch_size > 0, "train.eval_batch_size", t.eval_batch_size, "a positive integer")
+    require(t.eval_every >= 1, "train.eval_every", t.eval_every, "a number of epochs, 1 or more")
+    pb = t.physical_batch_size
+    require(pb is None or pb > 0, "train.physical_batch_size", pb, "a positive number of examples or null")
+    require(
+        not (t.probe and pb is not None),
+        "train.physical_batch_size",
+        pb,
+        "null with train.probe=true: a probe measures one pass over exactly train.batch_size examples",
+    )
+    if t.memory_model is not None and not Path(t.memory_model).is_file():
+        raise ConfigError("train.memory_model", t.memory_model, "an existing dpsweep-memory fit JSON file or null")
+    require(
+        t.memory_model is None or cfg.launcher.gpu_memory is not None,
+        "launcher.gpu_memory",
+        cfg.launcher.gpu_memory,
+        f"the GPU memory with units (e.g. 16GiB) for train.memory_model={t.memory_model!r} to pick the physical batch",
+    )
