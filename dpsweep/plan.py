@@ -198,7 +198,7 @@ def stops_at_budget(cfg: Config) -> bool:
 
 def mechanism_of(cfg: Config) -> mechanisms.Mechanism:
     """The run's mechanism (``dp.mechanism``), from the registry; InputError for an unknown name."""
-    return mechanisms.get(str(getattr(cfg.dp.mechanism, "value", cfg.dp.mechanism)))
+    return mechanisms.get(cfg.dp.mechanism)
 
 
 def setting(cfg: Config, n_train: int, mechanism: mechanisms.Mechanism | None = None) -> mechanisms.Setting:
@@ -219,6 +219,7 @@ def _planned_privacy(cfg: Config, n_train: int) -> PlannedPrivacy | None:
     if not dp.enabled:
         return None
     mechanism = mechanism_of(cfg)
+    mechanism.check_config(cfg)
     s = setting(cfg, n_train, mechanism)
     mechanism.check(s)
     q = mechanism.sample_rate(s)

@@ -121,7 +121,7 @@ def plan_row(job: int, overrides: list[str], plan: RunPlan, skipped: str | None 
         lr=cfg.optimizer.lr if cfg.gan is None else cfg.gan.critic_lr, epochs=cfg.train.epochs,
         delta=p.delta if p else None, epsilon=p.epsilon if p else None, accountant=p.accountant if p else None,
         steps=plan.steps, n_train=plan.facts.n_train, over_budget=plan.over_budget is not None, skipped=skipped,
-        mechanism=cfg.dp.mechanism.value if p else None, unit=cfg.dp.unit.value if p else None,
+        mechanism=cfg.dp.mechanism if p else None, unit=cfg.dp.unit.value if p else None,
         peak_bytes=memory.peak_bytes if memory else None,
         gpu_memory=plan.gpu_memory if memory else None, fits_memory=plan.fits_memory,
     )  # fmt: skip

@@ -24,13 +24,6 @@ class Accountant(StrEnum):
     pld = "pld"  # privacy loss distributions (dp-accounting), Doroshenko et al. 2022
 
 
-class Mechanism(StrEnum):
-    """How a DP run noises its gradients (dp.mechanism)."""
-
-    dpsgd = "dpsgd"  # DP-SGD with Poisson sampling (Abadi et al. 2016): amplified by sampling
-    dpftrl = "dpftrl"  # DP-FTRL tree aggregation (Kairouz et al. 2021): a fixed order, no sampling
-
-
 class PrivacyUnit(StrEnum):
     """Whom a run's ε protects (dp.unit): one example, or all of one user's examples together."""
 
@@ -107,11 +100,13 @@ class DPConfig:
     # and the rate tuned at C = 1 carries over to a C chosen privately (DP-SGD's step grows with C
     # otherwise: normalised DP-SGD, De et al. 2022; Bu et al. 2022). Post-processing: no privacy cost.
     clip_normalize: bool = True
-    # dpsgd (Poisson sampling, amplified) | dpftrl: tree aggregation over batches in a fixed, seeded
-    # order, each example (or user) once per epoch, no sampling and no amplification (Kairouz et al.
-    # 2021); the tree restarts every ftrl_restart_every epochs (null: never), completed with virtual
-    # steps before a restart when ftrl_tree_completion; momentum is optimizer.momentum (sgd only).
-    mechanism: Mechanism = Mechanism.dpsgd
+    # How the run noises its gradients: a name in the mechanism registry (dpsweep.mechanisms), checked
+    # where the run is planned. dpsgd (Poisson sampling, amplified) | dpftrl: tree aggregation over
+    # batches in a fixed, seeded order, each example (or user) once per epoch, no sampling and no
+    # amplification (Kairouz et al. 2021); the tree restarts every ftrl_restart_every epochs (null:
+    # never), completed with virtual steps before a restart when ftrl_tree_completion; momentum is
+    # optimizer.momentum (sgd only).
+    mechanism: str = "dpsgd"
     ftrl_restart_every: int | None = None
     ftrl_tree_completion: bool = False
     # example | user: ε per example, or per user (dataset.users; N = users, train.batch_size = expected
@@ -127,7 +122,7 @@ def check(cfg: Config) -> None:
     if not dp.enabled:
         return
     _check_unit(cfg)
-    _check_mechanism(cfg)
+    _check_user_steps(cfg)
     ranges.check("delta", "dp.delta", dp.delta)
     ranges.check("max_grad_norm", "dp.max_grad_norm", dp.max_grad_norm)
     _check_clipping(cfg)
@@ -154,30 +149,16 @@ def _check_unit(cfg: Config) -> None:
     require(cfg.gan is None, "dp.unit", dp.unit.value, "example with task=gan")
 
 
-def _check_mechanism(cfg: Config) -> None:
-    """What dp.mechanism=dpftrl and dp.unit=user run with (they noise their own gradients, without Opacus)."""
+def _check_user_steps(cfg: Config) -> None:
+    """dp.unit=user noises its own gradients, whatever the mechanism: what that runs with (a mechanism
+    that always trains so says the same in its own checks, ``dpsweep.mechanisms.base``)."""
     dp, t = cfg.dp, cfg.train
-    own = dp.mechanism == Mechanism.dpftrl or dp.unit == PrivacyUnit.user
-    if dp.mechanism == Mechanism.dpftrl:
-        require(
-            cfg.optimizer.name == "sgd", "optimizer.name", cfg.optimizer.name,
-            "sgd with dp.mechanism=dpftrl: its tree adds noise to the prefix sums of the gradients, a fixed "
-            "linear workload; an adaptive optimizer (adam) is not that workload (Kairouz et al. 2021)",
-        )  # fmt: skip
-        restart = dp.ftrl_restart_every
-        require(
-            restart is None or 1 <= restart <= t.epochs, "dp.ftrl_restart_every", restart,
-            f"a whole number of epochs from 1 to train.epochs={t.epochs} (a longer period never restarts), or null",
-        )  # fmt: skip
-        require(dp.accountant != Accountant.prv, "dp.accountant", dp.accountant.value, "rdp or pld with dpftrl")
-        require(cfg.gan is None, "dp.mechanism", dp.mechanism.value, "dpsgd with task=gan")
-    if not own:
+    if dp.unit != PrivacyUnit.user:
         return
-    what = "dp.mechanism=dpftrl" if dp.mechanism == Mechanism.dpftrl else "dp.unit=user"
-    require(dp.clipping == Clipping.fixed, "dp.clipping", dp.clipping.value, f"fixed with {what}")
-    require(not dp.secure_mode, "dp.secure_mode", dp.secure_mode, f"false with {what}: its noise is torch's")
+    require(dp.clipping == Clipping.fixed, "dp.clipping", dp.clipping.value, "fixed with dp.unit=user")
+    require(not dp.secure_mode, "dp.secure_mode", dp.secure_mode, "false with dp.unit=user: its noise is torch's")
     pb = t.physical_batch_size
-    require(pb is None, "train.physical_batch_size", pb, f"null with {what}: a step is one pass")
+    require(pb is None, "train.physical_batch_size", pb, "null with dp.unit=user: a step is one pass")
 
 
 def _check_clipping(cfg: Config) -> None:

@@ -21,12 +21,15 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from dpsweep.errors import InputError
 from dpsweep.privacy import calibrate
 from dpsweep.privacy.ledger import Accounting, Ledger
 from dpsweep.registry import Registry
+
+if TYPE_CHECKING:
+    from dpsweep.config import Config
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,31 @@ class Mechanism(ABC):
         if s.accounting.accountant not in self.accountants:
             allowed = f"one of {', '.join(self.accountants)} for {self.label}"
             raise InputError("dp.accountant", s.accounting.accountant, allowed)
+
+    def check_config(self, cfg: Config) -> None:
+        """What a run of this mechanism needs of the rest of its config (ConfigError names the key):
+        the accountants that price it; a mechanism that noises its own gradients runs without Opacus's
+        clipping variants, secure RNG and physical batches; task=gan's critic trains through Opacus."""
+        from dpsweep.config import ConfigError  # hydra: where a run is planned, not where ε is priced
+
+        dp, name = cfg.dp, str(cfg.dp.mechanism)
+        if dp.accountant.value not in self.accountants:
+            allowed = f"{' or '.join(self.accountants)} with dp.mechanism={name}"
+            raise ConfigError("dp.accountant", dp.accountant.value, allowed)
+        if cfg.gan is not None and self.trains != "opacus":
+            opacus = " or ".join(n for n in MECHANISMS.names() if MECHANISMS.get(n).trains == "opacus")
+            raise ConfigError("dp.mechanism", name, f"{opacus} with task=gan (its critic trains through Opacus)")
+        if self.trains != "own_steps":
+            return
+        what = f"with dp.mechanism={name}"
+        if dp.clipping.value != "fixed":
+            raise ConfigError("dp.clipping", dp.clipping.value, f"fixed {what}")
+        if dp.secure_mode:
+            raise ConfigError("dp.secure_mode", dp.secure_mode, f"false {what}: its noise is torch's")
+        if cfg.train.physical_batch_size is not None:
+            raise ConfigError(
+                "train.physical_batch_size", cfg.train.physical_batch_size, f"null {what}: a step is one pass"
+            )
 
     def describe(self, s: Setting, noise_multiplier: float) -> str:
         """One sentence on what ran, for ``dpsweep-epsilon``'s statement."""

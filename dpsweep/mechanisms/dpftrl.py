@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpsweep.errors import InputError
 from dpsweep.mechanisms import dpftrl_accounting as tree
 from dpsweep.mechanisms.base import MECHANISMS, Mechanism, Option, Setting
 from dpsweep.privacy.ledger import Ledger
+
+if TYPE_CHECKING:
+    from dpsweep.config import Config
 
 
 class DPFTRL(Mechanism):
@@ -51,6 +54,25 @@ class DPFTRL(Mechanism):
         if s.extra.entries:
             raise InputError("dp.clipping", s.extra.entries[0].name, "fixed with DP-FTRL (no release besides the tree)")
         tree.ftrl_sensitivity_squared(*self._shape(s))  # checks the restart period against the run
+
+    def check_config(self, cfg: Config) -> None:
+        """SGD only (its tree noises a fixed linear workload: the prefix sums), and a restart period
+        within the run."""
+        from dpsweep.config import ConfigError
+
+        super().check_config(cfg)
+        if cfg.optimizer.name != "sgd":
+            raise ConfigError(
+                "optimizer.name", cfg.optimizer.name,
+                "sgd with dp.mechanism=dpftrl: its tree adds noise to the prefix sums of the gradients, a fixed "
+                "linear workload; an adaptive optimizer (adam) is not that workload (Kairouz et al. 2021)",
+            )  # fmt: skip
+        restart, epochs = cfg.dp.ftrl_restart_every, cfg.train.epochs
+        if restart is not None and not 1 <= restart <= epochs:
+            raise ConfigError(
+                "dp.ftrl_restart_every", restart,
+                f"a whole number of epochs from 1 to train.epochs={epochs} (a longer period never restarts), or null",
+            )  # fmt: skip
 
     def guess(self, s: Setting, target_epsilon: float) -> float:
         return tree.zcdp_sigma(tree.ftrl_sensitivity_squared(*self._shape(s)), target_epsilon, s.delta)

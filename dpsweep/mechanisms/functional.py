@@ -52,13 +52,13 @@ def uses_own_steps(cfg: Config) -> bool:
     """A DP run whose steps are this module's: a mechanism that trains so (``trains = "own_steps"``), or
     any at user level (Opacus's hooks clip examples, not users)."""
     dp = cfg.dp
-    mechanism = get(str(getattr(dp.mechanism, "value", dp.mechanism)))
+    mechanism = get(dp.mechanism)
     return dp.enabled and (mechanism.trains == "own_steps" or dp.unit != PrivacyUnit.example)
 
 
 def rule_of(cfg: Config) -> OwnRule:
     """How the run's mechanism takes its own steps (``Mechanism.own_steps``)."""
-    rule: OwnRule = get(str(getattr(cfg.dp.mechanism, "value", cfg.dp.mechanism))).own_steps()
+    rule: OwnRule = get(cfg.dp.mechanism).own_steps()
     return rule
 
 

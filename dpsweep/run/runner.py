@@ -348,7 +348,7 @@ def _finish_privacy(cfg: Config, plan: RunPlan, task_run: tasks.TaskRun, result:
     run.set_tags({
         "dp.steps": result.steps, "dp.sample_rate": result.sample_rate, "dp.conversion": how.conversion,
         "dp.unit": unit, "dp.neighbours": neighbours, "dp.events": len(bill.entries),
-        "dp.mechanism": cfg.dp.mechanism.value,
+        "dp.mechanism": cfg.dp.mechanism,
     })  # fmt: skip
 
 
