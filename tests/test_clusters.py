@@ -18,15 +18,13 @@ from pathlib import Path
 import pytest
 import submitit
 import torch
-from helpers import run_dpsweep
+from helpers import process_running, run_dpsweep, service
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from dpsweep.privacy import schedule as privacy
 from dpsweep.run import checkpoint
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = REPO / "launchers" / "scripts"
 SGE_ENV = {"SGE_ROOT": "/var/lib/gridengine", "SGE_CELL": "default"}
 pytestmark = pytest.mark.cluster
 # One worker runs each scheduler's tests in turn: they share its 2-slot node. Slurm's and Grid
@@ -38,21 +36,18 @@ QUICK = ["train.epochs=1", "train.progress=false", "tracking.log_model=false"]
 GRID = ["dp.noise_multiplier=0.8,1.2,1.6", *QUICK]
 
 
-def _bring_up(script: str) -> None:
-    proc = subprocess.run(["bash", str(SCRIPTS / script)], capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout}\n{proc.stderr}"
-
-
 @pytest.fixture(scope="session")
 def slurm() -> Iterator[None]:
-    _bring_up("slurm_up.sh")
-    yield
+    """The Slurm cluster, up for this worker's session; stopped after it unless it was up before."""
+    with service("slurm_up.sh", "slurm_down.sh", lambda: process_running("slurmctld")):
+        yield
 
 
 @pytest.fixture(scope="session")
 def sge() -> Iterator[None]:
-    _bring_up("sge_up.sh")
-    yield
+    """The Grid Engine cluster, likewise."""
+    with service("sge_up.sh", "sge_down.sh", lambda: process_running("sge_qmaster")):
+        yield
 
 
 def sweep(*args: str, during: Callable[[threading.Event], None] | None = None) -> subprocess.CompletedProcess[str]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 import traceback
@@ -32,7 +31,7 @@ from pathlib import Path
 import pytest
 import requests
 import sqlalchemy
-from helpers import forkserver
+from helpers import forkserver, service
 from mlflow.entities import Run, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
@@ -43,21 +42,29 @@ from dpsweep.tracking import tracked_run
 from dpsweep.tracking.channel import TrackingError
 
 REPO = Path(__file__).resolve().parents[1]
-SERVER_UP = REPO / "launchers" / "scripts" / "mlflow_server_up.sh"
 JOBS = 32
 STEPS = 5
 DEAD_URI = "http://127.0.0.1:9"  # the discard port: nothing listens, connections are refused at once
 
 
 @pytest.fixture(scope="module")
-def server_uri() -> str:
-    """URI of the PostgreSQL-backed tracking server, started by the launcher script if not up."""
+def server_uri() -> Iterator[str]:
+    """URI of the PostgreSQL-backed tracking server, started by the launcher script if not up, and
+    stopped (server and PostgreSQL) after this module unless it was up before."""
     assert os.geteuid() == 0 and shutil.which("apt-get"), "needs root on Debian: the script installs PostgreSQL"
     env = {**os.environ, "DPSWEEP_VENV": sys.prefix}  # the server runs the mlflow of this interpreter
-    proc = subprocess.run(["bash", str(SERVER_UP)], capture_output=True, text=True, timeout=900, env=env)
-    if proc.returncode != 0:
-        pytest.fail(f"{SERVER_UP.name} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
-    return proc.stdout.strip().splitlines()[-1]
+    with service("mlflow_server_up.sh", "mlflow_server_down.sh", _server_running, env) as proc:
+        yield proc.stdout.strip().splitlines()[-1]
+
+
+def _server_running() -> bool:
+    """Whether the server that mlflow_server_up.sh records in its pid file runs."""
+    pid_file = Path(os.environ.get("DPSWEEP_MLFLOW_HOME", "/var/lib/dpsweep-mlflow")) / "mlflow.pid"
+    try:
+        os.kill(int(pid_file.read_text().strip()), 0)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 @pytest.fixture(scope="module")
