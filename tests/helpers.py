@@ -236,12 +236,12 @@ def process_running(name: str) -> bool:
 
 @contextlib.contextmanager
 def service(
-    up: str, down: str, running: Callable[[], bool], env: Mapping[str, str] | None = None
+    up: str, down: Sequence[str], running: Callable[[], bool], env: Mapping[str, str] | None = None
 ) -> Iterator[subprocess.CompletedProcess[str]]:
     """A service the suite needs (Slurm, Grid Engine, the PostgreSQL-backed MLflow server), brought up
-    by its script in launchers/scripts/ and stopped again by its ``down`` script when the block ends,
-    unless it was running before (then it is left as it was found). The scripts' output is shown
-    whole when one fails."""
+    by its script in launchers/scripts/ and stopped again by ``down`` (a script and its arguments)
+    when the block ends, unless it was running before (then it is left as it was found). The
+    scripts' output is shown whole when one fails."""
     was_running = running()
     proc = subprocess.run(["bash", str(SCRIPTS / up)], capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, f"{up} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-4000:]}"
@@ -249,5 +249,7 @@ def service(
         yield proc
     finally:
         if not was_running:
-            stop = subprocess.run(["bash", str(SCRIPTS / down)], capture_output=True, text=True, timeout=300, env=env)
+            script, *args = down
+            command = ["bash", str(SCRIPTS / script), *args]
+            stop = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
             assert stop.returncode == 0, f"{down} exited {stop.returncode}:\n{stop.stdout}\n{stop.stderr[-4000:]}"

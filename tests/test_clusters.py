@@ -39,14 +39,16 @@ GRID = ["dp.noise_multiplier=0.8,1.2,1.6", *QUICK]
 @pytest.fixture(scope="session")
 def slurm() -> Iterator[None]:
     """The Slurm cluster, up for this worker's session; stopped after it unless it was up before."""
-    with service("slurm_up.sh", "slurm_down.sh", lambda: process_running("slurmctld")):
+    # munged too (slurm_down.sh --all), unless it ran before (a site's own Slurm then leaves it alone)
+    down = ("slurm_down.sh",) if process_running("munged") else ("slurm_down.sh", "--all")
+    with service("slurm_up.sh", down, lambda: process_running("slurmctld")):
         yield
 
 
 @pytest.fixture(scope="session")
 def sge() -> Iterator[None]:
     """The Grid Engine cluster, likewise."""
-    with service("sge_up.sh", "sge_down.sh", lambda: process_running("sge_qmaster")):
+    with service("sge_up.sh", ("sge_down.sh",), lambda: process_running("sge_qmaster")):
         yield
 
 

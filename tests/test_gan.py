@@ -21,8 +21,8 @@ from dpsweep.data.loaders import DigitsConfig, build
 from dpsweep.plan import prepare
 from dpsweep.privacy import schedule as privacy
 from dpsweep.run.runner import train
-from dpsweep.tasks import gan as gan_task
 from dpsweep.tasks.gan import synthetic
+from dpsweep.tasks.gan import task as gan_task
 
 DIGITS = DatasetFacts(1437, (1, 28, 28), 10)
 STEPS_PER_EPOCH = 23  # ceil(1437 / 64)

@@ -53,7 +53,7 @@ def server_uri() -> Iterator[str]:
     stopped (server and PostgreSQL) after this module unless it was up before."""
     assert os.geteuid() == 0 and shutil.which("apt-get"), "needs root on Debian: the script installs PostgreSQL"
     env = {**os.environ, "DPSWEEP_VENV": sys.prefix}  # the server runs the mlflow of this interpreter
-    with service("mlflow_server_up.sh", "mlflow_server_down.sh", _server_running, env) as proc:
+    with service("mlflow_server_up.sh", ("mlflow_server_down.sh",), _server_running, env) as proc:
         yield proc.stdout.strip().splitlines()[-1]
 
 
