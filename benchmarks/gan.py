@@ -85,7 +85,7 @@ def gan_runs(name: str, overrides: list[str], seeds: int, store: str, grids: Pat
         if "real_accuracy" in run.data.metrics:
             real.append(run.data.metrics["real_accuracy"])
         stamps = sorted((m.step, m.timestamp) for m in client.get_metric_history(result.run_id, "critic_steps"))
-        if len(stamps) > 1:  # epochs 2..last: training, grids every gan.grid_every epochs, no final evaluation
+        if len(stamps) > 1:  # epochs 2..last: training, grids every task.grid_every epochs, no final evaluation
             row.seconds_per_epoch.append((stamps[-2][1] - stamps[0][1]) / 1000 / max(len(stamps) - 2, 1))
         if grids is not None and seed == 0:
             grids.mkdir(parents=True, exist_ok=True)
@@ -169,16 +169,16 @@ def main() -> int:
     parser.add_argument("--grids", type=Path, help="copy seed 0's final sample grid of each GAN row here")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    from dpsweep.config import GanConfig
+    from dpsweep.config import GanTaskConfig
 
-    g = GanConfig()
+    g = GanTaskConfig()
     tstr = {
         "epochs": g.tstr_epochs,
         "lr": g.tstr_lr,
         "batch_size": g.tstr_batch_size,
         "val_fraction": g.tstr_val_fraction,
     }
-    grids = f"gan.grid_every={max(args.epochs // 4, 1)}"
+    grids = f"task.grid_every={max(args.epochs // 4, 1)}"
     with tempfile.TemporaryDirectory(prefix="dpsweep-gan-") as tmp:
         store = f"sqlite:///{tmp}/mlflow.db"
         nonprivate, real = gan_runs(

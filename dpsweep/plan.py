@@ -69,7 +69,7 @@ class PlannedPrivacy:
     noise_multiplier: float  # σ
     calibrated: bool  # σ was calibrated to dp.target_epsilon
     sample_rate: float | None  # q the accountant records per step (of examples or users); None: no sampling
-    steps: int  # every step of train.epochs, or fewer where gan.stop_at_budget stops the run
+    steps: int  # every step of train.epochs, or fewer where the task stops at the budget
     delta: float
     accountant: str
     epsilon: float
@@ -192,8 +192,8 @@ def population(cfg: Config, n_train: int) -> int:
 
 
 def stops_at_budget(cfg: Config) -> bool:
-    """task=gan with gan.stop_at_budget: σ is kept and training stops where ε would pass dp.target_epsilon."""
-    return cfg.gan is not None and cfg.gan.stop_at_budget
+    """A task that keeps σ and stops training where ε would pass dp.target_epsilon (``TaskConfig.stops_at_budget``)."""
+    return bool(cfg.task.stops_at_budget())
 
 
 def mechanism_of(cfg: Config) -> mechanisms.Mechanism:
@@ -239,7 +239,7 @@ def _planned_privacy(cfg: Config, n_train: int) -> PlannedPrivacy | None:
 def _steps_within_budget(
     mechanism: mechanisms.Mechanism, s: mechanisms.Setting, target: float, sigma: float, most: int
 ) -> int:
-    """gan.stop_at_budget: the most steps whose ε stays within ``target`` at this σ (dp-GAN's rule)."""
+    """The most steps whose ε stays within ``target`` at this σ (where the task stops at the budget)."""
 
     def eps(k: int) -> float:
         return ledger.epsilon(mechanism.ledger(replace(s, steps=k), sigma), s.delta, s.accounting).epsilon
@@ -250,7 +250,7 @@ def _steps_within_budget(
         at = f"σ={sigma:g}" + (f", q={q:.4g}" if q is not None else "")
         raise ConfigError(
             "dp.target_epsilon", target,
-            f"at least one critic step's ε (ε={eps(1):.4g} at {at}) with gan.stop_at_budget=true: "
+            f"at least one critic step's ε (ε={eps(1):.4g} at {at}) with task.stop_at_budget=true: "
             "raise it or dp.noise_multiplier",
         )  # fmt: skip
     return steps

@@ -27,8 +27,8 @@ from dpsweep.tasks.gan import task as gan_task
 DIGITS = DatasetFacts(1437, (1, 28, 28), 10)
 STEPS_PER_EPOCH = 23  # ceil(1437 / 64)
 QUICK = [
-    "task=gan", "gan.tstr_epochs=2", "gan.grid_every=1", "gan.memorisation_samples=200", "gan.critic_width=8",
-    "gan.generator_width=16",
+    "task=gan", "task.tstr_epochs=2", "task.grid_every=1", "task.memorisation_samples=200", "task.critic_width=8",
+    "task.generator_width=16",
 ]  # fmt: skip
 
 
@@ -41,7 +41,7 @@ def _artifacts(client: MlflowClient, run_id: str, path: str = "") -> set[str]:
 
 @pytest.mark.slow
 def test_a_private_gan_run_logs_its_epsilon_samples_and_scores(make_cfg: Composer, client: MlflowClient) -> None:
-    cfg = make_cfg(*QUICK, "dp.noise_multiplier=1.2", "gan.snapshots=2", "gan.snapshot_every=1")
+    cfg = make_cfg(*QUICK, "dp.noise_multiplier=1.2", "task.snapshots=2", "task.snapshot_every=1")
     result = train(cfg)
     run = client.get_run(result.run_id)
     m, tags = run.data.metrics, run.data.tags
@@ -87,7 +87,7 @@ def test_a_private_gan_run_logs_its_epsilon_samples_and_scores(make_cfg: Compose
 
 @pytest.mark.slow
 def test_a_non_private_gan_logs_the_reference_rows_and_its_losses(make_cfg: Composer, client: MlflowClient) -> None:
-    result = train(make_cfg(*QUICK, "dp=off", "train.epochs=1", "gan.memorisation_check=false"))
+    result = train(make_cfg(*QUICK, "dp=off", "train.epochs=1", "task.memorisation_check=false"))
     run = client.get_run(result.run_id)
     m = run.data.metrics
     assert {"critic_loss", "generator_loss", "tstr_accuracy", "real_accuracy"} <= set(m)
@@ -101,7 +101,7 @@ def test_stop_at_budget_stops_at_the_last_step_within_it(make_cfg: Composer, cli
     target = 1.7  # reached after 30-40 of the 460 critic steps (2 epochs of 23)
     cfg = make_cfg(
         *QUICK, "train.epochs=20", "dp.noise_multiplier=1.2", f"dp.target_epsilon={target}",
-        "gan.stop_at_budget=true", "gan.memorisation_check=false",
+        "task.stop_at_budget=true", "task.memorisation_check=false",
     )  # fmt: skip
     result = train(cfg)
     schedule = privacy.poisson_schedule(1437, 64)
@@ -120,8 +120,8 @@ def test_stop_at_budget_stops_at_the_last_step_within_it(make_cfg: Composer, cli
 def test_an_interrupted_gan_run_resumes_to_the_same_generator_and_epsilon(
     tmp_path: Path, make_cfg: Composer, client: MlflowClient, experiment_name: str
 ) -> None:
-    args = [*QUICK, "train.epochs=2", "dp.noise_multiplier=1.2", "gan.memorisation_check=false"]
-    args += ["gan.generator_ema=0.9", "gan.snapshots=2", "gan.snapshot_every=1"]  # restored too
+    args = [*QUICK, "train.epochs=2", "dp.noise_multiplier=1.2", "task.memorisation_check=false"]
+    args += ["task.generator_ema=0.9", "task.snapshots=2", "task.snapshot_every=1"]  # restored too
     straight = train(make_cfg(*args, "tracking.experiment_name=straight"))
 
     cfg = make_cfg(*args, f"train.checkpoint_dir={tmp_path / 'ckpt'}")
@@ -138,7 +138,7 @@ def test_an_interrupted_gan_run_resumes_to_the_same_generator_and_epsilon(
 
 
 def test_the_generator_average_warms_up_and_is_what_samples() -> None:
-    """gan.generator_ema: decay min(ema, (1+t)/(10+t)) at generator step t, and the average samples."""
+    """task.generator_ema: decay min(ema, (1+t)/(10+t)) at generator step t, and the average samples."""
     from dpsweep.tasks.gan.models import ConditionalGan
 
     gan = ConditionalGan(latent_dim=4, generator_width=2, critic_width=2, num_classes=10, generator_ema=0.5)
@@ -192,13 +192,15 @@ def test_memorisation_share_is_one_for_copies_and_its_baseline_for_fresh_samples
     assert abs(share - baseline) < 0.08  # held-out real images: nearest to any real image alike
 
 
-def test_the_gan_section_leaves_the_classifier_identity_unchanged(make_cfg: Composer) -> None:
+def test_the_gans_settings_are_its_task_section_and_leave_the_classifier_identity_unchanged(
+    make_cfg: Composer,
+) -> None:
     classifier = to_config(make_cfg())
-    assert classifier.gan is None and not any(k.startswith("gan") for k in identity(flatten(classifier)))
+    assert [k for k in identity(flatten(classifier)) if k.startswith(("task.", "gan"))] == ["task.name"]
     gan = to_config(make_cfg("task=gan"))
-    assert gan.gan is not None and gan.dp.grad_sample_mode.value == "functorch"  # set by task=gan
+    assert gan.task.n_critic == 5 and gan.dp.grad_sample_mode.value == "functorch"  # set by task=gan
     assert gan.task.objective == "tstr_accuracy" and classifier.task.objective == "test_accuracy"
-    assert "gan.n_critic" in identity(flatten(gan)) and "gan.grid_every" not in identity(flatten(gan))
+    assert "task.n_critic" in identity(flatten(gan)) and "task.grid_every" not in identity(flatten(gan))
 
 
 def test_dpsweep_plan_prices_a_gan_as_its_critic_steps(make_cfg: Composer) -> None:
@@ -207,7 +209,7 @@ def test_dpsweep_plan_prices_a_gan_as_its_critic_steps(make_cfg: Composer) -> No
     schedule = privacy.poisson_schedule(1437, 64)
     assert plan.privacy.epsilon == privacy.epsilon(schedule, 1.1, 1e-5, epochs=30).epsilon
     capped = prepare(
-        to_config(make_cfg("task=gan", "train.epochs=30", "dp.target_epsilon=2", "gan.stop_at_budget=true")), DIGITS
+        to_config(make_cfg("task=gan", "train.epochs=30", "dp.target_epsilon=2", "task.stop_at_budget=true")), DIGITS
     )
     assert capped.privacy is not None and not capped.privacy.calibrated and capped.privacy.noise_multiplier == 1.0
     assert capped.steps < 30 * STEPS_PER_EPOCH and capped.privacy.epsilon <= 2
@@ -218,19 +220,19 @@ def test_dpsweep_plan_prices_a_gan_as_its_critic_steps(make_cfg: Composer) -> No
 @pytest.mark.parametrize(
     ("overrides", "key", "allowed"),
     [
-        (["gan.gp_weight=-1"], "gan.gp_weight", "λ >= 0"),
-        (["gan.n_critic=0"], "gan.n_critic", "1 or more critic steps"),
-        (["gan.generator_ema=1"], "gan.generator_ema", "a decay in [0, 1)"),
-        (["gan.snapshots=0"], "gan.snapshots", "a positive integer"),
-        (["gan.snapshot_every=0"], "gan.snapshot_every", "a positive integer"),
+        (["task.gp_weight=-1"], "task.gp_weight", "λ >= 0"),
+        (["task.n_critic=0"], "task.n_critic", "1 or more critic steps"),
+        (["task.generator_ema=1"], "task.generator_ema", "a decay in [0, 1)"),
+        (["task.snapshots=0"], "task.snapshots", "a positive integer"),
+        (["task.snapshot_every=0"], "task.snapshot_every", "a positive integer"),
         (["dp.grad_sample_mode=hooks"], "dp.grad_sample_mode", "Opacus's hooks mode cannot take"),
         (["dp.grad_sample_mode=ghost"], "dp.grad_sample_mode", "Opacus's ghost mode cannot take"),
         (["dp.grad_sample_mode=ew"], "dp.grad_sample_mode", "Opacus's ew mode cannot take"),
         (["dataset.image_size=32"], "dataset.image_size", "28 with task=gan"),
         (["dataset=cifar10"], "dataset.name", "a single-channel dataset"),
-        (["gan.stop_at_budget=true"], "gan.stop_at_budget", "with dp.target_epsilon set"),
+        (["task.stop_at_budget=true"], "task.stop_at_budget", "with dp.target_epsilon set"),
         (["model=vgg16_frozen"], "model.name", "cnn with task=gan"),
-        (["dp.target_epsilon=0.01", "gan.stop_at_budget=true"], "dp.target_epsilon", "at least one critic step"),
+        (["dp.target_epsilon=0.01", "task.stop_at_budget=true"], "dp.target_epsilon", "at least one critic step"),
     ],
 )
 def test_bad_gan_input_is_refused_before_training(
@@ -257,7 +259,7 @@ def test_the_released_generator_is_one_input_module() -> None:
     buffer = io.BytesIO()
     torch.save(CodeGenerator([generator]).state_dict(), buffer)
     assert not any("critic" in k for k in CodeGenerator([generator]).state_dict())
-    # a mixture (gan.snapshots > 1): the last column picks the member
+    # a mixture (task.snapshots > 1): the last column picks the member
     other = Generator(latent_dim=8, width=4, num_classes=10)
     mixed = CodeGenerator([generator, other])
     assert mixed.code_width == 10
@@ -267,7 +269,7 @@ def test_the_released_generator_is_one_input_module() -> None:
 
 
 def test_snapshots_keep_the_last_generators_and_the_synthetic_set_mixes_them() -> None:
-    """gan.snapshots: a ring of the sampler's past weights; the synthetic set draws from each equally."""
+    """task.snapshots: a ring of the sampler's past weights; the synthetic set draws from each equally."""
     from dpsweep.tasks.gan.models import ConditionalGan
 
     gan = ConditionalGan(latent_dim=4, generator_width=2, critic_width=2, num_classes=10, snapshots=2)
@@ -298,9 +300,9 @@ def test_snapshots_keep_the_last_generators_and_the_synthetic_set_mixes_them() -
 def test_dpsweep_m_sweeps_gans_and_dpsweep_plan_prices_them(tmp_path: Path) -> None:
     from dpsweep.cli import plan as plan_cli
 
-    tiny = [a for a in QUICK if a != "gan.grid_every=1"] + ["tracking.log_model=false"]
+    tiny = [a for a in QUICK if a != "task.grid_every=1"] + ["tracking.log_model=false"]
     planned = run_main(
-        plan_cli.main, *tiny, "train.epochs=30", "dp.target_epsilon=2", "gan.stop_at_budget=true", "--json"
+        plan_cli.main, *tiny, "train.epochs=30", "dp.target_epsilon=2", "task.stop_at_budget=true", "--json"
     )
     assert planned.returncode == 0, planned.stderr
     [row] = json.loads(planned.stdout)

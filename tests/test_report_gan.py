@@ -32,9 +32,9 @@ from dpsweep.run.runner import train
 GAN_RUNS = pytest.mark.xdist_group("report_gan")  # the tests of the trained runs: one worker trains them once
 EXPERIMENT = "gan-report"
 QUICK = [
-    "task=gan", "train.epochs=1", "gan.tstr_epochs=1", "gan.critic_width=8", "gan.generator_width=16",
+    "task=gan", "train.epochs=1", "task.tstr_epochs=1", "task.critic_width=8", "task.generator_width=16",
     "dataset.test_fraction=0.75",  # 449 training images: 8 critic steps, a quarter of the work
-    "gan.memorisation_samples=100", "tracking.log_model=false", "train.progress=false",
+    "task.memorisation_samples=100", "tracking.log_model=false", "train.progress=false",
 ]  # fmt: skip
 
 
@@ -177,7 +177,7 @@ BASE = {"dataset.name": "digits", "model.name": "cnn", "train.batch_size": "64",
 DP = {"dp.enabled": "True", "dp.noise_multiplier": "1.0", "dp.max_grad_norm": "1.0", "dp.delta": "1e-05",
       "dp.accountant": "rdp"}  # fmt: skip
 OFF = {"dp.enabled": "False"}
-GAN = {"task.name": "gan", "gan.latent_dim": "64", "gan.critic_lr": "0.001", "gan.tstr_epochs": "15"}
+GAN = {"task.name": "gan", "task.latent_dim": "64", "task.critic_lr": "0.001", "task.tstr_epochs": "15"}
 
 
 def test_the_newest_sample_grid_is_the_one_of_the_highest_epoch(
@@ -211,10 +211,10 @@ def test_mixed_tasks_keep_their_blocks_and_the_table_says_which_accuracy_is_whos
     assert t.loc[("cnn", True), "accuracy_drop"] == pytest.approx(0.15)  # against the classifier baseline
     assert t.loc[("gan", False), "test_accuracy_mean"] == pytest.approx(0.65)
     assert t.loc[("gan", True), "accuracy_drop"] == pytest.approx(0.25)  # against the non-private GAN
-    assert rep.swept_params(r.table) == []  # gan.* differ from the classifier's (absent) only: not swept
+    assert rep.swept_params(r.table) == []  # task.* differ from the classifier's (absent) only: not swept
     md = rep.render(r, "md")
     header = _rows_md(md)[0]
-    assert "accuracy (%)" in header and "task" in header and not any(h.startswith("gan.") for h in header)
+    assert "accuracy (%)" in header and "task" in header and not any(h.startswith("task.") for h in header)
     assert "Accuracy: each row's task objective (classifier rows: test accuracy; gan rows: TSTR accuracy)" in md
     assert "digits/gan: the same classifier (cnn) trained on real data instead: 92.00 ± 1.41% test accuracy" in md
     assert not any("no test_accuracy metric" in w or "no tstr_accuracy" in w for w in r.warnings)

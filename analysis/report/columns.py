@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
-from dpsweep.config import ClassifierTaskConfig, DPConfig, GanTaskConfig, TaskConfig
+from dpsweep.config import ClassifierTaskConfig, DPConfig, GanTaskConfig, TaskConfig, shown_model
 from dpsweep.errors import InputError
 from dpsweep.registry import Registry
 
@@ -155,17 +155,22 @@ def param_or_tag(frame: pd.DataFrame, key: str) -> pd.Series:
     return column(frame, f"params.{key}").where(column(frame, f"params.{key}").notna(), column(frame, f"tags.{key}"))
 
 
-def task_objectives() -> dict[str, str]:
-    """Task name -> the metric its runs are scored by: each TaskConfig subclass's ``name`` default
-    and ``objective`` (read now, so that a task defined after this import is included)."""
-    out: dict[str, str] = {}
+def task_schemas() -> dict[str, type[TaskConfig]]:
+    """Task name -> its schema: each TaskConfig subclass by its ``name`` default (read now, so that a
+    task defined after this import is included)."""
+    out: dict[str, type[TaskConfig]] = {}
     stack = list(TaskConfig.__subclasses__())
     while stack:
         cls = stack.pop()
         stack.extend(cls.__subclasses__())
         if isinstance(getattr(cls, "name", None), str) and cls.objective:
-            out[cls.name] = cls.objective
+            out[cls.name] = cls
     return out
+
+
+def task_objectives() -> dict[str, str]:
+    """Task name -> the metric its runs are scored by (its schema's ``objective``)."""
+    return {name: cls.objective for name, cls in task_schemas().items()}
 
 
 def objective_name(metric: str) -> str:
@@ -179,15 +184,19 @@ def run_tasks(runs: pd.DataFrame) -> pd.Series:
 
 
 def run_models(runs: pd.DataFrame) -> pd.Series:
-    """What the table's ``model`` column shows for each run: its model.name for a classifier run,
-    its task (``gan``) for any other task, whose model.name names an evaluation model."""
+    """What the table's ``model`` column shows for each run: its model.name, or its task's name for
+    a task whose model group is only an evaluation model (``dpsweep.config.shown_model``)."""
+    schemas = task_schemas()
     models = param_or_tag(runs, "model.name")
-    tasks = run_tasks(runs)
-    return models.where(tasks == DEFAULT_TASK, tasks)
+    shown = [
+        shown_model(schemas[task], model) if task in schemas else model
+        for task, model in zip(run_tasks(runs), models, strict=True)
+    ]
+    return pd.Series(shown, index=runs.index, dtype=object)
 
 
 def run_pairs(runs: pd.DataFrame) -> list[tuple[Any, Any]]:
-    """(dataset, model) of each run, the model as the table shows it (a GAN run's: gan)."""
+    """(dataset, model) of each run, the model as the table shows it (:func:`run_models`)."""
     return list(zip(param_or_tag(runs, "dataset.name"), run_models(runs), strict=True))
 
 

@@ -214,14 +214,14 @@ def reference_accuracies(runs: pd.DataFrame) -> pd.DataFrame:
     ``real_accuracy`` (a GAN run's TSTR classifier trained on the real training split instead, the
     reference for its TSTR accuracy), pooled: columns dataset, model, classifier (model.name),
     real_accuracy_mean, real_accuracy_std (sample std; NaN for one run), runs, and ``differing``:
-    the classifier's settings (model.*, dataset.*, gan.tstr_*) that differ among them, if any."""
+    the classifier's settings (model.*, dataset.*, task.tstr_*) that differ among them, if any."""
     columns = ["dataset", "model", "classifier", "real_accuracy_mean", "real_accuracy_std", "runs", "differing"]
     done = runs[(runs["outcome"] == "finished") & ~runs["private"]]
     real = column(done, f"metrics.{REFERENCE_METRIC}").astype(float)
     done = done[real.notna()]
     rows = []
     pairs = pd.Series(run_pairs(done), index=done.index, dtype=object)
-    recipe = [c for c in done.columns if c.startswith(("params.model.", "params.dataset.", "params.gan.tstr_"))]
+    recipe = [c for c in done.columns if c.startswith(("params.model.", "params.dataset.", "params.task.tstr_"))]
     recipe = [c for c in recipe if c != "params.dataset.name"]
     for (dataset, model), block in done.groupby(pairs, sort=True):
         values = real[block.index]

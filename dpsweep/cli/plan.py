@@ -110,15 +110,17 @@ def skip_reasons(plans: Sequence[RunPlan]) -> list[str | None]:
 
 
 def plan_row(job: int, overrides: list[str], plan: RunPlan, skipped: str | None = None) -> PlanRow:
+    from dpsweep.config import shown_model  # loaded already: the plan's config is composed
+
     cfg, p = plan.config, plan.privacy
     memory = plan.memory
     return PlanRow(
         job=job, overrides=" ".join(overrides), dataset=cfg.dataset.name,
-        model=cfg.model.name if cfg.task.name == "classifier" else cfg.task.name,  # a GAN's model group is its TSTR cnn
+        model=shown_model(cfg.task, cfg.model.name),
         batch_size=cfg.train.batch_size, noise_multiplier=plan.noise_multiplier,
         # a quantile run's C is its own private release, unknown before it runs
         max_grad_norm=cfg.dp.max_grad_norm if p and cfg.dp.clipping != "quantile" else None,
-        lr=cfg.optimizer.lr if cfg.gan is None else cfg.gan.critic_lr, epochs=cfg.train.epochs,
+        lr=cfg.task.learning_rate(cfg.optimizer.lr), epochs=cfg.train.epochs,
         delta=p.delta if p else None, epsilon=p.epsilon if p else None, accountant=p.accountant if p else None,
         steps=plan.steps, n_train=plan.facts.n_train, over_budget=plan.over_budget is not None, skipped=skipped,
         mechanism=cfg.dp.mechanism if p else None, unit=cfg.dp.unit.value if p else None,

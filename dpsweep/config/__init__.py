@@ -1,6 +1,6 @@
 """Typed configuration: one module per config group, each with its schema dataclasses and its checks.
 
-The groups are :mod:`.dataset`, :mod:`.model`, :mod:`.task` (task and gan), :mod:`.dp`,
+The groups are :mod:`.dataset`, :mod:`.model`, :mod:`.task` (each task's own settings), :mod:`.dp`,
 :mod:`.optimizer`, :mod:`.train`, :mod:`.tracking`, :mod:`.sweep` and :mod:`.launcher`; :mod:`.schema`
 holds the root :class:`Config` (registered in Hydra's ConfigStore, flattened, hashed), and
 :func:`validate` runs the groups' checks in one fixed order (:mod:`.validation`), each failure a
@@ -51,9 +51,9 @@ from dpsweep.config.task import (
     GAN_GRAD_SAMPLE_MODES,
     GAN_IMAGE_SHAPE,
     ClassifierTaskConfig,
-    GanConfig,
     GanTaskConfig,
     TaskConfig,
+    shown_model,
     validate_input_shape,
 )
 from dpsweep.config.tracking import TrackingConfig
@@ -81,7 +81,6 @@ __all__ = [
     "Device",
     "DigitsConfig",
     "Flowers102Config",
-    "GanConfig",
     "GanTaskConfig",
     "GradSampleMode",
     "LauncherConfig",
@@ -104,6 +103,7 @@ __all__ = [
     "identity_hash",
     "register_configs",
     "settings",
+    "shown_model",
     "structured",
     "to_config",
     "validate",

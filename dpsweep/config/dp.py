@@ -134,7 +134,7 @@ def check(cfg: Config) -> None:
 
 
 def _check_unit(cfg: Config) -> None:
-    """dp.unit=user: data with users (dataset.users, dpsweep.config.dataset), and not task=gan."""
+    """dp.unit=user: data with users (dataset.users, dpsweep.config.dataset), and a task that protects users."""
     d, dp = cfg.dataset, cfg.dp
     if dp.unit != PrivacyUnit.user:
         return
@@ -146,7 +146,8 @@ def _check_unit(cfg: Config) -> None:
         dp.max_examples_per_user >= 1, "dp.max_examples_per_user", dp.max_examples_per_user,
         "1 or more examples of a user per step",
     )  # fmt: skip
-    require(cfg.gan is None, "dp.unit", dp.unit.value, "example with task=gan")
+    units = type(cfg.task).units
+    require(dp.unit.value in units, "dp.unit", dp.unit.value, f"{' or '.join(units)} with {type(cfg.task).label}")
 
 
 def _check_user_steps(cfg: Config) -> None:

@@ -32,15 +32,14 @@ from dpsweep.config.launcher import LauncherConfig
 from dpsweep.config.model import CNNConfig, MLPConfig, VGG16FrozenConfig
 from dpsweep.config.optimizer import AdamConfig, SGDConfig
 from dpsweep.config.sweep import SweepConfig
-from dpsweep.config.task import ClassifierTaskConfig, GanConfig, GanTaskConfig
+from dpsweep.config.task import ClassifierTaskConfig, GanTaskConfig
 from dpsweep.config.tracking import TrackingConfig
 from dpsweep.config.train import TrainConfig
 
 
 @dataclass
 class Config:
-    task: Any = MISSING  # a TaskConfig subclass, chosen by the task/ group
-    gan: GanConfig | None = None  # task=gan's settings (conf/gan/), absent for every other task
+    task: Any = MISSING  # a TaskConfig subclass, chosen by the task/ group, with the task's own settings
     dataset: Any = MISSING  # a DatasetConfig subclass, chosen by the dataset/ group
     model: Any = MISSING  # a ModelConfig subclass
     dp: DPConfig = MISSING
@@ -60,7 +59,6 @@ def register_configs() -> None:
     cs.store(name="base_config", node=Config)
     cs.store(group="task", name="base_classifier", node=ClassifierTaskConfig)
     cs.store(group="task", name="base_gan", node=GanTaskConfig)
-    cs.store(group="gan", name="base_gan", node=GanConfig)
     cs.store(group="dataset", name="base_digits", node=DigitsConfig)
     cs.store(group="dataset", name="base_torchvision", node=TorchvisionDatasetConfig)
     cs.store(group="dataset", name="base_flowers102", node=Flowers102Config)
@@ -163,13 +161,13 @@ def _flatten(node: DictConfig) -> dict[str, Any]:
 # Keys that do not change what a run computes: where it is tracked, launched or checkpointed.
 NON_IDENTITY_PREFIXES = (
     "tracking.", "launcher.", "sweep.", "train.checkpoint_dir", "train.progress", "train.eval_batch_size",
-    "train.eval_every", "train.memory_model", "model.feature_cache_dir", "gan.grid_every", "gan.memorisation_",
+    "train.eval_every", "train.memory_model", "model.feature_cache_dir", "task.grid_every", "task.memorisation_",
 )  # fmt: skip
 
 
-# Config sections only some tasks have (null for the others): absent ones are left out of the
-# identity, so adding a task's section leaves every other task's config hashes as they were.
-TASK_SECTIONS = ("gan",)
+# Keys only some tasks have: a task's own settings (task.* besides task.name). A report compares them
+# over the rows that have them.
+TASK_SECTIONS = ("task",)
 
 
 def identity(flat: dict[str, Any]) -> dict[str, Any]:
@@ -181,9 +179,7 @@ def identity(flat: dict[str, Any]) -> dict[str, Any]:
     return {
         k: v
         for k, v in flat.items()
-        if not k.startswith(NON_IDENTITY_PREFIXES)
-        and not (dp_off and k.startswith("dp.") and k != "dp.enabled")
-        and not (k in TASK_SECTIONS and v is None)
+        if not k.startswith(NON_IDENTITY_PREFIXES) and not (dp_off and k.startswith("dp.") and k != "dp.enabled")
     }
 
 

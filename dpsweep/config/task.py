@@ -1,4 +1,4 @@
-"""The task/ and gan/ groups: what a run trains and how it is scored, dp-GAN's settings, and their checks."""
+"""The task/ group: what a run trains and how it is scored, each task's own settings (``task.*``), and their checks."""
 
 from __future__ import annotations
 
@@ -19,12 +19,31 @@ GAN_IMAGE_SHAPE = (1, 28, 28)  # what task=gan's networks are sized for
 
 @dataclass
 class TaskConfig:
-    """What a run trains and how it is scored: a name in ``dpsweep.tasks.TASKS``."""
+    """What a run trains and how it is scored: a name in ``dpsweep.tasks.TASKS``, and the task's own
+    settings (``task.*``). Class constants, read by drivers and reports without torch, state what a
+    task needs of the rest of the config."""
 
     name: str = MISSING
-    # The metric a run is scored by (what sweeps, searches and private tuning maximise). A class
-    # constant, not a key: each task states it once here, where drivers read it without torch.
+    # The metric a run is scored by (what sweeps, searches and private tuning maximise).
     objective: ClassVar[str] = ""
+    # Whether a row of this task shows model.name as its model (a task whose model group is only an
+    # evaluation model shows the task's name instead: :func:`shown_model`).
+    shows_model: ClassVar[bool] = True
+    units: ClassVar[tuple[str, ...]] = ("example", "user")  # the dp.unit values it can protect
+    trains_with: ClassVar[tuple[str, ...]] = ("opacus", "own_steps")  # how its mechanisms may train
+    label: ClassVar[str] = ""  # the task's name in words, for messages
+
+    def learning_rate(self, optimizer_lr: float) -> float:
+        """The learning rate a plan shows for this task (optimizer.lr unless the task has its own)."""
+        return optimizer_lr
+
+    def stops_at_budget(self) -> bool:
+        """Whether a run keeps σ and stops where its ε would pass dp.target_epsilon (instead of calibrating σ)."""
+        return False
+
+    def check(self, cfg: Config) -> None:
+        """The task's own settings, and what it needs of the other groups (ConfigError names the key)."""
+        return None
 
 
 @dataclass
@@ -33,26 +52,24 @@ class ClassifierTaskConfig(TaskConfig):
 
     name: str = "classifier"
     objective: ClassVar[str] = "test_accuracy"
+    label: ClassVar[str] = "image classification"
 
 
 @dataclass
 class GanTaskConfig(TaskConfig):
-    """Private synthetic data: a conditional DP-WGAN-GP (``dpsweep.tasks.gan.task``); its settings are ``gan.*``."""
+    """Private synthetic data: dp-GAN (Zhang, Ji & Wang 2018, Alg. 1) on WGAN-GP (Gulrajani et al. 2017),
+    conditional (``dpsweep.tasks.gan.task``). The critic trains with DP-SGD (per-example clipping of its
+    whole loss, gradient penalty included; Poisson batches of expected size train.batch_size), the
+    generator with plain Adam (post-processing). An epoch is ceil(N/B) critic steps, so ε per epoch is
+    DP-SGD's at the same σ, B and N; the generator steps once every n_critic critic steps. The TSTR
+    classifier is the model group (cnn)."""
 
     name: str = "gan"
     objective: ClassVar[str] = "tstr_accuracy"  # train on synthetic, test on real (dpsweep.tasks.gan.synthetic)
-
-
-# The gan/ group: task=gan's settings, absent from every other task's config.
-
-
-@dataclass
-class GanConfig:
-    """dp-GAN (Zhang, Ji & Wang 2018, Alg. 1) on WGAN-GP (Gulrajani et al. 2017): the critic trains with
-    DP-SGD (per-example clipping of its whole loss, gradient penalty included; Poisson batches of
-    expected size train.batch_size), the generator with plain Adam (post-processing). An epoch is
-    ceil(N/B) critic steps, so ε per epoch is DP-SGD's at the same σ, B and N; the generator steps
-    once every n_critic critic steps. The TSTR classifier is the model group (cnn)."""
+    shows_model: ClassVar[bool] = False  # model.name is the TSTR classifier
+    units: ClassVar[tuple[str, ...]] = ("example",)
+    trains_with: ClassVar[tuple[str, ...]] = ("opacus",)  # the critic's private step is Opacus's (torch.func grads)
+    label: ClassVar[str] = "task=gan"
 
     latent_dim: int = 64  # z dimension
     generator_width: int = 64  # channels of the generator's last hidden layer (doubled before it)
@@ -94,49 +111,59 @@ class GanConfig:
     memorisation_check: bool = True
     memorisation_samples: int = 2000  # synthetic samples compared (drawn at random), each against every real image
 
+    def learning_rate(self, optimizer_lr: float) -> float:
+        return self.critic_lr
 
-def check_gan(cfg: Config) -> None:
-    """task=gan's settings (and that gan.* is set exactly when task=gan)."""
-    g = cfg.gan
-    if g is None:
-        require(cfg.task.name != "gan", "gan", None, "the gan settings: compose with task=gan (conf/task/gan.yaml)")
-        return
-    require(cfg.task.name == "gan", "task.name", cfg.task.name, "gan: the gan.* settings belong to task=gan")
-    _check_gan_settings(g)
-    require(
-        cfg.model.name == "cnn", "model.name", cfg.model.name,
-        "cnn with task=gan: the model group is the TSTR classifier, trained on 28x28 synthetic images",
-    )  # fmt: skip
-    if cfg.dp.enabled:
-        _check_gan_privacy(cfg, g)
+    def stops_at_budget(self) -> bool:
+        return self.stop_at_budget
+
+    def check(self, cfg: Config) -> None:
+        _check_gan_settings(self)
+        require(
+            cfg.model.name == "cnn", "model.name", cfg.model.name,
+            "cnn with task=gan: the model group is the TSTR classifier, trained on 28x28 synthetic images",
+        )  # fmt: skip
+        if cfg.dp.enabled:
+            _check_gan_privacy(cfg, self)
 
 
-def _check_gan_settings(g: GanConfig) -> None:
-    """The ranges of gan.*: weights, counts, learning rates, Adam's decay rates and shares."""
-    require(g.gp_weight >= 0, "gan.gp_weight", g.gp_weight, "a gradient-penalty weight λ >= 0")
-    require(g.n_critic >= 1, "gan.n_critic", g.n_critic, "1 or more critic steps per generator step")
+def check(cfg: Config) -> None:
+    """The task's own settings (``task.*``) and what it needs of the other groups."""
+    cfg.task.check(cfg)
+
+
+def shown_model(task: TaskConfig | type[TaskConfig], model_name: str) -> str:
+    """The model a run's row shows: model.name, or the task's name for a task whose model group is
+    only an evaluation model (``TaskConfig.shows_model``)."""
+    return model_name if task.shows_model else str(task.name)
+
+
+def _check_gan_settings(g: GanTaskConfig) -> None:
+    """The ranges of task=gan's settings: weights, counts, learning rates, Adam's decay rates and shares."""
+    require(g.gp_weight >= 0, "task.gp_weight", g.gp_weight, "a gradient-penalty weight λ >= 0")
+    require(g.n_critic >= 1, "task.n_critic", g.n_critic, "1 or more critic steps per generator step")
     for key in (
         "latent_dim", "generator_width", "critic_width", "grid_every", "tstr_epochs", "tstr_batch_size", "snapshots",
         "snapshot_every",
     ):  # fmt: skip
         value = getattr(g, key)
-        require(value >= 1, f"gan.{key}", value, "a positive integer")
+        require(value >= 1, f"task.{key}", value, "a positive integer")
     for key in ("critic_lr", "generator_lr", "tstr_lr"):
         value = getattr(g, key)
-        require(value > 0, f"gan.{key}", value, "a positive learning rate")
-    require(0 <= g.generator_ema < 1, "gan.generator_ema", g.generator_ema, "a decay in [0, 1) (0: no average)")
+        require(value > 0, f"task.{key}", value, "a positive learning rate")
+    require(0 <= g.generator_ema < 1, "task.generator_ema", g.generator_ema, "a decay in [0, 1) (0: no average)")
     betas = list(g.betas)
-    require(len(betas) == 2 and all(0 <= b < 1 for b in betas), "gan.betas", betas, "two decay rates in [0, 1)")
+    require(len(betas) == 2 and all(0 <= b < 1 for b in betas), "task.betas", betas, "two decay rates in [0, 1)")
     require(
         0 < g.tstr_val_fraction < 1,
-        "gan.tstr_val_fraction",
+        "task.tstr_val_fraction",
         g.tstr_val_fraction,
         "a share of the synthetic set in (0, 1)",
     )
-    require(g.memorisation_samples >= 1, "gan.memorisation_samples", g.memorisation_samples, "a positive integer")
+    require(g.memorisation_samples >= 1, "task.memorisation_samples", g.memorisation_samples, "a positive integer")
 
 
-def _check_gan_privacy(cfg: Config, g: GanConfig) -> None:
+def _check_gan_privacy(cfg: Config, g: GanTaskConfig) -> None:
     """task=gan with DP: what its critic's private steps run with (dp.*, train.physical_batch_size)."""
     dp = cfg.dp
     require(
@@ -153,14 +180,14 @@ def _check_gan_privacy(cfg: Config, g: GanConfig) -> None:
     pb = cfg.train.physical_batch_size
     require(pb is None, "train.physical_batch_size", pb, "null with task=gan: a critic step is one pass")
     require(
-        not g.stop_at_budget or dp.target_epsilon is not None, "gan.stop_at_budget", g.stop_at_budget,
+        not g.stop_at_budget or dp.target_epsilon is not None, "task.stop_at_budget", g.stop_at_budget,
         "false, or true with dp.target_epsilon set (the budget training stops at)",
     )  # fmt: skip
 
 
 def validate_input_shape(cfg: Config, input_shape: tuple[int, int, int]) -> None:
     """task=gan: one example must be a 28x28 single-channel image (digits at image_size=28, MNIST)."""
-    if cfg.gan is None or tuple(input_shape) == GAN_IMAGE_SHAPE:
+    if not isinstance(cfg.task, GanTaskConfig) or tuple(input_shape) == GAN_IMAGE_SHAPE:
         return
     shape = "x".join(map(str, input_shape))
     if input_shape[0] != 1:

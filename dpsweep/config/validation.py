@@ -37,7 +37,7 @@ CHECKS: tuple[Callable[[Config], None], ...] = (
     sweep.check,
     tracking.check,
     dataset.check_images,  # image_size, flowers102's downscale and train_splits
-    task.check_gan,  # gan.*, and what task=gan needs of model.* and dp.*
+    task.check,  # task.*, and what the task needs of model.* and dp.*
     dataset.check_users,
     dp.check,  # dp.* with DP on: unit, mechanism, ranges, clipping, secure mode
 )

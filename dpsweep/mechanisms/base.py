@@ -108,16 +108,19 @@ class Mechanism(ABC):
     def check_config(self, cfg: Config) -> None:
         """What a run of this mechanism needs of the rest of its config (ConfigError names the key):
         the accountants that price it; a mechanism that noises its own gradients runs without Opacus's
-        clipping variants, secure RNG and physical batches; task=gan's critic trains through Opacus."""
+        clipping variants, secure RNG and physical batches; and the task trains with it (``TaskConfig.trains_with``)."""
         from dpsweep.config import ConfigError  # hydra: where a run is planned, not where ε is priced
 
         dp, name = cfg.dp, str(cfg.dp.mechanism)
         if dp.accountant.value not in self.accountants:
             allowed = f"{' or '.join(self.accountants)} with dp.mechanism={name}"
             raise ConfigError("dp.accountant", dp.accountant.value, allowed)
-        if cfg.gan is not None and self.trains != "opacus":
-            opacus = " or ".join(n for n in MECHANISMS.names() if MECHANISMS.get(n).trains == "opacus")
-            raise ConfigError("dp.mechanism", name, f"{opacus} with task=gan (its critic trains through Opacus)")
+        task = type(cfg.task)
+        if self.trains not in task.trains_with:
+            fits = " or ".join(n for n in MECHANISMS.names() if MECHANISMS.get(n).trains in task.trains_with)
+            raise ConfigError(
+                "dp.mechanism", name, f"{fits} with {task.label} (it trains through {task.trains_with[0]})"
+            )
         if self.trains != "own_steps":
             return
         what = f"with dp.mechanism={name}"

@@ -9,7 +9,7 @@ at q = 1/ceil(N/B) (Opacus's loader convention, so an epoch is ceil(N/B) critic 
 epoch is DP-SGD's), pairs each real example (x_i, y_i) with a fake G(z_i, y_i) and ρ_i ~ U[0, 1],
 and steps Adam on the noisy mean of the clipped per-example gradients of the whole critic loss,
 gradient penalty included (``dpsweep.tasks.gan.critic``): one Poisson-subsampled Gaussian event in the run's
-ledger per critic step. Every ``gan.n_critic`` critic steps the **generator** takes a plain Adam
+ledger per critic step. Every ``task.n_critic`` critic steps the **generator** takes a plain Adam
 step on -D(G(z, y)) with public random labels: it never reads data, so it is post-processing.
 
 Without DP (``dp=off``) the critic steps on the mean gradient of shuffled batches of B.
@@ -18,11 +18,11 @@ Evaluation (``dpsweep.tasks.gan.synthetic``) at the end: a labelled synthetic se
 accuracy of the model group's classifier trained on it (chosen on a synthetic split, scored on the
 real test split), the memorisation share, and, without DP only, the same classifier trained on the
 real training split (``real_accuracy``: the reference row). Artifacts: a 10 x 10 sample grid every
-``gan.grid_every`` epochs and at the end (``samples/epoch_NNN.png``), the generator's weights
+``task.grid_every`` epochs and at the end (``samples/epoch_NNN.png``), the generator's weights
 (``generator.pt``) and the synthetic set (``synthetic.npz``); the run's ``model`` is the generator.
 
-With ``gan.snapshots`` = K > 1 the generator (its moving average with ``gan.generator_ema``) is
-kept at the end of every ``gan.snapshot_every``-th epoch and of the last, in a ring of K; the
+With ``task.snapshots`` = K > 1 the generator (its moving average with ``task.generator_ema``) is
+kept at the end of every ``task.snapshot_every``-th epoch and of the last, in a ring of K; the
 synthetic set, TSTR, ``generator.pt`` (``{"mixture": [...]}``) and the model (rows [z | class |
 member]) are then the uniform mixture of the kept ones. Post-processing: they are functions of the
 critic's noisy steps alone.
@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dpsweep.config import GanTaskConfig
 from dpsweep.data import device as device_data
 from dpsweep.data import loaders as datasets
 from dpsweep.models import classifiers as model_zoo
@@ -68,8 +69,8 @@ class GanRun:
 
     def __init__(self, inputs: RunInputs) -> None:
         self.inputs, self.cfg, self.device = inputs, inputs.cfg, inputs.device
-        g = self.cfg.gan
-        assert g is not None  # task=gan's config has its gan section (dpsweep.config.validate)
+        g = self.cfg.task
+        assert isinstance(g, GanTaskConfig)  # this task's own settings (task.*)
         self.settings = g
         self.num_classes = inputs.data.num_classes
         self.gan = ConditionalGan(
@@ -118,7 +119,7 @@ class GanRun:
         return int(self.gan.critic_steps)
 
     def done(self) -> bool:
-        """Every planned critic step is taken (fewer than train.epochs' with gan.stop_at_budget)."""
+        """Every planned critic step is taken (fewer than train.epochs' with task.stop_at_budget)."""
         return self.critic_steps >= self.inputs.plan.steps
 
     # ------------------------------------------------------------------ training
@@ -185,7 +186,7 @@ class GanRun:
         return torch.Generator().manual_seed(self.cfg.train.seed * 100_003 + EVAL_SEED_OFFSET + salt)
 
     def evaluate(self, epoch: int, final: bool) -> dict[str, float]:
-        """Sample grids every gan.grid_every epochs and at the end; at the end, the synthetic set and its scores."""
+        """Sample grids every task.grid_every epochs and at the end; at the end, the synthetic set and its scores."""
         assert self.run is not None
         if final or epoch % self.settings.grid_every == 0:
             grid = synthetic.image_grid(self.gan.sampler, self.num_classes, self._rng(epoch), self.device)
