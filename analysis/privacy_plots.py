@@ -21,6 +21,9 @@ from matplotlib.ticker import NullFormatter
 
 from dpsweep.privacy import schedule as privacy
 
+# One plot: file name, x label, x values, ε at an x value, this configuration's x, log x axis.
+Spec = tuple[str, str, np.ndarray, Callable[[float], float], float, bool]
+
 
 def plot_all(
     out_dir: Path, *, n: int, batch_size: int, noise_multiplier: float, steps: int, delta: float
@@ -38,13 +41,31 @@ def plot_all(
             sched, noise_multiplier=s, delta=d, steps=max(1, round(e * sched.steps_per_epoch))
         ).epsilon
 
+    specs = _specs(
+        schedule, eps, n=n, batch_size=batch_size, noise_multiplier=noise_multiplier, epochs=epochs, delta=delta
+    )
+    title = f"N={n}, B={batch_size}, σ={noise_multiplier:.3g}, {epochs:.3g} epochs, δ={delta:g}"
+    return [_plot(out_dir, spec, eps, title) for spec in specs]
+
+
+def _specs(
+    schedule: privacy.PoissonSchedule,
+    eps: Callable[..., float],
+    *,
+    n: int,
+    batch_size: int,
+    noise_multiplier: float,
+    epochs: float,
+    delta: float,
+) -> list[Spec]:
+    """The five plots around the configuration: ε against epochs, σ, B, N and δ, each over its range."""
     max_epochs = max(2, int(np.ceil(2 * epochs)))
     curve = privacy.epsilon_curve(schedule, noise_multiplier=noise_multiplier, delta=delta, epochs=max_epochs)
     sigmas = np.geomspace(noise_multiplier / 3, noise_multiplier * 3, 25)
     batches = np.unique(np.clip(np.geomspace(max(1, batch_size // 16), batch_size * 16, 25).astype(int), 1, n))
     sizes = np.unique(np.geomspace(max(batch_size, n // 10), n * 10, 25).astype(int))
     deltas = np.geomspace(min(delta, 1e-10) / 10, min(0.5, 0.99 / n), 25)
-    specs: list[tuple[str, str, np.ndarray, Callable[[float], float], float, bool]] = [
+    return [
         (
             "epsilon_vs_epochs.png",
             "epochs",
@@ -72,22 +93,24 @@ def plot_all(
         ),
         ("epsilon_vs_delta.png", "δ", deltas, lambda d: eps(d=d), delta, True),
     ]
-    written = []
-    for name, xlabel, xs, fn, here, logx in specs:
-        fig, ax = plt.subplots(figsize=(5, 3.5), dpi=100)
-        ax.plot(xs, [fn(float(x)) for x in xs], marker=".")
-        ax.plot([here], [eps()], "o", color="crimson", label="this configuration")
-        if logx:
-            ax.set_xscale("log")
-            ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("ε (RDP, improved)")
-        ax.set_title(f"N={n}, B={batch_size}, σ={noise_multiplier:.3g}, {epochs:.3g} epochs, δ={delta:g}", fontsize=8)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = out_dir / name
-        fig.savefig(path)
-        plt.close(fig)
-        written.append(path)
-    return written
+
+
+def _plot(out_dir: Path, spec: Spec, eps: Callable[[], float], title: str) -> Path:
+    """Write one plot of ``spec`` to ``out_dir``, the configuration (ε by ``eps()``) marked; returns its path."""
+    name, xlabel, xs, fn, here, logx = spec
+    fig, ax = plt.subplots(figsize=(5, 3.5), dpi=100)
+    ax.plot(xs, [fn(float(x)) for x in xs], marker=".")
+    ax.plot([here], [eps()], "o", color="crimson", label="this configuration")
+    if logx:
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("ε (RDP, improved)")
+    ax.set_title(title, fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out_dir / name
+    fig.savefig(path)
+    plt.close(fig)
+    return path

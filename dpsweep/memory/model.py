@@ -15,30 +15,79 @@ are in :mod:`dpsweep.analysis.memory_model`. ::
     m.outside_probed(rows)                                      # where rows leave the probed ranges
     m.coefficients("iteration_peak", "envelope")                # bytes per unit of each column
 
-Rows are given as a *table*: equal-length columns by name, in the probe table's schema (``model``,
-``hidden_units``, ``batch_size``, ``channels``, ``height``, ``width``, ``trainable_params``, ``dp``,
-``grad_sample_mode``, …; only the columns the fitted features need). A dict of numpy arrays is one;
-a pandas DataFrame reads the same way (``table[column]``, ``column in table``, ``iter(table)``), so
-fitting code passes its frames unchanged.
+Rows are given as a *table*: equal-length columns by name, in the probe table's schema (only the
+columns the fitted features need; :mod:`dpsweep.memory.tables`). The features and the design matrix
+are :mod:`dpsweep.memory.features`; their names are re-exported here, as are the tables'.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from dpsweep.errors import InputError
-from dpsweep.registry import Registry
+from dpsweep.memory.features import (
+    CONST,
+    FEATURES,
+    Feature,
+    FeatureValues,
+    column_values,
+    design_matrix,
+    expand_columns,
+    feature_help,
+    parse_features,
+    predict_matrix,
+    required_columns,
+)
+from dpsweep.memory.tables import (
+    MemoryModelError,
+    Table,
+    check_columns,
+    flag_column,
+    numeric_column,
+    table_rows,
+    text_column,
+)
+
+# the features and tables are re-exported: callers import them from here
+__all__ = [
+    "CONST",
+    "FEATURES",
+    "FORMAT",
+    "PEAK_TARGET",
+    "PLAN_FIT",
+    "RESERVED_TARGET",
+    "STAGE_PEAK_TARGETS",
+    "TARGETS",
+    "Feature",
+    "FeatureValues",
+    "MemoryModel",
+    "MemoryModelError",
+    "Table",
+    "TargetFit",
+    "check_columns",
+    "column_values",
+    "design_matrix",
+    "expand_columns",
+    "feature_help",
+    "flag_column",
+    "load_meta",
+    "load_models",
+    "numeric_column",
+    "parse_features",
+    "predict_matrix",
+    "required_columns",
+    "table_rows",
+    "target_column",
+    "text_column",
+]
 
 FORMAT = "dpsweep-memory-model/1"
-CONST = "const"  # the intercept column, in every design
 
 # Target column -> its name in formulas. Levels after each stage, then the peaks.
 TARGETS: dict[str, str] = {
@@ -60,279 +109,6 @@ PEAK_TARGET = "iteration_peak_bytes"  # the iteration's allocated peak: the larg
 RESERVED_TARGET = "reserved_peak_bytes"  # the CUDA allocator's reserved peak (on the CPU twin: the same)
 STAGE_PEAK_TARGETS = tuple(t for t in TARGETS if t.endswith("_peak_bytes") and t not in (PEAK_TARGET, RESERVED_TARGET))
 PLAN_FIT = "envelope"  # the fit plans use: the upper envelope, which under-predicts no fitted probe
-
-# Equal-length columns by name: a dict of numpy arrays, or a pandas DataFrame (read only through
-# ``table[column]``, ``column in table`` and ``iter(table)``, which both provide).
-Table = Mapping[str, Any]
-FeatureValues = Callable[[Table], np.ndarray]
-
-
-class MemoryModelError(InputError):
-    """Probes, features, rows or a model file that cannot be used: ``key`` names the input at fault
-    (``features``, ``probes``, ``backend``, ``model``, ``path``, a probe column, …), ``value`` its
-    value and ``allowed`` what is wrong and what is allowed."""
-
-
-# ---------------------------------------------------------------------------------------------
-# tables
-# ---------------------------------------------------------------------------------------------
-def table_rows(table: Table) -> int:
-    """The number of rows of ``table`` (0 without columns); MemoryModelError when columns differ in length."""
-    lengths = {str(c): np.shape(table[c]) for c in table}
-    if any(len(shape) != 1 for shape in lengths.values()):
-        shown = ", ".join(f"{c} {shape}" for c, shape in lengths.items() if len(shape) != 1)
-        raise MemoryModelError("table", shown, "columns of one dimension, one value per row")
-    if len(set(lengths.values())) > 1:
-        shown = ", ".join(f"{c} ({shape[0]})" for c, shape in lengths.items())
-        raise MemoryModelError("table", shown, "columns of equal length, one value per row")
-    return next((shape[0] for shape in lengths.values()), 0)
-
-
-def check_columns(table: Table, needed: Iterable[str], what: str) -> None:
-    """MemoryModelError naming the columns of ``needed`` that ``table`` lacks (``what`` needs them)."""
-    needed = list(dict.fromkeys(needed))
-    missing = [c for c in needed if c not in table]
-    if missing:
-        raise MemoryModelError(
-            "probes", ", ".join(missing), f"missing column(s); {what} needs the columns {', '.join(needed)}"
-        )
-
-
-def _floats(raw: np.ndarray) -> np.ndarray:
-    """``raw`` as float64; what is not a number (text, None) becomes NaN (as ``pandas.to_numeric(errors="coerce")``)."""
-    if raw.dtype.kind in "biuf":
-        return raw.astype(float)
-
-    def one(value: Any) -> float:
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            return math.nan
-
-    return np.array([one(v) for v in raw.ravel()], dtype=float)
-
-
-def numeric_column(table: Table, column: str) -> np.ndarray:
-    """``table[column]`` as float64; MemoryModelError naming the values that are not finite numbers."""
-    raw = np.asarray(table[column])
-    values = _floats(raw)
-    bad = ~np.isfinite(values)
-    if bad.any():
-        shown = sorted({str(v) for v in raw[bad]})[:5]
-        raise MemoryModelError(column, ", ".join(shown), f"{int(bad.sum())} row(s) are not finite numbers")
-    return values
-
-
-_FLAG_WORDS = {"true": 1.0, "1": 1.0, "1.0": 1.0, "false": 0.0, "0": 0.0, "0.0": 0.0}
-
-
-def flag_column(table: Table, column: str) -> np.ndarray:
-    """A 0/1 column given as bools, 0/1 numbers or the strings true/false/1/0 (MLflow params)."""
-    raw = np.asarray(table[column])
-    if raw.dtype.kind in "biuf":
-        values = raw.astype(float)
-        ok = np.isin(values, (0.0, 1.0))
-    else:
-        values = np.array([_FLAG_WORDS.get(str(v).strip().lower(), -1.0) for v in raw], dtype=float)
-        ok = values >= 0
-    if not ok.all():
-        shown = sorted({str(v) for v in raw[~ok]})[:5]
-        raise MemoryModelError(column, ", ".join(shown), "must be a flag: true/false or 1/0")
-    return values
-
-
-def text_column(table: Table, column: str) -> np.ndarray:
-    """``table[column]`` as strings (the levels of a categorical column)."""
-    return np.asarray(table[column]).astype(str)
-
-
-# ---------------------------------------------------------------------------------------------
-# features
-# ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Feature:
-    """A named feature column. Numeric features compute one column from the raw probe columns
-    (``requires``); a categorical one (``values`` None) is the raw column ``requires[0]``, expanded
-    into one 0/1 indicator column per level, named ``<feature>[<level>]``."""
-
-    description: str
-    requires: tuple[str, ...]
-    values: FeatureValues | None = None
-
-    @property
-    def categorical(self) -> bool:
-        return self.values is None
-
-
-FEATURES: Registry[Feature] = Registry("memory feature")
-
-
-def _numeric(name: str, description: str, requires: tuple[str, ...]) -> Callable[[FeatureValues], FeatureValues]:
-    """Register the decorated ``table -> values`` function as the numeric feature ``name``."""
-
-    def add(fn: FeatureValues) -> FeatureValues:
-        FEATURES.register(name)(Feature(description, requires, fn))
-        return fn
-
-    return add
-
-
-@_numeric("hidden_units", "units of the MLP head (model.hidden_units)", ("hidden_units",))
-def _hidden_units(table: Table) -> np.ndarray:
-    return numeric_column(table, "hidden_units")
-
-
-@_numeric("batch_size", "B, examples in the probed batch", ("batch_size",))
-def _batch_size(table: Table) -> np.ndarray:
-    return numeric_column(table, "batch_size")
-
-
-@_numeric("input_pixels", "B·C·H·W, input values in the batch", ("batch_size", "channels", "height", "width"))
-def _input_pixels(table: Table) -> np.ndarray:
-    sizes = [numeric_column(table, c) for c in ("batch_size", "channels", "height", "width")]
-    return np.prod(sizes, axis=0)
-
-
-@_numeric("trainable_params", "P, trainable parameters", ("trainable_params",))
-def _trainable_params(table: Table) -> np.ndarray:
-    return numeric_column(table, "trainable_params")
-
-
-@_numeric("batch_params", "B·P, values of the per-sample gradients", ("batch_size", "trainable_params"))
-def _batch_params(table: Table) -> np.ndarray:
-    return numeric_column(table, "batch_size") * numeric_column(table, "trainable_params")
-
-
-@_numeric("dp", "1 with DP-SGD, 0 without", ("dp",))
-def _dp(table: Table) -> np.ndarray:
-    return flag_column(table, "dp")
-
-
-FEATURES.register("grad_sample_mode")(
-    Feature("Opacus grad-sample mode (hooks, ghost, functorch, ew; none without DP)", ("grad_sample_mode",))
-)
-
-_LEVEL = re.compile(r"^(?P<feature>[^\[\]:]+)\[(?P<level>[^\[\]]*)\]$")
-
-
-def feature_help() -> str:
-    """The valid feature names with their meaning, and the product syntax (for errors and --help)."""
-    lines = [f"  {name}: {FEATURES.get(name).description}" for name in FEATURES.names()]
-    return "\n".join([*lines, "  a:b: the product of features a and b (e.g. dp:batch_params)"])
-
-
-def _feature(name: str, spec: str) -> Feature:
-    if name not in FEATURES:
-        valid = ", ".join(FEATURES.names())
-        where = f" in {spec!r}" if spec != name else ""
-        raise MemoryModelError(
-            "features",
-            name,
-            f"unknown memory feature{where}; valid: {valid}, and products a:b of them (e.g. dp:batch_params)",
-        )
-    return FEATURES.get(name)
-
-
-def parse_features(specs: Iterable[str]) -> list[str]:
-    """``specs`` checked and deduplicated, in order (``const`` is implied and dropped from the list).
-    Unknown names raise MemoryModelError listing the valid ones."""
-    out: list[str] = []
-    for spec in specs:
-        spec = spec.strip()
-        if spec == CONST:
-            continue
-        factors = spec.split(":")
-        if not spec or any(not f.strip() for f in factors):
-            raise MemoryModelError("features", spec, "empty feature name; write a name or a product a:b")
-        for factor in factors:
-            _feature(factor.strip(), spec)
-        normal = ":".join(f.strip() for f in factors)
-        if normal not in out:
-            out.append(normal)
-    return out
-
-
-def required_columns(features: Iterable[str]) -> list[str]:
-    """The raw probe columns that ``features`` (names, products or expanded columns) are computed from."""
-    needed: dict[str, None] = {}
-    for spec in features:
-        if spec == CONST:
-            continue
-        for factor in spec.split(":"):
-            match = _LEVEL.match(factor)
-            name = match["feature"] if match else factor
-            needed.update(dict.fromkeys(_feature(name, spec).requires))
-    return list(needed)
-
-
-def _levels(table: Table, feature: Feature) -> list[str]:
-    """The levels of a categorical feature present in ``table``, most common first (ties by name)."""
-    levels, counts = np.unique(text_column(table, feature.requires[0]), return_counts=True)
-    count = {str(level): int(n) for level, n in zip(levels, counts, strict=True)}
-    return sorted(count, key=lambda level: (-count[level], level))
-
-
-def expand_columns(table: Table, features: Sequence[str]) -> list[str]:
-    """The design columns of ``features`` on ``table``: ``const`` first, then each feature's columns.
-
-    A categorical feature on its own gives one indicator per level present other than the most common
-    (the reference, absorbed by ``const``): ``grad_sample_mode[ghost]``. In a product it gives one
-    column per level present, since the other factor may have no main effect in the set:
-    ``grad_sample_mode[ghost]:batch_params``, ``grad_sample_mode[hooks]:batch_params``, …
-    Levels are listed in alphabetical order."""
-    columns = [CONST]
-    for spec in parse_features(features):
-        factors = spec.split(":")
-        parts: list[list[str]] = []
-        for name in factors:
-            feature = FEATURES.get(name)
-            if not feature.categorical:
-                parts.append([name])
-                continue
-            levels = _levels(table, feature)
-            if len(factors) == 1:
-                levels = levels[1:]
-            parts.append([f"{name}[{level}]" for level in sorted(levels)])
-        combos: list[list[str]] = [[]]
-        for options in parts:
-            combos = [[*c, o] for c in combos for o in options]
-        for combo in combos:
-            column = ":".join(combo)
-            if column not in columns:
-                columns.append(column)
-    return columns
-
-
-def column_values(table: Table, column: str) -> np.ndarray:
-    """The values of one design column (``const``, a feature, ``feature[level]`` or a product) on ``table``."""
-    out = np.ones(table_rows(table), dtype=float)
-    if column == CONST:
-        return out
-    for factor in column.split(":"):
-        match = _LEVEL.match(factor)
-        if match:
-            feature = _feature(match["feature"], column)
-            if not feature.categorical:
-                raise MemoryModelError("features", column, f"{match['feature']!r} is numeric and has no levels")
-            out = out * (text_column(table, feature.requires[0]) == match["level"]).astype(float)
-        else:
-            feature = _feature(factor, column)
-            if feature.values is None:
-                raise MemoryModelError("features", column, f"categorical {factor!r} needs a level: {factor}[<level>]")
-            out = out * feature.values(table)
-    return out
-
-
-def design_matrix(table: Table, columns: Sequence[str]) -> np.ndarray:
-    """The n × len(columns) matrix of ``columns`` on ``table``, as float64."""
-    if not table_rows(table):
-        return np.zeros((0, len(columns)))
-    return np.column_stack([column_values(table, c) for c in columns])
-
-
-def predict_matrix(matrix: np.ndarray, coef: np.ndarray) -> np.ndarray:
-    """Row-wise x·w, summed in the same order for fits and predictions (bit-identical results)."""
-    return (matrix * coef).sum(axis=1)
 
 
 def target_column(target: str) -> str:

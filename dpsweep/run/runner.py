@@ -104,6 +104,35 @@ def seed_everything(seed: int) -> None:
 
 def train(cfg: DictConfig | Config) -> TrainResult:
     """Train one config and log it to MLflow; returns the final metrics and privacy cost."""
+    start = _start(cfg)
+    monitor = memory.monitor_for(start.device)  # baseline before the model exists
+    # the final ε under every accountant, computed on another core while the run trains
+    ahead = None if start.config.train.probe else prefetch.start(*_planned_ledger(start.plan))
+    try:
+        return _tracked(start, monitor, ahead)
+    finally:
+        if ahead is not None:
+            ahead.cancel()  # a run that ended early: its child is ended (after collect: nothing to do)
+        monitor.close()  # the CPU twin's frozen baseline (dpsweep.memory.stages)
+
+
+@dataclass
+class _Start:
+    """What a run settles before its MLflow run exists: the checked config, device, data and plan, and
+    the checkpoint to resume from (``resume``; None: start afresh)."""
+
+    config: Config
+    device: torch.device
+    data: datasets.DataSplits
+    plan: RunPlan
+    ckpt_dir: Path | None
+    found: checkpoint.Found
+    resume: checkpoint.TrainingState | None
+
+
+def _start(cfg: DictConfig | Config) -> _Start:
+    """Everything that can reject the input, before any MLflow run: the config, the dataset, the plan
+    (OverBudget over ``sweep.max_epsilon``), the tracking store, and a stale checkpoint removed."""
     config = to_config(cfg)
     validate(config)
     seed_everything(config.train.seed)
@@ -120,65 +149,82 @@ def train(cfg: DictConfig | Config) -> TrainResult:
     if ckpt_dir is not None and resume is not None and run_finished(config.tracking.uri, resume.run_id):
         checkpoint.remove(ckpt_dir)  # stale: its run FINISHED (and died before removing it, or another
         resume = None  # process finished it): start afresh; a sweep job's claim then finds the run done
-    monitor = memory.monitor_for(device)  # baseline before the model exists
-    # the final ε under every accountant, computed on another core while the run trains
-    ahead = None if config.train.probe else prefetch.start(*_planned_ledger(plan))
-    try:
-        task_run = tasks.get(config.task.name).build(tasks.RunInputs(config, plan, data, device))
-        tags = run_tags(plan, data, device, monitor.backend) | task_run.tags()
-        if found.set_aside is not None:  # the run starts afresh; the unreadable file is kept for inspection
-            tags["checkpoint.set_aside"] = str(found.set_aside)
-        claim = _claim(config, plan)
-        with (
-            terminate_as_interrupt(),
-            tracked_run(_named(config, plan), tags, resume.run_id if resume else None, claim) as run,
-        ):
-            if resume is None:
-                run.log_params(run_params(plan))
-                run.set_tags(setting_tags(plan))
-                run.log_text(resolved_yaml(plan), "config.yaml")
-                run.log_dataset_splits(
-                    flatten(config.dataset),
-                    {"train": data.n_train, "test": len(data.test)},  # type: ignore[arg-type]
-                )
-            parts = task_run.start(run)
-            if resume is None:
-                run.log_params(task_run.params())
-            result = TrainResult(
-                run.run_id, float("nan"), float("nan"), data.n_train, 0, memory_backend=monitor.backend
-            )
-            state = None
-            if ckpt_dir is not None and resume is not None:
-                state = checkpoint.load(ckpt_dir, plan.config_hash, parts.model, parts.optimizer, parts.engine)
-            # a resumed run's stages were recorded before it was interrupted
-            stages = StageLog(memory.StageRecorder(monitor, active=state is None), run, result)
-            if state is not None:
-                checkpoint.restore_rng(state.rng, parts.generator)
-                result.epochs, result.steps, stages.recorder.run_peak = state.epochs, state.steps, state.run_peak_bytes
-            stages.mark("model_load")
-            if config.train.probe:
-                result.epochs.append(_probe(task_run, stages))
-                return result
-            if config.dp.enabled and stages.recorder.active:  # stages of exactly B, not of a private Poisson batch
-                task_run.memory_iteration(stages)
-                stages.log_first_iteration()
-            t = config.tracking
-            private = config.dp.enabled  # GPU memory would tell the Poisson batch sizes, as the peak would
-            with system_metrics(run.run_id, t.uri, t.system_metrics_after_s, t.system_metrics_interval_s, private):
-                _epochs(config, task_run, stages, parts, Checkpoints(ckpt_dir, plan.config_hash, state))
-            if ahead is not None:
-                ahead.collect()
-            _finish_privacy(config, plan, task_run, result, run)
-            result.model = task_run.trained_model()
-            if config.tracking.log_model:
-                _log_model(config, task_run, run)
-        if ckpt_dir is not None:
-            checkpoint.remove(ckpt_dir)  # the run is complete; a rerun starts afresh
-        return result
-    finally:
-        if ahead is not None:
-            ahead.cancel()  # a run that ended early: its child is ended (after collect: nothing to do)
-        monitor.close()  # the CPU twin's frozen baseline (dpsweep.memory.stages)
+    return _Start(config, device, data, plan, ckpt_dir, found, resume)
+
+
+def _tracked(start: _Start, monitor: memory.MemoryMonitor, ahead: prefetch.Prefetch | None) -> TrainResult:
+    """The task built, then its MLflow run (new or resumed): the first iteration's memory stages, and
+    a probe's end or the whole training; the checkpoint is removed once the run is complete."""
+    config, plan, data, resume, ckpt_dir = start.config, start.plan, start.data, start.resume, start.ckpt_dir
+    task_run = tasks.get(config.task.name).build(tasks.RunInputs(config, plan, data, start.device))
+    tags = run_tags(plan, data, start.device, monitor.backend) | task_run.tags()
+    if start.found.set_aside is not None:  # the run starts afresh; the unreadable file is kept for inspection
+        tags["checkpoint.set_aside"] = str(start.found.set_aside)
+    claim = _claim(config, plan)
+    with (
+        terminate_as_interrupt(),
+        tracked_run(_named(config, plan), tags, resume.run_id if resume else None, claim) as run,
+    ):
+        if resume is None:
+            _log_config(config, plan, data, run)
+        parts = task_run.start(run)
+        if resume is None:
+            run.log_params(task_run.params())
+        result = TrainResult(run.run_id, float("nan"), float("nan"), data.n_train, 0, memory_backend=monitor.backend)
+        state = None
+        if ckpt_dir is not None and resume is not None:
+            state = checkpoint.load(ckpt_dir, plan.config_hash, parts.model, parts.optimizer, parts.engine)
+        # a resumed run's stages were recorded before it was interrupted
+        stages = StageLog(memory.StageRecorder(monitor, active=state is None), run, result)
+        if state is not None:
+            checkpoint.restore_rng(state.rng, parts.generator)
+            result.epochs, result.steps, stages.recorder.run_peak = state.epochs, state.steps, state.run_peak_bytes
+        stages.mark("model_load")
+        if config.train.probe:
+            result.epochs.append(_probe(task_run, stages))
+            return result
+        _train_all(config, plan, task_run, stages, parts, Checkpoints(ckpt_dir, plan.config_hash, state), ahead)
+    if ckpt_dir is not None:
+        checkpoint.remove(ckpt_dir)  # the run is complete; a rerun starts afresh
+    return result
+
+
+def _log_config(config: Config, plan: RunPlan, data: datasets.DataSplits, run: Tracker) -> None:
+    """A new run's params, setting tags, ``config.yaml`` and dataset splits."""
+    run.log_params(run_params(plan))
+    run.set_tags(setting_tags(plan))
+    run.log_text(resolved_yaml(plan), "config.yaml")
+    run.log_dataset_splits(
+        flatten(config.dataset),
+        {"train": data.n_train, "test": len(data.test)},  # type: ignore[arg-type]
+    )
+
+
+def _train_all(
+    config: Config,
+    plan: RunPlan,
+    task_run: tasks.TaskRun,
+    stages: StageLog,
+    parts: tasks.Checkpointed,
+    ckpt: Checkpoints,
+    ahead: prefetch.Prefetch | None,
+) -> None:
+    """A training run after its model is loaded: the DP stages of exactly B, the epochs (with system
+    metrics), the final ε, and the trained model kept in the result and logged."""
+    result, run = stages.result, stages.run
+    if config.dp.enabled and stages.recorder.active:  # stages of exactly B, not of a private Poisson batch
+        task_run.memory_iteration(stages)
+        stages.log_first_iteration()
+    t = config.tracking
+    private = config.dp.enabled  # GPU memory would tell the Poisson batch sizes, as the peak would
+    with system_metrics(run.run_id, t.uri, t.system_metrics_after_s, t.system_metrics_interval_s, private):
+        _epochs(config, task_run, stages, parts, ckpt)
+    if ahead is not None:
+        ahead.collect()
+    _finish_privacy(config, plan, task_run, result, run)
+    result.model = task_run.trained_model()
+    if config.tracking.log_model:
+        _log_model(config, task_run, run)
 
 
 class StageLog:
