@@ -19,15 +19,15 @@ import torch
 from dp_accounting import dp_event, rdp
 from helpers import Composer, runs_of
 from mlflow.tracking import MlflowClient
-from torch import Tensor, nn
+from torch import Tensor
 
 from dpsweep.analysis import report as rep
 from dpsweep.cli.epsilon import run as epsilon_cli
-from dpsweep.config import Config, to_config
+from dpsweep.config import to_config
 from dpsweep.data import users
 from dpsweep.data.facts import DatasetFacts
 from dpsweep.mechanisms import MECHANISMS, Mechanism, Setting
-from dpsweep.mechanisms.functional import FixedOrderBatches, OwnRule, OwnSetup
+from dpsweep.mechanisms.functional import FixedOrderBatches, OwnRule, OwnRun, OwnSetup
 from dpsweep.models.optimizers import build_optimizer
 from dpsweep.plan import prepare
 from dpsweep.privacy import ledger
@@ -41,22 +41,16 @@ DIGITS = DatasetFacts(1437, (1, 28, 28), 10)
 class FullBatchRule(OwnRule):
     """Every unit in one batch per epoch; the noisy clipped sum over N."""
 
-    def setup(
-        self, cfg: Config, model: nn.Module, data: tuple[Tensor, Tensor, Tensor | None], exact: FixedOrderBatches,
-        sigma: float, device: torch.device,
-    ) -> OwnSetup:  # fmt: skip
-        x, y, unit = data
-        whole = FixedOrderBatches(x, y, unit, len(y), 1, cfg.train.seed, device)
-        generator = torch.Generator().manual_seed(cfg.train.seed)
-        return OwnSetup(build_optimizer(cfg.optimizer, model), generator, whole, float(len(y)))
+    def setup(self, run: OwnRun) -> OwnSetup:
+        x, y, unit = run.data
+        whole = FixedOrderBatches(x, y, unit, len(y), 1, run.cfg.train.seed, run.device)
+        generator = torch.Generator().manual_seed(run.cfg.train.seed)
+        return OwnSetup(build_optimizer(run.cfg.optimizer, run.model), generator, whole, float(len(y)))
 
-    def gradient(
-        self, cfg: Config, model: nn.Module, loss_fn: nn.Module, batch: users.UserBatch, sigma: float,
-        expected_units: float,
-    ) -> dict[str, Tensor]:  # fmt: skip
+    def gradient(self, run: OwnRun, batch: users.UserBatch, expected_units: float) -> dict[str, Tensor]:
         x, y, segment = batch
-        n, c = users.segment_count(segment), cfg.dp.max_grad_norm
-        return users.user_level_gradient(model, loss_fn, x, y, segment, n, c, sigma, expected_units)
+        n, c = users.segment_count(segment), run.cfg.dp.max_grad_norm
+        return users.user_level_gradient(run.model, run.loss_fn, x, y, segment, n, c, run.sigma, expected_units)
 
 
 class FullBatchGaussian(Mechanism):

@@ -126,36 +126,35 @@ class OwnSetup:
     expected_units: float
 
 
+@dataclass(frozen=True)
+class OwnRun:
+    """What a rule works with: the run's config, model and loss, its training split as tensors (with
+    each example's unit, or None: each example its own), the fixed order's batches of B units, σ and
+    the device."""
+
+    cfg: Config
+    model: nn.Module
+    loss_fn: nn.Module
+    data: tuple[Tensor, Tensor, Tensor | None]
+    exact: FixedOrderBatches
+    sigma: float
+    device: torch.device
+
+
 class OwnRule(ABC):
     """How a mechanism that noises its own gradients trains: its batches and optimizer, the noised
     gradient of one batch, and what happens after an epoch. Each mechanism that trains so returns
     one from ``own_steps()`` (``dpsweep.mechanisms.base``)."""
 
     @abstractmethod
-    def setup(
-        self,
-        cfg: Config,
-        model: nn.Module,
-        data: tuple[Tensor, Tensor, Tensor | None],
-        exact: FixedOrderBatches,
-        sigma: float,
-        device: torch.device,
-    ) -> OwnSetup:
-        """The optimizer, generator and batches of a run; ``exact`` holds B units per batch in a fixed order."""
+    def setup(self, run: OwnRun) -> OwnSetup:
+        """The optimizer, generator and batches of a run."""
 
     @abstractmethod
-    def gradient(
-        self,
-        cfg: Config,
-        model: nn.Module,
-        loss_fn: nn.Module,
-        batch: users.UserBatch,
-        sigma: float,
-        expected_units: float,
-    ) -> dict[str, Tensor]:
+    def gradient(self, run: OwnRun, batch: users.UserBatch, expected_units: float) -> dict[str, Tensor]:
         """The gradient the optimizer steps with, by parameter name (noised here or by the optimizer)."""
 
-    def end_epoch(self, cfg: Config, optimizer: torch.optim.Optimizer, epoch: int) -> None:
+    def end_epoch(self, run: OwnRun, optimizer: torch.optim.Optimizer, epoch: int) -> None:
         """After epoch ``epoch`` (1-based): nothing, unless the rule says otherwise."""
         return None
 
@@ -164,72 +163,42 @@ class PoissonUnits(OwnRule):
     """User-level DP-SGD (McMahan et al. 2018): users Poisson-sampled at q = 1/ceil(U/B), N(0, σ²C²) on
     the sum of their clipped contributions, over the expected number of users; the configured optimizer."""
 
-    def setup(
-        self,
-        cfg: Config,
-        model: nn.Module,
-        data: tuple[Tensor, Tensor, Tensor | None],
-        exact: FixedOrderBatches,
-        sigma: float,
-        device: torch.device,
-    ) -> OwnSetup:
-        x, y, unit = data
+    def setup(self, run: OwnRun) -> OwnSetup:
+        (x, y, unit), cfg = run.data, run.cfg
         assert unit is not None
-        generator = device_data.device_generator(device, cfg.train.seed)
+        generator = device_data.device_generator(run.device, cfg.train.seed)
         sampled = users.UserBatches(
             x, y, unit, expected_users_per_step=cfg.train.batch_size,
-            max_examples_per_user=cfg.dp.max_examples_per_user, device=device, generator=generator,
+            max_examples_per_user=cfg.dp.max_examples_per_user, device=run.device, generator=generator,
         )  # fmt: skip
-        return OwnSetup(build_optimizer(cfg.optimizer, model), generator, sampled, sampled.expected_users)
+        return OwnSetup(build_optimizer(cfg.optimizer, run.model), generator, sampled, sampled.expected_users)
 
-    def gradient(
-        self,
-        cfg: Config,
-        model: nn.Module,
-        loss_fn: nn.Module,
-        batch: users.UserBatch,
-        sigma: float,
-        expected_units: float,
-    ) -> dict[str, Tensor]:
+    def gradient(self, run: OwnRun, batch: users.UserBatch, expected_units: float) -> dict[str, Tensor]:
         x, y, segment = batch
-        c, n_seg = cfg.dp.max_grad_norm, users.segment_count(segment)
-        return users.user_level_gradient(model, loss_fn, x, y, segment, n_seg, c, sigma, expected_units)
+        c, n_seg = run.cfg.dp.max_grad_norm, users.segment_count(segment)
+        return users.user_level_gradient(run.model, run.loss_fn, x, y, segment, n_seg, c, run.sigma, expected_units)
 
 
 class TreeAggregation(OwnRule):
     """DP-FTRL: the fixed order's batches; the clipped sum over B goes to the FTRL optimizer, whose tree
     adds σC/B per node; the tree restarts after every ``dp.ftrl_restart_every`` epochs."""
 
-    def setup(
-        self,
-        cfg: Config,
-        model: nn.Module,
-        data: tuple[Tensor, Tensor, Tensor | None],
-        exact: FixedOrderBatches,
-        sigma: float,
-        device: torch.device,
-    ) -> OwnSetup:
+    def setup(self, run: OwnRun) -> OwnSetup:
+        cfg = run.cfg
         generator = torch.Generator().manual_seed(cfg.train.seed)  # the order is fixed: nothing to draw
-        return OwnSetup(ftrl_optimizer(cfg, model, sigma, device), generator, exact, float(cfg.train.batch_size))
+        optimizer = ftrl_optimizer(cfg, run.model, run.sigma, run.device)
+        return OwnSetup(optimizer, generator, run.exact, float(cfg.train.batch_size))
 
-    def gradient(
-        self,
-        cfg: Config,
-        model: nn.Module,
-        loss_fn: nn.Module,
-        batch: users.UserBatch,
-        sigma: float,
-        expected_units: float,
-    ) -> dict[str, Tensor]:
+    def gradient(self, run: OwnRun, batch: users.UserBatch, expected_units: float) -> dict[str, Tensor]:
         x, y, segment = batch
         if not len(y):
-            return {k: torch.zeros_like(p) for k, p in model.named_parameters() if p.requires_grad}
-        parts = users.user_contributions(
-            model, loss_fn, x, y, segment, users.segment_count(segment), cfg.dp.max_grad_norm
-        )
+            return {k: torch.zeros_like(p) for k, p in run.model.named_parameters() if p.requires_grad}
+        n_seg, c = users.segment_count(segment), run.cfg.dp.max_grad_norm
+        parts = users.user_contributions(run.model, run.loss_fn, x, y, segment, n_seg, c)
         return {k: g.sum(dim=0) / expected_units for k, g in parts.items()}
 
-    def end_epoch(self, cfg: Config, optimizer: torch.optim.Optimizer, epoch: int) -> None:
+    def end_epoch(self, run: OwnRun, optimizer: torch.optim.Optimizer, epoch: int) -> None:
+        cfg = run.cfg
         restart = ftrl_accounting.restart_after_epoch(epoch, cfg.train.epochs, cfg.dp.ftrl_restart_every)
         if isinstance(optimizer, ftrl.FTRLOptimizer) and restart:
             optimizer.restart()
@@ -238,23 +207,21 @@ class TreeAggregation(OwnRule):
 class OwnSteps:
     """One DP step of a unit batch: the rule's noised gradient, then the optimizer's step."""
 
-    def __init__(
-        self, cfg: Config, model: nn.Module, loss_fn: nn.Module, optimizer: torch.optim.Optimizer, rule: OwnRule
-    ) -> None:
-        self.cfg, self.model, self.loss_fn, self.optimizer, self.rule = cfg, model, loss_fn, optimizer, rule
+    def __init__(self, run: OwnRun, optimizer: torch.optim.Optimizer, rule: OwnRule) -> None:
+        self.run, self.optimizer, self.rule = run, optimizer, rule
         self.optimizer.param_groups[0].setdefault(STEPS_KEY, 0)
 
     @property
     def steps(self) -> int:
         return int(self.optimizer.param_groups[0][STEPS_KEY])
 
-    def step(self, batch: users.UserBatch, expected_units: float, sigma: float, stages: Any) -> None:
+    def step(self, batch: users.UserBatch, expected_units: float, stages: Any) -> None:
         """One step. The loss is not computed (a forward pass more per step): with DP the training
         loss is an un-noised statistic that no run releases anyway."""
         stages.mark("batch_load")
         self.optimizer.zero_grad(set_to_none=True)
-        params = {k: p for k, p in self.model.named_parameters() if p.requires_grad}
-        grads = self.rule.gradient(self.cfg, self.model, self.loss_fn, batch, sigma, expected_units)
+        params = {k: p for k, p in self.run.model.named_parameters() if p.requires_grad}
+        grads = self.rule.gradient(self.run, batch, expected_units)
         stages.mark("backward")
         for name, p in params.items():
             p.grad = grads[name].detach()
@@ -263,7 +230,7 @@ class OwnSteps:
         stages.mark("optimizer_step")
 
     def end_epoch(self, epoch: int) -> None:
-        self.rule.end_epoch(self.cfg, self.optimizer, epoch)
+        self.rule.end_epoch(self.run, self.optimizer, epoch)
 
 
 def ftrl_optimizer(cfg: Config, model: nn.Module, sigma: float, device: torch.device) -> ftrl.FTRLOptimizer:

@@ -138,11 +138,12 @@ class ClassifierRun:
         m = cfg.dp.max_examples_per_user if unit is not None else 1
         self.exact = func_dp.FixedOrderBatches(x, y, unit, cfg.train.batch_size, m, cfg.train.seed, device)
         rule = func_dp.rule_of(cfg)
-        own = rule.setup(cfg, self.model, (x, y, unit), self.exact, sigma, device)
+        run = func_dp.OwnRun(cfg, self.model, self.criterion, (x, y, unit), self.exact, sigma, device)
+        own = rule.setup(run)
         self.optimizer, self.generator = own.optimizer, own.generator
         self.unit_batches: Iterable[users.UserBatch] = own.batches
         self.expected_units = own.expected_units
-        self.own, self.sigma = func_dp.OwnSteps(cfg, self.model, self.criterion, self.optimizer, rule), sigma
+        self.own = func_dp.OwnSteps(run, self.optimizer, rule)
         self.max_grad_norm = cfg.dp.max_grad_norm
         return Checkpointed(self.model, self.optimizer, None, self.generator)
 
@@ -151,7 +152,7 @@ class ClassifierRun:
         assert self.own is not None
         self.model.train()
         for batch in self.unit_batches:
-            self.own.step(batch, self.expected_units, self.sigma, stages)
+            self.own.step(batch, self.expected_units, stages)
             stages.stepped()
         self.own.end_epoch(epoch)
         return {}
@@ -159,7 +160,7 @@ class ClassifierRun:
     def _own_exact_step(self, stages: Marks) -> None:
         """One DP step on exactly B units, the fixed order's first batch (memory stages, probes)."""
         assert self.own is not None
-        self.own.step(next(iter(self.exact)), self.expected_units, self.sigma, stages)
+        self.own.step(next(iter(self.exact)), self.expected_units, stages)
 
     def _private_clipping_norm(self) -> float:
         """C for dp.clipping=quantile (``dpsweep.privacy.clipping``): per-example gradient norms at initialisation
