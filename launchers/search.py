@@ -74,7 +74,7 @@ class Objective:
         return tuple(task_objective if m == OBJECTIVE else m for m in self.metrics)
 
 
-OBJECTIVE = "objective"  # stands for the task's objective: test_accuracy (classifier), tstr_accuracy (gan)
+OBJECTIVE = "objective"  # stands for the task's objective (TaskConfig.objective), e.g. test_accuracy
 OBJECTIVES: Registry[Objective] = Registry("objective")
 OBJECTIVES.register("accuracy")(
     Objective(("maximize",), (OBJECTIVE,), description="maximise the task's accuracy (test_accuracy, tstr_accuracy)")

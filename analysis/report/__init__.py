@@ -16,7 +16,7 @@ from dpsweep.analysis.report.table import SORT_KEYS, pareto_front, shows_privacy
 if TYPE_CHECKING:  # the plots import matplotlib: loaded on first use of one of their names (__getattr__)
     from dpsweep.analysis.report.figures import FigureStyle
     from dpsweep.analysis.report.plots import curves_figure, pareto_figure, plot_pareto, plot_report, run_labels
-    from dpsweep.analysis.report.samples import final_sample_grid, plot_gan_samples, sample_rows
+    from dpsweep.analysis.report.samples import final_sample_grid, plot_samples, plot_task_samples, sample_rows
 
 _PLOT_MODULES = {
     "FigureStyle": "figures",
@@ -26,7 +26,8 @@ _PLOT_MODULES = {
     "plot_report": "plots",
     "run_labels": "plots",
     "final_sample_grid": "samples",
-    "plot_gan_samples": "samples",
+    "plot_samples": "samples",
+    "plot_task_samples": "samples",
     "sample_rows": "samples",
 }
 
@@ -48,9 +49,10 @@ __all__ = [
     "metric_histories",
     "pareto_figure",
     "pareto_front",
-    "plot_gan_samples",
     "plot_pareto",
     "plot_report",
+    "plot_samples",
+    "plot_task_samples",
     "reference_accuracies",
     "render",
     "report_runs",

@@ -17,8 +17,8 @@ From Python, e.g. in a notebook::
 
 What a row is, and what its columns mean: :mod:`dpsweep.analysis.report.table`. A sweep without a
 non-private run of a dataset and model borrows the experiment's (:func:`build_report`), and a note
-says so. The notes under the table (:meth:`Report.notes`) add, per block of GAN rows, the same
-classifier trained on real data and the rows' memorisation share, and once a private row is not
+says so. The notes under the table (:meth:`Report.notes`) add what each task's schema asks for (a
+reference score per block, a share averaged per row), and once a private row is not
 DP-SGD over examples, what each mechanism is and whom each unit's ε protects
 (:mod:`dpsweep.analysis.report.notes`).
 """
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from dpsweep.analysis.report.cells import runs_text
-from dpsweep.analysis.report.columns import OBJECTIVE_NOTES, OUTCOME_ORDER, ReportError, lookup, run_pairs
+from dpsweep.analysis.report.columns import OUTCOME_ORDER, ReportError, lookup, objective_notes, run_pairs
 from dpsweep.analysis.report.notes import check, privacy_kind_notes, score_note, task_notes
 from dpsweep.analysis.report.query import outcome_counts, parent_run_id, report_runs, search_runs
 from dpsweep.analysis.report.table import SORT_KEYS, score_metrics, summary_table
@@ -69,7 +69,8 @@ class Report:
             "seeds, in %. Drop: non-private baseline minus row, in percentage points.",
         ]
         lines += privacy_kind_notes(self.table, self.table_runs)
-        lines += [OBJECTIVE_NOTES[m] + "." for m in score_metrics(self.table) if m in OBJECTIVE_NOTES]
+        explained = objective_notes()
+        lines += [explained[m] + "." for m in score_metrics(self.table) if m in explained]
         lines += task_notes(self.table, self.table_runs)
         return lines + [f"warning: {w}" for w in self.warnings]
 

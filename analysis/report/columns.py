@@ -2,10 +2,9 @@
 their objectives, mechanisms and privacy units, and the accessors that read one column of a run frame.
 
 Tasks: a run's accuracy is its task's objective metric (``TaskConfig.objective`` in dpsweep.config;
-runs without a ``task.name`` are classifier runs): ``test_accuracy``, or for ``task=gan`` the TSTR
-accuracy ``tstr_accuracy``. A GAN row's ``model`` is ``gan`` (its model.name is the TSTR
-classifier: :func:`run_models`), so GAN rows are a block of their own with the non-private GAN as
-baseline.
+runs without a ``task.name`` are classifier runs). A row of a task whose model group is only an
+evaluation model shows the task's name as its ``model`` (:func:`run_models`), so its rows are a
+block of their own with the task's non-private row as baseline.
 
 Mechanisms and privacy units (``dp.mechanism``, ``dp.unit``): each private row has a ``mechanism`` (a
 name of the registry ``dpsweep.mechanisms``, whose label and note the report shows) and a ``unit``
@@ -21,7 +20,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
-from dpsweep.config import ClassifierTaskConfig, DPConfig, GanTaskConfig, TaskConfig, shown_model
+from dpsweep.config import ClassifierTaskConfig, DPConfig, TaskConfig, shown_model
 from dpsweep.errors import InputError
 from dpsweep.registry import Registry
 
@@ -52,22 +51,13 @@ DECIDED_PARAMS = ("dp.max_grad_norm_chosen",)
 # Params that say which kind of run it is rather than how it was tuned; never a swept axis.
 ROW_KIND_PARAMS = ("dataset.name", "model.name", "dp.enabled", "task.name")
 
-# Tasks (dpsweep.config.TaskConfig): a run's score is its task's objective metric. Runs from before
-# tasks existed log no task.name: they are classifier runs. Rows of another task than the classifier
-# show the task as their model (a GAN run's model.name is its TSTR classifier's), so each task's rows
-# form blocks of their own, with their own non-private baseline.
+# Tasks (dpsweep.config.TaskConfig): a run's score is its task's objective metric, and what a report says
+# of a task's rows (the objective's name and note, sample grids, a reference score, a share averaged
+# per row) is its schema's: this package names no task. Runs from before tasks existed log no
+# task.name: they are classifier runs. A task whose model group is only an evaluation model shows the
+# task's name as the row's model, so each task's rows form blocks of their own, with their own
+# non-private baseline.
 DEFAULT_TASK: str = ClassifierTaskConfig.name
-OBJECTIVE_NAMES: dict[str, str] = {  # objective metric -> what a table header and an axis call it
-    ClassifierTaskConfig.objective: "test accuracy",
-    GanTaskConfig.objective: "TSTR accuracy",
-}
-OBJECTIVE_NOTES: dict[str, str] = {  # objective metric -> what it measures, for the notes under a table
-    GanTaskConfig.objective: "TSTR (train on synthetic, test on real) accuracy: the model group's classifier "
-    "(model.name) trained on each run's synthetic data, tested on the real test split",
-}
-SAMPLING_TASKS = (GanTaskConfig.name,)  # tasks whose runs log sample grids (samples/epoch_NNN.png)
-REFERENCE_METRIC = "real_accuracy"  # a non-private GAN run's TSTR classifier trained on real data
-MEMORISATION_METRICS = ("memorisation_share", "memorisation_baseline")  # mean per row in the table
 
 # How a private row noised its gradients and whom its ε protects (issue 17): table column -> the
 # param (also a tag, set at the end of a DP run) it shows. Runs from before these keys log neither:
@@ -173,9 +163,25 @@ def task_objectives() -> dict[str, str]:
     return {name: cls.objective for name, cls in task_schemas().items()}
 
 
+def objective_notes() -> dict[str, str]:
+    """Objective metric -> what it measures, for the notes under a table (tasks that say)."""
+    return {cls.objective: cls.objective_note for cls in task_schemas().values() if cls.objective_note}
+
+
+def sampling_tasks() -> list[str]:
+    """The tasks whose runs log sample grids (samples/epoch_NNN.png)."""
+    return [name for name, cls in task_schemas().items() if cls.logs_samples]
+
+
+def row_shares() -> list[str]:
+    """The per-run shares (and their baselines) that tasks average per row, in the table's order."""
+    return list(dict.fromkeys(m for cls in task_schemas().values() for m in cls.row_share if m))
+
+
 def objective_name(metric: str) -> str:
     """``test accuracy``, ``TSTR accuracy``: a metric as a header or an axis names it."""
-    return OBJECTIVE_NAMES.get(metric, metric.replace("_", " "))
+    labels = {cls.objective: cls.objective_label for cls in task_schemas().values() if cls.objective_label}
+    return labels.get(metric, metric.replace("_", " "))
 
 
 def run_tasks(runs: pd.DataFrame) -> pd.Series:

@@ -3,8 +3,8 @@ mechanisms and privacy units are.
 
 :func:`check` gives the warnings (mixed accountants or δ, missing metrics, duplicate runs, runs not
 for release, the privacy cost of picking the best row, missing or mismatched baselines). The other
-notes explain: :func:`score_note` the accuracy columns, :func:`task_notes` a GAN block's real-data
-reference (:func:`reference_accuracies`) and memorisation share, :func:`privacy_kind_notes` each
+notes explain: :func:`score_note` the accuracy columns, :func:`task_notes` what a task's schema asks
+for (a reference score, :func:`reference_accuracies`, and a share averaged per row), :func:`privacy_kind_notes` each
 mechanism and whom each unit's ε protects, once the table shows them.
 """
 
@@ -14,10 +14,8 @@ import pandas as pd
 
 from dpsweep.analysis.report.cells import PERCENT, param_text, percent_text, runs_text, sort_key
 from dpsweep.analysis.report.columns import (
-    MEMORISATION_METRICS,
     MISSING,
     NEIGHBOUR_NOTES,
-    REFERENCE_METRIC,
     column,
     mechanism_label,
     mechanism_neighbours,
@@ -28,7 +26,9 @@ from dpsweep.analysis.report.columns import (
     row_tasks,
     row_units,
     run_pairs,
+    run_tasks,
     task_objectives,
+    task_schemas,
 )
 from dpsweep.analysis.report.table import (
     baseline_key,
@@ -210,18 +210,30 @@ def score_note(table: pd.DataFrame) -> str:
 
 
 def reference_accuracies(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per dataset and model (``digits/gan``): the FINISHED non-private runs that logged
-    ``real_accuracy`` (a GAN run's TSTR classifier trained on the real training split instead, the
-    reference for its TSTR accuracy), pooled: columns dataset, model, classifier (model.name),
-    real_accuracy_mean, real_accuracy_std (sample std; NaN for one run), runs, and ``differing``:
-    the classifier's settings (model.*, dataset.*, task.tstr_*) that differ among them, if any."""
-    columns = ["dataset", "model", "classifier", "real_accuracy_mean", "real_accuracy_std", "runs", "differing"]
-    done = runs[(runs["outcome"] == "finished") & ~runs["private"]]
-    real = column(done, f"metrics.{REFERENCE_METRIC}").astype(float)
+    """Per dataset and model (``<dataset>/<model>``): the FINISHED non-private runs that logged their
+    task's reference score (``TaskConfig.reference_metric``: for a task scored through an evaluation
+    model, that model trained on the real training split instead), pooled: columns dataset, model,
+    classifier (model.name), metric, the metric's mean and std (``<metric>_mean``, ``<metric>_std``;
+    sample std, NaN for one run), runs, note (the task's ``reference_note``) and ``differing``: the
+    settings behind the reference (``reference_recipe``) that differ among them, if any."""
+    frames = [
+        _reference(runs, name, cls.reference_metric, cls.reference_recipe, cls.reference_note)
+        for name, cls in sorted(task_schemas().items())
+        if cls.reference_metric
+    ]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _reference(runs: pd.DataFrame, task: str, metric: str, recipe_keys: tuple[str, ...], note: str) -> pd.DataFrame:
+    """:func:`reference_accuracies` for one task's runs."""
+    columns = ["dataset", "model", "classifier", "metric", f"{metric}_mean", f"{metric}_std", "runs", "differing",
+               "note"]  # fmt: skip
+    done = runs[(runs["outcome"] == "finished") & ~runs["private"] & (run_tasks(runs) == task)]
+    real = column(done, f"metrics.{metric}").astype(float)
     done = done[real.notna()]
     rows = []
     pairs = pd.Series(run_pairs(done), index=done.index, dtype=object)
-    recipe = [c for c in done.columns if c.startswith(("params.model.", "params.dataset.", "params.task.tstr_"))]
+    recipe = [c for c in done.columns if c.startswith(tuple(f"params.{k}" for k in recipe_keys))]
     recipe = [c for c in recipe if c != "params.dataset.name"]
     for (dataset, model), block in done.groupby(pairs, sort=True):
         values = real[block.index]
@@ -231,32 +243,37 @@ def reference_accuracies(runs: pd.DataFrame) -> pd.DataFrame:
             if block[c].astype(object).fillna(MISSING).nunique() > 1
         ]
         classifier = ", ".join(sorted({str(v) for v in param_or_tag(block, "model.name").dropna()}))
-        rows.append((dataset, model, classifier, values.mean(), values.std(ddof=1), len(block), "; ".join(differing)))
+        rows.append((dataset, model, classifier, metric, values.mean(), values.std(ddof=1), len(block),
+                     "; ".join(differing), note))  # fmt: skip
     return pd.DataFrame(rows, columns=columns)
 
 
 def task_notes(table: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
-    """Notes on rows of tasks other than the classifier: the real-data reference of each block with
-    one (reference_accuracies), and the rows' mean memorisation share against its baseline."""
+    """Notes a task's schema asks for: the reference score of each block with one
+    (:func:`reference_accuracies`), and a per-run share averaged per row against its baseline."""
     notes = []
     for _, ref in reference_accuracies(runs).iterrows():
         pooled = f"; pooled over differing {ref['differing']}" if ref["differing"] else ""
-        n = int(ref["runs"])
-        notes.append(
-            f"{ref['dataset']}/{ref['model']}: the same classifier ({ref['classifier']}) trained on real data "
-            f"instead: {percent_text(ref['real_accuracy_mean'], ref['real_accuracy_std'])} test accuracy "
-            f"({n} non-private run{'' if n == 1 else 's'}{pooled})"
-        )
-    share, baseline = MEMORISATION_METRICS
+        n, metric = int(ref["runs"]), ref["metric"]
+        score = percent_text(ref[f"{metric}_mean"], ref[f"{metric}_std"])
+        what = ref["note"].format(classifier=ref["classifier"], score=score)
+        notes.append(f"{ref['dataset']}/{ref['model']}: {what} ({n} non-private run{'' if n == 1 else 's'}{pooled})")
+    for cls in task_schemas().values():
+        share, baseline = cls.row_share
+        if share:
+            notes += _share_notes(table, share, baseline, cls.row_share_note)
+    return notes
+
+
+def _share_notes(table: pd.DataFrame, share: str, baseline: str, note: str) -> list[str]:
+    """Per dataset and model: a share's mean per row against its baseline (``row_share_note``)."""
     logged = table[table[share].notna()] if share in table else table.iloc[:0]
     names = privacy_names(table) if not logged.empty else pd.Series(dtype=str)
+    notes = []
     for (dataset, model), block in logged.groupby(["dataset", "model"], sort=True):
         rows = ", ".join(f"{names.get(r['config_id'])} {r[share] * PERCENT:.1f}%" for _, r in block.iterrows())
-        notes.append(
-            f"{dataset}/{model}: memorisation share (synthetic samples nearer a training image than any test "
-            f"image; {block[baseline].mean() * PERCENT:.1f}% if independent of the training set), mean per row: "
-            f"{rows}"
-        )
+        base = f"{block[baseline].mean() * PERCENT:.1f}%"
+        notes.append(f"{dataset}/{model}: " + note.format(baseline=base, rows=rows))
     return notes
 
 

@@ -11,7 +11,7 @@ Files, one panel per dataset and model:
 
 - ``pareto.png``: test accuracy (%) against ε, each config with its seed-to-seed std; the Pareto
   front highlighted; the non-private baseline as a horizontal line. The accuracy is each row's
-  score, its task's objective: a GAN block's axes say TSTR accuracy. Once a private row is not
+  score, its task's objective: each block's axes name its task's objective. Once a private row is not
   DP-SGD over examples (``report.shows_privacy_kinds``), the configs are coloured by mechanism
   (DP-SGD blue, DP-FTRL orange) and user-level rows (ε per user) drawn as squares, each with a
   legend entry, and the Pareto front is one per privacy unit (``report.pareto_front``).
@@ -23,8 +23,9 @@ Files, one panel per dataset and model:
 - ``memory.png``: memory (MiB) after each stage of the first training iteration, its peak and
   the run's peak, per config (configs with equal figures drawn once, labelled with what they
   share), titled with the measuring backend.
-- ``gan_samples.png``, when the report has GAN rows: one tile per GAN config, the final sample
-  grid of its first run with one, a row per class, titled with its ε (:mod:`dpsweep.analysis.report.samples`).
+- ``<task>_samples.png``, for each task of the report whose runs log sample grids: one tile per
+  config, the final sample grid of its first run with one, a row per class, titled with its ε
+  (:mod:`dpsweep.analysis.report.samples`).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ from dpsweep.analysis.report.figures import (
     save,
 )
 from dpsweep.analysis.report.memory import memory_groups, memory_table
-from dpsweep.analysis.report.samples import plot_gan_samples
+from dpsweep.analysis.report.samples import plot_samples
 from dpsweep.analysis.report.table import (
     config_labels,
     key_applies,
@@ -297,11 +298,11 @@ def curves_figure(histories: pd.DataFrame, labels: dict[str, str]) -> Figure:
     """Test accuracy against epoch (top) and ε against epoch (below, same epochs), one line per run,
     labelled by ``labels`` (what differs between the runs); runs with identical ε curves (same σ, q
     and steps give the same ε) share one ε line, labelled with all of them. The accuracy is each
-    run's task objective found in ``histories`` (test_accuracy; a GAN's tstr_accuracy, one point)."""
+    run's task objective found in ``histories`` (one point for a task that scores only at the end)."""
     fig, (ax, below) = plt.subplots(2, 1, figsize=(7, 6.5), dpi=100, sharex=True, height_ratios=(3, 2))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     eps_lines: dict[tuple[tuple[float, float], ...], list[tuple[str, str]]] = {}
-    objectives = set(task_objectives().values())  # a run logs its own task's (a GAN's once, at the end)
+    objectives = set(task_objectives().values())  # a run logs its own task's
     scores = sorted(objectives & set(histories["metric"])) or ["test_accuracy"]
     score = objective_name(scores[0]) if len(scores) == 1 else "accuracy"
     for i, (run_id, run) in enumerate(histories.groupby("run_id", sort=False)):
@@ -395,7 +396,7 @@ def plot_report(
     report: Report, out_dir: Path, histories: pd.DataFrame, style: FigureStyle = DEFAULT_STYLE
 ) -> list[Path]:
     """Every plot of the report into ``out_dir``; returns their paths (pareto, sweeps, curves, memory,
-    and gan_samples when the report has GAN rows)."""
+    and ``<task>_samples.png`` for each task of the report whose runs log sample grids)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     table = report.table
     paths = [plot_pareto(table, out_dir / "pareto.png", style), *plot_sweeps(table, out_dir, style)]
@@ -403,5 +404,4 @@ def plot_report(
     paths.append(plot_curves(histories, run_labels(report, ids), out_dir / "curves.png", style))
     memory = memory_table(report.table_runs)
     paths.append(plot_memory(memory_groups(memory, table), out_dir / "memory.png", style))
-    samples = plot_gan_samples(report, out_dir / "gan_samples.png", style)
-    return paths if samples is None else [*paths, samples]
+    return [*paths, *plot_samples(report, out_dir, style)]

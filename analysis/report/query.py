@@ -164,7 +164,7 @@ def outcome_counts(runs: pd.DataFrame) -> dict[str, int]:
 
 
 def best_runs(runs: pd.DataFrame, n: int = 3, private: bool | None = True) -> list[str]:
-    """The ``n`` FINISHED runs with the highest final score (test accuracy; a GAN's TSTR accuracy):
+    """The ``n`` FINISHED runs with the highest final score (its task's objective, e.g. test accuracy):
     private ones (``private=True``), non-private ones (False) or any (None)."""
     done = runs[runs["outcome"] == "finished"]
     if private is not None:
@@ -175,7 +175,7 @@ def best_runs(runs: pd.DataFrame, n: int = 3, private: bool | None = True) -> li
 
 def history_metrics(runs: pd.DataFrame, run_ids: Sequence[str]) -> list[str]:
     """The metrics curves.png reads for ``run_ids`` (runs of report_runs): their tasks' objectives
-    (test_accuracy, a GAN's tstr_accuracy), then epsilon."""
+    (its task's objective), then epsilon."""
     chosen = runs[runs["run_id"].isin(run_ids)]
     return [*sorted(set(chosen["objective"].dropna())), "epsilon"]
 

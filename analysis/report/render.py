@@ -23,11 +23,11 @@ from dpsweep.analysis.report.build import Report
 from dpsweep.analysis.report.cells import PERCENT, epsilon_text, number_text, param_text
 from dpsweep.analysis.report.columns import (
     DEFAULT_TASK,
-    MEMORISATION_METRICS,
     PRIVACY_KIND_DEFAULTS,
     PRIVACY_KINDS,
     SETTING_COLUMNS,
     lookup,
+    row_shares,
     row_tasks,
 )
 from dpsweep.analysis.report.table import extra_columns, row_applies, score_name, shows_privacy_kinds
@@ -166,7 +166,7 @@ def to_csv(report: Report) -> str:
     privacy = list(PRIVACY_KINDS) if shows_privacy_kinds(table) else []
     names = ["config_id", *kinds, *SETTING_COLUMNS, *privacy, "private", *extras, "epsilon", "test_accuracy_mean"]
     names += ["test_accuracy_std", "accuracy_drop", "runs", "runs_without_accuracy", "run_ids"]
-    names += [m for m in MEMORISATION_METRICS if m in table and table[m].notna().any()]
+    names += [m for m in row_shares() if m in table and table[m].notna().any()]
     out = table[names].rename(columns={e: e.removeprefix("params.") for e in extras})
     out = out.assign(run_ids=out["run_ids"].map(" ".join))
     return str(out.to_csv(index=False, lineterminator="\n"))

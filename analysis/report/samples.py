@@ -1,9 +1,10 @@
-"""``gan_samples.png``: the final sample grid of each GAN row of a report, read from its runs' MLflow artifacts.
+"""``<task>_samples.png``: the final sample grid of each row of a task whose runs log sample grids
+(``TaskConfig.logs_samples``), read from its runs' MLflow artifacts.
 
     dpsweep-report --experiment dpgan_digits --out report/   # the table + gan_samples.png beside the other plots
 
-One tile per GAN config, the final sample grid (``samples/epoch_NNN.png`` of the highest epoch) of
-its first run with one, a row per class, titled with its ε; ordered by ε, the non-private rows last.
+One tile per config, the final sample grid (``samples/epoch_NNN.png`` of the highest epoch) of its
+first run with one, a row per class, titled with its ε; ordered by ε, the non-private rows last.
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from dpsweep.analysis.report.build import Report
-from dpsweep.analysis.report.columns import SAMPLING_TASKS, row_tasks
+from dpsweep.analysis.report.columns import row_tasks, sampling_tasks
 from dpsweep.analysis.report.figures import DEFAULT_STYLE, FigureStyle, save
 from dpsweep.analysis.report.table import privacy_names
 
-SAMPLE_DIR = "samples"  # a GAN run's sample grids: samples/epoch_NNN.png (dpsweep.tasks.gan.task)
+SAMPLE_DIR = "samples"  # a run's sample grids: samples/epoch_NNN.png
 SAMPLE_GRID = re.compile(r"epoch_(\d+)\.png$")
-SAMPLE_COLUMNS = 4  # tiles per row of gan_samples.png
+SAMPLE_COLUMNS = 4  # tiles per row of a samples figure
 
 
 @contextmanager
@@ -64,20 +65,29 @@ def final_sample_grid(client: MlflowClient, run_id: str, dst: Path) -> tuple[int
     return epoch, Path(client.download_artifacts(run_id, grids[epoch], str(dst)))
 
 
-def sample_rows(table: pd.DataFrame) -> pd.DataFrame:
-    """The rows of tasks that log sample grids (GAN rows), in the figure's order: per dataset and
-    model, by ε (least first), the non-private rows last."""
-    rows = table[row_tasks(table).isin(SAMPLING_TASKS)]
+def sample_rows(table: pd.DataFrame, task: str) -> pd.DataFrame:
+    """The rows of ``task``, in the figure's order: per dataset and model, by ε (least first), the
+    non-private rows last."""
+    rows = table[row_tasks(table) == task]
     order = rows.assign(_public=~rows["private"].astype(bool))
     by = ["dataset", "model", "_public", "epsilon", "config_id"]
     return order.sort_values(by, na_position="last", kind="mergesort").drop(columns="_public")
 
 
-def plot_gan_samples(report: Report, path: Path, style: FigureStyle = DEFAULT_STYLE) -> Path | None:
-    """One tile per GAN row (:func:`sample_rows`): the final sample grid of its first run that logged
-    one (a row per class), titled with the row's ε or ``non-private`` and the grid's epoch. None
-    (no file) when the report has no GAN rows."""
-    rows = sample_rows(report.table)
+def plot_samples(report: Report, out_dir: Path, style: FigureStyle = DEFAULT_STYLE) -> list[Path]:
+    """``<task>_samples.png`` in ``out_dir`` for each task of the report whose runs log sample grids."""
+    present = set(row_tasks(report.table))
+    found = [
+        plot_task_samples(report, t, out_dir / f"{t}_samples.png", style) for t in sampling_tasks() if t in present
+    ]
+    return [p for p in found if p is not None]
+
+
+def plot_task_samples(report: Report, task: str, path: Path, style: FigureStyle = DEFAULT_STYLE) -> Path | None:
+    """One tile per row of ``task`` (:func:`sample_rows`): the final sample grid of its first run that
+    logged one (a row per class), titled with the row's ε or ``non-private`` and the grid's epoch.
+    None (no file) when the report has no row of that task."""
+    rows = sample_rows(report.table, task)
     if rows.empty:
         return None
     names = privacy_names(report.table)
@@ -112,5 +122,5 @@ def plot_gan_samples(report: Report, path: Path, style: FigureStyle = DEFAULT_ST
                 image, cmap="gray", vmin=0.0, vmax=1.0 if image.dtype.kind == "f" else 255, interpolation="nearest"
             )
             ax.set_title(f"{title}\nepoch {epoch}", fontsize=9)
-    fig.suptitle("GAN samples after the final epoch (a row per class)", fontsize=10)
+    fig.suptitle(f"{task} samples after the final epoch (a row per class)", fontsize=10)
     return save(fig, path, style)

@@ -32,7 +32,6 @@ from dpsweep.analysis.report.columns import (
     HYPERPARAMETERS,
     INTEGER_COLUMNS,
     KIND_OF_PARAM,
-    MEMORISATION_METRICS,
     MISSING,
     PRIVACY_KIND_DEFAULTS,
     PRIVACY_KINDS,
@@ -44,6 +43,7 @@ from dpsweep.analysis.report.columns import (
     lookup,
     objective_name,
     param_or_tag,
+    row_shares,
     row_tasks,
     row_units,
     run_models,
@@ -72,11 +72,11 @@ def summary_table(runs: pd.DataFrame, sort: str = "accuracy") -> pd.DataFrame:
     Columns: config_id, dataset, model, task, private, batch_size, noise_multiplier, max_grad_norm,
     lr, epochs, delta, accountant, mechanism, unit (privacy_kinds: None for a non-private row),
     epsilon, test_accuracy_mean, test_accuracy_std, accuracy_drop, runs (FINISHED runs pooled),
-    runs_without_accuracy, baseline_config_id, run_ids, memorisation_share, memorisation_baseline,
+    runs_without_accuracy, baseline_config_id, run_ids, the tasks' shares (:func:`columns.row_shares`),
     and ``params.<key>`` for every hyperparameter (the raw strings). The accuracy columns are of
-    each run's score, its task's objective metric (test_accuracy; a GAN's tstr_accuracy); the
-    ``model`` of a row of another task than the classifier is the task (``gan``). The memorisation
-    columns are means over the row's runs (GAN runs; NaN for others). Rows are in blocks per
+    each run's score, its task's objective metric; the ``model`` of a row of a task whose model
+    group is only an evaluation model is the task's name. A task's per-run shares
+    (``TaskConfig.row_share``) are means over the row's runs (NaN for other tasks' rows). Rows are in blocks per
     dataset and model, the non-private baseline first, then by ``sort`` (a SORT_KEYS name); NaN last.
     """
     order = lookup(SORT_KEYS, sort, "sort")
@@ -86,7 +86,7 @@ def summary_table(runs: pd.DataFrame, sort: str = "accuracy") -> pd.DataFrame:
     table[["accuracy_drop", "baseline_config_id"]] = _baselines(table, keys)
     head = ["config_id", "dataset", "model", "task", *SETTING_COLUMNS, *PRIVACY_KINDS, "private", "epsilon"]
     head += ["test_accuracy_mean", "test_accuracy_std"]
-    tail = ["accuracy_drop", "runs", "runs_without_accuracy", "baseline_config_id", "run_ids", *MEMORISATION_METRICS]
+    tail = ["accuracy_drop", "runs", "runs_without_accuracy", "baseline_config_id", "run_ids", *row_shares()]
     table = table[head + tail + [f"params.{k}" for k in keys]]
     return _sorted(table, order)
 
@@ -102,7 +102,7 @@ def _pooled(done: pd.DataFrame) -> pd.DataFrame:
             "accuracy": accuracy,
             "epsilon": column(done, "metrics.epsilon"),
             "missing": accuracy.isna(),
-            **{name: column(done, f"metrics.{name}").astype(float) for name in MEMORISATION_METRICS},
+            **{name: column(done, f"metrics.{name}").astype(float) for name in row_shares()},
         }
     )
     grouped = work.groupby("config_id", sort=False)
@@ -114,7 +114,7 @@ def _pooled(done: pd.DataFrame) -> pd.DataFrame:
             "runs": grouped.size(),
             "runs_without_accuracy": grouped["missing"].sum().astype(int),
             "run_ids": grouped["run_id"].agg(tuple),
-            **{name: grouped[name].mean() for name in MEMORISATION_METRICS},
+            **{name: grouped[name].mean() for name in row_shares()},
         }
     )
 
@@ -227,7 +227,7 @@ def swept_params(table: pd.DataFrame) -> list[str]:
     """Hyperparameters (MLflow param keys) that take more than one value among the table's rows,
     besides the dataset, the model, the task and DP on/off. Non-DP keys count over every row, dp.*
     keys over the private rows (the baseline has none), the users' assignment (dataset.users, ...)
-    over the user-level rows (key_applies), the keys of a task's section (gan.*) over the rows that
+    over the user-level rows (key_applies), a task's own settings (task.*) over the rows that
     have them (other tasks' rows have none). A private run without dp.mechanism or dp.unit (from
     before them) counts as their default (dpsgd, example)."""
     out = []
@@ -244,7 +244,7 @@ def swept_params(table: pd.DataFrame) -> list[str]:
 
 
 def _in_task_section(key: str) -> bool:
-    """Whether ``key`` belongs to a section only some tasks have (``gan.*``: dpsweep.config.TASK_SECTIONS)."""
+    """Whether ``key`` belongs to a section only some tasks have (``task.*``: dpsweep.config.TASK_SECTIONS)."""
     return key.split(".", 1)[0] in TASK_SECTIONS
 
 

@@ -10,12 +10,13 @@ accountant, ε, test accuracy mean ± std over seeds, its drop against the non-p
 the same dataset and model, and the number of runs. A run's accuracy is its task's objective: a
 GAN run's (``task=gan``) is its TSTR accuracy, its rows show model ``gan`` (and a task column), and
 the notes give the same classifier's accuracy on real data and the memorisation share. Where a
-private row is not example-level DP-SGD, the ``mechanism`` (dpsgd, dpftrl) and ``unit`` (example,
-user: whom its ε protects) columns appear, with notes; the Pareto plot colours by mechanism. Only
+private row is not example-level DP-SGD, the ``mechanism`` (a name of dpsweep.mechanisms) and
+``unit`` (example, user: whom its ε protects) columns appear, with notes; the Pareto plot colours by mechanism. Only
 FINISHED runs count; the notes say how many failed, were pruned or are still running, and warn
 about mixed accountants or δ and missing metrics. With ``--out DIR`` the table is also written to
 ``DIR/report.<format>`` with the plots (pareto.png, accuracy_vs_<param>.png, curves.png,
-memory.png, and gan_samples.png with GAN rows; see dpsweep.analysis.report.plots).
+memory.png, and <task>_samples.png for a task whose runs log sample grids, e.g. gan_samples.png; see
+dpsweep.analysis.report.plots).
 When the sweep has a parent run (tag ``sweep.role=parent``) they are logged on it under
 ``report/``, so they appear in the MLflow UI.
 

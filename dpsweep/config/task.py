@@ -32,6 +32,15 @@ class TaskConfig:
     units: ClassVar[tuple[str, ...]] = ("example", "user")  # the dp.unit values it can protect
     trains_with: ClassVar[tuple[str, ...]] = ("opacus", "own_steps")  # how its mechanisms may train
     label: ClassVar[str] = ""  # the task's name in words, for messages
+    # What a report says of the task's rows (dpsweep.analysis.report reads these; it names no task):
+    objective_label: ClassVar[str] = ""  # the objective as a table header and an axis call it
+    objective_note: ClassVar[str] = ""  # what the objective measures, under the table
+    logs_samples: ClassVar[bool] = False  # runs log sample grids (samples/epoch_NNN.png): <name>_samples.png
+    reference_metric: ClassVar[str] = ""  # a non-private run's reference score, noted per block of rows
+    reference_note: ClassVar[str] = ""  # "{classifier}", "{score}", "{runs}" filled in
+    reference_recipe: ClassVar[tuple[str, ...]] = ()  # the params behind the reference: differing ones are named
+    row_share: ClassVar[tuple[str, str]] = ("", "")  # (a per-run share, its baseline): averaged per row
+    row_share_note: ClassVar[str] = ""  # "{baseline}" and "{rows}" filled in
 
     def learning_rate(self, optimizer_lr: float) -> float:
         """The learning rate a plan shows for this task (optimizer.lr unless the task has its own)."""
@@ -53,6 +62,7 @@ class ClassifierTaskConfig(TaskConfig):
     name: str = "classifier"
     objective: ClassVar[str] = "test_accuracy"
     label: ClassVar[str] = "image classification"
+    objective_label: ClassVar[str] = "test accuracy"
 
 
 @dataclass
@@ -70,6 +80,22 @@ class GanTaskConfig(TaskConfig):
     units: ClassVar[tuple[str, ...]] = ("example",)
     trains_with: ClassVar[tuple[str, ...]] = ("opacus",)  # the critic's private step is Opacus's (torch.func grads)
     label: ClassVar[str] = "task=gan"
+    objective_label: ClassVar[str] = "TSTR accuracy"
+    objective_note: ClassVar[str] = (
+        "TSTR (train on synthetic, test on real) accuracy: the model group's classifier (model.name) trained on "
+        "each run's synthetic data, tested on the real test split"
+    )
+    logs_samples: ClassVar[bool] = True
+    reference_metric: ClassVar[str] = "real_accuracy"  # the TSTR classifier trained on the real training split
+    reference_note: ClassVar[str] = (
+        "the same classifier ({classifier}) trained on real data instead: {score} test accuracy"
+    )
+    reference_recipe: ClassVar[tuple[str, ...]] = ("model.", "dataset.", "task.tstr_")
+    row_share: ClassVar[tuple[str, str]] = ("memorisation_share", "memorisation_baseline")
+    row_share_note: ClassVar[str] = (
+        "memorisation share (synthetic samples nearer a training image than any test image; {baseline} if "
+        "independent of the training set), mean per row: {rows}"
+    )
 
     latent_dim: int = 64  # z dimension
     generator_width: int = 64  # channels of the generator's last hidden layer (doubled before it)

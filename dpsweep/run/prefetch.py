@@ -13,7 +13,7 @@ of it on the other core, and the run collects the values at the end.
 
 The values are exact, not estimates: each is the same pure function (:data:`dpsweep.privacy.ledger.ACCOUNTANTS`)
 of the same leaves (σ, q, steps of each event), δ and accounting, computed by the same code in a copy of
-this process. A run whose final ledger differs from the plan (stopped early, a GAN stopped at its budget)
+this process. A run whose final ledger differs from the plan (stopped early, or at its budget)
 finds no match and computes its own ε as before; a child that fails or is killed only means the same.
 
 POSIX ``os.fork`` only (Linux, macOS): elsewhere nothing is computed ahead. The child touches no torch,

@@ -70,7 +70,7 @@ class OverBudget(Exception):
 @dataclass
 class TrainResult:
     run_id: str
-    test_accuracy: float  # after the last epoch (nan for a task without it, e.g. gan)
+    test_accuracy: float  # after the last epoch (nan for a task scored otherwise)
     train_loss: float  # mean over the last epoch's examples (nan for a task without it)
     n_train: int  # N
     steps: int  # optimizer steps actually taken

@@ -143,7 +143,7 @@ def test_report_out_draws_the_final_sample_grids_by_epsilon(
     assert 20_000 < (out / "gan_samples.png").stat().st_size < 5_000_000
     assert "![gan samples](gan_samples.png)" in (out / "report.md").read_text()
     # the tiles: by ε, the non-private GAN last; each the grid of its row's first run
-    order = samples.sample_rows(r.table)
+    order = samples.sample_rows(r.table, "gan")
     assert list(order["private"]) == [True, False]
     client = MlflowClient(gan_store.uri)
     epoch, grid = samples.final_sample_grid(client, order.iloc[0]["run_ids"][0], tmp_path / "grid") or (0, None)
@@ -219,9 +219,9 @@ def test_mixed_tasks_keep_their_blocks_and_the_table_says_which_accuracy_is_whos
     assert "digits/gan: the same classifier (cnn) trained on real data instead: 92.00 ± 1.41% test accuracy" in md
     assert not any("no test_accuracy metric" in w or "no tstr_accuracy" in w for w in r.warnings)
     # the sample figure: GAN rows only; runs without grids get a tile that says so
-    path = samples.plot_gan_samples(r, tmp_path / "gan_samples.png")
+    path = samples.plot_task_samples(r, "gan", tmp_path / "gan_samples.png")
     assert path is not None and path.name == "gan_samples.png" and path.stat().st_size > 0
-    assert list(samples.sample_rows(r.table)["model"]) == ["gan", "gan"]
+    assert list(samples.sample_rows(r.table, "gan")["model"]) == ["gan", "gan"]
 
 
 def test_a_classifier_only_report_has_no_task_column_and_no_sample_figure(
@@ -234,5 +234,6 @@ def test_a_classifier_only_report_has_no_task_column_and_no_sample_figure(
     assert "test accuracy (%)" in header and "task" not in header
     assert "task" not in pd.read_csv(io.StringIO(rep.render(r, "csv"))).columns
     assert list(r.table["task"]) == ["classifier", "classifier"] and list(r.table["model"]) == ["cnn", "cnn"]
-    assert samples.plot_gan_samples(r, tmp_path / "gan_samples.png") is None
+    assert samples.plot_task_samples(r, "gan", tmp_path / "gan_samples.png") is None
+    assert samples.plot_samples(r, tmp_path) == []
     assert not (tmp_path / "gan_samples.png").exists()
