@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import FAST, Composer
+from helpers import FAST, REPO, Composer
 from hydra import compose, initialize_config_module
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
@@ -112,4 +112,4 @@ def client(mlflow_uri: str) -> MlflowClient:
 
 @pytest.fixture()
 def repo_root() -> Path:
-    return Path(__file__).resolve().parents[1]
+    return REPO

@@ -1,4 +1,5 @@
-"""Helpers shared by the tests (imported as ``helpers``: pytest puts tests/ on sys.path)."""
+"""Helpers shared by the tests (imported as ``helpers``: pytest puts tests/ on sys.path, the folder of
+tests/conftest.py, for tests/unit/<package>/, tests/integration/ and tests/system/ alike)."""
 
 from __future__ import annotations
 
@@ -21,12 +22,14 @@ from omegaconf import DictConfig
 from dpsweep.tracking import channel as tracking_service
 
 # Settings that keep a training test to a few seconds on 2 CPU cores.
-# tracking.log_model=false: saving the model takes seconds; tests/test_train.py checks it on its own
+# tracking.log_model=false: saving the model takes seconds; tests/integration/test_train.py checks it on its own
 FAST = ["train.epochs=2", "train.progress=false", "tracking.log_model=false"]
 
 Composer = Callable[..., DictConfig]
 
 BIN = Path(sys.executable).parent  # the console scripts of this interpreter's environment
+
+REPO = Path(__file__).resolve().parents[1]  # the repository's root (this file is tests/helpers.py)
 
 
 def runs_of(client: MlflowClient, experiment: str) -> list[Run]:
@@ -167,7 +170,7 @@ def run_main(main: Callable[[Sequence[str]], int], *args: str) -> subprocess.Com
     return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
-CHROMIUM_SCRIPT = Path(__file__).resolve().parents[1] / "launchers" / "scripts" / "chromium_path.sh"
+CHROMIUM_SCRIPT = REPO / "launchers" / "scripts" / "chromium_path.sh"
 
 
 def chromium_path() -> str:
@@ -226,7 +229,7 @@ def train_interrupted(cfg: DictConfig, task_run: type, epoch: int) -> None:
             train(cfg)
 
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "launchers" / "scripts"
+SCRIPTS = REPO / "launchers" / "scripts"
 
 
 def process_running(name: str) -> bool:

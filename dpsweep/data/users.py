@@ -55,7 +55,7 @@ DP-FedSGD), at each step:
    releases pure noise, and the accountant counts the step.
 
 Adding or removing one user changes the sum of step 3 by their one clipped term, of norm at most C,
-whatever the number of their examples (tests/test_users.py checks this on a real model), so ε is that
+whatever the number of their examples (tests/unit/data/test_users.py checks this on a real model), so ε is that
 of DP-SGD with U in place of N: the same Poisson-subsampled Gaussian mechanism with rate q and noise
 multiplier σ, over ``epochs · int(1/q)`` steps (``dpsweep.privacy.schedule.epsilon(poisson_schedule(U, B), ...)``),
 and δ should be below 1/U. The choice of a user's m examples depends on no other user, and the

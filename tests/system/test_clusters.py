@@ -1,7 +1,8 @@
 """Sweeps through real schedulers: a single-node Slurm and a single-node Grid Engine cluster on this
 machine, on loopback, brought up by launchers/scripts/{slurm,sge}_up.sh (Debian packages; needs root).
 
-    sudo launchers/scripts/slurm_up.sh && sudo launchers/scripts/sge_up.sh && .venv/bin/pytest tests/test_clusters.py
+    sudo launchers/scripts/slurm_up.sh && sudo launchers/scripts/sge_up.sh
+    .venv/bin/pytest tests/system/test_clusters.py
 
 Each sweep's driver is the test's own process (``helpers.run_dpsweep``); its jobs are the scheduler's.
 """

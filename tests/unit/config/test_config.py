@@ -4,11 +4,10 @@ range that types cannot express is rejected by validate() with the key, value an
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import yaml
-from helpers import Composer
+from helpers import REPO, Composer
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf, ReadonlyConfigError
 
@@ -18,7 +17,7 @@ from dpsweep.data.facts import DatasetFacts
 from dpsweep.plan import prepare
 from dpsweep.run.runner import resolved_yaml
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = REPO / "conf"
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and not p.name.startswith("__"))
 OPTIONS = [(g, y.stem) for g in GROUPS for y in sorted((CONF / g).glob("*.yaml"))]
 

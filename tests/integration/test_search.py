@@ -1,7 +1,7 @@
 """Optuna search through the dpsweep sweeper: studies, resume, Pareto sets, failures, pruning, bad input.
 
 Studies run the dpsweep app in this process (``helpers.run_dpsweep``: the same Hydra app, exit code
-and output as the console script; tests/test_cli.py runs the console script itself).
+and output as the console script; tests/integration/test_cli.py runs the console script itself).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import REPO
 
 from dpsweep.analysis import memory_model as mm
 from dpsweep.errors import InputError
@@ -457,7 +458,7 @@ def test_feature_registry_and_help() -> None:
         core.parse_features(["dp:"])
 
 
-REFERENCE = Path(__file__).resolve().parents[1] / "analysis" / "data" / "cpu_probes_digits.csv"
+REFERENCE = REPO / "analysis" / "data" / "cpu_probes_digits.csv"
 
 
 def test_reference_probes_fit_the_physics_of_fp32_training() -> None:
@@ -522,7 +523,7 @@ def test_gpu_stage_levels_are_predicted_within_2_percent_from_24_probes() -> Non
 
 
 def _memory_fit_benchmark() -> Any:
-    path = REFERENCE.parents[2] / "benchmarks" / "memory_fit.py"
+    path = REPO / "benchmarks" / "memory_fit.py"
     spec = importlib.util.spec_from_file_location("memory_fit", path)
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from helpers import Composer, runs_of
+from helpers import REPO, Composer, runs_of
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
@@ -313,7 +313,7 @@ def test_system_metrics_are_logged_from_the_configured_delay(
 ) -> None:
     """MLflow's own system metrics, from tracking.system_metrics_after_s into training (0 here; the
     default 60 s keeps short runs free of them: the documented-metrics tests see none). A DP run is
-    tagged as withholding GPU memory (tests/test_tracking.py checks that it logs none)."""
+    tagged as withholding GPU memory (tests/unit/tracking/test_tracking.py checks that it logs none)."""
     train(make_cfg(f"dp={dp}", "train.epochs=3", "tracking.system_metrics_after_s=0",
                    "tracking.system_metrics_interval_s=0.2"))  # fmt: skip
     [run] = runs_of(client, experiment_name)
@@ -550,7 +550,7 @@ def test_memory_model_and_gpu_memory_choose_the_physical_batch(
 
     from dpsweep.analysis import memory_model as mm
 
-    reference = Path(__file__).resolve().parents[1] / "analysis" / "data" / "cpu_probes_digits.csv"
+    reference = REPO / "analysis" / "data" / "cpu_probes_digits.csv"
     mm.save_models(tmp_path / "m.json", mm.fit_all(pd.read_csv(reference), "cnn"), meta={})
     chosen = ["train.memory_model=m.json", "launcher.gpu_memory=3MiB", "train.batch_size=256", "train.epochs=1"]
     result = train(make_cfg(*chosen))

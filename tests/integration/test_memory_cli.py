@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from helpers import run_main, run_script, runs_of
+from helpers import REPO, run_main, run_script, runs_of
 from mlflow.tracking import MlflowClient
 
 from dpsweep.cli import plan
@@ -277,7 +277,7 @@ def test_fit_and_predict_refuse_bad_input(probed: tuple[str, Path], tmp_path: Pa
     )
 
 
-GPU_DATA = Path(__file__).resolve().parents[1] / "analysis" / "data"
+GPU_DATA = REPO / "analysis" / "data"
 
 
 @pytest.mark.parametrize("outcomes", ["gpu_oom_h100.json", "gpu_oom_h200.json"])

@@ -9,10 +9,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 # What a build needs, copied so that the build writes nothing into the working tree (build/,
 # *.egg-info), where a concurrent test or editable install could read half-written files.
-REPO = Path(__file__).resolve().parents[1]
 IGNORED = shutil.ignore_patterns(
     ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "mlruns", "outputs", "multirun",
     "cache", "*.db",
@@ -26,9 +26,8 @@ def build_ignore(directory: str, names: list[str]) -> set[str]:
 
 @pytest.fixture(scope="module")
 def wheel_names(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
-    repo = Path(__file__).resolve().parents[1]
     source = tmp_path_factory.mktemp("source") / "dpsweep"
-    shutil.copytree(repo, source, ignore=build_ignore)
+    shutil.copytree(REPO, source, ignore=build_ignore)
     out = tmp_path_factory.mktemp("wheel")
     command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(source)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import submitit
+from helpers import REPO
 from submitit.core.plugins import get_executors
 
 from dpsweep.launchers.sge import QsubOptions, SgeExecutor, SgeJobEnvironment, make_qsub_script
 from dpsweep.launchers.sge.executor import parse_qacct, parse_qstat_xml
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = REPO / "tests" / "golden"
 
 
 def _script() -> str:

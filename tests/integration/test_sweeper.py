@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import submitit
-from helpers import BIN, run_dpsweep
+from helpers import BIN, REPO, run_dpsweep
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
@@ -267,7 +267,7 @@ def test_memory_model_problems_stop_a_sweep_before_any_job(tmp_path: Path) -> No
 
     from dpsweep.analysis import memory_model as mm
 
-    probes = pd.read_csv(Path(__file__).resolve().parents[1] / "analysis" / "data" / "cpu_probes_digits.csv")
+    probes = pd.read_csv(REPO / "analysis" / "data" / "cpu_probes_digits.csv")
     mm.save_models(tmp_path / "cpu.json", mm.fit_all(probes, "cnn"), meta={})
     mm.save_models(tmp_path / "gpu.json", mm.fit_all(probes.assign(backend="cuda"), "cnn"), meta={})
     cases = [

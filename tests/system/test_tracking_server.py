@@ -41,7 +41,6 @@ from dpsweep.config import TrackingConfig
 from dpsweep.tracking import tracked_run
 from dpsweep.tracking.channel import TrackingError
 
-REPO = Path(__file__).resolve().parents[1]
 JOBS = 32
 STEPS = 5
 DEAD_URI = "http://127.0.0.1:9"  # the discard port: nothing listens, connections are refused at once
