@@ -292,7 +292,9 @@ def epsilon(ledger: Ledger, delta: float, accounting: Accounting = Accounting())
     found = _COMPUTED.get(key)
     if found is None:
         found = compute(ledger, delta, a)
-        remember({key: found})
+        if len(_COMPUTED) >= COMPUTED_SIZE:
+            _COMPUTED.clear()
+        _COMPUTED[key] = found
     eps, order = found
     return Spent(sound_epsilon(eps), delta, a.accountant, conversion, order)
 
@@ -306,32 +308,9 @@ def _key(ledger: Ledger, delta: float, a: Accounting) -> tuple[tuple[Leaf, ...],
     return tuple(leaf for e in ledger.entries for leaf in leaves(e.event) if leaf.count > 0), delta, a
 
 
-def _keys(ledger: Ledger, delta: float, orders: tuple[float, ...]) -> list[tuple[tuple[Leaf, ...], float, Accounting]]:
-    names = ["rdp"] if beyond_discretised(ledger, delta, orders) else ACCOUNTANTS.names()
-    return [_key(ledger, delta, Accounting(name, orders=orders)) for name in names]
-
-
-def computed(ledger: Ledger, delta: float, orders: tuple[float, ...] = rdp.DEFAULT_ORDERS) -> Computed:
-    """The values :func:`epsilons` of this ledger has computed in this process (to hand to another
-    process's :func:`remember`: :mod:`dpsweep.run.prefetch`)."""
-    return {k: _COMPUTED[k] for k in _keys(ledger, delta, orders) if k in _COMPUTED}
-
-
-def all_computed(ledger: Ledger, delta: float, orders: tuple[float, ...] = rdp.DEFAULT_ORDERS) -> bool:
-    """Whether :func:`epsilons` of this ledger would compute nothing (every value is remembered)."""
-    return all(k in _COMPUTED for k in _keys(ledger, delta, orders))
-
-
 def forget() -> None:
     """Drop every remembered ε value (they are recomputed when next asked for)."""
     _COMPUTED.clear()
-
-
-def remember(values: Computed) -> None:
-    """Keep ε values computed by :func:`epsilon`'s accountants, here or in a process forked from this one."""
-    if len(_COMPUTED) + len(values) > COMPUTED_SIZE:
-        _COMPUTED.clear()
-    _COMPUTED.update(values)
 
 
 def sound_epsilon(eps: float) -> float:

@@ -47,7 +47,7 @@ from dpsweep.memory import stages as memory
 from dpsweep.plan import MemoryFiles, RunPlan, accounting, mechanism_of, prepare
 from dpsweep.privacy import ledger
 from dpsweep.privacy.ledger import Ledger
-from dpsweep.run import checkpoint, prefetch
+from dpsweep.run import checkpoint
 from dpsweep.tracking import (
     Claim,
     RunEnded,
@@ -106,13 +106,9 @@ def train(cfg: DictConfig | Config) -> TrainResult:
     """Train one config and log it to MLflow; returns the final metrics and privacy cost."""
     start = _start(cfg)
     monitor = memory.monitor_for(start.device)  # baseline before the model exists
-    # the final ε under every accountant, computed on another core while the run trains
-    ahead = None if start.config.train.probe else prefetch.start(*_planned_ledger(start.plan))
     try:
-        return _tracked(start, monitor, ahead)
+        return _tracked(start, monitor)
     finally:
-        if ahead is not None:
-            ahead.cancel()  # a run that ended early: its child is ended (after collect: nothing to do)
         monitor.close()  # the CPU twin's frozen baseline (dpsweep.memory.stages)
 
 
@@ -152,7 +148,7 @@ def _start(cfg: DictConfig | Config) -> _Start:
     return _Start(config, device, data, plan, ckpt_dir, found, resume)
 
 
-def _tracked(start: _Start, monitor: memory.MemoryMonitor, ahead: prefetch.Prefetch | None) -> TrainResult:
+def _tracked(start: _Start, monitor: memory.MemoryMonitor) -> TrainResult:
     """The task built, then its MLflow run (new or resumed): the first iteration's memory stages, and
     a probe's end or the whole training; the checkpoint is removed once the run is complete."""
     config, plan, data, resume, ckpt_dir = start.config, start.plan, start.data, start.resume, start.ckpt_dir
@@ -183,7 +179,7 @@ def _tracked(start: _Start, monitor: memory.MemoryMonitor, ahead: prefetch.Prefe
         if config.train.probe:
             result.epochs.append(_probe(task_run, stages))
             return result
-        _train_all(config, plan, task_run, stages, parts, Checkpoints(ckpt_dir, plan.config_hash, state), ahead)
+        _train_all(config, plan, task_run, stages, parts, Checkpoints(ckpt_dir, plan.config_hash, state))
     if ckpt_dir is not None:
         checkpoint.remove(ckpt_dir)  # the run is complete; a rerun starts afresh
     return result
@@ -207,7 +203,6 @@ def _train_all(
     stages: StageLog,
     parts: tasks.Checkpointed,
     ckpt: Checkpoints,
-    ahead: prefetch.Prefetch | None,
 ) -> None:
     """A training run after its model is loaded: the DP stages of exactly B, the epochs (with system
     metrics), the final ε, and the trained model kept in the result and logged."""
@@ -219,8 +214,6 @@ def _train_all(
     private = config.dp.enabled  # GPU memory would tell the Poisson batch sizes, as the peak would
     with system_metrics(run.run_id, t.uri, t.system_metrics_after_s, t.system_metrics_interval_s, private):
         _epochs(config, task_run, stages, parts, ckpt)
-    if ahead is not None:
-        ahead.collect()
     _finish_privacy(config, plan, task_run, result, run)
     result.model = task_run.trained_model()
     if config.tracking.log_model:
@@ -360,13 +353,6 @@ def _log_model(cfg: Config, task_run: tasks.TaskRun, run: Tracker) -> None:
         return
     run.log_model(module, example)
     run.set_tags({"model.logged": "true", "model.logged_bytes": size_bytes})
-
-
-def _planned_ledger(plan: RunPlan) -> tuple[Ledger | None, float, tuple[float, ...]]:
-    """The ledger the run has after its last planned step (None without DP), its δ and RDP orders:
-    what :func:`dpsweep.run.prefetch.start` computes ahead."""
-    dp = plan.config.dp
-    return (plan.privacy.ledger if plan.privacy is not None else None), dp.delta, accounting(dp).orders
 
 
 def _finish_privacy(cfg: Config, plan: RunPlan, task_run: tasks.TaskRun, result: TrainResult, run: Tracker) -> None:

@@ -26,7 +26,7 @@ end of the socket, at exit however it exits (a SIGKILL included: the kernel clos
 
 A process that has already imported MLflow's SQL store has nothing to overlap: there the ops run in
 the process itself (:class:`InProcess`), with the same post-then-flush semantics. Forked children
-(``dpsweep.run.prefetch``, a forkserver's jobs) start their own service if they need one.
+(a forkserver's jobs) start their own service if they need one.
 """
 
 from __future__ import annotations

@@ -25,7 +25,6 @@ from dpsweep.memory.stages import STAGES
 from dpsweep.models import classifiers as models
 from dpsweep.privacy import ledger
 from dpsweep.privacy import schedule as privacy
-from dpsweep.run import prefetch
 from dpsweep.run.runner import TrainResult, train
 from dpsweep.tracking.store import GPU_MEMORY_TAG
 
@@ -65,9 +64,6 @@ def _compose(root: Path, *overrides: str) -> DictConfig:
         return compose("config", overrides=[*tracking, *overrides])
 
 
-PREFETCHED: list[prefetch.Prefetch] = []  # dp_run's final ε computed ahead (dpsweep.run.prefetch)
-
-
 @pytest.fixture(scope="module")
 def dp_run(
     tmp_path_factory: pytest.TempPathFactory,
@@ -78,15 +74,7 @@ def dp_run(
         root, "train.epochs=3", "tracking.experiment_name=dp", "dp.noise_multiplier=1.1", "dp.max_grad_norm=1.5"
     )
     ledger.forget()  # nothing left by an earlier test in this process
-    collect = prefetch.Prefetch.collect
-
-    def kept(self: prefetch.Prefetch) -> int:
-        PREFETCHED.append(self)
-        return collect(self)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(prefetch.Prefetch, "collect", kept)
-        result = train(cfg)
+    result = train(cfg)
     return result, MlflowClient(f"sqlite:///{root / 'mlflow.db'}"), "dp", flatten(cfg)
 
 
@@ -334,14 +322,6 @@ def test_planner_epsilon_equals_trainer_epsilon(dp_run: tuple) -> None:  # type:
         assert planned.epsilon == result.epsilons[accountant]  # exactly: same convention, same maths
         assert planned.steps == result.steps
     assert result.accountant_history == [(1.1, planned.sample_rate, planned.steps)]
-
-
-def test_the_final_epsilon_was_computed_ahead_for_exactly_the_ledger_the_run_ended_with(dp_run: tuple) -> None:  # type: ignore[type-arg]
-    result, *_ = dp_run
-    (ahead,) = PREFETCHED  # forked as training started, collected after the last epoch
-    final = ledger.computed(result.ledger, 1e-5, ledger.Accounting().orders)
-    assert len(final) == 3 and ahead.values == final  # rdp, pld, prv: the planned ledger is the final one
-    assert {name: ledger.sound_epsilon(final[k][0]) for k in final for name in [k[2].accountant]} == result.epsilons
 
 
 def test_dp_off_logs_no_epsilon(make_cfg: Composer, client: MlflowClient, experiment_name: str) -> None:
