@@ -60,6 +60,9 @@ class GradSampleMode(StrEnum):
     ghost = "ghost"  # ghost clipping: per-sample norms without per-sample gradients, two backward passes
     functorch = "functorch"  # torch.func vmap per-sample gradients
     ew = "ew"  # torch's ExpandedWeights
+    # not Opacus: dpsweep's fused step (dpsweep.mechanisms.fused): torch.func per-example gradients in
+    # passes of one fixed shape (dp.pad_to rows, the padding masked after clipping), compiled
+    fused = "fused"
 
 
 @dataclass
@@ -72,7 +75,13 @@ class DPConfig:
     rdp_orders: RdpOrders = RdpOrders.default  # default (to 1024) | opacus (Opacus's grid, to 63)
     target_epsilon: float | None = None  # when set, σ is calibrated so that ε <= target_epsilon
     allow_large_delta: bool = False  # permit δ >= 1/N, which makes the guarantee void
-    grad_sample_mode: GradSampleMode = GradSampleMode.hooks  # how Opacus computes per-sample gradients
+    grad_sample_mode: GradSampleMode = GradSampleMode.hooks  # how per-sample gradients are computed
+    # fused: the rows of every pass (>= train.batch_size; null: the smallest multiple of 8 >= B + 4*sqrt(B)).
+    # A Poisson batch larger than that takes more passes: nothing is truncated, the accounting is DP-SGD's.
+    pad_to: int | None = None
+    # fused: torch.compile the pass (CUDA graphs on a GPU); null: on a GPU only (on 2 CPU cores compiling
+    # took 44 s and the compiled cnn pass was no faster than eager: benchmarks/throughput.py)
+    compile: bool | None = None
     # Opacus's secure mode: noise and Poisson sampling from a cryptographically secure RNG (torchcsprng)
     # instead of torch's generator, which train.seed (logged) regenerates. Off: runs are tagged
     # dp.release=not-for-release.
@@ -126,6 +135,7 @@ def check(cfg: Config) -> None:
     ranges.check("delta", "dp.delta", dp.delta)
     ranges.check("max_grad_norm", "dp.max_grad_norm", dp.max_grad_norm)
     _check_clipping(cfg)
+    _check_fused(cfg)
     if dp.target_epsilon is None:
         ranges.check("noise_multiplier", "dp.noise_multiplier", dp.noise_multiplier)
     else:
@@ -160,6 +170,28 @@ def _check_user_steps(cfg: Config) -> None:
     require(not dp.secure_mode, "dp.secure_mode", dp.secure_mode, "false with dp.unit=user: its noise is torch's")
     pb = t.physical_batch_size
     require(pb is None, "train.physical_batch_size", pb, "null with dp.unit=user: a step is one pass")
+
+
+def _check_fused(cfg: Config) -> None:
+    """dp.grad_sample_mode=fused: example-level DP-SGD with a fixed clipping norm, one pass of dp.pad_to >= B
+    rows; dp.pad_to and dp.compile are the fused step's alone."""
+    dp, b = cfg.dp, cfg.train.batch_size
+    if dp.grad_sample_mode != GradSampleMode.fused:
+        require(dp.pad_to is None, "dp.pad_to", dp.pad_to, "null unless dp.grad_sample_mode=fused (its rows per pass)")
+        require(dp.compile is None, "dp.compile", dp.compile, "null unless dp.grad_sample_mode=fused")
+        return
+    what = "with dp.grad_sample_mode=fused"
+    require(dp.mechanism == "dpsgd", "dp.mechanism", dp.mechanism, f"dpsgd {what} (the fused step is DP-SGD's)")
+    require(dp.unit == PrivacyUnit.example, "dp.unit", dp.unit.value, f"example {what} (users: hooks' torch.func path)")
+    require(dp.clipping == Clipping.fixed, "dp.clipping", dp.clipping.value, f"fixed {what}")
+    require(not dp.secure_mode, "dp.secure_mode", dp.secure_mode, f"false {what}: its noise is torch's")
+    pb = cfg.train.physical_batch_size
+    require(pb is None, "train.physical_batch_size", pb, f"null {what}: dp.pad_to sets the rows of a pass")
+    pad = dp.pad_to
+    require(
+        pad is None or (isinstance(pad, int) and not isinstance(pad, bool) and pad >= b), "dp.pad_to", pad,
+        f"an integer at least train.batch_size={b} (the rows of every pass), or null",
+    )  # fmt: skip
 
 
 def _check_clipping(cfg: Config) -> None:

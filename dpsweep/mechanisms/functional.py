@@ -1,10 +1,12 @@
 """DP steps that noise their own gradients (per-example gradients from ``torch.func``, no Opacus):
-DP-FTRL at example or user level, and user-level DP-SGD. ``task=classifier`` uses them for every DP
-run but example-level DP-SGD (which is Opacus's).
+DP-FTRL at example or user level, user-level DP-SGD, and the fused step of example-level DP-SGD
+(``dp.grad_sample_mode=fused``, :mod:`dpsweep.mechanisms.fused`). ``task=classifier`` uses them for every
+DP run but example-level DP-SGD through Opacus's hooks, ghost, functorch or ew modes.
 
     dpsweep dp.mechanism=dpftrl optimizer.momentum=0.9 dp.ftrl_restart_every=5     # example-level DP-FTRL
     dpsweep dp.unit=user dataset.users=partition dataset.num_users=50 train.batch_size=10   # user-level DP-SGD
     dpsweep dp.mechanism=dpftrl dp.unit=user dataset.users=partition dataset.num_users=50 train.batch_size=5
+    dpsweep dp.grad_sample_mode=fused                                              # example-level, fused
 
 A **unit** is an example (``dp.unit=example``) or a user (``dp.unit=user``: all of one user's
 examples, at most ``dp.max_examples_per_user`` of them per step). Each unit's contribution is its
@@ -37,27 +39,32 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from dpsweep.config import Config, PrivacyUnit
+from dpsweep.config import Config, GradSampleMode, PrivacyUnit
 from dpsweep.data import device as device_data
 from dpsweep.data import users
 from dpsweep.mechanisms import dpftrl_accounting as ftrl_accounting
-from dpsweep.mechanisms import ftrl, get
+from dpsweep.mechanisms import ftrl, fused, get
 from dpsweep.models.optimizers import build_optimizer
+from dpsweep.privacy.schedule import poisson_schedule
 
 STEPS_KEY = "dp_steps"  # the optimizer param-group entry counting DP steps (saved with its state_dict)
 ORDER_SEED_OFFSET = 4_243  # the fixed order's permutation: its own generator, seeded from train.seed
 
 
 def uses_own_steps(cfg: Config) -> bool:
-    """A DP run whose steps are this module's: a mechanism that trains so (``trains = "own_steps"``), or
-    any at user level (Opacus's hooks clip examples, not users)."""
+    """A DP run whose steps are this module's: a mechanism that trains so (``trains = "own_steps"``), any
+    at user level (Opacus's hooks clip examples, not users), or the fused step."""
     dp = cfg.dp
     mechanism = get(dp.mechanism)
-    return dp.enabled and (mechanism.trains == "own_steps" or dp.unit != PrivacyUnit.example)
+    own = mechanism.trains == "own_steps" or dp.unit != PrivacyUnit.example
+    return dp.enabled and (own or dp.grad_sample_mode == GradSampleMode.fused)
 
 
 def rule_of(cfg: Config) -> OwnRule:
-    """How the run's mechanism takes its own steps (``Mechanism.own_steps``)."""
+    """How the run takes its own steps: the fused step (example-level DP-SGD, ``dp.grad_sample_mode=fused``),
+    else the mechanism's rule (``Mechanism.own_steps``)."""
+    if cfg.dp.grad_sample_mode == GradSampleMode.fused:
+        return FusedPoisson()
     rule: OwnRule = get(cfg.dp.mechanism).own_steps()
     return rule
 
@@ -177,6 +184,51 @@ class PoissonUnits(OwnRule):
         x, y, segment = batch
         c, n_seg = run.cfg.dp.max_grad_norm, users.segment_count(segment)
         return users.user_level_gradient(run.model, run.loss_fn, x, y, segment, n_seg, c, run.sigma, expected_units)
+
+
+class FusedPoisson(OwnRule):
+    """Example-level DP-SGD by the fused step (:mod:`dpsweep.mechanisms.fused`): examples Poisson-sampled on
+    the device at Opacus's q and steps per epoch, the clipped sum in fixed-shape passes, N(0, σ²C²) from
+    the run's one generator (checkpointed with the sampling state), over Opacus's ``int(N·q)``."""
+
+    def __init__(self) -> None:
+        self.step: fused.FusedStep | None = None
+
+    def setup(self, run: OwnRun) -> OwnSetup:
+        (x, y, _), cfg = run.data, run.cfg
+        schedule = poisson_schedule(len(y), cfg.train.batch_size)  # q = 1/ceil(N/B), as Opacus's loader
+        generator = device_data.device_generator(run.device, cfg.train.seed)
+        sampled = device_data.PoissonBatches(
+            x, y, sample_rate=schedule.inclusion_probability, device=run.device, generator=generator
+        )
+        self.generator = generator
+        dp = cfg.dp
+        compiled = run.device.type == "cuda" if dp.compile is None else dp.compile
+        pad_to = fused.pad_bound(dp.pad_to, cfg.train.batch_size)
+        mode = fused.compile_mode(run.device, compiled)
+        self.step = fused.FusedStep(run.model, run.loss_fn, max_grad_norm=dp.max_grad_norm, pad_to=pad_to, mode=mode)
+        expected = int(len(y) * schedule.inclusion_probability)  # Opacus's expected_batch_size (make_private)
+        return OwnSetup(build_optimizer(cfg.optimizer, run.model), generator, _AsUnits(sampled), float(expected))
+
+    def gradient(self, run: OwnRun, batch: users.UserBatch, expected_units: float) -> dict[str, Tensor]:
+        assert self.step is not None, "setup() first"
+        return self.step.gradient(
+            batch.x, batch.y, noise_multiplier=run.sigma, divisor=expected_units, generator=self.generator
+        )
+
+
+class _AsUnits:
+    """Example batches as unit batches (each example its own unit; the fused step needs no segments)."""
+
+    def __init__(self, batches: device_data.PoissonBatches) -> None:
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[users.UserBatch]:
+        for x, y in self.batches:
+            yield users.UserBatch(x, y, torch.arange(len(y), device=y.device))
 
 
 class TreeAggregation(OwnRule):

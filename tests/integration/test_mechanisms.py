@@ -4,6 +4,7 @@ for DP-FTRL (nothing is sampled), Poisson amplification for DP-SGD, N = users at
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,13 @@ import torch
 from dp_accounting import dp_event
 from helpers import Composer, runs_of, train_interrupted
 from mlflow.tracking import MlflowClient
+from scipy import stats
+from torch import nn
 
 from dpsweep.config import ConfigError, to_config
 from dpsweep.data.facts import DatasetFacts
 from dpsweep.mechanisms import dpftrl_accounting as ftrl_accounting
+from dpsweep.mechanisms import functional as func_dp
 from dpsweep.plan import prepare
 from dpsweep.privacy import schedule as privacy
 from dpsweep.run.runner import train
@@ -23,6 +27,7 @@ from dpsweep.tasks import classifier
 DIGITS = DatasetFacts(1437, (1, 28, 28), 10)
 USERS = ["dp.unit=user", "dataset.users=partition", "dataset.num_users=50", "train.batch_size=10"]
 FTRL = ["dp.mechanism=dpftrl", "optimizer.momentum=0.9"]
+FUSED = ["dp.grad_sample_mode=fused"]
 
 
 def _event_types(event: dp_event.DpEvent) -> set[type]:
@@ -73,6 +78,12 @@ def test_user_level_plans_over_users(make_cfg: Composer) -> None:
         (["dp.mechanism=dpftrl", "optimizer=adam"], "optimizer.name", "fixed linear workload"),
         ([*FTRL, "dp.ftrl_restart_every=20"], "dp.ftrl_restart_every", "from 1 to train.epochs=2"),
         ([*FTRL, "dp.clipping=quantile"], "dp.clipping", "fixed with dp.mechanism=dpftrl"),
+        ([*FUSED, "dp.pad_to=63"], "dp.pad_to", "at least train.batch_size=64"),
+        ([*FUSED, *USERS], "dp.unit", "example with dp.grad_sample_mode=fused"),
+        ([*FUSED, *FTRL], "dp.mechanism", "dpsgd with dp.grad_sample_mode=fused"),
+        ([*FUSED, "dp.clipping=adaptive"], "dp.clipping", "fixed with dp.grad_sample_mode=fused"),
+        ([*FUSED, "train.physical_batch_size=16"], "train.physical_batch_size", "dp.pad_to sets the rows"),
+        (["dp.pad_to=96"], "dp.pad_to", "null unless dp.grad_sample_mode=fused"),
     ],
 )
 def test_bad_mechanism_and_unit_input_is_refused_before_training(
@@ -122,3 +133,48 @@ def test_an_interrupted_dpftrl_run_resumes_its_tree_exactly(
     assert resumed.model is not None and straight.model is not None
     for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
         assert torch.equal(a, b), name  # the same tree noise, the same fixed order, the same steps
+
+
+@pytest.mark.slow
+def test_a_fused_run_is_dpsgd_with_the_same_ledger_and_sampling(make_cfg: Composer, client: MlflowClient) -> None:
+    """dp.grad_sample_mode=fused trains example-level DP-SGD: the ε, steps and ledger of a hooks run at the same
+    settings, its batches Poisson at the same q (χ² against Binomial(N, q)), and it learns."""
+    args = ["dp.noise_multiplier=1.0", "train.epochs=2"]
+    hooks = train(make_cfg(*args, "tracking.run_name=hooks"))
+    ran = train(make_cfg(*args, *FUSED, "tracking.run_name=fused"))
+    run = client.get_run(ran.run_id)
+    assert run.info.status == "FINISHED" and run.data.params["dp.grad_sample_mode"] == "fused"
+    assert ran.steps == hooks.steps == 2 * 23 and ran.epsilons == hooks.epsilons
+    assert run.data.metrics["epsilon"] == client.get_run(hooks.run_id).data.metrics["epsilon"]
+    assert run.data.metrics["test_accuracy"] > 0.3  # chance is 0.1: it learns
+    # the sampler a fused run trains with: each example in with probability q = 1/ceil(N/B)
+    cfg = to_config(make_cfg(*args, *FUSED))
+    x, y = torch.zeros(1437, 1), torch.zeros(1437, dtype=torch.long)
+    own = func_dp.OwnRun(cfg, nn.Linear(1, 2), nn.CrossEntropyLoss(), (x, y, None), None, 1.0, torch.device("cpu"))  # type: ignore[arg-type]
+    setup = func_dp.FusedPoisson().setup(own)
+    assert setup.expected_units == int(1437 / 23)  # Opacus's expected batch size: its divisor
+    sizes = [len(b.y) for _ in range(40) for b in setup.batches]  # 40 epochs of 23 steps
+    q = 1 / 23
+    edges = [0, 50, 55, 58, 61, 64, 67, 70, 75, 1438]
+    observed = [sum(lo <= s < hi for s in sizes) for lo, hi in itertools.pairwise(edges)]
+    expected = [len(sizes) * (stats.binom.cdf(hi - 1, 1437, q) - stats.binom.cdf(lo - 1, 1437, q))
+                for lo, hi in itertools.pairwise(edges)]  # fmt: skip
+    assert stats.chisquare(observed, expected).pvalue > 1e-3, (observed, expected)
+
+
+@pytest.mark.slow
+def test_an_interrupted_fused_run_resumes_exactly(
+    tmp_path: Path, make_cfg: Composer, client: MlflowClient, experiment_name: str
+) -> None:
+    args = [*FUSED, "dp.noise_multiplier=1.0", "train.epochs=3"]
+    straight = train(make_cfg(*args, "tracking.experiment_name=straight"))
+    cfg = make_cfg(*args, f"train.checkpoint_dir={tmp_path / 'ckpt'}")
+    train_interrupted(cfg, classifier.ClassifierRun, epoch=3)
+    [killed] = runs_of(client, experiment_name)
+    assert killed.info.status == "KILLED"
+    resumed = train(cfg)
+    assert resumed.run_id == killed.info.run_id and resumed.steps == straight.steps == 3 * 23
+    assert resumed.epsilons == straight.epsilons
+    assert resumed.model is not None and straight.model is not None
+    for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name  # the same batches and noise from the checkpointed generator

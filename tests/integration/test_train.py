@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 from dpsweep.config import ConfigError, DigitsConfig, DPConfig, GradSampleMode, flatten, identity, to_config
 from dpsweep.data import loaders as data
 from dpsweep.data.loaders import DatasetNotFoundError
+from dpsweep.mechanisms.fused import FusedStep
 from dpsweep.mechanisms.opacus_engine import make_private
 from dpsweep.memory.stages import STAGES
 from dpsweep.models import classifiers as models
@@ -415,15 +416,22 @@ def test_every_grad_sample_mode_clips_per_sample_gradients_to_c(mode: GradSample
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     loader = torch.utils.data.DataLoader(splits.train, batch_size=64)
     c = 0.05  # small, so that clipping binds for most samples
-    dp = DPConfig(noise_multiplier=0.0, max_grad_norm=c, grad_sample_mode=mode)
-    _, model, opt, criterion, _ = make_private(
-        dp, 0.0, dp.max_grad_norm, model, opt, loader, torch.nn.CrossEntropyLoss()
-    )
     x, y = splits.train.tensors[0][:12], splits.train.tensors[1][:12]  # type: ignore[attr-defined]
-    opt.zero_grad(set_to_none=True)
-    criterion(model(x), y).backward()
-    opt.step()
-    got = torch.cat([p.grad.flatten() for p in model.parameters()])
+    if mode == GradSampleMode.fused:  # dpsweep's own step (dpsweep.mechanisms.fused), not Opacus's
+        divisor = int(len(splits.train) / len(loader))  # type: ignore[arg-type]  # Opacus's expected batch size
+        step = FusedStep(model, torch.nn.CrossEntropyLoss(), max_grad_norm=c, pad_to=16, mode=None)
+        grads = step.gradient(x, y, noise_multiplier=0.0, divisor=divisor, generator=torch.Generator())
+        got = torch.cat([grads[k].flatten() for k, _ in model.named_parameters()])
+        opt.expected_batch_size = divisor  # type: ignore[attr-defined]
+    else:
+        dp = DPConfig(noise_multiplier=0.0, max_grad_norm=c, grad_sample_mode=mode)
+        _, model, opt, criterion, _ = make_private(
+            dp, 0.0, dp.max_grad_norm, model, opt, loader, torch.nn.CrossEntropyLoss()
+        )
+        opt.zero_grad(set_to_none=True)
+        criterion(model(x), y).backward()
+        opt.step()
+        got = torch.cat([p.grad.flatten() for p in model.parameters()])
 
     expected = torch.zeros_like(got)
     clipped = 0
@@ -586,11 +594,13 @@ def test_device_resident_data_keeps_the_sample_rate_steps_and_epsilon(make_cfg: 
 def test_every_grad_sample_mode_trains_and_probes_through_train(
     mode: GradSampleMode, make_cfg: Composer, client: MlflowClient, experiment_name: str, seed2_run: TrainResult
 ) -> None:
-    """The same run in every mode (the same clipped sums, up to float order), and a probe of each."""
+    """The same run in every Opacus mode (the same clipped sums, up to float order), the same ε and steps
+    with the fused step, and a probe of each."""
     hooks = seed2_run
     other = train(make_cfg("train.epochs=1", "train.seed=2", f"dp.grad_sample_mode={mode.value}"))
     assert other.epsilon == hooks.epsilon and other.steps == hooks.steps
-    assert other.test_accuracy == pytest.approx(hooks.test_accuracy, abs=2 / 360)
+    if mode != GradSampleMode.fused:  # fused draws its Poisson batches on the device: other batches, same law
+        assert other.test_accuracy == pytest.approx(hooks.test_accuracy, abs=2 / 360)
     train(make_cfg("train.probe=true", "train.batch_size=32", f"dp.grad_sample_mode={mode.value}"))
     probes = [r for r in runs_of(client, experiment_name) if r.data.tags.get("probe") == "true"]
     assert [r.info.status for r in probes] == ["FINISHED"]

@@ -1,0 +1,278 @@
+"""The fused DP-SGD step (``dp.grad_sample_mode=fused``): example-level DP-SGD with every pass of one
+fixed shape, per-example gradients from ``torch.func``, and the pass compiled (``torch.compile``; CUDA
+graphs on a GPU). No Opacus hooks.
+
+    dpsweep dp.grad_sample_mode=fused                   # the cnn on digits, DP-SGD at σ=1.0, C=1.0
+    dpsweep dp.grad_sample_mode=fused dp.pad_to=96      # every pass 96 rows
+    dpsweep dp.grad_sample_mode=fused dp.compile=false  # the same step, not compiled (eager)
+
+After masked DP-SGD (Beltran et al. 2024, "Towards Efficient and Scalable Training of Differentially
+Private Deep Learning", arXiv:2406.17298; jax_privacy's padded batches): Poisson sampling is kept
+exactly, and the shape that varies with it is hidden by padding.
+
+1. **Sampling**: each of the N examples is in the step with probability q, drawn on the device
+   (:class:`dpsweep.data.device.PoissonBatches`: the distribution of Opacus's ``DPDataLoader``, the same
+   q = 1/⌈N/B⌉ and ``int(1/q)`` steps per epoch as ``dp.grad_sample_mode=hooks``).
+2. **Passes of P rows**, P = ``dp.pad_to`` (≥ B; by default, of the multiples of 8 that a batch exceeds
+   in at most 5% of the steps, the one with the fewest rows per step on average,
+   :func:`default_pad_to`: 80 for B = 64, 288 for B = 256): the b sampled rows
+   are cut into ⌈b/P⌉ passes, the last one padded with zero rows of weight 0 where the pass is compiled
+   (an eager pass needs no fixed shape and takes the rows as they are: on a CPU, where each row costs
+   its compute, padding 64 rows to 80 made the step 10% slower).
+   **Nothing is truncated**: a step's sum is over exactly the sampled examples, so the accountant is
+   DP-SGD's, unchanged (a step with b > P takes more passes, not fewer examples).
+3. **One pass**: each row's gradient norm over all trainable parameters, the factor
+   min(1, C/(‖g‖ + 1e-6)) (Opacus's clipping, 1e-6 included) times the row's weight (1, or 0 for
+   padding: a padded row adds exactly nothing, whatever its gradient), and the weighted sum of the
+   rows' gradients. Two ways, chosen by the model:
+
+   - **linear** (every trainable parameter is an ``nn.Linear``'s, on 2-D inputs: the mlp, the cached
+     VGG16 head): book-keeping (Bu et al. 2023, "Differentially Private Optimization on Large Model at
+     Small Cost", ICML; the norm identity ‖g_i a_iᵀ‖ = ‖g_i‖·‖a_i‖ of Goodfellow 2015, "Efficient
+     Per-Example Gradient Computations"): one forward pass keeps each layer's inputs A, one backward
+     pass to the layers' outputs gives G (no parameter gradients), the norms come from ‖a_i‖ and ‖g_i‖,
+     and the clipped sum of a weight is (c ⊙ G)ᵀA: no per-example gradient is ever held. The forward
+     and backward passes run eagerly; what follows them (norms, factors, sums) is compiled.
+   - **vmap** (any other model: the cnn): each row's gradient by ``vmap(grad(loss))`` over
+     ``functional_call``, compiled once (the shapes never change).
+4. **Noise**: one flat draw N(0, σ²C²) over all trainable coordinates added to the sum, divided by
+   ``int(N·q)`` (Opacus's expected batch size, ``PrivacyEngine.make_private``), unflattened into each
+   parameter's ``.grad``; the configured optimizer steps.
+
+The clipped sum equals Opacus hooks' on the same batch (tests/unit/mechanisms/test_fused.py: the cnn,
+the mlp and the VGG16 head). Models must treat examples independently: a layer that mixes the rows of a
+batch (BatchNorm) is refused by name before the run starts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
+
+from dpsweep.errors import InputError
+
+MAX_SECOND_PASS = 0.05  # the default bound: at most this share of steps take a second pass
+ROW_MULTIPLE = 8  # the default bound is rounded up to a multiple of 8 rows (tensor-core friendly)
+MIXING_LAYERS = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)  # layers whose output mixes a batch's rows
+CompileMode = str | None  # torch.compile's mode; None: not compiled
+
+
+def default_pad_to(batch_size: int) -> int:
+    """Of the multiples of 8 rows P ≥ B whose Poisson batches (mean B: the limit of DP-SGD's Binomial(N, q))
+    take a second pass at most 5% of the steps, the one that makes the fewest rows per step on average,
+    P·E⌈b/P⌉; the smallest P on a tie. B = 64 gives 80 (a second pass 2% of the steps), B = 256 gives 288."""
+    b = float(batch_size)
+    low = int(math.ceil(b / ROW_MULTIPLE) * ROW_MULTIPLE)
+    candidates = range(low, int(b + 6 * math.sqrt(b)) + 2 * ROW_MULTIPLE, ROW_MULTIPLE)
+    rare = [p for p in candidates if _poisson_tail(b, p) <= MAX_SECOND_PASS] or [candidates[-1]]
+    return min(rare, key=lambda p: (p * _expected_passes(b, p), p))
+
+
+def _expected_passes(mean: float, rows: int) -> float:
+    """E⌈b/rows⌉ for b ~ Poisson(mean) (b = 0 takes one pass): 1 + Σ_{k≥1} P(b > k·rows)."""
+    passes, k = 1.0, 1
+    while k * rows < mean + 12 * math.sqrt(mean) + 12:
+        passes += _poisson_tail(mean, k * rows)
+        k += 1
+    return passes
+
+
+def _poisson_tail(mean: float, n: int) -> float:
+    """P(b > n) for b ~ Poisson(mean), summed in log space (no overflow for large means)."""
+    log_terms = [i * math.log(mean) - mean - math.lgamma(i + 1) for i in range(n + 1)]
+    top = max(log_terms)
+    return max(0.0, 1.0 - math.exp(top) * sum(math.exp(t - top) for t in log_terms))
+
+
+def pad_bound(pad_to: int | None, batch_size: int) -> int:
+    """P, the rows of every pass: ``dp.pad_to``, or :func:`default_pad_to`. InputError below B."""
+    if pad_to is None:
+        return default_pad_to(batch_size)
+    if isinstance(pad_to, bool) or not isinstance(pad_to, int) or pad_to < batch_size:
+        raise InputError(
+            "dp.pad_to", pad_to, f"an integer at least train.batch_size={batch_size} (the rows of every pass), or null"
+        )
+    return pad_to
+
+
+def check_model(model: nn.Module) -> None:
+    """Refuse a model with a layer that mixes the rows of a batch (InputError names the layer)."""
+    for name, module in model.named_modules():
+        if isinstance(module, MIXING_LAYERS):
+            raise InputError(
+                "dp.grad_sample_mode",
+                "fused",
+                f"hooks, ghost, functorch or ew for this model: its layer {name!r} ({type(module).__name__}) "
+                "mixes the examples of a batch, so per-example gradients are not defined",
+            )
+
+
+def compile_mode(device: torch.device, compiled: bool) -> CompileMode:
+    """``reduce-overhead`` (CUDA graphs) on a GPU, torch.compile's default elsewhere; None: eager."""
+    if not compiled:
+        return None
+    return "reduce-overhead" if device.type == "cuda" else "default"
+
+
+class FusedStep:
+    """The clipped, noised gradient of one Poisson batch, in passes of ``pad_to`` rows (module doc)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: Callable[[Tensor, Tensor], Tensor],
+        *,
+        max_grad_norm: float,
+        pad_to: int,
+        mode: CompileMode,
+    ) -> None:
+        check_model(model)
+        self.model, self.loss_fn, self.pad_to = model, loss_fn, pad_to
+        self.names = [k for k, p in model.named_parameters() if p.requires_grad]
+        # detached views of the model's tensors (the optimizer updates them in place): build it on its device
+        self.params = {k: p.detach() for k, p in model.named_parameters() if p.requires_grad}
+        self.buffers = {k: b.detach() for k, b in model.named_buffers()}
+        self.max_grad_norm = float(max_grad_norm)
+        self.passes = 0  # passes run (a step whose batch exceeds pad_to takes more than one)
+        self.linear = _LinearRows.of(model, self.names, mode)
+        self.way = "linear" if self.linear is not None else "vmap"
+        self.padded = mode is not None  # what is compiled needs one shape; eager passes take the rows as they are
+        one = self._clipped_sum
+        self._pass: Callable[..., Tensor] = one if mode is None else torch.compile(one, mode=mode, dynamic=False)
+
+    def _clipped_sum(self, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor, y: Tensor,
+                     weight: Tensor) -> Tensor:  # fmt: skip
+        """Σᵢ wᵢ·min(1, C/(‖gᵢ‖+1e-6))·gᵢ over the P rows, flat (the parameters' order)."""
+
+        def loss(p: dict[str, Tensor], xi: Tensor, yi: Tensor) -> Tensor:
+            out: Tensor = functional_call(self.model, (p, buffers), (xi.unsqueeze(0),))
+            return self.loss_fn(out, yi.unsqueeze(0))
+
+        per_row = vmap(grad(loss), in_dims=(None, 0, 0), randomness="different")(params, x, y)
+        rows = [per_row[k].flatten(1) for k in self.names]
+        norms = torch.sqrt(sum(r.pow(2).sum(1) for r in rows))
+        factor = (self.max_grad_norm / (norms + 1e-6)).clamp(max=1.0) * weight
+        return torch.cat([factor @ r for r in rows])
+
+    def passes_of(self, x: Tensor, y: Tensor, pad: bool = True) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+        """The batch's rows in passes of at most ``pad_to`` rows, each with its weights; ``pad``: exactly
+        ``pad_to`` rows, the padding of weight 0."""
+        b, p = len(y), self.pad_to
+        for start in range(0, max(b, 1), p):
+            xs, ys = x[start : start + p], y[start : start + p]
+            short = p - len(ys) if pad else 0
+            dtype = x.dtype if x.is_floating_point() else torch.float32
+            weight = torch.ones(len(ys) + short, device=y.device, dtype=dtype)
+            if short:
+                weight[len(ys) :] = 0
+                xs = torch.cat([xs, xs.new_zeros((short, *x.shape[1:]))])
+                ys = torch.cat([ys, ys.new_zeros((short, *y.shape[1:]))])
+            yield xs, ys, weight
+
+    def clipped_sum(self, x: Tensor, y: Tensor) -> Tensor:
+        """The sum of the batch's clipped per-example gradients, flat (an empty batch: zeros); valid until the
+        next call (a compiled pass's output buffer is reused)."""
+        params, buffers = self.params, self.buffers
+        passes = list(self.passes_of(x, y, pad=self.padded))
+        total: Tensor | None = None
+        for i, (xs, ys, weight) in enumerate(passes):
+            if self.linear is not None:
+                part = self.linear.clipped_sum(self.model, self.loss_fn, xs, ys, weight, self.max_grad_norm)
+            else:
+                part = self._pass(params, buffers, xs, ys, weight)
+            # a CUDA graph's next replay overwrites its output: keep a copy when another pass follows
+            last = i == len(passes) - 1
+            total = (part if last else part.clone()) if total is None else total + part
+            self.passes += 1
+        assert total is not None
+        return total
+
+    def gradient(
+        self, x: Tensor, y: Tensor, *, noise_multiplier: float, divisor: float, generator: torch.Generator
+    ) -> dict[str, Tensor]:
+        """(clipped sum + N(0, σ²C²)) / divisor, by parameter name."""
+        summed = self.clipped_sum(x, y)
+        std = noise_multiplier * self.max_grad_norm
+        noisy = summed + torch.normal(0.0, std, summed.shape, generator=generator, device=summed.device)
+        return self.unflatten(noisy / divisor)
+
+    def unflatten(self, flat: Tensor) -> dict[str, Tensor]:
+        """A flat vector in the parameters' order, as ``{name: tensor of the parameter's shape}``."""
+        params = dict(self.model.named_parameters())
+        out: dict[str, Tensor] = {}
+        start = 0
+        for k in self.names:
+            n = params[k].numel()
+            out[k] = flat[start : start + n].view_as(params[k])
+            start += n
+        return out
+
+
+class _LinearRows:
+    """Book-keeping clipping for a model whose trainable parameters are all ``nn.Linear``'s (module doc)."""
+
+    def __init__(self, layers: list[tuple[str, nn.Linear]], names: list[str], mode: CompileMode) -> None:
+        self.layers, self.names = layers, names
+        self.trained = [(m.weight.requires_grad, m.bias is not None and m.bias.requires_grad) for _, m in layers]
+        tail = self._tail
+        self.tail: Callable[..., Tensor] = tail if mode is None else torch.compile(tail, mode=mode, dynamic=False)
+        self.inputs: dict[str, Tensor] = {}
+        self.outputs: dict[str, Tensor] = {}
+        self.capturing = False
+        self.handles: list[torch.utils.hooks.RemovableHandle] | None = None
+
+    def _keep(self, name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Tensor, ...], out: Tensor) -> None:
+            if not self.capturing:
+                return
+            if args[0].dim() != 2:
+                raise ValueError(f"layer {name!r} has {args[0].dim()}-D inputs: the fused step's norms need 2-D")
+            self.inputs[name], self.outputs[name] = args[0].detach(), out
+
+        return hook
+
+    @classmethod
+    def of(cls, model: nn.Module, names: list[str], mode: CompileMode) -> _LinearRows | None:
+        """The model's trainable Linear layers, or None when some trainable parameter is not a Linear's."""
+        layers = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+        covered = {f"{n}.{k}" for n, m in layers for k, p in m.named_parameters(recurse=False) if p.requires_grad}
+        return cls(layers, names, mode) if names and covered == set(names) else None
+
+    def clipped_sum(self, model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], x: Tensor, y: Tensor,
+                    weight: Tensor, max_grad_norm: float) -> Tensor:  # fmt: skip
+        if self.handles is None:  # once: hooks that keep the layers' inputs and outputs while capturing
+            self.handles = [m.register_forward_hook(self._keep(n)) for n, m in self.layers]
+        inputs, outputs = self.inputs, self.outputs
+        inputs.clear()
+        outputs.clear()
+        self.capturing = True
+        try:
+            loss = loss_fn(model(x), y) * len(y)  # the rows' losses summed (a mean over the P rows, times P)
+        finally:
+            self.capturing = False
+        missing = [n for n, _ in self.layers if n not in outputs]
+        if missing:
+            raise ValueError(f"layers {missing} took no part in the forward pass: the fused step needs them all")
+        grads = torch.autograd.grad(loss, [outputs[n] for n, _ in self.layers])
+        return self.tail([inputs[n] for n, _ in self.layers], list(grads), weight, max_grad_norm)
+
+    def _tail(self, inputs: list[Tensor], grads: list[Tensor], weight: Tensor, max_grad_norm: float) -> Tensor:
+        """From each layer's inputs A and output gradients G: the norms, the factors, the clipped sums."""
+        squared = torch.zeros_like(weight)
+        for a, g, (w, b) in zip(inputs, grads, self.trained, strict=True):
+            g2 = g.pow(2).sum(1)
+            if w:
+                squared = squared + a.pow(2).sum(1) * g2  # ‖g_i a_iᵀ‖² = ‖g_i‖²‖a_i‖²
+            if b:
+                squared = squared + g2
+        factor = (max_grad_norm / (squared.sqrt() + 1e-6)).clamp(max=1.0) * weight
+        sums: dict[str, Tensor] = {}
+        for (n, _), a, g in zip(self.layers, inputs, grads, strict=True):
+            scaled = g * factor[:, None]
+            sums[f"{n}.weight"] = scaled.T @ a
+            sums[f"{n}.bias"] = scaled.sum(0)
+        return torch.cat([sums[k].flatten() for k in self.names])

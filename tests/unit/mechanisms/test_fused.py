@@ -1,0 +1,145 @@
+"""The fused DP step (dpsweep.mechanisms.fused): its clipped sum is Opacus hooks' on the same batch (the cnn,
+the mlp and the cached VGG16 head), padding adds nothing, a batch over the bound takes more passes and
+loses no example, its noise is N(0, σ²C²) over the divisor, its default bound is the documented one, and
+a model it cannot run is refused by layer."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from scipy import stats
+from torch import Tensor, nn
+
+from dpsweep.config import CNNConfig, DPConfig, MLPConfig, SGDConfig, VGG16FrozenConfig
+from dpsweep.data import gathered
+from dpsweep.errors import InputError
+from dpsweep.mechanisms import fused
+from dpsweep.mechanisms.opacus_engine import make_private
+from dpsweep.models import classifiers as model_zoo
+from dpsweep.models.optimizers import build_optimizer
+
+C = 0.5  # small enough that most rows are clipped, large enough that some are not
+
+
+def _cnn() -> tuple[nn.Module, Tensor]:
+    return model_zoo.build(CNNConfig(hidden_units=16), (1, 28, 28), 10), torch.randn(24, 1, 28, 28)
+
+
+def _mlp() -> tuple[nn.Module, Tensor]:
+    return model_zoo.build(MLPConfig(), (1, 8, 8), 10), torch.randn(24, 1, 8, 8)
+
+
+def _head() -> tuple[nn.Module, Tensor]:
+    vgg = model_zoo.build(VGG16FrozenConfig(hidden_units=16, pretrained=False), (3, 32, 32), 10)
+    assert isinstance(vgg, model_zoo.FrozenVGG16)
+    return vgg.cached_head((512, 1, 1)), torch.randn(24, 512)
+
+
+MODELS = {"cnn": _cnn, "mlp": _mlp, "vgg16_head": _head}
+
+
+def _opacus_clipped_sum(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+    """Opacus hooks' clipped sum of the batch (DPOptimizer.clip_and_accumulate's summed_grad), flat."""
+    model = copy.deepcopy(model)
+    optimizer = build_optimizer(SGDConfig(), model)
+    rows = torch.utils.data.TensorDataset(x, y)
+    loader = gathered.loader(rows, len(y), shuffle=False, generator=torch.Generator().manual_seed(0))
+    dp = DPConfig(noise_multiplier=0.0, max_grad_norm=C)
+    _, private, dp_optimizer, criterion, _ = make_private(dp, 0.0, C, model, optimizer, loader, nn.CrossEntropyLoss())
+    criterion(private(x), y).backward()
+    dp_optimizer.clip_and_accumulate()
+    return torch.cat([p.summed_grad.flatten() for p in dp_optimizer.params])
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_the_clipped_sum_is_opacus_hooks(name: str) -> None:
+    torch.manual_seed(0)
+    model, x = MODELS[name]()
+    y = torch.randint(0, 10, (len(x),))
+    step = fused.FusedStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=32, mode=None)
+    ours, theirs = step.clipped_sum(x, y), _opacus_clipped_sum(model, x, y)
+    assert step.way == ("vmap" if name == "cnn" else "linear")
+    assert ours.shape == theirs.shape
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-6)
+    norms = torch.linalg.vector_norm(theirs)
+    assert 0 < norms <= C * len(y) + 1e-4  # each row adds at most C
+
+
+@pytest.mark.parametrize("name", ["cnn", "mlp"])
+def test_padding_adds_nothing_and_a_larger_batch_takes_more_passes(name: str) -> None:
+    torch.manual_seed(1)
+    model, x = MODELS[name]()
+    y = torch.randint(0, 10, (len(x),))
+    one = fused.FusedStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=40, mode=None)
+    unpadded = one.clipped_sum(x, y).clone()  # eager: the 24 rows as they are
+    one.padded = True  # as a compiled pass does: 24 rows and 16 of padding
+    whole = one.clipped_sum(x, y)
+    assert one.passes == 2
+    torch.testing.assert_close(whole, unpadded, rtol=1e-4, atol=1e-6)
+    split = fused.FusedStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=7, mode=None)
+    split.padded = True
+    parts = split.clipped_sum(x, y)  # 24 rows in passes of 7 (the last padded): nothing truncated
+    assert split.passes == math.ceil(len(y) / 7)
+    torch.testing.assert_close(parts, whole, rtol=1e-4, atol=1e-6)
+    # a row of weight 0 adds exactly nothing, whatever it holds
+    garbage = torch.cat([x[:3], 1e3 * torch.randn_like(x[:5])])
+    labels = torch.cat([y[:3], torch.randint(0, 10, (5,))])
+    masked = one._clipped_sum(one.params, one.buffers, garbage, labels, torch.tensor([1.0] * 3 + [0.0] * 5))
+    torch.testing.assert_close(masked, one.clipped_sum(x[:3], y[:3]), rtol=1e-4, atol=1e-6)
+
+
+def test_the_noise_is_sigma_c_over_the_divisor() -> None:
+    torch.manual_seed(2)
+    model = model_zoo.build(MLPConfig(hidden_units=128), (1, 28, 28), 10)  # 101,770 parameters
+    step = fused.FusedStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=8, mode=None)
+    empty_x, empty_y = torch.zeros(0, 1, 28, 28), torch.zeros(0, dtype=torch.long)
+    assert torch.count_nonzero(step.clipped_sum(empty_x, empty_y)) == 0  # an empty Poisson batch: only noise
+    grads = step.gradient(
+        empty_x, empty_y, noise_multiplier=1.5, divisor=4.0, generator=torch.Generator().manual_seed(0)
+    )
+    noise = torch.cat([g.flatten() for g in grads.values()])
+    assert set(grads) == {k for k, p in model.named_parameters() if p.requires_grad}
+    assert len(noise) > 50_000, len(noise)
+    assert noise.std().item() == pytest.approx(1.5 * C / 4.0, rel=0.02)
+    assert abs(noise.mean().item()) < 0.02 * 1.5 * C / 4.0
+
+
+@pytest.mark.parametrize("batch_size", [1, 8, 16, 64, 100, 256, 1000])
+def test_the_default_bound_is_the_documented_one(batch_size: int) -> None:
+    p = fused.default_pad_to(batch_size)
+    assert p >= batch_size and p % 8 == 0
+    assert stats.poisson.sf(p, batch_size) <= fused.MAX_SECOND_PASS  # a second pass in at most 5% of the steps
+    smaller = p - 8
+    if smaller >= batch_size:  # the bound is not larger than needed when a smaller one needs few second passes
+        rows = [q * (1 + sum(stats.poisson.sf(k * q, batch_size) for k in range(1, 50))) for q in (smaller, p)]
+        assert stats.poisson.sf(smaller, batch_size) > fused.MAX_SECOND_PASS or rows[1] <= rows[0]
+    assert fused.default_pad_to(64) == 80 and fused.default_pad_to(256) == 288
+
+
+def test_a_bound_below_b_and_a_model_that_mixes_rows_are_refused() -> None:
+    with pytest.raises(InputError) as err:
+        fused.pad_bound(63, 64)
+    assert err.value.key == "dp.pad_to" and "at least train.batch_size=64" in str(err.value)
+    assert fused.pad_bound(None, 64) == 80 and fused.pad_bound(64, 64) == 64
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    with pytest.raises(InputError) as err:
+        fused.FusedStep(model, nn.CrossEntropyLoss(), max_grad_norm=1.0, pad_to=8, mode=None)
+    assert err.value.key == "dp.grad_sample_mode" and "'1' (BatchNorm1d)" in str(err.value)
+
+
+@pytest.mark.slow
+def test_the_compiled_pass_equals_the_eager_one() -> None:
+    """torch.compile (inductor, on the CPU here) gives the eager pass's sum: the vmap way and the linear tail."""
+    torch.manual_seed(3)
+    for make in (_cnn, _mlp):
+        model, x = make()
+        y = torch.randint(0, 10, (len(x),))
+        eager = fused.FusedStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=32, mode=None)
+        compiled = fused.FusedStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=32, mode="default")
+        expected = eager.clipped_sum(x, y).clone()
+        torch.testing.assert_close(compiled.clipped_sum(x, y), expected, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(compiled.clipped_sum(x[:20], y[:20]), eager.clipped_sum(x[:20], y[:20]),
+                                   rtol=1e-4, atol=1e-6)  # fmt: skip
