@@ -41,11 +41,11 @@ from dpsweep.config import (
     Config,
     ConfigError,
     DPConfig,
-    PrivacyUnit,
     SweepConfig,
     flatten,
     identity,
     identity_hash,
+    population,
     validate,
     validate_for_dataset,
     validate_input_shape,
@@ -184,11 +184,6 @@ def tuning_procedure(plans: Sequence[RunPlan], sweep: SweepConfig) -> tuning.Pro
 def _scheduled_steps(cfg: Config, n_train: int) -> int:
     """Steps of train.epochs epochs of ceil(N/B) steps (Opacus's Poisson-loader convention)."""
     return privacy.poisson_schedule(n_train, cfg.train.batch_size).steps(cfg.train.epochs)
-
-
-def population(cfg: Config, n_train: int) -> int:
-    """N of the guarantee: training examples, or users with dp.unit=user (dataset.num_users)."""
-    return cfg.dataset.num_users if cfg.dp.enabled and cfg.dp.unit == PrivacyUnit.user else n_train
 
 
 def stops_at_budget(cfg: Config) -> bool:

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
-from dpsweep.config import ClassifierTaskConfig, DPConfig, TaskConfig, shown_model
+from dpsweep.config import UNITS, ClassifierTaskConfig, DPConfig, TaskConfig, shown_model
 from dpsweep.errors import InputError
 from dpsweep.registry import Registry
 
@@ -73,9 +73,10 @@ NEIGHBOUR_NOTES = {
     "add_or_remove_one": "one unit added or removed",
     "replace_one_with_zero": "one unit replaced by a zero record",
 }
-# Who holds which examples (dpsweep.data.users), what a dp.unit=user row's users are. Without DP they change
-# nothing a run computes (only dp.unit=user reads them), so a baseline is matched without them.
-USER_PARAMS = ("dataset.users", "dataset.num_users", "dataset.user_label_skew", "dataset.users_seed")
+# The keys only runs at one privacy unit read (dpsweep.config.UNITS: who holds which examples, what a
+# dp.unit=user row's users are). Without DP they change nothing a run computes, so a baseline is matched
+# without them.
+USER_PARAMS = tuple(key for facts in UNITS.values() for key in facts.keys)
 
 # Memory of the first training iteration at each stage (levels, not increments), and the peaks.
 MEMORY_STAGES: dict[str, str] = {

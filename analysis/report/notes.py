@@ -38,7 +38,7 @@ from dpsweep.analysis.report.table import (
     score_name,
     shows_privacy_kinds,
 )
-from dpsweep.config import PrivacyUnit
+from dpsweep.config import UNITS
 
 
 def check(runs: pd.DataFrame, table: pd.DataFrame) -> list[str]:
@@ -308,18 +308,17 @@ def _unit_line(private: pd.DataFrame) -> str:
     """``Unit: ...``: whom the ε of each unit of the ``private`` rows protects, with N."""
     units = []
     unit_of_row = row_units(private)
-    for unit in sorted(set(unit_of_row), key=lambda u: (u != PrivacyUnit.example.value, u)):
-        if unit == PrivacyUnit.example.value:
-            units.append("unit=example: ε per example (protects one training example; N = training examples)")
-        elif unit == PrivacyUnit.user.value:
-            users = column(private, "params.dataset.num_users")[unit_of_row == unit].dropna()
-            n = ", ".join(sorted({param_text(v) for v in users}, key=sort_key)) or "?"
-            units.append(
-                "unit=user: ε per user (protects all of one user's examples, at most dp.max_examples_per_user "
-                f"of them per step; N = users, dataset.num_users = {n})"
-            )
-        else:
+    order = list(UNITS)
+    for unit in sorted(set(unit_of_row), key=lambda u: (order.index(u) if u in order else len(order), u)):
+        facts = UNITS.get(unit)
+        if facts is None:
             units.append(f"unit={unit}: ε per {unit}")
+            continue
+        n = ""
+        if facts.population_key is not None:
+            values = column(private, f"params.{facts.population_key}")[unit_of_row == unit].dropna()
+            n = ", ".join(sorted({param_text(v) for v in values}, key=sort_key)) or "?"
+        units.append(f"unit={unit}: " + facts.protects.format(n=n))
     line = "Unit: whom each row's ε protects. " + "; ".join(units) + "."
     if len(units) > 1:
         line += (

@@ -51,7 +51,7 @@ from dpsweep.analysis.report.columns import (
     task_objectives,
 )
 from dpsweep.analysis.report.query import hyperparameter_keys
-from dpsweep.config import TASK_SECTIONS, PrivacyUnit
+from dpsweep.config import TASK_SECTIONS, UNITS
 from dpsweep.registry import Registry
 
 
@@ -169,6 +169,9 @@ def private_only(key: str) -> bool:
     return key.startswith("dp.") or key in USER_PARAMS
 
 
+UNIT_OF_KEY = {key: unit for unit, facts in UNITS.items() for key in facts.keys}  # keys read at one unit only
+
+
 def key_applies(rows: pd.DataFrame, key: str) -> pd.Series:
     """Which of ``rows`` (table rows) the hyperparameter ``key`` means something for: DP's keys (dp.*)
     the private rows; the users' assignment (USER_PARAMS) the private rows over users (unit=user),
@@ -176,14 +179,16 @@ def key_applies(rows: pd.DataFrame, key: str) -> pd.Series:
     if not private_only(key):
         return pd.Series(True, index=rows.index, dtype=bool)
     private = rows["private"].astype(bool)
-    return private & (row_units(rows) == PrivacyUnit.user.value) if key in USER_PARAMS else private
+    unit = UNIT_OF_KEY.get(key)
+    return private & (row_units(rows) == unit) if unit is not None else private
 
 
 def row_applies(row: pd.Series, key: str) -> bool:
     """:func:`key_applies` for one row."""
     if not private_only(key):
         return True
-    return bool(row["private"]) and (key not in USER_PARAMS or row.get("unit") == PrivacyUnit.user.value)
+    unit = UNIT_OF_KEY.get(key)
+    return bool(row["private"]) and (unit is None or row.get("unit") == unit)
 
 
 def baseline_key(key: str) -> bool:

@@ -21,6 +21,7 @@ from dpsweep.config.dataset import (
 )
 from dpsweep.config.dp import (
     SECURE_RNG_MODULE,
+    UNITS,
     Accountant,
     Clipping,
     DPConfig,
@@ -28,6 +29,8 @@ from dpsweep.config.dp import (
     PrivacyUnit,
     QuantileMethod,
     RdpOrders,
+    UnitFacts,
+    population,
 )
 from dpsweep.config.launcher import LauncherConfig, validate_launcher
 from dpsweep.config.model import CNNConfig, MLPConfig, ModelConfig, VGG16FrozenConfig
@@ -68,6 +71,7 @@ __all__ = [
     "SECURE_RNG_MODULE",
     "SWEEPER_KEYS",
     "TASK_SECTIONS",
+    "UNITS",
     "USER_ASSIGNMENTS",
     "Accountant",
     "AdamConfig",
@@ -96,11 +100,13 @@ __all__ = [
     "TorchvisionDatasetConfig",
     "TrackingConfig",
     "TrainConfig",
+    "UnitFacts",
     "VGG16FrozenConfig",
     "flatten",
     "given_overrides",
     "identity",
     "identity_hash",
+    "population",
     "register_configs",
     "settings",
     "shown_model",

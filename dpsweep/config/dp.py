@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dpsweep.config.checks import require
 from dpsweep.privacy import ranges
@@ -29,6 +29,39 @@ class PrivacyUnit(StrEnum):
 
     example = "example"
     user = "user"
+
+
+@dataclass(frozen=True)
+class UnitFacts:
+    """What a privacy unit means where a run is planned and reported."""
+
+    protects: str  # the report's line: whom each ε protects ({n}: the values of population_key)
+    population_key: str | None  # the config key whose value is N of the guarantee; None: the training examples
+    keys: tuple[str, ...] = ()  # config keys that only runs at this unit read
+
+
+# Whom each dp.unit protects (the report's notes, dpsweep-plan's N): one entry per PrivacyUnit.
+UNITS: dict[str, UnitFacts] = {
+    PrivacyUnit.example.value: UnitFacts("ε per example (protects one training example; N = training examples)", None),
+    PrivacyUnit.user.value: UnitFacts(
+        "ε per user (protects all of one user's examples, at most dp.max_examples_per_user of them per step; "
+        "N = users, dataset.num_users = {n})",
+        "dataset.num_users",
+        ("dataset.users", "dataset.num_users", "dataset.user_label_skew", "dataset.users_seed"),
+    ),
+}
+
+
+def population(cfg: Config, n_train: int) -> int:
+    """N of the guarantee: the training examples, or the value of the unit's ``population_key`` (users
+    with dp.unit=user: dataset.num_users)."""
+    key = UNITS[cfg.dp.unit.value].population_key if cfg.dp.enabled else None
+    if key is None:
+        return n_train
+    value: Any = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return int(value)
 
 
 class RdpOrders(StrEnum):

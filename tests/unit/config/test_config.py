@@ -12,7 +12,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf, ReadonlyConfigError
 
 from dpsweep import config as C
-from dpsweep.config import ConfigError, to_config, validate, validate_for_dataset
+from dpsweep.config import UNITS, ConfigError, PrivacyUnit, population, to_config, validate, validate_for_dataset
 from dpsweep.data.facts import DatasetFacts
 from dpsweep.plan import prepare
 from dpsweep.run.runner import resolved_yaml
@@ -242,3 +242,12 @@ def test_the_logged_config_has_the_calibrated_noise(make_cfg: Composer) -> None:
 def test_to_config_rejects_a_plain_mapping() -> None:
     with pytest.raises(TypeError, match="schema"):
         to_config(OmegaConf.create({"dataset": {"name": "digits"}}))
+
+
+def test_every_privacy_unit_says_whom_it_protects_and_its_n(make_cfg: Composer) -> None:
+    """dpsweep.config.UNITS: one entry per dp.unit; N is the training examples or the unit's own key."""
+    assert set(UNITS) == {u.value for u in PrivacyUnit}
+    assert population(to_config(make_cfg()), 1437) == 1437
+    users = to_config(make_cfg("dp.unit=user", "dataset.users=partition", "dataset.num_users=50"))
+    assert population(users, 1437) == 50 and UNITS["user"].population_key == "dataset.num_users"
+    assert population(to_config(make_cfg("dp=off", "dataset.num_users=50")), 1437) == 1437  # no DP: no unit
