@@ -8,6 +8,14 @@ after a resume (the restored accountant plus the steps since) covers every step 
 DP runs are saved with Opacus's ``PrivacyEngine.save_checkpoint``; a checkpoint is only resumed by
 a run of the same config (its hash is stored and compared).
 
+**A checkpoint runs no code.** Checkpoint directories often sit on shared file systems, and a pickle
+can run any command as it loads. Every checkpoint holds only tensors, numbers, strings and the
+containers of those (NumPy's RNG state is kept as a tensor), and is read with
+``torch.load(weights_only=True)``, torch's allow-listed unpickler; Opacus's own
+``PrivacyEngine.load_checkpoint`` unpickles with ``weights_only=False``, so its three steps (model,
+accountant, optimizer) are done here instead. A file that needs anything else is refused as unreadable:
+set aside as ``checkpoint.pt.corrupt-<time>``, and the run starts afresh.
+
     dpsweep train.checkpoint_dir=ckpt/  # kill it, run it again: it continues from the last epoch
 """
 
@@ -48,10 +56,12 @@ class TrainingState:
 def capture_rng(loader_generator: torch.Generator) -> dict[str, Any]:
     """Every RNG a step draws from: Opacus draws its noise on the parameters' device, so on a GPU
     the CUDA generators must be restored too, or a resumed run would repeat earlier noise."""
+    kind, keys, position, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        "numpy": np.random.get_state(),
+        # NumPy's MT19937 state as a tensor and plain numbers: what torch.load(weights_only=True) reads
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(position), int(has_gauss), float(cached_gaussian)),
         "python": random.getstate(),
         "loader": loader_generator.get_state(),
     }
@@ -61,7 +71,8 @@ def restore_rng(rng: dict[str, Any], loader_generator: torch.Generator) -> None:
     torch.set_rng_state(rng["torch"])
     if rng.get("cuda") is not None:
         torch.cuda.set_rng_state_all(rng["cuda"])
-    np.random.set_state(rng["numpy"])
+    kind, keys, position, has_gauss, cached_gaussian = rng["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached_gaussian))
     random.setstate(rng["python"])
     loader_generator.set_state(rng["loader"])
 
@@ -88,13 +99,20 @@ def save(
     return path
 
 
-# What torch.load raises on a truncated or garbled file (zip archive, pickle, tensor storage).
+# What torch.load raises on a truncated or garbled file (zip archive, pickle, tensor storage), or on one
+# that holds anything but tensors, numbers, strings and their containers (weights_only: UnpicklingError).
 UNREADABLE = (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, KeyError, TypeError, ValueError)
+
+
+def read(path: Path) -> dict[str, Any]:
+    """A checkpoint's contents, unpickled by torch's allow-list alone (``weights_only=True``: no code runs)."""
+    blob: dict[str, Any] = torch.load(path, weights_only=True, map_location="cpu")
+    return blob
 
 
 def _read_state(path: Path) -> TrainingState:
     """The training state saved at ``path`` (raises OSError or one of UNREADABLE)."""
-    return TrainingState(**torch.load(path, weights_only=False, map_location="cpu")["training_state"])
+    return TrainingState(**read(path)["training_state"])
 
 
 def peek_any(directory: Path) -> TrainingState | None:
@@ -153,13 +171,11 @@ def load(
 ) -> TrainingState:
     """Restore model, optimizer and accountant from the checkpoint :func:`peek` found in ``directory``.
     Its config is checked again on the loaded state (the file may have been replaced since)."""
-    path = directory / FILENAME
-    if engine is not None:
-        blob = engine.load_checkpoint(path=path, module=model, optimizer=optimizer)
-    else:
-        blob = torch.load(path, weights_only=False, map_location="cpu")
-        model.load_state_dict(blob["module_state_dict"])
-        optimizer.load_state_dict(blob["optimizer_state_dict"])
+    blob = read(directory / FILENAME)
+    model.load_state_dict(blob["module_state_dict"])
+    if engine is not None:  # what PrivacyEngine.load_checkpoint restores, from the safely read file
+        engine.accountant.load_state_dict(blob["privacy_accountant_state_dict"])
+    optimizer.load_state_dict(blob["optimizer_state_dict"])
     state = TrainingState(**blob["training_state"])
     _check_hash(directory, state, expected_hash)
     return state

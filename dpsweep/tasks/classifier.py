@@ -234,7 +234,7 @@ class ClassifierRun:
             train_pass(self.trainer, (x, y), stages)
         self.optimizer.zero_grad(set_to_none=True)
         trainable.seek(0)
-        saved = torch.load(trainable, map_location=device)
+        saved = torch.load(trainable, map_location=device, weights_only=True)
         with torch.no_grad():
             for name, p in self.model.named_parameters():
                 if name in saved:

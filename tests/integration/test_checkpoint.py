@@ -119,3 +119,49 @@ def test_a_finished_runs_checkpoint_is_stale_and_the_config_runs_afresh(
         second.run_id: "FINISHED",
     }
     assert second.epsilon == first.epsilon and second.steps == first.steps
+
+
+class _RunsACommand:
+    """What a crafted checkpoint holds: unpickling it would run a shell command (pickle's __reduce__)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_as_unreadable_and_runs_nothing(tmp_path: Path) -> None:
+    """Issue 39, item 7: checkpoints are read with torch.load(weights_only=True); a pickle that calls a
+    function is set aside like a corrupt file, and its command never runs."""
+    marker, ckpt = tmp_path / "ran", tmp_path / "ckpt"
+    ckpt.mkdir()
+    state = {"config_hash": "h", "run_id": "r", "epoch": 1, "steps": 1, "payload": _RunsACommand(marker)}
+    torch.save({"training_state": state}, ckpt / checkpoint.FILENAME)
+    found = checkpoint.peek(ckpt, "h")
+    assert found.state is None and found.set_aside is not None and found.set_aside.exists()
+    assert not (ckpt / checkpoint.FILENAME).exists() and checkpoint.peek_any(ckpt) is None
+    assert not marker.exists()  # nothing ran
+    with pytest.raises(checkpoint.UNREADABLE):
+        checkpoint.read(found.set_aside)
+    assert not marker.exists()
+
+
+def test_every_checkpoint_dpsweep_writes_is_read_without_unpickling_code(tmp_path: Path) -> None:
+    """The RNG states (NumPy's included) and Opacus's accountant survive torch.load(weights_only=True)."""
+    import numpy as np
+
+    generator = torch.Generator().manual_seed(3)
+    np.random.seed(7)
+    rng = checkpoint.capture_rng(generator)
+    expected = np.random.random(5)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = checkpoint.TrainingState("h", "r", 1, 4, [{"test_accuracy": 0.5}], 10, rng)
+    path = checkpoint.save(tmp_path, state, model, optimizer, None)
+    blob = checkpoint.read(path)  # weights_only=True
+    again = checkpoint.TrainingState(**blob["training_state"])
+    np.random.seed(0)
+    checkpoint.restore_rng(again.rng, torch.Generator())
+    assert np.array_equal(np.random.random(5), expected)  # NumPy's stream continues where it was saved
+    assert checkpoint.load(tmp_path, "h", model, optimizer, None).steps == 4

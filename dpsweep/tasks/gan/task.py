@@ -246,7 +246,7 @@ class GanRun:
         self._critic_step(*self._exact_batch(), stages)
         self.optimizer.zero_grad(set_to_none=True)
         saved.seek(0)
-        self.gan.load_state_dict(torch.load(saved, map_location=self.device))
+        self.gan.load_state_dict(torch.load(saved, map_location=self.device, weights_only=True))
         self.optimizer.load_state_dict(optimizer_state)
         torch.set_rng_state(rng[0])
         if rng[1] is not None:
