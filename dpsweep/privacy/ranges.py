@@ -8,7 +8,10 @@ The trainer names config keys (``dp.noise_multiplier``), ``dpsweep-epsilon`` nam
     # dp.noise_multiplier=-1.0 is invalid: a positive, finite noise multiplier σ
 
 Non-finite values (nan, inf) are refused everywhere: an infinite σ or C trains nothing useful and
-an infinite σ makes the accountants loop.
+an infinite σ makes the accountants loop. So are finite values that break the arithmetic that uses
+them: a C that float32, the type training computes in, cannot hold with its noise σ·C (1e39 is finite
+in float64 and infinite in float32: the run trained at chance), and a σ whose square the accountants'
+float64 arithmetic overflows or underflows (1e300 gave a traceback).
 """
 
 from __future__ import annotations
@@ -33,8 +36,20 @@ class Rule:
 
 
 RULES: Registry[Rule] = Registry("range rule")
-RULES.register("noise_multiplier")(Rule("a positive, finite noise multiplier σ", lambda v: _finite(v) and v > 0))
-RULES.register("max_grad_norm")(Rule("a positive, finite clipping norm C", lambda v: _finite(v) and v > 0))
+SIGMA_RANGE = (1e-6, 1e6)  # below, one step's RDP exceeds 1e11 (no guarantee); above, ε is 0 to float precision
+MAX_CLIP_NORM = 1e30  # float32 holds C and its noise σ·C (σ ≤ 1e6): 1e36 < 3.4e38
+RULES.register("noise_multiplier")(
+    Rule(
+        f"a positive, finite noise multiplier σ from {SIGMA_RANGE[0]:g} to {SIGMA_RANGE[1]:g}",
+        lambda v: _finite(v) and SIGMA_RANGE[0] <= v <= SIGMA_RANGE[1],
+    )
+)
+RULES.register("max_grad_norm")(
+    Rule(
+        f"a positive, finite clipping norm C of at most {MAX_CLIP_NORM:g} (float32 must hold C and σ·C)",
+        lambda v: _finite(v) and 0 < v <= MAX_CLIP_NORM,
+    )
+)
 RULES.register("delta")(Rule("a probability δ in the open interval (0, 1)", lambda v: _finite(v) and 0 < v < 1))
 RULES.register("target_epsilon")(Rule("a positive, finite ε", lambda v: _finite(v) and v > 0))
 RULES.register("dataset_size")(Rule("a positive number of examples N", lambda v: _finite(v) and v > 0))

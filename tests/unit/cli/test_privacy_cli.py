@@ -88,6 +88,9 @@ BAD = [
     (["-s", "1000", "-b", "500", "-n", "0.3", "--target-epsilon", "0.01"], "--target-epsilon=0.01", "one epoch"),
     (["-s", "1000", "-b", "10", "-n", "nan", "-e", "1"], "-n/--noise-multiplier=nan is invalid", "finite"),
     (["-s", "1000", "-b", "10", "-n", "inf", "-e", "1"], "-n/--noise-multiplier=inf is invalid", "finite"),
+    # finite but absurd: σ² overflowed float64 in the accountant (a traceback before; issue 39, item 12)
+    (["-s", "1000", "-b", "10", "-n", "1e300", "-e", "1"], "-n/--noise-multiplier=1e+300 is invalid", "to 1e+06"),
+    (["-s", "1000", "-b", "10", "-n", "1e-300", "-e", "1"], "-n/--noise-multiplier=1e-300", "from 1e-06"),
     (["-s", "1000", "-b", "10", "-n", "1", "-e", "1", "--alphas", "nan"], "--alphas=[nan] is invalid", "finite"),
     (["-s", "1000", "-b", "10", "-e", "1", "--target-epsilon", "nan"], "--target-epsilon=nan is invalid", "finite"),
     (
