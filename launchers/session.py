@@ -28,6 +28,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
 
 from dpsweep.config import given_overrides
+from dpsweep.errors import redacted
 
 if TYPE_CHECKING:
     from dpsweep.config import Config
@@ -133,8 +134,8 @@ class SweepSession:
         tracking = TrackingConfig(self.first.tracking.uri, self.first.tracking.experiment_name, name)
         own = {"sweep.id": self.sweep_id, "sweep.role": "parent", **tags, "sweep.launcher": self.first.launcher.name}
         carried = carried_baseline() if self.inline else contextlib.nullcontext()
-        with terminate_as_interrupt(), tracked_run(tracking, own) as parent, carried:
-            parent.log_params(dict(params))
+        with terminate_as_interrupt(), tracked_run(tracking, redacted(own)) as parent, carried:
+            parent.log_params(redacted(dict(params)))  # a URL's password is never logged
             self.parent = parent
             yield parent
 

@@ -43,6 +43,7 @@ from dpsweep import tasks, units
 from dpsweep.config import Config, ConfigError, Device, flatten, identity, settings, structured, to_config, validate
 from dpsweep.data import loaders as datasets
 from dpsweep.data.facts import DatasetFacts
+from dpsweep.errors import redact, redacted
 from dpsweep.memory import stages as memory
 from dpsweep.plan import MemoryFiles, RunPlan, accounting, mechanism_of, prepare
 from dpsweep.privacy import ledger
@@ -447,7 +448,7 @@ def run_tags(plan: RunPlan, data: datasets.DataSplits, device: torch.device, bac
         }  # fmt: skip
         if plan.privacy.calibrated:
             tags["dp.noise_multiplier_calibrated"] = plan.privacy.noise_multiplier
-    return tags
+    return redacted(tags)
 
 
 def run_params(plan: RunPlan) -> dict[str, Any]:
@@ -455,7 +456,7 @@ def run_params(plan: RunPlan) -> dict[str, Any]:
     flattened resolved config, σ as calibrated). Without DP only ``dp.enabled`` is kept, since σ, C,
     δ and the accountant have no effect on a non-private run. Settings that do not change the
     result (launcher, sweep, tracking, paths, progress bars) are :func:`setting_tags`."""
-    params = identity(flatten(plan.config))
+    params = redacted(identity(flatten(plan.config)))
     if plan.privacy is None:
         return params
     return params | {"dp.noise_multiplier": plan.privacy.noise_multiplier}
@@ -465,7 +466,7 @@ def setting_tags(plan: RunPlan) -> dict[str, Any]:
     """The config's settings that do not change the result (:func:`dpsweep.config.settings`), as tags
     (same dotted keys): so that the MLflow UI's params are the hyperparameters alone. ``config.yaml``
     holds both."""
-    return settings(flatten(plan.config))
+    return redacted(settings(flatten(plan.config)))  # a URL's password is never logged
 
 
 def resolved_yaml(plan: RunPlan) -> str:
@@ -475,4 +476,4 @@ def resolved_yaml(plan: RunPlan) -> str:
         config = dataclasses.replace(
             config, dp=dataclasses.replace(config.dp, noise_multiplier=plan.privacy.noise_multiplier)
         )
-    return OmegaConf.to_yaml(structured(config))
+    return redact(OmegaConf.to_yaml(structured(config)))  # a URL's password is never logged

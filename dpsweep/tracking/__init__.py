@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from dpsweep.config import TrackingConfig
+from dpsweep.errors import redact
 from dpsweep.process.liveness import ProcessId, heartbeat
 from dpsweep.tracking.channel import service
 
@@ -171,7 +172,7 @@ def next_steps(uri: str, experiment: str, sweep_id: str | None = None) -> str:
         found = None
     if found is not None:
         browse += f", then open {ui_url(UI_ADDRESS if local else uri, found)}"
-    return f"dpsweep: next: {report}; browse the runs: {browse}"
+    return redact(f"dpsweep: next: {report}; browse the runs: {browse}")  # a URL's password is never printed
 
 
 def _now_ms() -> int:

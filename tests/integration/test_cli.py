@@ -73,6 +73,8 @@ def test_sweep_runs_each_job_and_prints_accuracy_and_epsilon(tmp_path: Path) -> 
     [
         (["dp.noise_multiplier=0"], "dp.noise_multiplier=0.0 is invalid: a positive, finite noise multiplier"),
         (["dp.delta=0.01"], "dp.delta=0.01 is invalid: a δ below 1/N"),
+        # finite in float64, infinite in float32: it trained at chance with an ε before (issue 39, item 12)
+        (["dp.max_grad_norm=1e39"], "dp.max_grad_norm=1e+39 is invalid: a positive, finite clipping norm C of at most"),
         (["dataset=cifar10", "dataset.root=nowhere"], "cifar-10-batches-py"),
         (["task=gan", "task.n_critic=0"], "task.n_critic=0 is invalid: 1 or more critic steps per generator step"),
         (["task=gan", "dp.grad_sample_mode=ghost"], "dp.grad_sample_mode='ghost' is invalid: functorch with task=gan"),
@@ -129,3 +131,23 @@ def test_help_names_the_tool_and_lists_each_groups_real_options(
     for group in groups:
         options = ", ".join(sorted(p.stem for p in group.glob("*.yaml")))
         assert f"\n{group.name}: {options}\n" in done.stdout, group.name
+
+
+def test_a_password_in_a_url_is_never_logged_or_printed(tmp_path: Path) -> None:
+    """Issue 39, item 8: the password of sweep.storage (Optuna's database) and of tracking.uri (an MLflow
+    server) appears in no param, tag, config.yaml or printed line; the user name and host stay."""
+    from dpsweep.errors import InputError, redact
+
+    storage = "postgresql://alice:s3cret@db.example:5432/optuna"
+    proc = run_cli(tmp_path, "train.epochs=1", f"sweep.storage={storage}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    [run] = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    config_yaml = Path(client.download_artifacts(run.info.run_id, "config.yaml", str(tmp_path))).read_text()
+    logged = [*run.data.params.values(), *run.data.tags.values(), config_yaml, proc.stdout, proc.stderr]
+    assert not [text for text in logged if "s3cret" in text]
+    assert run.data.tags["sweep.storage"] == "postgresql://alice:***@db.example:5432/optuna"
+    uri = "http://bob:hunter2@mlflow.example:5000"
+    assert redact(f"next: --tracking-uri {uri}") == "next: --tracking-uri http://bob:***@mlflow.example:5000"
+    assert "hunter2" not in str(InputError("tracking.uri", uri, "a reachable server"))
+    assert redact("sqlite:///mlflow.db and user@host:/path") == "sqlite:///mlflow.db and user@host:/path"
