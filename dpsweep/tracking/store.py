@@ -119,15 +119,23 @@ def _create_run(client: MlflowClient, cfg: TrackingConfig, tags: dict[str, str],
 T = TypeVar("T")
 
 
-def retry_busy(call: Callable[[], T]) -> T:
+# What SQLite and PostgreSQL answer when two writers insert the same row at once (a store's check for
+# a row and its insert are not one step): retried by the writes that create a shared row if it is missing.
+CONFLICTS = ("unique constraint failed", "duplicate key value violates unique constraint")
+
+
+def retry_busy(call: Callable[[], T], conflicts: bool = False) -> T:
     """``call()``, retried with exponential backoff (0.05 s doubling, BUSY_RETRIES attempts) while
-    SQLite answers "database is locked" or "busy": concurrent jobs writing one local store."""
+    SQLite answers "database is locked" or "busy": concurrent jobs writing one local store. With
+    ``conflicts``, also while another writer inserted the same row first (:data:`CONFLICTS`): for a
+    write that reuses a row that exists, the retry then finds it."""
     for attempt in range(BUSY_RETRIES):
         try:
             return call()
         except Exception as err:  # MlflowException and SQLAlchemy's OperationalError both carry the text
             text = str(err).lower()
-            if attempt == BUSY_RETRIES - 1 or ("database is locked" not in text and "busy" not in text):
+            busy = "database is locked" in text or "busy" in text
+            if attempt == BUSY_RETRIES - 1 or not (busy or (conflicts and any(c in text for c in CONFLICTS))):
                 raise
             time.sleep(0.05 * 2**attempt)
     raise AssertionError("unreachable")
@@ -385,7 +393,9 @@ def log_dataset_splits(uri: str, run_id: str, public: Mapping[str, str], digest:
         source = CodeDatasetSource(dict(public) | {"split": split})
         meta = MetaDataset(source, name=f"{name}-{split}", digest=digest)  # type: ignore[abstract]
         inputs.append(DatasetInput(meta._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", split)]))
-    retry_busy(lambda: client_of(uri).log_inputs(run_id, datasets=inputs))
+    # a dataset of the experiment is stored once: two jobs may insert it at once, and the later one
+    # then links the stored dataset on its retry (issue 39, item 1)
+    retry_busy(lambda: client_of(uri).log_inputs(run_id, datasets=inputs), conflicts=True)
 
 
 _MONITORS: dict[str, Any] = {}  # run id -> its system metrics monitor, or the timer that starts it
