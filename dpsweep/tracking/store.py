@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlparse
 
 import mlflow
 from mlflow.entities import Metric, Param, RunTag
@@ -67,7 +68,11 @@ def store_lock(uri: str) -> Iterator[None]:
 def open_client(uri: str) -> MlflowClient:
     """A client of ``uri`` whose store exists. A new sqlite store is created (its schema and
     migrations) under :func:`store_lock`: MLflow's migrations collide when several processes open a
-    fresh database at once, and the loser can leave it broken for good."""
+    fresh database at once, and the loser can leave it broken for good. A server (http, https) must
+    answer MLflow's ``/health`` within :data:`SERVER_PROBE_S`: MLflow's own client retries an unreachable
+    one for minutes, then prints a traceback (issue 39, item 13)."""
+    if uri not in _READY and urlparse(uri).scheme in ("http", "https"):
+        _probe_server(uri)
     if uri not in _READY and uri.startswith("sqlite:///"):
         db = Path(uri[len("sqlite:///") :])
         if not os.access(db.parent if str(db.parent) else Path("."), os.W_OK):
@@ -83,6 +88,30 @@ def open_client(uri: str) -> MlflowClient:
                 ) from err
     _READY.add(uri)
     return MlflowClient(uri)
+
+
+SERVER_PROBE_S = 10.0  # how long a tracking server may take to answer before the run is refused
+
+
+def _probe_server(uri: str) -> None:
+    """ConfigError naming ``tracking.uri`` unless the server answers (any HTTP status is an answer)."""
+    import urllib.error
+    import urllib.request
+
+    parts = urlparse(uri)
+    server = f"{parts.hostname}" + (f":{parts.port}" if parts.port else "")  # no user or password
+    health = parts._replace(netloc=server, path=parts.path.rstrip("/") + "/health").geturl()
+    try:
+        with urllib.request.urlopen(health, timeout=SERVER_PROBE_S):
+            return
+    except urllib.error.HTTPError:  # it answered (an auth proxy, an older server): MLflow's client says the rest
+        return
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        raise ConfigError(
+            "tracking.uri", uri, f"a reachable MLflow server: no answer from {server} within "
+            f"{SERVER_PROBE_S:g} s ({reason}); start it, or use a local store (sqlite:///mlflow.db)",
+        ) from err  # fmt: skip
 
 
 def _holder(client: MlflowClient, experiment: str, claim: Claim) -> Any:

@@ -73,6 +73,8 @@ def test_sweep_runs_each_job_and_prints_accuracy_and_epsilon(tmp_path: Path) -> 
     [
         (["dp.noise_multiplier=0"], "dp.noise_multiplier=0.0 is invalid: a positive, finite noise multiplier"),
         (["dp.delta=0.01"], "dp.delta=0.01 is invalid: a δ below 1/N"),
+        # an unreachable server: refused in seconds (MLflow's client retried for minutes; issue 39, item 13)
+        (["tracking.uri=http://127.0.0.1:9"], "tracking.uri='http://127.0.0.1:9' is invalid: a reachable MLflow"),
         # finite in float64, infinite in float32: it trained at chance with an ε before (issue 39, item 12)
         (["dp.max_grad_norm=1e39"], "dp.max_grad_norm=1e+39 is invalid: a positive, finite clipping norm C of at most"),
         (["dataset=cifar10", "dataset.root=nowhere"], "cifar-10-batches-py"),
