@@ -135,10 +135,12 @@ class Found:
 def peek(directory: Path, expected_hash: str) -> Found:
     """The saved training state (run id, epoch), read once, without loading the model.
 
-    A checkpoint that cannot be read (truncated, garbled) is renamed ``checkpoint.pt.corrupt-<time>``
-    and the run starts afresh. Checkpoints are written atomically (:func:`save`), so this takes a fault
-    outside dpsweep: a full disk, a bad copy. A checkpoint of another config raises: no run silently
-    mixes two."""
+    A checkpoint that cannot be read (truncated, garbled, or holding more than tensors and numbers) is
+    renamed ``checkpoint.pt.corrupt-<time>`` and the run starts afresh. Checkpoints are written
+    atomically (:func:`save`), so this takes a fault outside dpsweep: a full disk, a bad copy, a
+    crafted file. A checkpoint of another config is never loaded: it is renamed
+    ``checkpoint.pt.config-<its hash>`` and the run starts afresh (a reused ``hydra.sweep.dir`` gives a
+    new sweep's job the directory of an old job of another config; issue 39, item 5)."""
     path = directory / FILENAME
     if not path.exists():
         return Found(None)
@@ -148,7 +150,10 @@ def peek(directory: Path, expected_hash: str) -> Found:
         aside = path.with_name(f"{FILENAME}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
         path.replace(aside)
         return Found(None, aside)
-    _check_hash(directory, state, expected_hash)
+    if state.config_hash != expected_hash:
+        aside = path.with_name(f"{FILENAME}.config-{state.config_hash}")
+        path.replace(aside)
+        return Found(None, aside)
     return Found(state)
 
 

@@ -155,8 +155,10 @@ def _tracked(start: _Start, monitor: memory.MemoryMonitor) -> TrainResult:
     config, plan, data, resume, ckpt_dir = start.config, start.plan, start.data, start.resume, start.ckpt_dir
     task_run = tasks.get(config.task.name).build(tasks.RunInputs(config, plan, data, start.device))
     tags = run_tags(plan, data, start.device, monitor.backend) | task_run.tags()
-    if start.found.set_aside is not None:  # the run starts afresh; the unreadable file is kept for inspection
+    if start.found.set_aside is not None:  # the run starts afresh; the file is kept for inspection
         tags["checkpoint.set_aside"] = str(start.found.set_aside)
+        log.warning("checkpoint set aside as %s (unreadable, or of another config): starting afresh",
+                    start.found.set_aside)  # fmt: skip
     claim = _claim(config, plan)
     with (
         terminate_as_interrupt(),

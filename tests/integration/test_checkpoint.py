@@ -16,7 +16,7 @@ import torch
 from helpers import Composer, runs_of
 from mlflow.tracking import MlflowClient
 
-from dpsweep.config import ConfigError, to_config
+from dpsweep.config import to_config
 from dpsweep.data.facts import DatasetFacts
 from dpsweep.plan import prepare
 from dpsweep.privacy import schedule as privacy
@@ -81,12 +81,20 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(
     assert resumed.data.params["dp.max_grad_norm_chosen"] == str(chosen)
 
 
-def test_a_checkpoint_of_another_config_is_refused(tmp_path: Path, make_cfg: Composer) -> None:
+def test_a_checkpoint_of_another_config_is_never_loaded_and_the_run_starts_afresh(
+    tmp_path: Path, make_cfg: Composer, client: MlflowClient, experiment_name: str
+) -> None:
+    """Issue 39, item 5: a reused hydra.sweep.dir gives a new job an old job's directory. Its checkpoint
+    (another config) is set aside, kept for inspection, and the new run trains from its first epoch."""
     state = checkpoint.TrainingState(config_hash="0" * 16, run_id="x", epoch=1, steps=1)
     model = torch.nn.Linear(2, 2)
     checkpoint.save(tmp_path, state, model, torch.optim.SGD(model.parameters(), lr=0.1), None)
-    with pytest.raises(ConfigError, match=r"train.checkpoint_dir=.* belongs to config"):
-        train(make_cfg(f"train.checkpoint_dir={tmp_path}"))
+    result = train(make_cfg(f"train.checkpoint_dir={tmp_path}", "train.epochs=1"))
+    assert result.steps == 23 and len(result.epochs) == 1  # afresh: not resumed from the other config's epoch
+    aside = tmp_path / f"{checkpoint.FILENAME}.config-{'0' * 16}"
+    assert aside.exists() and not (tmp_path / checkpoint.FILENAME).exists()
+    [run] = runs_of(client, experiment_name)
+    assert run.info.status == "FINISHED" and run.data.tags["checkpoint.set_aside"] == str(aside)
 
 
 def test_checkpointed_rng_replays_device_resident_poisson_batches() -> None:

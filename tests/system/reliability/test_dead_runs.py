@@ -125,3 +125,28 @@ def test_local_jobs_die_with_their_driver_and_a_rerun_makes_no_duplicate(tmp_pat
     assert again.returncode == 0, again.stdout + again.stderr
     assert "ended run" in again.stdout  # the parent left RUNNING by the killed driver, closed first
     assert not [s for s, _ in statuses(tmp_path).values() if s == "RUNNING"]
+
+
+def test_a_dead_runs_checkpoint_is_deleted_with_it(tmp_path: Path) -> None:
+    """Issue 39, item 5: train.checkpoint_dir is logged as a tag (a setting), and reconcile looked for it
+    among the params: the dead run's checkpoint, which holds the RNG state of its noise, stayed behind."""
+    import torch
+
+    from dpsweep.run import checkpoint
+    from dpsweep.tracking.dead_runs import reconcile
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = open_client(uri)
+    experiment = client.create_experiment("dead")
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    gone = ProcessId(ProcessId.current().host, child.pid, None)  # a process of this host that has ended
+    ckpt = tmp_path / "ckpt"
+    run = client.create_run(experiment, tags={PROCESS_TAG: gone.token, "train.checkpoint_dir": str(ckpt)})
+    model = torch.nn.Linear(2, 2)
+    state = checkpoint.TrainingState("h", run.info.run_id, 1, 1)
+    checkpoint.save(ckpt, state, model, torch.optim.SGD(model.parameters(), lr=0.1), None)
+    [dead] = reconcile(uri, "dead")
+    assert dead.run_id == run.info.run_id and dead.checkpoint_removed == str(ckpt / checkpoint.FILENAME)
+    assert not (ckpt / checkpoint.FILENAME).exists()
+    assert client.get_run(run.info.run_id).info.status == "KILLED"
