@@ -167,7 +167,9 @@ def accounting(dp: DPConfig) -> Accounting:
 
 def tuning_procedure(plans: Sequence[RunPlan], sweep: SweepConfig) -> tuning.Procedure:
     """The privacy cost of a private tuning (``sweep.private_tuning``) over these candidates' plans
-    (:func:`dpsweep.privacy.tuning.procedure`); InputError for a non-private candidate or mixed δ."""
+    (:func:`dpsweep.privacy.tuning.procedure`); InputError for a non-private candidate, mixed δ, or a
+    procedure whose ε exceeds ``sweep.max_epsilon`` (each trial alone may be within it: the released
+    model's ε is the procedure's)."""
     for p in plans:
         if p.privacy is None:
             raise InputError("dp.enabled", False, "true in every job of a private tuning")
@@ -176,9 +178,17 @@ def tuning_procedure(plans: Sequence[RunPlan], sweep: SweepConfig) -> tuning.Pro
         raise InputError("dp.delta", deltas, "one δ for every job of a private tuning")
     bills = [p.privacy.ledger for p in plans if p.privacy is not None]
     how = accounting(plans[tuning.dominant(bills)].config.dp)
-    return tuning.procedure(
+    cost = tuning.procedure(
         bills, deltas[0], how, sweep.tuning_distribution, sweep.tuning_mean_trials, sweep.tuning_eta
     )
+    if sweep.max_epsilon is not None and cost.epsilon > sweep.max_epsilon:
+        raise InputError(
+            "sweep.max_epsilon", sweep.max_epsilon,
+            f"at least the tuning procedure's ε={cost.epsilon:.4g} (δ={cost.delta:g}; one run alone: "
+            f"ε={cost.single_run_epsilon:.4g}): the released model's ε is the procedure's; raise the budget, "
+            "or lower sweep.tuning_mean_trials or the candidates' ε",
+        )  # fmt: skip
+    return cost
 
 
 def _scheduled_steps(cfg: Config, n_train: int) -> int:

@@ -90,7 +90,11 @@ def test_a_private_tuning_sweep_releases_the_best_trial_and_logs_the_procedures_
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
-    [(["search=accuracy_tpe"], "choose each trial from the earlier trials' results")],
+    [
+        (["search=accuracy_tpe"], "choose each trial from the earlier trials' results"),
+        # one run alone (4.95) within the budget, the procedure (9.69) not: it released at 2.673 > 2.5 before
+        (["sweep.max_epsilon=8"], "sweep.max_epsilon=8.0 is invalid: at least the tuning procedure's ε=9.694"),
+    ],
 )  # the grid's refusals (costs that cross, non-private jobs) are checked in-process below and through dpsweep-plan
 def test_private_tuning_refuses_what_its_bound_does_not_cover(tmp_path: Path, args: list[str], message: str) -> None:
     proc = run_script("dpsweep", "-m", "sweep.private_tuning=true", *args, cwd=tmp_path)
@@ -113,6 +117,13 @@ def test_dpsweep_plan_prices_a_private_tuning_and_refuses_crossing_costs() -> No
     bill = privacy.run_ledger(privacy.poisson_schedule(1437, 64), 1.0, steps)
     expected = ledger.tuning_epsilon(bill, 1e-5, 4, float("inf")).epsilon
     assert f"ε = {expected:.4g} (δ = 1e-05) for the whole procedure" in table.stdout, table.stdout
+    # issue 39, item 9: each trial within the budget, the procedure not: refused before launch
+    single = privacy.epsilon(privacy.poisson_schedule(1437, 64), 1.0, 1e-5, epochs=10).epsilon
+    budget = (single + expected) / 2
+    over = run_main(main, "sweep.private_tuning=true", "sweep.tuning_mean_trials=4", "dp.noise_multiplier=1,1.5",
+                    f"sweep.max_epsilon={budget}")  # fmt: skip
+    assert over.returncode == 2 and "sweep.max_epsilon=" in over.stderr, over.stdout + over.stderr
+    assert f"the tuning procedure's ε={expected:.4g}" in over.stderr
     crossing = run_main(main, "sweep.private_tuning=true", "train.batch_size=16,512")
     assert crossing.returncode == 2 and "sweep.private_tuning=True is invalid" in crossing.stderr
 
