@@ -81,7 +81,10 @@ def unit_ids(cfg: Config, labels: Tensor) -> Tensor | None:
 
 class FixedOrderBatches:
     """DP-FTRL's batches: the units in one seeded order, B per batch (the last one smaller), each once
-    per epoch; a user brings at most ``max_examples`` of their examples, the same ones every epoch."""
+    per epoch; a user brings at most ``max_examples`` of their examples, the same ones every epoch.
+
+    The batches are built at the first epoch, not before: held from the start, their sizes (how many
+    examples the users hold) would show in the memory stages a run logs (issue 39, item 10)."""
 
     def __init__(
         self,
@@ -93,32 +96,38 @@ class FixedOrderBatches:
         seed: int,
         device: torch.device,
     ) -> None:
-        n = len(y)
-        unit = torch.arange(n) if unit is None else unit.cpu()
-        rng = torch.Generator().manual_seed(seed + ORDER_SEED_OFFSET)
-        num_units = int(unit.max()) + 1
+        self.unit = torch.arange(len(y)) if unit is None else unit.cpu()
+        self.batch_size, self.max_examples, self.seed, self.device = batch_size, max_examples, seed, device
+        self.x, self.y = x.to(device), y.to(device)
+        self.num_units = int(self.unit.max()) + 1
+        self._batches: list[tuple[Tensor, Tensor]] | None = None  # (example indices, segment ids) per batch
+
+    def _build(self) -> list[tuple[Tensor, Tensor]]:
+        n, unit, num_units = len(self.y), self.unit, self.num_units
+        rng = torch.Generator().manual_seed(self.seed + ORDER_SEED_OFFSET)
         order = torch.randperm(num_units, generator=rng)
         keep = torch.randperm(n, generator=rng)  # a seeded rank per example: each user keeps its m first
         by_unit: list[list[int]] = [[] for _ in range(num_units)]
         for i in keep.tolist():
             u = int(unit[i])
-            if len(by_unit[u]) < max_examples:
+            if len(by_unit[u]) < self.max_examples:
                 by_unit[u].append(i)
         members = [torch.tensor(sorted(by_unit[u]), dtype=torch.int64) for u in order.tolist()]
-        self.batches: list[tuple[Tensor, Tensor]] = []  # (example indices, segment ids) per batch
-        for start in range(0, num_units, batch_size):
-            chunk = members[start : start + batch_size]
+        batches = []
+        for start in range(0, num_units, self.batch_size):
+            chunk = members[start : start + self.batch_size]
             index = torch.cat(chunk)
             segment = torch.cat([torch.full((len(m),), j, dtype=torch.int64) for j, m in enumerate(chunk)])
-            self.batches.append((index.to(device), segment.to(device)))
-        self.x, self.y = x.to(device), y.to(device)
-        self.num_units = num_units
+            batches.append((index.to(self.device), segment.to(self.device)))
+        return batches
 
     def __len__(self) -> int:
-        return len(self.batches)
+        return -(-self.num_units // self.batch_size)
 
     def __iter__(self) -> Iterator[users.UserBatch]:
-        for index, segment in self.batches:
+        if self._batches is None:
+            self._batches = self._build()
+        for index, segment in self._batches:
             yield users.UserBatch(self.x[index], self.y[index], segment)
 
 

@@ -136,6 +136,7 @@ class ClassifierRun:
         x, y = device_data.materialize(self.data.train)
         unit = func_dp.unit_ids(cfg, y)
         m = cfg.dp.max_examples_per_user if unit is not None else 1
+        self.unit_examples = m  # the most examples of one unit in a step: public
         self.exact = func_dp.FixedOrderBatches(x, y, unit, cfg.train.batch_size, m, cfg.train.seed, device)
         rule = func_dp.rule_of(cfg)
         run = func_dp.OwnRun(cfg, self.model, self.criterion, (x, y, unit), self.exact, sigma, device)
@@ -158,9 +159,15 @@ class ClassifierRun:
         return {}
 
     def _own_exact_step(self, stages: Marks) -> None:
-        """One DP step on exactly B units, the fixed order's first batch (memory stages, probes)."""
+        """One DP step (memory stages, probes) on a batch of a public shape: B units of m examples each
+        (m = dp.max_examples_per_user at user level, 1 at example level), the first B·m training rows.
+        How many examples the first batch's users hold is private: stages measured on it told two
+        user partitions apart (issue 39, item 10)."""
         assert self.own is not None
-        self.own.step(next(iter(self.exact)), self.expected_units, stages)
+        x, y, m, b = self.exact.x, self.exact.y, self.unit_examples, self.cfg.train.batch_size
+        index = torch.arange(b * m, device=y.device) % len(y)
+        segment = torch.arange(b, device=y.device).repeat_interleave(m)
+        self.own.step(users.UserBatch(x[index], y[index], segment), self.expected_units, stages)
 
     def _private_clipping_norm(self) -> float:
         """C for dp.clipping=quantile (``dpsweep.privacy.clipping``): per-example gradient norms at initialisation

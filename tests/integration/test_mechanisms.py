@@ -178,3 +178,15 @@ def test_an_interrupted_fused_run_resumes_exactly(
     assert resumed.model is not None and straight.model is not None
     for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
         assert torch.equal(a, b), name  # the same batches and noise from the checkpointed generator
+
+
+@pytest.mark.slow
+def test_user_level_memory_stages_tell_nothing_of_the_users(make_cfg: Composer, client: MlflowClient) -> None:
+    """Issue 39, item 10: the stages are measured on B users of exactly dp.max_examples_per_user examples,
+    so two partitions of the data into users (another seed, another skew) log the same bytes."""
+    logged = []
+    for extra in (["dataset.users_seed=0"], ["dataset.users_seed=1", "dataset.user_label_skew=0.1"]):
+        ran = train(make_cfg(*USERS, "dp.noise_multiplier=1.5", "train.epochs=1", "dp.max_examples_per_user=4", *extra))
+        metrics = client.get_run(ran.run_id).data.metrics
+        logged.append({k: v for k, v in metrics.items() if k.startswith("memory.")})
+    assert logged[0] and logged[0] == logged[1]
