@@ -8,6 +8,12 @@
 A pid alone does not identify a process: the kernel reuses them. The start time in clock ticks since
 boot (``/proc/<pid>/stat``, field 22, see proc(5)) does, on one host. Across hosts only a heartbeat
 can tell: a run whose heartbeat is older than a few intervals belongs to a process that is gone.
+
+A host name is not a host either: a container run with the host's network (``--network host``)
+shares its name but has its own process ids. The token also names the process's PID namespace
+(``/proc/self/ns/pid``, namespaces(7)); a process of another namespace is judged by its heartbeat,
+as one of another host (issue 39, item 11). A zombie (state Z: exited, not yet reaped by its parent)
+is not alive (item 4): its jobs and runs would otherwise outlive it.
 """
 
 from __future__ import annotations
@@ -25,15 +31,35 @@ ENV_DRIVER = "DPSWEEP_DRIVER"  # the token of the process a local job lives for 
 DRIVER_POLL_S = 1.0
 
 
-def start_ticks(pid: int) -> int | None:
-    """The start time of ``pid`` in clock ticks since boot (proc(5): /proc/<pid>/stat field 22); None
-    where there is no /proc or no such process."""
+def _stat(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat from field 3 (state) on (proc(5)); None where there is no /proc or no such process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2 :].split()  # the command name, in parentheses, may hold spaces
-    return int(fields[19])  # field 22 overall; fields[0] is field 3 (state)
+    return stat[stat.rindex(")") + 2 :].split()  # the command name, in parentheses, may hold spaces
+
+
+def start_ticks(pid: int) -> int | None:
+    """The start time of ``pid`` in clock ticks since boot (proc(5): /proc/<pid>/stat field 22); None
+    where there is no /proc or no such process."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields is not None else None  # field 22 overall; fields[0] is field 3 (state)
+
+
+def exited(pid: int) -> bool:
+    """Whether ``pid`` has exited but is not reaped yet: a zombie (state Z) or dead (X)."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] in ("Z", "X")
+
+
+def pid_namespace() -> str | None:
+    """This process's PID namespace (the inode of /proc/self/ns/pid); None where there is no /proc."""
+    try:
+        link = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+    except OSError:
+        return None
+    return link[link.find("[") + 1 : link.rfind("]")] or None
 
 
 @dataclass(frozen=True)
@@ -41,27 +67,36 @@ class ProcessId:
     host: str
     pid: int
     start: int | None  # clock ticks since boot; None where /proc is not available
+    namespace: str | None = None  # the PID namespace the pid is of; None: unknown (older tokens)
 
     @classmethod
     def current(cls) -> ProcessId:
-        return cls(socket.gethostname(), os.getpid(), start_ticks(os.getpid()))
+        return cls(socket.gethostname(), os.getpid(), start_ticks(os.getpid()), pid_namespace())
 
     @property
     def token(self) -> str:
-        return f"{self.host}:{self.pid}:{self.start if self.start is not None else ''}"
+        """``host:pid:start``, then ``@namespace`` where it is known."""
+        base = f"{self.host}:{self.pid}:{self.start if self.start is not None else ''}"
+        return base + (f"@{self.namespace}" if self.namespace else "")
 
     @classmethod
     def parse(cls, token: str) -> ProcessId | None:
         """The identity written by :attr:`token`; None when the text is not one."""
-        host, _, rest = token.rpartition(":")
+        base, at, namespace = token.rpartition("@")
+        if not at:
+            base, namespace = token, ""
+        host, _, rest = base.rpartition(":")
         host, _, pid = host.rpartition(":")
-        if not host or not pid.isdigit() or not (rest.isdigit() or rest == ""):
+        if not host or not pid.isdigit() or not (rest.isdigit() or rest == "") or (at and not namespace.isdigit()):
             return None
-        return cls(host, int(pid), int(rest) if rest else None)
+        return cls(host, int(pid), int(rest) if rest else None, namespace or None)
 
     def alive(self) -> bool | None:
-        """Whether this process still runs: None when it ran on another host (ask its heartbeat)."""
+        """Whether this process still runs: None when it ran on another host, or in another PID
+        namespace of this one (a container): ask its heartbeat."""
         if self.host != socket.gethostname():
+            return None
+        if self.namespace is not None and self.namespace != pid_namespace():
             return None
         try:
             os.kill(self.pid, 0)
@@ -69,6 +104,8 @@ class ProcessId:
             return False
         except PermissionError:  # exists, owned by someone else
             pass
+        if exited(self.pid):  # a zombie: exited, its parent has not reaped it yet
+            return False
         return self.start is None or start_ticks(self.pid) == self.start
 
 

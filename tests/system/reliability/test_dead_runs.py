@@ -150,3 +150,47 @@ def test_a_dead_runs_checkpoint_is_deleted_with_it(tmp_path: Path) -> None:
     assert dead.run_id == run.info.run_id and dead.checkpoint_removed == str(ckpt / checkpoint.FILENAME)
     assert not (ckpt / checkpoint.FILENAME).exists()
     assert client.get_run(run.info.run_id).info.status == "KILLED"
+
+
+def test_a_zombie_is_not_alive() -> None:
+    """Issue 39, item 4: a process that has exited but is not reaped (a killed driver whose parent has
+    not waited for it) still answers kill(pid, 0); its jobs, runs and configs must not count it live."""
+    from dpsweep.process.liveness import exited, pid_namespace, start_ticks
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    token = ProcessId(ProcessId.current().host, child.pid, None, pid_namespace())
+    deadline = time.monotonic() + 30
+    while not exited(child.pid) and time.monotonic() < deadline:  # not reaped: it stays a zombie
+        time.sleep(0.01)
+    try:
+        assert exited(child.pid) and start_ticks(child.pid) is not None  # a zombie, still in /proc
+        assert ProcessId(token.host, child.pid, start_ticks(child.pid), token.namespace).alive() is False
+    finally:
+        child.wait()
+
+
+def test_a_process_in_another_pid_namespace_of_this_host_is_judged_by_its_heartbeat() -> None:
+    """Issue 39, item 11: a container sharing the host's name (--network host) has its own pids. A real
+    process in a new PID namespace (unshare, as a container runtime makes one) is not declared dead."""
+    script = "from dpsweep.process.liveness import ProcessId; print(ProcessId.current().token, flush=True); input()"
+    try:
+        inside = subprocess.Popen(
+            ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", script],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+    except FileNotFoundError:
+        pytest.skip("no unshare(1) here: util-linux is needed to make a PID namespace")
+    try:
+        assert inside.stdout is not None
+        line = inside.stdout.readline().strip()
+        if not line:
+            pytest.skip(f"unshare could not make a PID namespace here: {inside.stderr.read() if inside.stderr else ''}")
+        container = ProcessId.parse(line)
+        assert container is not None and container.pid == 1 and container.namespace != ProcessId.current().namespace
+        assert container.alive() is None  # not False: pid 1 here is another process; ask the heartbeat
+        assert why_dead({PROCESS_TAG: line, HEARTBEAT_TAG: f"{time.time():.0f}"}, time.time()) is None
+        old = ProcessId(container.host, container.pid, container.start)  # a token of an older version
+        assert ProcessId.parse(old.token) == old and ProcessId.parse(line) == container
+    finally:
+        inside.kill()
+        inside.wait()
