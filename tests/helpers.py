@@ -75,6 +75,25 @@ def forkserver() -> ForkServerContext:
     return ctx
 
 
+def at_once(target: Callable[..., None], jobs: Sequence[tuple[Any, ...]], err_dir: Path) -> list[int]:
+    """Run ``target(*args)`` for each of ``jobs`` in its own process (forked from the forkserver) at
+    once, wait for them all, and fail with each failed job's traceback (``err_dir/<job>.err``, which
+    the target writes); the processes' pids."""
+    ctx = forkserver()
+    procs = [ctx.Process(target=target, args=args) for args in jobs]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=300)
+    errors = {
+        f"job {i} (exit {p.exitcode})": (err_dir / f"{i}.err").read_text() if (err_dir / f"{i}.err").exists() else ""
+        for i, p in enumerate(procs)
+        if p.exitcode != 0
+    }
+    assert errors == {}, "\n".join(f"{name}: {err[-2000:]}" for name, err in errors.items())
+    return [p.pid for p in procs if p.pid is not None]
+
+
 @contextlib.contextmanager
 def _app_state(env: Mapping[str, str]) -> Iterator[None]:
     """What a Hydra app changes in its process, put back afterwards: the logging configuration

@@ -57,11 +57,13 @@ def capture_rng(loader_generator: torch.Generator) -> dict[str, Any]:
     """Every RNG a step draws from: Opacus draws its noise on the parameters' device, so on a GPU
     the CUDA generators must be restored too, or a resumed run would repeat earlier noise."""
     kind, keys, position, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+    numpy_state = (kind, torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(position), int(has_gauss),
+                   float(cached_gaussian))  # fmt: skip
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         # NumPy's MT19937 state as a tensor and plain numbers: what torch.load(weights_only=True) reads
-        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(position), int(has_gauss), float(cached_gaussian)),
+        "numpy": numpy_state,
         "python": random.getstate(),
         "loader": loader_generator.get_state(),
     }

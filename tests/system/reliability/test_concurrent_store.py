@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import forkserver
+from helpers import at_once
 from mlflow.tracking import MlflowClient
 
 pytestmark = pytest.mark.slow
@@ -41,19 +41,8 @@ def test_sixteen_first_runs_at_once_are_all_recorded(tmp_path: Path) -> None:
     barrier.mkdir()
     # Processes forked from a forkserver that imported dpsweep's tracking layer once (each would
     # otherwise spend seconds importing MLflow): still 16 processes, each opening the store itself.
-    ctx = forkserver()
-    procs = [ctx.Process(target=_job, args=(uri, str(barrier), i, RUNS, str(tmp_path))) for i in range(RUNS)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(timeout=300)
-    errors = {
-        f"job {i} (exit {p.exitcode})": (tmp_path / f"{i}.err").read_text() if (tmp_path / f"{i}.err").exists() else ""
-        for i, p in enumerate(procs)
-        if p.exitcode != 0
-    }
-    assert errors == {}, "\n".join(f"{name}: {err[-2000:]}" for name, err in errors.items())
-    assert len({p.pid for p in procs}) == RUNS  # one process each
+    pids = at_once(_job, [(uri, str(barrier), i, RUNS, str(tmp_path)) for i in range(RUNS)], tmp_path)
+    assert len(set(pids)) == RUNS  # one process each
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("concurrent")
     assert exp is not None

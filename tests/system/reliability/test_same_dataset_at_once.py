@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import forkserver
+from helpers import at_once
 from mlflow.tracking import MlflowClient
 
 pytestmark = pytest.mark.slow
@@ -44,20 +44,11 @@ def test_jobs_logging_the_same_dataset_at_once_all_succeed(tmp_path: Path) -> No
     run_ids = [client.create_run(exp).info.run_id for _ in range(JOBS)]
     barrier = tmp_path / "barrier"
     barrier.mkdir()
-    ctx = forkserver()
-    procs = [ctx.Process(target=_job, args=(uri, run_ids[i], str(barrier), i, str(tmp_path))) for i in range(JOBS)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(timeout=300)
-    errors = {
-        f"job {i} (exit {p.exitcode})": (tmp_path / f"{i}.err").read_text() if (tmp_path / f"{i}.err").exists() else ""
-        for i, p in enumerate(procs)
-        if p.exitcode != 0
-    }
-    assert errors == {}, "\n".join(f"{name}: {err[-1500:]}" for name, err in errors.items())
+    at_once(_job, [(uri, run_ids[i], str(barrier), i, str(tmp_path)) for i in range(JOBS)], tmp_path)
     for run_id in run_ids:  # every job's run has every input, each dataset stored once per experiment
-        inputs = client.get_run(run_id).inputs.dataset_inputs
+        run_inputs = client.get_run(run_id).inputs
+        assert run_inputs is not None
+        inputs = run_inputs.dataset_inputs
         assert len(inputs) == 2 * DIGESTS
         assert {(i.dataset.name, i.dataset.digest) for i in inputs} == {
             (f"digits-{s}", f"{d:012x}") for d in range(DIGESTS) for s in ("train", "test")
