@@ -5,7 +5,7 @@
 #   benchmarks/gpu_check.sh /scratch/gpu_run  # results there
 #   STEPS="stages speed" benchmarks/gpu_check.sh   # some steps only (in this order: env stages speed
 #                                                  #   speed_224 profile probes_cnn probes_vgg fit oom
-#                                                  #   oom_expandable throughput sysmetrics)
+#                                                  #   oom_expandable fused throughput sysmetrics)
 #   STEPS="fit oom" PROBES_CSV=analysis/data/gpu_probes_h100.csv benchmarks/gpu_check.sh
 #                                                  # the largest-batch check on the committed probes
 #   PYTHON=/opt/venv/bin/python PARALLEL=4 OOM_CASES=cnn SPEED_ARGS=--quick benchmarks/gpu_check.sh
@@ -29,6 +29,8 @@
 #               is found by running larger batches until CUDA runs out of memory  -> oom.json
 #   oom_expandable  the same for the cnn under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less
 #               fragmentation: how much of the 2% headroom the default allocator needs) -> oom_expandable.json
+#   fused       benchmarks/fused_check.py: the compiled fused DP step (CUDA graphs) against the eager one, one
+#               pass and two; a fused run beside a hooks run on the card (same ε and steps) -> fused.json
 #   throughput  benchmarks/throughput.py: the fused DP step's and Opacus hooks' and ghost's step time over
 #               the non-private step, cnn and cached VGG16 head, B=64 and 256      -> throughput.json
 #   sysmetrics  benchmarks/system_metrics_gpu.py: the GPU memory MLflow's system metrics log, by batch
@@ -38,7 +40,7 @@ set -u
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 R=$(mkdir -p "${1:-gpu_check}" && cd "${1:-gpu_check}" && pwd)
-STEPS=${STEPS:-env stages speed speed_224 profile probes_cnn probes_vgg fit oom oom_expandable throughput sysmetrics}
+STEPS=${STEPS:-env stages speed speed_224 profile probes_cnn probes_vgg fit oom oom_expandable fused throughput sysmetrics}
 PARALLEL=${PARALLEL:-16}          # probes at once: each is its own process with its own allocator
 STEP_TIMEOUT_S=${STEP_TIMEOUT_S:-1800}
 export PYTHONUNBUFFERED=1
@@ -116,6 +118,7 @@ for c in ${OOM_CASES:-cnn vgg16_frozen}; do oom_cases+=(--case "$c"); done
 step oom "$PY" benchmarks/oom_check.py --memory-model "$R/memory_model.json" --json "$R/oom.json" "${oom_cases[@]}"
 step oom_expandable env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
   "$PY" benchmarks/oom_check.py --memory-model "$R/memory_model.json" --json "$R/oom_expandable.json" --case cnn
+step fused "$PY" benchmarks/fused_check.py --device cuda --json "$R/fused.json"
 step throughput "$PY" benchmarks/throughput.py --device cuda --json "$R/throughput.json" ${THROUGHPUT_ARGS:-}
 step sysmetrics "$PY" benchmarks/system_metrics_gpu.py --json "$R/sysmetrics.json"
 echo "gpu_check: $failed step(s) failed; results in $R"

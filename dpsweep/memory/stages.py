@@ -138,8 +138,12 @@ def storages(tensors: Iterable[torch.Tensor], device: torch.device) -> dict[int,
         # access: count the tensor it wraps
         tensor: torch.Tensor = t.__dict__.get("orig_weight", t)
         if tensor.device == device and tensor.layout == torch.strided:
-            storage = tensor.untyped_storage()
-            seen[storage.data_ptr()] = storage.nbytes()
+            try:
+                storage = tensor.untyped_storage()
+                pointer = storage.data_ptr()
+            except (RuntimeError, NotImplementedError):  # the fake and batched tensors that torch.compile
+                return  # and vmap keep (dp.grad_sample_mode=fused): they hold no memory of their own
+            seen[pointer] = storage.nbytes()
 
     for tensor in tensors:
         add(tensor)

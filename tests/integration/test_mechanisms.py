@@ -190,3 +190,14 @@ def test_user_level_memory_stages_tell_nothing_of_the_users(make_cfg: Composer, 
         metrics = client.get_run(ran.run_id).data.metrics
         logged.append({k: v for k, v in metrics.items() if k.startswith("memory.")})
     assert logged[0] and logged[0] == logged[1]
+
+
+@pytest.mark.slow
+def test_a_compiled_fused_run_trains_on_the_cpu(make_cfg: Composer, client: MlflowClient) -> None:
+    """dp.compile=true on the CPU: the memory census met the fake and batched tensors torch.compile
+    keeps, and the run crashed (RuntimeError: cannot access data pointer). The mlp's compiled tail is
+    quick to compile."""
+    ran = train(make_cfg("model=mlp", *FUSED, "dp.compile=true", "train.epochs=1"))
+    run = client.get_run(ran.run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics["memory.backward_bytes"] > 0
+    assert ran.steps == 23 and ran.test_accuracy > 0.2
