@@ -248,6 +248,25 @@ def train_interrupted(cfg: DictConfig, task_run: type, epoch: int) -> None:
             train(cfg)
 
 
+def straight_and_resumed(
+    make_cfg: Composer, client: MlflowClient, experiment: str, args: Sequence[str], task_run: type, epoch: int,
+    ckpt: Path,
+) -> tuple[Any, Any]:  # fmt: skip
+    """The TrainResults of ``args`` trained straight through (experiment ``straight``), and of the same
+    config interrupted at ``epoch`` (ended KILLED, its checkpoint in ``ckpt`` kept) then resumed in
+    ``experiment``: the resumed run is the killed MLflow run, continued."""
+    from dpsweep.run.runner import train
+
+    straight = train(make_cfg(*args, "tracking.experiment_name=straight"))
+    cfg = make_cfg(*args, f"train.checkpoint_dir={ckpt}")
+    train_interrupted(cfg, task_run, epoch)
+    [killed] = runs_of(client, experiment)
+    assert killed.info.status == "KILLED"
+    resumed = train(cfg)
+    assert resumed.run_id == killed.info.run_id
+    return straight, resumed
+
+
 SCRIPTS = REPO / "launchers" / "scripts"
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import Composer, child_runs, run_dpsweep, run_main, runs_of, train_interrupted
+from helpers import Composer, child_runs, run_dpsweep, run_main, straight_and_resumed
 from mlflow.tracking import MlflowClient
 
 from dpsweep.config import ConfigError, flatten, identity, to_config
@@ -122,14 +122,8 @@ def test_an_interrupted_gan_run_resumes_to_the_same_generator_and_epsilon(
 ) -> None:
     args = [*QUICK, "train.epochs=2", "dp.noise_multiplier=1.2", "task.memorisation_check=false"]
     args += ["task.generator_ema=0.9", "task.snapshots=2", "task.snapshot_every=1"]  # restored too
-    straight = train(make_cfg(*args, "tracking.experiment_name=straight"))
-
-    cfg = make_cfg(*args, f"train.checkpoint_dir={tmp_path / 'ckpt'}")
-    train_interrupted(cfg, gan_task.GanRun, epoch=2)
-    [killed] = runs_of(client, experiment_name)
-    assert killed.info.status == "KILLED"
-    resumed = train(cfg)
-    assert resumed.run_id == killed.info.run_id and resumed.steps == 2 * STEPS_PER_EPOCH
+    straight, resumed = straight_and_resumed(make_cfg, client, experiment_name, args, gan_task.GanRun, 2, tmp_path)
+    assert resumed.steps == 2 * STEPS_PER_EPOCH
     assert resumed.epsilons == straight.epsilons  # every critic step counted once, from the restored count
     for part in ("generator", "average", "snapshots"):  # the weights, their average and snapshots: restored exactly
         for name, weight in getattr(straight.model, part).state_dict().items():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from dp_accounting import dp_event
-from helpers import Composer, runs_of, train_interrupted
+from helpers import Composer, straight_and_resumed
 from mlflow.tracking import MlflowClient
 from scipy import stats
 from torch import nn
@@ -121,13 +121,10 @@ def test_an_interrupted_dpftrl_run_resumes_its_tree_exactly(
     tmp_path: Path, make_cfg: Composer, client: MlflowClient, experiment_name: str
 ) -> None:
     args = [*FTRL, "dp.noise_multiplier=3", "train.epochs=4", "dp.ftrl_restart_every=2", "dp.ftrl_tree_completion=true"]
-    straight = train(make_cfg(*args, "tracking.experiment_name=straight"))
-    cfg = make_cfg(*args, f"train.checkpoint_dir={tmp_path / 'ckpt'}")
-    train_interrupted(cfg, classifier.ClassifierRun, epoch=4)  # after epoch 3: the second tree is half done
-    [killed] = runs_of(client, experiment_name)
-    assert killed.info.status == "KILLED"
-    resumed = train(cfg)
-    assert resumed.run_id == killed.info.run_id and resumed.steps == straight.steps == 4 * 23
+    # interrupted in epoch 4: after epoch 3 the second tree is half done
+    ckpt = tmp_path / "ckpt"
+    straight, resumed = straight_and_resumed(make_cfg, client, experiment_name, args, classifier.ClassifierRun, 4, ckpt)
+    assert resumed.steps == straight.steps == 4 * 23
     assert resumed.epsilons == straight.epsilons
     assert resumed.epsilon == pytest.approx(ftrl_accounting.ftrl_epsilon(3.0, 23, 4, 1e-5, 2, True), rel=1e-12)
     assert resumed.model is not None and straight.model is not None
@@ -167,13 +164,9 @@ def test_an_interrupted_fused_run_resumes_exactly(
     tmp_path: Path, make_cfg: Composer, client: MlflowClient, experiment_name: str
 ) -> None:
     args = [*FUSED, "dp.noise_multiplier=1.0", "train.epochs=3"]
-    straight = train(make_cfg(*args, "tracking.experiment_name=straight"))
-    cfg = make_cfg(*args, f"train.checkpoint_dir={tmp_path / 'ckpt'}")
-    train_interrupted(cfg, classifier.ClassifierRun, epoch=3)
-    [killed] = runs_of(client, experiment_name)
-    assert killed.info.status == "KILLED"
-    resumed = train(cfg)
-    assert resumed.run_id == killed.info.run_id and resumed.steps == straight.steps == 3 * 23
+    ckpt = tmp_path / "ckpt"
+    straight, resumed = straight_and_resumed(make_cfg, client, experiment_name, args, classifier.ClassifierRun, 3, ckpt)
+    assert resumed.steps == straight.steps == 3 * 23
     assert resumed.epsilons == straight.epsilons
     assert resumed.model is not None and straight.model is not None
     for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
