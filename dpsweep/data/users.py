@@ -314,6 +314,12 @@ class UserBatches:
 # ---------------------------------------------------------------------------------------------
 # gradients
 # ---------------------------------------------------------------------------------------------
+def clip_factors(norms: Tensor, max_grad_norm: float) -> Tensor:
+    """Each row's clipping factor min(1, C / (‖g‖ + 1e-6)) for its norm ‖g‖ (Opacus's flat clipping, its
+    1e-6 included): every clipped row of dpsweep's own steps (users, DP-FTRL, the fused step, the GAN's critic)."""
+    return (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+
+
 def per_example_gradients(
     model: nn.Module, loss_fn: LossFn, x: Tensor, y: Tensor, *, chunk_size: int | None = None
 ) -> dict[str, Tensor]:
@@ -369,7 +375,7 @@ def user_contributions(
     else:
         means = _segment_means(per_example, segment, num_segments)
     norms = torch.stack([m.flatten(1).norm(2, dim=1) for m in means.values()], dim=1).norm(2, dim=1)
-    factor = (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+    factor = clip_factors(norms, max_grad_norm)
     return {k: m * factor.to(m.dtype).view(-1, *([1] * (m.ndim - 1))) for k, m in means.items()}
 
 

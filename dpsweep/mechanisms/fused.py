@@ -53,6 +53,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from dpsweep.data.users import clip_factors
 from dpsweep.errors import InputError
 
 MAX_SECOND_PASS = 0.05  # the default bound: at most this share of steps take a second pass
@@ -132,9 +133,9 @@ class FusedStep:
     ) -> None:
         check_model(model)
         self.model, self.loss_fn, self.pad_to = model, loss_fn, pad_to
-        self.names = [k for k, p in model.named_parameters() if p.requires_grad]
         # detached views of the model's tensors (the optimizer updates them in place): build it on its device
         self.params = {k: p.detach() for k, p in model.named_parameters() if p.requires_grad}
+        self.names = list(self.params)  # the flat vectors' order
         self.buffers = {k: b.detach() for k, b in model.named_buffers()}
         self.max_grad_norm = float(max_grad_norm)
         self.passes = 0  # passes run (a step whose batch exceeds pad_to takes more than one)
@@ -155,7 +156,7 @@ class FusedStep:
         per_row = vmap(grad(loss), in_dims=(None, 0, 0), randomness="different")(params, x, y)
         rows = [per_row[k].flatten(1) for k in self.names]
         norms = torch.sqrt(sum(r.pow(2).sum(1) for r in rows))
-        factor = (self.max_grad_norm / (norms + 1e-6)).clamp(max=1.0) * weight
+        factor = clip_factors(norms, self.max_grad_norm) * weight
         return torch.cat([factor @ r for r in rows])
 
     def passes_of(self, x: Tensor, y: Tensor, pad: bool = True) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
@@ -202,13 +203,11 @@ class FusedStep:
 
     def unflatten(self, flat: Tensor) -> dict[str, Tensor]:
         """A flat vector in the parameters' order, as ``{name: tensor of the parameter's shape}``."""
-        params = dict(self.model.named_parameters())
         out: dict[str, Tensor] = {}
         start = 0
-        for k in self.names:
-            n = params[k].numel()
-            out[k] = flat[start : start + n].view_as(params[k])
-            start += n
+        for k, p in self.params.items():
+            out[k] = flat[start : start + p.numel()].view_as(p)
+            start += p.numel()
         return out
 
 
@@ -269,7 +268,7 @@ class _LinearRows:
                 squared = squared + a.pow(2).sum(1) * g2  # ‖g_i a_iᵀ‖² = ‖g_i‖²‖a_i‖²
             if b:
                 squared = squared + g2
-        factor = (max_grad_norm / (squared.sqrt() + 1e-6)).clamp(max=1.0) * weight
+        factor = clip_factors(squared.sqrt(), max_grad_norm) * weight
         sums: dict[str, Tensor] = {}
         for (n, _), a, g in zip(self.layers, inputs, grads, strict=True):
             scaled = g * factor[:, None]

@@ -27,6 +27,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, grad_and_value, vmap
 
+from dpsweep.data.users import clip_factors
+
 
 @dataclass(frozen=True)
 class CriticStep:
@@ -82,7 +84,7 @@ def critic_gradients_and_losses(
 def clip_and_sum(per_example: dict[str, torch.Tensor], max_grad_norm: float) -> dict[str, torch.Tensor]:
     """Σ_i g_i · min(1, C / ‖g_i‖), the norm over all the critic's parameters (flat clipping, as Opacus)."""
     norms = torch.stack([g.flatten(1).norm(2, dim=1) for g in per_example.values()], dim=1).norm(2, dim=1)
-    factor = (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+    factor = clip_factors(norms, max_grad_norm)
     return {k: torch.einsum("i,i...->...", factor, g) for k, g in per_example.items()}
 
 
