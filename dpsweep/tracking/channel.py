@@ -24,6 +24,15 @@ The child ignores SIGINT and SIGTERM: a Ctrl-C or a scheduler's SIGTERM interrup
 then still writes its KILLED status through the child. The child ends when this process closes its
 end of the socket, at exit however it exits (a SIGKILL included: the kernel closes it).
 
+Nothing posted is lost with the child. The posts it has not confirmed yet (a call's answer confirms
+every op sent before it; a post asks for a confirmation every ``CONFIRM_EVERY`` posts) are kept, as
+sent; where the child dies (killed, out of memory), the next op starts another and sends them again
+first, with a line on stderr. The ops are idempotent where it matters (MLflow stores a metric, param
+or tag logged twice once; artifacts are overwritten). A call that the dead child never answered is
+made again too, except ``begin_run`` (it would create a second run), which raises. After
+``RESTART_LIMIT`` deaths the service gives up: what was not confirmed is named on stderr, and the
+op raises :class:`TrackingError`, so the run cannot end FINISHED with less than it logged.
+
 A process that has already imported MLflow's SQL store has nothing to overlap: there the ops run in
 the process itself (:class:`InProcess`), with the same post-then-flush semantics. Forked children
 (a forkserver's jobs) start their own service if they need one.
@@ -50,6 +59,10 @@ from typing import Any, NoReturn, Protocol
 CHILD_MODULE = "dpsweep.tracking.child"  # python -m dpsweep.tracking.child <fd> <argv0>
 MLFLOW_STORE_MODULE = "mlflow.store.tracking.sqlalchemy_store"  # imported: ops run in process
 EXIT_WAIT_S = 30.0  # at exit, how long to wait for the child to finish what was posted
+CONFIRM_EVERY = 64  # posts between two confirmations asked of the child (the kept posts are at most this many more)
+RESTART_LIMIT = 3  # tracking processes started again after one died, per process
+NOT_REPEATABLE = frozenset({"begin_run"})  # calls not made again on a new child (a second run)
+STICKY = ("start_system_metrics", "stop_system_metrics")  # a start is sent again until its stop is posted
 
 
 class TrackingError(RuntimeError):
@@ -129,6 +142,8 @@ class Child:
         self._answered = 0  # ... and of the last call answered, which confirms every op before it
         self._errors: list[BaseException] = []
         self._ended: str | None = None  # why the child can no longer answer
+        self._kept: list[tuple[int, str, bytes]] = []  # posts not confirmed yet, as sent (seq, op, body)
+        self._marks: set[int] = set()  # confirmations asked for by posts, not awaited
         self._reader = threading.Thread(target=self._read, name="dpsweep-tracking-reader", daemon=True)
         self._reader.start()
 
@@ -141,7 +156,10 @@ class Child:
             with self._state:
                 if seq in self._waiting:
                     self._answers[seq] = (ok, value)
-                    self._answered = max(self._answered, seq)
+                    self._confirm(seq)
+                elif seq in self._marks:
+                    self._marks.discard(seq)
+                    self._confirm(seq)
                 elif not ok:  # a post that failed (posts that succeed send nothing)
                     self._errors.append(value)
                 self._state.notify_all()
@@ -150,31 +168,64 @@ class Child:
             self._ended = f"the tracking process (pid {self.process.pid}) ended with exit code {code}"
             self._state.notify_all()
 
+    def _confirm(self, seq: int) -> None:
+        """The child has run every op up to ``seq`` (under ``_state``): forget those posts, but a
+        system metrics start whose stop was not posted (a new child must start them again)."""
+        self._answered = max(self._answered, seq)
+        self._kept = [k for k in self._kept if k[0] > self._answered or k[1] == STICKY[0]]
+
     def _send(self, op: str, reply: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
         body = pickle.dumps((args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
         env = _mlflow_env()
         with self._send_lock:
             changed, self._env = (env if env != self._env else None), env
             seq = self._last_sent = next(self._seq)
-            if reply:
-                with self._state:
+            with self._state:
+                if reply:
                     self._waiting.add(seq)
+                else:
+                    if op == STICKY[1]:
+                        self._kept = [k for k in self._kept if k[1] != STICKY[0]]
+                    self._kept.append((seq, op, body))
+                ask = not reply and not self._marks and len(self._kept) >= CONFIRM_EVERY
             try:
                 self.conn.send((seq, op, reply, body, changed))
+                if ask:  # answered once the child has run them: the kept posts are forgotten then
+                    mark = self._last_sent = next(self._seq)
+                    with self._state:
+                        self._marks.add(mark)
+                    self.conn.send((mark, "ping", True, pickle.dumps(((), {})), None))
             except OSError as err:
                 with self._state:
                     self._waiting.discard(seq)
-                raise TrackingError(self._ended or f"the tracking process cannot be reached ({err})") from err
+                if reply:
+                    raise TrackingError(self._ended or f"the tracking process cannot be reached ({err})") from err
+                # a post is kept: the child died, and the next op sends it again through a new one
         return seq
 
+    def _died(self, op: str) -> bool:
+        """Whether the child ended before answering ``op`` (not: the op failed in it)."""
+        with self._state:  # a send that failed finds it dying: the reader sees it end at once
+            if self.process.poll() is not None:
+                self._state.wait_for(lambda: self._ended is not None, timeout=10)
+            return self._ended is not None and op not in NOT_REPEATABLE
+
     def call(self, op: str, *args: Any, **kwargs: Any) -> Any:
-        seq = self._send(op, True, args, kwargs)
+        try:
+            seq = self._send(op, True, args, kwargs)
+        except TrackingError:
+            if self._died(op):
+                return service().call(op, *args, **kwargs)
+            raise
         with self._state:
             self._state.wait_for(lambda: seq in self._answers or self._ended is not None)
             self._waiting.discard(seq)
-            if seq not in self._answers:
-                raise TrackingError(f"{op}: {self._ended}")
-            ok, value = self._answers.pop(seq)
+            answered = self._answers.pop(seq, None)
+        if answered is None:
+            if self._died(op):  # made again by a new child, after what this one had not confirmed
+                return service().call(op, *args, **kwargs)
+            raise TrackingError(f"{op}: {self._ended}")
+        ok, value = answered
         if not ok:
             raise value
         return value
@@ -184,6 +235,9 @@ class Child:
 
     def flush(self) -> None:
         self.call("ping")  # answered after every op sent before it: the child runs them in order
+        if self._ended is not None and service() is not self:
+            service().flush()  # this one died: its posts went to the new one, with its errors
+            return
         with self._state:
             errors, self._errors = self._errors, []
         if errors:
@@ -222,24 +276,52 @@ def _socketpair() -> tuple[Connection, Connection]:
 
 _SERVICE: Service | None = None
 _SERVICE_LOCK = threading.Lock()
+_RESTARTS = 0  # tracking processes started again in this process after one died
 
 
 def service() -> Service:
     """This process's tracking service, started at first use: a :class:`Child`, or :class:`InProcess`
     where MLflow's SQL store is imported already."""
-    global _SERVICE
+    global _SERVICE, _RESTARTS
     with _SERVICE_LOCK:
         current = _SERVICE
-        if isinstance(current, Child) and current._ended is not None:
-            current = None  # it died (its stderr said why): the next op gets a new one
+        dead = current if isinstance(current, Child) and current._ended is not None else None
+        if dead is not None:  # it died (its stderr said why): the next op gets a new one
+            if _RESTARTS >= RESTART_LIMIT:
+                _give_up(dead)
+            _RESTARTS += 1
+            current = None
         if current is None:
             if MLFLOW_STORE_MODULE in sys.modules:
                 current = InProcess(importlib.import_module(CHILD_MODULE).OPS)
             else:
                 current = Child()
                 atexit.register(current.close)
+            if dead is not None:
+                _take_over(current, dead)
             _SERVICE = current
         return current
+
+
+def _take_over(new: Child | InProcess, dead: Child) -> None:
+    """Post to ``new`` again what ``dead`` had not confirmed, in order, and carry its errors over."""
+    with dead._state:
+        kept, errors = list(dead._kept), list(dead._errors)
+    for _, op, body in kept:
+        args, kwargs = pickle.loads(body)
+        new.post(op, *args, **kwargs)
+    new._errors[:0] = errors
+    where = f"started another (pid {new.process.pid})" if isinstance(new, Child) else "went on in this process"
+    print(f"dpsweep: {dead._ended}; {where} and sent it again the {len(kept)} operation(s) it had not confirmed",
+          file=sys.stderr, flush=True)  # fmt: skip
+
+
+def _give_up(dead: Child) -> NoReturn:
+    with dead._state:
+        lost = [op for _, op, _ in dead._kept]
+    what = f"{len(lost)} operation(s) it had not confirmed are lost: {', '.join(lost)}" if lost else "nothing was lost"
+    print(f"dpsweep: {dead._ended}, the {RESTART_LIMIT + 1}th tracking process to end; {what}", file=sys.stderr)
+    raise TrackingError(f"{dead._ended} (after {RESTART_LIMIT} restarts); {what}")
 
 
 def start() -> None:
@@ -249,8 +331,8 @@ def start() -> None:
 
 
 def _forget_in_child() -> None:
-    global _SERVICE, _SERVICE_LOCK
-    _SERVICE, _SERVICE_LOCK = None, threading.Lock()  # a forked child: the parent's socket is not its own
+    global _SERVICE, _SERVICE_LOCK, _RESTARTS
+    _SERVICE, _SERVICE_LOCK, _RESTARTS = None, threading.Lock(), 0  # a forked child: the parent's socket is not its own
 
 
 os.register_at_fork(after_in_child=_forget_in_child)

@@ -122,20 +122,94 @@ def test_an_interrupted_run_still_ends_killed_through_a_child_that_ignores_sigin
     assert in_child.process.poll() is None
 
 
-def test_a_dead_child_is_reported_and_replaced(monkeypatch: pytest.MonkeyPatch, mlflow_uri: str) -> None:
-    monkeypatch.setattr(tracking_service, "MLFLOW_STORE_MODULE", "not.imported")  # as in a run's process
+@pytest.fixture()
+def own_children(monkeypatch: pytest.MonkeyPatch) -> None:
+    """service() starts children here, as in a run's process (this one has MLflow imported)."""
+    monkeypatch.setattr(tracking_service, "MLFLOW_STORE_MODULE", "not.imported")
     monkeypatch.setattr(tracking_service, "_SERVICE", None)
+    monkeypatch.setattr(tracking_service, "_RESTARTS", 0)
+
+
+def test_a_dead_child_is_reported_and_replaced(
+    own_children: None, mlflow_uri: str, capfd: pytest.CaptureFixture[str]
+) -> None:
     first = tracking_service.service()
     assert isinstance(first, Child)
     first.call("open_store", mlflow_uri)
     first.process.kill()
-    with pytest.raises(TrackingError, match=rf"pid {first.process.pid}\) ended with exit code -9"):
-        first.call("open_store", mlflow_uri)
+    first.call("open_store", mlflow_uri)  # made again by a new child
     second = tracking_service.service()
     assert isinstance(second, Child) and second is not first
-    second.call("open_store", mlflow_uri)
+    assert f"pid {first.process.pid}) ended with exit code -9; started another (pid {second.process.pid})" in (
+        capfd.readouterr().err
+    )
     second.close()
     assert second.process.returncode is not None
+
+
+def test_posts_a_killed_child_had_not_run_are_sent_again_and_the_run_ends_finished_with_all(
+    own_children: None, mlflow_uri: str, experiment_name: str, client: MlflowClient, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39, item 2: the child stopped, then killed, with metrics, params and tags queued (more
+    posts than CONFIRM_EVERY: the confirmation they ask for is never answered)."""
+    tracking = TrackingConfig(uri=mlflow_uri, experiment_name=experiment_name)
+    with tracked_run(tracking) as run:
+        run.log_metrics({"acc": 0.001}, step=1)
+        run.flush()
+        first = tracking_service.service()
+        assert isinstance(first, Child)
+        os.kill(first.process.pid, signal.SIGSTOP)
+        for step in range(2, 100):
+            run.log_metrics({"acc": step / 1000}, step=step)
+        run.log_params({"p": 1})
+        run.set_tags({"t": "x"})
+        os.kill(first.process.pid, signal.SIGKILL)
+        run.log_metrics({"acc": 0.1}, step=100)  # sent to the dead child, or to the next one
+    [r] = runs_of(client, experiment_name)
+    assert r.info.status == "FINISHED" and r.data.params["p"] == "1" and r.data.tags["t"] == "x"
+    history = client.get_metric_history(r.info.run_id, "acc")
+    assert [(h.step, h.value) for h in history] == [(s, s / 1000) for s in range(1, 101)]  # each once
+    assert f"pid {first.process.pid}) ended with exit code -9; started another" in capfd.readouterr().err
+
+
+def test_kept_posts_are_forgotten_once_confirmed_and_a_metrics_start_until_its_stop(
+    own_children: None, mlflow_uri: str, experiment_name: str
+) -> None:
+    child = tracking_service.service()
+    assert isinstance(child, Child)
+    tracking = TrackingConfig(uri=mlflow_uri, experiment_name=experiment_name)
+    run_id = child.call("begin_run", tracking, {}, None, None, "host:1:2")
+    child.post("start_system_metrics", run_id, mlflow_uri, 3600.0, 10.0)
+    for step in range(3 * tracking_service.CONFIRM_EVERY):
+        child.post("log_metrics", mlflow_uri, run_id, {"m": 1.0}, step, 1000)
+    child.flush()
+    assert [op for _, op, _ in child._kept] == ["start_system_metrics"]
+    child.post("stop_system_metrics", run_id)
+    child.flush()
+    assert child._kept == []
+    child.close()
+
+
+def test_a_run_is_not_begun_twice_and_the_service_gives_up_after_its_restart_limit(
+    own_children: None, monkeypatch: pytest.MonkeyPatch, mlflow_uri: str, experiment_name: str
+) -> None:
+    tracking = TrackingConfig(uri=mlflow_uri, experiment_name=experiment_name)
+    monkeypatch.setattr(tracking_service, "RESTART_LIMIT", 1)
+    first = tracking_service.service()
+    assert isinstance(first, Child)
+    first.call("open_store", mlflow_uri)
+    os.kill(first.process.pid, signal.SIGSTOP)
+    first.post("log_params", mlflow_uri, "0" * 32, {"x": 1})
+    os.kill(first.process.pid, signal.SIGKILL)
+    with pytest.raises(TrackingError, match="begin_run: the tracking process"):
+        first.call("begin_run", tracking, {}, None, None, "host:1:2")  # it may have begun it: not again
+    second = tracking_service.service()
+    assert isinstance(second, Child) and [op for _, op, _ in second._kept] == ["log_params"]
+    os.kill(second.process.pid, signal.SIGSTOP)
+    os.kill(second.process.pid, signal.SIGKILL)
+    lost = r"after 1 restarts\); 1 operation\(s\) it had not confirmed are lost: log_params"
+    with pytest.raises(TrackingError, match=lost):
+        second.flush()
 
 
 def test_closing_waits_for_what_was_posted(mlflow_uri: str, experiment_name: str, client: MlflowClient) -> None:
