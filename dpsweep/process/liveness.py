@@ -135,9 +135,16 @@ def driver_environment() -> dict[str, str]:
     return {ENV_DRIVER: ProcessId.current().token}
 
 
+DRIVER_GONE = threading.Event()  # set by die_with_driver's watch once the driver is gone
+
+
 def die_with_driver(poll_s: float = DRIVER_POLL_S) -> bool:
     """When ``$DPSWEEP_DRIVER`` names a process on this host, watch it in a daemon thread and send this
-    process SIGTERM once it is gone (its run then ends KILLED). Returns whether a watch started."""
+    process SIGTERM once it is gone (its run then ends KILLED). Returns whether a watch started.
+
+    A job still starting may not be listening yet (submitit's job process logs "Bypassing signal
+    SIGTERM" and goes on): :data:`DRIVER_GONE` is set first, and the run's SIGTERM handler looks at it
+    as it is installed (``dpsweep.tracking.terminate_as_interrupt``), so the job ends before training."""
     driver = ProcessId.parse(os.environ.get(ENV_DRIVER, ""))
     if driver is None or driver.pid == os.getpid() or driver.alive() is None:
         return False  # no driver, an inline job (the driver itself), or a driver on another host
@@ -145,6 +152,7 @@ def die_with_driver(poll_s: float = DRIVER_POLL_S) -> bool:
     def watch() -> None:
         while driver.alive():
             threading.Event().wait(poll_s)
+        DRIVER_GONE.set()
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="dpsweep-driver-watch", daemon=True).start()

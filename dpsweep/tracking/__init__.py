@@ -41,7 +41,7 @@ from urllib.parse import urlparse
 
 from dpsweep.config import TrackingConfig
 from dpsweep.errors import redact
-from dpsweep.process.liveness import ProcessId, heartbeat
+from dpsweep.process.liveness import DRIVER_GONE, ProcessId, heartbeat
 from dpsweep.tracking.channel import service
 
 if TYPE_CHECKING:  # torch is imported where it is used: tracking alone (a sweep's driver) stays light
@@ -274,7 +274,9 @@ def tracked_run(
 
 @contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM (scancel, qdel, preemption) interrupts training, so its MLflow run ends KILLED."""
+    """SIGTERM (scancel, qdel, preemption) interrupts training, so its MLflow run ends KILLED. A
+    launcher=local job whose driver ended before this was installed (its SIGTERM went to submitit's
+    handler, which ignores it) is interrupted here, before its run begins."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -284,6 +286,8 @@ def terminate_as_interrupt() -> Iterator[None]:
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
+        if DRIVER_GONE.is_set():  # (set before its SIGTERM is sent: a later one finds the handler)
+            raise KeyboardInterrupt("the sweep's driver is gone")
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from helpers import run_dpsweep, run_main
 
@@ -194,3 +195,28 @@ def test_a_process_in_another_pid_namespace_of_this_host_is_judged_by_its_heartb
     finally:
         inside.kill()
         inside.wait()
+
+
+@pytest.mark.slow
+def test_a_local_job_still_starting_when_its_driver_is_terminated_does_not_train(tmp_path: Path) -> None:
+    """Issue 39, item 3: SIGTERM to the driver one second after ``[1/2]``, while the second job is
+    starting (submitit's job process bypasses a SIGTERM then). The job must end without training."""
+    grid = ["-m", "launcher=local", "launcher.max_parallel=1", "train.epochs=1,300", *FAST]
+    log_path = tmp_path / "driver.log"
+    log = log_path.open("w")  # a file, not a pipe: the jobs inherit it and outlive the driver
+    driver = subprocess.Popen([BIN / "dpsweep", *grid], cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: "[1/2]" in log_path.read_text(), 300, "the first job to end")
+        time.sleep(1)
+        jobs = psutil.Process(driver.pid).children(recursive=True)
+        driver.terminate()
+        driver.wait(timeout=60)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert jobs, log_path.read_text()
+    _, alive = psutil.wait_procs(jobs, timeout=90)  # 13 s on the 2-core VM: its start-up
+    assert not alive, f"{alive} still running:\n{log_path.read_text()}"
+    runs = [(s, t) for s, t in statuses(tmp_path).values() if t.get("sweep.role") != "parent"]
+    assert not [s for s, _ in runs if s == "RUNNING"], log_path.read_text()
+    assert len([s for s, _ in runs if s == "FINISHED"]) == 1, (runs, log_path.read_text())  # the first job only
