@@ -13,12 +13,22 @@ is told FAIL and the study goes on; a pruned one (``pruner: median``: jobs repor
 epoch through the storage) is told PRUNED and keeps its partial metrics in MLflow. Re-running with
 the same ``study_name`` and storage resumes the study: numbering continues and earlier trials count
 toward ``n_trials``. Multi-objective studies print their Pareto set and log it to the parent run.
+
+Several drivers may share a study (each asks its own trials). A trial names its driver's process
+and the driver beats every HEARTBEAT_S while it runs (trial user attributes ``dpsweep.driver`` and
+``dpsweep.heartbeat``); a driver starting fails only the RUNNING trials whose driver is gone, by the
+rule that ends dead MLflow runs (``dpsweep.tracking.why_dead``), and ends their runs KILLED. A
+resumed study's sampler is seeded with ``seed`` plus the trials already in the study, so that it
+does not draw again what the first driver drew.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,8 +40,12 @@ from dpsweep.launchers.nodes import OptunaSearchConf
 from dpsweep.launchers.overrides import new_sweep_id, string_override
 from dpsweep.launchers.search import Objective, SamplerSpec
 from dpsweep.launchers.session import SweepSession
+from dpsweep.process.liveness import ProcessId, heartbeat
+from dpsweep.tracking import HEARTBEAT_S, HEARTBEAT_TAG, PROCESS_TAG, why_dead
 
 log = logging.getLogger(__name__)
+DRIVER_ATTR = "dpsweep.driver"  # the process token of the driver that asked the trial
+BEAT_ATTR = "dpsweep.heartbeat"  # when that driver last beat (seconds since the epoch)
 
 
 @dataclass(frozen=True)
@@ -68,10 +82,13 @@ class OptunaSearch:
             directions=[optuna.study.StudyDirection[d.upper()] for d in space.objective.directions],
             load_if_exists=True,
         )  # fmt: skip
-        for stale in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            study.tell(stale.number, state=optuna.trial.TrialState.FAIL)  # left by an interrupted sweep
+        if earlier := len(study.get_trials(deepcopy=False)):  # resumed: not the first driver's draws again
+            study.sampler = space.sampler.build(c.seed + earlier, space.grid)
+        for number, why in _fail_dead_trials(study):
+            log.info(f"trial {number}: FAIL ({why})")
 
         session = SweepSession(typed, sweep_id)
+        session.close_dead_runs()  # the runs of the dead drivers' trials
         params = {
             "optuna.sampler": c.sampler, "optuna.objective": c.objective, "optuna.n_trials": c.n_trials,
             "optuna.n_jobs": c.n_jobs, "optuna.storage": c.storage, "sweep.overrides": " ".join(arguments),
@@ -139,10 +156,11 @@ class OptunaSearch:
         assert launcher is not None and session.parent is not None
         failed = told = 0
         while (remaining := c.n_trials - _counted(study)) > 0 and not _exhausted(study):
-            trials = [study.ask(space.distributions) for _ in range(min(c.n_jobs, remaining))]
+            trials = [_ask(study, space) for _ in range(min(c.n_jobs, remaining))]
             extra = space.objective.extra_overrides(c.epsilon_budget)
             jobs = [self._job(arguments, session.sweep_id, session.parent.run_id, t, extra) for t in trials]
-            results = launcher.launch(jobs, initial_job_idx=trials[0].number)
+            with _beating(trials):
+                results = launcher.launch(jobs, initial_job_idx=trials[0].number)
             for trial, result in zip(trials, results, strict=True):
                 state, values = self._outcome(session.first, session.sweep_id, trial.number, result, metrics)
                 _tell(study, trial.number, values, state)
@@ -182,12 +200,60 @@ class OptunaSearch:
         return optuna.trial.TrialState.COMPLETE, [run.data.metrics[m] for m in metrics]
 
 
-def _tell(study: optuna.Study, number: int, values: list[float] | None, state: optuna.trial.TrialState) -> None:
+def _ask(study: optuna.Study, space: Space) -> optuna.Trial:
+    """A new trial, named as this driver's (it beats while the trial runs: :func:`_beating`)."""
+    trial = study.ask(space.distributions)
+    trial.set_user_attr(DRIVER_ATTR, ProcessId.current().token)
+    trial.set_user_attr(BEAT_ATTR, time.time())
+    return trial
+
+
+@contextmanager
+def _beating(trials: list[optuna.Trial]) -> Iterator[None]:
+    """This driver's heartbeat on ``trials`` while they run."""
+
+    def beat() -> None:
+        now = time.time()
+        for trial in trials:
+            trial.set_user_attr(BEAT_ATTR, now)
+
+    with heartbeat(beat, HEARTBEAT_S):
+        yield
+
+
+def _fail_dead_trials(study: optuna.Study) -> list[tuple[int, str]]:
+    """Tell FAIL the RUNNING trials whose driver is gone (a live driver's, on this host or another,
+    are left to it); each one's number and why. A trial that names no driver was asked before
+    drivers were named, and is failed as before."""
+    failed = []
+    now = time.time()
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        attrs = trial.user_attrs
+        why = "asked by an interrupted sweep"
+        if DRIVER_ATTR in attrs:
+            tags = {PROCESS_TAG: str(attrs[DRIVER_ATTR]), HEARTBEAT_TAG: str(attrs.get(BEAT_ATTR, now))}
+            dead = why_dead(tags, now)
+            if dead is None:
+                continue
+            why = f"its driver: {dead}"
+        if _tell(study, trial.number, None, optuna.trial.TrialState.FAIL):
+            failed.append((trial.number, why))
+    return failed
+
+
+def _tell(study: optuna.Study, number: int, values: list[float] | None, state: optuna.trial.TrialState) -> bool:
+    """Tell the trial's outcome; False where it was told already (another driver judged it dead)."""
     try:
         study.tell(number, values=values, state=state)
     except RuntimeError as err:  # the grid sampler calls study.stop() once the grid is done
         if "Study.stop" not in str(err):
             raise
+    except ValueError as err:
+        if "Cannot tell a" not in str(err):
+            raise
+        log.warning(f"trial {number}: not told {state.name}: {err}")
+        return False
+    return True
 
 
 def _exhausted(study: optuna.Study) -> bool:

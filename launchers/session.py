@@ -155,6 +155,11 @@ class SweepSession:
             launcher.on_job_done = progress.job_done
         return progress
 
+    def close_dead_runs(self) -> None:
+        """End KILLED the experiment's runs whose process is gone (an earlier, killed driver's), each
+        with a line: before anything is launched."""
+        close_dead_runs(self.first.tracking.uri, self.first.tracking.experiment_name)
+
     def close_orphans(self) -> list[str]:
         """End KILLED the sweep's runs still RUNNING (their jobs were killed outright: SIGKILL, the
         OOM killer, scancel); their ids."""
@@ -189,3 +194,11 @@ class SweepSession:
             print(line, flush=True)
         if failed:
             raise SystemExit(1)
+
+
+def close_dead_runs(uri: str, experiment: str) -> None:
+    """End KILLED the runs of ``experiment`` whose process is gone, each with a line."""
+    from dpsweep.tracking import reconcile
+
+    for run_id, reason, _ in reconcile(uri, experiment):
+        print(f"dpsweep: ended run {run_id} KILLED: {reason}", flush=True)

@@ -37,7 +37,7 @@ from dpsweep.launchers.expand import expand
 from dpsweep.launchers.nodes import OptunaSearchConf
 from dpsweep.launchers.overrides import new_sweep_id, string_override
 from dpsweep.launchers.preflight import preflight, refuse
-from dpsweep.launchers.session import SweepOutcome, SweepSession
+from dpsweep.launchers.session import SweepOutcome, SweepSession, close_dead_runs
 from dpsweep.tracking import channel as tracking_service
 
 log = logging.getLogger(__name__)
@@ -262,14 +262,13 @@ def select_jobs(jobs: Sequence[list[str]], configs: Sequence[DictConfig]) -> tup
     (``dpsweep.tracking.dead_runs``), so that their configs run again."""
     from dpsweep.config import to_config
     from dpsweep.plan import config_hash, skip_reasons
-    from dpsweep.tracking import reconcile, runs_by_hash
+    from dpsweep.tracking import runs_by_hash
 
     typed = [to_config(c) for c in configs]
     done: dict[str, str] = {}
     running: dict[str, str] = {}
     for uri, name in sorted({(c.tracking.uri, c.tracking.experiment_name) for c in typed}):
-        for run_id, reason, _ in reconcile(uri, name):
-            print(f"dpsweep: ended run {run_id} KILLED: {reason}", flush=True)
+        close_dead_runs(uri, name)
         running |= runs_by_hash(uri, name, "RUNNING")
         if not typed[0].sweep.force:
             done |= runs_by_hash(uri, name, "FINISHED")

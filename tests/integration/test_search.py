@@ -7,7 +7,10 @@ and output as the console script; tests/integration/test_cli.py runs the console
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -17,8 +20,11 @@ from mlflow.tracking import MlflowClient
 
 from dpsweep.config import ConfigError, to_config
 from dpsweep.launchers.nodes import ParamSpec
+from dpsweep.launchers.optuna_sweeper import BEAT_ATTR, DRIVER_ATTR, _fail_dead_trials, _tell
 from dpsweep.launchers.search import OBJECTIVES, check_search_space, distribution, grid_values
+from dpsweep.process.liveness import ProcessId
 from dpsweep.run.pruning import open_storage
+from dpsweep.tracking import STALE_AFTER_S
 
 FAST = ["train.epochs=1", "train.progress=false", "tracking.log_model=false"]  # no model: saving it takes seconds
 
@@ -64,6 +70,56 @@ def test_study_runs_resumes_and_tags_its_trials(tmp_path: Path) -> None:
         [run] = [r for r in runs if r.data.tags["optuna.trial"] == str(trial.number)]  # type: ignore[attr-defined]
         assert trial.values == [run.data.metrics["test_accuracy"]]  # type: ignore[attr-defined]
         assert float(run.data.params["dp.noise_multiplier"]) == trial.params["dp.noise_multiplier"]  # type: ignore[attr-defined]
+    drawn = [tuple(sorted(t.params.items())) for t in study.trials]
+    assert len(set(drawn)) == 7, drawn  # the resumed sampler did not draw the first driver's trials again
+
+
+def test_a_starting_driver_fails_only_the_trials_of_dead_drivers(tmp_path: Path) -> None:
+    """Issue 39, item 6: a second driver on a study must leave the first driver's running trials be."""
+    gone = subprocess.run(["true"], check=True)  # a process that has ended: its token names no live one
+    assert gone.returncode == 0
+    dead = ProcessId.current().token.replace(f":{os.getpid()}:", ":999999999:")
+    study = optuna.create_study(study_name="shared", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    mine, theirs, old, remote = (study.ask() for _ in range(4))
+    mine.set_user_attr(DRIVER_ATTR, ProcessId.current().token)
+    mine.set_user_attr(BEAT_ATTR, time.time())
+    theirs.set_user_attr(DRIVER_ATTR, dead)
+    remote.set_user_attr(DRIVER_ATTR, "elsewhere:1:2")  # another host: judged by its heartbeat
+    remote.set_user_attr(BEAT_ATTR, time.time() - 2 * STALE_AFTER_S)
+    failed = dict(_fail_dead_trials(study))
+    assert sorted(failed) == [theirs.number, old.number, remote.number]
+    assert "no longer running" in failed[theirs.number] and "no heartbeat" in failed[remote.number]
+    states = {t.number: t.state for t in study.trials}
+    assert states[mine.number] == optuna.trial.TrialState.RUNNING
+    assert _tell(study, theirs.number, [0.5], optuna.trial.TrialState.COMPLETE) is False  # told already: no crash
+    assert _tell(study, mine.number, [0.5], optuna.trial.TrialState.COMPLETE) is True
+
+
+@pytest.mark.slow
+def test_a_study_resumed_after_its_driver_was_killed_ends_its_runs_and_fails_its_trials(tmp_path: Path) -> None:
+    """The killed driver's trial is told FAIL and its MLflow run ended KILLED by the resumed study."""
+    args = ["search=accuracy_tpe", "hydra.sweeper.optuna.pruner=null", "hydra.sweeper.optuna.n_jobs=1",
+            "hydra.sweeper.optuna.n_trials=2", "train.progress=false", "tracking.log_model=false"]  # fmt: skip
+    log = (tmp_path / "driver.log").open("w")
+    driver = subprocess.Popen(
+        [Path(sys.executable).parent / "dpsweep", "-m", *args, "train.epochs=500"],
+        cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 300
+        while not any(r.info.status == "RUNNING" for r in trial_runs(tmp_path, "digits_accuracy_tpe")):  # type: ignore[attr-defined]
+            assert time.time() < deadline and driver.poll() is None, (tmp_path / "driver.log").read_text()
+            time.sleep(0.5)
+    finally:
+        driver.kill()
+        driver.wait(timeout=60)
+    again = dpsweep(tmp_path, *args, "train.epochs=1")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "ended run" in again.stdout and "KILLED" in again.stdout
+    runs = trial_runs(tmp_path, "digits_accuracy_tpe")
+    assert not [r for r in runs if r.info.status == "RUNNING"]  # type: ignore[attr-defined]
+    states = [t.state for t in load(tmp_path, "digits_accuracy_tpe").trials]
+    assert states == [optuna.trial.TrialState.FAIL, optuna.trial.TrialState.COMPLETE]  # a failed trial counts
 
 
 @pytest.mark.slow
