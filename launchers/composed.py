@@ -52,16 +52,22 @@ class ComposedJobs(ConfigLoader):
         self.keep = keep  # False: compose() keeps nothing (a launcher that composes in its own processes)
         self.kept: dict[tuple[str, ...], DictConfig] = {}  # job overrides -> its config, hydra node included
         self.skeletons: dict[tuple[str, ...], DictConfig] = {}  # group overrides -> their composition
+        self.bare_skeletons: dict[tuple[str, ...], DictConfig] = {}  # the same without the hydra node
         self.served = 0  # configs served from kept (not composed again)
         self.composed = 0  # compositions by Hydra (skeletons and fresh ones)
 
     def compose(self, master: DictConfig, job: Sequence[str]) -> DictConfig:
         """The job's config without the ``hydra`` node (whose job fields exist only at run time); the
         whole config is kept for the launcher."""
-        full = self._from_skeleton(master, list(job)) or self._fresh(master, list(job))
-        if self.keep:
+        if not self.keep:  # nothing kept: a copy of a skeleton without its hydra node (a third of the copying)
+            bare = self._from_skeleton(master, list(job), bare=True)
+            if bare is not None:
+                return bare
+            cfg = self._fresh(master, list(job))
+        else:
+            full = self._from_skeleton(master, list(job)) or self._fresh(master, list(job))
             self.kept[tuple(job)] = full
-        cfg = copy.deepcopy(full)
+            cfg = copy.deepcopy(full)
         with open_dict(cfg):
             del cfg["hydra"]
         return cfg
@@ -93,9 +99,10 @@ class ComposedJobs(ConfigLoader):
             return None
         return isinstance(override.value(), dict) or not repository.group_exists(override.key_or_group)
 
-    def _from_skeleton(self, master: DictConfig, job: list[str]) -> DictConfig | None:
+    def _from_skeleton(self, master: DictConfig, job: list[str], bare: bool = False) -> DictConfig | None:
         """The job's config as a copy of the composition of its group overrides, with its value
-        overrides applied; None where the job must be composed afresh (see the module doc)."""
+        overrides applied (``bare``: without the hydra node); None where the job must be composed
+        afresh (see the module doc)."""
         parsed = self._parser().parse_overrides(job)
         kinds = [self._is_value(o) for o in parsed]
         if None in kinds:
@@ -104,6 +111,12 @@ class ComposedJobs(ConfigLoader):
         skeleton = self.skeletons.get(groups)
         if skeleton is None:
             skeleton = self.skeletons[groups] = self._fresh(master, list(groups))
+        if bare:
+            if groups not in self.bare_skeletons:
+                self.bare_skeletons[groups] = copy.deepcopy(skeleton)
+                with open_dict(self.bare_skeletons[groups]):
+                    del self.bare_skeletons[groups]["hydra"]
+            skeleton = self.bare_skeletons[groups]
         values = [o for o, value in zip(parsed, kinds, strict=True) if value]
         return self._with_values(skeleton, values, parsed)
 
@@ -119,6 +132,8 @@ class ComposedJobs(ConfigLoader):
             ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
         except Exception:  # a fresh composition raises Hydra's own error for it
             return None
+        if "hydra" not in cfg:  # a bare skeleton's copy: no overrides to record
+            return cfg
         task = [o for o in job if not o.is_hydra_override()]
         dirname = cfg.hydra.job.config.override_dirname
         with open_dict(cfg.hydra):

@@ -31,6 +31,7 @@ from dpsweep.units import format_bytes
 
 if TYPE_CHECKING:  # Hydra, torch and the planner are imported where used: --help stays fast
     from dpsweep.plan import RunPlan
+    from omegaconf import DictConfig
 
 CONFIG_MODULE = "dpsweep.conf"
 PROG = "dpsweep-plan"
@@ -39,6 +40,12 @@ PROG = "dpsweep-plan"
 def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
     """The override lists of the jobs ``dpsweep -m <overrides>`` launches, in launch order
     (``dpsweep.launchers.expand``, with the composed config's ``hydra.sweeper.params``)."""
+    return _expanded(overrides)[0]
+
+
+def _expanded(overrides: Sequence[str]) -> tuple[list[list[str]], DictConfig]:
+    """The jobs' override lists, and the sweep's master config (its fixed overrides composed, the
+    hydra node included), as the sweeper has them."""
     from hydra import compose
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
@@ -47,11 +54,11 @@ def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
 
     parsed = OverridesParser.create().parse_overrides(list(overrides))
     fixed = [o.input_line for o in parsed if not o.is_sweep_override() and o.input_line is not None]
-    hydra_cfg = compose("config", overrides=fixed, return_hydra_config=True).hydra
-    node = hydra_cfg.sweeper.get("params")
+    master = compose("config", overrides=fixed, return_hydra_config=True)
+    node = master.hydra.sweeper.get("params")
     params = OmegaConf.to_container(node, resolve=False) if node is not None else {}
     assert isinstance(params, dict)
-    return expand(overrides, params)
+    return expand(overrides, params), master
 
 
 @dataclass(frozen=True)
@@ -166,9 +173,10 @@ def job_plans(overrides: Sequence[str], memory: MemoryCheck | None = None) -> li
     """Each job of ``dpsweep -m <overrides>`` with its run plan (``dpsweep.plan.prepare``), in launch
     order; needs Hydra initialised on dpsweep.conf. The notes of datasets whose files are missing
     (planned with their official size) go to stderr."""
-    from hydra import compose
+    from hydra.core.global_hydra import GlobalHydra
 
     from dpsweep.config import to_config
+    from dpsweep.launchers.composed import ComposedJobs
     from dpsweep.memory.model import load_models
     from dpsweep.plan import FactsCache, MemoryBudget, prepare
 
@@ -178,8 +186,10 @@ def job_plans(overrides: Sequence[str], memory: MemoryCheck | None = None) -> li
         backend = memory.backend or default_backend()
         budget = MemoryBudget(load_models(memory.model_file), backend, memory.gpu_memory, predict=True)
     out = []
-    for job in expand_sweep(overrides):
-        cfg = to_config(compose("config", overrides=job))
+    jobs, master = _expanded(overrides)
+    composer = ComposedJobs(GlobalHydra.instance().config_loader(), keep=False)  # as the sweeper composes
+    for job in jobs:
+        cfg = to_config(composer.compose(master, job))
         out.append((job, prepare(cfg, facts(cfg), budget)))
     for note in dict.fromkeys(facts.notes):
         print(f"{PROG}: note: {note}", file=sys.stderr)

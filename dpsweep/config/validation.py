@@ -9,13 +9,13 @@ for every input that passed before.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from dpsweep.config import dataset, dp, model, optimizer, sweep, task, tracking, train
 from dpsweep.config.checks import ConfigError
-from dpsweep.config.schema import flatten
 
 if TYPE_CHECKING:
     from dpsweep.config.schema import Config
@@ -23,9 +23,25 @@ if TYPE_CHECKING:
 
 def check_finite(cfg: Config) -> None:
     """Every number of every input is finite (nan and inf hang or lie)."""
-    for key, value in flatten(cfg).items():
-        if isinstance(value, float) and not math.isfinite(value):
+    for key, value in _floats(cfg, ""):
+        if not math.isfinite(value):
             raise ConfigError(key, value, "a finite number")
+
+
+def _floats(node: object, prefix: str) -> Iterator[tuple[str, float]]:
+    """Each float of a typed config, by dotted key (a walk of the dataclasses: no OmegaConf, which
+    takes about 15 ms a config, and a plan of 10,000 jobs checks each)."""
+    if dataclasses.is_dataclass(node):
+        for field in dataclasses.fields(node):
+            yield from _floats(getattr(node, field.name), f"{prefix}{field.name}.")
+    elif isinstance(node, Mapping):
+        for key, value in node.items():
+            yield from _floats(value, f"{prefix}{key}.")
+    elif isinstance(node, list | tuple):
+        for i, value in enumerate(node):
+            yield from _floats(value, f"{prefix[:-1]}[{i}].")
+    elif isinstance(node, float):
+        yield prefix[:-1], node
 
 
 CHECKS: tuple[Callable[[Config], None], ...] = (

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf, ReadonlyConfigError
 
 from dpsweep import config as C
 from dpsweep.config import UNITS, ConfigError, PrivacyUnit, population, to_config, validate, validate_for_dataset
+from dpsweep.config import schema
 from dpsweep.data.facts import DatasetFacts
 from dpsweep.plan import prepare
 from dpsweep.run.runner import resolved_yaml
@@ -213,6 +214,27 @@ def test_flatten_uses_dotted_keys_and_plain_values(make_cfg: Composer) -> None:
     assert flat["train.device"] == "auto"
     assert "tracking.uri" in flat
     assert not any(isinstance(v, dict) for v in flat.values())
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["experiment=demo"],
+        ["experiment=dpgan_digits"],
+        ["experiment=ftrl_vs_sgd_digits_users"],
+        ["experiment=flowers_vgg16", "dp=off", "optimizer=adam"],
+        ["dp.target_epsilon=3", "dp.clipping=quantile", "dataset=cifar10", "model=mlp", "launcher=slurm"],
+        ["dataset.users=partition", "dp.unit=user", "dp.grad_sample_mode=fused", "train.device=cpu"],
+    ],
+)
+def test_a_typed_config_flattens_as_omegaconf_flattens_it(make_cfg: Composer, overrides: list[str]) -> None:
+    """The dataclass walk gives what OmegaConf.structured would (the config hash rests on it)."""
+    cfg = to_config(make_cfg(*overrides))
+    through_omegaconf = schema._flatten(OmegaConf.structured(cfg))
+    walked = C.flatten(cfg)
+    assert list(walked.items()) == list(through_omegaconf.items())
+    assert [type(v) for v in walked.values()] == [type(v) for v in through_omegaconf.values()]
 
 
 def test_a_typed_config_is_made_structured_once_and_read_only(make_cfg: Composer) -> None:

@@ -102,6 +102,20 @@ def test_jobs_that_differ_in_values_share_one_composition(
     assert everything(again) == everything(_without_hydra(composer.loader.load_sweep_config(master, GRID[1])))
 
 
+def test_a_composer_that_keeps_nothing_gives_each_job_a_fresh_compositions_config(
+    loader_and_master: tuple[ComposedJobs, DictConfig],
+) -> None:
+    """keep=False (the submitit launchers, dpsweep-plan) copies skeletons without their hydra node."""
+    loader, master = loader_and_master
+    composer = ComposedJobs(loader.loader, keep=False)
+    for job in GRID:
+        composed = composer.compose(master, job)
+        assert everything(composed) == everything(_without_hydra(composer.loader.load_sweep_config(master, job))), job
+        composed.train.epochs = 99  # its own copy: the next job of its skeleton is unaffected
+    assert composer.composed == 2 and set(composer.bare_skeletons) == {("model=cnn",), ("model=mlp",)}
+    assert "hydra" in composer.skeletons[("model=cnn",)]
+
+
 def test_a_hydra_override_or_a_bad_value_is_composed_afresh(
     loader_and_master: tuple[ComposedJobs, DictConfig],
 ) -> None:
