@@ -30,8 +30,9 @@ from dpsweep.process.shutdown import run_then_exit
 from dpsweep.units import format_bytes
 
 if TYPE_CHECKING:  # Hydra, torch and the planner are imported where used: --help stays fast
-    from dpsweep.plan import RunPlan
     from omegaconf import DictConfig
+
+    from dpsweep.plan import RunPlan
 
 CONFIG_MODULE = "dpsweep.conf"
 PROG = "dpsweep-plan"
