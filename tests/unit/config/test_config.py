@@ -12,8 +12,16 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf, ReadonlyConfigError
 
 from dpsweep import config as C
-from dpsweep.config import UNITS, ConfigError, PrivacyUnit, population, to_config, validate, validate_for_dataset
-from dpsweep.config import schema
+from dpsweep.config import (
+    UNITS,
+    ConfigError,
+    PrivacyUnit,
+    population,
+    schema,
+    to_config,
+    validate,
+    validate_for_dataset,
+)
 from dpsweep.data.facts import DatasetFacts
 from dpsweep.plan import prepare
 from dpsweep.run.runner import resolved_yaml
