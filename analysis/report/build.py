@@ -64,7 +64,8 @@ class Report:
         lines = [
             f"{self.selection}: {c['finished']} of {c['total']} runs FINISHED; {c['failed']} failed, "
             f"{c['pruned']} pruned, {c['running']} running"
-            + (f", {c['duplicate']} duplicate." if c["duplicate"] else "."),
+            + (f", {c['duplicate']} duplicate" if c["duplicate"] else "")
+            + (f", {c['diverged']} diverged (left out)." if c["diverged"] else "."),
             f"ε: final ε under each row's accountant at its δ. {score_note(self.table)}: mean ± sample std over "
             "seeds, in %. Drop: non-private baseline minus row, in percentage points.",
         ]

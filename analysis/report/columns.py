@@ -98,7 +98,9 @@ OUTCOMES: dict[str, str] = {
 }
 # duplicate: a FINISHED run whose config.hash (the seed included) a newer FINISHED run repeats; a
 # repeat of one run is not another seed, so it is left out of its row and named in a warning.
-OUTCOME_ORDER = ("finished", "failed", "pruned", "running", "duplicate")
+# diverged: a FINISHED run tagged run.diverged (non-finite weights or loss, or accuracy at chance:
+# dpsweep.run.divergence); it is no baseline and no point of a curve, so it is left out and named.
+OUTCOME_ORDER = ("finished", "failed", "pruned", "running", "duplicate", "diverged")
 MISSING = "\0missing"  # stands for a param a run did not log, where missing must equal missing
 
 # How labels name a hyperparameter (config labels, memory groups, plot titles); others by their key.

@@ -39,6 +39,7 @@ from dpsweep.analysis.report.table import (
     shows_privacy_kinds,
 )
 from dpsweep.config import UNITS
+from dpsweep.run.divergence import REASON_TAG
 
 
 def check(runs: pd.DataFrame, table: pd.DataFrame) -> list[str]:
@@ -51,12 +52,14 @@ def check(runs: pd.DataFrame, table: pd.DataFrame) -> list[str]:
     notes = _mixed_privacy_notes(done, table, labels)
     notes += _missing_metric_notes(done, labels)
     notes += _duplicate_notes(runs, done)
+    notes += _diverged_notes(runs)
     notes += _release_notes(done)
     for (dataset, model), block in table.groupby(["dataset", "model"], sort=True):
         if block["private"].all():
             notes.append(f"{dataset}/{model}: no FINISHED non-private run; no accuracy drop can be given")
     notes += _tuning_notes(done, table)
     notes += _baseline_mismatches(table, labels)
+    notes += _spread_notes(table, labels)
     return notes
 
 
@@ -118,6 +121,30 @@ def _duplicate_notes(runs: pd.DataFrame, done: pd.DataFrame) -> list[str]:
             f"{', '.join(r[:8] for r in kept)} (config.hash {config_hash}, seed included): a repeat is not another "
             "seed, so only the newest is in the table"
         )
+    return notes
+
+
+def _diverged_notes(runs: pd.DataFrame) -> list[str]:
+    """FINISHED runs tagged diverged, left out of the rows' means and of the baselines."""
+    diverged = runs[runs["outcome"] == "diverged"]
+    if diverged.empty:
+        return []
+    reasons = column(diverged, f"tags.{REASON_TAG}").fillna("no reason recorded")
+    named = "; ".join(f"{r[:8]}: {why}" for r, why in zip(diverged["run_id"], reasons, strict=True))
+    return [f"{runs_text(len(diverged))} diverged and are left out of the rows' means and baselines ({named})"]
+
+
+def _spread_notes(table: pd.DataFrame, labels: pd.Series) -> list[str]:
+    """Rows whose spread across seeds exceeds their mean: an error bar that crosses zero, often a
+    run that failed to learn without being caught as diverged."""
+    notes = []
+    for _, row in table.iterrows():
+        mean, std = row["test_accuracy_mean"], row["test_accuracy_std"]
+        if pd.notna(mean) and pd.notna(std) and std > mean:
+            notes.append(
+                f"{labels.get(row['config_id'], row['config_id'])}: the spread across seeds (± {100 * std:.2f}) "
+                f"exceeds the mean ({100 * mean:.2f}); look at its runs ({', '.join(r[:8] for r in row['run_ids'])})"
+            )
     return notes
 
 

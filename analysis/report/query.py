@@ -32,6 +32,7 @@ from dpsweep.analysis.report.columns import (
     task_objectives,
 )
 from dpsweep.config import identity
+from dpsweep.run.divergence import DIVERGED_TAG
 
 PAGE_SIZE = 10_000  # runs per search_runs page (MLflow allows up to 50,000)
 
@@ -113,7 +114,7 @@ def parent_run_id(raw: pd.DataFrame) -> str | None:
 
 def report_runs(raw: pd.DataFrame) -> pd.DataFrame:
     """The runs a report is about: ``raw`` without parent runs and memory probes, plus the columns
-    ``outcome`` (finished, failed, pruned, running), ``private`` (DP on), ``task`` (task.name),
+    ``outcome`` (finished, failed, pruned, running, duplicate, diverged), ``private`` (DP on), ``task`` (task.name),
     ``objective`` (the name of the task's objective metric; NaN for a task this dpsweep does not
     know), ``score`` (that metric's final value) and ``config_id`` (equal for the runs of one row)."""
     keep = (column(raw, "tags.sweep.role") != "parent") & (column(raw, "tags.probe").astype(str).str.lower() != "true")
@@ -125,6 +126,8 @@ def report_runs(raw: pd.DataFrame) -> pd.DataFrame:
     finished = runs[(runs["outcome"] == "finished") & config_hash.notna()].sort_values("start_time")
     newest = finished.groupby(config_hash[finished.index], sort=False).tail(1).index
     runs.loc[finished.index.difference(newest), "outcome"] = "duplicate"
+    diverged = (runs["outcome"] == "finished") & (column(runs, f"tags.{DIVERGED_TAG}").astype(str) == "true")
+    runs.loc[diverged, "outcome"] = "diverged"
     runs["private"] = param_or_tag(runs, "dp.enabled").astype(str) == "True"
     runs["task"] = run_tasks(runs)
     runs["objective"] = runs["task"].map(task_objectives())

@@ -76,9 +76,10 @@ def summary_line(cfg: Config, r: TrainResult) -> str:
     else:
         privacy_text = "non-private (no ε)"
     what = cfg.model.name if cfg.task.name == "classifier" else cfg.task.name
+    diverged = f"  DIVERGED: {r.diverged} (tagged run.diverged; reports leave it out)" if r.diverged else ""
     return (
         f"dpsweep: run {r.run_id[:8]} {cfg.dataset.name}/{what} B={cfg.train.batch_size} "
-        f"epochs={cfg.train.epochs}  {r.objective}={r.score:.4f}  {privacy_text}"
+        f"epochs={cfg.train.epochs}  {r.objective}={r.score:.4f}  {privacy_text}{diverged}"
     )
 
 

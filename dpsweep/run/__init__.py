@@ -1,1 +1,1 @@
-"""One run of one config: the runner, its checkpoints, Optuna pruning and the final ε computed ahead."""
+"""One run of one config: the runner, its checkpoints, Optuna pruning, and whether it diverged."""

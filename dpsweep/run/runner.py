@@ -48,7 +48,7 @@ from dpsweep.memory import stages as memory
 from dpsweep.plan import MemoryFiles, RunPlan, accounting, mechanism_of, prepare
 from dpsweep.privacy import ledger
 from dpsweep.privacy.ledger import Ledger
-from dpsweep.run import checkpoint
+from dpsweep.run import checkpoint, divergence
 from dpsweep.tracking import (
     Claim,
     RunEnded,
@@ -87,6 +87,7 @@ class TrainResult:
     model: nn.Module | None = None  # the trained module, without any DP wrapper (None for a probe)
     objective: str = "test_accuracy"  # the task's objective (dpsweep.config.TaskConfig.objective) ...
     score: float = math.nan  # ... and its value after the last epoch
+    diverged: str | None = None  # why the run diverged (dpsweep.run.divergence); None: it did not
 
 
 def resolve_device(requested: Device) -> torch.device:
@@ -182,7 +183,8 @@ def _tracked(start: _Start, monitor: memory.MemoryMonitor) -> TrainResult:
         if config.train.probe:
             result.epochs.append(_probe(task_run, stages))
             return result
-        _train_all(config, plan, task_run, stages, parts, Checkpoints(ckpt_dir, plan.config_hash, state))
+        ckpts = Checkpoints(ckpt_dir, plan.config_hash, state)
+        _train_all(config, plan, task_run, stages, parts, ckpts, n_test=len(data.test))  # type: ignore[arg-type]
     if ckpt_dir is not None:
         checkpoint.remove(ckpt_dir)  # the run is complete; a rerun starts afresh
     return result
@@ -206,9 +208,10 @@ def _train_all(
     stages: StageLog,
     parts: tasks.Checkpointed,
     ckpt: Checkpoints,
+    n_test: int,
 ) -> None:
     """A training run after its model is loaded: the DP stages of exactly B, the epochs (with system
-    metrics), the final ε, and the trained model kept in the result and logged."""
+    metrics), the final ε, whether it diverged, and the trained model kept in the result and logged."""
     result, run = stages.result, stages.run
     if config.dp.enabled and stages.recorder.active:  # stages of exactly B, not of a private Poisson batch
         task_run.memory_iteration(stages)
@@ -219,6 +222,12 @@ def _train_all(
         _epochs(config, task_run, stages, parts, ckpt)
     _finish_privacy(config, plan, task_run, result, run)
     result.model = task_run.trained_model()
+    chance = 1 / plan.facts.num_classes if config.task.scored_by_accuracy else None
+    finite = divergence.weights_finite(result.model.parameters())
+    result.diverged = divergence.why_diverged(result.epochs, config.task.objective, chance, n_test, finite,
+                                              private=config.dp.enabled)  # fmt: skip
+    if result.diverged is not None:
+        run.set_tags({divergence.DIVERGED_TAG: "true", divergence.REASON_TAG: result.diverged})
     if config.tracking.log_model:
         _log_model(config, task_run, run)
 

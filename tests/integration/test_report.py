@@ -490,10 +490,44 @@ def test_counts_failed_pruned_and_running_and_ignores_probes_and_the_parent(
     run(["--experiment", experiment_name, "--sweep", "abc123def456", "--tracking-uri", mlflow_uri, "--format", "csv"])
     captured = capsys.readouterr()
     r = rep.build_report(mlflow_uri, experiment_name, "abc123def456")
-    assert r.counts == {"total": 5, "finished": 1, "failed": 2, "pruned": 1, "running": 1, "duplicate": 0}
+    assert r.counts == {
+        "total": 5,
+        "finished": 1,
+        "failed": 2,
+        "pruned": 1,
+        "running": 1,
+        "duplicate": 0,
+        "diverged": 0,
+    }
     assert r.parent_run_id == parent and len(r.table) == 1 and r.table["test_accuracy_mean"].iloc[0] == 0.6
     assert "1 of 5 runs FINISHED; 2 failed, 1 pruned, 1 running" in captured.err  # CSV: notes on stderr
     assert "FINISHED" not in captured.out and len(captured.out.splitlines()) == 2
+
+
+def test_a_diverged_run_is_no_baseline_and_a_spread_above_the_mean_is_flagged(
+    mlflow_uri: str, experiment_name: str, client: MlflowClient
+) -> None:
+    """Issue 33, item 2: one non-private seed fell to chance; before, the baseline was 53.35 ± 61.73
+    and the drop negative, without a word."""
+    log_run(client, experiment_name, OFF, {"test_accuracy": 0.97})
+    why = "test_accuracy stayed at chance (best 0.0970 <= 0.1474)"
+    fallen = log_run(client, experiment_name, OFF | {"train.seed": "1"}, {"test_accuracy": 0.097},
+                     {"run.diverged": "true", "run.diverged.reason": why})  # fmt: skip
+    log_run(client, experiment_name, DP, {"test_accuracy": 0.60, "epsilon": 3.0})
+    log_run(client, experiment_name, DP | {"train.seed": "1"}, {"test_accuracy": 0.64, "epsilon": 3.0})
+    log_run(client, experiment_name, DP | {"dp.noise_multiplier": "2.0"}, {"test_accuracy": 0.9, "epsilon": 1.0})
+    log_run(client, experiment_name, DP | {"dp.noise_multiplier": "2.0", "train.seed": "1"},
+            {"test_accuracy": 0.05, "epsilon": 1.0})  # fmt: skip
+    r = rep.build_report(mlflow_uri, experiment_name)
+    assert r.counts["diverged"] == 1 and r.counts["finished"] == 5
+    baseline = _row(r.table, None)
+    assert (baseline["runs"], baseline["test_accuracy_mean"]) == (1, 0.97)
+    assert _row(r.table, 1.0)["accuracy_drop"] == pytest.approx(0.97 - 0.62)
+    text = "\n".join(r.notes())
+    assert f"1 run diverged and are left out of the rows' means and baselines ({fallen[:8]}: {why})" in text
+    assert "5 of 6 runs FINISHED" in text and "1 diverged (left out)" in text
+    assert "σ=2: the spread across seeds (± 60.10) exceeds the mean (47.50)" in text
+    assert "σ=1: the spread" not in text
 
 
 def test_mixed_accountants_and_delta_are_warned(mlflow_uri: str, experiment_name: str, client: MlflowClient) -> None:
