@@ -214,7 +214,16 @@ class PrivateTuning:
             "sweep.tuning_eta": s.tuning_eta,
         })  # fmt: skip
         objective = first.task.objective
-        best, finished = release_best(first.tracking.uri, first.tracking.experiment_name, session.sweep_id, objective)
+        procedure = {
+            "epsilon": self.epsilon, "delta": self.delta, "accountant": "rdp",
+            "epsilon_single_run_of_dominant": self.single_run_epsilon, "dominant_candidate": self.dominant,
+            "distribution": s.tuning_distribution, "mean_trials": s.tuning_mean_trials, "eta": s.tuning_eta,
+            "selection": f"the best trial by {objective}",
+            "reference": "Papernot & Steinke 2022, Hyperparameter Tuning with Renyi Differential Privacy, Thms. 2 "
+                         "and 6 (dp-accounting's RepeatAndSelectDpEvent)",
+        }  # fmt: skip
+        uri, experiment = first.tracking.uri, first.tracking.experiment_name
+        best, finished = release_best(uri, experiment, session.sweep_id, objective, procedure)
         parent.set_tags({
             "tuning.best_run_id": best if best is not None else "none",
             "tuning.k": len(self.jobs),  # part of the secret randomness: not for publication
@@ -246,10 +255,9 @@ def private_trials(jobs: Sequence[list[str]], configs: Sequence[DictConfig]) -> 
     rng = tuning.secret_generator()
     k = tuning.draw_k(s.tuning_distribution, s.tuning_mean_trials, s.tuning_eta, rng)
     trials = []
-    for trial in range(k):
+    for _ in range(k):  # no trial index and no output of the generator that drew K reaches a trial
         job = [o for o in jobs[int(rng.integers(len(jobs)))] if not o.startswith("train.seed=")]
-        seed = int(rng.integers(2**tuning.SEED_BITS))
-        trials.append([*job, f"train.seed={seed}", f"sweep.tuning_trial={trial}"])
+        trials.append([*job, f"train.seed={tuning.secret_seed()}"])
     common = set.intersection(*(set(job) for job in jobs))  # the overrides every candidate shares
     axes = " ".join(o for o in given_overrides(jobs[cost.dominant]) if o not in common) or "(every candidate)"
     return PrivateTuning(trials, cost.epsilon, cost.delta, cost.single_run_epsilon, axes)

@@ -183,8 +183,9 @@ def _tuning_notes(done: pd.DataFrame, table: pd.DataFrame) -> list[str]:
         kept = tuned[released[tuned.index] == "true"]["run_id"]
         notes.append(
             f"{runs_text(len(tuned))} are trials of a private tuning (sweep.private_tuning): only "
-            f"{', '.join(r[:8] for r in kept) or 'none'} (tag tuning.released=true) may be published, and at its "
-            "sweep parent's epsilon_tuning, not at its own ε; the other trials and their number stay private"
+            f"{', '.join(r[:8] for r in kept) or 'none'} (tag tuning.released=true) may be published, at the whole "
+            "procedure's ε (epsilon_tuning, RDP: the ε shown for their rows), not at one run's; the other trials and "
+            "their number stay private"
         )
     plain = private.drop(tuned.index)
     rows = table[table["private"] & table["config_id"].isin(plain["config_id"]) & table["epsilon"].notna()]

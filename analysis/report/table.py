@@ -5,7 +5,8 @@ do not change a result (``dpsweep.config.NON_IDENTITY_PREFIXES``: tracking, laun
 checkpoint directory, progress bars; and ``train.eval_batch_size``) are set aside. Accuracies are
 fractions in [0, 1] in the DataFrames; ``test_accuracy_std`` is the sample standard deviation
 (n − 1; NaN for one run). ``epsilon`` is the final ε under the row's own accountant (``dp.accountant``)
-at its δ: the ``epsilon`` metric, the largest among the row's runs (equal across seeds).
+at its δ: the ``epsilon`` metric, the largest among the row's runs (equal across seeds); for the
+trials of a private tuning, the whole procedure's ε (``epsilon_tuning``, RDP).
 ``accuracy_drop`` is the baseline's mean accuracy minus the row's: the non-private row of the same
 dataset and model whose other hyperparameters match the row's best.
 
@@ -100,7 +101,8 @@ def _pooled(done: pd.DataFrame) -> pd.DataFrame:
             "config_id": done["config_id"],
             "run_id": done["run_id"],
             "accuracy": accuracy,
-            "epsilon": column(done, "metrics.epsilon"),
+            # a private tuning's trials: the whole procedure's ε, the one to publish with a tuned result
+            "epsilon": column(done, "metrics.epsilon_tuning").fillna(column(done, "metrics.epsilon")),
             "missing": accuracy.isna(),
             **{name: column(done, f"metrics.{name}").astype(float) for name in row_shares()},
         }

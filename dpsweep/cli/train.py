@@ -12,6 +12,7 @@ a sweep it raises instead, so that the sweeper records the job as failed and goe
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sys
@@ -20,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -206,7 +207,7 @@ def app(cfg: DictConfig) -> JobSummary | None:
     hydra_cfg = HydraConfig.get()
     die_with_driver()  # a launcher=local job: ends (run KILLED) when the sweep's driver is gone
     if cfg.train.checkpoint_dir is None:  # the job's own directory: stable when a cluster requeues it
-        cfg.train.checkpoint_dir = str(Path(hydra_cfg.runtime.output_dir) / "checkpoint")
+        cfg.train.checkpoint_dir = str(_own_directory(cfg, hydra_cfg) / "checkpoint")
     try:
         result = train(cfg)
     except (OverBudget, Claimed) as why:  # not an error: the sweep goes on without this config
@@ -222,6 +223,16 @@ def app(cfg: DictConfig) -> JobSummary | None:
     if hydra_cfg.mode != RunMode.MULTIRUN:  # a sweep ends with its own line
         print(next_steps(config.tracking.uri, config.tracking.experiment_name), flush=True)
     return JobSummary(line, result.score, result.epsilon)
+
+
+def _own_directory(cfg: DictConfig, hydra_cfg: Any) -> Path:
+    """The job's output directory; for a trial of a private tuning, a directory of the sweep named by a
+    hash of the trial's overrides (its secret seed among them), not by its number among the trials,
+    which would tell a lower bound on K wherever the path is logged (issue 33, item 1)."""
+    if cfg.sweep.private_tuning and hydra_cfg.mode == RunMode.MULTIRUN:
+        key = hashlib.sha256(" ".join(hydra_cfg.overrides.task).encode()).hexdigest()[:16]
+        return Path(hydra_cfg.sweep.dir) / f"trial-{key}"
+    return Path(hydra_cfg.runtime.output_dir)
 
 
 def console() -> NoReturn:

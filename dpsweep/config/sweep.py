@@ -38,7 +38,6 @@ class SweepConfig:
     tuning_distribution: str = "poisson"
     tuning_mean_trials: float = 10.0
     tuning_eta: float = 0.5  # shape η > 0 of the truncated negative binomial (tnb)
-    tuning_trial: int | None = None  # set by the sweeper on each trial of a private tuning
 
     @property
     def prunes(self) -> bool:

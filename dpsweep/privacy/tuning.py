@@ -66,6 +66,12 @@ def secret_generator() -> np.random.Generator:
     return np.random.default_rng(secrets.randbits(128))
 
 
+def secret_seed() -> int:
+    """A trial's ``train.seed``, fresh from the operating system's entropy: not an output of the
+    generator that drew K, whose state a published seed would help recover."""
+    return secrets.randbits(SEED_BITS)
+
+
 def dominant(ledgers: Sequence[Ledger], orders: tuple[float, ...] = rdp.DEFAULT_ORDERS) -> int:
     """The index of a ledger whose RDP is at least every other's at every order; InputError if none is."""
     curves = np.array([ledger.rdp_curve(b, orders) for b in ledgers])

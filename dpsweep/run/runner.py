@@ -50,6 +50,7 @@ from dpsweep.privacy import ledger
 from dpsweep.privacy.ledger import Ledger
 from dpsweep.run import checkpoint, divergence
 from dpsweep.tracking import (
+    PRIVACY_LEDGER,
     Claim,
     RunEnded,
     Tracker,
@@ -60,8 +61,6 @@ from dpsweep.tracking import (
     terminate_as_interrupt,
     tracked_run,
 )
-
-PRIVACY_LEDGER = "privacy_ledger.json"  # the run's artifact: every release, its parameters and share of ε
 
 
 class OverBudget(Exception):
@@ -421,12 +420,9 @@ def _named(cfg: Config, plan: RunPlan) -> Any:
 
 def sweep_tags(cfg: Config) -> dict[str, Any]:
     """Tags that place a run in its sweep: the sweep id, the parent run (so MLflow shows a tree),
-    the Optuna study and trial, and the trial of a private tuning."""
+    and the Optuna study and trial. (A private tuning's trials carry no index: it would reveal K.)"""
     s = cfg.sweep
-    tags = {
-        "sweep.id": s.id, "mlflow.parentRunId": s.parent_run_id, "optuna.study": s.study, "optuna.trial": s.trial,
-        "tuning.trial": s.tuning_trial,
-    }  # fmt: skip
+    tags = {"sweep.id": s.id, "mlflow.parentRunId": s.parent_run_id, "optuna.study": s.study, "optuna.trial": s.trial}
     return {k: v for k, v in tags.items() if v is not None}
 
 

@@ -52,6 +52,7 @@ FAILURE_TAGS = frozenset({"error", "error.type", "failure.kind"})  # set when a 
 # so that a later command can tell a live run from one whose process died (dpsweep.tracking.dead_runs).
 PROCESS_TAG = "run.process"
 HEARTBEAT_TAG = "run.heartbeat"  # unix seconds of the last beat
+PRIVACY_LEDGER = "privacy_ledger.json"  # a DP run's artifact: every release, its parameters and share of ε
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 10 * HEARTBEAT_S  # a run of another host with no beat for this long is dead
 MAX_TAG_CHARS = 5000  # MLflow's limit on tag values is 8000 characters
@@ -374,9 +375,12 @@ def log_results_table(uri: str, experiment: str, sweep_id: str, parent_run_id: s
     return int(service().call("log_results_table", uri, experiment, sweep_id, parent_run_id))
 
 
-def release_best(uri: str, experiment: str, sweep_id: str, objective: str) -> tuple[str | None, int]:
-    """Tag the sweep's best FINISHED trial released, the others not; its run id and the number finished."""
-    best, finished = service().call("release_best", uri, experiment, sweep_id, objective)
+def release_best(
+    uri: str, experiment: str, sweep_id: str, objective: str, procedure: Mapping[str, Any]
+) -> tuple[str | None, int]:
+    """Tag the sweep's best FINISHED trial released, the others not, and make the released one report
+    the tuning ``procedure`` (:func:`dpsweep.tracking.store.release_best`); its run id and the number finished."""
+    best, finished = service().call("release_best", uri, experiment, sweep_id, objective, dict(procedure))
     return best, int(finished)
 
 

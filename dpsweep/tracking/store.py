@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import json
 import logging
 import os
 import re
@@ -41,6 +42,7 @@ from dpsweep.tracking import (
     MAX_PARAM_CHARS,
     MAX_TAG_CHARS,
     OWNER_TAG,
+    PRIVACY_LEDGER,
     PROCESS_TAG,
     Claim,
     Claimed,
@@ -518,12 +520,62 @@ def experiment_of(uri: str, name: str) -> str | None:
     return None if found is None else str(found.experiment_id)
 
 
-def release_best(uri: str, experiment: str, sweep_id: str, objective: str) -> tuple[str | None, int]:
-    """Private tuning's release: tag the sweep's FINISHED trials ``tuning.released`` (true for the one
-    best by ``objective`` only); return its run id (None: none finished) and how many finished."""
+def release_best(
+    uri: str, experiment: str, sweep_id: str, objective: str, procedure: Mapping[str, Any]
+) -> tuple[str | None, int]:
+    """Private tuning's release (issue 33, item 1): tag the sweep's FINISHED trials ``tuning.released``
+    (true for the one best by ``objective`` only) and log ``procedure['epsilon']``, the whole
+    procedure's ε, as each one's ``epsilon_tuning``. The released trial reports the procedure: its
+    ``epsilon`` and ``epsilon_rdp`` become the procedure's (logged again at the last step, so that
+    they are the latest values), its own ε is kept as ``epsilon_single_run``, ``epsilon_pld`` and
+    ``epsilon_prv`` become NaN (not computed for the procedure), and its ``privacy_ledger.json``
+    gains the tuning event. Returns the released run id (None: none finished) and how many finished."""
     client = MlflowClient(uri)
     runs = [r for r in sweep_jobs(client, experiment, sweep_id) if r.info.status == "FINISHED"]
     best = max(runs, key=lambda r: r.data.metrics.get(objective, float("-inf")), default=None)
+    proc = float(procedure["epsilon"])
+    now = int(time.time() * 1000)
     for r in runs:
-        retry_busy(lambda r=r: client.set_tag(r.info.run_id, "tuning.released", str(r is best).lower()))  # type: ignore[misc]
+        run_id = r.info.run_id
+        history = client.get_metric_history(run_id, "epsilon")
+        step = max((m.step for m in history), default=0)
+        metrics = [Metric("epsilon_tuning", proc, now, step)]
+        released = r is best
+        tags = [RunTag("tuning.released", str(released).lower())]
+        if released:
+            own = r.data.metrics.get("epsilon", float("nan"))
+            metrics += [Metric("epsilon_single_run", own, now, step), Metric("epsilon", proc, now, step),
+                        Metric("epsilon_rdp", proc, now, step), Metric("epsilon_pld", float("nan"), now, step),
+                        Metric("epsilon_prv", float("nan"), now, step)]  # fmt: skip
+            tags.append(RunTag("tuning.epsilon", TUNED_EPSILON_NOTE))
+            _add_tuning_event(client, run_id, procedure, own)
+        retry_busy(lambda run_id=run_id, m=metrics, t=tags: client.log_batch(run_id, metrics=m, tags=t))  # type: ignore[misc]
     return (best.info.run_id if best is not None else None), len(runs)
+
+
+TUNED_EPSILON_NOTE = (
+    "epsilon and epsilon_rdp are the whole private tuning procedure's (RDP, Papernot & Steinke 2022), the "
+    "figure to publish with this model; epsilon_single_run is this trial's alone; epsilon_pld and "
+    "epsilon_prv are not computed for the procedure"
+)
+
+
+def _add_tuning_event(client: MlflowClient, run_id: str, procedure: Mapping[str, Any], own: float) -> None:
+    """The released trial's ``privacy_ledger.json`` with the tuning as its last event, and the
+    procedure's ε as the ledger's (the trial's own kept as ``epsilon_single_run``)."""
+    with tempfile.TemporaryDirectory(prefix="dpsweep-ledger-") as tmp:
+        path = client.download_artifacts(run_id, PRIVACY_LEDGER, tmp)
+        record = json.loads(Path(path).read_text())
+    record["epsilon_single_run"] = record.get("epsilon")
+    record["epsilon"] = {"rdp": float(procedure["epsilon"])}
+    record["accountant"] = "rdp"
+    record["events"] = [*record.get("events", []), {
+        "name": "tuning",
+        "event": f"RepeatAndSelect(the dominant candidate's ledger, K ~ {procedure['distribution']} with mean "
+                 f"{procedure['mean_trials']:g})",
+        "params": {k: v for k, v in procedure.items() if k != "epsilon"},
+        "note": f"K trials drawn from the candidates, {procedure['selection']} released; this trial's own "
+                f"ε was {own:.6g}. {procedure['reference']}",
+        "epsilon_alone": None, "share_of_rdp": None,
+    }]  # fmt: skip
+    client.log_text(run_id, json.dumps(record, indent=2), PRIVACY_LEDGER)

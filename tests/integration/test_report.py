@@ -705,11 +705,17 @@ def test_a_best_of_k_table_warns_with_the_composed_epsilon_and_a_private_tuning_
     assert "ε = 6 at δ = 2e-05 (basic composition" in text and "sweep.private_tuning=true" in text
     assert "at ε=2.5" not in text  # a row alone at its ε is a point of the trade-off, not a choice
     tuned = experiment_name + "-tuned"
-    best = log_run(client, tuned, DP | {"train.seed": "7"}, {"test_accuracy": 0.7, "epsilon": 3.0},
+    best = log_run(client, tuned, DP | {"train.seed": "7"},
+                   {"test_accuracy": 0.7, "epsilon": 4.1, "epsilon_single_run": 3.0, "epsilon_tuning": 4.1},
                    {"tuning.released": "true"})  # fmt: skip
-    log_run(
-        client, tuned, DP | {"train.seed": "9"}, {"test_accuracy": 0.6, "epsilon": 3.0}, {"tuning.released": "false"}
-    )
-    text = "\n".join(rep.build_report(mlflow_uri, tuned).warnings)
-    assert f"only {best[:8]} (tag tuning.released=true) may be published" in text
+    log_run(client, tuned, DP | {"train.seed": "9"}, {"test_accuracy": 0.6, "epsilon": 3.0, "epsilon_tuning": 4.1},
+            {"tuning.released": "false"})  # fmt: skip
+    log_run(client, tuned, DP | {"train.seed": "8", "optimizer.lr": "0.2"},
+            {"test_accuracy": 0.5, "epsilon": 2.5, "epsilon_tuning": 4.1}, {"tuning.released": "false"})  # fmt: skip
+    report = rep.build_report(mlflow_uri, tuned)
+    text = "\n".join(report.warnings)
+    assert f"only {best[:8]} (tag tuning.released=true) may be published, at the whole procedure's ε" in text
     assert "best of these" not in text
+    assert list(report.table["epsilon"]) == [4.1, 4.1]  # a tuned result is shown at the procedure's ε
+    for fmt in ("md", "csv", "tex"):
+        assert "4.1" in rep.render(report, fmt) and "| 3 " not in rep.render(report, fmt)
