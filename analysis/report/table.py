@@ -101,8 +101,7 @@ def _pooled(done: pd.DataFrame) -> pd.DataFrame:
             "config_id": done["config_id"],
             "run_id": done["run_id"],
             "accuracy": accuracy,
-            # a private tuning's trials: the whole procedure's ε, the one to publish with a tuned result
-            "epsilon": column(done, "metrics.epsilon_tuning").fillna(column(done, "metrics.epsilon")),
+            "epsilon": _epsilons(done),
             "missing": accuracy.isna(),
             **{name: column(done, f"metrics.{name}").astype(float) for name in row_shares()},
         }
@@ -119,6 +118,13 @@ def _pooled(done: pd.DataFrame) -> pd.DataFrame:
             **{name: grouped[name].mean() for name in row_shares()},
         }
     )
+
+
+def _epsilons(done: pd.DataFrame) -> pd.Series:
+    """Each run's ε: for a private tuning's trials, the whole procedure's (the one to publish with a
+    tuned result), else its own."""
+    own = column(done, "metrics.epsilon")
+    return done["metrics.epsilon_tuning"].fillna(own) if "metrics.epsilon_tuning" in done else own
 
 
 def _with_settings(table: pd.DataFrame, done: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:

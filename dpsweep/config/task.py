@@ -35,7 +35,9 @@ class TaskConfig:
     # What a report says of the task's rows (dpsweep.analysis.report reads these; it names no task):
     objective_label: ClassVar[str] = ""  # the objective as a table header and an axis call it
     objective_note: ClassVar[str] = ""  # what the objective measures, under the table
-    scored_by_accuracy: ClassVar[bool] = False  # the objective is an accuracy over the dataset's classes (chance: 1/K)
+    # the objective is an accuracy the task trains for directly, so that a non-private run at chance
+    # (1/K classes) failed to learn (dpsweep.run.divergence); not a downstream score such as TSTR
+    at_chance_is_failure: ClassVar[bool] = False
     logs_samples: ClassVar[bool] = False  # runs log sample grids (samples/epoch_NNN.png): <name>_samples.png
     reference_metric: ClassVar[str] = ""  # a non-private run's reference score, noted per block of rows
     reference_note: ClassVar[str] = ""  # "{classifier}", "{score}", "{runs}" filled in
@@ -62,7 +64,7 @@ class ClassifierTaskConfig(TaskConfig):
 
     name: str = "classifier"
     objective: ClassVar[str] = "test_accuracy"
-    scored_by_accuracy: ClassVar[bool] = True
+    at_chance_is_failure: ClassVar[bool] = True
     label: ClassVar[str] = "image classification"
     objective_label: ClassVar[str] = "test accuracy"
 
@@ -78,7 +80,6 @@ class GanTaskConfig(TaskConfig):
 
     name: str = "gan"
     objective: ClassVar[str] = "tstr_accuracy"  # train on synthetic, test on real (dpsweep.tasks.gan.synthetic)
-    scored_by_accuracy: ClassVar[bool] = True
     shows_model: ClassVar[bool] = False  # model.name is the TSTR classifier
     units: ClassVar[tuple[str, ...]] = ("example",)
     trains_with: ClassVar[tuple[str, ...]] = ("opacus",)  # the critic's private step is Opacus's (torch.func grads)

@@ -221,7 +221,7 @@ def _train_all(
         _epochs(config, task_run, stages, parts, ckpt)
     _finish_privacy(config, plan, task_run, result, run)
     result.model = task_run.trained_model()
-    chance = 1 / plan.facts.num_classes if config.task.scored_by_accuracy else None
+    chance = 1 / plan.facts.num_classes if config.task.at_chance_is_failure else None
     finite = divergence.weights_finite(result.model.parameters())
     result.diverged = divergence.why_diverged(result.epochs, config.task.objective, chance, n_test, finite,
                                               private=config.dp.enabled)  # fmt: skip

@@ -146,6 +146,7 @@ def test_table_equals_aggregates_computed_independently(sweep: Sweep) -> None:
         "pruned": 0,
         "running": 0,
         "duplicate": 0,
+        "diverged": 0,
     }
     for sigma in (None, 1.0, 2.0):
         row = _row(r.table, sigma)
