@@ -32,7 +32,7 @@ from omegaconf import DictConfig
 from dpsweep import units
 from dpsweep.cli.errors import bad_input_types, report_bad_input
 from dpsweep.cli.overrides import override_value
-from dpsweep.config import Config, given_overrides, to_config
+from dpsweep.config import Config, ConfigError, given_overrides, to_config
 from dpsweep.errors import InputError
 from dpsweep.process.liveness import die_with_driver
 from dpsweep.process.shutdown import run_then_exit
@@ -187,6 +187,9 @@ def main() -> None:
             raise SystemExit(report_bad_input("dpsweep", problem)) from None
 
 
+SCHEDULERS = ("slurm", "sge")  # launchers that submit to a cluster: sweeps only (a single run would train here)
+
+
 @dataclass(frozen=True)
 class JobSummary:
     """What a sweep's job returns to the driver (pickled back by submitit launchers): its result line,
@@ -200,11 +203,16 @@ class JobSummary:
 @hydra.main(version_base="1.3", config_path="pkg://dpsweep.conf", config_name="config")
 def app(cfg: DictConfig) -> JobSummary | None:
     """The Hydra task: train one config; returns its summary (None: skipped)."""
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode != RunMode.MULTIRUN and cfg.launcher.name in SCHEDULERS:  # before the store or any run
+        raise SystemExit(report_bad_input("dpsweep", ConfigError(
+            "launcher", cfg.launcher.name, "inline or local for a run on this machine; a scheduler takes sweeps: "
+            f"add -m to submit this run as a sweep of one job (dpsweep -m launcher={cfg.launcher.name} ...)",
+        )))  # fmt: skip
     tracking_service.service().post("warm_store", cfg.tracking.uri)  # opened there while torch imports here
     from dpsweep.run.runner import OverBudget, train
     from dpsweep.tracking import Claimed, next_steps
 
-    hydra_cfg = HydraConfig.get()
     die_with_driver()  # a launcher=local job: ends (run KILLED) when the sweep's driver is gone
     if cfg.train.checkpoint_dir is None:  # the job's own directory: stable when a cluster requeues it
         cfg.train.checkpoint_dir = str(_own_directory(cfg, hydra_cfg) / "checkpoint")

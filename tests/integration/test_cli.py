@@ -81,6 +81,13 @@ def test_sweep_runs_each_job_and_prints_accuracy_and_epsilon(tmp_path: Path) -> 
         (["task=gan", "task.n_critic=0"], "task.n_critic=0 is invalid: 1 or more critic steps per generator step"),
         (["task=gan", "dp.grad_sample_mode=ghost"], "dp.grad_sample_mode='ghost' is invalid: functorch with task=gan"),
         (["dp.accountant=pld", "dp.noise_multiplier=0.03"], "dp.accountant='pld' is invalid: rdp for this run"),
+        # without -m it trained on this machine (a login node) and was tagged slurm (issue 33, item 10)
+        (
+            ["launcher=slurm"],
+            "launcher='slurm' is invalid: inline or local for a run on this machine; a scheduler "
+            "takes sweeps: add -m to submit this run as a sweep of one job (dpsweep -m launcher=slurm",
+        ),
+        (["launcher=sge"], "launcher='sge' is invalid: inline or local"),
     ],
 )
 def test_bad_input_exits_2_with_one_clear_line_and_no_run(tmp_path: Path, args: list[str], needle: str) -> None:
