@@ -80,6 +80,10 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument(option.flag, action="store_true", help=f"{name}: {option.help}")
         else:
             p.add_argument(option.flag, type=option.kind, help=f"{name}: {option.help}")
+    p.add_argument("--convention", choices=list(privacy.CONVENTIONS), default="opacus",
+                   help="how q and the steps are counted: opacus (q = 1/ceil(N/B), ceil(N/B) steps an epoch: "
+                   "what dpsweep trains) or tf_privacy (q = B/N, ceil(epochs·N/B) steps: TF Privacy's "
+                   "compute_dp_sgd_privacy, to reproduce its published figures)")  # fmt: skip
     p.add_argument("--allow-large-delta", action="store_true", help="permit δ >= 1/N (voids the guarantee)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", type=Path, metavar="DIR", help="write PNG plots of ε against each knob to DIR")
@@ -201,9 +205,14 @@ def _setting(a: argparse.Namespace, mechanism: mechanisms.Mechanism) -> mechanis
         if value not in (None, False) and option not in mechanism.options:
             raise InputError(option.flag, value, f"used with --mechanism {name} only")
     options = {o.key: getattr(a, _dest(o)) for o in mechanism.options}
-    base = mechanisms.Setting(a.dataset_size, a.batch_size, a.epochs, a.delta, _accounting(a), a.steps, options=options)
+    if a.convention != "opacus" and a.mechanism != "dpsgd":
+        raise InputError("--convention", a.convention, "opacus with --mechanism other than dpsgd")
+    base = mechanisms.Setting(a.dataset_size, a.batch_size, a.epochs, a.delta, _accounting(a), a.steps,
+                              options=options, convention=a.convention)  # fmt: skip
     if a.clipping != "fixed" and not mechanism.sampled:
         raise InputError("--clipping", a.clipping, f"fixed with --mechanism {a.mechanism} (it samples nothing)")
+    if a.plot is not None and a.convention != "opacus":
+        raise InputError("--plot", str(a.plot), "left out with --convention tf_privacy (the plots use dpsweep's)")
     if a.plot is not None and not mechanism.sampled:
         raise InputError("--plot", str(a.plot), f"left out with --mechanism {a.mechanism}: the plots vary q")
     q = mechanism.sample_rate(base)
@@ -252,6 +261,8 @@ def _price(a: argparse.Namespace, mechanism: mechanisms.Mechanism) -> dict[str, 
         "description": mechanism.describe(s, sigma),
     }  # fmt: skip
     out |= mechanism.details(s)
+    if a.convention != "opacus":
+        out["convention"] = a.convention
     if s.epochs is not None:
         out["epochs"] = s.epochs
     if calibrated:

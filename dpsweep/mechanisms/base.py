@@ -47,6 +47,9 @@ class Setting:
     steps: int | None = None  # a length in steps instead of epochs (dpsweep-epsilon --steps)
     extra: Ledger = Ledger()
     options: Mapping[str, Any] = field(default_factory=dict)
+    # how a sampled mechanism counts q and steps (dpsweep.privacy.schedule.CONVENTIONS): opacus, as runs
+    # train; tf_privacy only for dpsweep-epsilon --convention (reproducing TF Privacy's figures)
+    convention: str = "opacus"
 
     @property
     def steps_per_epoch(self) -> int:

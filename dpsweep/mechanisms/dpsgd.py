@@ -26,10 +26,13 @@ class DPSGD(Mechanism):
     citation = "Abadi et al. 2016; Mironov, Talwar & Zhang 2019 (the subsampled Gaussian's RDP)"
 
     def schedule(self, s: Setting) -> poisson.PoissonSchedule:
-        return poisson.poisson_schedule(s.population, s.batch_size)
+        return poisson.CONVENTIONS[s.convention](s.population, s.batch_size)
 
     def sample_rate(self, s: Setting) -> float:
         return self.schedule(s).sample_rate
+
+    def steps(self, s: Setting) -> int:
+        return s.steps if s.steps is not None else self.schedule(s).steps(s.epochs or 0)
 
     def ledger(self, s: Setting, noise_multiplier: float) -> Ledger:
         return poisson.run_ledger(self.schedule(s), noise_multiplier, self.steps(s), s.extra)

@@ -29,7 +29,7 @@ import itertools
 import math
 import multiprocessing
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -64,6 +64,30 @@ def poisson_schedule(n: int, batch_size: int) -> PoissonSchedule:
     inclusion = 1 / k
     steps_per_epoch = int(1 / inclusion)  # UniformWithReplacementSampler.__len__
     return PoissonSchedule(n, batch_size, inclusion, steps_per_epoch, 1 / steps_per_epoch)
+
+
+class TfPrivacySchedule(PoissonSchedule):
+    """TF Privacy's convention (its ``compute_dp_sgd_privacy``): q = B/N and ceil(epochs · N/B) steps.
+    For reproducing a published TF Privacy figure with ``dpsweep-epsilon --convention tf_privacy``;
+    no dpsweep run trains this way (its Poisson loader is Opacus's)."""
+
+    def steps(self, epochs: int) -> int:
+        return math.ceil(epochs * self.n / self.batch_size)
+
+
+def tf_privacy_schedule(n: int, batch_size: int) -> PoissonSchedule:
+    """:class:`TfPrivacySchedule` of N examples and batch size B."""
+    if n <= 0 or batch_size <= 0:
+        raise ValueError(f"need N > 0 and B > 0, got N={n}, B={batch_size}")
+    q = batch_size / n
+    return TfPrivacySchedule(n, batch_size, q, math.ceil(n / batch_size), q)
+
+
+# step conventions by name: Opacus's trains; TF Privacy's reproduces its published figures
+CONVENTIONS: dict[str, Callable[[int, int], PoissonSchedule]] = {
+    "opacus": poisson_schedule,
+    "tf_privacy": tf_privacy_schedule,
+}
 
 
 def max_poisson_batch(n: int, batch_size: int | np.ndarray, epochs: int, tail: float = 1e-6) -> np.ndarray:

@@ -10,6 +10,7 @@ from helpers import run_script
 from PIL import Image
 
 from dpsweep.cli.epsilon import main, run
+from dpsweep.errors import InputError
 from dpsweep.privacy import rdp
 from dpsweep.privacy import schedule as privacy
 
@@ -42,6 +43,39 @@ def test_custom_orders_and_steps(capsys: pytest.CaptureFixture[str]) -> None:
     run(["-s", "10000", "-b", "100", "-n", "1.0", "--steps", "300", "--alphas", "2", "5", "10", "20", "100", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert round(out["epsilon"], 2) == 2.39 and out["alpha"] == 5 and out["sample_rate"] == 0.01
+
+
+def test_tf_privacys_step_convention_reproduces_its_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 33, item 4: TF Privacy counts q = B/N and ceil(epochs·N/B) steps; dpsweep trains Opacus's
+    q = 1/ceil(N/B) and ceil(N/B) steps an epoch. Checked against dp-accounting's RDP accountant."""
+    from dp_accounting import dp_event
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    args = ["-s", "60000", "-b", "256", "-n", "1.1", "-e", "60", "--json"]
+    run([*args, "--convention", "tf_privacy"])
+    tf = json.loads(capsys.readouterr().out)
+    run(args)
+    opacus = json.loads(capsys.readouterr().out)
+    assert (tf["steps"], tf["sample_rate"], tf["convention"]) == (14063, 256 / 60000, "tf_privacy")
+    assert (opacus["steps"], opacus["sample_rate"]) == (14100, 1 / 235) and "convention" not in opacus
+    accountant = rdp_privacy_accountant.RdpAccountant()
+    step = dp_event.PoissonSampledDpEvent(256 / 60000, dp_event.GaussianDpEvent(1.1))
+    accountant.compose(dp_event.SelfComposedDpEvent(step, 14063))
+    assert tf["epsilon"] == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-6)  # 2.5967
+    assert round(opacus["epsilon"], 4) == 2.5927
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--mechanism", "dpftrl"], "--convention='tf_privacy' is invalid: opacus with --mechanism other than dpsgd"),
+        (["--plot", "plots"], "--plot='plots' is invalid: left out with --convention tf_privacy"),
+    ],
+)
+def test_the_tf_privacy_convention_is_refused_where_it_means_nothing(extra: list[str], needle: str) -> None:
+    with pytest.raises(InputError) as refused:
+        run(["-s", "60000", "-b", "256", "-n", "1.1", "-e", "6", "--convention", "tf_privacy", *extra])
+    assert needle in str(refused.value)
 
 
 def test_prv_has_no_order(capsys: pytest.CaptureFixture[str]) -> None:
