@@ -136,13 +136,18 @@ class GanTaskConfig(TaskConfig):
     tstr_val_fraction: float = 0.2
     # The share of synthetic samples closer (L2) to a training image than to any test image, logged
     # beside memorisation_baseline = n_train/(n_train+n_test), its mean for samples that memorised
-    # nothing. With DP it is a statistic of the training data that no accountant covers: the run
-    # is then tagged dp.release=not-for-release.
-    memorisation_check: bool = True
+    # nothing. With DP it is a statistic of the training data that no accountant covers: it is then
+    # computed only when asked for (true), and the run is tagged dp.release=not-for-release.
+    # null: on without DP, off with DP.
+    memorisation_check: bool | None = None
     memorisation_samples: int = 2000  # synthetic samples compared (drawn at random), each against every real image
 
     def learning_rate(self, optimizer_lr: float) -> float:
         return self.critic_lr
+
+    def checks_memorisation(self, private: bool) -> bool:
+        """Whether a run computes the memorisation share: asked for, or by default without DP only."""
+        return self.memorisation_check if self.memorisation_check is not None else not private
 
     def stops_at_budget(self) -> bool:
         return self.stop_at_budget

@@ -41,7 +41,8 @@ def _artifacts(client: MlflowClient, run_id: str, path: str = "") -> set[str]:
 
 @pytest.mark.slow
 def test_a_private_gan_run_logs_its_epsilon_samples_and_scores(make_cfg: Composer, client: MlflowClient) -> None:
-    cfg = make_cfg(*QUICK, "dp.noise_multiplier=1.2", "task.snapshots=2", "task.snapshot_every=1")
+    cfg = make_cfg(*QUICK, "dp.noise_multiplier=1.2", "task.snapshots=2", "task.snapshot_every=1",
+                   "task.memorisation_check=true")  # asked for: off by default under DP  # fmt: skip
     result = train(cfg)
     run = client.get_run(result.run_id)
     m, tags = run.data.metrics, run.data.tags
@@ -120,9 +121,11 @@ def test_stop_at_budget_stops_at_the_last_step_within_it(make_cfg: Composer, cli
 def test_an_interrupted_gan_run_resumes_to_the_same_generator_and_epsilon(
     tmp_path: Path, make_cfg: Composer, client: MlflowClient, experiment_name: str
 ) -> None:
-    args = [*QUICK, "train.epochs=2", "dp.noise_multiplier=1.2", "task.memorisation_check=false"]
+    args = [*QUICK, "train.epochs=2", "dp.noise_multiplier=1.2"]  # the memorisation check: off by default under DP
     args += ["task.generator_ema=0.9", "task.snapshots=2", "task.snapshot_every=1"]  # restored too
     straight, resumed = straight_and_resumed(make_cfg, client, experiment_name, args, gan_task.GanRun, 2, tmp_path)
+    run = client.get_run(resumed.run_id)  # issue 33, item 3: no un-noised statistic released by default
+    assert "memorisation_share" not in run.data.metrics and "dp.outside_ledger" not in run.data.tags
     assert resumed.steps == 2 * STEPS_PER_EPOCH
     assert resumed.epsilons == straight.epsilons  # every critic step counted once, from the restored count
     for part in ("generator", "average", "snapshots"):  # the weights, their average and snapshots: restored exactly

@@ -34,7 +34,8 @@ EXPERIMENT = "gan-report"
 QUICK = [
     "task=gan", "train.epochs=1", "task.tstr_epochs=1", "task.critic_width=8", "task.generator_width=16",
     "dataset.test_fraction=0.75",  # 449 training images: 8 critic steps, a quarter of the work
-    "task.memorisation_samples=100", "tracking.log_model=false", "train.progress=false",
+    "task.memorisation_samples=100", "task.memorisation_check=true", "tracking.log_model=false",
+    "train.progress=false",
 ]  # fmt: skip
 
 

@@ -85,7 +85,7 @@ class GanRun:
             "gan.critic_params": model_zoo.trainable_parameters(self.gan.critic),
             "model.trainable_params": model_zoo.trainable_parameters(self.gan),
         }
-        if self.cfg.dp.enabled and self.settings.memorisation_check:
+        if self.cfg.dp.enabled and self.settings.checks_memorisation(private=True):
             # memorisation_share reads the training images without noise: a release ε does not cover
             tags |= {"dp.release": "not-for-release", "dp.outside_ledger": "memorisation_share"}
         return tags
@@ -209,7 +209,7 @@ class GanRun:
         tstr = synthetic.tstr_accuracy(classifier, (x, y), test, recipe, cfg.train.seed, self.device)
         scores = {"tstr_accuracy": tstr.accuracy, "tstr_val_accuracy": tstr.val_accuracy, "tstr_epoch": tstr.epoch}
         real = (self.train_x.cpu(), self.train_y.cpu())
-        if g.memorisation_check:
+        if g.checks_memorisation(private=cfg.dp.enabled):
             scores["memorisation_share"] = synthetic.memorisation_share(
                 x, real[0], test[0], g.memorisation_samples, self._rng(-2)
             )
