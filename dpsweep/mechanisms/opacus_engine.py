@@ -99,6 +99,18 @@ class ExpectedBatchAdaClip(AdaClipDPOptimizer):
             for p in self.params:
                 p.grad /= clip
 
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        """Opacus's AdaClip resets its counts at every ``zero_grad``, so that with physical batches
+        (``train.physical_batch_size``: a logical batch in several passes, each step but the last
+        skipped) the update saw the last pass's count only, over the whole expected batch: C barely
+        moved. The counts are kept across the passes of one logical batch. Opacus exposes no public
+        flag for a skipped step; its own ``DPOptimizer.zero_grad`` reads this one."""
+        passes_go_on = self._is_last_step_skipped
+        counts = (self.sample_size, self.unclipped_num)
+        super().zero_grad(set_to_none)
+        if passes_go_on:
+            self.sample_size, self.unclipped_num = counts
+
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), STATE_KEY: float(self.max_grad_norm)}
 

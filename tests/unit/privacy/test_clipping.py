@@ -162,6 +162,30 @@ def test_adaptive_update_uses_the_centred_count_over_the_expected_batch(make_cfg
     assert optimizer.max_grad_norm == 10.0  # clamped to dp.clip_high
 
 
+def test_adaptive_counts_cover_every_physical_pass_of_a_logical_batch(make_cfg: Composer) -> None:
+    """Issue 33, item 3: with train.physical_batch_size, Opacus's AdaClip reset its counts at each pass's
+    zero_grad, so the update divided the last pass's count by the whole expected batch (C barely moved)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from dpsweep.mechanisms import opacus_engine as dpsgd
+
+    cfg = to_config(make_cfg("dp.clipping=adaptive", "dp.clip_count_noise=5"))
+    layer = torch.nn.Linear(10, 2)
+    loader = DataLoader(TensorDataset(torch.zeros(640, 10), torch.zeros(640, dtype=torch.long)), batch_size=64)
+    _, model, optimizer, _, _ = dpsgd.make_private(
+        cfg.dp, 1.0, 1.0, layer, torch.optim.SGD(layer.parameters(), lr=0.1), loader, torch.nn.MSELoss()
+    )
+    counted = []
+    for rows, last in ((30, False), (34, True)):  # one logical batch in two physical passes
+        model(torch.randn(rows, 10)).sum().backward()
+        optimizer.signal_skip_step(do_skip=not last)
+        optimizer.step()
+        counted.append(optimizer.sample_size)
+        optimizer.zero_grad()
+    assert counted == [30, 64]  # the update saw both passes (Opacus's own: 34)
+    assert optimizer.sample_size == 0  # and the next logical batch starts afresh
+
+
 def test_an_adaptive_run_logs_c_per_epoch_and_charges_sigma(
     make_cfg: Composer, client: MlflowClient, experiment_name: str
 ) -> None:
