@@ -106,10 +106,11 @@ class ExpectedBatchAdaClip(AdaClipDPOptimizer):
         moved. The counts are kept across the passes of one logical batch. Opacus exposes no public
         flag for a skipped step; its own ``DPOptimizer.zero_grad`` reads this one."""
         passes_go_on = self._is_last_step_skipped
-        counts = (self.sample_size, self.unclipped_num)
+        sample_size: int = self.sample_size  # type: ignore[has-type]  # (Opacus's untyped attributes)
+        unclipped: Any = self.unclipped_num  # type: ignore[has-type]  # a tensor once counted
         super().zero_grad(set_to_none)
         if passes_go_on:
-            self.sample_size, self.unclipped_num = counts
+            self.sample_size, self.unclipped_num = sample_size, unclipped
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), STATE_KEY: float(self.max_grad_norm)}
