@@ -208,15 +208,34 @@ def rows_of(jobs: Sequence[tuple[list[str], RunPlan]]) -> list[PlanRow]:
     return [plan_row(i, job, p, why) for i, ((job, p), why) in enumerate(zip(jobs, reasons, strict=True))]
 
 
+# the keys the table's own columns show (a swept one needs no column of its own; dp: σ and ε say off)
+SHOWN_KEYS = frozenset({"dataset", "model", "train.batch_size", "dp.noise_multiplier", "dp.max_grad_norm",
+                        "optimizer.lr", "train.epochs", "dp.mechanism", "dp.unit", "dp"})  # fmt: skip
+
+
+def swept_keys(rows: Sequence[PlanRow]) -> tuple[list[str], list[dict[str, str]]]:
+    """The override keys whose values differ between jobs (``~key`` and ``+key`` as ``key``), besides
+    the columns the table has, and each row's overrides by key."""
+    given = [
+        {o.split("=", 1)[0].lstrip("+~"): o.split("=", 1)[1] if "=" in o else "—" for o in r.overrides.split()}
+        for r in rows
+    ]
+    keys = sorted({k for g in given for k in g} - SHOWN_KEYS)
+    return [k for k in keys if len({g.get(k) for g in given}) > 1], given
+
+
 def format_table(rows: Sequence[PlanRow]) -> str:
     cols = ("job", "dataset", "model", "B", "σ", "C", "lr", "epochs", "δ", "ε")
     memory = any(r.peak_bytes is not None for r in rows)
+    swept, given = swept_keys(rows)
+    widths = [max(len(k), *(len(g.get(k, "—")) for g in given)) for k in swept]
     # mechanism and unit columns where some job is not example-level DP-SGD (the default)
     kinds = any((r.mechanism, r.unit) not in ((None, None), ("dpsgd", "example")) for r in rows)
     header = "{:>3}  {:<10} {:<12} {:>5} {:>7} {:>6} {:>8} {:>6} {:>8} {:>9}".format(*cols)
     header += "  {:<9} {:<8}".format("mechanism", "ε per") if kinds else ""
-    lines = [header + ("  {:>10}".format("peak") if memory else "")]
-    for r in rows:
+    header += "".join(f"  {k:<{w}}" for k, w in zip(swept, widths, strict=True))
+    lines = [(header + ("  {:>10}".format("peak") if memory else "")).rstrip()]
+    for r, values in zip(rows, given, strict=True):
         dash = "—"
         sigma = f"{r.noise_multiplier:.4g}" if r.noise_multiplier is not None else dash
         clip = f"{r.max_grad_norm:g}" if r.max_grad_norm is not None else dash
@@ -228,13 +247,14 @@ def format_table(rows: Sequence[PlanRow]) -> str:
         )
         if kinds:
             line += f"  {r.mechanism or dash:<9} {r.unit or dash:<8}"
+        line += "".join(f"  {values.get(k, dash):<{w}}" for k, w in zip(swept, widths, strict=True))
         if memory:
             line += f"  {format_bytes(r.peak_bytes) if r.peak_bytes is not None else dash:>10}"
         if r.fits_memory is False:
             line += f"  will not fit {r.gpu_memory}"
         if r.skipped is not None:
             line += f"  skipped: {r.skipped}"
-        lines.append(line + ("  over budget: skipped" if r.over_budget else ""))
+        lines.append((line + ("  over budget: skipped" if r.over_budget else "")).rstrip())
     accountants = sorted({r.accountant for r in rows if r.accountant})
     if accountants:
         used = sorted({r.mechanism for r in rows if r.mechanism})

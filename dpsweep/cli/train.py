@@ -55,7 +55,8 @@ def register_hydra_plugins() -> None:
 
 
 def summary_line(cfg: Config, r: TrainResult) -> str:
-    """``dpsweep: run 1a2b3c4d digits/cnn B=64 epochs=8  test_accuracy=0.8778  ε=7.414 (rdp, δ=1e-05, …)``"""
+    """``dpsweep: run 1a2b3c4d digits/cnn B=64 epochs=8 seed=0  test_accuracy=0.8778  ε=7.414 (rdp, δ=1e-05,
+    dpsgd per example; …)``"""
     if cfg.train.probe:
         from dpsweep.memory import stages as memory
 
@@ -71,7 +72,8 @@ def summary_line(cfg: Config, r: TrainResult) -> str:
         clip = r.ledger.entries[0].params.get("max_grad_norm_chosen") if cfg.dp.clipping == "quantile" else None
         clip_text = f"C={cfg.dp.max_grad_norm:g}" if clip is None else f"C={clip:.3g} (private quantile)"
         privacy_text = (
-            f"ε={r.epsilon:.3f} ({cfg.dp.accountant.value}, δ={cfg.dp.delta:g}, per {cfg.dp.unit.value}; {others})  "
+            f"ε={r.epsilon:.3f} ({cfg.dp.accountant.value}, δ={cfg.dp.delta:g}, {cfg.dp.mechanism} per "
+            f"{cfg.dp.unit.value}; {others})  "
             f"σ={r.noise_multiplier:.3g} {clip_text}"
         )
     else:
@@ -80,7 +82,7 @@ def summary_line(cfg: Config, r: TrainResult) -> str:
     diverged = f"  DIVERGED: {r.diverged} (tagged run.diverged; reports leave it out)" if r.diverged else ""
     return (
         f"dpsweep: run {r.run_id[:8]} {cfg.dataset.name}/{what} B={cfg.train.batch_size} "
-        f"epochs={cfg.train.epochs}  {r.objective}={r.score:.4f}  {privacy_text}{diverged}"
+        f"epochs={cfg.train.epochs} seed={cfg.train.seed}  {r.objective}={r.score:.4f}  {privacy_text}{diverged}"
     )
 
 

@@ -38,6 +38,7 @@ def test_sweep_runs_each_job_and_prints_accuracy_and_epsilon(tmp_path: Path) -> 
     assert len(lines) == 2, proc.stdout
     assert "non-private" in lines[0] and "test_accuracy=" in lines[0]
     assert "ε=" in lines[1] and "δ=1e-05" in lines[1] and "rdp" in lines[1]
+    assert all(" seed=0  " in line for line in lines) and "dpsgd per example" in lines[1]  # issue 33, item 7
     # output piped, so no bars: one line per epoch with its figures, and the sweep's last line says what next
     epochs = [line for line in proc.stdout.splitlines() if "epoch 1/1  " in line]
     assert len(epochs) == 2 and "test_accuracy=" in epochs[1] and "ε=" in epochs[1], proc.stdout

@@ -10,7 +10,7 @@ import pytest
 from helpers import child_runs, run_dpsweep, run_main, run_script
 from hydra import initialize_config_module
 
-from dpsweep.cli.plan import expand_sweep, main, plan
+from dpsweep.cli.plan import expand_sweep, format_table, main, plan
 from dpsweep.launchers.expand import expand
 from dpsweep.privacy import schedule as privacy
 
@@ -78,6 +78,17 @@ def test_rows_carry_the_trainers_epsilon_and_budget(hydra_ctx: None) -> None:
         assert r.epsilon == expected.epsilon and r.steps == expected.steps == 4 * 23
         assert r.over_budget == (r.epsilon > 5)
     assert [r.over_budget for r in dp] == [True, False]
+
+
+def test_the_table_shows_every_key_that_differs_between_jobs(hydra_ctx: None) -> None:
+    """Issue 33, item 7: four identical rows before; a column per swept key the table had none for."""
+    table = format_table(plan(["model.hidden_units=16,64", "optimizer.momentum=0,0.9", "train.epochs=2"]))
+    header, *rows = table.splitlines()[:5]
+    assert header.split()[-2:] == ["model.hidden_units", "optimizer.momentum"]
+    assert [row.split()[-2:] for row in rows] == [["16", "0"], ["16", "0.9"], ["64", "0"], ["64", "0.9"]]
+    assert "train.epochs" not in header  # the same for every job
+    same = format_table(plan(["dp.noise_multiplier=0.8,1.2"])).splitlines()[0]
+    assert "dp.noise_multiplier" not in same  # the σ column shows it
 
 
 def test_target_epsilon_rows_show_the_calibrated_sigma(hydra_ctx: None) -> None:
