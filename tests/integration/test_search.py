@@ -107,7 +107,10 @@ def test_a_study_resumed_after_its_driver_was_killed_ends_its_runs_and_fails_its
     )  # fmt: skip
     try:
         deadline = time.time() + 300
-        while not any(r.info.status == "RUNNING" for r in trial_runs(tmp_path, "digits_accuracy_tpe")):  # type: ignore[attr-defined]
+        while not any(  # a trial's run, not the study's parent run (RUNNING before any trial is asked)
+            r.info.status == "RUNNING" and r.data.tags.get("sweep.role") != "parent"  # type: ignore[attr-defined]
+            for r in trial_runs(tmp_path, "digits_accuracy_tpe")
+        ):
             assert time.time() < deadline and driver.poll() is None, (tmp_path / "driver.log").read_text()
             time.sleep(0.5)
     finally:
