@@ -399,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def console() -> NoReturn:
     """The console script: ``main``, then the process ends without the interpreter's teardown
     (``dpsweep.process.shutdown``)."""
-    run_then_exit(main)
+    run_then_exit(main, "dpsweep-memory")
 
 
 if __name__ == "__main__":

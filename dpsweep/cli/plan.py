@@ -148,6 +148,7 @@ options:
                         launcher.gpu_memory
   --backend B           cuda or cpu-tensors: the memory backend of the probes to plan with; default:
                         cuda where a GPU is visible, else the backend the file was fitted on
+  -m, --multirun        accepted and ignored: the jobs planned are always those of dpsweep -m
   OVERRIDES             Hydra overrides, exactly as for dpsweep -m
 """
 
@@ -288,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``dpsweep-plan [--json] [--memory-model FILE [--gpu-memory SIZE] [--backend cuda|cpu-tensors]] OVERRIDES``"""
     args = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in args
-    args = [a for a in args if a != "--json"]
+    args = [a for a in args if a not in ("--json", "-m", "--multirun")]  # -m: what dpsweep-plan always plans
     if "-h" in args or "--help" in args:
         print(__doc__ + OPTIONS)
         return 0
@@ -339,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def console() -> NoReturn:
     """The console script: ``main``, then the process ends without the interpreter's teardown
     (``dpsweep.process.shutdown``)."""
-    run_then_exit(main)
+    run_then_exit(main, "dpsweep-plan")
 
 
 if __name__ == "__main__":

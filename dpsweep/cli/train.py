@@ -135,7 +135,21 @@ def composition_problem(err: BaseException, argv: Sequence[str]) -> InputError |
     found = re.search(r"override '?([^'=\s]+)'?", str(err))
     key = found.group(1) if found else "overrides"
     value = override_value(argv, key.lstrip("+~"))
-    return InputError(key, value if found else " ".join(argv), f"a key and value of the config schema ({why})")
+    return InputError(
+        key, value if found else " ".join(argv), f"a key and value of the config schema ({why}){_did_you_mean(key)}"
+    )
+
+
+def _did_you_mean(key: str) -> str:
+    """The closest config keys and groups to a misspelt ``key`` (``datset``: dataset)."""
+    import difflib
+    from importlib import resources
+
+    from dpsweep.config import schema
+
+    groups = [p.name for p in resources.files("dpsweep.conf").iterdir() if p.is_dir() and not p.name.startswith("_")]
+    close = difflib.get_close_matches(key.lstrip("+~"), [*groups, *schema.schema_keys()], n=3, cutoff=0.6)
+    return f"; did you mean {', '.join(close)}?" if close else ""
 
 
 def _raised_by_the_run(err: BaseException) -> bool:
@@ -167,16 +181,17 @@ def main() -> None:
     """Console entry point ``dpsweep``: the Hydra app, where its output directory can be written and
     its overrides compose (else exit 2).
 
-    A single run's config is composed once, by Hydra: its composition errors are raised to here and
-    reported as bad input; errors of the run itself keep their traceback and exit 1. Sweeps (-m) and
-    Hydra's own flags are left to Hydra (a sweep's jobs are checked by its sweeper)."""
+    A run's or a sweep's (-m) config is composed by Hydra: its composition errors are raised to here
+    and reported as bad input (a sweep's jobs are composed and checked by its sweeper, with the same
+    messages); errors of the run itself keep their traceback and exit 1. Hydra's own flags (--help,
+    --cfg, ...) are left to Hydra."""
     argv = sys.argv[1:]
     problem = unwritable_output(argv)
     if problem is not None:
         raise SystemExit(report_bad_input("dpsweep", problem))
     if not {a for a in argv if a.startswith("-")} - {"-m", "--multirun"}:  # a run or a sweep, not --help
         tracking_service.start()  # MLflow imports in the tracking process while this one imports torch
-    if any(a.startswith("-") for a in argv):
+    if {a for a in argv if a.startswith("-")} - {"-m", "--multirun"}:  # Hydra's own flags: its output
         app()
         return
     with composition_errors_raised():
@@ -248,7 +263,7 @@ def _own_directory(cfg: DictConfig, hydra_cfg: Any) -> Path:
 def console() -> NoReturn:
     """The console script: ``main``, then the process ends without the interpreter's teardown
     (``dpsweep.process.shutdown``)."""
-    run_then_exit(main)
+    run_then_exit(main, "dpsweep")
 
 
 if __name__ == "__main__":

@@ -127,6 +127,22 @@ def flatten(cfg: DictConfig | Config) -> dict[str, Any]:
     return out
 
 
+def schema_keys(cls: type = Config, prefix: str = "") -> list[str]:
+    """Every dotted key the schema's dataclasses declare (a group's base schema: a dataset's own keys
+    are those of its subclass), for did-you-mean hints before any config is composed."""
+    import typing
+
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kind = hints.get(f.name)
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+            keys += [f"{prefix}{f.name}", *schema_keys(kind, f"{prefix}{f.name}.")]
+        else:
+            keys.append(f"{prefix}{f.name}")
+    return keys
+
+
 def _walk_typed(value: Any, key: str, out: dict[str, Any]) -> None:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         for f in dataclasses.fields(value):

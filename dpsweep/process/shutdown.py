@@ -14,7 +14,10 @@ command and once per sweep job.
 
 :func:`run_then_exit` runs the first part as ``Py_FinalizeEx`` does, flushes Python's and C's
 standard streams, and ends the process with ``os._exit(code)``, the code Python would have exited
-with. An uncaught exception other than SystemExit is left to Python (its traceback, its shutdown).
+with. An uncaught exception other than SystemExit is left to Python (its traceback, its shutdown),
+except, for a command (``prog``), an interrupt: Ctrl-C, or SIGTERM as :class:`Terminated`. That is
+one line on stderr and the shell's code for the signal (130, 143), not a traceback of every frame
+the interrupt went through.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import atexit
 import contextlib
 import ctypes
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -40,13 +44,36 @@ def exit_code(stop: SystemExit) -> int:
     return 1
 
 
-def run_then_exit(main: Callable[[], int | None]) -> NoReturn:
+class Terminated(KeyboardInterrupt):
+    """A signal (SIGTERM: scancel, qdel, a local sweep's driver gone) delivered as an interrupt, so that
+    the run in progress ends KILLED; ``signum`` gives the exit code 128 + signum."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"terminated by signal {signum}")
+        self.signum = signum
+
+
+def interrupted(prog: str, stop: KeyboardInterrupt) -> int:
+    """Say in one line that ``prog`` was interrupted; the exit code a shell gives the signal."""
+    signum = stop.signum if isinstance(stop, Terminated) else int(signal.SIGINT)
+    why = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+    print(f"{prog}: interrupted ({why}); a run in progress was ended KILLED, keeping what it had logged",
+          file=sys.stderr, flush=True)  # fmt: skip
+    return 128 + signum
+
+
+def run_then_exit(main: Callable[[], int | None], prog: str | None = None) -> NoReturn:
     """Run ``main`` (its return value is the exit code, as in ``sys.exit(main())``), then end the
-    process after the interpreter's shutdown steps that programs rely on, without its teardown."""
+    process after the interpreter's shutdown steps that programs rely on, without its teardown.
+    ``prog``: a command's name, for its one line on an interrupt (None: left to Python)."""
     try:
         code = exit_code(SystemExit(main()))
     except SystemExit as stop:
         code = exit_code(stop)
+    except KeyboardInterrupt as stop:
+        if prog is None:
+            raise
+        code = interrupted(prog, stop)
     steps = getattr(threading, "_shutdown", None), getattr(atexit, "_run_exitfuncs", None)
     if None in steps:  # an interpreter without CPython's shutdown steps: its own exit, teardown and all
         sys.exit(code)

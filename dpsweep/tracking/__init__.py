@@ -42,6 +42,7 @@ from urllib.parse import urlparse
 from dpsweep.config import TrackingConfig
 from dpsweep.errors import redact
 from dpsweep.process.liveness import DRIVER_GONE, ProcessId, heartbeat
+from dpsweep.process.shutdown import Terminated
 from dpsweep.tracking.channel import service
 
 if TYPE_CHECKING:  # torch is imported where it is used: tracking alone (a sweep's driver) stays light
@@ -283,7 +284,7 @@ def terminate_as_interrupt() -> Iterator[None]:
         return
 
     def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"terminated by signal {signum}")
+        raise Terminated(signum)
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:

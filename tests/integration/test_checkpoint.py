@@ -51,7 +51,9 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(
     assert first.poll() is None, first.communicate()
     os.kill(first.pid, signal.SIGTERM)  # what scancel, qdel and preemption send
     out, err = first.communicate(timeout=120)
-    assert first.returncode != 0, out + err
+    assert first.returncode == 143, out + err  # 128 + SIGTERM, as a shell reports it
+    assert err.count("dpsweep: interrupted (SIGTERM); a run in progress was ended KILLED") == 1, err
+    assert "Traceback" not in err, err  # one line, not every frame the interrupt went through (issue 33, item 9)
     [killed] = runs_of(client, experiment_name)
     assert killed.info.status == "KILLED" and killed.data.tags["failure.kind"] == "interrupted"
     done_before = _saved_epoch(ckpt)

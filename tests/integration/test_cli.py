@@ -124,6 +124,32 @@ def test_composition_errors_are_bad_input_naming_key_value_and_options(
     assert run_statuses(tmp_path / "mlflow.db") == []
 
 
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (
+            ["datset=digits"],
+            "datset='digits' is invalid: a key and value of the config schema (Key 'datset' not in "
+            "'Config'); did you mean dataset",
+        ),
+        (["dataset=imagenet,digits"], "dataset='imagenet' is invalid: one of cifar10, digits, flowers102, mnist"),
+        (
+            ["train.bach_size=3,4"],
+            "train.bach_size='3,4' is invalid: a key and value of the config schema (Key "
+            "'bach_size' not in 'TrainConfig'); did you mean train.batch_size",
+        ),
+    ],
+)
+def test_a_sweeps_composition_errors_are_bad_input_as_a_single_runs(
+    tmp_path: Path, args: list[str], needle: str
+) -> None:
+    """Issue 33, item 9: Hydra's raw error and exit 1 for -m before."""
+    proc = run_cli(tmp_path, "-m", *args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("dpsweep: error:") == 1 and needle in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "RUNNING" not in run_statuses(tmp_path / "mlflow.db")
+
+
 def test_help_names_the_tool_and_lists_each_groups_real_options(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

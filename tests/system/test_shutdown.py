@@ -52,6 +52,29 @@ def test_a_command_exits_with_its_code_after_threads_atexit_and_flushes_but_no_t
     assert done.stderr == ("a message instead of a code\n" if how == "message" else "")
 
 
+INTERRUPTED = """
+import sys
+from dpsweep.process.shutdown import Terminated, run_then_exit
+
+def main() -> int:
+    raise KeyboardInterrupt if sys.argv[1] == "int" else Terminated(15)
+
+run_then_exit(main, "dpsweep")
+"""
+
+
+@pytest.mark.parametrize(("how", "code", "line"), [("int", 130, "Ctrl-C"), ("term", 143, "SIGTERM")])
+def test_an_interrupted_command_says_so_in_one_line_and_exits_with_the_signals_code(
+    how: str, code: int, line: str
+) -> None:
+    """Issue 33, item 9: a 60-line traceback before."""
+    done = subprocess.run([sys.executable, "-c", INTERRUPTED, how], capture_output=True, text=True, timeout=60)
+    assert done.returncode == code, done.stderr
+    assert done.stderr == (
+        f"dpsweep: interrupted ({line}); a run in progress was ended KILLED, keeping what it had logged\n"
+    )
+
+
 def test_a_sweep_job_runs_submitits_runner_and_refuses_other_arguments(tmp_path: Path) -> None:
     """dpsweep.launchers.job takes exactly what submitit appends to its python command."""
     from dpsweep.launchers.hydra_launchers import JOB_PYTHON

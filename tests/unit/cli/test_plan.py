@@ -165,5 +165,7 @@ def test_plan_table_and_bad_input() -> None:
     assert opacus.returncode == 0 and "7.417" in opacus.stdout, opacus.stderr
     bad = run_main(main, "dp.noise_multiplier=0,1")
     assert bad.returncode == 2 and "dp.noise_multiplier=0.0 is invalid" in bad.stderr, bad.stderr
+    pasted = run_main(main, "-m", "experiment=demo")  # the dpsweep -m line pasted as it is (issue 33, item 9)
+    assert pasted.returncode == 0 and pasted.stdout == table.stdout, pasted.stderr
     unknown = run_main(main, "dataset=imagenet")
     assert unknown.returncode == 2 and "imagenet" in unknown.stderr, unknown.stderr
