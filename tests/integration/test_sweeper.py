@@ -122,11 +122,15 @@ def test_bad_sweeps_stop_before_any_job(tmp_path: Path, args: list[str], env: di
 
 @pytest.mark.parametrize(
     ("args", "needle"),
-    [(["launcher=pbs"], "Could not find 'launcher/pbs'"), (["launcher.timeout_min=2h"], "launcher.timeout_min")],
+    [
+        (["launcher=pbs"], "dpsweep: error: launcher='pbs' is invalid: one of inline, local, sge, slurm"),
+        (["launcher.timeout_min=2h"], "launcher.timeout_min"),
+    ],
 )
 def test_unknown_launcher_and_wrong_units_fail_at_composition(tmp_path: Path, args: list[str], needle: str) -> None:
+    """Bad input (exit 2) with the single run's messages (issue 33, item 9: Hydra's own and exit 1 before)."""
     proc = dpsweep(tmp_path, "-m", *args, *FAST)
-    assert proc.returncode != 0 and needle in proc.stderr, proc.stdout + proc.stderr
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stdout + proc.stderr
     assert statuses(tmp_path) == {}
 
 
