@@ -5,7 +5,7 @@
 #   benchmarks/gpu_check.sh /scratch/gpu_run  # results there
 #   STEPS="stages speed" benchmarks/gpu_check.sh   # some steps only (in this order: env stages speed
 #                                                  #   speed_224 profile probes_cnn probes_vgg fit oom
-#                                                  #   oom_expandable fused throughput sysmetrics)
+#                                                  #   oom_expandable fused throughput packing sysmetrics)
 #   STEPS="fit oom" PROBES_CSV=analysis/data/gpu_probes_h100.csv benchmarks/gpu_check.sh
 #                                                  # the largest-batch check on the committed probes
 #   PYTHON=/opt/venv/bin/python PARALLEL=4 OOM_CASES=cnn SPEED_ARGS=--quick benchmarks/gpu_check.sh
@@ -33,6 +33,9 @@
 #               pass and two; a fused run beside a hooks run on the card (same ε and steps) -> fused.json
 #   throughput  benchmarks/throughput.py: the fused DP step's and Opacus hooks' and ghost's step time over
 #               the non-private step, cnn and cached VGG16 head, B=64 and 256      -> throughput.json
+#   packing     benchmarks/packing.py: K trials per device (launcher.trials_per_device): trials per hour of a
+#               16-trial cnn grid at K = 1, 2, 4, 8, 16; auto's K against the GPU memory in use; K + 1
+#               trials without a memory model, the ones out of memory FAILED  -> packing.json
 #   sysmetrics  benchmarks/system_metrics_gpu.py: the GPU memory MLflow's system metrics log, by batch
 #               size, for non-private and DP runs                                -> sysmetrics.json
 # Exit status: the number of steps that failed (0: all passed).
@@ -40,7 +43,7 @@ set -u
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 R=$(mkdir -p "${1:-gpu_check}" && cd "${1:-gpu_check}" && pwd)
-STEPS=${STEPS:-env stages speed speed_224 profile probes_cnn probes_vgg fit oom oom_expandable fused throughput sysmetrics}
+STEPS=${STEPS:-env stages speed speed_224 profile probes_cnn probes_vgg fit oom oom_expandable fused throughput packing sysmetrics}
 PARALLEL=${PARALLEL:-16}          # probes at once: each is its own process with its own allocator
 STEP_TIMEOUT_S=${STEP_TIMEOUT_S:-1800}
 export PYTHONUNBUFFERED=1
@@ -120,6 +123,7 @@ step oom_expandable env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
   "$PY" benchmarks/oom_check.py --memory-model "$R/memory_model.json" --json "$R/oom_expandable.json" --case cnn
 step fused "$PY" benchmarks/fused_check.py --device cuda --json "$R/fused.json"
 step throughput "$PY" benchmarks/throughput.py --device cuda --json "$R/throughput.json" ${THROUGHPUT_ARGS:-}
+step packing "$PY" benchmarks/packing.py --json "$R/packing.json" ${PACKING_ARGS:-}
 step sysmetrics "$PY" benchmarks/system_metrics_gpu.py --json "$R/sysmetrics.json"
 echo "gpu_check: $failed step(s) failed; results in $R"
 exit "$failed"

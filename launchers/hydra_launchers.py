@@ -29,6 +29,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmitit
 from omegaconf import OmegaConf
 from submitit.slurm.slurm import SlurmInfoWatcher
 
+from dpsweep.launchers import packing
 from dpsweep.process.liveness import driver_environment
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,9 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
     _INIT_KEYS = frozenset({"max_num_timeout"})
     on_job_done: Callable[[JobReturn], None] | None = None  # told of each job as it completes
     poll_s: float = POLL_S  # how often the driver looks for completed jobs
+    trials_per_device: int = 1  # K trials per job (dpsweep.launchers.packing); set by the sweeper
 
-    def _executor(self) -> Any:
+    def _executor(self, trials: int = 1) -> Any:
         import submitit
 
         init = {"folder": self.params["submitit_folder"]}
@@ -58,7 +60,7 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
         generic = set(OmegaConf.structured(BaseQueueConf).keys())
         params = {
             k if k in generic else f"{self._EXECUTOR}_{k}": v
-            for k, v in self.params.items()
+            for k, v in packing.job_resources(dict(self.params), trials).items()
             if k not in self._INIT_KEYS | {"submitit_folder"}
         }
         executor.update_parameters(**params)
@@ -66,7 +68,8 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.config is not None
-        executor = self._executor()
+        k = self.trials_per_device
+        executor = self._executor(k)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         log.info(f"Submitit '{self._EXECUTOR}' sweep output dir : {sweep_dir}")
@@ -74,37 +77,52 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
         for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
             log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
             job_params.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state()))
-        jobs = executor.map_array(self, *zip(*job_params, strict=True))
+        if k == 1:
+            jobs = executor.map_array(self, *zip(*job_params, strict=True))
+            per_job = [[o] for o in job_overrides]
+        else:  # K trials per job, each its own process (dpsweep.launchers.packing)
+            packed = packing.groups(job_params, k)
+            folder = str(self.params["submitit_folder"]).replace("%j", "packed")
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            cpus = int(self.params.get("cpus_per_task") or 1)
+            jobs = executor.map_array(packing.PackedTrials(self, folder, cpus), packed)
+            per_job = packing.groups(job_overrides, k)
         self._watch(jobs)
-        return self._collect_as_done(jobs, job_overrides)
+        return self._collect_as_done(jobs, per_job)
 
-    def _collect_as_done(self, jobs: list[Any], job_overrides: Sequence[Sequence[str]]) -> list[JobReturn]:
-        """Each job's result in launch order, collected as it completes: ``on_job_done`` (set by
-        dpsweep's sweeper) hears of each one then, not when the last job of the batch is done."""
-        results: dict[int, JobReturn] = {}
+    def _collect_as_done(self, jobs: list[Any], per_job: Sequence[Sequence[Sequence[str]]]) -> list[JobReturn]:
+        """Each trial's result in launch order, collected as its job completes: ``on_job_done`` (set by
+        dpsweep's sweeper) hears of each one then, not when the last job of the batch is done.
+        ``per_job``: the overrides of each job's trials (one each, or K when packed)."""
+        results: dict[int, list[JobReturn]] = {}
         while len(results) < len(jobs):
             for i, job in enumerate(jobs):
                 if i not in results and job.done():
-                    results[i] = self._collect(job, job_overrides[i])
-                    if self.on_job_done is not None:
-                        self.on_job_done(results[i])
+                    results[i] = self._collect(job, per_job[i])
+                    for ret in results[i]:
+                        if self.on_job_done is not None:
+                            self.on_job_done(ret)
             if len(results) < len(jobs):
                 time.sleep(self.poll_s)
-        return [results[i] for i in range(len(jobs))]
+        return [ret for i in range(len(jobs)) for ret in results[i]]
 
     def _watch(self, jobs: list[Any]) -> None:
         """Hook for a launcher to replace submitit's state watcher."""
 
     @staticmethod
-    def _collect(job: Any, overrides: Sequence[str]) -> JobReturn:
+    def _collect(job: Any, trials: Sequence[Sequence[str]]) -> list[JobReturn]:
+        """The job's results: its trial's, or each of its K trials' when packed."""
         try:
-            result: JobReturn = job.results()[0]
-            return result
+            result = job.results()[0]
+            return list(result) if isinstance(result, list) else [result]
         except Exception as err:  # the job ended without a result: killed, OOM-killed, node failure
-            log.error(f"job {job.job_id} ({' '.join(overrides)}) ended without a result: {err}")
-            ret = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)
-            ret.return_value = err  # JobReturn stores it; reading return_value re-raises it
-            return ret
+            returns = []
+            for overrides in trials:
+                log.error(f"job {job.job_id} ({' '.join(overrides)}) ended without a result: {err}")
+                ret = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)
+                ret.return_value = err  # JobReturn stores it; reading return_value re-raises it
+                returns.append(ret)
+            return returns
 
 
 class LocalLauncher(_DpsweepSubmititLauncher):

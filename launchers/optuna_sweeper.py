@@ -109,7 +109,7 @@ class OptunaSearch:
         """The study's objective, sampler, search space and storage; bad input is refused (exit code 2)."""
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
-        from dpsweep.config import ConfigError, flatten, to_config
+        from dpsweep.config import ConfigError, flatten, to_config, trials_per_device
         from dpsweep.errors import InputError
         from dpsweep.launchers.preflight import refuse
         from dpsweep.launchers.search import OBJECTIVES, SAMPLERS, check_search_space, grid_values
@@ -140,7 +140,13 @@ class OptunaSearch:
                 raise ConfigError(
                     "hydra.sweeper.optuna.pruner", c.pruner, "null: Optuna prunes single-objective studies only"
                 )
-            distributions = check_search_space(c.params, list(flatten(to_config(base))), objective, c.sampler)
+            typed = to_config(base)
+            if trials_per_device(typed.launcher) is None:
+                raise ConfigError(
+                    "launcher.trials_per_device", "auto", "a number of trials with an Optuna search (its trials, "
+                    "and so their peaks, are not known before they are asked)",
+                )  # fmt: skip
+            distributions = check_search_space(c.params, list(flatten(typed)), objective, c.sampler)
             grid = {name: grid_values(name, spec) for name, spec in c.params.items()} if c.sampler == "grid" else {}
             storage = open_storage(c.storage)
         except InputError as err:
@@ -152,8 +158,12 @@ class OptunaSearch:
     ) -> tuple[int, str | None]:
         """Ask, launch and tell trials in batches of n_jobs until n_trials are counted (or the grid is
         done): the trials failed in this run, and why the failure policy stopped the study (None: it did not)."""
+        from dpsweep.config import trials_per_device
+
         c, launcher = self.conf, self.sweeper.launcher
         assert launcher is not None and session.parent is not None
+        if hasattr(launcher, "trials_per_device"):  # K trials per device: a batch of n_jobs in jobs of K
+            launcher.trials_per_device = trials_per_device(session.first.launcher) or 1
         failed = told = 0
         while (remaining := c.n_trials - _counted(study)) > 0 and not _exhausted(study):
             trials = [_ask(study, space) for _ in range(min(c.n_jobs, remaining))]

@@ -30,7 +30,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from dpsweep.config import given_overrides
+from dpsweep.config import Config, given_overrides
 from dpsweep.errors import InputError
 from dpsweep.launchers.composed import ComposedJobs
 from dpsweep.launchers.expand import expand
@@ -132,6 +132,7 @@ class DpsweepSweeper(Sweeper):
         todo, skipped = select_jobs(jobs, configs)
         for line in skipped:
             print(f"dpsweep: skip {line}", flush=True)
+        todo = self._pack(first, configs, todo)
         assert self.config is not None
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -165,11 +166,35 @@ class DpsweepSweeper(Sweeper):
         session.end(session.summary(outcome), failed=bool(outcome.failed or outcome.aborted))
         return returns
 
+    def _pack(self, first: Config, configs: Sequence[DictConfig], todo: list[list[str]]) -> list[list[str]]:
+        """K, the trials per device (``launcher.trials_per_device``; ``auto`` resolved from the memory
+        model and given to every job as a number), told to the launcher; one line when K > 1."""
+        from dpsweep.config import to_config, trials_per_device
+        from dpsweep.launchers import packing
+        from dpsweep.launchers.preflight import job_backend
+
+        k = trials_per_device(first.launcher)
+        if k is None and todo:
+            k = packing.resolve([to_config(c) for c in configs], len(todo), job_backend(first))
+            todo = [[*job, f"launcher.trials_per_device={k}"] for job in todo]
+            print(f"dpsweep: launcher.trials_per_device=auto: {k} trials fit {first.launcher.gpu_memory} together "
+                  f"({first.train.memory_model})", flush=True)  # fmt: skip
+        k = k or 1
+        if self.launcher is not None and hasattr(self.launcher, "trials_per_device"):
+            self.launcher.trials_per_device = k
+        if k > 1 and todo:
+            n_jobs = -(-len(todo) // k)
+            jobs = f"{n_jobs} job{'s' * (n_jobs > 1)}"
+            print(f"dpsweep: {len(todo)} trials in {jobs} of up to {k} trials, one device each (time-slicing it, "
+                  "or through CUDA MPS where its daemon runs)", flush=True)  # fmt: skip
+        return todo
+
     def _launch(self, jobs: list[list[str]], outcome: SweepOutcome, session: SweepSession) -> list[Sequence[JobReturn]]:
         """Launch in batches; stop once the share of failed jobs exceeds sweep.max_failure_rate."""
         assert self.launcher is not None
         # inline jobs run one at a time anyway: batches of one let the failure policy act early
-        size = self.max_batch_size or (1 if session.inline else max(1, len(jobs)))
+        k = getattr(self.launcher, "trials_per_device", 1)
+        size = self.max_batch_size * k if self.max_batch_size else (1 if session.inline else max(1, len(jobs)))
         returns: list[Sequence[JobReturn]] = []
         progress = session.progress(self.launcher, len(jobs))
         for start in range(0, len(jobs), size):

@@ -269,6 +269,28 @@ def format_table(rows: Sequence[PlanRow]) -> str:
     return "\n".join(lines)
 
 
+def _packing_line(jobs: Sequence[tuple[list[str], RunPlan]], rows: Sequence[PlanRow]) -> str | None:
+    """K trials per device (``launcher.trials_per_device``; ``auto`` resolved as the sweeper resolves it)
+    and the device jobs the sweep's jobs to run take; None for one trial per device."""
+    from dpsweep.config import trials_per_device
+
+    first = jobs[0][1].config if jobs else None
+    if first is None:
+        return None
+    k = trials_per_device(first.launcher)
+    n = sum(r.skipped is None and not r.over_budget for r in rows)
+    how = ""
+    if k is None:
+        from dpsweep.launchers import packing
+        from dpsweep.launchers.preflight import job_backend
+
+        k = packing.resolve([p.config for _, p in jobs], max(n, 1), job_backend(first))
+        how = f" (auto: the most whose predicted peaks fit {first.launcher.gpu_memory} together)"
+    if k == 1:
+        return None
+    return f"trials per device: {k}{how}; {n} jobs to run take {-(-n // k)} device jobs"
+
+
 def _take_option(args: list[str], flag: str) -> str | None:
     """Remove ``--flag VALUE`` or ``--flag=VALUE`` from ``args`` and return VALUE."""
     for i, a in enumerate(args):
@@ -327,6 +349,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     oom = [r for r in rows if r.fits_memory is False]
     if oom:
         print(f"{len(oom)} of {len(rows)} jobs are predicted not to fit the GPU memory")
+    packed = _packing_line(jobs, rows)
+    if packed:
+        print(packed)
     if tuned is not None:
         s, cost = tuned
         print(

@@ -32,7 +32,7 @@ from dpsweep.config.dp import (
     UnitFacts,
     population,
 )
-from dpsweep.config.launcher import LauncherConfig, validate_launcher
+from dpsweep.config.launcher import LauncherConfig, trials_per_device, validate_launcher
 from dpsweep.config.model import CNNConfig, MLPConfig, ModelConfig, VGG16FrozenConfig
 from dpsweep.config.optimizer import AdamConfig, OptimizerConfig, SGDConfig
 from dpsweep.config.schema import (
@@ -112,6 +112,7 @@ __all__ = [
     "shown_model",
     "structured",
     "to_config",
+    "trials_per_device",
     "validate",
     "validate_for_dataset",
     "validate_input_shape",

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from dpsweep import units
-from dpsweep.config.checks import require
+from dpsweep.config.checks import ConfigError, require
+
+if TYPE_CHECKING:
+    from dpsweep.config.schema import Config
+
+AUTO = "auto"
 
 
 @dataclass
@@ -24,6 +30,54 @@ class LauncherConfig:
     # Memory of each job's GPU with units, e.g. 16GiB or 80GB: dpsweep-plan flags configs predicted
     # not to fit (with train.memory_model), and training picks the physical batch from it.
     gpu_memory: str | None = None
+    # Trials that share one device (launcher=local, slurm, sge): each job holds one GPU and runs this
+    # many trials at once, each its own process and MLflow run; "auto": as many as the memory model
+    # predicts fit launcher.gpu_memory together (and the CPU cores allow). A string, as OmegaConf
+    # has no int-or-string field: "4" or "auto" (see trials_per_device()).
+    trials_per_device: str = "1"
+
+
+def trials_per_device(launcher: LauncherConfig) -> int | None:
+    """K, the trials that share one device; None for ``auto`` (the sweep resolves it before launch)."""
+    value = str(launcher.trials_per_device).strip()
+    if value == AUTO:
+        return None
+    try:
+        k = int(value)
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise ConfigError(
+            "launcher.trials_per_device", launcher.trials_per_device, f"a whole number of trials, 1 or more, or {AUTO}"
+        )
+    return k
+
+
+def check(cfg: Config) -> None:
+    """launcher.trials_per_device: a number or auto; auto needs a memory model and a GPU budget to
+    pick K from; more than one trial per device needs a launcher that starts processes."""
+    launcher = cfg.launcher
+    k = trials_per_device(launcher)
+    if k is None:
+        require(
+            cfg.train.memory_model is not None,
+            "launcher.trials_per_device",
+            AUTO,
+            "a number of trials, or auto with train.memory_model (a dpsweep-memory fit) to predict each trial's peak",
+        )
+        require(
+            launcher.gpu_memory is not None,
+            "launcher.trials_per_device",
+            AUTO,
+            "a number of trials, or auto with launcher.gpu_memory (e.g. 80GB) for the trials to fit in together",
+        )
+    require(
+        (k == 1) or launcher.name != "inline",
+        "launcher.trials_per_device",
+        launcher.trials_per_device,
+        "1 with launcher=inline (its trials run one after another in this process); pack trials with "
+        "launcher=local, slurm or sge and -m",
+    )
 
 
 def validate_launcher(launcher: LauncherConfig) -> None:
@@ -35,6 +89,7 @@ def validate_launcher(launcher: LauncherConfig) -> None:
         launcher.timeout_min > 0, "launcher.timeout_min", launcher.timeout_min, "a positive time in minutes, e.g. 120"
     )
     require(launcher.max_parallel >= 1, "launcher.max_parallel", launcher.max_parallel, "1 or more jobs at once")
+    trials_per_device(launcher)
     if launcher.gpu_memory is not None:
         units.parse_bytes(launcher.gpu_memory, key="launcher.gpu_memory")
     require(

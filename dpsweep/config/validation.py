@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from dpsweep.config import dataset, dp, model, optimizer, sweep, task, tracking, train
+from dpsweep.config import dataset, dp, launcher, model, optimizer, sweep, task, tracking, train
 from dpsweep.config.checks import ConfigError
 
 if TYPE_CHECKING:
@@ -56,6 +56,7 @@ CHECKS: tuple[Callable[[Config], None], ...] = (
     task.check,  # task.*, and what the task needs of model.* and dp.*
     dataset.check_users,
     dp.check,  # dp.* with DP on: unit, mechanism, ranges, clipping, secure mode
+    launcher.check,  # launcher.trials_per_device, and what auto needs
 )
 
 

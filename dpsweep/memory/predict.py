@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from dpsweep import units
-from dpsweep.config import Config, ConfigError
+from dpsweep.config import Config, ConfigError, trials_per_device
+from dpsweep.memory import packing
 from dpsweep.memory import stages as memory
 from dpsweep.memory.model import PEAK_TARGET, MemoryModel, MemoryModelError
 from dpsweep.models import classifiers as model_zoo
@@ -100,11 +101,18 @@ def pass_batch_sizes(cfg: Config, n_train: int, batch_sizes: np.ndarray) -> np.n
 
 def gpu_budget(cfg: Config, override: str | None = None) -> tuple[str | None, int | None]:
     """The GPU memory a config is planned against: ``override`` (the ``--gpu-memory`` flag), else
-    ``launcher.gpu_memory``; as written and in bytes (None, None when neither is given)."""
+    ``launcher.gpu_memory``; as written and in bytes (None, None when neither is given). With K trials
+    per device (``launcher.trials_per_device``), the bytes are one trial's share
+    (:func:`dpsweep.memory.packing.trial_share_bytes`) and the figure says so; ``auto`` before the sweep
+    has resolved it plans as one trial alone."""
     figure = override or cfg.launcher.gpu_memory
     if figure is None:
         return None, None
-    return figure, units.parse_bytes(figure, key="--gpu-memory" if override else "launcher.gpu_memory")
+    total = units.parse_bytes(figure, key="--gpu-memory" if override else "launcher.gpu_memory")
+    k = trials_per_device(cfg.launcher) or 1
+    if k == 1:
+        return figure, total
+    return f"{figure} shared by {k} trials", packing.trial_share_bytes(total, k)
 
 
 def resident_bytes(cfg: Config, facts: DatasetFacts) -> int:
@@ -130,8 +138,8 @@ def pass_budget_bytes(fitted: MemoryModel, cfg: Config, facts: DatasetFacts, bud
     for ``fitted``'s backend (:func:`usable_bytes`) and :func:`resident_bytes`: what one pass may use.
     ConfigError when the resident data alone fills it."""
     if budget_bytes is None:
-        assert cfg.launcher.gpu_memory is not None
-        budget_bytes = units.parse_bytes(cfg.launcher.gpu_memory, key="launcher.gpu_memory")
+        budget_bytes = gpu_budget(cfg)[1]
+        assert budget_bytes is not None
     usable = usable_bytes(fitted, budget_bytes)
     resident = resident_bytes(cfg, facts)
     if resident and resident >= usable:

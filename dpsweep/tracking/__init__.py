@@ -417,6 +417,11 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
 
 
+# How the run's device was shared, set by a job of several trials (dpsweep.launchers.packing):
+# time-slicing or mps; a run without it had its device to itself (exclusive).
+DEVICE_SHARING_ENV = "DPSWEEP_DEVICE_SHARING"
+
+
 def environment_tags(device: torch.device) -> dict[str, str]:
     import opacus
     import torch
@@ -426,5 +431,6 @@ def environment_tags(device: torch.device) -> dict[str, str]:
         "torch.version": torch.__version__,
         "opacus.version": opacus.__version__,
         "device.name": device_name(device),
+        "device.sharing": os.environ.get(DEVICE_SHARING_ENV, "exclusive"),
         "job.pid": str(os.getpid()),  # the process the run trained in (memory probes: one each)
     }

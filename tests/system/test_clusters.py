@@ -153,6 +153,39 @@ def test_sge_sweep_is_an_array_job(tmp_path: Path, sge: None) -> None:
     assert "-u -m dpsweep.launchers.job -u -m submitit.core._submit " in submission  # no teardown per job
 
 
+PACKED = ["launcher.trials_per_device=2", "launcher.max_parallel=1", "dp.noise_multiplier=0.8,1.2", "train.seed=0,1",
+          *QUICK]  # fmt: skip
+
+
+def _assert_packed(cwd: Path, proc: subprocess.CompletedProcess[str]) -> str:
+    """Four trials in two jobs of two (one device each): each its own process and FINISHED run; the
+    jobs' submission script, returned, asks for two trials' cores and memory."""
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "dpsweep: 4 trials in 2 jobs of up to 2 trials" in proc.stdout, proc.stdout
+    assert ": 4 finished, 0 skipped, 0 failed" in proc.stdout, proc.stdout
+    runs = finished_runs(cwd)
+    assert sorted(r.info.status for r in runs) == ["FINISHED"] * 4
+    assert {r.data.tags["device.sharing"] for r in runs} == {"time-slicing, 2 trials"}
+    assert len({r.data.tags["job.pid"] for r in runs}) == 4
+    pairs = sorted((float(r.data.params["dp.noise_multiplier"]), int(r.data.params["train.seed"])) for r in runs)
+    assert pairs == [(0.8, 0), (0.8, 1), (1.2, 0), (1.2, 1)]
+    return next((cwd / "multirun").rglob("*_submission.sh")).read_text()
+
+
+@SLURM
+def test_slurm_packed_sweep_runs_two_trials_per_job(tmp_path: Path, slurm: None) -> None:
+    submission = _assert_packed(tmp_path, sweep("launcher=slurm", *PACKED))
+    assert "#SBATCH --array=0-1%1" in submission, submission
+    assert "#SBATCH --cpus-per-task=2" in submission and "#SBATCH --mem=8GB" in submission, submission
+
+
+@SGE
+def test_sge_packed_sweep_runs_two_trials_per_job(tmp_path: Path, sge: None) -> None:
+    submission = _assert_packed(tmp_path, sweep("launcher=sge", *PACKED))
+    assert "#$ -t 1-2" in submission and "#$ -tc 1" in submission, submission
+    assert "#$ -pe smp 2" in submission and "mem_free=4096M" in submission, submission  # 8 GiB over 2 slots
+
+
 def _saved_epoch(folder: Path) -> int:
     for path in folder.rglob(checkpoint.FILENAME):
         try:

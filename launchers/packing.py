@@ -1,0 +1,191 @@
+"""Several trials per device (``launcher.trials_per_device`` = K): one job holds one GPU and runs K trials.
+
+    dpsweep -m launcher=local launcher.gpus_per_job=1 launcher.trials_per_device=4 \\
+        dp.noise_multiplier=0.8,1.2 dp.max_grad_norm=0.5,1 train.seed=0,1,2,3
+
+The sweeper groups its jobs K at a time (:func:`groups`). Each group is one scheduler job (one GPU,
+K x ``launcher.cpus_per_job`` cores and K x ``launcher.mem_gb``) whose function, :class:`PackedTrials`,
+starts every trial as its own process, ``python -m dpsweep.launchers.packing FILE``. A trial is the
+same Hydra job a job of one trial runs (its own MLflow run, seed, noise stream, ledger, checkpoint and
+failure record), and being a process of its own keeps one trial's failure (an error, CUDA out of
+memory, a crash) from the others. The job returns one result per trial, in order; a trial process that
+ends without one is a FAILED result naming its exit status.
+
+K processes share the GPU by time-slicing, or through CUDA MPS where its daemon runs
+(:func:`device_sharing`); each run is tagged with which (``device.sharing``). Each trial plans its
+physical batch against its share of ``launcher.gpu_memory`` (:mod:`dpsweep.memory.packing`), and
+``auto`` resolves to the largest K whose predicted peaks fit the device together (:func:`resolve`).
+
+The trial processes die with their job (``DPSWEEP_DRIVER`` names it): a job killed outright leaves no
+trial training on, and SIGTERM or SIGINT sent to the job (a scheduler's cancel) is passed on to them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from hydra.core.utils import JobReturn, JobStatus
+
+from dpsweep.process.liveness import ENV_DRIVER, ProcessId, die_with_driver
+
+if TYPE_CHECKING:
+    from dpsweep.config import Config
+
+MPS_PIPE_DEFAULT = "/tmp/nvidia-mps"  # nvidia-cuda-mps-control's pipe directory unless CUDA_MPS_PIPE_DIRECTORY
+POLL_S = 0.2  # how often a packed job looks for ended trials
+T = TypeVar("T")
+
+
+def groups(jobs: Sequence[T], k: int) -> list[list[T]]:
+    """The jobs K at a time, in order (the last group may be smaller)."""
+    return [list(jobs[i : i + k]) for i in range(0, len(jobs), k)]
+
+
+def device_sharing(trials: int) -> str:
+    """How ``trials`` processes share one device: ``exclusive`` (one), ``mps`` where the MPS control
+    daemon's pipe exists, else ``time-slicing`` (the driver's default)."""
+    if trials <= 1:
+        return "exclusive"
+    pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", MPS_PIPE_DEFAULT)) / "control"
+    return "mps" if pipe.exists() else "time-slicing"
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def resolve(typed: Sequence[Config], n_trials: int, backend: str) -> int:
+    """K for ``launcher.trials_per_device=auto``: the largest number of these trials whose predicted
+    peaks fit ``launcher.gpu_memory`` together (:func:`dpsweep.memory.packing.trials_that_fit`, the
+    largest trial's peak planned alone), at most the trials to run and, on this machine
+    (``launcher=local``), its CPU cores over ``launcher.cpus_per_job``."""
+    from dpsweep.memory import packing
+    from dpsweep.memory.predict import headroom, model_for
+    from dpsweep.memory.stages import model_key
+    from dpsweep.plan import FactsCache, MemoryBudget, MemoryFiles, prepare
+    from dpsweep.units import parse_bytes
+
+    facts, files = FactsCache(), MemoryFiles()
+    needs: list[float] = []
+    first = typed[0]
+    share = 0.0
+    for cfg in typed:
+        budget = files.budget(cfg, backend)
+        assert budget is not None  # auto needs train.memory_model (config check)
+        plan = prepare(cfg, facts(cfg), MemoryBudget(budget.models, backend, predict=True))
+        assert plan.memory is not None
+        needs.append(plan.memory.peak_bytes + plan.memory.resident_bytes)
+        share = headroom(model_for(budget.models, model_key(cfg), backend))
+    cap = n_trials
+    if first.launcher.name == "local":
+        cap = min(cap, max(1, cpu_cores() // first.launcher.cpus_per_job))
+    assert first.launcher.gpu_memory is not None  # auto needs it (config check)
+    gpu_memory = parse_bytes(first.launcher.gpu_memory, key="launcher.gpu_memory")
+    return packing.trials_that_fit(needs, gpu_memory, share, max(1, cap))
+
+
+@dataclass
+class PackedTrials:
+    """A job of K trials: ``trial`` (the launcher's own one-trial callable) run once per argument
+    tuple, each in its own process; returns their results in order."""
+
+    trial: Any  # the Hydra launcher: trial(overrides, job_dir_key, job_num, job_id, singleton_state)
+    folder: str  # where the trials' argument and result files go (the submitit folder)
+    cpus_per_trial: int = 1
+
+    def __call__(self, trials: Sequence[tuple[Any, ...]]) -> list[JobReturn]:
+        import cloudpickle
+
+        from dpsweep.tracking import DEVICE_SHARING_ENV
+
+        os.environ[DEVICE_SHARING_ENV] = f"{device_sharing(len(trials))}, {len(trials)} trials"
+        if os.environ.get(ENV_DRIVER):
+            die_with_driver()  # launcher=local: SIGTERM here when the sweep's driver is gone, passed on below
+        work = Path(tempfile.mkdtemp(prefix="packed-", dir=self.folder))
+        env = os.environ | {ENV_DRIVER: ProcessId.current().token}
+        env.setdefault("OMP_NUM_THREADS", str(self.cpus_per_trial))  # K processes share the job's cores
+        procs: list[subprocess.Popen[bytes]] = []
+        for i, args in enumerate(trials):
+            path = work / f"trial-{i}.pkl"
+            path.write_bytes(cloudpickle.dumps((self.trial, args)))
+            procs.append(subprocess.Popen([sys.executable, "-u", "-m", __name__, str(path)], env=env))
+        previous = {s: signal.signal(s, _passing_on(procs)) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            while any(p.poll() is None for p in procs):
+                time.sleep(POLL_S)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        return [
+            _result(work / f"trial-{i}.pkl", p.returncode, args)
+            for i, (p, args) in enumerate(zip(procs, trials, strict=True))
+        ]
+
+
+def _passing_on(procs: Sequence[subprocess.Popen[bytes]]) -> Any:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    return handler
+
+
+def _result(path: Path, returncode: int | None, args: tuple[Any, ...]) -> JobReturn:
+    """The trial's JobReturn, or a FAILED one when its process ended without writing it."""
+    import cloudpickle
+
+    done = path.with_suffix(".result")
+    if done.is_file():
+        result: JobReturn = cloudpickle.loads(done.read_bytes())
+        return result
+    code = returncode if returncode is not None else -1
+    how = (
+        f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else f"exit code {code}"
+    )
+    ret = JobReturn(overrides=list(args[0]), status=JobStatus.FAILED)
+    ret.return_value = RuntimeError(f"the trial's process ended with {how} and no result (killed, or out of memory)")
+    return ret
+
+
+def main(argv: list[str] | None = None) -> int:
+    """A trial's process: run the pickled one-trial callable and write its JobReturn beside the file."""
+    import cloudpickle
+
+    from dpsweep.tracking import channel as tracking_service
+
+    (arg,) = sys.argv[1:] if argv is None else argv
+    path = Path(arg)
+    tracking_service.start()  # MLflow imports in the tracking process while this one imports torch
+    trial, args = cloudpickle.loads(path.read_bytes())
+    result = trial(*args)
+    tmp = path.with_suffix(".result.tmp")
+    tmp.write_bytes(cloudpickle.dumps(result))
+    tmp.rename(path.with_suffix(".result"))
+    return 0
+
+
+def job_resources(params: dict[str, Any], k: int) -> dict[str, Any]:
+    """A packed job's scheduler parameters: K trials' cores and memory, the GPUs of one trial."""
+    out = dict(params)
+    for key in ("cpus_per_task", "mem_gb"):
+        if out.get(key) is not None:
+            out[key] = out[key] * k
+    return out
+
+
+if __name__ == "__main__":
+    from dpsweep.process.shutdown import run_then_exit
+
+    run_then_exit(main)
