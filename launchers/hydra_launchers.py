@@ -29,6 +29,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmitit
 from omegaconf import OmegaConf
 from submitit.slurm.slurm import SlurmInfoWatcher
 
+from dpsweep.config import given_overrides
 from dpsweep.launchers import packing
 from dpsweep.process.liveness import driver_environment
 
@@ -72,10 +73,10 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
         executor = self._executor(k)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        log.info(f"Submitit '{self._EXECUTOR}' sweep output dir : {sweep_dir}")
+        log.debug(f"Submitit '{self._EXECUTOR}' sweep output dir : {sweep_dir}")  # hydra.verbose=dpsweep shows these
         job_params = []
         for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
-            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+            log.debug(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
             job_params.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state()))
         if k == 1:
             jobs = executor.map_array(self, *zip(*job_params, strict=True))
@@ -118,7 +119,8 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
         except Exception as err:  # the job ended without a result: killed, OOM-killed, node failure
             returns = []
             for overrides in trials:
-                log.error(f"job {job.job_id} ({' '.join(overrides)}) ended without a result: {err}")
+                given = " ".join(given_overrides(overrides))
+                print(f"dpsweep: job {job.job_id} ({given}) ended without a result: {err}", file=sys.stderr, flush=True)
                 ret = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)
                 ret.return_value = err  # JobReturn stores it; reading return_value re-raises it
                 returns.append(ret)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -85,7 +86,7 @@ class OptunaSearch:
         if earlier := len(study.get_trials(deepcopy=False)):  # resumed: not the first driver's draws again
             study.sampler = space.sampler.build(c.seed + earlier, space.grid)
         for number, why in _fail_dead_trials(study):
-            log.info(f"trial {number}: FAIL ({why})")
+            print(f"dpsweep: trial {number}: FAIL ({why})", flush=True)
 
         session = SweepSession(typed, sweep_id)
         session.close_dead_runs()  # the runs of the dead drivers' trials
@@ -176,7 +177,7 @@ class OptunaSearch:
                 _tell(study, trial.number, values, state)
                 told += 1
                 failed += state == optuna.trial.TrialState.FAIL
-                log.info(f"trial {trial.number}: {state.name} {values or ''} {trial.params}")
+                print(f"dpsweep: trial {trial.number}: {state.name} {values or ''} {trial.params}", flush=True)
             if (why := session.failure_rate(failed, told, "trials")) is not None:
                 return failed, f"stopping study {c.study_name}: {why}"
         return failed, None
@@ -261,7 +262,7 @@ def _tell(study: optuna.Study, number: int, values: list[float] | None, state: o
     except ValueError as err:
         if "Cannot tell a" not in str(err):
             raise
-        log.warning(f"trial {number}: not told {state.name}: {err}")
+        print(f"dpsweep: trial {number}: not told {state.name}: {err}", file=sys.stderr, flush=True)
         return False
     return True
 

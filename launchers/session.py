@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -70,7 +71,8 @@ class SweepOutcome:
             try:
                 r.return_value  # noqa: B018  (a failed job's return_value re-raises what it raised)
             except BaseException as err:
-                log.error(f"job {' '.join(r.overrides or [])} failed: {err!r}")
+                print(f"dpsweep: job {' '.join(given_overrides(r.overrides or []))} failed: {err!r}", file=sys.stderr,
+                      flush=True)  # fmt: skip
 
 
 def _duration(seconds: float) -> str:

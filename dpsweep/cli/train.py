@@ -54,6 +54,22 @@ def register_hydra_plugins() -> None:
         Plugins.instance().register(plugin)
 
 
+def start_line(cfg: DictConfig, output_dir: str) -> str:
+    """``dpsweep: training digits/cnn B=64 epochs=8 seed=0, DP-SGD per example (σ=1, C=1); output in outputs/…``:
+    what a single run prints as soon as its config is composed (issue 33, item 11)."""
+    what = cfg.model.name if cfg.task.name == "classifier" else cfg.task.name
+    dp = cfg.dp
+    if not dp.enabled:
+        privacy = "non-private"
+    else:
+        sigma = f"σ for ε<={dp.target_epsilon:g}" if dp.target_epsilon is not None else f"σ={dp.noise_multiplier:g}"
+        privacy = f"{dp.mechanism} per {dp.unit} ({sigma}, C={dp.max_grad_norm:g})"
+    return (
+        f"dpsweep: training {cfg.dataset.name}/{what} B={cfg.train.batch_size} epochs={cfg.train.epochs} "
+        f"seed={cfg.train.seed}, {privacy}; output in {output_dir}"
+    )
+
+
 def summary_line(cfg: Config, r: TrainResult) -> str:
     """``dpsweep: run 1a2b3c4d digits/cnn B=64 epochs=8 seed=0  test_accuracy=0.8778  ε=7.414 (rdp, δ=1e-05,
     dpsgd per example; …)``"""
@@ -226,6 +242,8 @@ def app(cfg: DictConfig) -> JobSummary | None:
             "launcher", cfg.launcher.name, "inline or local for a run on this machine; a scheduler takes sweeps: "
             f"add -m to submit this run as a sweep of one job (dpsweep -m launcher={cfg.launcher.name} ...)",
         )))  # fmt: skip
+    if hydra_cfg.mode != RunMode.MULTIRUN:  # a first line now: torch, the data and the store take seconds more
+        print(start_line(cfg, hydra_cfg.runtime.output_dir), flush=True)
     tracking_service.service().post("warm_store", cfg.tracking.uri)  # opened there while torch imports here
     from dpsweep.run.runner import OverBudget, train
     from dpsweep.tracking import Claimed, next_steps

@@ -55,7 +55,8 @@ def test_sweep_runs_each_job_and_prints_accuracy_and_epsilon(tmp_path: Path) -> 
     )
     # dpsweep's own lines, not Hydra's ("Launching 1 jobs locally", "#0 : <internal overrides>")
     said = proc.stdout + proc.stderr
-    assert "dpsweep sweep" in said and "Launching" not in said and "#0 :" not in said, said
+    assert "dpsweep: 2 jobs to run (sweep s" in said and "Launching" not in said and "#0 :" not in said, said
+    assert all(line.startswith("dpsweep: ") for line in proc.stdout.splitlines()), proc.stdout  # no log prefix
     assert "sweep.parent_run_id" not in said and "sweep.id=" not in said, said
     progress = [line for line in proc.stdout.splitlines() if line.startswith("dpsweep: [")]
     assert progress[0].startswith("dpsweep: [1/2] done (") and "ETA" in progress[0], proc.stdout
@@ -183,6 +184,11 @@ def test_a_password_in_a_url_is_never_logged_or_printed(tmp_path: Path) -> None:
     logged = [*run.data.params.values(), *run.data.tags.values(), config_yaml, proc.stdout, proc.stderr]
     assert not [text for text in logged if "s3cret" in text]
     assert run.data.tags["sweep.storage"] == "postgresql://alice:***@db.example:5432/optuna"
+    # issue 33, item 11: the run says what it trains before torch and the data load, and its piped lines
+    # carry no Hydra log prefix ("[2026-11-26 12:04:36,908][dpsweep][INFO] - epoch 1/1 ...")
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("dpsweep: training digits/cnn B=64 epochs=1 seed=0, dpsgd per example (σ=1, C=1)")
+    assert all(line.startswith("dpsweep: ") for line in lines) and "dpsweep: epoch 1/1  " in proc.stdout, lines
     uri = "http://bob:hunter2@mlflow.example:5000"
     assert redact(f"next: --tracking-uri {uri}") == "next: --tracking-uri http://bob:***@mlflow.example:5000"
     assert "hunter2" not in str(InputError("tracking.uri", uri, "a reachable server"))

@@ -69,6 +69,7 @@ def test_one_job_runs_its_trials_at_once_and_one_trials_failure_spares_the_other
     summary = next(x for x in proc.stdout.splitlines() if x.startswith("dpsweep: sweep "))
     assert ": 1 finished, 0 skipped, 3 failed" in summary, out
     assert "ended with signal SIGKILL and no result" in out, out  # the killed trial's result, named
+    assert "#0 :" not in out and "][HYDRA]" not in out, out  # issue 33, item 11: no Hydra lines or prefixes
     runs = _trial_runs(tmp_path)  # the MNIST trials failed before their runs began
     assert sorted(r.info.status for r in runs) == ["FINISHED", "KILLED"], out
     assert len({r.data.tags["job.pid"] for r in runs}) == 2  # a process per trial
