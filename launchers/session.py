@@ -29,7 +29,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
 
 from dpsweep.config import given_overrides
-from dpsweep.errors import redacted
+from dpsweep.errors import redact, redacted
 
 if TYPE_CHECKING:
     from dpsweep.config import Config
@@ -183,11 +183,15 @@ class SweepSession:
     def summary(self, outcome: SweepOutcome) -> Iterator[str]:
         """A grid sweep's last lines: its summary line, then (if a job finished or was skipped) the
         commands to report and browse its runs."""
-        from dpsweep.tracking import next_steps
+        from dpsweep.tracking import DEFAULT_URI, next_steps
 
         yield outcome.line()
-        if outcome.finished or outcome.skipped:
-            yield next_steps(self.first.tracking.uri, self.first.tracking.experiment_name, self.sweep_id)
+        t = self.first.tracking
+        if self.first.train.probe and outcome.finished:  # memory probes: no accuracy or ε to report
+            uri = "" if t.uri == DEFAULT_URI else f" --tracking-uri {t.uri}"
+            yield redact(f"dpsweep: next: dpsweep-memory fit --experiment {t.experiment_name}{uri}")
+        elif outcome.finished or outcome.skipped:
+            yield next_steps(t.uri, t.experiment_name, self.sweep_id)
 
     @staticmethod
     def end(lines: Iterable[str], failed: bool) -> None:

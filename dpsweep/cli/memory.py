@@ -3,7 +3,7 @@
     dpsweep-memory probe train.batch_size=16,64,256 model.hidden_units=32,128   # one process per config
     dpsweep-memory probe experiment=flowers_vgg16 launcher=slurm launcher.gpus_per_job=1 \\
         train.batch_size=8,32,128 model.hidden_units=128,512,2048 dataset.downscale=1,2,4
-    dpsweep-memory fit --experiment dpsweep                  # every model probed in the experiment
+    dpsweep-memory fit --experiment dpsweep-probes           # every model probed (probes have their own experiment)
     dpsweep-memory fit --csv probes.csv --model cnn --out memory_model.json
     dpsweep-memory predict train.batch_size=512 --gpu-memory 16GiB --memory-model memory_model.json
 
@@ -56,6 +56,9 @@ PROBE_LAUNCHERS = ("local", "slurm", "sge")  # a fresh process per config
 # What every probe sweep sets: probe mode; a fresh measurement even of a config probed before (maybe
 # on another device); no ε budget (a probe takes one step and reports no ε).
 FORCED_VALUES = ("train.probe=true", "sweep.force=true", "sweep.max_epsilon=null")
+# Probes are measurements, not results: their own experiment unless tracking.experiment_name is given,
+# so that the reports and the UI of the training runs do not list them
+PROBE_EXPERIMENT = "dpsweep-probes"
 FORCED = tuple(v.partition("=")[0] for v in FORCED_VALUES)
 
 # The probe table: config columns (see dpsweep.memory.stages.config_features), then the measurements.
@@ -80,6 +83,8 @@ def probe_overrides(overrides: Sequence[str]) -> list[str]:
         if value is not None:
             raise InputError(key, value, f"leave it out: dpsweep-memory probe sets {', '.join(FORCED_VALUES)}")
     extra = [f"launcher={launcher}"]
+    if override_value(overrides, "tracking.experiment_name") is None:
+        extra.append(f"tracking.experiment_name={PROBE_EXPERIMENT}")
     import torch
 
     gpus = torch.cuda.device_count()
@@ -186,6 +191,8 @@ def run_probes(overrides: Sequence[str], csv: Path) -> pd.DataFrame:
     )
     if done.returncode != 0 or missing:
         raise SystemExit(1)
+    print(f"dpsweep-memory: next: dpsweep-memory fit --csv {csv} --out memory_model.json, then plan with "
+          "dpsweep-plan --memory-model memory_model.json ...", flush=True)  # fmt: skip
     return table
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -87,8 +88,19 @@ def test_a_private_gan_run_logs_its_epsilon_samples_and_scores(make_cfg: Compose
 
 
 @pytest.mark.slow
-def test_a_non_private_gan_logs_the_reference_rows_and_its_losses(make_cfg: Composer, client: MlflowClient) -> None:
-    result = train(make_cfg(*QUICK, "dp=off", "train.epochs=1", "task.memorisation_check=false"))
+def test_a_non_private_gan_logs_the_reference_rows_and_its_losses(
+    make_cfg: Composer, client: MlflowClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = make_cfg(*QUICK, "dp=off", "train.epochs=1", "task.memorisation_check=false")
+    with caplog.at_level(logging.INFO, logger="dpsweep"):
+        result = train(cfg)
+    # the evaluation's classifiers say how far they are, an epoch at a time (issue 33, item 11)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("evaluating: ")]
+    epochs = int(cfg.task.tstr_epochs)
+    assert [m.split("  ")[0] for m in said] == [
+        *(f"evaluating: TSTR classifier epoch {e}/{epochs}" for e in range(1, epochs + 1)),
+        *(f"evaluating: real-data baseline epoch {e}/{epochs}" for e in range(1, epochs + 1)),
+    ], said
     run = client.get_run(result.run_id)
     m = run.data.metrics
     assert {"critic_loss", "generator_loss", "tstr_accuracy", "real_accuracy"} <= set(m)

@@ -40,6 +40,14 @@ def test_probe_measures_each_config_in_its_own_process_and_writes_the_table(
         "probe", "--csv", "out/probes.csv", "train.batch_size=16,64", "dataset.image_size=16", *tracking, fresh=True
     )
     assert "probing 2 configs" in done.stdout and "2 probes written to out/probes.csv" in done.stdout, done.stdout
+    # issue 33, item 11: the hints point at the fit (a report of probes answered "0 FINISHED runs of 0")
+    assert f"dpsweep: next: dpsweep-memory fit --experiment {experiment_name} --tracking-uri" in done.stdout
+    assert "dpsweep-report" not in done.stdout, done.stdout
+    assert (
+        done.stdout.rstrip()
+        .splitlines()[-1]
+        .startswith("dpsweep-memory: next: dpsweep-memory fit --csv out/probes.csv --out memory_model.json")
+    ), done.stdout
     table = pd.read_csv(tmp_path / "out" / "probes.csv")
     assert sorted(table.batch_size) == [16, 64]
     assert set(table.backend) == {"cpu-tensors"} and (table.height == 16).all() and table.dp.all()
@@ -136,6 +144,9 @@ def test_probe_sweeps_are_probes_whatever_the_overrides_say() -> None:
     args = probe_overrides(["experiment=demo", "train.batch_size=8,16"])
     assert args[-len(FORCED_VALUES) :] == list(FORCED_VALUES)  # last: no preset can undo them
     assert "sweep.max_epsilon=null" in args and "launcher=local" in args
+    assert "tracking.experiment_name=dpsweep-probes" in args  # probes in their own experiment (issue 33, item 11)
+    named = probe_overrides(["tracking.experiment_name=mine", "train.batch_size=8"])
+    assert [a for a in named if a.startswith("tracking.experiment_name=")] == ["tracking.experiment_name=mine"]
     for given in ("train.probe=false", "sweep.force=false", "sweep.max_epsilon=3"):
         key, _, value = given.partition("=")
         with pytest.raises(InputError, match=rf"{key}='{value}' is invalid: leave it out: dpsweep-memory probe sets"):

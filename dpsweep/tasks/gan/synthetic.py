@@ -83,9 +83,11 @@ def tstr_accuracy(
     recipe: Recipe,
     seed: int,
     device: torch.device,
+    progress: Callable[[int, float], None] | None = None,
 ) -> Tstr:
     """Train ``build()`` on ``train`` (minus a held-out share, which chooses the epoch), then score the
-    chosen epoch's model on ``test``, once. With real ``train`` this is the real-data baseline."""
+    chosen epoch's model on ``test``, once. With real ``train`` this is the real-data baseline.
+    ``progress(epoch, held-out accuracy)`` is told of each epoch as it ends."""
     x, y = train
     rng = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(y), generator=rng)
@@ -106,6 +108,8 @@ def tstr_accuracy(
             loss_fn(model(x[pick].to(device)), y[pick].to(device)).backward()
             optimizer.step()
         val_accuracy = accuracy(model, x[val], y[val], device)
+        if progress is not None:
+            progress(epoch, val_accuracy)
         if val_accuracy > best.val_accuracy:
             best = Tstr(float("nan"), val_accuracy, epoch)
             best_state = copy.deepcopy(model.state_dict())

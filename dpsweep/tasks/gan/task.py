@@ -32,7 +32,10 @@ from __future__ import annotations
 
 import copy
 import io
+import logging
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +54,21 @@ from dpsweep.tasks.gan.models import CodeGenerator, ConditionalGan
 from dpsweep.tracking import Tracker
 
 EVAL_SEED_OFFSET = 7_919  # the evaluation's draws (grids, synthetic set, TSTR) use their own generators
+log = logging.getLogger("dpsweep")
+
+
+def _progress(what: str, epochs: int) -> Callable[[int, float], None]:
+    """A line per epoch of an evaluation classifier (about 90 s in all on digits), so that the end of a
+    GAN run is not silent (issue 33, item 11)."""
+    started = time.perf_counter()
+
+    def told(epoch: int, held_out_accuracy: float) -> None:
+        log.info(
+            f"evaluating: {what} epoch {epoch}/{epochs}  held_out_accuracy={held_out_accuracy:.4f}  "
+            f"({time.perf_counter() - started:.1f} s)"
+        )
+
+    return told
 
 
 class GanTask:
@@ -206,7 +224,9 @@ class GanRun:
         def classifier() -> torch.nn.Module:
             return model_zoo.build(cfg.model, data.input_shape, self.num_classes)
 
-        tstr = synthetic.tstr_accuracy(classifier, (x, y), test, recipe, cfg.train.seed, self.device)
+        tstr = synthetic.tstr_accuracy(
+            classifier, (x, y), test, recipe, cfg.train.seed, self.device, _progress("TSTR classifier", recipe.epochs)
+        )
         scores = {"tstr_accuracy": tstr.accuracy, "tstr_val_accuracy": tstr.val_accuracy, "tstr_epoch": tstr.epoch}
         real = (self.train_x.cpu(), self.train_y.cpu())
         if g.checks_memorisation(private=cfg.dp.enabled):
@@ -216,8 +236,9 @@ class GanRun:
             scores["memorisation_baseline"] = synthetic.memorisation_baseline(len(real[1]), len(test[1]))
         if not cfg.dp.enabled:  # the reference row: the same recipe on the real training split (non-private)
             scores["real_accuracy"] = synthetic.tstr_accuracy(
-                classifier, real, test, recipe, cfg.train.seed, self.device
-            ).accuracy
+                classifier, real, test, recipe, cfg.train.seed, self.device,
+                _progress("real-data baseline", recipe.epochs),
+            ).accuracy  # fmt: skip
         self._log_artifacts(x, y)
         return scores
 
