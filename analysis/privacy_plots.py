@@ -1,6 +1,7 @@
-"""Plots of ε against each DP-SGD knob around one configuration (PNG, matplotlib).
+"""Plots of ε against each DP-SGD knob around one configuration (matplotlib: PNG at 300 dpi, or PDF or SVG).
 
     dpsweep-epsilon -s 60000 -b 256 -n 1.1 -e 60 --plot plots/
+    dpsweep-epsilon -s 60000 -b 256 -n 1.1 -e 60 --plot plots/ --plot-format pdf   # vector, fonts embedded
 
 Each plot varies one knob (epochs, σ, batch size B, dataset size N, δ) and keeps the others at the
 given configuration, which is marked. RDP accountant, improved conversion; steps follow Opacus's
@@ -12,23 +13,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import NullFormatter
 
+from dpsweep.analysis.report.figures import FigureStyle, save  # Agg, and fonts a publisher accepts
 from dpsweep.privacy import schedule as privacy
+
+PRINT_DPI = 300  # PNG at print resolution
 
 # One plot: file name, x label, x values, ε at an x value, this configuration's x, log x axis.
 Spec = tuple[str, str, np.ndarray, Callable[[float], float], float, bool]
 
 
 def plot_all(
-    out_dir: Path, *, n: int, batch_size: int, noise_multiplier: float, steps: int, delta: float
+    out_dir: Path, *, n: int, batch_size: int, noise_multiplier: float, steps: int, delta: float, fmt: str = "png"
 ) -> list[Path]:
-    """Write the five plots to ``out_dir``; returns their paths."""
+    """Write the five plots to ``out_dir`` as ``fmt`` (png, pdf or svg); returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     schedule = privacy.poisson_schedule(n, batch_size)
     epochs = steps / schedule.steps_per_epoch  # may be fractional when --steps was given
@@ -45,7 +46,8 @@ def plot_all(
         schedule, eps, n=n, batch_size=batch_size, noise_multiplier=noise_multiplier, epochs=epochs, delta=delta
     )
     title = f"N={n}, B={batch_size}, σ={noise_multiplier:.3g}, {epochs:.3g} epochs, δ={delta:g}"
-    return [_plot(out_dir, spec, eps, title) for spec in specs]
+    style = FigureStyle(fmt, PRINT_DPI)
+    return [_plot(out_dir, spec, eps, title, style) for spec in specs]
 
 
 def _specs(
@@ -95,7 +97,7 @@ def _specs(
     ]
 
 
-def _plot(out_dir: Path, spec: Spec, eps: Callable[[], float], title: str) -> Path:
+def _plot(out_dir: Path, spec: Spec, eps: Callable[[], float], title: str, style: FigureStyle) -> Path:
     """Write one plot of ``spec`` to ``out_dir``, the configuration (ε by ``eps()``) marked; returns its path."""
     name, xlabel, xs, fn, here, logx = spec
     fig, ax = plt.subplots(figsize=(5, 3.5), dpi=100)
@@ -109,8 +111,4 @@ def _plot(out_dir: Path, spec: Spec, eps: Callable[[], float], title: str) -> Pa
     ax.set_title(title, fontsize=8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out_dir / name
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save(fig, out_dir / name, style)

@@ -15,6 +15,12 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+# Text a publisher accepts: TrueType (Type 42) fonts embedded in PDF and PostScript, where matplotlib
+# embeds Type 3 by default (which many venues' checks reject); text kept as text in SVG.
+matplotlib.rc("pdf", fonttype=42)
+matplotlib.rc("ps", fonttype=42)
+matplotlib.rc("svg", fonttype="none")
+
 
 @dataclass(frozen=True)
 class FigureStyle:

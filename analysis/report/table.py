@@ -50,6 +50,7 @@ from dpsweep.analysis.report.columns import (
     run_models,
     run_tasks,
     task_objectives,
+    task_schemas,
 )
 from dpsweep.analysis.report.query import hyperparameter_keys
 from dpsweep.config import TASK_SECTIONS, UNITS
@@ -134,7 +135,12 @@ def _with_settings(table: pd.DataFrame, done: pd.DataFrame, keys: Sequence[str])
     table["private"] = first["private"]
     for name, key in HYPERPARAMETERS.items():
         table[name] = param_or_tag(first, key)
-    table["task"] = run_tasks(first)
+    tasks = run_tasks(first)
+    for task, schema in task_schemas().items():  # a task with its own learning rate shows it, not optimizer.lr
+        if schema.learning_rate_param != HYPERPARAMETERS["lr"]:
+            own = tasks == task
+            table.loc[own[own].index, "lr"] = param_or_tag(first, schema.learning_rate_param)[own]
+    table["task"] = tasks
     table["model"] = run_models(first)
     for name, value in privacy_kinds(first).items():
         table[name] = value

@@ -86,7 +86,9 @@ def _parser() -> argparse.ArgumentParser:
                    "compute_dp_sgd_privacy, to reproduce its published figures)")  # fmt: skip
     p.add_argument("--allow-large-delta", action="store_true", help="permit δ >= 1/N (voids the guarantee)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--plot", type=Path, metavar="DIR", help="write PNG plots of ε against each knob to DIR")
+    p.add_argument("--plot", type=Path, metavar="DIR", help="write plots of ε against each knob to DIR")
+    p.add_argument("--plot-format", choices=PLOT_FORMATS, default="png",
+                   help="png (300 dpi), or pdf or svg: vector, with the fonts embedded as TrueType")  # fmt: skip
     return p
 
 
@@ -192,6 +194,7 @@ def _dest(option: mechanisms.Option) -> str:
 
 
 # config keys named by the privacy code -> this command's flags
+PLOT_FORMATS = ("png", "pdf", "svg")  # --plot-format (dpsweep.analysis.privacy_plots writes them)
 FLAGS = {
     "dp.accountant": "--accountant", "train.epochs": "-e/--epochs", "train.steps": "--steps",
     "dp.target_epsilon": "--target-epsilon", "dp.clipping": "--clipping", "dp.mechanism": "--mechanism",
@@ -309,7 +312,7 @@ def _plots(a: argparse.Namespace, sigma: float, steps: int) -> list[str]:
     from dpsweep.analysis.privacy_plots import plot_all
 
     paths = plot_all(a.plot, n=a.dataset_size, batch_size=a.batch_size, noise_multiplier=sigma, steps=steps,
-                     delta=a.delta)  # fmt: skip
+                     delta=a.delta, fmt=a.plot_format)  # fmt: skip
     return [str(f) for f in paths]
 
 

@@ -45,6 +45,8 @@ class TaskConfig:
     row_share: ClassVar[tuple[str, str]] = ("", "")  # (a per-run share, its baseline): averaged per row
     row_share_note: ClassVar[str] = ""  # "{baseline}" and "{rows}" filled in
 
+    learning_rate_param: ClassVar[str] = "optimizer.lr"  # the param a report's lr column shows (learning_rate)
+
     def learning_rate(self, optimizer_lr: float) -> float:
         """The learning rate a plan shows for this task (optimizer.lr unless the task has its own)."""
         return optimizer_lr
@@ -141,6 +143,8 @@ class GanTaskConfig(TaskConfig):
     # null: on without DP, off with DP.
     memorisation_check: bool | None = None
     memorisation_samples: int = 2000  # synthetic samples compared (drawn at random), each against every real image
+
+    learning_rate_param: ClassVar[str] = "task.critic_lr"  # the critic's: it reads the data (issue 33, item 8)
 
     def learning_rate(self, optimizer_lr: float) -> float:
         return self.critic_lr

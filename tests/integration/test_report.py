@@ -268,7 +268,12 @@ def test_html_report_is_one_self_contained_page_and_figures_take_a_format_and_dp
     pdf = tmp_path / "pdf"
     run([*base, "--out", str(pdf), "--figure-format", "pdf", "--dpi", "300"])
     for name in PLOTS:
-        assert (pdf / name.replace(".png", ".pdf")).read_bytes().startswith(b"%PDF")
+        figure = (pdf / name.replace(".png", ".pdf")).read_bytes()
+        assert figure.startswith(b"%PDF")
+        assert b"/FontFile2" in figure and b"/Type3" not in figure, name  # TrueType embedded (issue 33, item 8)
+    assert "<text" in (svg / "report.html").read_text() or any(  # SVG text stays text (svg.fonttype none)
+        b"<text" in base64.b64decode(s.split(",", 1)[1]) for s in page.sources
+    )
     low, high = tmp_path / "low", tmp_path / "high"
     run([*base, "--out", str(low), "--dpi", "60"])
     run([*base, "--out", str(high), "--dpi", "240"])

@@ -92,6 +92,8 @@ def test_gan_rows_score_tstr_and_drop_against_the_non_private_gan(gan_store: Gan
     assert private["baseline_config_id"] == public["config_id"] and pd.isna(public["accuracy_drop"])
     assert private["epsilon"] == pytest.approx(max(gan_store.metric(gan_store.private, "epsilon")), rel=1e-12)
     assert (private["runs"], public["runs"], private["runs_without_accuracy"]) == (2, 2, 0)
+    critic_lr = float(MlflowClient(gan_store.uri).get_run(gan_store.private[0]).data.params["task.critic_lr"])
+    assert list(t["lr"]) == [critic_lr, critic_lr] != [0.05, 0.05]  # the GAN's own lr, not optimizer.lr (item 8)
     shares = gan_store.metric(gan_store.private, "memorisation_share")
     assert private["memorisation_share"] == pytest.approx(mean(shares), rel=1e-12)
 

@@ -106,7 +106,20 @@ def test_plots_are_valid_pngs(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert names == sorted(f"epsilon_vs_{k}.png" for k in ("epochs", "noise", "batch_size", "dataset_size", "delta"))
     for path in out["plots"]:
         with Image.open(path) as img:
-            assert img.format == "PNG" and img.size[0] >= 300
+            assert img.format == "PNG" and img.size[0] >= 1200  # at print resolution (issue 33, item 8)
+            assert round(img.info["dpi"][0]) == 300
+
+
+def test_vector_plots_embed_truetype_fonts(tmp_path: Path) -> None:
+    """--plot-format pdf: vector figures whose fonts are TrueType (Type 42), not the Type 3 that
+    matplotlib embeds by default and that publishers' checks reject (issue 33, item 8)."""
+    out = run(["-s", "60000", "-b", "256", "-n", "1.1", "-e", "20", "--plot", str(tmp_path / "plots"),
+               "--plot-format", "pdf", "--json"])  # fmt: skip
+    assert len(out["plots"]) == 5
+    for path in out["plots"]:
+        pdf = Path(path).read_bytes()
+        assert pdf.startswith(b"%PDF") and path.endswith(".pdf")
+        assert b"/FontFile2" in pdf and b"/Type3" not in pdf, path  # a TrueType program embedded; no Type 3
 
 
 BAD = [
