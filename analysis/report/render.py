@@ -191,15 +191,59 @@ def _latex_cell(text: str) -> str:
     return escaped.replace(" ± ", r" $\pm$ ").replace("—", "--")
 
 
+# Columns a paper's table keeps even where every row has the same value: the results.
+RESULT_COLUMNS = ("ε", "drop (pp)")
+
+
 def to_latex(report: Report) -> str:
-    """A booktabs ``tabular`` (needs ``\\usepackage{booktabs}``), the notes as ``%`` comments."""
-    shown = paper_table(report.table, latex=True)
-    spec = "".join("r" if r else "l" for r in _right_aligned(paper_table(report.table)))
+    """A booktabs ``table`` (needs ``\\usepackage{booktabs}``), the notes as ``%`` comments. Settings that
+    every row shares move to the caption (``\\caption{dataset: digits; $B$: 64; ...}``), δ reads as a
+    power of ten (``$10^{-5}$``) and each ε column has one number of decimals (issue 33, item 8)."""
+    plain, shown = paper_table(report.table), paper_table(report.table, latex=True)
+    shown = _latex_numbers(report.table, plain, shown)
+    constant = [
+        c for c, p in zip(shown.columns, plain.columns, strict=True)
+        if len(plain) > 1 and plain[p].nunique() == 1 and p not in RESULT_COLUMNS and not p.endswith("(%)")
+    ]  # fmt: skip
+    kept = [c for c in shown.columns if c not in constant]
+    aligned = dict(zip(shown.columns, _right_aligned(plain), strict=True))
+    spec = "".join("r" if aligned[c] else "l" for c in kept)
     lines = [f"% {note}" for note in report.notes()]
-    lines += [f"\\begin{{tabular}}{{{spec}}}", r"\toprule", " & ".join(shown.columns) + r" \\", r"\midrule"]
-    lines += [" & ".join(_latex_cell(c) for c in row) + r" \\" for row in shown.itertuples(index=False, name=None)]
+    lines += [r"\begin{table}", r"\centering", f"\\begin{{tabular}}{{{spec}}}", r"\toprule"]
+    lines += [" & ".join(kept) + r" \\", r"\midrule"]
+    lines += [" & ".join(row) + r" \\" for row in shown[kept].itertuples(index=False, name=None)]
     lines += [r"\bottomrule", r"\end{tabular}"]
+    if constant:
+        lines.append("\\caption{" + "; ".join(f"{c}: {shown[c].iloc[0]}" for c in constant) + "}")
+    lines.append(r"\end{table}")
     return "\n".join(lines) + "\n"
+
+
+def _latex_numbers(table: pd.DataFrame, plain: pd.DataFrame, shown: pd.DataFrame) -> pd.DataFrame:
+    """The cells as LaTeX: escaped text, δ as ``$10^{-5}$``, ε with the decimals its smallest value needs
+    for three significant digits (the same in every row)."""
+    out = shown.map(_latex_cell)
+    headers = dict(zip(plain.columns, shown.columns, strict=True))
+    if "δ" in headers:
+        deltas = zip(table["delta"], table["private"], strict=True)
+        out[headers["δ"]] = [_power_of_ten(v) if private else "--" for v, private in deltas]
+    if "ε" in headers:
+        eps = table["epsilon"].where(table["private"])
+        finite = eps[eps.notna() & (eps > 0) & (eps < 1000)]
+        decimals = min(3, max(0, 2 - math.floor(math.log10(finite.min())))) if len(finite) else 0
+        out[headers["ε"]] = [f"{v:.{decimals}f}" if pd.notna(v) else "--" for v in eps]
+    return out
+
+
+def _power_of_ten(value: float) -> str:
+    """``1e-05`` as ``$10^{-5}$``, ``2e-06`` as ``$2 \\times 10^{-6}$``."""
+    if value is None or pd.isna(value):
+        return "--"
+    exponent = math.floor(math.log10(value))
+    mantissa = value / 10**exponent
+    if math.isclose(mantissa, 1.0):
+        return f"$10^{{{exponent}}}$"
+    return f"${mantissa:g} \\times 10^{{{exponent}}}$"
 
 
 def to_html(report: Report) -> str:

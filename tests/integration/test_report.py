@@ -392,7 +392,7 @@ HEADER = [
 
 @pytest.mark.slow
 @SWEEP
-@pytest.mark.parametrize(("fmt", "rows"), [("md", _rows_md), ("tex", _rows_tex), ("html", _rows_html)])
+@pytest.mark.parametrize(("fmt", "rows"), [("md", _rows_md), ("html", _rows_html)])
 def test_text_formats_parse_back_to_the_same_numbers(
     sweep: Sweep, fmt: str, rows: Callable[[str], list[list[str]]]
 ) -> None:
@@ -400,6 +400,37 @@ def test_text_formats_parse_back_to_the_same_numbers(
     parsed = rows(rep.render(r, fmt))
     assert len(parsed[0]) == len(HEADER) and parsed[0][10] in ("ε", r"$\varepsilon$")
     _check_text_rows(parsed[2:] if fmt == "md" else parsed[1:], r.table, HEADER)  # md: a rule under the header
+
+
+@pytest.mark.slow
+@SWEEP
+def test_tex_is_a_paper_table_with_shared_settings_in_its_caption(sweep: Sweep) -> None:
+    """Issue 33, item 8: booktabs; what every row shares (dataset, model, B, lr, epochs, runs) moves to
+    the caption; δ reads as a power of ten; ε has one number of decimals; the numbers parse back."""
+    r = rep.build_report(sweep.uri, EXPERIMENT, sort="epsilon")
+    text = rep.render(r, "tex")
+    assert r"\begin{table}" in text and r"\toprule" in text and r"\bottomrule" in text
+    caption = re.search(r"\\caption\{(.*)\}", text)
+    assert caption is not None, text
+    shared = dict(item.split(": ", 1) for item in caption.group(1).split("; "))
+    assert (shared["dataset"], shared["model"], shared["$B$"], shared["lr"], shared["runs"]) == (
+        "digits", "cnn", "64", "0.05", "2"
+    ), shared  # fmt: skip
+    header, *rows = _rows_tex(text)
+    assert "dataset" not in header and "$B$" not in header and r"$\varepsilon$" in header, header
+    cells = [dict(zip(header, row, strict=True)) for row in rows]
+    assert len(cells) == len(r.table)
+    decimals = set()
+    for cell, (_, row) in zip(cells, r.table.iterrows(), strict=True):
+        mean, _ = _split_accuracy(cell[r"test accuracy (\%)"])
+        assert mean == pytest.approx(row["test_accuracy_mean"] * 100, abs=0.0051)
+        if row["private"]:
+            assert cell[r"$\delta$"] == "$10^{-5}$" and row["delta"] == 1e-5
+            assert float(cell[r"$\varepsilon$"]) == pytest.approx(row["epsilon"], rel=6e-3)
+            decimals.add(len(cell[r"$\varepsilon$"].partition(".")[2]))
+        else:
+            assert cell[r"$\varepsilon$"] == "--" and cell[r"$\delta$"] == "--"
+    assert len(decimals) == 1, cells  # one number of decimals down the ε column
 
 
 @pytest.mark.slow
