@@ -113,14 +113,14 @@ def test_jobs_carry_the_sweep_id(tmp_path: Path) -> None:
         (
             ["launcher=local", "launcher.trials_per_device=0"],
             {},
-            "launcher.trials_per_device=0 is invalid: a whole number of trials, 1 or more, or auto",
+            "launcher.trials_per_device='0' is invalid: a whole number of trials, 1 or more, or auto",
         ),
         (
             ["launcher=local", "launcher.trials_per_device=auto"],
             {},
-            "launcher.trials_per_device=auto is invalid: a number of trials, or auto with train.memory_model",
+            "launcher.trials_per_device='auto' is invalid: a number of trials, or auto with train.memory_model",
         ),
-        (["launcher.trials_per_device=2"], {}, "launcher.trials_per_device=2 is invalid: 1 with launcher=inline"),
+        (["launcher.trials_per_device=2"], {}, "launcher.trials_per_device='2' is invalid: 1 with launcher=inline"),
     ],
 )
 def test_bad_sweeps_stop_before_any_job(tmp_path: Path, args: list[str], env: dict[str, str], needle: str) -> None:
