@@ -83,6 +83,8 @@ def open_client(uri: str) -> MlflowClient:
             )
         with store_lock(uri):
             try:
+                if not db.exists() and db.name != ":memory:":
+                    _create_store(db)
                 retry_busy(lambda: MlflowClient(uri).search_experiments(max_results=1))
             except Exception as err:  # SQLAlchemy's DatabaseError ("file is not a database"), MLflow's own
                 raise ConfigError(
@@ -90,6 +92,23 @@ def open_client(uri: str) -> MlflowClient:
                 ) from err
     _READY.add(uri)
     return MlflowClient(uri)
+
+
+def _create_store(db: Path) -> None:
+    """A new MLflow database at ``db``, made whole or not at all (under :func:`store_lock`): MLflow
+    creates its tables and runs its migrations in a file beside it, which is renamed to ``db`` once
+    they are all done. A process killed part way (a refused sweep's exit that stopped waiting for it on
+    a loaded machine, a Ctrl-C) leaves no half-migrated ``db``, which MLflow would then fail to open
+    ("table ... already exists"); its leftover is removed by the next creation."""
+    for stale in db.parent.glob(f".{db.name}.*.new*"):  # with SQLite's journal
+        stale.unlink(missing_ok=True)
+    building = db.with_name(f".{db.name}.{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}.new")
+    try:
+        MlflowClient(f"sqlite:///{building}").search_experiments(max_results=1)
+        os.replace(building, db)
+    finally:
+        for left in db.parent.glob(f"{building.name}*"):
+            left.unlink(missing_ok=True)
 
 
 SERVER_PROBE_S = 10.0  # how long a tracking server may take to answer before the run is refused

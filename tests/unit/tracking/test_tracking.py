@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -17,7 +19,7 @@ from mlflow.tracking import MlflowClient
 from dpsweep.config import TrackingConfig
 from dpsweep.process.liveness import ProcessId, start_ticks
 from dpsweep.tracking import PROCESS_TAG, Claimed, environment_tags, git_commit, tracked_run
-from dpsweep.tracking.store import experiment_id, system_metrics_monitor
+from dpsweep.tracking.store import experiment_id, open_client, system_metrics_monitor
 
 
 def _cfg(uri: str, name: str) -> TrackingConfig:
@@ -142,3 +144,25 @@ def test_a_private_run_logs_every_system_metric_but_gpu_memory(client: MlflowCli
     gpu_memory = {k for k in logged if k.startswith("system/gpu_0_memory")}
     expected = set() if private else {"system/gpu_0_memory_usage_megabytes", "system/gpu_0_memory_usage_percentage"}
     assert gpu_memory == expected, logged
+
+
+def test_a_store_creation_killed_part_way_leaves_no_broken_database(tmp_path: Path) -> None:
+    """A process killed while MLflow builds a new sqlite store (a refused sweep's exit that stops
+    waiting on a loaded machine, a Ctrl-C) leaves no half-migrated ``mlflow.db``: the next opening
+    makes a whole one, not "table ... already exists"."""
+    db = tmp_path / "mlflow.db"
+    code = f"from dpsweep.tracking.store import open_client; open_client({f'sqlite:///{db}'!r})"
+    child = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".mlflow.db.*.new")):  # MLflow has begun: tables, then its migrations
+        assert child.poll() is None, f"ended with {child.returncode} before building: {child.stderr.read()}"
+        assert time.monotonic() < deadline, "no store was being built after 120 s"
+        time.sleep(0.01)
+    time.sleep(0.3)
+    child.kill()
+    _, stderr = child.communicate()
+    assert child.returncode == -signal.SIGKILL, f"it finished before the kill: {stderr}"
+    assert not db.exists()
+    client = open_client(f"sqlite:///{db}")
+    assert [e.name for e in client.search_experiments()] == ["Default"]
+    assert not list(tmp_path.glob(".mlflow.db.*")), "the killed build's file is left behind"
