@@ -49,7 +49,7 @@ CASES: dict[str, list[str]] = {
     "vgg16_off": ["model=vgg16_frozen", "model.pretrained=false", "model.feature_cache=false",
                   "model.hidden_units=256", "dataset.image_size=224", "train.batch_size=64", "dp=off"],
 }  # fmt: skip
-LOGGED = (*(f"memory.{s}_bytes" for s in STAGES), "memory.iteration_peak_bytes", "memory.reserved_peak_bytes")
+LOGGED = (*(f"memory/{s}_bytes" for s in STAGES), "memory/iteration_peak_bytes", "memory/reserved_peak_bytes")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,7 +149,7 @@ def check_case(name: str, device_type: str, tolerance: float, workdir: Path) -> 
     problems += [f"{key} was not logged" for key in LOGGED if key not in metrics]
     rows = []
     for stage in STAGES:
-        logged = metrics.get(f"memory.{stage}_bytes", float("nan"))
+        logged = metrics.get(f"memory/{stage}_bytes", float("nan"))
         ref = independent[stage]
         rel = abs(logged - ref) / max(ref, 1)
         rows.append({"stage": stage, "logged_bytes": logged, "independent_bytes": ref, "rel_difference": rel})
@@ -181,8 +181,8 @@ def main() -> None:
         for row in r["stages"]:
             print(f"  {row['stage']:<15} logged {row['logged_bytes']:>14,.0f} B   independent "
                   f"{row['independent_bytes']:>14,} B   difference {row['rel_difference']:.3%}")  # fmt: skip
-        print(f"  iteration peak {r['memory.iteration_peak_bytes']:,.0f} B, reserved peak "
-              f"{r['memory.reserved_peak_bytes']:,.0f} B")  # fmt: skip
+        print(f"  iteration peak {r['memory/iteration_peak_bytes']:,.0f} B, reserved peak "
+              f"{r['memory/reserved_peak_bytes']:,.0f} B")  # fmt: skip
         for p in r["problems"]:
             print(f"  PROBLEM: {p}")
     if args.json:

@@ -22,6 +22,7 @@ import pandas as pd
 
 from dpsweep.config import UNITS, ClassifierTaskConfig, DPConfig, TaskConfig, shown_model
 from dpsweep.errors import InputError
+from dpsweep.memory.tables import LEGACY_PREFIX, METRIC_PREFIX
 from dpsweep.registry import Registry
 
 # Table column -> the MLflow param it shows. Every other hyperparameter that varies gets its own
@@ -78,14 +79,15 @@ NEIGHBOUR_NOTES = {
 # without them.
 USER_PARAMS = tuple(key for facts in UNITS.values() for key in facts.keys)
 
-# Memory of the first training iteration at each stage (levels, not increments), and the peaks.
+# Memory of the first training iteration at each stage (levels, not increments), and the peaks: the
+# report's column -> the name it is logged under (dpsweep.memory.tables.metric, memory/<name>).
 MEMORY_STAGES: dict[str, str] = {
-    "model_load_bytes": "memory.model_load_bytes",
-    "batch_load_bytes": "memory.batch_load_bytes",
-    "backward_bytes": "memory.backward_bytes",
-    "optimizer_step_bytes": "memory.optimizer_step_bytes",
-    "iteration_peak_bytes": "memory.iteration_peak_bytes",
-    "run_peak_bytes": "memory.peak_bytes",
+    "model_load_bytes": "model_load_bytes",
+    "batch_load_bytes": "batch_load_bytes",
+    "backward_bytes": "backward_bytes",
+    "optimizer_step_bytes": "optimizer_step_bytes",
+    "iteration_peak_bytes": "iteration_peak_bytes",
+    "run_peak_bytes": "peak_bytes",
 }
 
 # MLflow run status -> outcome in the report (KILLED and tagged optuna.pruned=true: pruned).
@@ -141,6 +143,13 @@ def column(frame: pd.DataFrame, name: str) -> pd.Series:
     if name in frame.columns:
         return frame[name]
     return pd.Series(np.nan if name.startswith("metrics.") else None, index=frame.index, dtype=object)
+
+
+def memory_column(frame: pd.DataFrame, name: str) -> pd.Series:
+    """Memory metric ``name`` of each run: ``metrics.memory/<name>``, or ``metrics.memory.<name>`` where a
+    run of dpsweep <= 0.2 logged it so."""
+    current = column(frame, f"metrics.{METRIC_PREFIX}{name}")
+    return current.where(current.notna(), column(frame, f"metrics.{LEGACY_PREFIX}{name}"))
 
 
 def param_or_tag(frame: pd.DataFrame, key: str) -> pd.Series:

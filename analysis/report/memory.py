@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from dpsweep.analysis.report.cells import param_text, sort_key
-from dpsweep.analysis.report.columns import MEMORY_STAGES, SHORT_NAMES, column
+from dpsweep.analysis.report.columns import MEMORY_STAGES, SHORT_NAMES, column, memory_column
 from dpsweep.analysis.report.table import swept_params
 
 
@@ -14,7 +14,7 @@ def memory_table(runs: pd.DataFrame) -> pd.DataFrame:
     iteration (model_load, batch_load, backward, optimizer_step), the first iteration's peak and the
     run's peak, with the measuring backend (``cuda`` or ``cpu-tensors``). One row per config_id."""
     done = runs[runs["outcome"] == "finished"]
-    frame = pd.DataFrame({name: column(done, f"metrics.{metric}") for name, metric in MEMORY_STAGES.items()})
+    frame = pd.DataFrame({name: memory_column(done, logged) for name, logged in MEMORY_STAGES.items()})
     frame = frame.astype(float)
     frame["config_id"] = done["config_id"]
     frame["backend"] = column(done, "tags.memory.backend").fillna("unknown")

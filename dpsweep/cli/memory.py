@@ -12,7 +12,7 @@ process through a launcher (``launcher=local`` unless one is given; never in-pro
 allocator's cache would carry over from one config to the next), and in parallel where the device
 allows: one job per GPU, or one per CPU core on the CPU twin. Each probe is an MLflow run tagged
 ``probe=true`` holding the four stage levels and deltas, the iteration peak and the reserved peak
-(``memory.*`` metrics, read from the CUDA caching allocator, or from the ``cpu-tensors`` census on
+(``memory/*`` metrics, read from the CUDA caching allocator, or from the ``cpu-tensors`` census on
 CPU, tagged ``memory.backend``). Every config is measured afresh, even one probed before (that probe
 may be of another device), and this invocation's probes are written as CSV. Probes take one step and
 are not results: ``sweep.max_epsilon`` does not apply to them.
@@ -45,6 +45,7 @@ from dpsweep.cli.plan import CONFIG_MODULE, MemoryCheck, job_plans
 from dpsweep.config import Config
 from dpsweep.errors import InputError
 from dpsweep.memory.model import PEAK_TARGET, STAGE_PEAK_TARGETS
+from dpsweep.memory.tables import logged, metric
 from dpsweep.process.shutdown import run_then_exit
 from dpsweep.units import format_bytes
 
@@ -140,6 +141,17 @@ def probe_table(
     return pd.DataFrame(list(rows.values()))
 
 
+def _measured(metrics: dict[str, float], name: str, missing: float | None = None) -> float:
+    """Memory metric ``name`` of a probe run (under its name, or dpsweep 0.2's); ``missing`` if it was
+    not logged, or KeyError without one."""
+    value = logged(metrics, name)
+    if value is not None:
+        return value
+    if missing is None:
+        raise KeyError(metric(name))
+    return missing
+
+
 def _probe_row(run: Any, tags: dict[str, str], params: dict[str, str], metrics: dict[str, float]) -> dict[str, Any]:
     """One probe run as a row of the probe table (KeyError or ValueError when something is missing)."""
     h = tags.get("config.hash")
@@ -162,9 +174,9 @@ def _probe_row(run: Any, tags: dict[str, str], params: dict[str, str], metrics: 
         "device_name": tags.get("device.name", ""),
         "torch_version": tags.get("torch.version", ""),
     }
-    row |= {name: int(metrics[f"memory.{name}"]) for name in MEASURED}
+    row |= {name: int(_measured(metrics, name)) for name in MEASURED}
     # the in-stage peaks, logged since dpsweep 0.2: an older probe's row has them empty (its fit leaves them out)
-    row |= {name: metrics.get(f"memory.{name}", float("nan")) for name in STAGE_PEAK_TARGETS}
+    row |= {name: _measured(metrics, name, float("nan")) for name in STAGE_PEAK_TARGETS}
     return row
 
 

@@ -44,6 +44,7 @@ from typing import Protocol
 import torch
 
 from dpsweep.config import Config
+from dpsweep.memory.tables import metric
 from dpsweep.registry import Registry
 
 STAGES: tuple[str, ...] = ("model_load", "batch_load", "backward", "optimizer_step")
@@ -311,22 +312,22 @@ class StageRecorder:
         return self.run_peak
 
     def metrics(self) -> dict[str, float]:
-        """``memory.<stage>_bytes`` levels, ``memory.<stage>_delta_bytes``, ``memory.<stage>_peak_bytes``
-        (the highest level inside the stage; ``memory.forward_peak_bytes`` for the backward stage's
+        """``memory/<stage>_bytes`` levels, ``memory/<stage>_delta_bytes``, ``memory/<stage>_peak_bytes``
+        (the highest level inside the stage; ``memory/forward_peak_bytes`` for the backward stage's
         part up to the end of the forward pass, see PEAK_SPLITS) and the first-iteration peaks."""
         out: dict[str, float] = {}
         previous = 0
         for stage in STAGES:
             if stage not in self.levels:
                 continue
-            out[f"memory.{stage}_bytes"] = self.levels[stage]
-            out[f"memory.{stage}_delta_bytes"] = self.levels[stage] - previous
+            out[metric(f"{stage}_bytes")] = self.levels[stage]
+            out[metric(f"{stage}_delta_bytes")] = self.levels[stage] - previous
             previous = self.levels[stage]
         for stage, peak in self.peaks.items():  # the highest level inside each stage: on CUDA,
-            out[f"memory.{stage}_peak_bytes"] = peak  # activations and clipping buffers freed before its end
+            out[metric(f"{stage}_peak_bytes")] = peak  # activations and clipping buffers freed before its end
         if self.peaks:
-            out["memory.iteration_peak_bytes"] = max(self.peaks.values())
-            out["memory.reserved_peak_bytes"] = self.reserved_peak
+            out[metric("iteration_peak_bytes")] = max(self.peaks.values())
+            out[metric("reserved_peak_bytes")] = self.reserved_peak
         return out
 
 

@@ -28,6 +28,30 @@ class MemoryModelError(InputError):
 
 
 # ---------------------------------------------------------------------------------------------
+# the names a run logs its memory under
+# ---------------------------------------------------------------------------------------------
+# MLflow's UI groups a run's metric charts by the prefix before "/" (as it does its own ``system/``):
+# ``memory/backward_bytes`` and the others get a section of their own, after the model metrics
+# (test_accuracy, epsilon) instead of 15 byte charts before them (issue 33, item 6).
+METRIC_PREFIX = "memory/"
+LEGACY_PREFIX = "memory."  # what dpsweep <= 0.2 logged: still read, so that older probes and runs count
+
+
+def metric(name: str) -> str:
+    """The MLflow metric a run logs ``name`` (e.g. ``backward_bytes``) under: ``memory/backward_bytes``."""
+    return METRIC_PREFIX + name
+
+
+def logged(metrics: Mapping[str, float], name: str) -> float | None:
+    """The value of memory metric ``name`` in a run's ``metrics``, under its name or the one runs of
+    dpsweep <= 0.2 used (``memory.backward_bytes``); None when neither was logged."""
+    for key in (METRIC_PREFIX + name, LEGACY_PREFIX + name):
+        if key in metrics:
+            return metrics[key]
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
 # tables
 # ---------------------------------------------------------------------------------------------
 def table_rows(table: Table) -> int:

@@ -626,6 +626,19 @@ def test_pareto_front_keeps_only_undominated_private_rows(
     assert list(memory.columns[1:7]) == list(rep.MEMORY_STAGES) and len(memory) == 6
 
 
+def test_the_memory_table_reads_runs_logged_before_the_memory_prefix(
+    mlflow_uri: str, experiment_name: str, client: MlflowClient
+) -> None:
+    """Runs log memory/<name> (MLflow's UI charts them in a section of their own); dpsweep <= 0.2 logged
+    memory.<name>, and a store holding both still reports both."""
+    log_run(client, experiment_name, DP, {"test_accuracy": 0.7, "epsilon": 2.0, "memory.backward_bytes": 1e3})
+    log_run(client, experiment_name, DP | {"dp.noise_multiplier": "2.0"},
+            {"test_accuracy": 0.6, "epsilon": 1.0, "memory/backward_bytes": 3e3})  # fmt: skip
+    r = rep.build_report(mlflow_uri, experiment_name)
+    memory = rep.memory_table(r.runs)
+    assert sorted(memory["backward_bytes"]) == [1e3, 3e3]
+
+
 def test_search_runs_reads_every_page(mlflow_uri: str, experiment_name: str, client: MlflowClient) -> None:
     for seed in range(5):
         log_run(client, experiment_name, DP | {"train.seed": str(seed)}, {"test_accuracy": 0.5 + seed / 100})

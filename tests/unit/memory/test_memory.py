@@ -161,10 +161,10 @@ def test_recorder_levels_deltas_and_peaks() -> None:
         held.append(torch.ones(250 * i))  # stage i adds 1,000 * i bytes
         rec.mark(stage)
     m = rec.metrics()
-    assert [m[f"memory.{s}_bytes"] for s in STAGES] == [1000, 3000, 6000, 10000]
-    assert [m[f"memory.{s}_delta_bytes"] for s in STAGES] == [1000, 2000, 3000, 4000]
-    assert m["memory.iteration_peak_bytes"] == 10000
-    assert [m[f"memory.{s}_peak_bytes"] for s in STAGES] == [1000, 3000, 6000, 10000]  # the census at each end
+    assert [m[f"memory/{s}_bytes"] for s in STAGES] == [1000, 3000, 6000, 10000]
+    assert [m[f"memory/{s}_delta_bytes"] for s in STAGES] == [1000, 2000, 3000, 4000]
+    assert m["memory/iteration_peak_bytes"] == 10000
+    assert [m[f"memory/{s}_peak_bytes"] for s in STAGES] == [1000, 3000, 6000, 10000]  # the census at each end
     assert rec.complete
     rec.mark("backward")  # later iterations do not overwrite the first one
     assert rec.levels["backward"] == 6000
@@ -185,10 +185,10 @@ def test_forward_splits_the_backward_stage_peak_without_a_level() -> None:
     rec.mark("backward")
     rec.mark("forward")  # after its stage, or again: nothing
     m = rec.metrics()
-    assert m["memory.forward_peak_bytes"] == 100_000
-    assert m["memory.backward_peak_bytes"] == 20_000  # only what came after the forward mark
-    assert m["memory.backward_bytes"] == 20_000 and "memory.forward_bytes" not in m  # a peak, not a level
-    assert m["memory.iteration_peak_bytes"] == 100_000
+    assert m["memory/forward_peak_bytes"] == 100_000
+    assert m["memory/backward_peak_bytes"] == 20_000  # only what came after the forward mark
+    assert m["memory/backward_bytes"] == 20_000 and "memory/forward_bytes" not in m  # a peak, not a level
+    assert m["memory/iteration_peak_bytes"] == 100_000
     del grads
 
 
