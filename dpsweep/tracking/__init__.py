@@ -100,8 +100,9 @@ class Tracker:
 
     def log_model(self, module: Any, input_example: Any, artifact_path: str = "model") -> None:
         """A torch module (on the CPU) as an MLflow PyTorch-flavour model (``MLmodel``, weights,
-        signature from the input example and the module's output), under the run's ``artifact_path``:
-        ``mlflow.pytorch.load_model(f"runs:/{run_id}/model")`` loads it (with dpsweep importable).
+        signature from the input example and the module's output): an MLflow 3 LoggedModel named
+        ``artifact_path``, the run's output. ``mlflow.pytorch.load_model(f"runs:/{run_id}/model")``
+        loads it (with dpsweep importable), as does ``models:/<model_id>``.
         The module is pickled now (posts are), so later changes to it are not logged."""
         import torch
 

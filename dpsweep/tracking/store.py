@@ -410,8 +410,15 @@ def log_model(
     uri: str, run_id: str, module: Any, input_example: Any, output: Any, artifact_path: str, torch_version: str
 ) -> None:
     """A torch module as an MLflow PyTorch-flavour model (``MLmodel``, weights, and the signature of
-    ``input_example`` and the module's ``output`` on it) under the run's ``artifact_path``."""
+    ``input_example`` and the module's ``output`` on it): an MLflow 3 LoggedModel named ``artifact_path``
+    in the run's experiment, the run's output (the UI's Models column and tab), with the run's params
+    and ``dp.*`` tags (``dp.release=not-for-release`` among them). ``models:/<model_id>`` loads it, and
+    so does ``runs:/<run_id>/<artifact_path>``, which MLflow resolves to the run's model of that name.
+
+    Through the client, not ``mlflow.pytorch.log_model(run_id=…)``: without an active run that files
+    the model under the fluent API's current experiment (Default), not the run's."""
     import mlflow.pytorch  # torch and the flavour: only for runs that log a model
+    from mlflow.entities import LoggedModelOutput, LoggedModelStatus
     from mlflow.models import infer_signature
 
     quiet = logging.getLogger("mlflow.pytorch")  # its warning on pickle: the format is chosen knowingly
@@ -427,7 +434,19 @@ def log_model(
             )  # fmt: skip
         finally:
             quiet.setLevel(level)
-        retry_busy(lambda: client_of(uri).log_artifacts(run_id, str(path), artifact_path))
+        client = client_of(uri)
+        run = retry_busy(lambda: client.get_run(run_id))
+        tags = {k: v for k, v in run.data.tags.items() if k.startswith("dp.")}
+        model = retry_busy(lambda: client.create_logged_model(
+            run.info.experiment_id, name=artifact_path, source_run_id=run_id, params=run.data.params, tags=tags,
+        ))  # fmt: skip
+        try:
+            retry_busy(lambda: client.log_model_artifacts(model.model_id, str(path)))
+        except BaseException:
+            retry_busy(lambda: client.finalize_logged_model(model.model_id, LoggedModelStatus.FAILED))
+            raise
+        retry_busy(lambda: client.finalize_logged_model(model.model_id, LoggedModelStatus.READY))
+        retry_busy(lambda: client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=0)]))
 
 
 def log_dataset_splits(uri: str, run_id: str, public: Mapping[str, str], digest: str, splits: list[str]) -> None:

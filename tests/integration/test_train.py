@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 from helpers import REPO, Composer, runs_of
-from mlflow.entities import Run
+from mlflow.entities import LoggedModelStatus, Run
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
@@ -151,9 +151,13 @@ def test_dp_run_logs_exactly_the_documented_metrics(dp_run: tuple) -> None:  # t
 
 
 def _logged_model(client: MlflowClient, run_id: str, dst: Path) -> tuple[torch.nn.Module, dict[str, object]]:
+    """The run's model as a user loads it (``runs:/<run_id>/model`` with the store set as MLflow's tracking
+    URI, which MLflow also reads the model's location from), and its MLmodel file."""
+    import mlflow.artifacts
     import mlflow.pytorch
 
-    local = Path(client.download_artifacts(run_id, "model", str(dst)))
+    mlflow.set_tracking_uri(client.tracking_uri)
+    local = Path(mlflow.artifacts.download_artifacts(f"runs:/{run_id}/model", dst_path=str(dst)))
     return mlflow.pytorch.load_model(str(local)), yaml.safe_load((local / "MLmodel").read_text())
 
 
@@ -172,6 +176,16 @@ def test_the_trained_model_is_returned_and_logged_with_mlflows_pytorch_flavour(
     assert "pytorch" in mlmodel["flavors"] and "signature" in mlmodel  # type: ignore[operator]
     example = json.loads((tmp_path / "model" / "input_example.json").read_text())
     assert np.asarray(example).shape == (1, 1, 28, 28) and not np.any(example)  # zeros, never a training example
+    # an MLflow 3 LoggedModel, the run's output (the UI's Models column and tab), in the run's experiment
+    [output] = run.outputs.model_outputs
+    logged = client.get_logged_model(output.model_id)
+    assert (logged.name, logged.source_run_id, logged.status) == ("model", run.info.run_id, LoggedModelStatus.READY)
+    assert logged.experiment_id == run.info.experiment_id and logged.tags["dp.release"] == "not-for-release"
+    assert logged.params["train.batch_size"] == run.data.params["train.batch_size"]
+    import mlflow.pytorch
+
+    with torch.no_grad():
+        assert torch.equal(mlflow.pytorch.load_model(f"models:/{output.model_id}")(x), result.model(x))
 
 
 def test_a_size_limit_skips_logging_a_model(make_cfg: Composer, client: MlflowClient, experiment_name: str) -> None:
@@ -179,7 +193,7 @@ def test_a_size_limit_skips_logging_a_model(make_cfg: Composer, client: MlflowCl
     [run] = runs_of(client, experiment_name)
     assert run.info.run_id == small.run_id and run.data.tags["model.logged"].startswith("skipped: ")
     assert "tracking.log_model_max_mib=0.01" in run.data.tags["model.logged"]
-    assert not client.list_artifacts(small.run_id, "model")
+    assert not run.outputs.model_outputs and not client.search_logged_models([run.info.experiment_id])
 
 
 @pytest.mark.slow
