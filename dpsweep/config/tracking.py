@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 class TrackingConfig:
     uri: str = "sqlite:///mlflow.db"  # relative to where dpsweep runs; any MLflow URI, e.g. http://host:5000
     experiment_name: str = "dpsweep"  # the MLflow experiment the runs go to
-    run_name: str | None = None  # null: a readable name from the config (digits-cnn-σ1-C1-B64-e10-s0)
+    run_name: str | None = None  # null: a readable name from the config (σ1-C1-B64-s0-e10-digits-cnn)
     # Log the trained model (MLflow's PyTorch flavour, artifact "model"): only its trained parameters
     # (vgg16_frozen: the head, not the public backbone), when they take at most log_model_max_mib.
     log_model: bool = True

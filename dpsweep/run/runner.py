@@ -400,14 +400,17 @@ def _finish_privacy(cfg: Config, plan: RunPlan, task_run: tasks.TaskRun, result:
 # what the MLflow run records about its config
 # ---------------------------------------------------------------------------------------------
 def run_name(cfg: Config, sigma: float | None) -> str:
-    """A readable MLflow run name, e.g. ``digits-cnn-σ1.1-C1-B64-e10-s0`` (``nodp`` without DP; ``Cq0.5`` and
-    ``Ca0.5``: C from the private 0.5 quantile, or adaptive towards it)."""
+    """A readable MLflow run name, e.g. ``σ1.1-C1-B64-s0-e10-digits-cnn`` (``nodp`` without DP; ``Cq0.5`` and
+    ``Ca0.5``: C from the private 0.5 quantile, or adaptive towards it). What a sweep varies comes first
+    (σ, C, B, the seed; an Optuna trial's number before them), where MLflow's runs table, which cuts a
+    name at about 20 characters, still shows it; the dataset and model, which an experiment seldom
+    varies, come last."""
     dp = cfg.dp
     clip = f"C{dp.max_grad_norm:g}" if dp.clipping == "fixed" else f"C{dp.clipping.value[0]}{dp.clip_quantile:g}"
     privacy_part = f"σ{sigma:.3g}-{clip}" if sigma is not None else "nodp"
     t = cfg.train
     what = cfg.model.name if cfg.task.name == "classifier" else cfg.task.name  # the default task: its model
-    name = f"{cfg.dataset.name}-{what}-{privacy_part}-B{t.batch_size}-e{t.epochs}-s{t.seed}"
+    name = f"{privacy_part}-B{t.batch_size}-s{t.seed}-e{t.epochs}-{cfg.dataset.name}-{what}"
     return name if cfg.sweep.trial is None else f"trial{cfg.sweep.trial}-{name}"
 
 
