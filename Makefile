@@ -50,10 +50,10 @@ docs: $(STAMP)
 docs-serve: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict -f docs/mkdocs.yml -a 127.0.0.1:8000
 
-# Open the page each run's last line names (.../#/experiments/<id>?workflowType=machine_learning):
-# MLflow 3's UI otherwise opens experiments on its GenAI traces view.
+# MLflow's UI on ./mlflow.db (127.0.0.1:5000), opened on the latest run's experiment in the model-training
+# view (.../#/experiments/<id>?workflowType=machine_learning; MLflow 3 otherwise opens its GenAI view).
 ui: $(STAMP)
-	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000
+	$(BIN)/dpsweep-ui
 
 clean:
 	rm -rf $(VENV) outputs multirun mlruns mlartifacts mlflow.db .pytest_cache .mypy_cache .ruff_cache docs/site

@@ -151,7 +151,7 @@ def system_metrics(
 DEFAULT_URI = TrackingConfig.uri  # dpsweep's default store (sqlite:///mlflow.db), relative to where it ran
 
 
-UI_ADDRESS = "http://127.0.0.1:5000"  # where `mlflow ui` (make ui) serves by default
+UI_ADDRESS = "http://127.0.0.1:5000"  # where dpsweep-ui (make ui) serves by default
 
 
 def ui_url(server: str, experiment_id: str) -> str:
@@ -168,13 +168,16 @@ def next_steps(uri: str, experiment: str, sweep_id: str | None = None) -> str:
     if uri != DEFAULT_URI:
         report += f" --tracking-uri {uri}"
     local = urlparse(uri).scheme in ("sqlite", "file", "")
-    browse = f"mlflow ui --backend-store-uri {uri}" + (" (make ui)" if uri == DEFAULT_URI else "") if local else uri
     try:
         found = service().call("experiment_of", uri, experiment)
     except Exception:  # the line is a hint: a store that cannot be read now just gets no page
         found = None
-    if found is not None:
-        browse += f", then open {ui_url(UI_ADDRESS if local else uri, found)}"
+    page = None if found is None else ui_url(UI_ADDRESS if local else uri, found)
+    if local:  # dpsweep-ui serves the store and opens the page; a server serves its own UI
+        browse = f"dpsweep-ui --experiment {experiment}" + ("" if uri == DEFAULT_URI else f" --tracking-uri {uri}")
+        browse += f", which opens {page}" if page else ""
+    else:
+        browse = page or uri
     return redact(f"dpsweep: next: {report}; browse the runs: {browse}")  # a URL's password is never printed
 
 

@@ -35,6 +35,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from dpsweep.config import ConfigError, TrackingConfig
+from dpsweep.errors import InputError
 from dpsweep.tracking import (
     EXPERIMENT_KIND,
     EXPERIMENT_KIND_TAG,
@@ -189,6 +190,16 @@ def retry_busy(call: Callable[[], T], conflicts: bool = False) -> T:
                 raise
             time.sleep(0.05 * 2**attempt)
     raise AssertionError("unreachable")
+
+
+def latest_experiment(client: MlflowClient) -> str:
+    """The id of the experiment whose run started last (the page ``dpsweep-ui`` opens by default);
+    InputError naming ``--experiment`` when the store holds no run."""
+    ids = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(ids, order_by=["attributes.start_time DESC"], max_results=1) if ids else []
+    if not runs:
+        raise InputError("--experiment", None, "the name of an experiment: the store holds no run yet")
+    return str(runs[0].info.experiment_id)
 
 
 def experiment_id(client: MlflowClient, name: str) -> str:

@@ -50,8 +50,8 @@ def test_sweep_runs_each_job_and_prints_accuracy_and_epsilon(tmp_path: Path) -> 
     experiment_id = experiment.experiment_id
     assert proc.stdout.rstrip().splitlines()[-1] == (
         f"dpsweep: next: dpsweep-report --experiment cli --sweep {sweep_id.group(1)}; "
-        "browse the runs: mlflow ui --backend-store-uri sqlite:///mlflow.db (make ui), "
-        f"then open http://127.0.0.1:5000/#/experiments/{experiment_id}?workflowType=machine_learning"
+        "browse the runs: dpsweep-ui --experiment cli, "
+        f"which opens http://127.0.0.1:5000/#/experiments/{experiment_id}?workflowType=machine_learning"
     )
     # dpsweep's own lines, not Hydra's ("Launching 1 jobs locally", "#0 : <internal overrides>")
     said = proc.stdout + proc.stderr

@@ -1,17 +1,18 @@
-"""The MLflow UI in a real browser (headless Chromium): the page dpsweep points to opens on the
-experiment's training runs, not on MLflow 3's GenAI overview."""
+"""The MLflow UI in a real browser (headless Chromium): ``dpsweep-ui`` serves a store and the page it
+opens (the one a run's last line names) shows the experiment's training runs, not MLflow 3's GenAI
+overview."""
 
 from __future__ import annotations
 
 import re
+import signal
 import socket
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
-from helpers import BIN, browser_dom, chromium_path, visible_text
+from helpers import BIN, browser_dom, chromium_path, run_script, visible_text
 
 from dpsweep.config import TrackingConfig
 from dpsweep.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, next_steps, tracked_run
@@ -25,25 +26,18 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _serve(uri: str, port: int, log: Path) -> subprocess.Popen[bytes]:
-    """``mlflow server`` on loopback, once its /health answers."""
-    with log.open("wb") as out:
-        server = subprocess.Popen(
-            [str(BIN / "mlflow"), "server", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port),
-             "--workers", "1"], stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
-                if answer.status == 200:
-                    return server
-        except OSError:
-            time.sleep(0.5)
-        if server.poll() is not None:
-            break
-    server.kill()
-    raise AssertionError(f"mlflow server did not come up:\n{log.read_text()[-3000:]}")
+def _serve(uri: str, port: int, log: Path) -> tuple[subprocess.Popen[str], str]:
+    """``dpsweep-ui`` on ``uri``, once it prints the page it opened (its server answers by then)."""
+    ui = subprocess.Popen(
+        [str(BIN / "dpsweep-ui"), "--tracking-uri", uri, "--port", str(port), "--no-browser"],
+        stdout=subprocess.PIPE, stderr=log.open("w"), text=True,
+    )  # fmt: skip
+    assert ui.stdout is not None
+    for line in ui.stdout:  # ends when dpsweep-ui does
+        if line.startswith("dpsweep-ui: the runs: "):
+            return ui, line.split()[-1]
+    ui.wait()
+    raise AssertionError(f"dpsweep-ui ended with {ui.returncode} before it served:\n{log.read_text()[-3000:]}")
 
 
 def test_the_page_dpsweep_names_opens_on_the_experiments_training_runs(tmp_path: Path) -> None:
@@ -53,16 +47,29 @@ def test_the_page_dpsweep_names_opens_on_the_experiments_training_runs(tmp_path:
         with tracked_run(TrackingConfig(uri, "ui", run_name=f"digits-cnn-seed{i}")) as run:
             run.log_metrics({"test_accuracy": 0.8 + i / 100, "epsilon": 2.0}, step=1)
     line = next_steps(uri, "ui")
-    found = re.search(r"then open (http://127\.0\.0\.1:5000/\S+)", line)
+    found = re.search(
+        r"dpsweep-ui --experiment ui --tracking-uri \S+, which opens (http://127\.0\.0\.1:5000/\S+)", line
+    )
     assert found is not None, line
     port = _free_port()
-    server = _serve(uri, port, tmp_path / "server.log")
+    ui, page = _serve(uri, port, tmp_path / "ui.log")  # the latest run's experiment: the one next_steps names
     try:
-        page = found.group(1).replace(":5000/", f":{port}/")
+        assert page == found.group(1).replace(":5000/", f":{port}/")
         text = visible_text(browser_dom(chromium, page))
     finally:
-        server.terminate()
-        server.wait(timeout=60)
+        ui.send_signal(signal.SIGINT)  # Ctrl-C: the server stops with it
+        assert ui.wait(timeout=60) == 0, (tmp_path / "ui.log").read_text()[-3000:]
+    with pytest.raises(ConnectionRefusedError):  # no server left behind
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    # SIGTERM (kill) stops it and the whole server too: MLflow's web server and job consumers are
+    # processes of their own, which outlived a plain terminate of `mlflow ui`
+    ui, _ = _serve(uri, port, tmp_path / "ui2.log")
+    server = psutil.Process(ui.pid).children()[0]
+    family = [server, *server.children(recursive=True)]
+    assert len(family) > 1, [p.cmdline() for p in family]
+    ui.terminate()
+    assert ui.wait(timeout=60) == 128 + signal.SIGTERM
+    assert not [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     lines = text.splitlines()
     assert lines[0] == "Runs - Experiment 1 - MLflow", text[:500]  # the runs tab, of the experiment
     assert "digits-cnn-seed0" in lines and "digits-cnn-seed1" in lines, text[:2000]
@@ -71,3 +78,23 @@ def test_the_page_dpsweep_names_opens_on_the_experiments_training_runs(tmp_path:
 
     experiment = MlflowClient(uri).get_experiment_by_name("ui")
     assert experiment is not None and experiment.tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+
+
+def test_dpsweep_ui_refuses_bad_input_before_serving(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with tracked_run(TrackingConfig(uri, "ui", run_name="one")) as run:
+        run.log_metrics({"test_accuracy": 0.5}, step=1)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        cases = [
+            (["--tracking-uri", f"sqlite:///{tmp_path / 'none.db'}"], "--tracking-uri='sqlite:///"),
+            (["--tracking-uri", uri, "--experiment", "nope"], "--experiment='nope' is invalid: an experiment of"),
+            (["--tracking-uri", uri, "--port", str(taken)], f"--port={taken} is invalid: a port nothing listens on"),
+            (["--tracking-uri", "s3://bucket/x"], "--tracking-uri='s3://bucket/x' is invalid"),
+        ]
+        for args, message in cases:
+            done = run_script("dpsweep-ui", *args, "--no-browser", cwd=tmp_path, timeout=120)
+            assert done.returncode == 2 and message in done.stderr, (args, done.stdout, done.stderr)
+            assert "Traceback" not in done.stderr and "the runs:" not in done.stdout

@@ -1,0 +1,153 @@
+"""``dpsweep-ui``: MLflow's UI on a local store, opened on an experiment's training runs.
+
+    dpsweep-ui                                  # ./mlflow.db, the experiment of the latest run
+    dpsweep-ui --experiment grid --port 5001    # another experiment, another port
+    dpsweep-ui --tracking-uri http://mlflow:5000 --no-browser   # a server's page: printed, nothing served
+
+It serves the store with ``mlflow ui`` on 127.0.0.1 (loopback only), waits until it answers, then
+prints the experiment's page and opens it in the default browser where there is one. The page asks
+for MLflow 3's model-training view (``workflowType=machine_learning``), where the runs table is,
+instead of its GenAI overview (see ``dpsweep.tracking.ui_url``). Ctrl-C stops the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import webbrowser
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+from urllib.parse import urlparse
+
+from dpsweep.cli.errors import exits_on_bad_input
+from dpsweep.cli.options import add_tracking_uri
+from dpsweep.errors import InputError
+from dpsweep.process.shutdown import run_then_exit
+
+HOST = "127.0.0.1"
+START_S = 120.0  # how long `mlflow ui` may take to answer /health (it imports MLflow's server first)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dpsweep-ui", description=__doc__.split("\n")[0])
+    add_tracking_uri(p)
+    p.add_argument("--experiment", metavar="NAME", help="the experiment to open (default: that of the latest run)")
+    p.add_argument("--port", type=int, default=5000, help="the port to serve on, on 127.0.0.1 (default 5000)")
+    p.add_argument("--no-browser", action="store_true", help="print the page, do not open a browser")
+    return p
+
+
+@exits_on_bad_input("dpsweep-ui")
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    uri = args.tracking_uri
+    scheme = urlparse(uri).scheme
+    if scheme not in ("sqlite", "file", "", "http", "https"):
+        raise InputError(
+            "--tracking-uri", uri, "a local store (sqlite:///mlflow.db, a folder) or an MLflow server's URL"
+        )
+    local = scheme not in ("http", "https")
+    where = Path(uri[len("sqlite:///") :] if scheme == "sqlite" else urlparse(uri).path)
+    if local and not where.exists():
+        raise InputError("--tracking-uri", uri, f"a store that exists ({where.absolute()} does not): run dpsweep first")
+    if not 0 < args.port < 65536:
+        raise InputError("--port", args.port, "a TCP port, 1 to 65535")
+    from dpsweep.tracking import ui_url
+    from dpsweep.tracking.store import latest_experiment, open_client  # MLflow: after the arguments parse
+
+    client = open_client(uri)
+    if args.experiment is not None:
+        found = client.get_experiment_by_name(args.experiment)
+        if found is None:
+            names = ", ".join(e.name for e in client.search_experiments()) or "none"
+            raise InputError("--experiment", args.experiment, f"an experiment of {uri} (it holds: {names})")
+        experiment_id = found.experiment_id
+    else:
+        experiment_id = latest_experiment(client)
+    if not local:  # a server: its UI is already served
+        return _show(ui_url(uri, experiment_id), args.no_browser)
+    if not _free(args.port):
+        raise InputError("--port", args.port, f"a port nothing listens on at {HOST} (another mlflow ui?)")
+    # Its output is the user's (the server's log, on this terminal). Its own session: MLflow starts its
+    # web server and job consumers as processes of their own, and the whole group is stopped with it,
+    # on Ctrl-C, on SIGTERM (kill) and on SIGHUP (the terminal closed) alike.
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, _exit_on)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", HOST, "--port", str(args.port)],
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        _wait_for(server, args.port)
+        _show(ui_url(f"http://{HOST}:{args.port}", experiment_id), args.no_browser)
+        print("dpsweep-ui: Ctrl-C stops the server", flush=True)
+        return server.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        _stop(server)
+
+
+def _exit_on(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _stop(server: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the server's process group, SIGKILL to what is left of it after 10 s."""
+    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, sig)
+        try:
+            server.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        with contextlib.suppress(ProcessLookupError):  # the web server it started, if it outlived it
+            os.killpg(server.pid, signal.SIGKILL)
+        return
+
+
+def _show(url: str, no_browser: bool) -> int:
+    print(f"dpsweep-ui: the runs: {url}", flush=True)
+    if not no_browser:
+        webbrowser.open(url)  # False (nothing opened) where there is no browser: the line above says where
+    return 0
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def _wait_for(server: subprocess.Popen[bytes], port: int) -> None:
+    deadline = time.monotonic() + START_S
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"mlflow ui ended with exit code {server.returncode} before it answered")
+        try:
+            with urllib.request.urlopen(f"http://{HOST}:{port}/health", timeout=2):
+                return
+        except OSError:
+            time.sleep(0.25)
+    raise RuntimeError(f"mlflow ui did not answer on port {port} within {START_S:g} s")
+
+
+def console() -> NoReturn:
+    """The console script: ``main``, then the process ends without the interpreter's teardown
+    (``dpsweep.process.shutdown``)."""
+    run_then_exit(main, "dpsweep-ui")
+
+
+if __name__ == "__main__":
+    console()
