@@ -64,7 +64,7 @@ def test_no_generic_top_level_module_leaks(wheel_names: set[str]) -> None:
 
 
 COMMANDS = {"dpsweep": "train", "dpsweep-plan": "plan", "dpsweep-epsilon": "epsilon", "dpsweep-report": "report",
-            "dpsweep-memory": "memory", "dpsweep-runs": "runs"}  # fmt: skip
+            "dpsweep-memory": "memory", "dpsweep-runs": "runs", "dpsweep-ui": "ui"}  # fmt: skip
 
 
 def test_console_scripts_are_the_cli_modules(wheel_names: set[str]) -> None:
