@@ -1,6 +1,6 @@
 # dpsweep's two commands (Python >= 3.11; no GPU, no internet beyond the package registry):
 #   make demo   # set up .venv, then run the main job: DP on/off x two noise levels on digits
-#   make test   # set up .venv, then run lint, type checks, the strict docs build and the test suite
+#   make test   # set up .venv, then run lint, type checks, the strict docs build and the tests (not -m slow/cluster)
 # Both create .venv on first use and reuse it afterwards (re-installed when pyproject.toml changes).
 
 PYTHON ?= python3
@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint docs docs-serve ui clean
+.PHONY: setup demo test test-fast test-slow test-all lint docs docs-serve ui clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,17 +28,29 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/python .ci/lint_imports.py
 
-# 3 workers: the scheduler and subprocess tests mostly wait; each scheduler's tests share one worker.
+# Three tiers, by pytest marker (pyproject.toml):
+#   make test       lint, docs, and every test not marked slow or cluster: under 8 minutes on 2 cores
+#   make test-fast  the same tests without lint and docs: the edit-test loop
+#   make test-slow  the rest: -m slow (training in subprocesses, sweeps, studies, probes, the browser)
+#                   and -m cluster (real Slurm, Grid Engine, PostgreSQL), about 25 minutes on 2 cores
+#   make test-all   all three; CI (.ci/run) runs make test, then make test-slow
 # One torch thread per process, so that parallel tests do not oversubscribe the cores.
 # --no-loadscope-reorder: tests are handed out in tests/conftest.py's order, the longest first.
-# --durations=15: the slowest tests, printed at the end, to keep the whole under its 8-minute target.
-test: lint docs
-	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/pytest -n 3 --dist loadgroup --no-loadscope-reorder --durations=15
+# --durations=15: the slowest tests, printed at the end, to keep each tier within its time.
+PYTEST := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/pytest --dist loadgroup --no-loadscope-reorder
+QUICK  := -m "not cluster and not slow"
 
-# The edit-test loop (about 2.5 minutes): unit and in-process tests, without lint, the real schedulers
-# (-m cluster) or anything slow (-m slow: training in subprocesses, sweeps, studies, probes).
+test: lint docs
+	$(PYTEST) -n 2 $(QUICK) --durations=15
+
 test-fast: $(STAMP)
-	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/pytest -n 2 --dist loadgroup --no-loadscope-reorder -m "not cluster and not slow"
+	$(PYTEST) -n 2 $(QUICK)
+
+# 3 workers: the scheduler and subprocess tests mostly wait; each scheduler's tests share one worker.
+test-slow: $(STAMP)
+	$(PYTEST) -n 3 -m "slow or cluster" --durations=15
+
+test-all: test test-slow
 
 # The documentation site (MkDocs + Material, pages in docs/src/), built with warnings as errors into
 # docs/site/ (ignored by git). docs/hooks.py generates the config reference from the schema and the

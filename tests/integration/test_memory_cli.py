@@ -292,6 +292,7 @@ GPU_DATA = REPO / "analysis" / "data"
 
 
 @pytest.mark.parametrize("outcomes", ["gpu_oom_h100.json", "gpu_oom_h200.json"])
+@pytest.mark.slow
 def test_largest_pass_predicted_from_the_h100_probes_ran_and_is_tight(tmp_path: Path, outcomes: str) -> None:
     """``dpsweep-memory predict`` on a fit of the committed H100 probes, for the configs that
     benchmarks/oom_check.py ran on an H100 and on an H200 (analysis/data/gpu_oom_*.json: which exact

@@ -91,6 +91,7 @@ def _cnn_model(folder: Path) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_dpsweep_plan_shows_the_k_auto_picks_from_the_predicted_peaks(tmp_path: Path) -> None:
     """A budget made for exactly 3 trials of the predicted peak (plus a context each beyond the first):
     auto picks K = 3, and dpsweep-plan says how many device jobs the sweep takes."""

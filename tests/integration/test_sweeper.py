@@ -277,6 +277,7 @@ def test_the_failure_policy_waits_for_min_jobs_then_names_the_rate() -> None:
     assert session.failure_rate(3, 4, "trials") == "3 of 4 trials failed (75% > sweep.max_failure_rate=50%)"
 
 
+@pytest.mark.slow
 def test_memory_model_problems_stop_a_sweep_before_any_job(tmp_path: Path) -> None:
     import pandas as pd
 

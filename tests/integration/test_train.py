@@ -113,6 +113,7 @@ def vgg_runs(tmp_path_factory: pytest.TempPathFactory) -> VggRuns:
 
 
 @DP_RUN
+@pytest.mark.slow
 def test_dp_run_logs_exactly_the_documented_params(dp_run: tuple) -> None:  # type: ignore[type-arg]
     result, client, exp, flat = dp_run
     [run] = runs_of(client, exp)
@@ -361,6 +362,7 @@ def test_target_epsilon_calibrates_and_logs_sigma(
     assert 2.0 - 0.01 <= result.epsilon <= 2.0  # type: ignore[operator]
 
 
+@pytest.mark.slow
 def test_eval_every_evaluates_its_epochs_and_the_last_and_changes_nothing_else(
     make_cfg: Composer, client: MlflowClient, experiment_name: str
 ) -> None:
@@ -461,6 +463,7 @@ def test_every_grad_sample_mode_clips_per_sample_gradients_to_c(mode: GradSample
 
 
 @SEED2
+@pytest.mark.slow
 def test_physical_batches_change_memory_not_results(make_cfg: Composer, seed2_run: TrainResult) -> None:
     """BatchMemoryManager (DP) and split passes (non-DP): same steps, loss, accuracy and ε."""
     for dp in ("dpsgd", "off"):
@@ -544,6 +547,7 @@ def test_train_accepts_the_typed_config(make_cfg: Composer) -> None:
     assert train(cfg).n_train == 1437
 
 
+@pytest.mark.slow
 def test_memory_model_and_gpu_memory_choose_the_physical_batch(
     make_cfg: Composer, client: MlflowClient, experiment_name: str, tmp_path: Path
 ) -> None:
@@ -644,6 +648,7 @@ def test_a_run_with_a_tiny_sigma_reports_rdp_and_says_why_pld_and_prv_are_not_co
     assert set(bill["not_computed"]) == {"pld", "prv"} and bill["epsilon"] == {"rdp": result.epsilon}
 
 
+@pytest.mark.slow
 def test_a_run_that_diverges_is_tagged_with_why_and_one_that_learns_is_not(
     make_cfg: Composer, client: MlflowClient, experiment_name: str
 ) -> None:

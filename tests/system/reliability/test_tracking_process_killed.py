@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 from helpers import child_runs
 from mlflow.tracking import MlflowClient
 
@@ -24,6 +25,7 @@ def tracking_child(run: subprocess.Popen[str]) -> psutil.Process:
     return child
 
 
+@pytest.mark.slow
 def test_a_killed_tracking_process_loses_no_metric(tmp_path: Path) -> None:
     args = ["train.epochs=4", "tracking.log_model=false", "tracking.experiment_name=dpsweep"]
     run = subprocess.Popen(

@@ -430,6 +430,7 @@ def test_formula_shows_units(exact: core.MemoryModel) -> None:
     assert mm.formula(exact, "model_load_bytes", "least_squares") == "model_load ≈ 12 MiB + 4 B × trainable_params"
 
 
+@pytest.mark.slow
 def test_residual_plot_writes_a_png(noisy: tuple[pd.DataFrame, core.MemoryModel], tmp_path: Path) -> None:
     _, model = noisy
     assert model.cv_predictions is not None

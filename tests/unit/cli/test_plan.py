@@ -37,6 +37,7 @@ def test_sweeper_params_of_a_preset_come_first_and_the_command_line_wins(hydra_c
     assert len(expand_sweep(["experiment=demo", "dp.noise_multiplier=1.0"])) == 2
 
 
+@pytest.mark.slow
 def test_expand_gives_the_jobs_hydras_basic_sweeper_launches(hydra_ctx: None, tmp_path: Path) -> None:
     """Sweeper params, a range, a choice and a ``+key``: the jobs Hydra's own sweeper launches, in its order."""
     from hydra import compose

@@ -110,6 +110,7 @@ def test_plots_are_valid_pngs(tmp_path: Path, capsys: pytest.CaptureFixture[str]
             assert round(img.info["dpi"][0]) == 300
 
 
+@pytest.mark.slow
 def test_vector_plots_embed_truetype_fonts(tmp_path: Path) -> None:
     """--plot-format pdf: vector figures whose fonts are TrueType (Type 42), not the Type 3 that
     matplotlib embeds by default and that publishers' checks reject (issue 33, item 8)."""
@@ -284,6 +285,7 @@ def test_commands_import_nothing_heavy_before_work(module: str, heavy: tuple[str
         "from dpsweep.cli.plan import main; main(['experiment=demo'])",
     ],
 )
+@pytest.mark.slow
 def test_an_epsilon_query_and_a_plan_of_digits_import_no_torch(call: str) -> None:
     """Accounting is torch-free (issue 14): an ε query and planning the demo compute without torch or Opacus."""
     import subprocess

@@ -122,7 +122,7 @@ def test_unknown_accountant_lists_valid_ones() -> None:
         epsilon(poisson_schedule(100, 10), 1.0, 1e-3, epochs=1, accounting=Accounting(conversion="tight"))
 
 
-@pytest.mark.parametrize("accountant", ["rdp", "prv", "pld"])
+@pytest.mark.parametrize("accountant", ["rdp", "prv", pytest.param("pld", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("target", [1.0, 3.0, 8.0])
 def test_calibration_lands_just_under_target(accountant: str, target: float) -> None:
     schedule = poisson_schedule(1437, 64)

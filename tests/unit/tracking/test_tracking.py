@@ -146,6 +146,7 @@ def test_a_private_run_logs_every_system_metric_but_gpu_memory(client: MlflowCli
     assert gpu_memory == expected, logged
 
 
+@pytest.mark.slow
 def test_a_store_creation_killed_part_way_leaves_no_broken_database(tmp_path: Path) -> None:
     """A process killed while MLflow builds a new sqlite store (a refused sweep's exit that stops
     waiting on a loaded machine, a Ctrl-C) leaves no half-migrated ``mlflow.db``: the next opening

@@ -40,6 +40,7 @@ def in_child(child: Child, monkeypatch: pytest.MonkeyPatch) -> Child:
     return child
 
 
+@pytest.mark.slow
 def test_a_call_answers_plain_data_and_posts_run_in_order(mlflow_uri: str, experiment_name: str, child: Child) -> None:
     child.call("ensure_experiments", {(mlflow_uri, experiment_name)})
     tracking = TrackingConfig(uri=mlflow_uri, experiment_name=experiment_name)
@@ -130,6 +131,7 @@ def own_children(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tracking_service, "_RESTARTS", 0)
 
 
+@pytest.mark.slow
 def test_a_dead_child_is_reported_and_replaced(
     own_children: None, mlflow_uri: str, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -147,6 +149,7 @@ def test_a_dead_child_is_reported_and_replaced(
     assert second.process.returncode is not None
 
 
+@pytest.mark.slow
 def test_posts_a_killed_child_had_not_run_are_sent_again_and_the_run_ends_finished_with_all(
     own_children: None, mlflow_uri: str, experiment_name: str, client: MlflowClient, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -172,6 +175,7 @@ def test_posts_a_killed_child_had_not_run_are_sent_again_and_the_run_ends_finish
     assert f"pid {first.process.pid}) ended with exit code -9; started another" in capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_kept_posts_are_forgotten_once_confirmed_and_a_metrics_start_until_its_stop(
     own_children: None, mlflow_uri: str, experiment_name: str
 ) -> None:
@@ -190,6 +194,7 @@ def test_kept_posts_are_forgotten_once_confirmed_and_a_metrics_start_until_its_s
     child.close()
 
 
+@pytest.mark.slow
 def test_a_run_is_not_begun_twice_and_the_service_gives_up_after_its_restart_limit(
     own_children: None, monkeypatch: pytest.MonkeyPatch, mlflow_uri: str, experiment_name: str
 ) -> None:
@@ -212,6 +217,7 @@ def test_a_run_is_not_begun_twice_and_the_service_gives_up_after_its_restart_lim
         second.flush()
 
 
+@pytest.mark.slow
 def test_closing_waits_for_what_was_posted(mlflow_uri: str, experiment_name: str, client: MlflowClient) -> None:
     process = Child()
     tracking = TrackingConfig(uri=mlflow_uri, experiment_name=experiment_name)
@@ -248,6 +254,7 @@ def test_released_copy_has_no_opacus_hooks_or_per_sample_state() -> None:
     assert model._forward_hooks or any(m._forward_hooks for m in model.modules())  # the original keeps them
 
 
+@pytest.mark.slow
 def test_a_runs_process_never_imports_mlflow(tmp_path: Path) -> None:
     """The point of the tracking process: a whole run (its model logged) in a process without MLflow."""
     script = (
