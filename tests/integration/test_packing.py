@@ -112,6 +112,10 @@ def test_dpsweep_plan_shows_the_k_auto_picks_from_the_predicted_peaks(tmp_path: 
         f"trials per device: 3 (auto: the most whose predicted peaks fit {budget}B together); "
         "6 jobs to run take 2 device jobs" in proc.stdout
     ), proc.stdout + proc.stderr
+    # auto with a memory model but no budget to fit the trials in: refused before any job, naming the key
+    unbounded = [arg for arg in plan if not arg.startswith("launcher.gpu_memory=")]
+    proc = subprocess.run(unbounded, capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2 and "launcher.gpu_memory=None is invalid: the GPU memory" in proc.stderr, proc.stderr
 
 
 @pytest.mark.slow
