@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -42,6 +43,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.text import Annotation
 from matplotlib.ticker import MaxNLocator
 
 from dpsweep.analysis.report.build import Report
@@ -118,14 +120,49 @@ def _privacy_label(rows: pd.DataFrame) -> str:
     return f"ε (final; accountants {', '.join(accountants)}; δ {', '.join(deltas)}: not comparable)"
 
 
-def _baselines(ax: Axes, baseline: pd.DataFrame, labels: pd.Series) -> None:
-    """The non-private rows as horizontal lines; beyond MAX_BASELINES, only the most accurate."""
+def _baselines(ax: Axes, baseline: pd.DataFrame, labels: pd.Series) -> list[float]:
+    """The non-private rows as horizontal lines; beyond MAX_BASELINES, only the most accurate. Returns
+    the accuracies (%) the lines are drawn at."""
     rows = baseline.dropna(subset=["test_accuracy_mean"]).sort_values("test_accuracy_mean", ascending=False)
+    drawn = []
     for i, (_, row) in enumerate(rows.head(MAX_BASELINES if len(rows) <= MAX_BASELINES else 1).iterrows()):
         acc = row["test_accuracy_mean"] * PERCENT
         name = labels.get(row["config_id"], "non-private")
         name = name if len(rows) <= MAX_BASELINES else f"best of {len(rows)} non-private rows ({name})"
         ax.axhline(acc, color="black", linestyle="--", linewidth=1, alpha=0.8 - 0.2 * i, label=f"{name}: {acc:.1f}%")
+        drawn.append(float(acc))
+    return drawn
+
+
+# Where a point's label goes (offset from the point, in points) when its first place crosses a baseline
+# line: above the point, staggered, then below it. A label over the dashed line is hard to read in print.
+LABEL_OFFSETS_PT = ((4, 6), (4, 15), (4, 24), (4, -14), (4, -23), (4, -32))
+
+
+def _crosses(note: Annotation, renderer: Any, lines_px: list[float]) -> bool:
+    box = note.get_window_extent(renderer)
+    return any(box.y0 <= y <= box.y1 for y in lines_px)
+
+
+def _clear_of_baselines(fig: Figure, levels: dict[Axes, list[float]]) -> None:
+    """Move each point label that crosses a baseline line (``levels``: the lines' accuracies per axes)
+    to the first offset of :data:`LABEL_OFFSETS_PT` where it crosses none, once the figure is laid out
+    as :func:`save` lays it out."""
+    fig.tight_layout()
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    for ax, accuracies in levels.items():
+        lines_px = [float(ax.transData.transform((0.0, y))[1]) for y in accuracies]
+        for note in [t for t in ax.texts if isinstance(t, Annotation)]:
+            if not _crosses(note, renderer, lines_px):
+                continue
+            first = note.xyann
+            for offset in LABEL_OFFSETS_PT:
+                note.xyann = offset
+                if not _crosses(note, renderer, lines_px):
+                    break
+            else:
+                note.xyann = first
 
 
 def pareto_figure(table: pd.DataFrame) -> Figure:
@@ -138,6 +175,7 @@ def pareto_figure(table: pd.DataFrame) -> Figure:
     colors = _mechanism_colors(table) if kinds else {}
     panels = block_panels(table)
     fig, axes = figure_grid(len(panels))
+    levels: dict[Axes, list[float]] = {}  # the baseline lines' accuracies (%) per panel
     for ax, (title, rows) in zip(axes, panels, strict=True):
         dp = rows[rows["private"] & rows["epsilon"].notna() & rows["test_accuracy_mean"].notna()]
         if kinds:
@@ -161,13 +199,14 @@ def pareto_figure(table: pd.DataFrame) -> Figure:
                 ax.annotate(labels.get(row["config_id"], ""), xy, textcoords="offset points",
                             xytext=(4, 6 + 9 * (shown % 3)), fontsize=7, color="crimson")  # fmt: skip
                 shown += 1
-        _baselines(ax, rows[~rows["private"]], labels)
+        levels[ax] = _baselines(ax, rows[~rows["private"]], labels)
         log_scale_if_wide(ax, list(dp["epsilon"]))
         ax.set_xlabel(_privacy_label(dp if not dp.empty else rows) + (_unit_label(dp) if kinds else ""))
         ax.set_ylabel(_score_label(rows))
         ax.set_title(f"{title}: privacy–accuracy trade-off", fontsize=10)
         ax.grid(alpha=0.3)
         legend_outside(ax)
+    _clear_of_baselines(fig, levels)
     return fig
 
 

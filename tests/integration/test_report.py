@@ -626,6 +626,28 @@ def test_pareto_front_keeps_only_undominated_private_rows(
     assert list(memory.columns[1:7]) == list(rep.MEMORY_STAGES) and len(memory) == 6
 
 
+def test_no_point_label_of_the_pareto_plot_crosses_the_baseline_line(
+    mlflow_uri: str, experiment_name: str, client: MlflowClient
+) -> None:
+    """Issue 33, item 8: points just under the non-private line had their labels drawn over it."""
+    from matplotlib.text import Annotation
+
+    from dpsweep.analysis.report import plots as rp
+
+    # the front is σ=1 alone, 1 point under the line at 80%: the label's first place (6 pt above) crosses it
+    for sigma, (eps, acc) in {"1.0": (1.0, 0.79), "2.0": (2.0, 0.50)}.items():
+        log_run(client, experiment_name, DP | {"dp.noise_multiplier": sigma}, {"test_accuracy": acc, "epsilon": eps})
+    log_run(client, experiment_name, OFF, {"test_accuracy": 0.80})
+    fig = rp.pareto_figure(rep.build_report(mlflow_uri, experiment_name).table)
+    [ax] = fig.axes
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    line = float(ax.transData.transform((0.0, 80.0))[1])
+    [note] = [t for t in ax.texts if isinstance(t, Annotation)]  # one label per point of the front
+    box = note.get_window_extent(renderer)
+    assert not box.y0 <= line <= box.y1, (note.get_text(), box, line)
+    assert note.xyann != rp.LABEL_OFFSETS_PT[0]  # moved from its first place
+
+
 def test_the_memory_table_reads_runs_logged_before_the_memory_prefix(
     mlflow_uri: str, experiment_name: str, client: MlflowClient
 ) -> None:
