@@ -122,7 +122,10 @@ def _show(url: str, no_browser: bool) -> int:
 
 
 def _free(port: int) -> bool:
+    """Whether nothing listens on ``port``. With SO_REUSEADDR, as the server binds: connections of an
+    earlier server that still linger in TIME_WAIT (a UI just stopped and started again) do not count."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((HOST, port))
         except OSError:
