@@ -16,6 +16,7 @@ from helpers import BIN, browser_dom, chromium_path, run_script, visible_text
 
 from dpsweep.config import TrackingConfig
 from dpsweep.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, next_steps, tracked_run
+from dpsweep.tracking.store import open_client
 
 pytestmark = pytest.mark.slow
 
@@ -84,6 +85,8 @@ def test_dpsweep_ui_refuses_bad_input_before_serving(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     with tracked_run(TrackingConfig(uri, "ui", run_name="one")) as run:
         run.log_metrics({"test_accuracy": 0.5}, step=1)
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    open_client(empty)  # a store without a run: no page to open by default
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -93,6 +96,10 @@ def test_dpsweep_ui_refuses_bad_input_before_serving(tmp_path: Path) -> None:
             (["--tracking-uri", uri, "--experiment", "nope"], "--experiment='nope' is invalid: an experiment of"),
             (["--tracking-uri", uri, "--port", str(taken)], f"--port={taken} is invalid: a port nothing listens on"),
             (["--tracking-uri", "s3://bucket/x"], "--tracking-uri='s3://bucket/x' is invalid"),
+            (
+                ["--tracking-uri", empty],
+                "--experiment=None is invalid: the name of an experiment: the store holds no run",
+            ),
         ]
         for args, message in cases:
             done = run_script("dpsweep-ui", *args, "--no-browser", cwd=tmp_path, timeout=120)
