@@ -28,6 +28,7 @@ Every figure is written to ``--json`` with the device's name, driver and torch v
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -45,17 +46,21 @@ BIG = ["dataset.image_size=224", "model.hidden_units=512", "train.batch_size=64"
 BIG_GRID = ["dp.noise_multiplier=0.8,1.2", "train.seed=0,1,2"]  # 6 trials
 QUIET = ["train.progress=false", "tracking.log_model=false"]
 THROUGHPUT_GOAL = 5.0
+LAST_SWEEP: dict[str, float] = {}
+SUBMITIT_STAMP = re.compile(r"submitit \w+ \((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\) - (Starting with|Exiting after)")
 
 
 def dpsweep(folder: Path, *overrides: str) -> tuple[float, list[dict[str, Any]], str]:
-    """One sweep in ``folder`` (its own sqlite store): wall seconds, its runs, and its output."""
+    """One sweep in ``folder`` (its own sqlite store): wall seconds, its runs, and its output. The
+    sweep's start and end (epoch seconds) are in ``LAST_SWEEP``, for :func:`phases`."""
     uri = f"sqlite:///{folder}/mlflow.db"
     command = [sys.executable, "-m", "dpsweep", "-m", "launcher=local", "launcher.max_parallel=1",
                "launcher.gpus_per_job=1", *QUIET, f"tracking.uri={uri}", f"hydra.sweep.dir={folder}/multirun",
                *overrides]  # fmt: skip
-    t0 = time.perf_counter()
+    t0, started = time.perf_counter(), time.time()
     proc = subprocess.run(command, cwd=folder, capture_output=True, text=True)
     wall = time.perf_counter() - t0
+    LAST_SWEEP.update(start=started, end=started + wall)
     out = proc.stdout + proc.stderr
     if proc.returncode not in (0, 1):  # 1: some trial failed (the OOM section expects that)
         raise SystemExit(f"dpsweep exited {proc.returncode}:\n{out}")
@@ -70,9 +75,45 @@ def runs(uri: str) -> list[dict[str, Any]]:
     found = client.search_runs([experiment.experiment_id]) if experiment else []
     return [{
         "run_id": r.info.run_id, "status": r.info.status, "seconds": (r.info.end_time - r.info.start_time) / 1e3,
+        "start": r.info.start_time / 1e3, "end": r.info.end_time / 1e3,
         "device_sharing": r.data.tags.get("device.sharing"), "error": r.data.tags.get("error", "")[:300],
         "test_accuracy": r.data.metrics.get("test_accuracy"), "epsilon": r.data.metrics.get("epsilon"),
     } for r in found if r.info.end_time and r.data.tags.get("sweep.role") != "parent"]  # fmt: skip
+
+
+def phases(folder: Path, found: list[dict[str, Any]]) -> dict[str, float]:
+    """Where the last sweep's wall time went, in seconds (the parts add up to its wall time): the driver
+    before its first job and after its last, the gaps between jobs (submitting, polling), and within
+    each job (submitit's log stamps its start and end) the time to its first run's start (processes,
+    imports, config, store), its runs (first start to last end) and after its last run. Also the
+    median time from a job's start to each of its runs' starts."""
+    from datetime import datetime
+
+    jobs = []
+    for log in sorted((folder / "multirun/.submitit").glob("*/*_log.out")):
+        stamps = {m[2]: datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                  for m in SUBMITIT_STAMP.finditer(log.read_text())}  # fmt: skip
+        if len(stamps) == 2:
+            jobs.append((stamps["Starting with"], stamps["Exiting after"]))
+    jobs.sort()
+    if not jobs or not found:
+        return {}
+    out = {"driver_before_first_job_s": jobs[0][0] - LAST_SWEEP["start"],
+           "between_jobs_s": sum(b[0] - a[1] for a, b in itertools.pairwise(jobs)),
+           "driver_after_last_job_s": LAST_SWEEP["end"] - jobs[-1][1],
+           "job_start_to_first_run_s": 0.0, "runs_s": 0.0, "last_run_to_job_end_s": 0.0}  # fmt: skip
+    starts: list[float] = []
+    for begin, end in jobs:
+        inside = [r for r in found if begin - 1 <= r["start"] <= end]
+        if not inside:
+            continue
+        first, last = min(r["start"] for r in inside), max(r["end"] for r in inside)
+        out["job_start_to_first_run_s"] += first - begin
+        out["runs_s"] += last - first
+        out["last_run_to_job_end_s"] += end - last
+        starts += [r["start"] - begin for r in inside]
+    out["median_job_start_to_run_s"] = sorted(starts)[len(starts) // 2] if starts else 0.0
+    return {k: round(v, 2) for k, v in out.items()}
 
 
 def environment() -> dict[str, Any]:
@@ -152,16 +193,18 @@ def throughput_section(ks: list[int], trials: int, epochs: int, save: Any = None
     for k in ks:
         with tempfile.TemporaryDirectory(prefix=f"packing-k{k}-") as d:
             wall, found, out = dpsweep(Path(d), f"launcher.trials_per_device={k}", f"train.epochs={epochs}", *grid)
+            where = phases(Path(d), found)
         finished = sum(r["status"] == "FINISHED" for r in found)
         row = {"k": k, "trials": len(found), "finished": finished, "wall_s": round(wall, 2),
                "trials_per_hour": round(finished / wall * 3600, 1),
                "median_trial_s": round(sorted(r["seconds"] for r in found)[len(found) // 2], 2) if found else None,
-               "device_sharing": sorted({str(r["device_sharing"]) for r in found})}  # fmt: skip
+               "device_sharing": sorted({str(r["device_sharing"]) for r in found}), "phases": where}  # fmt: skip
         if finished != trials:
             row["output_tail"] = out[-3000:]
         rows.append(row)
         print(f"throughput: K={k:>2}  {finished}/{len(found)} finished in {wall:7.1f} s  "
-              f"{row['trials_per_hour']:8.1f} trials/h", flush=True)  # fmt: skip
+              f"{row['trials_per_hour']:8.1f} trials/h; " + ", ".join(f"{n} {v}" for n, v in where.items()),
+              flush=True)  # fmt: skip
         if save is not None:
             save("throughput", section)  # each K as it is measured: a run cut short keeps what it measured
     base = next((r["trials_per_hour"] for r in rows if r["k"] == 1), None)
