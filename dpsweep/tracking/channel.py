@@ -373,7 +373,7 @@ def serve(
             except Exception as err:
                 conn.send((seq, False, _portable(err)))
             if op in warm_after and warm is not None:
-                threading.Thread(target=_quietly, args=(warm,), name="dpsweep-warm", daemon=True).start()
+                in_background(warm)
                 warm = None
     except BaseException:
         traceback.print_exc()
@@ -383,6 +383,11 @@ def serve(
             with contextlib.suppress(Exception):
                 stream.flush()
     os._exit(code)
+
+
+def in_background(warm: Callable[[], None]) -> None:
+    """Run ``warm`` (imports, caches) in a daemon thread of the tracking process."""
+    threading.Thread(target=_quietly, args=(warm,), name="dpsweep-warm", daemon=True).start()
 
 
 def _quietly(warm: Callable[[], None]) -> None:

@@ -11,11 +11,14 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpsweep.tracking import store
-from dpsweep.tracking.channel import serve
+from dpsweep.tracking.channel import in_background, serve
 from dpsweep.tracking.dead_runs import reconcile
+
+if TYPE_CHECKING:
+    from dpsweep.config import TrackingConfig
 
 
 def reconcile_runs(uri: str, experiment: str | None) -> list[tuple[str, str, str | None]]:
@@ -38,10 +41,23 @@ def warm_store(uri: str) -> None:
         store.source_tags()
 
 
+WARM_MODEL = False  # True in the tracking process (below); an InProcess service warms nothing
+
+
+def begin_run(cfg: TrackingConfig, *args: Any, **kwargs: Any) -> str:
+    """:func:`dpsweep.tracking.store.begin_run`; then, in the tracking process, for a run that logs
+    its model, the model's imports in a thread (:func:`warm_model`). A run that logs none never
+    imports them."""
+    run_id = store.begin_run(cfg, *args, **kwargs)
+    if cfg.log_model and WARM_MODEL:
+        in_background(warm_model)
+    return run_id
+
+
 OPS: dict[str, Callable[..., Any]] = {
     "open_store": open_store,
     "warm_store": warm_store,
-    "begin_run": store.begin_run,
+    "begin_run": begin_run,
     "end_run": store.end_run,
     "log_params": store.log_params,
     "log_metrics": store.log_metrics,
@@ -66,13 +82,24 @@ OPS: dict[str, Callable[..., Any]] = {
 
 
 def warm() -> None:
-    """What the first model and dataset logged would otherwise wait for, done in a thread once the
-    store is open: the PyTorch flavour (it imports torch), the dataset entities, and MLflow's map of
-    the installed distributions' modules (0.65 s on the 2-core development VM), which ``save_model``
-    builds to check a model's requirements, whatever ``pip_requirements`` says. That map is a
-    private function of MLflow's: where it is missing, the first model logged builds it as before."""
+    """What the first dataset logged would otherwise wait for, done in a thread once the store is open:
+    MLflow's dataset entities."""
     import mlflow.data.code_dataset_source
-    import mlflow.data.meta_dataset
+    import mlflow.data.meta_dataset  # noqa: F401
+
+
+def warm_model() -> None:
+    """What the first model logged would otherwise wait for, in a thread once its run has begun: the
+    PyTorch flavour, and MLflow's map of the installed distributions' modules (0.65 s on the 2-core
+    development VM), which ``save_model`` builds to check a model's requirements, whatever
+    ``pip_requirements`` says. That map is a private function of MLflow's: where it is missing, the
+    first model logged builds it as before.
+
+    Only for a run that logs its model (:func:`begin_run`): the flavour imports torch, and where they
+    are installed PyTorch Lightning, torchmetrics and torchvision (``mlflow.pytorch`` imports its
+    Lightning autologger). That took 10 CPU-seconds per tracking process on the H100 machine's image
+    (py-spy of a packed job of 8 trials), which K trials of a packed job paid K times over on the job's
+    cores while they started."""
     import mlflow.models
     import mlflow.pytorch  # noqa: F401
     from mlflow.utils import requirements_utils
@@ -86,4 +113,5 @@ WARM_AFTER = frozenset({"warm_store", "open_store", "begin_run"})  # the store i
 if __name__ == "__main__":
     fd, argv0 = sys.argv[1:]
     sys.argv = [argv0]
+    WARM_MODEL = True
     serve(int(fd), OPS, warm, WARM_AFTER)

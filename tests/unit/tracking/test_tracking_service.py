@@ -8,6 +8,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -275,3 +276,35 @@ def test_a_runs_process_never_imports_mlflow(tmp_path: Path) -> None:
     run = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(run_id)
     assert run.info.status == "FINISHED"
     assert run.data.tags["model.logged"] == "true" and "epsilon" in run.data.metrics
+
+
+def _maps_torch(pid: int) -> bool:
+    """Whether process ``pid`` has loaded libtorch (it imported torch)."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/<pid>/maps")
+def test_the_tracking_process_imports_the_model_flavour_only_for_a_run_that_logs_its_model(
+    mlflow_uri: str, experiment_name: str
+) -> None:
+    """mlflow.pytorch imports torch (and Lightning, torchmetrics and torchvision where installed: 10
+    CPU-seconds a process on the H100 machine's image); a packed job's K tracking processes paid it K
+    times while their trials started, for runs that log no model."""
+    waited: dict[bool, float] = {}
+    for log_model in (True, False):
+        child = Child()
+        try:
+            child.call("ensure_experiments", {(mlflow_uri, experiment_name)})
+            assert not _maps_torch(child.process.pid)  # the store opened without torch
+            tracking = TrackingConfig(uri=mlflow_uri, experiment_name=experiment_name, log_model=log_model)
+            t0 = time.monotonic()
+            child.call("begin_run", tracking, {}, None, None, "host:1:2")
+            # the run logging its model: its flavour is imported in the background; the other: still
+            # not, twice as long after (plus 2 s) as the first took to import it
+            limit = 60.0 if log_model else 2 * waited[True] + 2.0
+            while not _maps_torch(child.process.pid) and time.monotonic() - t0 < limit:
+                time.sleep(0.1)
+            waited[log_model] = time.monotonic() - t0
+            assert _maps_torch(child.process.pid) is log_model, f"log_model={log_model} after {waited[log_model]:.1f} s"
+        finally:
+            child.close()
