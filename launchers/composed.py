@@ -56,6 +56,7 @@ class ComposedJobs(ConfigLoader):
         self.bare_skeletons: dict[tuple[str, ...], DictConfig] = {}  # the same without the hydra node
         self.pickled: dict[tuple[tuple[str, ...], bool], bytes] = {}  # (groups, bare) -> the skeleton pickled
         self.parsed: dict[str, Override] = {}  # an override line -> Hydra's parse of it (a grid repeats its lines)
+        self.kinds: dict[str, bool | None] = {}  # an override line -> _is_value's answer
         self.served = 0  # configs served from kept (not composed again)
         self.composed = 0  # compositions by Hydra (skeletons and fresh ones)
 
@@ -103,11 +104,19 @@ class ComposedJobs(ConfigLoader):
 
     def _is_value(self, override: Override) -> bool | None:
         """Whether Hydra applies ``override`` to the composed config rather than to the defaults list
-        (``hydra._internal.defaults_list.Overrides``); None where that cannot be told here."""
-        repository = getattr(self.loader, "repository", None)
-        if override.is_hydra_override() or override.package is not None or repository is None:
-            return None
-        return isinstance(override.value(), dict) or not repository.group_exists(override.key_or_group)
+        (``hydra._internal.defaults_list.Overrides``); None where that cannot be told here. Each
+        distinct line is asked once (the config repository's lookup is 0.9 ms)."""
+        line = override.input_line
+        if line is None or line not in self.kinds:
+            repository = getattr(self.loader, "repository", None)
+            if override.is_hydra_override() or override.package is not None or repository is None:
+                kind = None
+            else:
+                kind = isinstance(override.value(), dict) or not repository.group_exists(override.key_or_group)
+            if line is None:
+                return kind
+            self.kinds[line] = kind
+        return self.kinds[line]
 
     def _from_skeleton(self, master: DictConfig, job: list[str], bare: bool = False) -> DictConfig | None:
         """The job's config as a copy of the composition of its group overrides, with its value
