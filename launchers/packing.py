@@ -110,8 +110,6 @@ class PackedTrials:
         from dpsweep.tracking import DEVICE_SHARING_ENV
 
         os.environ[DEVICE_SHARING_ENV] = f"{device_sharing(len(trials))}, {len(trials)} trials"
-        if os.environ.get(ENV_DRIVER):
-            die_with_driver()  # launcher=local: SIGTERM here when the sweep's driver is gone, passed on below
         work = Path(tempfile.mkdtemp(prefix="packed-", dir=self.folder))
         env = os.environ | {ENV_DRIVER: ProcessId.current().token}
         env.setdefault("OMP_NUM_THREADS", str(self.cpus_per_trial))  # K processes share the job's cores
@@ -121,6 +119,8 @@ class PackedTrials:
             path.write_bytes(cloudpickle.dumps((self.trial, args)))
             procs.append(subprocess.Popen([sys.executable, "-u", "-m", __name__, str(path)], env=env))
         previous = {s: signal.signal(s, _passing_on(procs)) for s in (signal.SIGTERM, signal.SIGINT)}
+        if os.environ.get(ENV_DRIVER):  # launcher=local: the SIGTERM sent once the sweep's driver is gone
+            die_with_driver()  # finds the handler above, which passes it on (submitit's, before it, drops it)
         try:
             while any(p.poll() is None for p in procs):
                 time.sleep(POLL_S)

@@ -3,7 +3,7 @@
     me = ProcessId.current()          # host, pid and the kernel's start time of this process
     ProcessId.parse(me.token).alive() # True; False once it has exited (a reused pid is not it); None on another host
     with heartbeat(lambda: ..., every_s=30): ...   # call a function every 30 s in a daemon thread
-    die_with_driver()                 # SIGTERM this process when the driver named by $DPSWEEP_DRIVER is gone
+    die_with_driver()                 # SIGTERM this process (again every 30 s) once $DPSWEEP_DRIVER is gone
 
 A pid alone does not identify a process: the kernel reuses them. The start time in clock ticks since
 boot (``/proc/<pid>/stat``, field 22, see proc(5)) does, on one host. Across hosts only a heartbeat
@@ -21,14 +21,17 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 ENV_DRIVER = "DPSWEEP_DRIVER"  # the token of the process a local job lives for (set by launcher=local)
-DRIVER_POLL_S = 1.0
+DRIVER_POLL_S = 1.0  # how often a job looks for its driver
+DRIVER_RESEND_S = 30.0  # how often a job whose driver is gone is sent SIGTERM again while it runs on
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -138,22 +141,45 @@ def driver_environment() -> dict[str, str]:
 DRIVER_GONE = threading.Event()  # set by die_with_driver's watch once the driver is gone
 
 
-def die_with_driver(poll_s: float = DRIVER_POLL_S) -> bool:
+def die_with_driver(poll_s: float = DRIVER_POLL_S, resend_s: float = DRIVER_RESEND_S) -> bool:
     """When ``$DPSWEEP_DRIVER`` names a process on this host, watch it in a daemon thread and send this
-    process SIGTERM once it is gone (its run then ends KILLED). Returns whether a watch started.
+    process SIGTERM once it is gone (its run then ends KILLED), then again every ``resend_s`` seconds for
+    as long as the process runs on. Returns whether a watch started.
 
     A job still starting may not be listening yet (submitit's job process logs "Bypassing signal
     SIGTERM" and goes on): :data:`DRIVER_GONE` is set first, and the run's SIGTERM handler looks at it
-    as it is installed (``dpsweep.tracking.terminate_as_interrupt``), so the job ends before training."""
+    as it is installed (``dpsweep.tracking.terminate_as_interrupt``), so the job ends before training.
+
+    One SIGTERM is not enough: it can be lost, and the job then trains on for good, racing a re-run of
+    the sweep (CI saw one train on for 11 minutes). A handler that ignores it may be the one installed
+    (submitit's, above) in a process that never looks at :data:`DRIVER_GONE`; and CPython drops the
+    exception a signal handler raises while the main thread runs a finalizer (a ``__del__``, a
+    generator closed as it is freed, a weakref callback): "Exception ignored in ..." on stderr, and
+    the interrupt is gone. Hence the repeats. ``resend_s`` is long beside the seconds a run takes to
+    end KILLED, which a second SIGTERM would cut short. An error of the watch itself is printed and
+    the watch goes on: a watch that ended would leave the job training on, as a lost signal does."""
     driver = ProcessId.parse(os.environ.get(ENV_DRIVER, ""))
     if driver is None or driver.pid == os.getpid() or driver.alive() is None:
         return False  # no driver, an inline job (the driver itself), or a driver on another host
 
     def watch() -> None:
-        while driver.alive():
-            threading.Event().wait(poll_s)
-        DRIVER_GONE.set()
-        os.kill(os.getpid(), signal.SIGTERM)
+        while _runs(driver):
+            time.sleep(poll_s)
+        DRIVER_GONE.set()  # before the signal: a SIGTERM handler installed later looks at it
+        while True:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(resend_s)
 
     threading.Thread(target=watch, name="dpsweep-driver-watch", daemon=True).start()
     return True
+
+
+def _runs(driver: ProcessId) -> bool:
+    """Whether the driver still runs, for the watch: an error asking (a race with /proc) counts as
+    running, said on stderr; the next poll asks again."""
+    try:
+        return bool(driver.alive())
+    except Exception as err:
+        print(f"dpsweep: could not tell whether the sweep's driver {driver.token} runs: {err!r}", file=sys.stderr,
+              flush=True)  # fmt: skip
+        return True

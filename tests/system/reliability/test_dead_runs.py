@@ -56,6 +56,12 @@ def second_job_started(cwd: Path) -> bool:
     return "FINISHED" in jobs and "RUNNING" in jobs
 
 
+def job_logs(cwd: Path) -> str:
+    """The last lines of each submitit job log under ``cwd`` (its stdout and stderr)."""
+    logs = sorted(cwd.glob("multirun/**/.submitit/**/*_log.*"))
+    return "\n".join(f"--- {log}:\n{log.read_text(errors='replace')[-3000:]}" for log in logs) or "(none)"
+
+
 def test_process_identity_tells_live_from_dead() -> None:
     me = ProcessId.current()
     assert ProcessId.parse(me.token) == me and me.alive() is True
@@ -116,7 +122,10 @@ def test_local_jobs_die_with_their_driver_and_a_rerun_makes_no_duplicate(tmp_pat
         driver.wait(timeout=60)
     process = ProcessId.parse(job[PROCESS_TAG])
     assert process is not None
-    wait_for(lambda: process.alive() is False, 60, "the job to end with its driver")
+    try:  # its watch sends SIGTERM within a second, and again every 30 s (liveness.DRIVER_RESEND_S)
+        wait_for(lambda: process.alive() is False, 60, "the job to end with its driver")
+    except AssertionError as err:
+        raise AssertionError(f"{err}; the job's logs:\n{job_logs(tmp_path)}") from None
     wait_for(
         lambda: any(s == "KILLED" and t.get("sweep.role") != "parent" for s, t in statuses(tmp_path).values()),
         30, "the job's run to end KILLED",
