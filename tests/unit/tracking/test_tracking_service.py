@@ -283,6 +283,7 @@ def _maps_torch(pid: int) -> bool:
     return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
 
 
+@pytest.mark.slow  # 13.5 s on an idle 2-core VM: two tracking processes, one of which imports torch
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/<pid>/maps")
 def test_the_tracking_process_imports_the_model_flavour_only_for_a_run_that_logs_its_model(
     mlflow_uri: str, experiment_name: str
