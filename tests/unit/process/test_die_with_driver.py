@@ -40,10 +40,20 @@ def token(proc: subprocess.Popen[bytes]) -> str:
     return ProcessId(ProcessId.current().host, proc.pid, start_ticks(proc.pid), pid_namespace()).token
 
 
-def start_job(script: str, driver: subprocess.Popen[bytes], tmp_path: Path) -> subprocess.Popen[str]:
-    """``script`` as a job of ``driver``; it prints ``ready`` once its driver may be killed."""
+TRAINS_ON = f"""
+try:  # the job's training: exit 0 once interrupted, 3 if it trains on to the end
+    time.sleep({TRAINS_ON_S})
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(0)
+sys.exit(3)
+"""
+
+
+def start_job(script: str, driver: subprocess.Popen[bytes], tmp_path: Path, then: str = "") -> subprocess.Popen[str]:
+    """``script`` (then ``then``) as a job of ``driver``; it prints ``ready`` once its driver may be killed."""
     path = tmp_path / "job.py"
-    path.write_text(textwrap.dedent(script))
+    path.write_text(textwrap.dedent(script) + then)
     env = os.environ | {ENV_DRIVER: token(driver), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, str(path)], env=env, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)  # fmt: skip
@@ -95,15 +105,10 @@ def test_a_job_whose_first_sigterm_is_lost_in_a_finalizer_still_ends(
         assert die_with_driver(poll_s=0.05, resend_s=0.5)
         Finalized()  # freed at once: its __del__ runs in the main thread
         print("training", flush=True)
-        try:
-            time.sleep({TRAINS_ON_S})
-        except KeyboardInterrupt:
-            print("interrupted", flush=True)
-            sys.exit(0)
-        sys.exit(3)
         """,
         driver,
         tmp_path,
+        then=TRAINS_ON,
     )
     started = time.monotonic()
     out = kill_when_ready(job, driver)
@@ -115,7 +120,7 @@ def test_a_job_whose_first_sigterm_is_lost_in_a_finalizer_still_ends(
 def test_an_error_of_the_watch_does_not_end_it(driver: subprocess.Popen[bytes], tmp_path: Path) -> None:
     """An error asking whether the driver runs (a race with /proc) is said on stderr; the watch goes on."""
     job = start_job(
-        f"""
+        """
         import signal, sys, time
         from dpsweep.process import liveness
 
@@ -129,7 +134,7 @@ def test_an_error_of_the_watch_does_not_end_it(driver: subprocess.Popen[bytes], 
             return alive(self)
 
         def interrupt(signum, frame):
-            raise KeyboardInterrupt(f"signal {{signum}}")
+            raise KeyboardInterrupt(f"signal {signum}")
 
         liveness.ProcessId.alive = flaky
         signal.signal(signal.SIGTERM, interrupt)
@@ -138,15 +143,10 @@ def test_an_error_of_the_watch_does_not_end_it(driver: subprocess.Popen[bytes], 
         while len(calls) < 3 and time.monotonic() < asked + 5:  # the watch asked again (it goes on)
             time.sleep(0.01)
         print("ready", flush=True)
-        try:
-            time.sleep({TRAINS_ON_S})
-        except KeyboardInterrupt:
-            print("interrupted", flush=True)
-            sys.exit(0)
-        sys.exit(3)
         """,
         driver,
         tmp_path,
+        then=TRAINS_ON,
     )
     out = kill_when_ready(job, driver)
     assert "could not tell whether the sweep's driver" in out and "substring not found" in out, out
