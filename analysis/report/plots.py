@@ -16,7 +16,10 @@ Files, one panel per dataset and model:
   (DP-SGD blue, DP-FTRL orange) and user-level rows (ε per user) drawn as squares, each with a
   legend entry, and the Pareto front is one per privacy unit (``report.pareto_front``).
 - ``accuracy_vs_<param>.png``, one per swept hyperparameter (e.g. ``accuracy_vs_dp.noise_multiplier.png``):
-  test accuracy against its values, one line per setting of the other swept hyperparameters.
+  test accuracy against its values, one line per setting of the other swept hyperparameters. A σ
+  calibrated to ``dp.target_epsilon`` was not chosen, and means something else for each mechanism
+  (DP-FTRL's σ at an ε is not DP-SGD's): σ's plot has only the rows whose σ was set (none: no plot);
+  the others are plotted against their target ε, and ``pareto.png`` against the ε they spent.
 - ``curves.png``: test accuracy against epoch (top) and ε against epoch (below), for chosen runs
   (default: the 3 most accurate private runs), each labelled by what differs between them (σ=0.8,
   seed=1, …); runs whose ε curves are identical share one ε line, labelled with all of them.
@@ -328,9 +331,34 @@ def _param_label(key: str) -> str:
     return f"{PARAM_LABELS.get(key, key)}  [{key}]"
 
 
+CALIBRATED_KEY = "dp.noise_multiplier"  # calibrated to dp.target_epsilon where that is set
+
+
+def sigma_calibrated(table: pd.DataFrame) -> pd.Series:
+    """Rows whose σ was calibrated to ``dp.target_epsilon`` (per mechanism), not set by the user."""
+    column = table.get("params.dp.target_epsilon")
+    if column is None:
+        return pd.Series(False, index=table.index)
+    return pd.to_numeric(column, errors="coerce").notna()
+
+
+def sweep_axes(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """Each hyperparameter to plot accuracy against, with the rows to plot: every swept one; σ only
+    over the rows whose σ was set (and only where it is swept among them and the baselines)."""
+    out = []
+    for key in swept_params(table):
+        rows = table
+        if key == CALIBRATED_KEY:
+            rows = table[~sigma_calibrated(table)]
+            if key not in swept_params(rows):
+                continue
+        out.append((key, rows))
+    return out
+
+
 def plot_sweeps(table: pd.DataFrame, out_dir: Path, style: FigureStyle = DEFAULT_STYLE) -> list[Path]:
-    """One ``accuracy_vs_<param>.<format>`` per swept hyperparameter."""
-    return [plot_accuracy_vs(table, key, out_dir / f"accuracy_vs_{key}.png", style) for key in swept_params(table)]
+    """One ``accuracy_vs_<param>.<format>`` per hyperparameter of :func:`sweep_axes`."""
+    return [plot_accuracy_vs(rows, key, out_dir / f"accuracy_vs_{key}.png", style) for key, rows in sweep_axes(table)]
 
 
 def curves_figure(histories: pd.DataFrame, labels: dict[str, str]) -> Figure:

@@ -791,3 +791,32 @@ def test_a_best_of_k_table_warns_with_the_composed_epsilon_and_a_private_tuning_
     assert list(report.table["epsilon"]) == [4.1, 4.1]  # a tuned result is shown at the procedure's ε
     for fmt in ("md", "csv", "tex"):
         assert "4.1" in rep.render(report, fmt) and "| 3 " not in rep.render(report, fmt)
+
+
+def test_accuracy_is_not_plotted_against_a_sigma_calibrated_per_mechanism(
+    mlflow_uri: str, experiment_name: str, client: MlflowClient, tmp_path: Path
+) -> None:
+    """Issue 33, item 8: runs calibrated to a target ε each ran their mechanism's own σ (DP-FTRL's at
+    an ε is not DP-SGD's). σ is plotted only over the runs that set it; the rest against their target."""
+    from dpsweep.analysis.report import plots as rp
+
+    calibrated = {("dpsgd", "1.0"): ("1.1", 0.60), ("dpsgd", "3.0"): ("0.6", 0.75),
+                  ("dpftrl", "1.0"): ("3.2", 0.55), ("dpftrl", "3.0"): ("1.4", 0.70)}  # fmt: skip
+    for (mechanism, target), (sigma, acc) in calibrated.items():
+        params = DP | {"dp.mechanism": mechanism, "dp.target_epsilon": target, "dp.noise_multiplier": sigma}
+        log_run(client, experiment_name, params, {"test_accuracy": acc, "epsilon": float(target)})
+    log_run(client, experiment_name, OFF | {"dp.target_epsilon": "None"}, {"test_accuracy": 0.9})
+    table = rep.build_report(mlflow_uri, experiment_name).table
+    assert "dp.noise_multiplier" in rep.swept_params(table)  # the calibrated σ differ ...
+    axes = dict(rp.sweep_axes(table))
+    assert "dp.noise_multiplier" not in axes and {"dp.target_epsilon", "dp.mechanism"} <= set(axes)  # ... unplotted
+    written = {p.name for p in rp.plot_sweeps(table, tmp_path)}
+    assert "accuracy_vs_dp.noise_multiplier.png" not in written and "accuracy_vs_dp.target_epsilon.png" in written
+
+    for sigma, acc in (("0.8", 0.62), ("1.2", 0.58)):  # σ set by the user: plotted, over these runs alone
+        params = DP | {"dp.mechanism": "dpsgd", "dp.target_epsilon": "None", "dp.noise_multiplier": sigma}
+        log_run(client, experiment_name, params, {"test_accuracy": acc, "epsilon": 2.0})
+    table = rep.build_report(mlflow_uri, experiment_name).table
+    rows = dict(rp.sweep_axes(table))["dp.noise_multiplier"]
+    private = rows[rows["private"].astype(bool)]
+    assert sorted(private["noise_multiplier"]) == [0.8, 1.2] and (~rows["private"].astype(bool)).sum() == 1
