@@ -157,14 +157,20 @@ def _is_noop(event: dp_event.DpEvent) -> bool:
 # ---------------------------------------------------------------------------------------------
 # accountants
 # ---------------------------------------------------------------------------------------------
+PLD_DISCRETIZATION = 1e-4  # dp-accounting's default value_discretization_interval
+
+
 @dataclass(frozen=True)
 class Accounting:
     """How ε is computed: an accountant of :data:`ACCOUNTANTS` and, for ``rdp``, a conversion of
-    :data:`dpsweep.privacy.rdp.CONVERSIONS` over the RDP ``orders`` (``prv`` and ``pld`` use neither)."""
+    :data:`dpsweep.privacy.rdp.CONVERSIONS` over the RDP ``orders`` (``prv`` and ``pld`` use neither);
+    for ``pld``, the interval its privacy losses are discretised on (pessimistically: an upper bound
+    on ε whatever the interval, coarser being looser and faster)."""
 
     accountant: str = "rdp"
     conversion: str = "improved"
     orders: tuple[float, ...] = rdp.DEFAULT_ORDERS
+    pld_discretization: float = PLD_DISCRETIZATION
 
 
 @dataclass(frozen=True)
@@ -205,9 +211,6 @@ def _rdp(ledger: Ledger, delta: float, a: Accounting) -> tuple[float, float | No
     return rdp.CONVERSIONS.get(a.conversion)(a.orders, rdp_curve(ledger, a.orders), delta)
 
 
-PLD_DISCRETIZATION = 1e-4  # dp-accounting's default value_discretization_interval
-
-
 @ACCOUNTANTS.register("pld")
 def _pld(ledger: Ledger, delta: float, a: Accounting) -> tuple[float, float | None]:
     from dp_accounting.pld import common
@@ -221,11 +224,11 @@ def _pld(ledger: Ledger, delta: float, a: Accounting) -> tuple[float, float | No
             if leaf.kind == "gaussian":
                 one = pld.from_gaussian_mechanism(
                     leaf.noise_multiplier, sampling_prob=leaf.sample_rate,
-                    value_discretization_interval=PLD_DISCRETIZATION,
+                    value_discretization_interval=a.pld_discretization,
                 )  # fmt: skip
             else:
                 params = common.DifferentialPrivacyParameters(leaf.epsilon, 0.0)
-                one = pld.from_privacy_parameters(params, value_discretization_interval=PLD_DISCRETIZATION)
+                one = pld.from_privacy_parameters(params, value_discretization_interval=a.pld_discretization)
             many = one.self_compose(leaf.count) if leaf.count > 1 else one
             total = many if total is None else total.compose(many)
     return (0.0 if total is None else float(total.get_epsilon_for_delta(delta))), None

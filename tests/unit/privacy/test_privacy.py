@@ -132,6 +132,40 @@ def test_calibration_lands_just_under_target(accountant: str, target: float) -> 
     assert target - eps <= 0.01  # Opacus's tolerance; the bisection stops at a relative σ of 1e-4
 
 
+@pytest.mark.slow  # 19 s on a loaded 2-core VM: PLD's exact search, for the comparison
+def test_pld_calibration_searches_coarse_and_keeps_only_what_the_runs_accounting_confirms(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PLD's search runs on a coarser discretisation (also an upper bound on ε), and its σ is kept
+    only once the run's own accounting says it spends at most the target."""
+    from dpsweep.privacy import calibrate
+
+    def ledger_of(sigma: float) -> Ledger:
+        return Ledger((ledger.dpsgd(sigma, 64 / 1437, 23),))
+
+    fine = Accounting("pld")
+    exact = calibrate.smallest_sigma(lambda s: ledger.epsilon(ledger_of(s), 1e-5, fine).epsilon, 0.5)
+    sigma = calibrate.noise_multiplier(ledger_of, 0.5, 1e-5, fine)
+    assert ledger.epsilon(ledger_of(sigma), 1e-5, fine).epsilon <= 0.5
+    assert exact <= sigma <= exact * (1 + 3 * calibrate.RTOL)
+
+    seen: list[float] = []
+    real = calibrate.epsilon
+
+    def coarse_too_low(book: Ledger, delta: float, a: Accounting) -> ledger.Spent:
+        """A coarse accounting that under-states ε: its σ must not be kept."""
+        spent = real(book, delta, a)
+        seen.append(a.pld_discretization)
+        if a.pld_discretization == calibrate.SEARCH_PLD_DISCRETIZATION:
+            return ledger.Spent(spent.epsilon * 0.8, delta, "pld", None, None)
+        return spent
+
+    monkeypatch.setattr(calibrate, "epsilon", coarse_too_low)
+    again = calibrate.noise_multiplier(ledger_of, 0.5, 1e-5, fine)  # searched again, on the run's own
+    assert real(ledger_of(again), 1e-5, fine).epsilon <= 0.5 and abs(again - exact) <= 2 * calibrate.RTOL * exact
+    assert calibrate.SEARCH_PLD_DISCRETIZATION in seen and ledger.PLD_DISCRETIZATION in seen
+
+
 def test_calibration_to_an_unreachable_target_raises() -> None:
     with pytest.raises(ValueError, match="too low"):
         calibrate_noise(poisson_schedule(100, 100), target_epsilon=1e-9, delta=1e-10, epochs=1000)
