@@ -4,10 +4,12 @@ overview."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import psutil
@@ -28,17 +30,42 @@ def _free_port() -> int:
 
 
 def _serve(uri: str, port: int, log: Path) -> tuple[subprocess.Popen[str], str]:
-    """``dpsweep-ui`` on ``uri``, once it prints the page it opened (its server answers by then)."""
+    """``dpsweep-ui`` on ``uri``, once it prints the page it opened (its server answers by then).
+
+    It starts with SIGINT's default action, as a terminal's foreground command does: a test run started
+    in the background (``.ci/run &``: a shell without job control ignores SIGINT in what it starts, and
+    an ignored signal stays ignored across exec) would pass it on ignored, and Ctrl-C would not stop it
+    (a development VM's CI run saw dpsweep-ui not end in 60 s). Its output goes to files: the server's
+    access log is on its stdout, and a pipe nobody reads any more would fill up and block the server.
+    With PYTHONFAULTHANDLER set, a SIGABRT (:func:`_ended`) writes every thread's stack to ``log``."""
+    out = log.with_suffix(".out")
     ui = subprocess.Popen(
         [str(BIN / "dpsweep-ui"), "--tracking-uri", uri, "--port", str(port), "--no-browser"],
-        stdout=subprocess.PIPE, stderr=log.open("w"), text=True,
+        stdout=out.open("w"), stderr=log.open("w"), text=True, env=os.environ | {"PYTHONFAULTHANDLER": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
-    assert ui.stdout is not None
-    for line in ui.stdout:  # ends when dpsweep-ui does
-        if line.startswith("dpsweep-ui: the runs: "):
-            return ui, line.split()[-1]
-    ui.wait()
-    raise AssertionError(f"dpsweep-ui ended with {ui.returncode} before it served:\n{log.read_text()[-3000:]}")
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        found = re.search(r"^dpsweep-ui: the runs: (\S+)$", out.read_text(), re.MULTILINE)
+        if found:
+            return ui, found.group(1)
+        if ui.poll() is not None:
+            raise AssertionError(f"dpsweep-ui ended with {ui.returncode} before it served:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    ui.kill()
+    raise AssertionError(f"dpsweep-ui did not serve in 180 s:\n{log.read_text()[-3000:]}")
+
+
+def _ended(ui: subprocess.Popen[str], log: Path, timeout_s: float = 60) -> int:
+    """``ui``'s exit code; where it has not ended in ``timeout_s``, its threads' stacks (SIGABRT, with
+    PYTHONFAULTHANDLER set by :func:`_serve`) in the failure."""
+    try:
+        return ui.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        ui.send_signal(signal.SIGABRT)
+        ui.wait(timeout=30)
+        stacks = log.read_text()[-6000:]
+        raise AssertionError(f"dpsweep-ui did not end in {timeout_s:g} s; its stacks:\n{stacks}") from None
 
 
 def test_the_page_dpsweep_names_opens_on_the_experiments_training_runs(tmp_path: Path) -> None:
@@ -59,7 +86,7 @@ def test_the_page_dpsweep_names_opens_on_the_experiments_training_runs(tmp_path:
         text = visible_text(browser_dom(chromium, page))
     finally:
         ui.send_signal(signal.SIGINT)  # Ctrl-C: the server stops with it
-        assert ui.wait(timeout=60) == 0, (tmp_path / "ui.log").read_text()[-3000:]
+        assert _ended(ui, tmp_path / "ui.log") == 0, (tmp_path / "ui.log").read_text()[-3000:]
     with pytest.raises(ConnectionRefusedError):  # no server left behind
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
     # SIGTERM (kill) stops it and the whole server too: MLflow's web server and job consumers are
@@ -69,7 +96,7 @@ def test_the_page_dpsweep_names_opens_on_the_experiments_training_runs(tmp_path:
     family = [server, *server.children(recursive=True)]
     assert len(family) > 1, [p.cmdline() for p in family]
     ui.terminate()
-    assert ui.wait(timeout=60) == 128 + signal.SIGTERM
+    assert _ended(ui, tmp_path / "ui2.log") == 128 + signal.SIGTERM
     assert not [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     lines = text.splitlines()
     assert lines[0] == "Runs - Experiment 1 - MLflow", text[:500]  # the runs tab, of the experiment
