@@ -46,13 +46,12 @@ BIG = ["dataset.image_size=224", "model.hidden_units=512", "train.batch_size=64"
 BIG_GRID = ["dp.noise_multiplier=0.8,1.2", "train.seed=0,1,2"]  # 6 trials
 QUIET = ["train.progress=false", "tracking.log_model=false"]
 THROUGHPUT_GOAL = 5.0
-LAST_SWEEP: dict[str, float] = {}
 SUBMITIT_STAMP = re.compile(r"submitit \w+ \((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\) - (Starting with|Exiting after)")
 
 
-def dpsweep(folder: Path, *overrides: str) -> tuple[float, list[dict[str, Any]], str]:
-    """One sweep in ``folder`` (its own sqlite store): wall seconds, its runs, and its output. The
-    sweep's start and end (epoch seconds) are in ``LAST_SWEEP``, for :func:`phases`."""
+def dpsweep(folder: Path, *overrides: str) -> tuple[float, list[dict[str, Any]], str, float]:
+    """One sweep in ``folder`` (its own sqlite store): wall seconds, its runs, its output, and when it
+    started (epoch seconds, for :func:`phases`)."""
     uri = f"sqlite:///{folder}/mlflow.db"
     command = [sys.executable, "-m", "dpsweep", "-m", "launcher=local", "launcher.max_parallel=1",
                "launcher.gpus_per_job=1", *QUIET, f"tracking.uri={uri}", f"hydra.sweep.dir={folder}/multirun",
@@ -60,11 +59,10 @@ def dpsweep(folder: Path, *overrides: str) -> tuple[float, list[dict[str, Any]],
     t0, started = time.perf_counter(), time.time()
     proc = subprocess.run(command, cwd=folder, capture_output=True, text=True)
     wall = time.perf_counter() - t0
-    LAST_SWEEP.update(start=started, end=started + wall)
     out = proc.stdout + proc.stderr
     if proc.returncode not in (0, 1):  # 1: some trial failed (the OOM section expects that)
         raise SystemExit(f"dpsweep exited {proc.returncode}:\n{out}")
-    return wall, runs(uri), out
+    return wall, runs(uri), out, started
 
 
 def runs(uri: str) -> list[dict[str, Any]]:
@@ -81,8 +79,8 @@ def runs(uri: str) -> list[dict[str, Any]]:
     } for r in found if r.info.end_time and r.data.tags.get("sweep.role") != "parent"]  # fmt: skip
 
 
-def phases(folder: Path, found: list[dict[str, Any]]) -> dict[str, float]:
-    """Where the last sweep's wall time went, in seconds (the parts add up to its wall time): the driver
+def phases(folder: Path, found: list[dict[str, Any]], started: float, wall: float) -> dict[str, float]:
+    """Where the sweep's wall time went, in seconds (the parts add up to ``wall``): the driver
     before its first job and after its last, the gaps between jobs (submitting, polling), and within
     each job (submitit's log stamps its start and end) the time to its first run's start (processes,
     imports, config, store), its runs (first start to last end) and after its last run. Also the
@@ -98,9 +96,9 @@ def phases(folder: Path, found: list[dict[str, Any]]) -> dict[str, float]:
     jobs.sort()
     if not jobs or not found:
         return {}
-    out = {"driver_before_first_job_s": jobs[0][0] - LAST_SWEEP["start"],
+    out = {"driver_before_first_job_s": jobs[0][0] - started,
            "between_jobs_s": sum(b[0] - a[1] for a, b in itertools.pairwise(jobs)),
-           "driver_after_last_job_s": LAST_SWEEP["end"] - jobs[-1][1],
+           "driver_after_last_job_s": started + wall - jobs[-1][1],
            "job_start_to_first_run_s": 0.0, "runs_s": 0.0, "last_run_to_job_end_s": 0.0}  # fmt: skip
     starts: list[float] = []
     for begin, end in jobs:
@@ -192,8 +190,9 @@ def throughput_section(ks: list[int], trials: int, epochs: int, save: Any = None
     section: dict[str, Any] = {"grid": grid, "epochs": epochs, "rows": rows}
     for k in ks:
         with tempfile.TemporaryDirectory(prefix=f"packing-k{k}-") as d:
-            wall, found, out = dpsweep(Path(d), f"launcher.trials_per_device={k}", f"train.epochs={epochs}", *grid)
-            where = phases(Path(d), found)
+            wall, found, out, started = dpsweep(Path(d), f"launcher.trials_per_device={k}", f"train.epochs={epochs}",
+                                                *grid)  # fmt: skip
+            where = phases(Path(d), found, started, wall)
         finished = sum(r["status"] == "FINISHED" for r in found)
         row = {"k": k, "trials": len(found), "finished": finished, "wall_s": round(wall, 2),
                "trials_per_hour": round(finished / wall * 3600, 1),
@@ -240,7 +239,7 @@ def auto_section(probes: Path, context: dict[str, Any] | None) -> dict[str, Any]
         folder = Path(d)
         model = fit_model(probes, folder)
         with GpuMemoryWatch() as watch:
-            wall, found, out = dpsweep(folder, "launcher.trials_per_device=auto", f"train.memory_model={model}",
+            wall, found, out, _ = dpsweep(folder, "launcher.trials_per_device=auto", f"train.memory_model={model}",
                                        f"launcher.gpu_memory={gpu_memory}", *BIG, *BIG_GRID)  # fmt: skip
         chosen = [line for line in out.splitlines() if line.startswith("dpsweep: launcher.trials_per_device=auto")]
         prediction = predicted(model, gpu_memory, folder)
@@ -261,7 +260,7 @@ def auto_section(probes: Path, context: dict[str, Any] | None) -> dict[str, Any]
 def oom_section(k: int) -> dict[str, Any]:
     seeds = ",".join(map(str, range(k)))
     with tempfile.TemporaryDirectory(prefix="packing-oom-") as d, GpuMemoryWatch() as watch:
-        wall, found, out = dpsweep(Path(d), f"launcher.trials_per_device={k}", *BIG, "dp.noise_multiplier=0.8",
+        wall, found, out, _ = dpsweep(Path(d), f"launcher.trials_per_device={k}", *BIG, "dp.noise_multiplier=0.8",
                                    f"train.seed={seeds}")  # fmt: skip
     states = {s: sum(r["status"] == s for r in found) for s in {r["status"] for r in found}}
     oom = sum("out of memory" in r["error"].lower() for r in found)

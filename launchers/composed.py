@@ -71,7 +71,7 @@ class ComposedJobs(ConfigLoader):
         else:
             full = self._from_skeleton(master, list(job)) or self._fresh(master, list(job))
             self.kept[tuple(job)] = full
-            cfg = pickle.loads(pickle.dumps(full))  # a deep copy (see _with_values), 2.6x faster with the hydra node
+            cfg = pickle.loads(pickle.dumps(full))  # a deep copy (see _with_values): 6.5 ms against deepcopy's 17
         with open_dict(cfg):
             del cfg["hydra"]
         return cfg
@@ -81,7 +81,7 @@ class ComposedJobs(ConfigLoader):
             kept = self.kept.get(tuple(sweep_overrides[:n]))
             if kept is not None:
                 parsed = self._parse(sweep_overrides)
-                served = self._with_values(kept, parsed[n:], parsed)
+                served = self._with_values(pickle.dumps(kept), parsed[n:], parsed)
                 if served is not None:
                     self.served += 1
                     return served
@@ -107,16 +107,15 @@ class ComposedJobs(ConfigLoader):
         (``hydra._internal.defaults_list.Overrides``); None where that cannot be told here. Each
         distinct line is asked once (the config repository's lookup is 0.9 ms)."""
         line = override.input_line
-        if line is None or line not in self.kinds:
-            repository = getattr(self.loader, "repository", None)
-            if override.is_hydra_override() or override.package is not None or repository is None:
-                kind = None
-            else:
-                kind = isinstance(override.value(), dict) or not repository.group_exists(override.key_or_group)
-            if line is None:
-                return kind
+        if line in self.kinds:
+            return self.kinds[line]
+        repository = getattr(self.loader, "repository", None)
+        kind = None
+        if not (override.is_hydra_override() or override.package is not None or repository is None):
+            kind = isinstance(override.value(), dict) or not repository.group_exists(override.key_or_group)
+        if line is not None:
             self.kinds[line] = kind
-        return self.kinds[line]
+        return kind
 
     def _from_skeleton(self, master: DictConfig, job: list[str], bare: bool = False) -> DictConfig | None:
         """The job's config as a copy of the composition of its group overrides, with its value
@@ -140,22 +139,20 @@ class ComposedJobs(ConfigLoader):
         data = self.pickled.get((groups, bare))
         if data is None:
             data = self.pickled[(groups, bare)] = pickle.dumps(skeleton)
-        return self._with_values(skeleton, values, parsed, data)
+        return self._with_values(data, values, parsed)
 
-    def _with_values(
-        self, base: DictConfig, values: list[Override], job: list[Override], pickled: bytes | None = None
-    ) -> DictConfig | None:
-        """A copy of ``base`` (its resolver cache, copied from the master config by Hydra, included)
-        with ``values`` applied as Hydra applies a job's overrides after composing its defaults, and
-        recorded as the overrides of ``job``; None where ``values`` hold what changes the composition
-        itself, or fail to apply. ``pickled``: ``base`` pickled, where the caller keeps it.
+    def _with_values(self, base: bytes, values: list[Override], job: list[Override]) -> DictConfig | None:
+        """A copy of the config pickled in ``base`` (its resolver cache, copied from the master config by
+        Hydra, included) with ``values`` applied as Hydra applies a job's overrides after composing its
+        defaults, and recorded as the overrides of ``job``; None where ``values`` hold what changes the
+        composition itself, or fail to apply.
 
         The copy is made through pickle, OmegaConf's own protocol for a config's whole state: a
         skeleton's bytes unpickle in 0.8 ms against ``copy.deepcopy``'s 5.1 ms (the bare default
         config, 2-core VM), most of what planning a grid of 10,000 jobs took."""
         if any(self._is_value(o) is not True for o in values):
             return None  # a config group or hydra.*: the composition itself changes
-        cfg: DictConfig = pickle.loads(pickled if pickled is not None else pickle.dumps(base))
+        cfg: DictConfig = pickle.loads(base)
         try:
             ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
         except Exception:  # a fresh composition raises Hydra's own error for it

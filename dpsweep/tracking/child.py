@@ -41,7 +41,7 @@ def warm_store(uri: str) -> None:
         store.source_tags()
 
 
-WARM_MODEL = False  # True in the tracking process (below); an InProcess service warms nothing
+WARM_MODEL = __name__ == "__main__"  # the tracking process runs this module; an InProcess service warms nothing
 
 
 def begin_run(cfg: TrackingConfig, *args: Any, **kwargs: Any) -> str:
@@ -113,5 +113,4 @@ WARM_AFTER = frozenset({"warm_store", "open_store", "begin_run"})  # the store i
 if __name__ == "__main__":
     fd, argv0 = sys.argv[1:]
     sys.argv = [argv0]
-    WARM_MODEL = True
     serve(int(fd), OPS, warm, WARM_AFTER)
