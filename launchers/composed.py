@@ -33,6 +33,8 @@ import pickle
 from collections.abc import Sequence
 from typing import Any
 
+# No public Hydra API applies value overrides to a composed config, or names a job's override_dirname:
+# these are Hydra 1.3's own two steps of composition; the tests check the result against Hydra's.
 from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
 from hydra.core.config_loader import ConfigLoader
 from hydra.core.config_search_path import ConfigSearchPath

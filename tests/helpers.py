@@ -75,12 +75,19 @@ def forkserver() -> ForkServerContext:
     return ctx
 
 
+def in_process_then(target: Callable[..., None], *args: Any) -> None:
+    """``target(*args)`` in a forked job, whose tracking ops run in its own process as the test
+    session's do (conftest: the job imports MLflow itself, through the forkserver's preload)."""
+    tracking_service.serve_in_process()
+    target(*args)
+
+
 def at_once(target: Callable[..., None], jobs: Sequence[tuple[Any, ...]], err_dir: Path) -> list[int]:
     """Run ``target(*args)`` for each of ``jobs`` in its own process (forked from the forkserver) at
     once, wait for them all, and fail with each failed job's traceback (``err_dir/<job>.err``, which
     the target writes); the processes' pids."""
     ctx = forkserver()
-    procs = [ctx.Process(target=target, args=args) for args in jobs]
+    procs = [ctx.Process(target=in_process_then, args=(target, *args)) for args in jobs]
     for proc in procs:
         proc.start()
     for proc in procs:

@@ -74,6 +74,8 @@ def run_then_exit(main: Callable[[], int | None], prog: str | None = None) -> No
         if prog is None:
             raise
         code = interrupted(prog, stop)
+    # No public API runs these two steps without the teardown after them (os._exit skips both): they
+    # are CPython's own, looked up so that another interpreter falls back to its plain exit.
     steps = getattr(threading, "_shutdown", None), getattr(atexit, "_run_exitfuncs", None)
     if None in steps:  # an interpreter without CPython's shutdown steps: its own exit, teardown and all
         sys.exit(code)

@@ -33,9 +33,10 @@ made again too, except ``begin_run`` (it would create a second run), which raise
 ``RESTART_LIMIT`` deaths the service gives up: what was not confirmed is named on stderr, and the
 op raises :class:`TrackingError`, so the run cannot end FINISHED with less than it logged.
 
-A process that has already imported MLflow's SQL store has nothing to overlap: there the ops run in
-the process itself (:class:`InProcess`), with the same post-then-flush semantics. Forked children
-(a forkserver's jobs) start their own service if they need one.
+A process that imports MLflow itself anyway has nothing to overlap: it says so with
+:func:`serve_in_process` (a test session does), and the ops then run in the process itself
+(:class:`InProcess`), with the same post-then-flush semantics. Forked children (a forkserver's jobs)
+start their own service if they need one.
 """
 
 from __future__ import annotations
@@ -57,7 +58,6 @@ from multiprocessing.connection import Connection
 from typing import Any, NoReturn, Protocol
 
 CHILD_MODULE = "dpsweep.tracking.child"  # python -m dpsweep.tracking.child <fd> <argv0>
-MLFLOW_STORE_MODULE = "mlflow.store.tracking.sqlalchemy_store"  # imported: ops run in process
 EXIT_WAIT_S = 30.0  # at exit, how long to wait for the child to finish what was posted
 CONFIRM_EVERY = 64  # posts between two confirmations asked of the child (the kept posts are at most this many more)
 RESTART_LIMIT = 3  # tracking processes started again after one died, per process
@@ -277,11 +277,20 @@ def _socketpair() -> tuple[Connection, Connection]:
 _SERVICE: Service | None = None
 _SERVICE_LOCK = threading.Lock()
 _RESTARTS = 0  # tracking processes started again in this process after one died
+_IN_PROCESS = False  # set by serve_in_process()
+
+
+def serve_in_process() -> None:
+    """Run the ops in this process from now on (:class:`InProcess`), not in a tracking process: for a
+    process that imports MLflow itself anyway, where a child would import it a second time. A service
+    already started is kept."""
+    global _IN_PROCESS
+    _IN_PROCESS = True
 
 
 def service() -> Service:
     """This process's tracking service, started at first use: a :class:`Child`, or :class:`InProcess`
-    where MLflow's SQL store is imported already."""
+    after :func:`serve_in_process`."""
     global _SERVICE, _RESTARTS
     with _SERVICE_LOCK:
         current = _SERVICE
@@ -292,7 +301,7 @@ def service() -> Service:
             _RESTARTS += 1
             current = None
         if current is None:
-            if MLFLOW_STORE_MODULE in sys.modules:
+            if _IN_PROCESS:
                 current = InProcess(importlib.import_module(CHILD_MODULE).OPS)
             else:
                 current = Child()

@@ -8,7 +8,6 @@ that MLflow's source tags (the script, its git commit) describe the run's proces
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -26,21 +25,6 @@ def reconcile_runs(uri: str, experiment: str | None) -> list[tuple[str, str, str
     return [(d.run_id, d.reason, d.checkpoint_removed) for d in reconcile(uri, experiment)]
 
 
-def open_store(uri: str) -> None:
-    """Open (or create) the store at ``uri``: ConfigError where it is not one or cannot be made."""
-    store.open_client(uri)
-
-
-def warm_store(uri: str) -> None:
-    """Open the store at ``uri`` ahead of the run's :func:`open_store`, which reports what fails, and
-    do what the process's first run creation would otherwise wait for: MLflow's tracking URI set, and
-    the source tags resolved (GitPython imported)."""
-    with contextlib.suppress(Exception):
-        store.open_client(uri)
-        store.use_uri(uri)
-        store.source_tags()
-
-
 WARM_MODEL = __name__ == "__main__"  # the tracking process runs this module; an InProcess service warms nothing
 
 
@@ -54,31 +38,9 @@ def begin_run(cfg: TrackingConfig, *args: Any, **kwargs: Any) -> str:
     return run_id
 
 
-OPS: dict[str, Callable[..., Any]] = {
-    "open_store": open_store,
-    "warm_store": warm_store,
-    "begin_run": begin_run,
-    "end_run": store.end_run,
-    "log_params": store.log_params,
-    "log_metrics": store.log_metrics,
-    "set_tags": store.set_tags,
-    "log_text": store.log_text,
-    "log_image": store.log_image,
-    "log_file": store.log_file,
-    "log_model": store.log_model,
-    "log_dataset_splits": store.log_dataset_splits,
-    "start_system_metrics": store.start_system_metrics,
-    "stop_system_metrics": store.stop_system_metrics,
-    "run_finished": store.run_finished,
-    "ensure_experiments": store.ensure_experiments,
-    "runs_by_hash": store.runs_by_hash,
-    "runs_of_sweep": store.runs_of_sweep,
-    "close_orphaned_runs": store.close_orphaned_runs,
-    "log_results_table": store.log_results_table,
-    "release_best": store.release_best,
-    "experiment_of": store.experiment_of,
-    "reconcile": reconcile_runs,
-}
+# every store operation (``@store.op``), with the two that answer differently here: a run begun warms
+# its model's imports; dead runs are told as plain data
+OPS: dict[str, Callable[..., Any]] = {**store.OPS, "begin_run": begin_run, "reconcile": reconcile_runs}
 
 
 def warm() -> None:

@@ -14,6 +14,7 @@ processes must not interleave, and every write retries while SQLite reports itse
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import json
@@ -52,6 +53,16 @@ from dpsweep.tracking import (
 
 _READY: set[str] = set()  # tracking URIs whose store this process has opened
 BUSY_RETRIES = 8  # attempts of a write that SQLite refused as "database is locked"
+F = TypeVar("F", bound=Callable[..., Any])
+
+OPS: dict[str, Callable[..., Any]] = {}  # the tracking service's operations by name (dpsweep.tracking.channel)
+
+
+def op(fn: F) -> F:
+    """Declare ``fn`` an operation of the tracking service: a run's process calls it by its name,
+    ``service().call("<name>", ...)`` or ``post``, with plain (picklable) arguments and answer."""
+    OPS[fn.__name__] = fn
+    return fn
 
 
 @contextmanager
@@ -93,6 +104,23 @@ def open_client(uri: str) -> MlflowClient:
                 ) from err
     _READY.add(uri)
     return MlflowClient(uri)
+
+
+@op
+def open_store(uri: str) -> None:
+    """Open (or create) the store at ``uri``: ConfigError where it is not one or cannot be made."""
+    open_client(uri)
+
+
+@op
+def warm_store(uri: str) -> None:
+    """Open the store at ``uri`` ahead of the run's :func:`open_store`, which reports what fails, and
+    do what the process's first run creation would otherwise wait for: MLflow's tracking URI set, and
+    the source tags resolved (GitPython imported)."""
+    with contextlib.suppress(Exception):
+        open_client(uri)
+        use_uri(uri)
+        source_tags()
 
 
 def _create_store(db: Path) -> None:
@@ -218,6 +246,7 @@ def experiment_id(client: MlflowClient, name: str) -> str:
     return str(found.experiment_id)
 
 
+@op
 def run_finished(uri: str, run_id: str) -> bool:
     """Whether the run ``run_id`` exists in the store at ``uri`` and ended FINISHED."""
     try:
@@ -226,6 +255,7 @@ def run_finished(uri: str, run_id: str) -> bool:
         return False
 
 
+@op
 def ensure_experiments(pairs: set[tuple[str, str]]) -> None:
     """Create each (tracking URI, experiment name) once, before jobs fan out."""
     for uri, name in sorted(pairs):
@@ -241,6 +271,7 @@ def sweep_jobs(client: MlflowClient, experiment: str, sweep_id: str) -> list[Any
     return [r for r in runs if r.data.tags.get("sweep.role") != "parent"]
 
 
+@op
 def runs_of_sweep(uri: str, experiment: str, sweep_id: str) -> dict[str, str]:
     """{run id: status} of the runs of a sweep's jobs."""
     return {r.info.run_id: r.info.status for r in sweep_jobs(MlflowClient(uri), experiment, sweep_id)}
@@ -249,6 +280,7 @@ def runs_of_sweep(uri: str, experiment: str, sweep_id: str) -> dict[str, str]:
 RESULTS_TABLE = "results.json"  # the sweep parent run's table of its jobs (MLflow's log_table)
 
 
+@op
 def log_results_table(uri: str, experiment: str, sweep_id: str, parent_run_id: str) -> int:
     """The sweep's jobs as one table on its parent run (``results.json``, MLflow's ``log_table``,
     shown in the run's artifacts): the run name, ``test_accuracy`` and ``epsilon`` first, the
@@ -267,6 +299,7 @@ def log_results_table(uri: str, experiment: str, sweep_id: str, parent_run_id: s
     return len(runs)
 
 
+@op
 def runs_by_hash(uri: str, experiment: str, status: str = "FINISHED") -> dict[str, str]:
     """{config hash: run id} of the experiment's runs in ``status`` (the newest run per hash). RUNNING
     runs count only when they name their process (tag run.process): older versions' runs left RUNNING
@@ -306,6 +339,7 @@ def trial_run(uri: str, experiment: str, sweep_id: str, trial: int) -> Any:
     return found[0] if found else None
 
 
+@op
 def close_orphaned_runs(uri: str, experiment: str, sweep_id: str) -> list[str]:
     """Mark KILLED the runs of a finished sweep still RUNNING: their job died without closing them."""
     client = MlflowClient(uri)
@@ -375,11 +409,13 @@ def use_uri(uri: str) -> None:
         mlflow.set_tracking_uri(uri)
 
 
+@op
 def end_run(uri: str, run_id: str, status: str) -> None:
     """End the run FINISHED, FAILED or KILLED."""
     retry_busy(lambda: client_of(uri).set_terminated(run_id, status))
 
 
+@op
 def log_params(uri: str, run_id: str, params: Mapping[str, Any]) -> None:
     client = client_of(uri)
     items = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in params.items()]
@@ -388,6 +424,7 @@ def log_params(uri: str, run_id: str, params: Mapping[str, Any]) -> None:
         retry_busy(lambda chunk=chunk: client.log_batch(run_id, params=chunk))  # type: ignore[misc]
 
 
+@op
 def log_metrics(uri: str, run_id: str, metrics: Mapping[str, float], step: int, timestamp_ms: int) -> None:
     """``timestamp_ms``: when the run measured them (it hands them over later)."""
     items = [Metric(k, float(v), timestamp_ms, step) for k, v in metrics.items()]
@@ -401,22 +438,27 @@ def _set_tags(client: MlflowClient, run_id: str, tags: Mapping[str, Any]) -> Non
         retry_busy(lambda: client.log_batch(run_id, tags=items))
 
 
+@op
 def set_tags(uri: str, run_id: str, tags: Mapping[str, Any]) -> None:
     _set_tags(client_of(uri), run_id, tags)
 
 
+@op
 def log_text(uri: str, run_id: str, text: str, artifact_file: str) -> None:
     retry_busy(lambda: client_of(uri).log_text(run_id, text, artifact_file))
 
 
+@op
 def log_image(uri: str, run_id: str, image: Any, artifact_file: str) -> None:
     retry_busy(lambda: client_of(uri).log_image(run_id, image, artifact_file=artifact_file))
 
 
+@op
 def log_file(uri: str, run_id: str, local_path: str, artifact_path: str | None) -> None:
     retry_busy(lambda: client_of(uri).log_artifact(run_id, local_path, artifact_path))
 
 
+@op
 def log_model(
     uri: str, run_id: str, module: Any, input_example: Any, output: Any, artifact_path: str, torch_version: str
 ) -> None:
@@ -460,6 +502,7 @@ def log_model(
         retry_busy(lambda: client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=0)]))
 
 
+@op
 def log_dataset_splits(uri: str, run_id: str, public: Mapping[str, str], digest: str, splits: list[str]) -> None:
     """Each split as an MLflow dataset input of the run (the UI's Dataset column), described by
     ``public`` (see :meth:`dpsweep.tracking.Tracker.log_dataset_splits`) and context-tagged."""
@@ -507,6 +550,7 @@ def system_metrics_monitor(run_id: str, uri: str, interval_s: float, withhold_gp
     return kind(run_id, sampling_interval=interval_s, samples_before_logging=1, tracking_uri=uri)
 
 
+@op
 def start_system_metrics(
     run_id: str, uri: str, after_s: float, interval_s: float, withhold_gpu_memory: bool = False
 ) -> None:
@@ -533,6 +577,7 @@ def start_system_metrics(
     timer.start()
 
 
+@op
 def stop_system_metrics(run_id: str) -> None:
     """Stop the run's system metrics (their last sample flushed), or the timer that would start them."""
     with _MONITORS_LOCK:
@@ -560,6 +605,7 @@ def _source_tags(entry_point: str) -> dict[str, str]:
     return {k: v for k, v in resolved.items() if k.startswith("mlflow.")} | {"mlflow.source.name": entry_point}
 
 
+@op
 def experiment_of(uri: str, name: str) -> str | None:
     """Id of the experiment ``name``, or None (also where the store cannot be read now)."""
     try:
@@ -569,6 +615,7 @@ def experiment_of(uri: str, name: str) -> str | None:
     return None if found is None else str(found.experiment_id)
 
 
+@op
 def release_best(
     uri: str, experiment: str, sweep_id: str, objective: str, procedure: Mapping[str, Any]
 ) -> tuple[str | None, int]:

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import requests
 import sqlalchemy
-from helpers import forkserver, service
+from helpers import forkserver, in_process_then, service
 from mlflow.entities import Run, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
@@ -159,7 +159,9 @@ def test_32_concurrent_jobs_each_log_a_complete_run(
     ctx = forkserver()  # what the jobs import, imported once (helpers.FORKSERVER_PRELOAD)
     barrier = ctx.Barrier(JOBS + 1)
     procs = [
-        ctx.Process(target=_job, args=(server_uri, experiment, i, barrier, str(tmp_path)), name=f"job-{i}")
+        ctx.Process(
+            target=in_process_then, args=(_job, server_uri, experiment, i, barrier, str(tmp_path)), name=f"job-{i}"
+        )
         for i in range(JOBS)
     ]
     try:

@@ -35,8 +35,7 @@ def child() -> Iterator[Child]:
 
 @pytest.fixture()
 def in_child(child: Child, monkeypatch: pytest.MonkeyPatch) -> Child:
-    """dpsweep.tracking logs through ``child`` (this test process has MLflow imported, so it would
-    otherwise run the ops in process)."""
+    """dpsweep.tracking logs through ``child`` (the test session otherwise runs the ops in process)."""
     monkeypatch.setattr(tracking_service, "_SERVICE", child)
     return child
 
@@ -126,8 +125,8 @@ def test_an_interrupted_run_still_ends_killed_through_a_child_that_ignores_sigin
 
 @pytest.fixture()
 def own_children(monkeypatch: pytest.MonkeyPatch) -> None:
-    """service() starts children here, as in a run's process (this one has MLflow imported)."""
-    monkeypatch.setattr(tracking_service, "MLFLOW_STORE_MODULE", "not.imported")
+    """service() starts children here, as in a run's process (the test session serves in process)."""
+    monkeypatch.setattr(tracking_service, "_IN_PROCESS", False)
     monkeypatch.setattr(tracking_service, "_SERVICE", None)
     monkeypatch.setattr(tracking_service, "_RESTARTS", 0)
 
