@@ -206,12 +206,13 @@ def chromium_path() -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-def browser_dom(chromium: str, url: str, budget_ms: int = 20_000) -> str:
+def browser_dom(chromium: str, url: str, budget_ms: int = 20_000, window: str | None = None) -> str:
     """The DOM of ``url`` after a real browser ran its scripts (``budget_ms`` of virtual time, which
-    waits for pending network requests too)."""
+    waits for pending network requests too), in a window of ``window`` pixels ("2400,1200") if given:
+    a table lays out only the columns its window shows."""
     done = subprocess.run(
         [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-         f"--virtual-time-budget={budget_ms}", "--dump-dom", url],
+         *([f"--window-size={window}"] if window else []), f"--virtual-time-budget={budget_ms}", "--dump-dom", url],
         capture_output=True, text=True, timeout=180, check=False,
     )  # fmt: skip
     assert done.returncode == 0 and done.stdout.strip(), f"chromium on {url}: {done.stderr[-3000:]}"

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
-from dpsweep.config import UNITS, ClassifierTaskConfig, DPConfig, TaskConfig, shown_model
+from dpsweep.config import UNITS, ClassifierTaskConfig, DPConfig, shown_model, task_schemas
 from dpsweep.errors import InputError
 from dpsweep.memory.tables import LEGACY_PREFIX, METRIC_PREFIX
 from dpsweep.registry import Registry
@@ -155,24 +155,6 @@ def memory_column(frame: pd.DataFrame, name: str) -> pd.Series:
 def param_or_tag(frame: pd.DataFrame, key: str) -> pd.Series:
     """The param ``key``, falling back to the tag of the same name (e.g. dp.delta, dp.accountant)."""
     return column(frame, f"params.{key}").where(column(frame, f"params.{key}").notna(), column(frame, f"tags.{key}"))
-
-
-def task_schemas() -> dict[str, type[TaskConfig]]:
-    """Task name -> its schema: each TaskConfig subclass by its ``name`` default (read now, so that a
-    task defined after this import is included)."""
-    out: dict[str, type[TaskConfig]] = {}
-    stack = list(TaskConfig.__subclasses__())
-    while stack:
-        cls = stack.pop()
-        stack.extend(cls.__subclasses__())
-        if isinstance(getattr(cls, "name", None), str) and cls.objective:
-            out[cls.name] = cls
-    return out
-
-
-def task_objectives() -> dict[str, str]:
-    """Task name -> the metric its runs are scored by (its schema's ``objective``)."""
-    return {name: cls.objective for name, cls in task_schemas().items()}
 
 
 def objective_notes() -> dict[str, str]:

@@ -27,8 +27,6 @@ from dpsweep.analysis.report.columns import (
     row_units,
     run_pairs,
     run_tasks,
-    task_objectives,
-    task_schemas,
 )
 from dpsweep.analysis.report.table import (
     baseline_key,
@@ -38,7 +36,7 @@ from dpsweep.analysis.report.table import (
     score_name,
     shows_privacy_kinds,
 )
-from dpsweep.config import UNITS
+from dpsweep.config import UNITS, task_objectives, task_schemas
 from dpsweep.run.divergence import REASON_TAG
 
 

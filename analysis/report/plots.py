@@ -62,7 +62,6 @@ from dpsweep.analysis.report.columns import (
     mechanism_order,
     objective_name,
     row_units,
-    task_objectives,
 )
 from dpsweep.analysis.report.figures import (
     DEFAULT_STYLE,
@@ -84,6 +83,7 @@ from dpsweep.analysis.report.table import (
     shows_privacy_kinds,
     swept_params,
 )
+from dpsweep.config import task_objectives
 
 MIB = 2.0**20
 MAX_LEGEND_ENTRIES = 8

@@ -29,9 +29,8 @@ from dpsweep.analysis.report.columns import (
     column,
     param_or_tag,
     run_tasks,
-    task_objectives,
 )
-from dpsweep.config import identity
+from dpsweep.config import identity, task_objectives
 from dpsweep.run.divergence import DIVERGED_TAG
 
 PAGE_SIZE = 10_000  # runs per search_runs page (MLflow allows up to 50,000)

@@ -49,11 +49,9 @@ from dpsweep.analysis.report.columns import (
     row_units,
     run_models,
     run_tasks,
-    task_objectives,
-    task_schemas,
 )
 from dpsweep.analysis.report.query import hyperparameter_keys
-from dpsweep.config import TASK_SECTIONS, UNITS
+from dpsweep.config import TASK_SECTIONS, UNITS, task_objectives, task_schemas
 from dpsweep.registry import Registry
 
 

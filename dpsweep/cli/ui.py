@@ -7,7 +7,9 @@
 It serves the store with ``mlflow ui`` on 127.0.0.1 (loopback only), waits until it answers, then
 prints the experiment's page and opens it in the default browser where there is one. The page asks
 for MLflow 3's model-training view (``workflowType=machine_learning``), where the runs table is,
-instead of its GenAI overview (see ``dpsweep.tracking.ui_url``). Ctrl-C stops the server.
+instead of its GenAI overview (see ``dpsweep.tracking.ui_url``), in the view of the runs that
+dpsweep-ui saves on the experiment first: the objective and ε as columns, with the swept params, runs
+sorted by the objective (``dpsweep.tracking.store.save_view``). Ctrl-C stops the server.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 0 < args.port < 65536:
         raise InputError("--port", args.port, "a TCP port, 1 to 65535")
     from dpsweep.tracking import ui_url
-    from dpsweep.tracking.store import latest_experiment, open_client  # MLflow: after the arguments parse
+    from dpsweep.tracking.store import latest_experiment, open_client, save_view  # MLflow: after the arguments parse
 
     client = open_client(uri)
     if args.experiment is not None:
@@ -72,8 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         experiment_id = found.experiment_id
     else:
         experiment_id = latest_experiment(client)
+    view = save_view(client, experiment_id)
     if not local:  # a server: its UI is already served
-        return _show(ui_url(uri, experiment_id), args.no_browser)
+        return _show(ui_url(uri, experiment_id, view), args.no_browser)
     if not _free(args.port):
         raise InputError("--port", args.port, f"a port nothing listens on at {HOST} (another mlflow ui?)")
     # Its output is the user's (the server's log, on this terminal). Its own session: MLflow starts its
@@ -87,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     try:
         _wait_for(server, args.port)
-        _show(ui_url(f"http://{HOST}:{args.port}", experiment_id), args.no_browser)
+        _show(ui_url(f"http://{HOST}:{args.port}", experiment_id, view), args.no_browser)
         print("dpsweep-ui: Ctrl-C stops the server", flush=True)
         return server.wait()
     except KeyboardInterrupt:

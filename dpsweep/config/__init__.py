@@ -57,6 +57,8 @@ from dpsweep.config.task import (
     GanTaskConfig,
     TaskConfig,
     shown_model,
+    task_objectives,
+    task_schemas,
     validate_input_shape,
 )
 from dpsweep.config.tracking import TrackingConfig
@@ -111,6 +113,8 @@ __all__ = [
     "settings",
     "shown_model",
     "structured",
+    "task_objectives",
+    "task_schemas",
     "to_config",
     "trials_per_device",
     "validate",

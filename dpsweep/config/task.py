@@ -236,3 +236,21 @@ def validate_input_shape(cfg: Config, input_shape: tuple[int, int, int]) -> None
     raise ConfigError(
         "dataset.image_size", cfg.dataset.image_size, f"28 with task=gan (its images are served at {shape})"
     )
+
+
+def task_schemas() -> dict[str, type[TaskConfig]]:
+    """Task name -> its schema: each TaskConfig subclass by its ``name`` default (read now, so that a
+    task defined after this import is included)."""
+    out: dict[str, type[TaskConfig]] = {}
+    stack = list(TaskConfig.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        if isinstance(getattr(cls, "name", None), str) and cls.objective:
+            out[cls.name] = cls
+    return out
+
+
+def task_objectives() -> dict[str, str]:
+    """Task name -> the metric its runs are scored by (its schema's ``objective``)."""
+    return {name: cls.objective for name, cls in task_schemas().items()}

@@ -154,11 +154,22 @@ DEFAULT_URI = TrackingConfig.uri  # dpsweep's default store (sqlite:///mlflow.db
 UI_ADDRESS = "http://127.0.0.1:5000"  # where dpsweep-ui (make ui) serves by default
 
 
-def ui_url(server: str, experiment_id: str) -> str:
-    """The MLflow UI page of an experiment's training runs. MLflow 3's UI opens experiments in its
-    GenAI view (traces, token usage) unless the page asks for the model-training one, whatever the
-    experiment's kind: ``workflowType=machine_learning`` does (checked in a real browser)."""
-    return f"{server.rstrip('/')}/#/experiments/{experiment_id}?workflowType=machine_learning"
+# The view of an experiment's runs that dpsweep-ui saves and opens: one of MLflow's shared views, the
+# experiment tag VIEW_TAG + VIEW_KEY, which MLflow's UI applies for the URL parameter viewStateShareKey
+# (dpsweep.tracking.store.save_view)
+VIEW_TAG = "mlflow.sharedViewState."
+VIEW_KEY = "dpsweep"
+
+
+def ui_url(server: str, experiment_id: str, view: str | None = None) -> str:
+    """The MLflow UI page of an experiment's training runs, in the shared ``view`` if given. MLflow 3's UI
+    opens experiments in its GenAI view (traces, token usage) unless the page asks for the
+    model-training one, whatever the experiment's kind: ``workflowType=machine_learning`` does (checked
+    in a real browser)."""
+    page = f"{server.rstrip('/')}/#/experiments/{experiment_id}"
+    if view:  # the UI applies a shared view on its runs tab only, not on the page it redirects there from
+        return f"{page}/runs?workflowType=machine_learning&viewStateShareKey={view}"
+    return f"{page}?workflowType=machine_learning"
 
 
 def next_steps(uri: str, experiment: str, sweep_id: str | None = None) -> str:
@@ -172,7 +183,8 @@ def next_steps(uri: str, experiment: str, sweep_id: str | None = None) -> str:
         found = service().call("experiment_of", uri, experiment)
     except Exception:  # the line is a hint: a store that cannot be read now just gets no page
         found = None
-    page = None if found is None else ui_url(UI_ADDRESS if local else uri, found)
+    # dpsweep-ui saves its view before it opens the page; a server's page is the plain one
+    page = None if found is None else ui_url(UI_ADDRESS if local else uri, found, VIEW_KEY if local else None)
     if local:  # dpsweep-ui serves the store and opens the page; a server serves its own UI
         browse = f"dpsweep-ui --experiment {experiment}" + ("" if uri == DEFAULT_URI else f" --tracking-uri {uri}")
         browse += f", which opens {page}" if page else ""

@@ -51,7 +51,8 @@ def test_sweep_runs_each_job_and_prints_accuracy_and_epsilon(tmp_path: Path) -> 
     assert proc.stdout.rstrip().splitlines()[-1] == (
         f"dpsweep: next: dpsweep-report --experiment cli --sweep {sweep_id.group(1)}; "
         "browse the runs: dpsweep-ui --experiment cli, "
-        f"which opens http://127.0.0.1:5000/#/experiments/{experiment_id}?workflowType=machine_learning"
+        f"which opens http://127.0.0.1:5000/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+        "&viewStateShareKey=dpsweep"
     )
     # dpsweep's own lines, not Hydra's ("Launching 1 jobs locally", "#0 : <internal overrides>")
     said = proc.stdout + proc.stderr

@@ -1,6 +1,6 @@
 """The MLflow UI in a real browser (headless Chromium): ``dpsweep-ui`` serves a store and the page it
 opens (the one a run's last line names) shows the experiment's training runs, not MLflow 3's GenAI
-overview."""
+overview, in dpsweep's view of them (issue 33, item 6)."""
 
 from __future__ import annotations
 
@@ -71,9 +71,13 @@ def _ended(ui: subprocess.Popen[str], log: Path, timeout_s: float = 60) -> int:
 def test_the_page_dpsweep_names_opens_on_the_experiments_training_runs(tmp_path: Path) -> None:
     chromium = chromium_path()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    for i in range(2):
+    with tracked_run(TrackingConfig(uri, "ui", run_name="sweep-parent")) as parent:
+        pass
+    for i in range(2):  # a sweep's two jobs over train.seed
         with tracked_run(TrackingConfig(uri, "ui", run_name=f"digits-cnn-seed{i}")) as run:
-            run.log_metrics({"test_accuracy": 0.8 + i / 100, "epsilon": 2.0}, step=1)
+            run.log_params({"task.name": "classifier", "model.name": "cnn", "train.seed": i})
+            run.set_tags({"mlflow.parentRunId": parent.run_id})
+            run.log_metrics({"test_accuracy": 0.8 + i / 100, "epsilon": 2.0, "memory/model_load_bytes": 1e6}, step=1)
     line = next_steps(uri, "ui")
     found = re.search(
         r"dpsweep-ui --experiment ui --tracking-uri \S+, which opens (http://127\.0\.0\.1:5000/\S+)", line
@@ -83,7 +87,7 @@ def test_the_page_dpsweep_names_opens_on_the_experiments_training_runs(tmp_path:
     ui, page = _serve(uri, port, tmp_path / "ui.log")  # the latest run's experiment: the one next_steps names
     try:
         assert page == found.group(1).replace(":5000/", f":{port}/")
-        text = visible_text(browser_dom(chromium, page))
+        text = visible_text(browser_dom(chromium, page, window="2400,1200"))  # wide: every column laid out
     finally:
         ui.send_signal(signal.SIGINT)  # Ctrl-C: the server stops with it
         assert _ended(ui, tmp_path / "ui.log") == 0, (tmp_path / "ui.log").read_text()[-3000:]
@@ -100,8 +104,13 @@ def test_the_page_dpsweep_names_opens_on_the_experiments_training_runs(tmp_path:
     assert not [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     lines = text.splitlines()
     assert lines[0] == "Runs - Experiment 1 - MLflow", text[:500]  # the runs tab, of the experiment
-    assert "digits-cnn-seed0" in lines and "digits-cnn-seed1" in lines, text[:2000]
     assert "No data available for the selected time range" not in text  # not the GenAI overview
+    # dpsweep's view (store.save_view): the jobs as rows of their own, best first, not nested under
+    # the sweep's run; the objective, ε and the swept key as columns, not what is the same or memory/…
+    assert "You're viewing a shared view." in " ".join(lines) and "Sort: test_accuracy" in lines, text[:2000]
+    assert lines.index("digits-cnn-seed1") < lines.index("digits-cnn-seed0") < lines.index("sweep-parent"), text[:2000]
+    assert {"test_accuracy", "epsilon", "train.seed"} <= set(lines), text[:3000]
+    assert "model.name" not in lines and "memory/model_load_bytes" not in lines, text[:3000]
     from mlflow.tracking import MlflowClient
 
     experiment = MlflowClient(uri).get_experiment_by_name("ui")
