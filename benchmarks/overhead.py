@@ -126,6 +126,15 @@ class Timed:
 
 
 PIN: list[str] = []  # taskset -c CPUS: every timed process pinned (--cpus)
+EXTRA: list[str] = []  # overrides of dpsweep's side (--dpsweep-args), e.g. tracking.log_model=false
+
+
+def machine() -> str:
+    """The machine the figures were taken on, in words (for the JSON)."""
+    import os
+    import platform
+
+    return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
 def timed(argv: list[str], cwd: Path) -> Timed:
@@ -152,7 +161,7 @@ def bare_argv(epochs: int, eval_every_epoch: bool, runs: int = 1) -> list[str]:
 
 
 def dpsweep_argv(epochs: int, *extra: str) -> list[str]:
-    common = [f"train.epochs={epochs}", f"dp.noise_multiplier={SIGMA}", "train.progress=false"]
+    common = [f"train.epochs={epochs}", f"dp.noise_multiplier={SIGMA}", "train.progress=false", *EXTRA]
     return [str(BIN / "dpsweep"), *extra, *common]
 
 
@@ -188,6 +197,8 @@ def main() -> None:
     parser.add_argument("--sweep-epochs", type=int, default=2, help="epochs per sweep job (default 2)")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     parser.add_argument("--cpus", help="pin every timed process to these cores (taskset -c), e.g. 0")
+    parser.add_argument("--dpsweep-args", nargs="*", default=[], metavar="OVERRIDE",
+                        help="more overrides of dpsweep's side, e.g. tracking.log_model=false")  # fmt: skip
     parser.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)  # the yardstick's own process
     parser.add_argument("--epochs", type=int, default=8, help=argparse.SUPPRESS)
     parser.add_argument("--runs", type=int, default=1, help=argparse.SUPPRESS)
@@ -198,6 +209,7 @@ def main() -> None:
         return
 
     n, e = args.pairs, args.sweep_epochs
+    EXTRA[:] = args.dpsweep_args
     if args.cpus:
         PIN[:] = ["taskset", "-c", args.cpus]
         print(f"every timed process pinned: {' '.join(PIN)}", flush=True)
@@ -212,7 +224,9 @@ def main() -> None:
         inline = pairs(sweep_argv(e, "inline"), bare_argv(e, True, runs=SEEDS), cwd, n, f"inline sweep, {SEEDS} jobs")
         local_dp = [timed(sweep_argv(e, "local"), cwd) for _ in range(args.local_pairs)]
         local = Pairs(local_dp, [one_after_another(bare_argv(e, True), cwd, SEEDS) for _ in range(args.local_pairs)])
-        print(f"  local sweep: dpsweep {local.median('dpsweep'):.2f} s, bare {local.median('bare'):.2f} s", flush=True)
+        if args.local_pairs:  # --local-pairs 0: not measured
+            ours, theirs = local.median("dpsweep"), local.median("bare")
+            print(f"  local sweep: dpsweep {ours:.2f} s, bare {theirs:.2f} s", flush=True)
 
     long = args.long_epochs
     per_epoch = {side: (run_long.median(side) - run1.median(side)) / (long - 1) for side in ("dpsweep", "bare")}
@@ -223,9 +237,10 @@ def main() -> None:
         (f"wall per extra epoch (1 -> {long} epochs)", per_epoch["dpsweep"], per_epoch["bare"], 1.05),
         (f"inline sweep of {SEEDS} x {e} epochs (bare: one process)", inline.median("dpsweep"), inline.median("bare"),
          1.1),
-        (f"local sweep of {SEEDS} x {e} epochs (bare: {SEEDS} processes)", local.median("dpsweep"),
-         local.median("bare"), None),
     ]  # fmt: skip
+    if args.local_pairs:
+        rows.append((f"local sweep of {SEEDS} x {e} epochs (bare: {SEEDS} processes)", local.median("dpsweep"),
+                     local.median("bare"), None))  # fmt: skip
     fixed_s = run1.median("dpsweep") - run1.median("bare")
     missed = []
     print(f"\n| median of {n} | dpsweep | bare Opacus | ratio |\n|---|---|---|---|")
@@ -237,11 +252,14 @@ def main() -> None:
     print(f"| fixed cost of a run (1 epoch, dpsweep - bare) | | | {fixed_s:+.2f} s (goal <= +1.5 s) |")
     if fixed_s > 1.5:
         missed.append(f"fixed cost {fixed_s:+.2f} s > +1.5 s")
-    per_job = {"inline": inline.median("dpsweep") / SEEDS, "local": local.median("dpsweep") / SEEDS}
-    print(f"\nper sweep job: inline {per_job['inline']:.2f} s, local {per_job['local']:.2f} s")
+    per_job = {"inline": inline.median("dpsweep") / SEEDS}
+    if args.local_pairs:
+        per_job["local"] = local.median("dpsweep") / SEEDS
+    print("\nper sweep job: " + ", ".join(f"{k} {v:.2f} s" for k, v in per_job.items()))
     if args.json is not None:
         figures = {
-            "pairs": n, "sweep_epochs": e, "cpus": args.cpus, "fixed_cost_s": fixed_s, "per_epoch_s": per_epoch,
+            "pairs": n, "sweep_epochs": e, "cpus": args.cpus, "dpsweep_args": EXTRA, "fixed_cost_s": fixed_s,
+            "per_epoch_s": per_epoch, "machine": machine(),
             "rows": [{"measure": r[0], "dpsweep_s": r[1], "bare_s": r[2], "ratio": r[1] / r[2], "goal": r[3]}
                      for r in rows],
             "raw": {k: asdict(v) for k, v in
