@@ -56,13 +56,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise InputError(
             "--tracking-uri", uri, "a local store (sqlite:///mlflow.db, a folder) or an MLflow server's URL"
         )
+    from dpsweep.tracking import sqlite_path, ui_url
+
     local = scheme not in ("http", "https")
-    where = Path(uri[len("sqlite:///") :] if scheme == "sqlite" else urlparse(uri).path)
+    where = sqlite_path(uri) or Path(urlparse(uri).path)
     if local and not where.exists():
         raise InputError("--tracking-uri", uri, f"a store that exists ({where.absolute()} does not): run dpsweep first")
     if not 0 < args.port < 65536:
         raise InputError("--port", args.port, "a TCP port, 1 to 65535")
-    from dpsweep.tracking import ui_url
     from dpsweep.tracking.store import latest_experiment, open_client, save_view  # MLflow: after the arguments parse
 
     client = open_client(uri)

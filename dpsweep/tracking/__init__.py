@@ -311,12 +311,21 @@ def terminate_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+SQLITE_PREFIX = "sqlite:///"  # a local sqlite store's URI: the database's path follows
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a local sqlite store (``sqlite:///mlflow.db``: ``mlflow.db``;
+    ``sqlite:////abs/x.db``: ``/abs/x.db``); None for any other store."""
+    return Path(uri[len(SQLITE_PREFIX) :]) if uri.startswith(SQLITE_PREFIX) else None
+
+
 def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
     """Raise ConnectionError, fast, if jobs could not log to ``uri`` (checked before submitting)."""
     parsed = urlparse(uri)
     scheme = parsed.scheme.split("+")[0]
     if scheme == "sqlite":
-        db = Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else Path(parsed.path)
+        db = sqlite_path(uri) or Path(parsed.path)
         folder = db.parent if str(db.parent) else Path(".")
         if not folder.is_dir() or not os.access(folder, os.W_OK):
             raise ConnectionError(

@@ -50,6 +50,7 @@ from dpsweep.tracking import (
     VIEW_TAG,
     Claim,
     Claimed,
+    sqlite_path,
     why_dead,
 )
 
@@ -72,10 +73,10 @@ def op(fn: F) -> F:
 def store_lock(uri: str) -> Iterator[None]:
     """An exclusive lock on a local sqlite store (a file ``<db>.lock`` beside it), for what must not
     interleave between processes: creating the store, claiming a config. No-op for other stores."""
-    if not uri.startswith("sqlite:///"):
+    db = sqlite_path(uri)
+    if db is None:
         yield
         return
-    db = Path(uri[len("sqlite:///") :])
     db.parent.mkdir(parents=True, exist_ok=True)
     with open(db.with_name(db.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
@@ -90,8 +91,8 @@ def open_client(uri: str) -> MlflowClient:
     one for minutes, then prints a traceback (issue 39, item 13)."""
     if uri not in _READY and urlparse(uri).scheme in ("http", "https"):
         _probe_server(uri)
-    if uri not in _READY and uri.startswith("sqlite:///"):
-        db = Path(uri[len("sqlite:///") :])
+    db = sqlite_path(uri)
+    if uri not in _READY and db is not None:
         if not os.access(db.parent if str(db.parent) else Path("."), os.W_OK):
             raise ConfigError(
                 "tracking.uri", uri, f"a database in a directory dpsweep can write ({db.parent.absolute()})"
