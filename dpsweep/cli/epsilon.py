@@ -53,8 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-e", "--epochs", type=int, help="number of epochs (or give --steps)")
     p.add_argument("--steps", type=int, help="number of optimizer steps (or give -e)")
     p.add_argument("-d", "--delta", type=float, default=1e-5, help="δ, in (0, 1) and below 1/N (default 1e-5)")
-    p.add_argument("--accountant", choices=ledger.ACCOUNTANTS.names(), default="rdp",
-                   help="rdp (Mironov 2017), prv (Gopi et al. 2021, Opacus's) or pld (dp-accounting's)")  # fmt: skip
+    p.add_argument("--accountant", choices=ledger.ACCOUNTANTS.names(), default="pld",
+                   help="pld (dp-accounting's, the tightest: default), prv (Gopi et al. 2021, Opacus's) or rdp "
+                   "(Mironov 2017, to reproduce papers)")  # fmt: skip
     p.add_argument("--conversion", choices=rdp.CONVERSIONS.names(), default="improved",
                    help="RDP to (ε, δ): improved (Balle et al. 2020, Opacus) or classic (Mironov 2017)")  # fmt: skip
     p.add_argument("--alphas", nargs="+", metavar="ALPHA",

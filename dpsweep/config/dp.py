@@ -104,7 +104,9 @@ class DPConfig:
     noise_multiplier: float = 1.0  # σ: noise std relative to max_grad_norm; calibrated when target_epsilon is set
     max_grad_norm: float = 1.0  # C: per-sample gradient clipping norm (L2)
     delta: float = 1e-5  # δ of the (ε, δ) guarantee; must be < 1/N unless allow_large_delta
-    accountant: Accountant = Accountant.rdp  # rdp | prv | pld: the accountant of the ε logged as `epsilon`
+    # pld | prv | rdp: the accountant of the ε logged as `epsilon` and of calibration; PLD, the tightest
+    # sound one (dp-accounting's pessimistic, connect-the-dots estimate); rdp to reproduce papers
+    accountant: Accountant = Accountant.pld
     rdp_orders: RdpOrders = RdpOrders.default  # default (to 1024) | opacus (Opacus's grid, to 63)
     target_epsilon: float | None = None  # when set, σ is calibrated so that ε <= target_epsilon
     allow_large_delta: bool = False  # permit δ >= 1/N, which makes the guarantee void

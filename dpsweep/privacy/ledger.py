@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import attr
@@ -158,6 +158,10 @@ def _is_noop(event: dp_event.DpEvent) -> bool:
 # accountants
 # ---------------------------------------------------------------------------------------------
 PLD_DISCRETIZATION = 1e-4  # dp-accounting's default value_discretization_interval
+# A coarser interval for an ε that is only looked at on the way (calibration's search, a run's ε
+# before its last epoch): 7-8x faster for DP-SGD on digits (0.17 against 1.2 s on the 2-core VM),
+# within 4e-5 relative of it there, and an upper bound too (pessimistic estimate)
+COARSE_PLD_DISCRETIZATION = 1e-3
 
 
 @dataclass(frozen=True)
@@ -171,6 +175,17 @@ class Accounting:
     conversion: str = "improved"
     orders: tuple[float, ...] = rdp.DEFAULT_ORDERS
     pld_discretization: float = PLD_DISCRETIZATION
+
+
+def coarse(accounting: Accounting) -> Accounting:
+    """``accounting`` on PLD's coarser interval (:data:`COARSE_PLD_DISCRETIZATION`) where it is PLD on a
+    finer one; else itself. Its ε is an upper bound too: under PLD the privacy losses are rounded
+    pessimistically whatever the interval (Doroshenko et al., "Connect the Dots: Tighter Discrete
+    Approximations of Privacy Loss Distributions", PETS 2022; dp-accounting's
+    ``from_gaussian_mechanism(pessimistic_estimate=True)``), coarser being looser and faster."""
+    if accounting.accountant == "pld" and accounting.pld_discretization < COARSE_PLD_DISCRETIZATION:
+        return replace(accounting, pld_discretization=COARSE_PLD_DISCRETIZATION)
+    return accounting
 
 
 @dataclass(frozen=True)

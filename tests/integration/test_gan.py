@@ -21,6 +21,7 @@ from dpsweep.data.facts import DatasetFacts
 from dpsweep.data.loaders import DigitsConfig, build
 from dpsweep.plan import prepare
 from dpsweep.privacy import schedule as privacy
+from dpsweep.privacy.ledger import Accounting
 from dpsweep.run.runner import train
 from dpsweep.tasks.gan import synthetic
 from dpsweep.tasks.gan import task as gan_task
@@ -52,8 +53,9 @@ def test_a_private_gan_run_logs_its_epsilon_samples_and_scores(make_cfg: Compose
     assert result.steps == 2 * STEPS_PER_EPOCH and tags["dp.steps"] == str(2 * STEPS_PER_EPOCH)
     [entry] = result.ledger.entries
     assert entry.params == {"noise_multiplier": 1.2, "sample_rate": 1 / STEPS_PER_EPOCH, "steps": 46}
-    expected = privacy.epsilon(privacy.poisson_schedule(1437, 64), 1.2, 1e-5, epochs=2).epsilon
-    assert m["epsilon"] == pytest.approx(expected, rel=1e-12) and m["epsilon_rdp"] == m["epsilon"]
+    pld = Accounting("pld")  # the default accountant
+    expected = privacy.epsilon(privacy.poisson_schedule(1437, 64), 1.2, 1e-5, epochs=2, accounting=pld).epsilon
+    assert m["epsilon"] == pytest.approx(expected, rel=1e-12) and m["epsilon_pld"] == m["epsilon"]
     per_epoch = client.get_metric_history(run.info.run_id, "epsilon")
     assert [h.step for h in per_epoch] == [1, 2] and per_epoch[0].value < per_epoch[1].value
     assert [h.step for h in client.get_metric_history(run.info.run_id, "generator_loss")] == [1, 2]
@@ -216,7 +218,8 @@ def test_dpsweep_plan_prices_a_gan_as_its_critic_steps(make_cfg: Composer) -> No
     plan = prepare(to_config(make_cfg("task=gan", "train.epochs=30", "dp.noise_multiplier=1.1")), DIGITS)
     assert plan.privacy is not None and plan.steps == 30 * STEPS_PER_EPOCH
     schedule = privacy.poisson_schedule(1437, 64)
-    assert plan.privacy.epsilon == privacy.epsilon(schedule, 1.1, 1e-5, epochs=30).epsilon
+    pld = Accounting("pld")  # the default accountant
+    assert plan.privacy.epsilon == privacy.epsilon(schedule, 1.1, 1e-5, epochs=30, accounting=pld).epsilon
     capped = prepare(
         to_config(make_cfg("task=gan", "train.epochs=30", "dp.target_epsilon=2", "task.stop_at_budget=true")), DIGITS
     )

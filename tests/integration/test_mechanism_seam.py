@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 import torch
-from dp_accounting import dp_event, rdp
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
 from helpers import Composer, runs_of
 from mlflow.tracking import MlflowClient
 from torch import Tensor
@@ -79,8 +80,8 @@ def registered() -> None:
 
 
 def reference_epsilon(sigma: float, steps: int, delta: float) -> float:
-    """dp-accounting's RDP accountant on the same composed Gaussian mechanisms."""
-    accountant = rdp.RdpAccountant()
+    """dp-accounting's PLD accountant (the default dp.accountant's) on the same composed Gaussian mechanisms."""
+    accountant = pld_privacy_accountant.PLDAccountant()
     accountant.compose(dp_event.GaussianDpEvent(sigma), steps)
     return float(accountant.get_epsilon(delta))
 

@@ -21,6 +21,7 @@ from dpsweep.mechanisms import dpftrl_accounting as ftrl_accounting
 from dpsweep.mechanisms import functional as func_dp
 from dpsweep.plan import prepare
 from dpsweep.privacy import schedule as privacy
+from dpsweep.privacy.ledger import Accounting
 from dpsweep.run.runner import train
 from dpsweep.tasks import classifier
 
@@ -46,7 +47,8 @@ def test_dpftrl_is_planned_without_sampling_and_dpsgd_with_it(make_cfg: Composer
     assert ftrl.privacy is not None and ftrl.privacy.sample_rate is None and ftrl.steps == 6 * 23
     [entry] = ftrl.privacy.ledger.entries
     assert dp_event.PoissonSampledDpEvent not in _event_types(entry.event)
-    assert ftrl.privacy.epsilon == pytest.approx(ftrl_accounting.ftrl_epsilon(4.0, 23, 6, 1e-5, 2, True), rel=1e-12)
+    expected = ftrl_accounting.ftrl_epsilon(4.0, 23, 6, 1e-5, 2, True, accountant="pld")  # the default accountant
+    assert ftrl.privacy.epsilon == pytest.approx(expected, rel=1e-12)
     sgd = prepare(to_config(make_cfg("train.epochs=6", "dp.noise_multiplier=4")), DIGITS)
     assert sgd.privacy is not None
     assert all(dp_event.PoissonSampledDpEvent in _event_types(e.event) for e in sgd.privacy.ledger.entries)
@@ -59,10 +61,12 @@ def test_user_level_plans_over_users(make_cfg: Composer) -> None:
     plan = prepare(to_config(make_cfg(*USERS, "train.epochs=4", "dp.noise_multiplier=1.5")), DIGITS)
     assert plan.privacy is not None and plan.privacy.sample_rate == 1 / 5 and plan.steps == 4 * 5
     schedule = privacy.poisson_schedule(50, 10)  # N = 50 users, 10 expected per step
-    assert plan.privacy.epsilon == privacy.epsilon(schedule, 1.5, 1e-5, epochs=4).epsilon
+    pld = Accounting("pld")  # the default accountant
+    assert plan.privacy.epsilon == privacy.epsilon(schedule, 1.5, 1e-5, epochs=4, accounting=pld).epsilon
     both = prepare(to_config(make_cfg(*USERS, *FTRL, "train.epochs=4", "dp.noise_multiplier=3")), DIGITS)
     assert both.privacy is not None
-    assert both.privacy.epsilon == pytest.approx(ftrl_accounting.ftrl_epsilon(3.0, 5, 4, 1e-5), rel=1e-12)
+    expected = ftrl_accounting.ftrl_epsilon(3.0, 5, 4, 1e-5, accountant="pld")
+    assert both.privacy.epsilon == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -101,17 +105,19 @@ def test_dpftrl_and_user_level_runs_log_the_epsilon_of_what_ran(make_cfg: Compos
     tags, m = run.data.tags, run.data.metrics
     assert tags["dp.mechanism"] == "dpftrl" and tags["dp.neighbours"] == "replace_one_with_zero"
     assert tags["dp.unit"] == "example" and ftrl.steps == 2 * 23
-    assert m["epsilon"] == pytest.approx(ftrl_accounting.ftrl_epsilon(4.0, 23, 2, 1e-5), rel=1e-12)
+    assert m["epsilon"] == pytest.approx(ftrl_accounting.ftrl_epsilon(4.0, 23, 2, 1e-5, accountant="pld"), rel=1e-12)
     first = min(client.get_metric_history(ftrl.run_id, "epsilon"), key=lambda h: h.step)
-    assert first.value == pytest.approx(
-        ftrl_accounting.ftrl_epsilon(4.0, 23, 1, 1e-5)
-    )  # after epoch 1: one epoch's tree
+    # after epoch 1: one epoch's tree, on PLD's coarser grid before the last epoch (an upper bound)
+    assert first.value == pytest.approx(ftrl_accounting.ftrl_epsilon(4.0, 23, 1, 1e-5, accountant="pld"), rel=1e-3)
     assert "train_loss" not in m and 0 <= m["test_accuracy"] <= 1
 
     user = train(make_cfg(*USERS, "dp.noise_multiplier=1.5", "train.epochs=2", "tracking.run_name=user"))
     tags, m = client.get_run(user.run_id).data.tags, client.get_run(user.run_id).data.metrics
     assert tags["dp.unit"] == "user" and tags["dp.mechanism"] == "dpsgd" and user.steps == 2 * 5
-    assert m["epsilon"] == privacy.epsilon(privacy.poisson_schedule(50, 10), 1.5, 1e-5, epochs=2).epsilon
+    pld = Accounting("pld")
+    assert (
+        m["epsilon"] == privacy.epsilon(privacy.poisson_schedule(50, 10), 1.5, 1e-5, epochs=2, accounting=pld).epsilon
+    )
     for stage in ("batch_load", "backward", "optimizer_step"):
         assert m[f"memory/{stage}_bytes"] > 0  # the stages of one step on exactly B users
 
@@ -126,7 +132,8 @@ def test_an_interrupted_dpftrl_run_resumes_its_tree_exactly(
     straight, resumed = straight_and_resumed(make_cfg, client, experiment_name, args, classifier.ClassifierRun, 4, ckpt)
     assert resumed.steps == straight.steps == 4 * 23
     assert resumed.epsilons == straight.epsilons
-    assert resumed.epsilon == pytest.approx(ftrl_accounting.ftrl_epsilon(3.0, 23, 4, 1e-5, 2, True), rel=1e-12)
+    expected = ftrl_accounting.ftrl_epsilon(3.0, 23, 4, 1e-5, 2, True, accountant="pld")
+    assert resumed.epsilon == pytest.approx(expected, rel=1e-12)
     assert resumed.model is not None and straight.model is not None
     for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
         assert torch.equal(a, b), name  # the same tree noise, the same fixed order, the same steps

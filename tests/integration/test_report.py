@@ -160,7 +160,7 @@ def test_table_equals_aggregates_computed_independently(sweep: Sweep) -> None:
             assert not row["private"] and pd.isna(row["epsilon"]) and pd.isna(row["accuracy_drop"])
             assert row["accountant"] is None or pd.isna(row["accountant"])
         else:
-            assert row["private"] and (row["max_grad_norm"], row["delta"], row["accountant"]) == (1.0, 1e-5, "rdp")
+            assert row["private"] and (row["max_grad_norm"], row["delta"], row["accountant"]) == (1.0, 1e-5, "pld")
             assert row["epsilon"] == pytest.approx(want["epsilon"], rel=1e-12)
             assert row["accuracy_drop"] == pytest.approx(want["drop"], rel=1e-12)
             assert row["baseline_config_id"] == _row(r.table, None)["config_id"]

@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 from dpsweep.config import ConfigError, DigitsConfig, DPConfig, GradSampleMode, flatten, identity, to_config
 from dpsweep.data import loaders as data
 from dpsweep.data.loaders import DatasetNotFoundError
+from dpsweep.errors import InputError
 from dpsweep.mechanisms.fused import FusedStep
 from dpsweep.mechanisms.opacus_engine import make_private
 from dpsweep.memory.stages import STAGES
@@ -137,9 +138,13 @@ def test_dp_run_logs_exactly_the_documented_metrics(dp_run: tuple) -> None:  # t
         assert [m.step for m in history] == [1, 2, 3], name  # step = epoch
     eps = [m.value for m in client.get_metric_history(run.info.run_id, "epsilon")]
     assert eps[0] < eps[1] < eps[2] == result.epsilon  # ε accumulates over epochs
-    assert run.data.metrics["epsilon_rdp"] == result.epsilons["rdp"] == result.epsilon
+    assert run.data.metrics["epsilon_pld"] == result.epsilons["pld"] == result.epsilon  # the default accountant
     assert 0 < run.data.metrics["epsilon_prv"] <= run.data.metrics["epsilon_rdp"]
     assert 0 < run.data.metrics["epsilon_pld"] <= run.data.metrics["epsilon_rdp"]
+    # before the last epoch, PLD on its coarser grid (an upper bound), within 1e-3 of the run's own
+    schedule, pld = privacy.poisson_schedule(1437, 64), ledger.Accounting("pld")
+    fine = [privacy.epsilon(schedule, result.noise_multiplier, 1e-5, epochs=e, accounting=pld).epsilon for e in (1, 2)]
+    assert all(f <= e <= f * 1.001 for f, e in zip(fine, eps[:2], strict=True)), (fine, eps)
     assert run.data.tags["dp.unit"] == "example" and run.data.tags["dp.events"] == "1"
     m = run.data.metrics
     assert m["memory/model_load_bytes"] > 0  # the CNN's weights
@@ -272,7 +277,7 @@ def test_dp_run_logs_the_documented_tags_and_config(dp_run: tuple) -> None:  # t
     tags = run.data.tags
     assert set(tags) >= OUR_TAGS | DP_TAGS
     assert tags["memory.backend"] == "cpu-tensors"
-    assert tags["dataset.n_train"] == "1437" and tags["dp.delta"] == "1e-05" and tags["dp.accountant"] == "rdp"
+    assert tags["dataset.n_train"] == "1437" and tags["dp.delta"] == "1e-05" and tags["dp.accountant"] == "pld"
     assert tags["dp.steps"] == str(3 * 23) == str(result.steps)
     assert tags["torch.version"] == torch.__version__
     artifact = client.download_artifacts(run.info.run_id, "config.yaml")
@@ -511,7 +516,8 @@ BAD_INPUT = [
     (["train.epochs=0"], ConfigError, "train.epochs=0"),
     (["train.eval_every=0"], ConfigError, "train.eval_every=0 is invalid: a number of epochs, 1 or more"),
     (["model.hidden_units=-2"], ConfigError, "model.hidden_units=-2"),
-    (["dp.target_epsilon=1e-9"], ConfigError, "dp.target_epsilon"),
+    # out of RDP's reach (under PLD, σ ≈ 1e5 spends ε = 0 at δ = 1e-5, rightly: Φ's step is under δ)
+    (["dp.target_epsilon=1e-9", "dp.accountant=rdp"], ConfigError, "dp.target_epsilon"),
     (
         ["dataset=mnist", "dataset.root=/nonexistent/data"],
         DatasetNotFoundError,
@@ -638,8 +644,14 @@ def test_ew_mode_survives_empty_poisson_batches(make_cfg: Composer) -> None:
 def test_a_run_with_a_tiny_sigma_reports_rdp_and_says_why_pld_and_prv_are_not_computed(
     make_cfg: Composer, client: MlflowClient, experiment_name: str, tmp_path: Path
 ) -> None:
-    """σ = 0.05: PLD and PRV would discretise the privacy loss for minutes at the end of the run."""
-    result = train(make_cfg("dp.noise_multiplier=0.05", "train.epochs=1", "tracking.log_model=false"))
+    """σ = 0.05: PLD and PRV would discretise the privacy loss for minutes at the end of the run. Under
+    the default accountant (PLD) such a run is refused before it starts, saying to use RDP."""
+    with pytest.raises(InputError, match=r"dp.accountant='pld' is invalid: rdp for this run: its RDP ε is \d+"):
+        train(make_cfg("dp.noise_multiplier=0.05", "train.epochs=1", "tracking.log_model=false"))
+    assert runs_of(client, experiment_name) == []
+    result = train(
+        make_cfg("dp.noise_multiplier=0.05", "train.epochs=1", "tracking.log_model=false", "dp.accountant=rdp")
+    )
     assert set(result.epsilons) == {"rdp"} and result.epsilon == result.epsilons["rdp"] > ledger.DISCRETISED_MAX_EPSILON
     [run] = runs_of(client, experiment_name)
     assert "epsilon_rdp" in run.data.metrics and not {"epsilon_pld", "epsilon_prv"} & set(run.data.metrics)

@@ -13,6 +13,7 @@ from hydra import initialize_config_module
 from dpsweep.cli.plan import expand_sweep, format_table, main, plan
 from dpsweep.launchers.expand import expand
 from dpsweep.privacy import schedule as privacy
+from dpsweep.privacy.ledger import Accounting
 
 
 @pytest.fixture()
@@ -74,8 +75,11 @@ def test_rows_carry_the_trainers_epsilon_and_budget(hydra_ctx: None) -> None:
     off = [r for r in rows if r.epsilon is None]
     dp = [r for r in rows if r.epsilon is not None]
     assert len(off) == 2 and all(r.noise_multiplier is None and not r.over_budget for r in off)
+    pld = Accounting("pld")  # the default accountant
     for r in dp:
-        expected = privacy.epsilon(privacy.poisson_schedule(1437, 64), r.noise_multiplier, 1e-5, epochs=4)
+        expected = privacy.epsilon(
+            privacy.poisson_schedule(1437, 64), r.noise_multiplier, 1e-5, epochs=4, accounting=pld
+        )
         assert r.epsilon == expected.epsilon and r.steps == expected.steps == 4 * 23
         assert r.over_budget == (r.epsilon > 5)
     assert [r.over_budget for r in dp] == [True, False]
@@ -122,7 +126,7 @@ def test_plan_rows_match_the_jobs_dpsweep_m_launches(tmp_path: Path) -> None:
     assert all(run.info.status == "FINISHED" for run in runs)
     logged = {
         (int(run.data.params["train.batch_size"]), float(run.data.params["dp.noise_multiplier"])): run.data.metrics[
-            "epsilon_rdp"
+            "epsilon"
         ]
         for run in runs
     }
@@ -161,8 +165,10 @@ def test_plan_table_and_bad_input() -> None:
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert lines[0].split() == ["job", "dataset", "model", "B", "σ", "C", "lr", "epochs", "δ", "ε"]
-    assert sum("non-DP" in line for line in lines) == 2 and "7.414" in table.stdout
-    opacus = run_main(main, "experiment=demo", "dp.rdp_orders=opacus")  # Opacus's orders: its figure
+    assert sum("non-DP" in line for line in lines) == 2 and "6.483" in table.stdout  # PLD, the default
+    rdp = run_main(main, "experiment=demo", "dp.accountant=rdp")
+    assert rdp.returncode == 0 and "7.414" in rdp.stdout, rdp.stderr
+    opacus = run_main(main, "experiment=demo", "dp.accountant=rdp", "dp.rdp_orders=opacus")  # Opacus's orders
     assert opacus.returncode == 0 and "7.417" in opacus.stdout, opacus.stderr
     bad = run_main(main, "dp.noise_multiplier=0,1")
     assert bad.returncode == 2 and "dp.noise_multiplier=0.0 is invalid" in bad.stderr, bad.stderr

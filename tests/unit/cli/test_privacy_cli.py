@@ -11,7 +11,7 @@ from PIL import Image
 
 from dpsweep.cli.epsilon import main, run
 from dpsweep.errors import InputError
-from dpsweep.privacy import rdp
+from dpsweep.privacy import ledger, rdp
 from dpsweep.privacy import schedule as privacy
 
 JSON_KEYS = {
@@ -21,17 +21,48 @@ JSON_KEYS = {
 
 
 def test_statement_for_the_mnist_reference(capsys: pytest.CaptureFixture[str]) -> None:
-    run(["-s", "60000", "-b", "150", "-n", "1.3", "-e", "15"])
+    run(["-s", "60000", "-b", "150", "-n", "1.3", "-e", "15", "--accountant", "rdp"])
     text = capsys.readouterr().out
     assert "q = 0.0025" in text and "6000 steps" in text and "ε = 0.724223" in text
     assert "δ = 1e-05" in text and "α = 19" in text and "RDP accountant, improved conversion" in text
+
+
+def test_the_default_accountant_is_dp_accountings_pld(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 33, item 5: by default ε is PLD's (the tightest sound accountant), as dp-accounting's own
+    PLDAccountant gives it (pessimistic estimate, 1e-4 discretisation), and below RDP's 0.7242."""
+    from dp_accounting import dp_event
+    from dp_accounting.pld import pld_privacy_accountant
+
+    run(["-s", "60000", "-b", "150", "-n", "1.3", "-e", "15", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    step = dp_event.PoissonSampledDpEvent(0.0025, dp_event.GaussianDpEvent(1.3))
+    accountant.compose(dp_event.SelfComposedDpEvent(step, 6000))
+    assert out["accountant"] == "pld" and out["alpha"] is None and out["conversion"] is None
+    assert out["epsilon"] == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-9) and out["epsilon"] < 0.7242234026
 
 
 @pytest.mark.parametrize(("conversion", "expected"), [("classic", 0.941870567), ("improved", 0.7242234026)])
 def test_json_has_exactly_the_documented_keys(
     capsys: pytest.CaptureFixture[str], conversion: str, expected: float
 ) -> None:
-    run(["-s", "60000", "-b", "150", "-n", "1.3", "-e", "15", "--json", "--conversion", conversion])
+    run(
+        [
+            "-s",
+            "60000",
+            "-b",
+            "150",
+            "-n",
+            "1.3",
+            "-e",
+            "15",
+            "--json",
+            "--accountant",
+            "rdp",
+            "--conversion",
+            conversion,
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert set(out) == JSON_KEYS | {"epochs"}
     assert out["epsilon"] == pytest.approx(expected, rel=1e-6)
@@ -40,7 +71,8 @@ def test_json_has_exactly_the_documented_keys(
 
 def test_custom_orders_and_steps(capsys: pytest.CaptureFixture[str]) -> None:
     # q = 0.01 (N=10000, B=100), σ=1, 300 steps, orders {2, 5, 10, 20, 100}: ε = 2.39 at α = 5
-    run(["-s", "10000", "-b", "100", "-n", "1.0", "--steps", "300", "--alphas", "2", "5", "10", "20", "100", "--json"])
+    run(["-s", "10000", "-b", "100", "-n", "1.0", "--steps", "300", "--alphas", "2", "5", "10", "20", "100", "--json",
+         "--accountant", "rdp"])  # fmt: skip
     out = json.loads(capsys.readouterr().out)
     assert round(out["epsilon"], 2) == 2.39 and out["alpha"] == 5 and out["sample_rate"] == 0.01
 
@@ -51,7 +83,7 @@ def test_tf_privacys_step_convention_reproduces_its_figures(capsys: pytest.Captu
     from dp_accounting import dp_event
     from dp_accounting.rdp import rdp_privacy_accountant
 
-    args = ["-s", "60000", "-b", "256", "-n", "1.1", "-e", "60", "--json"]
+    args = ["-s", "60000", "-b", "256", "-n", "1.1", "-e", "60", "--json", "--accountant", "rdp"]
     run([*args, "--convention", "tf_privacy"])
     tf = json.loads(capsys.readouterr().out)
     run(args)
@@ -88,7 +120,10 @@ def test_target_epsilon_calibrates_sigma(capsys: pytest.CaptureFixture[str]) -> 
     run(["-s", "60000", "-b", "256", "-e", "10", "--target-epsilon", "1.5", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert out["calibrated"] == "noise_multiplier" and 1.49 <= out["epsilon"] <= 1.5
-    again = privacy.epsilon(privacy.poisson_schedule(60000, 256), out["noise_multiplier"], 1e-5, epochs=10)
+    pld = ledger.Accounting("pld")  # the default accountant
+    again = privacy.epsilon(
+        privacy.poisson_schedule(60000, 256), out["noise_multiplier"], 1e-5, epochs=10, accounting=pld
+    )
     assert again.epsilon == out["epsilon"]
 
 
@@ -206,7 +241,7 @@ def test_a_quantile_clipping_release_is_priced_and_calibrated_with(capsys: pytes
     priced = json.loads(capsys.readouterr().out)
     q = plain["sample_rate"]
     bill = ledger.Ledger((clipping.release(2.0, q, "histogram"), ledger.dpsgd(1.0, q, plain["steps"])))
-    assert priced["epsilon"] == ledger.epsilon(bill, 1e-5).epsilon > plain["epsilon"]
+    assert priced["epsilon"] == ledger.epsilon(bill, 1e-5, ledger.Accounting("pld")).epsilon > plain["epsilon"]
     run([*base, "--target-epsilon", "3", "--clipping", "quantile", "--clip-epsilon", "2"])
     calibrated = json.loads(capsys.readouterr().out)
     run([*base, "--target-epsilon", "3"])
@@ -315,8 +350,10 @@ def test_dpftrl_is_priced_without_sampling_and_calibrated(capsys: pytest.Capture
     out = run([*argv, "-n", "4", "--tree-completion"])
     assert out["sample_rate"] is None and out["steps_per_epoch"] == 23 and out["steps"] == 138
     assert out["sensitivity_squared"] == ftrl_accounting.ftrl_sensitivity_squared(23, 6, 2, True)
-    assert out["epsilon"] == pytest.approx(ftrl_accounting.ftrl_epsilon(4.0, 23, 6, 1e-5, 2, True), rel=1e-12)
-    sgd = privacy.epsilon(privacy.poisson_schedule(1437, 64), 4.0, 1e-5, epochs=6).epsilon
+    expected = ftrl_accounting.ftrl_epsilon(4.0, 23, 6, 1e-5, 2, True, accountant="pld")  # the default
+    assert out["epsilon"] == pytest.approx(expected, rel=1e-12)
+    pld = ledger.Accounting("pld")
+    sgd = privacy.epsilon(privacy.poisson_schedule(1437, 64), 4.0, 1e-5, epochs=6, accounting=pld).epsilon
     assert out["epsilon"] > sgd  # no amplification by sampling
     calibrated = run([*argv, "--target-epsilon", "3", "--accountant", "pld"])
     assert calibrated["epsilon"] <= 3 and calibrated["calibrated"] == "noise_multiplier"

@@ -156,14 +156,14 @@ def test_pld_calibration_searches_coarse_and_keeps_only_what_the_runs_accounting
         """A coarse accounting that under-states ε: its σ must not be kept."""
         spent = real(book, delta, a)
         seen.append(a.pld_discretization)
-        if a.pld_discretization == calibrate.SEARCH_PLD_DISCRETIZATION:
+        if a.pld_discretization == ledger.COARSE_PLD_DISCRETIZATION:
             return ledger.Spent(spent.epsilon * 0.8, delta, "pld", None, None)
         return spent
 
     monkeypatch.setattr(calibrate, "epsilon", coarse_too_low)
     again = calibrate.noise_multiplier(ledger_of, 0.5, 1e-5, fine)  # searched again, on the run's own
     assert real(ledger_of(again), 1e-5, fine).epsilon <= 0.5 and abs(again - exact) <= 2 * calibrate.RTOL * exact
-    assert calibrate.SEARCH_PLD_DISCRETIZATION in seen and ledger.PLD_DISCRETIZATION in seen
+    assert ledger.COARSE_PLD_DISCRETIZATION in seen and ledger.PLD_DISCRETIZATION in seen
 
 
 def test_calibration_to_an_unreachable_target_raises() -> None:
