@@ -255,8 +255,7 @@ def save_view(client: MlflowClient, experiment_id: str) -> str:
         (objectives[r.data.params["task.name"]] for r in trained if r.data.params["task.name"] in objectives), None
     )
     headline = sorted({k for r in runs for k in r.data.metrics if "/" not in k}, key=lambda k: (k != objective, k))
-    keys = sorted({k for r in trained for k in r.data.params})
-    swept = [k for k in keys if len({r.data.params.get(k) for r in trained}) > 1]
+    swept = differing_params(trained)
     state: dict[str, Any] = {
         "selectedColumns": [
             *(f"metrics.`{k}`" for k in headline), *(f"params.`{k}`" for k in swept),
@@ -319,6 +318,12 @@ def runs_of_sweep(uri: str, experiment: str, sweep_id: str) -> dict[str, str]:
 RESULTS_TABLE = "results.json"  # the sweep parent run's table of its jobs (MLflow's log_table)
 
 
+def differing_params(runs: list[Any]) -> list[str]:
+    """The params whose values differ between ``runs`` (a param some run lacks counts as differing), sorted."""
+    keys = sorted({k for r in runs for k in r.data.params})
+    return [k for k in keys if len({r.data.params.get(k) for r in runs}) > 1]
+
+
 @op
 def log_results_table(uri: str, experiment: str, sweep_id: str, parent_run_id: str) -> int:
     """The sweep's jobs as one table on its parent run (``results.json``, MLflow's ``log_table``,
@@ -326,8 +331,7 @@ def log_results_table(uri: str, experiment: str, sweep_id: str, parent_run_id: s
     status, then the params that differ between the jobs. Returns the number of rows."""
     client = MlflowClient(uri)
     runs = sweep_jobs(client, experiment, sweep_id)
-    keys = sorted({k for r in runs for k in r.data.params})
-    differing = [k for k in keys if len({r.data.params.get(k) for r in runs}) > 1]
+    differing = differing_params(runs)
     table: dict[str, list[Any]] = {"run": [r.info.run_name for r in runs]}
     table["test_accuracy"] = [r.data.metrics.get("test_accuracy") for r in runs]
     table["epsilon"] = [r.data.metrics.get("epsilon") for r in runs]
