@@ -27,10 +27,10 @@ on a GPU; on every device, the fused step no slower than today's path (hooks for
 what ``training_speed.py`` judges each by) where a compiled step is the run's default (``dp.compile``
 unset: on a GPU), eager elsewhere.
 
---profile: where a goal fails, torch.profiler tables of the fused and the non-private step (self CPU time).
+--profile: where a goal fails, torch.profiler tables of the fused and the non-private step (self CPU time; on a GPU
+also self device time).
 
-Packed trials (several trials per device) are not built yet (issue 34, item 1): this script does not
-measure them.
+Packed trials (several trials per device, ``launcher.trials_per_device``) are measured by ``benchmarks/packing.py``.
 """
 
 from __future__ import annotations
@@ -178,7 +178,8 @@ def time_mode(setting: str, make: Callable[[], nn.Module], x_pool: Tensor, mode:
 
 def profile(setting: str, make: Callable[[], nn.Module], x_pool: Tensor, mode: str, b: int,
             device: torch.device, warmup: int, steps: int = 10) -> str:  # fmt: skip
-    """torch.profiler over ``steps`` steps after warm-up: the ops by self CPU time (host work) as a table."""
+    """torch.profiler over ``steps`` steps after warm-up: the ops by self CPU time (host work) as a table, and
+    on a GPU by self device time too (kernels, those replayed in a CUDA graph included)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as profiler
 
@@ -191,7 +192,10 @@ def profile(setting: str, make: Callable[[], nn.Module], x_pool: Tensor, mode: s
         for _ in range(steps):
             step(*batch())
         _sync(device)
-    table: str = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=PROFILE_ROWS)
+    averages = prof.key_averages()
+    table: str = averages.table(sort_by="self_cpu_time_total", row_limit=PROFILE_ROWS)
+    if device.type == "cuda":
+        table += "\nby device time:\n" + averages.table(sort_by="self_device_time_total", row_limit=PROFILE_ROWS)
     return f"{setting} B={b} {mode}, {steps} steps\n{table}"
 
 

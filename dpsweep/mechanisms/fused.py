@@ -31,8 +31,10 @@ exactly, and the shape that varies with it is hidden by padding.
      Small Cost", ICML; the norm identity ‖g_i a_iᵀ‖ = ‖g_i‖·‖a_i‖ of Goodfellow 2015, "Efficient
      Per-Example Gradient Computations"): one forward pass keeps each layer's inputs A, one backward
      pass to the layers' outputs gives G (no parameter gradients), the norms come from ‖a_i‖ and ‖g_i‖,
-     and the clipped sum of a weight is (c ⊙ G)ᵀA: no per-example gradient is ever held. The forward
-     and backward passes run eagerly; what follows them (norms, factors, sums) is compiled.
+     and the clipped sum of a weight is (c ⊙ G)ᵀA: no per-example gradient is ever held. Compiled on a
+     GPU, the whole pass (forward, backward, norms, sums) is captured once as a CUDA graph and replayed
+     (:class:`_CapturedPass`; ``torch.compile`` cannot trace the backward to the layers' outputs); on a
+     CPU the forward and backward passes run eagerly and what follows them is compiled.
    - **vmap** (any other model: the cnn): each row's gradient by ``vmap(grad(loss))`` over
      ``functional_call``, compiled once (the shapes never change).
 4. **Noise**: one flat draw N(0, σ²C²) over all trainable coordinates added to the sum, divided by
@@ -60,6 +62,7 @@ MAX_SECOND_PASS = 0.05  # the default bound: at most this share of steps take a 
 ROW_MULTIPLE = 8  # the default bound is rounded up to a multiple of 8 rows (tensor-core friendly)
 MIXING_LAYERS = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)  # layers whose output mixes a batch's rows
 CompileMode = str | None  # torch.compile's mode; None: not compiled
+CUDA_GRAPHS = "reduce-overhead"  # torch.compile's mode that replays CUDA graphs (compile_mode's choice on a GPU)
 
 
 def default_pad_to(batch_size: int) -> int:
@@ -116,7 +119,7 @@ def compile_mode(device: torch.device, compiled: bool) -> CompileMode:
     """``reduce-overhead`` (CUDA graphs) on a GPU, torch.compile's default elsewhere; None: eager."""
     if not compiled:
         return None
-    return "reduce-overhead" if device.type == "cuda" else "default"
+    return CUDA_GRAPHS if device.type == "cuda" else "default"
 
 
 class FusedStep:
@@ -139,9 +142,10 @@ class FusedStep:
         self.buffers = {k: b.detach() for k, b in model.named_buffers()}
         self.max_grad_norm = float(max_grad_norm)
         self.passes = 0  # passes run (a step whose batch exceeds pad_to takes more than one)
-        self.linear = _LinearRows.of(model, self.names, mode)
+        self.linear = _LinearRows.of(model, loss_fn, self.names, max_grad_norm, pad_to, mode)
         self.way = "linear" if self.linear is not None else "vmap"
-        self.padded = mode is not None  # what is compiled needs one shape; eager passes take the rows as they are
+        # what is compiled needs one shape (a captured pass pads into its own buffers); eager passes take the rows
+        self.padded = mode is not None and not (self.linear is not None and self.linear.captured)
         one = self._clipped_sum
         self._pass: Callable[..., Tensor] = one if mode is None else torch.compile(one, mode=mode, dynamic=False)
 
@@ -182,7 +186,7 @@ class FusedStep:
         total: Tensor | None = None
         for i, (xs, ys, weight) in enumerate(passes):
             if self.linear is not None:
-                part = self.linear.clipped_sum(self.model, self.loss_fn, xs, ys, weight, self.max_grad_norm)
+                part = self.linear.clipped_sum(xs, ys, weight)
             else:
                 part = self._pass(params, buffers, xs, ys, weight)
             # a CUDA graph's next replay overwrites its output: keep a copy when another pass follows
@@ -197,9 +201,9 @@ class FusedStep:
     ) -> dict[str, Tensor]:
         """(clipped sum + N(0, σ²C²)) / divisor, by parameter name."""
         summed = self.clipped_sum(x, y)
-        std = noise_multiplier * self.max_grad_norm
-        noisy = summed + torch.normal(0.0, std, summed.shape, generator=generator, device=summed.device)
-        return self.unflatten(noisy / divisor)
+        std = noise_multiplier * self.max_grad_norm / divisor  # N(0, σ²C²)/d = N(0, (σC/d)²): two passes, not three
+        noisy = torch.normal(0.0, std, summed.shape, generator=generator, device=summed.device, dtype=summed.dtype)
+        return self.unflatten(noisy.add_(summed, alpha=1.0 / divisor))
 
     def unflatten(self, flat: Tensor) -> dict[str, Tensor]:
         """A flat vector in the parameters' order, as ``{name: tensor of the parameter's shape}``."""
@@ -214,11 +218,19 @@ class FusedStep:
 class _LinearRows:
     """Book-keeping clipping for a model whose trainable parameters are all ``nn.Linear``'s (module doc)."""
 
-    def __init__(self, layers: list[tuple[str, nn.Linear]], names: list[str], mode: CompileMode) -> None:
-        self.layers, self.names = layers, names
+    def __init__(self, model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor],
+                 layers: list[tuple[str, nn.Linear]], names: list[str], max_grad_norm: float, pad_to: int,
+                 mode: CompileMode) -> None:  # fmt: skip
+        self.model, self.loss_fn, self.layers, self.names = model, loss_fn, layers, names
+        self.max_grad_norm = float(max_grad_norm)
         self.trained = [(m.weight.requires_grad, m.bias is not None and m.bias.requires_grad) for _, m in layers]
         tail = self._tail
-        self.tail: Callable[..., Tensor] = tail if mode is None else torch.compile(tail, mode=mode, dynamic=False)
+        compiled_tail = mode is not None and mode != CUDA_GRAPHS  # under CUDA graphs the whole pass is captured
+        self.tail: Callable[..., Tensor] = torch.compile(tail, mode=mode, dynamic=False) if compiled_tail else tail
+        self.captured = mode == CUDA_GRAPHS
+        self.clipped_sum: Callable[[Tensor, Tensor, Tensor], Tensor] = (
+            _CapturedPass(self._pass, pad_to) if self.captured else self._pass
+        )
         self.inputs: dict[str, Tensor] = {}
         self.outputs: dict[str, Tensor] = {}
         self.capturing = False
@@ -235,14 +247,17 @@ class _LinearRows:
         return hook
 
     @classmethod
-    def of(cls, model: nn.Module, names: list[str], mode: CompileMode) -> _LinearRows | None:
+    def of(cls, model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], names: list[str],
+           max_grad_norm: float, pad_to: int, mode: CompileMode) -> _LinearRows | None:  # fmt: skip
         """The model's trainable Linear layers, or None when some trainable parameter is not a Linear's."""
         layers = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
         covered = {f"{n}.{k}" for n, m in layers for k, p in m.named_parameters(recurse=False) if p.requires_grad}
-        return cls(layers, names, mode) if names and covered == set(names) else None
+        if not names or covered != set(names):
+            return None
+        return cls(model, loss_fn, layers, names, max_grad_norm, pad_to, mode)
 
-    def clipped_sum(self, model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], x: Tensor, y: Tensor,
-                    weight: Tensor, max_grad_norm: float) -> Tensor:  # fmt: skip
+    def _pass(self, x: Tensor, y: Tensor, weight: Tensor) -> Tensor:
+        """One pass: Σᵢ wᵢ·min(1, C/(‖gᵢ‖+1e-6))·gᵢ over its rows, flat (the parameters' order)."""
         if self.handles is None:  # once: hooks that keep the layers' inputs and outputs while capturing
             self.handles = [m.register_forward_hook(self._keep(n)) for n, m in self.layers]
         inputs, outputs = self.inputs, self.outputs
@@ -250,22 +265,22 @@ class _LinearRows:
         outputs.clear()
         self.capturing = True
         try:
-            loss = loss_fn(model(x), y) * len(y)  # the rows' losses summed (a mean over the P rows, times P)
+            loss = self.loss_fn(self.model(x), y) * len(y)  # the rows' losses summed (a mean over the P rows, times P)
         finally:
             self.capturing = False
         missing = [n for n, _ in self.layers if n not in outputs]
         if missing:
             raise ValueError(f"layers {missing} took no part in the forward pass: the fused step needs them all")
         grads = torch.autograd.grad(loss, [outputs[n] for n, _ in self.layers])
-        return self.tail([inputs[n] for n, _ in self.layers], list(grads), weight, max_grad_norm)
+        return self.tail([inputs[n] for n, _ in self.layers], list(grads), weight, self.max_grad_norm)
 
     def _tail(self, inputs: list[Tensor], grads: list[Tensor], weight: Tensor, max_grad_norm: float) -> Tensor:
         """From each layer's inputs A and output gradients G: the norms, the factors, the clipped sums."""
         squared = torch.zeros_like(weight)
         for a, g, (w, b) in zip(inputs, grads, self.trained, strict=True):
-            g2 = g.pow(2).sum(1)
+            g2 = torch.linalg.vector_norm(g, dim=1).square()  # one reduction, no P x d temporary of squares
             if w:
-                squared = squared + a.pow(2).sum(1) * g2  # ‖g_i a_iᵀ‖² = ‖g_i‖²‖a_i‖²
+                squared = squared + torch.linalg.vector_norm(a, dim=1).square() * g2  # ‖g_i a_iᵀ‖² = ‖g_i‖²‖a_i‖²
             if b:
                 squared = squared + g2
         factor = clip_factors(squared.sqrt(), max_grad_norm) * weight
@@ -275,3 +290,41 @@ class _LinearRows:
             sums[f"{n}.weight"] = scaled.T @ a
             sums[f"{n}.bias"] = scaled.sum(0)
         return torch.cat([sums[k].flatten() for k in self.names])
+
+
+class _CapturedPass:
+    """CUDA only: a pass over ``rows`` rows, captured once as a CUDA graph and then replayed (PyTorch's
+    whole-network capture with ``torch.cuda.graph``: warm-up on a side stream, then capture;
+    https://pytorch.org/docs/stable/notes/cuda.html#whole-network-capture). Each call's n ≤ rows rows are
+    copied into the captured inputs and the rest of them zeroed: the padding of :meth:`FusedStep.passes_of`
+    (zero rows of weight 0), written in place. The model's parameters are read where they live, so the
+    optimizer's in-place updates are seen by every replay. The output is the captured buffer, overwritten by
+    the next replay. Its CPU twin is the function itself (the eager pass: compile_mode never chooses CUDA
+    graphs off a GPU)."""
+
+    WARMUP = 3  # runs on a side stream before the capture (the cuDNN/cuBLAS choices and workspaces settle)
+
+    def __init__(self, fn: Callable[..., Tensor], rows: int) -> None:
+        self.fn, self.rows = fn, rows
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static_in: list[Tensor] = []
+        self.static_out: Tensor | None = None
+
+    def __call__(self, *args: Tensor) -> Tensor:
+        if self.graph is None:
+            self.static_in = [a.new_zeros((self.rows, *a.shape[1:])) for a in args]
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(self.WARMUP):
+                    self.fn(*self.static_in)
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.static_out = self.fn(*self.static_in)
+        for static, a in zip(self.static_in, args, strict=True):
+            static[: len(a)].copy_(a)
+            static[len(a) :].zero_()
+        self.graph.replay()
+        assert self.static_out is not None
+        return self.static_out

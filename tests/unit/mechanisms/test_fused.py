@@ -143,3 +143,19 @@ def test_the_compiled_pass_equals_the_eager_one() -> None:
         torch.testing.assert_close(compiled.clipped_sum(x, y), expected, rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(compiled.clipped_sum(x[:20], y[:20]), eager.clipped_sum(x[:20], y[:20]),
                                    rtol=1e-4, atol=1e-6)  # fmt: skip
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (benchmarks/fused_check.py on one)")
+def test_the_linear_pass_captured_as_a_cuda_graph_equals_the_eager_one() -> None:
+    torch.manual_seed(0)
+    model = model_zoo.build(MLPConfig(hidden_units=32), (1, 28, 28), 10).cuda()
+    eager = fused.FusedStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=16, mode=None)
+    captured = fused.FusedStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=16, mode=fused.CUDA_GRAPHS)
+    assert captured.linear is not None and captured.linear.captured and not captured.padded
+    for rows in (11, 16, 29, 11):  # short, full, two passes; then after the parameters moved in place
+        if rows == 11 and captured.passes:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(torch.randn_like(p), alpha=0.1)
+        x, y = torch.randn(rows, 1, 28, 28, device="cuda"), torch.randint(0, 10, (rows,), device="cuda")
+        torch.testing.assert_close(captured.clipped_sum(x, y), eager.clipped_sum(x, y), rtol=1e-4, atol=1e-6)
