@@ -24,13 +24,25 @@ against fresh compositions, hydra node included.
 The submitit launchers compose in their own processes (their Hydra context is pickled into every
 job): for them nothing is kept (``keep=False``), but the sweeper's own compositions still share
 skeletons.
+
+``dpsweep-plan`` needs each job's typed config only (:meth:`ComposedJobs.typed`): a skeleton is typed
+once (``to_config``), each distinct value line is applied once to a copy of the skeleton by Hydra's
+function, which gives the leaf's value as the schema types it, and a job's typed config is the
+skeleton's with those leaves set (``dataclasses.replace``): no OmegaConf copy per job (7.6 ms a job
+before, 2-core VM). That is exact where nothing else in the config depends on the leaf: a job with a
+line that is not a plain ``key=value`` on a leaf of the schema (``+``, ``++``, ``~``, a dict or list, an
+interpolation) or whose key an interpolation of the config may read (one that names the key's
+top-level section: ``${train.seed}`` for every ``train.*``; a relative one for every key) is typed from
+its composition.
+Tests check typed configs against ``to_config`` of fresh compositions.
 """
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import pickle
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 # No public Hydra API applies value overrides to a composed config, or names a job's override_dirname:
@@ -40,10 +52,15 @@ from hydra.core.config_loader import ConfigLoader
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.core.object_type import ObjectType
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override
+from hydra.core.override_parser.types import Override, OverrideType
 from hydra.plugins.config_source import ConfigSource
 from hydra.types import RunMode
-from omegaconf import DictConfig, open_dict
+from omegaconf import Container, DictConfig, ListConfig, OmegaConf, open_dict
+
+from dpsweep.config import Config, to_config
+
+Leaf = tuple[list[str], Any]  # a leaf's path in the typed config and its typed value
+SCALARS = (str, int, float, bool, type(None))
 
 
 class ComposedJobs(ConfigLoader):
@@ -59,8 +76,11 @@ class ComposedJobs(ConfigLoader):
         self.pickled: dict[tuple[tuple[str, ...], bool], bytes] = {}  # (groups, bare) -> the skeleton pickled
         self.parsed: dict[str, Override] = {}  # an override line -> Hydra's parse of it (a grid repeats its lines)
         self.kinds: dict[str, bool | None] = {}  # an override line -> _is_value's answer
+        self.typed_skeletons: dict[tuple[str, ...], tuple[Config, list[str]]] = {}  # groups -> typed, interpolations
+        self.leaves: dict[tuple[tuple[str, ...], str], Leaf | None] = {}  # (groups, line) -> its leaf; None: compose
         self.served = 0  # configs served from kept (not composed again)
         self.composed = 0  # compositions by Hydra (skeletons and fresh ones)
+        self.typed_from_leaves = 0  # typed configs built from a typed skeleton (no OmegaConf copy)
 
     def compose(self, master: DictConfig, job: Sequence[str]) -> DictConfig:
         """The job's config without the ``hydra`` node (whose job fields exist only at run time); the
@@ -77,6 +97,55 @@ class ComposedJobs(ConfigLoader):
         with open_dict(cfg):
             del cfg["hydra"]
         return cfg
+
+    def typed(self, master: DictConfig, job: Sequence[str]) -> Config:
+        """``to_config(self.compose(master, job))``: the job's typed config, built from its skeleton's typed
+        config and its leaves where that is exact (the module doc)."""
+        lines = list(job)
+        parsed = self._parse(lines)
+        kinds = [self._is_value(o) for o in parsed]
+        if None not in kinds:
+            groups = tuple(line for line, value in zip(lines, kinds, strict=True) if not value)
+            leaves = [self._leaf(master, groups, o) for o, value in zip(parsed, kinds, strict=True) if value]
+            if all(leaf is not None for leaf in leaves):
+                cfg = self._typed_skeleton(master, groups)[0]
+                try:
+                    for path, value in (leaf for leaf in leaves if leaf is not None):
+                        cfg = _replaced(cfg, path, value)
+                except (TypeError, ValueError):  # a field replace() cannot set: composed below
+                    pass
+                else:
+                    self.typed_from_leaves += 1
+                    return cfg
+        return to_config(self.compose(master, job))
+
+    def _typed_skeleton(self, master: DictConfig, groups: tuple[str, ...]) -> tuple[Config, list[str]]:
+        """The skeleton's typed config and the text of its interpolations, once per skeleton."""
+        if groups not in self.typed_skeletons:
+            bare = self._from_skeleton(master, list(groups), bare=True)
+            assert bare is not None  # groups only: always a skeleton
+            self.typed_skeletons[groups] = (to_config(bare), list(_interpolations(bare)))
+        return self.typed_skeletons[groups]
+
+    def _leaf(self, master: DictConfig, groups: tuple[str, ...], override: Override) -> Leaf | None:
+        """The typed value a plain ``key=value`` line sets, as Hydra applies it to a copy of the skeleton;
+        None where the job must be typed from its composition (the module doc). Once per distinct line."""
+        line = override.input_line or ""
+        if (groups, line) in self.leaves:
+            return self.leaves[(groups, line)]
+        leaf: Leaf | None = None
+        value, key = override.value(), override.key_or_group
+        plain = override.type == OverrideType.CHANGE and isinstance(value, SCALARS)
+        if plain and not (isinstance(value, str) and "${" in value):
+            interpolations = self._typed_skeleton(master, groups)[1]
+            head = re.compile(rf"(?<![\w.]){re.escape(key.split('.')[0])}\b")
+            if not any("${." in text or head.search(text) for text in interpolations):
+                applied = self._from_skeleton(master, [*groups, line], bare=True)
+                node = OmegaConf.select(applied, key) if applied is not None else None
+                if applied is not None and not isinstance(node, Container):
+                    leaf = (key.split("."), node)
+        self.leaves[(groups, line)] = leaf
+        return leaf
 
     def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
         for n in range(len(sweep_overrides), -1, -1):  # the longest kept job the overrides start with
@@ -133,7 +202,7 @@ class ComposedJobs(ConfigLoader):
             skeleton = self.skeletons[groups] = self._fresh(master, list(groups))
         if bare:
             if groups not in self.bare_skeletons:
-                self.bare_skeletons[groups] = copy.deepcopy(skeleton)
+                self.bare_skeletons[groups] = pickle.loads(pickle.dumps(skeleton))  # a deep copy (see _with_values)
                 with open_dict(self.bare_skeletons[groups]):
                     del self.bare_skeletons[groups]["hydra"]
             skeleton = self.bare_skeletons[groups]
@@ -204,3 +273,24 @@ class ComposedJobs(ConfigLoader):
 
     def compute_defaults_list(self, config_name: str | None, overrides: list[str], run_mode: RunMode) -> Any:
         return self.loader.compute_defaults_list(config_name, overrides, run_mode)
+
+
+def _interpolations(cfg: DictConfig | ListConfig) -> Iterator[str]:
+    """The text of every interpolation in ``cfg`` (``${train.seed}``, ``${dpsweep.gpus_or_one:}``)."""
+    keys: Iterator[Any] = iter(cfg) if isinstance(cfg, DictConfig) else iter(range(len(cfg)))
+    for key in keys:
+        node = cfg._get_node(key)
+        if OmegaConf.is_interpolation(cfg, key):
+            yield str(node._value())  # type: ignore[union-attr]
+        elif isinstance(node, DictConfig | ListConfig):
+            yield from _interpolations(node)
+
+
+def _replaced(obj: Any, path: list[str], value: Any) -> Any:
+    """A copy of the dataclass ``obj`` with the field at ``path`` set to ``value`` (the dataclasses on the way
+    copied, the others shared); TypeError where a step of the path is not a dataclass's field."""
+    name = path[0]
+    if not dataclasses.is_dataclass(obj) or name not in {f.name for f in dataclasses.fields(obj)}:
+        raise TypeError(f"{name!r} is not a field of {type(obj).__name__}")
+    inner = value if len(path) == 1 else _replaced(getattr(obj, name), path[1:], value)
+    return dataclasses.replace(obj, **{name: inner})  # type: ignore[type-var]

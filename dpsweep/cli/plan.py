@@ -177,7 +177,6 @@ def job_plans(overrides: Sequence[str], memory: MemoryCheck | None = None) -> li
     (planned with their official size) go to stderr."""
     from hydra.core.global_hydra import GlobalHydra
 
-    from dpsweep.config import to_config
     from dpsweep.launchers.composed import ComposedJobs
     from dpsweep.memory.model import load_models
     from dpsweep.plan import FactsCache, MemoryBudget, prepare
@@ -191,7 +190,7 @@ def job_plans(overrides: Sequence[str], memory: MemoryCheck | None = None) -> li
     jobs, master = _expanded(overrides)
     composer = ComposedJobs(GlobalHydra.instance().config_loader(), keep=False)  # as the sweeper composes
     for job in jobs:
-        cfg = to_config(composer.compose(master, job))
+        cfg = composer.typed(master, job)
         out.append((job, prepare(cfg, facts(cfg), budget)))
     for note in dict.fromkeys(facts.notes):
         print(f"{PROG}: note: {note}", file=sys.stderr)

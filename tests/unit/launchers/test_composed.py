@@ -137,3 +137,53 @@ def _without_hydra(cfg: DictConfig) -> DictConfig:
     with open_dict(cfg):
         del cfg["hydra"]
     return cfg
+
+
+TYPED_GRID = [  # plain leaves of every type (typed from the skeleton's typed config), then lines that are not
+    ["train.seed=3", "dp.noise_multiplier=1.2", "optimizer.lr=0.05", string_override("sweep.id", "a b")],
+    ["model=mlp", "dp.grad_sample_mode=ghost", "train.progress=false", "dataset.image_size=null"],
+    ["experiment=demo", "tracking.run_name=abc", "train.epochs=2", "launcher.max_parallel=3"],
+    ["train.seed=3", "+dp.target_epsilon=3"],  # an added key
+    ["train={epochs:3}", "train.seed=4"],  # a dict value
+    ["train.seed=${train.epochs}"],  # an interpolation
+]
+PLAIN = 3  # the first three
+
+
+def _typed_fresh(composer: ComposedJobs, master: DictConfig, job: list[str]) -> object:
+    from dpsweep.config import to_config
+
+    return to_config(_without_hydra(composer.loader.load_sweep_config(master, job)))
+
+
+def test_a_typed_config_is_that_of_a_fresh_composition(loader_and_master: tuple[ComposedJobs, DictConfig]) -> None:
+    composer, master = loader_and_master
+    for job in TYPED_GRID:
+        typed = composer.typed(master, job)
+        assert typed == _typed_fresh(composer, master, job), job
+    assert composer.typed_from_leaves == PLAIN
+    first, second = composer.typed(master, TYPED_GRID[0]), composer.typed(master, TYPED_GRID[1])
+    assert (first.train.seed, first.dp.noise_multiplier, first.sweep.id) == (3, 1.2, "a b")
+    assert second.dp.grad_sample_mode.value == "ghost" and second.dataset.image_size is None
+    assert second.model.name == "mlp" and second.train.progress is False
+    # jobs share the skeleton's untouched parts, never a changed one
+    again = composer.typed(master, ["train.seed=5", string_override("sweep.id", "a b")])
+    assert again.train.seed == 5 and first.train.seed == 3 and again.model is first.model
+
+
+def test_a_leaf_that_an_interpolation_reads_is_typed_from_its_composition(
+    loader_and_master: tuple[ComposedJobs, DictConfig],
+) -> None:
+    from dpsweep.launchers.composed import _interpolations
+
+    cfg = OmegaConf.create({"a": {"b": "${train.seed}", "c": 1}, "d": [1, "${oc.env:HOME}"], "e": "x"})
+    assert list(_interpolations(cfg)) == ["${train.seed}", "${oc.env:HOME}"]
+    composer, master = loader_and_master
+    composer.typed(master, ["train.epochs=2"])
+    composer.typed_skeletons[()][1].append("${train.seed}")  # as if the config read train.seed
+    job = ["train.seed=9", "optimizer.lr=0.3"]
+    assert composer.typed(master, job) == _typed_fresh(composer, master, job)
+    assert composer.typed_from_leaves == 1 and composer.leaves[((), "train.seed=9")] is None
+    assert composer.leaves[((), "optimizer.lr=0.3")] is not None  # no interpolation reads optimizer.*
+    composer.typed(master, ["train.epochs=3"])  # a key beside the one read, in its section: composed, to be safe
+    assert composer.typed_from_leaves == 1 and composer.leaves[((), "train.epochs=3")] is None
