@@ -111,7 +111,7 @@ class DPConfig:
     target_epsilon: float | None = None  # when set, σ is calibrated so that ε <= target_epsilon
     allow_large_delta: bool = False  # permit δ >= 1/N, which makes the guarantee void
     grad_sample_mode: GradSampleMode = GradSampleMode.hooks  # how per-sample gradients are computed
-    # fused: the rows of every pass (>= train.batch_size; null: the smallest multiple of 8 >= B + 4*sqrt(B)).
+    # fused: the rows (users, at user level) of every pass (>= train.batch_size; null: fused.default_pad_to(B)).
     # A Poisson batch larger than that takes more passes: nothing is truncated, the accounting is DP-SGD's.
     pad_to: int | None = None
     # fused: torch.compile the pass (CUDA graphs on a GPU); null: on a GPU only (on 2 CPU cores compiling
@@ -208,8 +208,8 @@ def _check_user_steps(cfg: Config) -> None:
 
 
 def _check_fused(cfg: Config) -> None:
-    """dp.grad_sample_mode=fused: example-level DP-SGD with a fixed clipping norm, one pass of dp.pad_to >= B
-    rows; dp.pad_to and dp.compile are the fused step's alone."""
+    """dp.grad_sample_mode=fused: DP-SGD (examples or users) with a fixed clipping norm, passes of dp.pad_to >= B
+    rows (users at user level); dp.pad_to and dp.compile are the fused step's alone."""
     dp, b = cfg.dp, cfg.train.batch_size
     if dp.grad_sample_mode != GradSampleMode.fused:
         require(dp.pad_to is None, "dp.pad_to", dp.pad_to, "null unless dp.grad_sample_mode=fused (its rows per pass)")
@@ -217,7 +217,6 @@ def _check_fused(cfg: Config) -> None:
         return
     what = "with dp.grad_sample_mode=fused"
     require(dp.mechanism == "dpsgd", "dp.mechanism", dp.mechanism, f"dpsgd {what} (the fused step is DP-SGD's)")
-    require(dp.unit == PrivacyUnit.example, "dp.unit", dp.unit.value, f"example {what} (users: hooks' torch.func path)")
     require(dp.clipping == Clipping.fixed, "dp.clipping", dp.clipping.value, f"fixed {what}")
     require(not dp.secure_mode, "dp.secure_mode", dp.secure_mode, f"false {what}: its noise is torch's")
     pb = cfg.train.physical_batch_size

@@ -7,6 +7,7 @@ DP run but example-level DP-SGD through Opacus's hooks, ghost, functorch or ew m
     dpsweep dp.unit=user dataset.users=partition dataset.num_users=50 train.batch_size=10   # user-level DP-SGD
     dpsweep dp.mechanism=dpftrl dp.unit=user dataset.users=partition dataset.num_users=50 train.batch_size=5
     dpsweep dp.grad_sample_mode=fused                                              # example-level, fused
+    dpsweep dp.grad_sample_mode=fused dp.unit=user dataset.users=partition dataset.num_users=50 train.batch_size=10
 
 A **unit** is an example (``dp.unit=example``) or a user (``dp.unit=user``: all of one user's
 examples, at most ``dp.max_examples_per_user`` of them per step). Each unit's contribution is its
@@ -64,7 +65,7 @@ def rule_of(cfg: Config) -> OwnRule:
     """How the run takes its own steps: the fused step (example-level DP-SGD, ``dp.grad_sample_mode=fused``),
     else the mechanism's rule (``Mechanism.own_steps``)."""
     if cfg.dp.grad_sample_mode == GradSampleMode.fused:
-        return FusedPoisson()
+        return FusedUsers() if cfg.dp.unit == PrivacyUnit.user else FusedPoisson()
     rule: OwnRule = get(cfg.dp.mechanism).own_steps()
     return rule
 
@@ -224,6 +225,33 @@ class FusedPoisson(OwnRule):
         return self.step.gradient(
             batch.x, batch.y, noise_multiplier=run.sigma, divisor=expected_units, generator=self.generator
         )
+
+
+class FusedUsers(OwnRule):
+    """User-level DP-SGD by the fused step (:class:`dpsweep.mechanisms.fused.FusedUserStep`): users Poisson-sampled
+    as :class:`PoissonUnits` samples them (the same q, steps and ledger), their clipped contributions summed in
+    fixed-shape passes of P users × ``dp.max_examples_per_user`` examples, N(0, σ²C²) from the run's one
+    generator, over the expected number of users q·U."""
+
+    def __init__(self) -> None:
+        self.step: fused.FusedUserStep | None = None
+
+    def setup(self, run: OwnRun) -> OwnSetup:
+        own = PoissonUnits().setup(run)
+        dp = run.cfg.dp
+        compiled = run.device.type == "cuda" if dp.compile is None else dp.compile
+        pad_to = fused.pad_bound(dp.pad_to, run.cfg.train.batch_size)  # users per pass
+        self.step = fused.FusedUserStep(
+            run.model, run.loss_fn, max_grad_norm=dp.max_grad_norm, pad_to=pad_to,
+            max_examples=dp.max_examples_per_user, mode=fused.compile_mode(run.device, compiled),
+        )  # fmt: skip
+        self.generator = own.generator
+        return own
+
+    def gradient(self, run: OwnRun, batch: users.UserBatch, expected_units: float) -> dict[str, Tensor]:
+        assert self.step is not None, "setup() first"
+        return self.step.gradient(batch.x, batch.y, noise_multiplier=run.sigma, divisor=expected_units,
+                                  generator=self.generator, segment=batch.segment)  # fmt: skip
 
 
 class _AsUnits:

@@ -1,6 +1,7 @@
-"""The fused DP-SGD step (``dp.grad_sample_mode=fused``): example-level DP-SGD with every pass of one
-fixed shape, per-example gradients from ``torch.func``, and the pass compiled (``torch.compile``; CUDA
-graphs on a GPU). No Opacus hooks.
+"""The fused DP-SGD step (``dp.grad_sample_mode=fused``): DP-SGD with every pass of one fixed shape,
+per-example (or per-user) gradients from ``torch.func``, and the pass compiled (``torch.compile``; CUDA
+graphs on a GPU). No Opacus hooks. At user level (``dp.unit=user``) see :class:`FusedUserStep`; what
+follows describes the example level.
 
     dpsweep dp.grad_sample_mode=fused                   # the cnn on digits, DP-SGD at σ=1.0, C=1.0
     dpsweep dp.grad_sample_mode=fused dp.pad_to=96      # every pass 96 rows
@@ -55,7 +56,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from dpsweep.data.users import clip_factors
+from dpsweep.data.users import clip_factors, segment_count
 from dpsweep.errors import InputError
 
 MAX_SECOND_PASS = 0.05  # the default bound: at most this share of steps take a second pass
@@ -178,17 +179,24 @@ class FusedStep:
                 ys = torch.cat([ys, ys.new_zeros((short, *y.shape[1:]))])
             yield xs, ys, weight
 
-    def clipped_sum(self, x: Tensor, y: Tensor) -> Tensor:
-        """The sum of the batch's clipped per-example gradients, flat (an empty batch: zeros); valid until the
-        next call (a compiled pass's output buffer is reused)."""
-        params, buffers = self.params, self.buffers
-        passes = list(self.passes_of(x, y, pad=self.padded))
+    def _passes(self, x: Tensor, y: Tensor, segment: Tensor | None) -> Iterator[tuple[Tensor, ...]]:
+        """Each pass's inputs to :meth:`_run`: here the rows themselves, each its own unit (``segment`` unused)."""
+        return self.passes_of(x, y, pad=self.padded)
+
+    def _run(self, *inputs: Tensor) -> Tensor:
+        """One pass's clipped sum, flat."""
+        if self.linear is not None:
+            return self.linear.clipped_sum(*inputs)
+        return self._pass(self.params, self.buffers, *inputs)
+
+    def clipped_sum(self, x: Tensor, y: Tensor, segment: Tensor | None = None) -> Tensor:
+        """The sum of the batch's clipped per-unit gradients, flat (an empty batch: zeros); valid until the
+        next call (a compiled pass's output buffer is reused). ``segment``: each row's user (``UserBatch``),
+        at user level (:class:`FusedUserStep`)."""
+        passes = list(self._passes(x, y, segment))
         total: Tensor | None = None
-        for i, (xs, ys, weight) in enumerate(passes):
-            if self.linear is not None:
-                part = self.linear.clipped_sum(xs, ys, weight)
-            else:
-                part = self._pass(params, buffers, xs, ys, weight)
+        for i, inputs in enumerate(passes):
+            part = self._run(*inputs)
             # a CUDA graph's next replay overwrites its output: keep a copy when another pass follows
             last = i == len(passes) - 1
             total = (part if last else part.clone()) if total is None else total + part
@@ -197,10 +205,11 @@ class FusedStep:
         return total
 
     def gradient(
-        self, x: Tensor, y: Tensor, *, noise_multiplier: float, divisor: float, generator: torch.Generator
-    ) -> dict[str, Tensor]:
+        self, x: Tensor, y: Tensor, *, noise_multiplier: float, divisor: float, generator: torch.Generator,
+        segment: Tensor | None = None,
+    ) -> dict[str, Tensor]:  # fmt: skip
         """(clipped sum + N(0, σ²C²)) / divisor, by parameter name."""
-        summed = self.clipped_sum(x, y)
+        summed = self.clipped_sum(x, y, segment)
         std = noise_multiplier * self.max_grad_norm / divisor  # N(0, σ²C²)/d = N(0, (σC/d)²): two passes, not three
         noisy = torch.normal(0.0, std, summed.shape, generator=generator, device=summed.device, dtype=summed.dtype)
         return self.unflatten(noisy.add_(summed, alpha=1.0 / divisor))
@@ -213,6 +222,64 @@ class FusedStep:
             out[k] = flat[start : start + p.numel()].view_as(p)
             start += p.numel()
         return out
+
+
+class FusedUserStep(FusedStep):
+    """User-level DP-SGD's clipped sum (McMahan et al. 2018, "Learning Differentially Private Recurrent
+    Language Models", ICLR) in fixed-shape passes: P users (``pad_to``) of m examples each
+    (``max_examples``, ``dp.max_examples_per_user``), padded with zero examples of weight 0 and, where the
+    pass is compiled, zero users of weight 0. A user's contribution is the gradient of their mean loss,
+    which is the mean of their per-example gradients (``dpsweep.data.users.user_contributions``), by
+    ``vmap(grad(·))`` over the users: no per-example gradient is held. It is clipped as a whole to C and
+    the contributions summed. Users beyond P take more passes: nothing is truncated, and the accountant is
+    user-level DP-SGD's."""
+
+    def __init__(self, model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], *, max_grad_norm: float,
+                 pad_to: int, max_examples: int, mode: CompileMode) -> None:  # fmt: skip
+        super().__init__(model, loss_fn, max_grad_norm=max_grad_norm, pad_to=pad_to, mode=mode)
+        self.max_examples = int(max_examples)
+        self.linear, self.way, self.padded = None, "users", mode is not None
+        users = self._users_sum
+        self._pass = users if mode is None else torch.compile(users, mode=mode, dynamic=False)
+
+    def _users_sum(self, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor, y: Tensor, rows: Tensor,
+                   weight: Tensor) -> Tensor:  # fmt: skip
+        """Σ_u w_u·min(1, C/(‖Δ_u‖+1e-6))·Δ_u over the pass's users, Δ_u the gradient of user u's mean loss
+        over their rows (``rows``: 1 for an example, 0 for padding), flat (the parameters' order)."""
+
+        def one(out: Tensor, label: Tensor) -> Tensor:
+            return self.loss_fn(out.unsqueeze(0), label.unsqueeze(0))
+
+        def user_loss(p: dict[str, Tensor], xu: Tensor, yu: Tensor, ru: Tensor) -> Tensor:
+            losses = vmap(one)(functional_call(self.model, (p, buffers), (xu,)), yu)
+            return (losses * ru).sum() / ru.sum().clamp(min=1.0)
+
+        per_user = vmap(grad(user_loss), in_dims=(None, 0, 0, 0), randomness="different")(params, x, y, rows)
+        flat = [per_user[k].flatten(1) for k in self.names]
+        norms = torch.sqrt(sum(f.pow(2).sum(1) for f in flat))
+        factor = clip_factors(norms, self.max_grad_norm) * weight
+        return torch.cat([factor @ f for f in flat])
+
+    def _passes(self, x: Tensor, y: Tensor, segment: Tensor | None) -> Iterator[tuple[Tensor, ...]]:
+        """The batch as users × m examples (``segment``: each row's user 0..b−1, non-decreasing, at most m rows
+        each, as ``UserBatches`` draws them), in passes of at most P users: (x, y, rows, weight)."""
+        if segment is None:
+            raise ValueError("a user-level step needs each row's user (segment)")
+        b, m, device = segment_count(segment), self.max_examples, y.device
+        counts = torch.bincount(segment, minlength=b)
+        rank = torch.arange(len(segment), device=device) - (torch.cumsum(counts, 0) - counts)[segment]
+        xs, ys = x.new_zeros((b, m, *x.shape[1:])), y.new_zeros((b, m))
+        rows = torch.zeros((b, m), device=device, dtype=x.dtype if x.is_floating_point() else torch.float32)
+        xs[segment, rank], ys[segment, rank], rows[segment, rank] = x, y, 1.0  # a rank >= m: IndexError
+        for start in range(0, max(b, 1), self.pad_to):
+            part = [t[start : start + self.pad_to] for t in (xs, ys, rows)]
+            n = len(part[0])
+            short = self.pad_to - n if self.padded else 0
+            weight = torch.ones(n + short, device=device, dtype=rows.dtype)
+            if short:
+                weight[n:] = 0
+                part = [torch.cat([t, t.new_zeros((short, *t.shape[1:]))]) for t in part]
+            yield (*part, weight)
 
 
 class _LinearRows:

@@ -83,7 +83,6 @@ def test_user_level_plans_over_users(make_cfg: Composer) -> None:
         ([*FTRL, "dp.ftrl_restart_every=20"], "dp.ftrl_restart_every", "from 1 to train.epochs=2"),
         ([*FTRL, "dp.clipping=quantile"], "dp.clipping", "fixed with dp.mechanism=dpftrl"),
         ([*FUSED, "dp.pad_to=63"], "dp.pad_to", "at least train.batch_size=64"),
-        ([*FUSED, *USERS], "dp.unit", "example with dp.grad_sample_mode=fused"),
         ([*FUSED, *FTRL], "dp.mechanism", "dpsgd with dp.grad_sample_mode=fused"),
         ([*FUSED, "dp.clipping=adaptive"], "dp.clipping", "fixed with dp.grad_sample_mode=fused"),
         ([*FUSED, "train.physical_batch_size=16"], "train.physical_batch_size", "dp.pad_to sets the rows"),
@@ -164,6 +163,21 @@ def test_a_fused_run_is_dpsgd_with_the_same_ledger_and_sampling(make_cfg: Compos
     expected = [len(sizes) * (stats.binom.cdf(hi - 1, 1437, q) - stats.binom.cdf(lo - 1, 1437, q))
                 for lo, hi in itertools.pairwise(edges)]  # fmt: skip
     assert stats.chisquare(observed, expected).pvalue > 1e-3, (observed, expected)
+
+
+@pytest.mark.slow
+def test_a_user_level_fused_run_is_user_level_dpsgd(make_cfg: Composer, client: MlflowClient) -> None:
+    """dp.grad_sample_mode=fused dp.unit=user: the users, ε, steps and ledger of a user-level DP-SGD run at the
+    same settings (the same Poisson draws of users), and it learns."""
+    args = [*USERS, "dp.noise_multiplier=0.8", "train.epochs=3", "dp.max_examples_per_user=8"]
+    users = train(make_cfg(*args, "tracking.run_name=users"))
+    ran = train(make_cfg(*args, *FUSED, "tracking.run_name=fused-users"))
+    run = client.get_run(ran.run_id)
+    assert run.info.status == "FINISHED" and run.data.params["dp.grad_sample_mode"] == "fused"
+    assert ran.steps == users.steps == 3 * 5 and ran.epsilons == users.epsilons
+    assert run.data.metrics["epsilon"] == client.get_run(users.run_id).data.metrics["epsilon"]
+    assert run.data.tags.get("dp.unit", run.data.params.get("dp.unit")) == "user"
+    assert run.data.metrics["test_accuracy"] > 0.2, run.data.metrics  # chance is 0.1
 
 
 @pytest.mark.slow

@@ -159,3 +159,48 @@ def test_the_linear_pass_captured_as_a_cuda_graph_equals_the_eager_one() -> None
                     p.add_(torch.randn_like(p), alpha=0.1)
         x, y = torch.randn(rows, 1, 28, 28, device="cuda"), torch.randint(0, 10, (rows,), device="cuda")
         torch.testing.assert_close(captured.clipped_sum(x, y), eager.clipped_sum(x, y), rtol=1e-4, atol=1e-6)
+
+
+def _user_batch(n_users: int, most: int, x: Tensor, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """A UserBatch's rows: users of 1..most examples each (segments 0..n_users-1, non-decreasing)."""
+    g = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(1, most + 1, (n_users,), generator=g)
+    segment = torch.repeat_interleave(torch.arange(n_users), sizes)
+    rows = torch.randint(len(x), (len(segment),), generator=g)
+    return x[rows], torch.randint(0, 10, (len(segment),), generator=g), segment
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_the_user_level_clipped_sum_is_that_of_the_users_contributions(name: str) -> None:
+    """FusedUserStep: each user's mean gradient clipped as a whole, summed: user_contributions' sum, with the
+    users in one pass, in passes of fewer users than the batch holds (three passes), and compiled."""
+    from dpsweep.data.users import user_contributions
+
+    torch.manual_seed(0)
+    model, pool = MODELS[name]()
+    x, y, segment = _user_batch(9, 4, pool)
+    expected = torch.cat(
+        [c.sum(0).flatten() for c in user_contributions(model, nn.CrossEntropyLoss(), x, y, segment, 9, C).values()]
+    )
+    for pad_to, mode in ((16, None), (4, None), (4, "default")):
+        if mode is not None and name != "mlp":
+            continue  # compiling on the CPU takes long: the mlp stands for the compiled pass
+        step = fused.FusedUserStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=pad_to, max_examples=4,
+                                   mode=mode)  # fmt: skip
+        got = step.clipped_sum(x, y, segment)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+        assert step.passes == -(-9 // pad_to) and step.way == "users"
+    assert float(expected.norm()) > C  # several users, each clipped to C: a sum that padding could not fake
+
+
+def test_a_user_level_step_without_users_or_over_its_examples_is_an_error() -> None:
+    model, pool = _mlp()
+    step = fused.FusedUserStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=4, max_examples=2, mode=None)
+    x, y, segment = _user_batch(3, 4, pool, seed=1)
+    assert int(torch.bincount(segment).max()) > 2
+    with pytest.raises(IndexError):
+        step.clipped_sum(x, y, segment)  # a user with more rows than dp.max_examples_per_user
+    with pytest.raises(ValueError, match="segment"):
+        step.clipped_sum(x, y)
+    empty = step.clipped_sum(pool[:0], torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
+    assert torch.count_nonzero(empty) == 0  # no user sampled: only the noise will be added
