@@ -78,6 +78,7 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
         for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
             log.debug(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
             job_params.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state()))
+        folder = None  # where packed jobs keep their trials' files
         if k == 1:
             jobs = executor.map_array(self, *zip(*job_params, strict=True))
             per_job = [[o] for o in job_overrides]
@@ -89,17 +90,19 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
             jobs = executor.map_array(packing.PackedTrials(self, folder, cpus), packed)
             per_job = packing.groups(job_overrides, k)
         self._watch(jobs)
-        return self._collect_as_done(jobs, per_job)
+        return self._collect_as_done(jobs, per_job, folder)
 
-    def _collect_as_done(self, jobs: list[Any], per_job: Sequence[Sequence[Sequence[str]]]) -> list[JobReturn]:
+    def _collect_as_done(
+        self, jobs: list[Any], per_job: Sequence[Sequence[Sequence[str]]], folder: str | None = None
+    ) -> list[JobReturn]:
         """Each trial's result in launch order, collected as its job completes: ``on_job_done`` (set by
         dpsweep's sweeper) hears of each one then, not when the last job of the batch is done.
-        ``per_job``: the overrides of each job's trials (one each, or K when packed)."""
+        ``per_job``: the overrides of each job's trials (one each, or K when packed in ``folder``)."""
         results: dict[int, list[JobReturn]] = {}
         while len(results) < len(jobs):
             for i, job in enumerate(jobs):
                 if i not in results and job.done():
-                    results[i] = self._collect(job, per_job[i])
+                    results[i] = self._collect(job, per_job[i], folder)
                     for ret in results[i]:
                         if self.on_job_done is not None:
                             self.on_job_done(ret)
@@ -111,14 +114,19 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
         """Hook for a launcher to replace submitit's state watcher."""
 
     @staticmethod
-    def _collect(job: Any, trials: Sequence[Sequence[str]]) -> list[JobReturn]:
-        """The job's results: its trial's, or each of its K trials' when packed."""
+    def _collect(job: Any, trials: Sequence[Sequence[str]], folder: str | None = None) -> list[JobReturn]:
+        """The job's results: its trial's, or each of its K trials' when packed (``folder``: where a packed job
+        keeps them; the trials that returned before their job ended without a result keep theirs)."""
         try:
             result = job.results()[0]
             return list(result) if isinstance(result, list) else [result]
         except Exception as err:  # the job ended without a result: killed, OOM-killed, node failure
+            kept = packing.returned(folder, trials) if folder is not None else [None] * len(trials)
             returns = []
-            for overrides in trials:
+            for overrides, done in zip(trials, kept, strict=True):
+                if done is not None:
+                    returns.append(done)
+                    continue
                 given = " ".join(given_overrides(overrides))
                 print(f"dpsweep: job {job.job_id} ({given}) ended without a result: {err}", file=sys.stderr, flush=True)
                 ret = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)

@@ -17,16 +17,23 @@ physical batch against its share of ``launcher.gpu_memory`` (:mod:`dpsweep.memor
 ``auto`` resolves to the largest K whose predicted peaks fit the device together (:func:`resolve`).
 
 The trial processes die with their job (``DPSWEEP_DRIVER`` names it): a job killed outright leaves no
-trial training on, and SIGTERM or SIGINT sent to the job (a scheduler's cancel) is passed on to them.
+trial training on, and SIGTERM or SIGINT sent to the job (a scheduler's cancel or requeue) is passed on to
+them; the job then ends without a result once they have, as a job of one trial does (its run ended KILLED).
+
+A requeued job (preempted, ``scontrol requeue``, or timed out: :meth:`PackedTrials.checkpoint`, submitit's
+hook, requeues it as it does a job of one trial) runs its trials again from the same files (the job's
+own directory, :func:`work_dir`): a trial that had returned keeps its result and is not started again,
+and the others resume from their own checkpoints, as a requeued job of one trial does.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +44,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from hydra.core.utils import JobReturn, JobStatus
 
 from dpsweep.process.liveness import ENV_DRIVER, ProcessId, die_with_driver
+from dpsweep.process.shutdown import Terminated
 
 if TYPE_CHECKING:
     from dpsweep.config import Config
@@ -110,31 +118,72 @@ class PackedTrials:
         from dpsweep.tracking import DEVICE_SHARING_ENV
 
         os.environ[DEVICE_SHARING_ENV] = f"{device_sharing(len(trials))}, {len(trials)} trials"
-        work = Path(tempfile.mkdtemp(prefix="packed-", dir=self.folder))
+        work = self._work(trials)
         env = os.environ | {ENV_DRIVER: ProcessId.current().token}
         env.setdefault("OMP_NUM_THREADS", str(self.cpus_per_trial))  # K processes share the job's cores
-        procs: list[subprocess.Popen[bytes]] = []
+        procs: dict[int, subprocess.Popen[bytes]] = {}  # the trials this run starts, by index
         for i, args in enumerate(trials):
             path = work / f"trial-{i}.pkl"
+            if path.with_suffix(".result").is_file():  # returned before the job was requeued: not run again
+                continue
             path.write_bytes(cloudpickle.dumps((self.trial, args)))
-            procs.append(subprocess.Popen([sys.executable, "-u", "-m", __name__, str(path)], env=env))
-        previous = {s: signal.signal(s, _passing_on(procs)) for s in (signal.SIGTERM, signal.SIGINT)}
+            procs[i] = subprocess.Popen([sys.executable, "-u", "-m", __name__, str(path)], env=env)
+        received: list[int] = []
+        handler = _passing_on(list(procs.values()), received)
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
         if os.environ.get(ENV_DRIVER):  # launcher=local: the SIGTERM sent once the sweep's driver is gone
             die_with_driver()  # finds the handler above, which passes it on (submitit's, before it, drops it)
         try:
-            while any(p.poll() is None for p in procs):
+            while any(p.poll() is None for p in procs.values()):
                 time.sleep(POLL_S)
         finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+            for s, before in previous.items():
+                signal.signal(s, before)
+        if received:  # the job itself was ended (scancel, a requeue, the driver gone): no result, as a job of
+            raise Terminated(received[0])  # one trial leaves none; the trials that returned keep their files
         return [
-            _result(work / f"trial-{i}.pkl", p.returncode, args)
-            for i, (p, args) in enumerate(zip(procs, trials, strict=True))
+            _result(work / f"trial-{i}.pkl", procs[i].returncode if i in procs else None, args)
+            for i, args in enumerate(trials)
         ]
 
+    def _work(self, trials: Sequence[tuple[Any, ...]]) -> Path:
+        """The job's directory of trial files (:func:`work_dir`)."""
+        work = work_dir(self.folder, [args[0] for args in trials])
+        work.mkdir(parents=True, exist_ok=True)
+        return work
 
-def _passing_on(procs: Sequence[subprocess.Popen[bytes]]) -> Any:
+    def checkpoint(self, trials: Sequence[tuple[Any, ...]]) -> Any:
+        """submitit's hook for a job that times out or is preempted (``DelayedSubmission``): requeue the same
+        trials, which :meth:`__call__` runs again from the job's files (the module doc)."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, trials)
+
+
+def work_dir(folder: str | Path, overrides: Sequence[Sequence[str]]) -> Path:
+    """A packed job's directory of trial files, named by a hash of its trials' overrides (the sweep's id among
+    them): the same for the job requeued, and known to the driver, which reads the results of the trials
+    that returned when the job itself ended without one (:func:`returned`)."""
+    key = hashlib.sha256(json.dumps([list(o) for o in overrides]).encode()).hexdigest()[:16]
+    return Path(folder) / f"packed-{key}"
+
+
+def returned(folder: str | Path, overrides: Sequence[Sequence[str]]) -> list[JobReturn | None]:
+    """The results of a packed job's trials that returned (None for the others): for a job that ended
+    without a result of its own (cancelled, requeued, its driver gone)."""
+    import cloudpickle
+
+    work = work_dir(folder, overrides)
+    out: list[JobReturn | None] = []
+    for i in range(len(overrides)):
+        done = work / f"trial-{i}.result"
+        out.append(cloudpickle.loads(done.read_bytes()) if done.is_file() else None)
+    return out
+
+
+def _passing_on(procs: Sequence[subprocess.Popen[bytes]], received: list[int]) -> Any:
     def handler(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signum)

@@ -231,6 +231,72 @@ def test_slurm_requeue_resumes_with_the_same_epsilon(tmp_path: Path, slurm: None
 
 
 @SLURM
+def test_a_requeued_packed_job_keeps_its_returned_trial_and_resumes_the_other(tmp_path: Path, slurm: None) -> None:
+    """A job of two trials (1 and 12 epochs) requeued once the first has returned and the second has saved
+    its second epoch: the first is not run again (its result kept), the second resumes with the ε of an
+    uninterrupted run."""
+    epochs = 12
+    sweep_dir = tmp_path / "sweep"
+    requeued: list[str] = []
+
+    def requeue(over: threading.Event) -> None:
+        deadline = time.monotonic() + 600
+        submitit_dir = sweep_dir / ".submitit"
+        while not over.is_set() and time.monotonic() < deadline:
+            returned = list(submitit_dir.rglob("trial-*.result")) if submitit_dir.is_dir() else []
+            if returned and _saved_epoch(sweep_dir) >= 2:
+                break
+            over.wait(0.5)
+        if over.is_set() or time.monotonic() >= deadline:
+            return  # failed below
+        [job_folder] = [p for p in submitit_dir.iterdir() if p.is_dir() and p.name != "packed"]
+        subprocess.run(["scontrol", "requeue", job_folder.name], check=True, timeout=60)  # preempt it
+        requeued.append(job_folder.name)
+
+    proc = sweep(
+        "launcher=slurm", "launcher.trials_per_device=2", f"train.epochs=1,{epochs}", "train.progress=false",
+        "tracking.log_model=false", f"hydra.sweep.dir={sweep_dir}", during=requeue,
+    )  # fmt: skip
+    assert requeued, f"the job was not requeued mid-training:\n{proc.stdout}\n{proc.stderr}"
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ": 2 finished, 0 skipped, 0 failed" in proc.stdout, proc.stdout
+    runs = {int(r.data.params["train.epochs"]): r for r in finished_runs(tmp_path)}
+    assert sorted(runs) == [1, epochs] and {r.info.status for r in runs.values()} == {"FINISHED"}
+    assert "resume.count" not in runs[1].data.tags  # returned before the requeue: not started again
+    assert int(runs[epochs].data.tags["resume.count"]) >= 1
+    planned = privacy.epsilon(privacy.poisson_schedule(1437, 64), 1.0, 1e-5, epochs=epochs).epsilon
+    assert runs[epochs].data.metrics["epsilon_rdp"] == planned  # the ε of an uninterrupted run of this config
+
+
+@SLURM
+def test_a_cancelled_packed_job_reports_its_returned_trial_finished(tmp_path: Path, slurm: None) -> None:
+    """scancel of a job of two trials (1 and 200 epochs) once the first has returned: the job ends without a
+    result, as a job of one trial does, and the driver reads the first trial's own (FINISHED); the other
+    fails, its run KILLED."""
+    sweep_dir = tmp_path / "sweep"
+
+    def cancel(over: threading.Event) -> None:
+        deadline = time.monotonic() + 600
+        submitit_dir = sweep_dir / ".submitit"
+        while not over.is_set() and time.monotonic() < deadline:
+            returned = list(submitit_dir.rglob("trial-*.result")) if submitit_dir.is_dir() else []
+            if returned and _saved_epoch(sweep_dir) >= 1:
+                break
+            over.wait(0.5)
+        [job_folder] = [p for p in submitit_dir.iterdir() if p.is_dir() and p.name != "packed"]
+        subprocess.run(["scancel", job_folder.name], check=True, timeout=60)
+
+    proc = sweep(
+        "launcher=slurm", "launcher.trials_per_device=2", "train.epochs=1,200", "train.progress=false",
+        "tracking.log_model=false", f"hydra.sweep.dir={sweep_dir}", during=cancel,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert ": 1 finished, 0 skipped, 1 failed" in proc.stdout, proc.stdout + proc.stderr
+    runs = {int(r.data.params["train.epochs"]): r for r in finished_runs(tmp_path)}
+    assert runs[1].info.status == "FINISHED" and runs[200].info.status == "KILLED", runs
+
+
+@SLURM
 def test_slurm_scancel_is_recorded_and_the_sweep_goes_on(
     tmp_path: Path, slurm: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
