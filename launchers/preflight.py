@@ -16,13 +16,13 @@ from typing import Any, NoReturn
 
 from omegaconf import DictConfig
 
-from dpsweep.config import given_overrides
+from dpsweep.config import Config, given_overrides
 from dpsweep.errors import EXIT_BAD_INPUT, InputError
 
 SUBMIT_COMMANDS = {"slurm": "sbatch", "sge": "qsub"}  # launchers that need a scheduler's client tools
 
 
-def preflight(configs: Sequence[DictConfig], jobs: Sequence[Sequence[str]]) -> None:
+def preflight(configs: Sequence[Config | DictConfig], jobs: Sequence[Sequence[str]]) -> None:
     """Every check that can reject the sweep, before any job is launched: each job's run plan
     (``dpsweep.plan.prepare``: ranges, B <= N and δ < 1/N with N read once per dataset, σ
     calibration, the memory model and its physical batch), the launcher's resources and client

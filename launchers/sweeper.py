@@ -91,6 +91,17 @@ class DpsweepSweeper(Sweeper):
         assert self.composer is not None and self.config is not None
         return self.composer.compose(self.config, job)
 
+    def typed_job(self, job: list[str]) -> Config:
+        """The job's typed config, for the checks before launch: built from its leaves where the launcher
+        composes each job itself (``ComposedJobs.typed``: no OmegaConf copy a job); composed and kept for
+        the inline launcher, which runs each job on the config composed here."""
+        from dpsweep.config import to_config
+
+        assert self.composer is not None and self.config is not None
+        if self.composer.keep:
+            return to_config(self.compose_job(job))
+        return self.composer.typed(self.config, job)
+
     def sweep(self, arguments: list[str]) -> Any:
         assert self.config is not None and self.launcher is not None
         uri = OmegaConf.select(self.config, "tracking.uri", default=None)
@@ -122,13 +133,13 @@ class DpsweepSweeper(Sweeper):
 
         sweep_id = new_sweep_id()
         jobs = self._jobs(arguments, sweep_id)
-        configs = [self.compose_job(job) for job in jobs]
+        configs = [self.typed_job(job) for job in jobs]
         preflight(configs, jobs)
         first = to_config(configs[0])
         tuned: PrivateTuning | None = None
         if first.sweep.private_tuning:
             tuned = private_trials(jobs, configs)
-            jobs, configs = tuned.jobs, [self.compose_job(job) for job in tuned.jobs]
+            jobs, configs = tuned.jobs, [self.typed_job(job) for job in tuned.jobs]
         todo, skipped = select_jobs(jobs, configs)
         for line in skipped:
             print(f"dpsweep: skip {line}", flush=True)
@@ -168,7 +179,7 @@ class DpsweepSweeper(Sweeper):
         session.end(session.summary(outcome), failed=bool(outcome.failed or outcome.aborted))
         return returns
 
-    def _pack(self, first: Config, configs: Sequence[DictConfig], todo: list[list[str]]) -> list[list[str]]:
+    def _pack(self, first: Config, configs: Sequence[Config | DictConfig], todo: list[list[str]]) -> list[list[str]]:
         """K, the trials per device (``launcher.trials_per_device``; ``auto`` resolved from the memory
         model and given to every job as a number), told to the launcher; one line when K > 1."""
         from dpsweep.config import to_config, trials_per_device
@@ -266,7 +277,7 @@ class PrivateTuning:
         )
 
 
-def private_trials(jobs: Sequence[list[str]], configs: Sequence[DictConfig]) -> PrivateTuning:
+def private_trials(jobs: Sequence[list[str]], configs: Sequence[Config | DictConfig]) -> PrivateTuning:
     """K trials drawn from the grid's configs, with secret seeds, and the procedure's ε (``dpsweep.privacy.tuning``)."""
     from dpsweep.config import to_config
     from dpsweep.plan import FactsCache, prepare, tuning_procedure
@@ -290,7 +301,7 @@ def private_trials(jobs: Sequence[list[str]], configs: Sequence[DictConfig]) -> 
     return PrivateTuning(trials, cost.epsilon, cost.delta, cost.single_run_epsilon, axes)
 
 
-def select_jobs(jobs: Sequence[list[str]], configs: Sequence[DictConfig]) -> tuple[list[list[str]], list[str]]:
+def select_jobs(jobs: Sequence[list[str]], configs: Sequence[Config | DictConfig]) -> tuple[list[list[str]], list[str]]:
     """Jobs to launch, and one line per job skipped: its config already FINISHED in the experiment
     (matched by the hash of its identity, see dpsweep.config.identity), running now in a live job, or
     a repeat of an earlier job. Runs left RUNNING by dead processes are ended KILLED first
