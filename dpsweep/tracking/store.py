@@ -512,9 +512,19 @@ def log_model(
     so does ``runs:/<run_id>/<artifact_path>``, which MLflow resolves to the run's model of that name.
 
     Through the client, not ``mlflow.pytorch.log_model(run_id=…)``: without an active run that files
-    the model under the fluent API's current experiment (Default), not the run's."""
-    import mlflow.pytorch  # torch and the flavour: only for runs that log a model
+    the model under the fluent API's current experiment (Default), not the run's.
+
+    Once per run: a run that already has a READY model of that name (its job logged it, then was requeued
+    before the run ended) is left as it is, not given a second LoggedModel."""
+    client = client_of(uri)
+    run = retry_busy(lambda: client.get_run(run_id))
     from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+
+    same = f"source_run_id = '{run_id}' AND name = '{artifact_path}'"  # (a filter on status matches nothing)
+    earlier = retry_busy(lambda: client.search_logged_models([run.info.experiment_id], filter_string=same))
+    if any(m.status == LoggedModelStatus.READY for m in earlier):
+        return
+    import mlflow.pytorch  # torch and the flavour: only for runs that log a model
     from mlflow.models import infer_signature
 
     quiet = logging.getLogger("mlflow.pytorch")  # its warning on pickle: the format is chosen knowingly
@@ -530,8 +540,6 @@ def log_model(
             )  # fmt: skip
         finally:
             quiet.setLevel(level)
-        client = client_of(uri)
-        run = retry_busy(lambda: client.get_run(run_id))
         tags = {k: v for k, v in run.data.tags.items() if k.startswith("dp.")}
         model = retry_busy(lambda: client.create_logged_model(
             run.info.experiment_id, name=artifact_path, source_run_id=run_id, params=run.data.params, tags=tags,

@@ -192,6 +192,13 @@ def test_the_trained_model_is_returned_and_logged_with_mlflows_pytorch_flavour(
 
     with torch.no_grad():
         assert torch.equal(mlflow.pytorch.load_model(f"models:/{output.model_id}")(x), result.model(x))
+    # logged again for the same run (a job requeued after logging it): still one model
+    from dpsweep.tracking import store
+
+    store.log_model(
+        client.tracking_uri, run.info.run_id, result.model, x[:1], result.model(x[:1]).detach(), "model", "2"
+    )
+    assert [m.model_id for m in client.search_logged_models([run.info.experiment_id])] == [output.model_id]
 
 
 def test_a_size_limit_skips_logging_a_model(make_cfg: Composer, client: MlflowClient, experiment_name: str) -> None:
