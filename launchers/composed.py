@@ -152,6 +152,8 @@ class ComposedJobs(ConfigLoader):
             kept = self.kept.get(tuple(sweep_overrides[:n]))
             if kept is not None:
                 parsed = self._parse(sweep_overrides)
+                if any(self._is_value(o) is not True for o in parsed[n:]):
+                    break  # a group or hydra.*: composed afresh below (the kept config is not copied for nothing)
                 served = self._with_values(pickle.dumps(kept), parsed[n:], parsed)
                 if served is not None:
                     self.served += 1
