@@ -11,6 +11,7 @@ import pytest
 import torch
 from dp_accounting import dp_event
 from helpers import Composer, straight_and_resumed
+from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from scipy import stats
 from torch import nn
@@ -138,17 +139,24 @@ def test_an_interrupted_dpftrl_run_resumes_its_tree_exactly(
         assert torch.equal(a, b), name  # the same tree noise, the same fixed order, the same steps
 
 
+def _fused_beside(make_cfg: Composer, client: MlflowClient, args: list[str], steps: int) -> Run:
+    """A fused run of ``args`` beside the run of the same settings without it: FINISHED, with the same steps,
+    per-epoch ε and logged ε; the fused run's MLflow run."""
+    other = train(make_cfg(*args, "tracking.run_name=not-fused"))
+    ran = train(make_cfg(*args, *FUSED, "tracking.run_name=fused"))
+    run = client.get_run(ran.run_id)
+    assert run.info.status == "FINISHED" and run.data.params["dp.grad_sample_mode"] == "fused"
+    assert ran.steps == other.steps == steps and ran.epsilons == other.epsilons
+    assert run.data.metrics["epsilon"] == client.get_run(other.run_id).data.metrics["epsilon"]
+    return run
+
+
 @pytest.mark.slow
 def test_a_fused_run_is_dpsgd_with_the_same_ledger_and_sampling(make_cfg: Composer, client: MlflowClient) -> None:
     """dp.grad_sample_mode=fused trains example-level DP-SGD: the ε, steps and ledger of a hooks run at the same
     settings, its batches Poisson at the same q (χ² against Binomial(N, q)), and it learns."""
     args = ["dp.noise_multiplier=1.0", "train.epochs=2"]
-    hooks = train(make_cfg(*args, "tracking.run_name=hooks"))
-    ran = train(make_cfg(*args, *FUSED, "tracking.run_name=fused"))
-    run = client.get_run(ran.run_id)
-    assert run.info.status == "FINISHED" and run.data.params["dp.grad_sample_mode"] == "fused"
-    assert ran.steps == hooks.steps == 2 * 23 and ran.epsilons == hooks.epsilons
-    assert run.data.metrics["epsilon"] == client.get_run(hooks.run_id).data.metrics["epsilon"]
+    run = _fused_beside(make_cfg, client, args, steps=2 * 23)
     assert run.data.metrics["test_accuracy"] > 0.3  # chance is 0.1: it learns
     # the sampler a fused run trains with: each example in with probability q = 1/ceil(N/B)
     cfg = to_config(make_cfg(*args, *FUSED))
@@ -170,12 +178,7 @@ def test_a_user_level_fused_run_is_user_level_dpsgd(make_cfg: Composer, client: 
     """dp.grad_sample_mode=fused dp.unit=user: the users, ε, steps and ledger of a user-level DP-SGD run at the
     same settings (the same Poisson draws of users), and it learns."""
     args = [*USERS, "dp.noise_multiplier=0.8", "train.epochs=3", "dp.max_examples_per_user=8"]
-    users = train(make_cfg(*args, "tracking.run_name=users"))
-    ran = train(make_cfg(*args, *FUSED, "tracking.run_name=fused-users"))
-    run = client.get_run(ran.run_id)
-    assert run.info.status == "FINISHED" and run.data.params["dp.grad_sample_mode"] == "fused"
-    assert ran.steps == users.steps == 3 * 5 and ran.epsilons == users.epsilons
-    assert run.data.metrics["epsilon"] == client.get_run(users.run_id).data.metrics["epsilon"]
+    run = _fused_beside(make_cfg, client, args, steps=3 * 5)
     assert run.data.tags.get("dp.unit", run.data.params.get("dp.unit")) == "user"
     assert run.data.metrics["test_accuracy"] > 0.2, run.data.metrics  # chance is 0.1
 

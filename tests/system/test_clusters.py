@@ -230,6 +230,20 @@ def test_slurm_requeue_resumes_with_the_same_epsilon(tmp_path: Path, slurm: None
     assert sorted({m.step for m in steps}) == list(range(1, epochs + 1))
 
 
+def _packed_job_half_done(sweep_dir: Path, over: threading.Event, epoch: int) -> str | None:
+    """The Slurm id of the sweep's one packed job once one of its trials has returned and the other has
+    saved epoch ``epoch``; None if the sweep ended first (or 600 s passed)."""
+    deadline = time.monotonic() + 600
+    submitit_dir = sweep_dir / ".submitit"
+    while not over.is_set() and time.monotonic() < deadline:
+        returned = list(submitit_dir.rglob("trial-*.result")) if submitit_dir.is_dir() else []
+        if returned and _saved_epoch(sweep_dir) >= epoch:
+            [job_folder] = [p for p in submitit_dir.iterdir() if p.is_dir() and p.name != "packed"]
+            return job_folder.name
+        over.wait(0.5)
+    return None
+
+
 @SLURM
 def test_a_requeued_packed_job_keeps_its_returned_trial_and_resumes_the_other(tmp_path: Path, slurm: None) -> None:
     """A job of two trials (1 and 12 epochs) requeued once the first has returned and the second has saved
@@ -240,18 +254,10 @@ def test_a_requeued_packed_job_keeps_its_returned_trial_and_resumes_the_other(tm
     requeued: list[str] = []
 
     def requeue(over: threading.Event) -> None:
-        deadline = time.monotonic() + 600
-        submitit_dir = sweep_dir / ".submitit"
-        while not over.is_set() and time.monotonic() < deadline:
-            returned = list(submitit_dir.rglob("trial-*.result")) if submitit_dir.is_dir() else []
-            if returned and _saved_epoch(sweep_dir) >= 2:
-                break
-            over.wait(0.5)
-        if over.is_set() or time.monotonic() >= deadline:
-            return  # failed below
-        [job_folder] = [p for p in submitit_dir.iterdir() if p.is_dir() and p.name != "packed"]
-        subprocess.run(["scontrol", "requeue", job_folder.name], check=True, timeout=60)  # preempt it
-        requeued.append(job_folder.name)
+        job = _packed_job_half_done(sweep_dir, over, epoch=2)
+        if job is not None:  # (else: failed below)
+            subprocess.run(["scontrol", "requeue", job], check=True, timeout=60)  # preempt it
+            requeued.append(job)
 
     proc = sweep(
         "launcher=slurm", "launcher.trials_per_device=2", f"train.epochs=1,{epochs}", "train.progress=false",
@@ -276,15 +282,9 @@ def test_a_cancelled_packed_job_reports_its_returned_trial_finished(tmp_path: Pa
     sweep_dir = tmp_path / "sweep"
 
     def cancel(over: threading.Event) -> None:
-        deadline = time.monotonic() + 600
-        submitit_dir = sweep_dir / ".submitit"
-        while not over.is_set() and time.monotonic() < deadline:
-            returned = list(submitit_dir.rglob("trial-*.result")) if submitit_dir.is_dir() else []
-            if returned and _saved_epoch(sweep_dir) >= 1:
-                break
-            over.wait(0.5)
-        [job_folder] = [p for p in submitit_dir.iterdir() if p.is_dir() and p.name != "packed"]
-        subprocess.run(["scancel", job_folder.name], check=True, timeout=60)
+        job = _packed_job_half_done(sweep_dir, over, epoch=1)
+        if job is not None:  # (else: failed below)
+            subprocess.run(["scancel", job], check=True, timeout=60)
 
     proc = sweep(
         "launcher=slurm", "launcher.trials_per_device=2", "train.epochs=1,200", "train.progress=false",
