@@ -100,11 +100,12 @@ class ComposedJobs(ConfigLoader):
 
     def typed(self, master: DictConfig, job: Sequence[str]) -> Config:
         """``to_config(self.compose(master, job))``: the job's typed config, built from its skeleton's typed
-        config and its leaves where that is exact (the module doc)."""
+        config and its leaves where that is exact (the module doc), and composed where the composer keeps
+        each job's config for the launcher (``keep``: the inline launcher runs each job on it)."""
         lines = list(job)
         parsed = self._parse(lines)
         kinds = [self._is_value(o) for o in parsed]
-        if None not in kinds:
+        if None not in kinds and not self.keep:
             groups = tuple(line for line, value in zip(lines, kinds, strict=True) if not value)
             leaves = [self._leaf(master, groups, o) for o, value in zip(parsed, kinds, strict=True) if value]
             if all(leaf is not None for leaf in leaves):

@@ -92,14 +92,9 @@ class DpsweepSweeper(Sweeper):
         return self.composer.compose(self.config, job)
 
     def typed_job(self, job: list[str]) -> Config:
-        """The job's typed config, for the checks before launch: built from its leaves where the launcher
-        composes each job itself (``ComposedJobs.typed``: no OmegaConf copy a job); composed and kept for
-        the inline launcher, which runs each job on the config composed here."""
-        from dpsweep.config import to_config
-
+        """The job's typed config, for the checks before launch (``ComposedJobs.typed``: no OmegaConf copy a
+        job where the launcher composes each job itself)."""
         assert self.composer is not None and self.config is not None
-        if self.composer.keep:
-            return to_config(self.compose_job(job))
         return self.composer.typed(self.config, job)
 
     def sweep(self, arguments: list[str]) -> Any:
@@ -129,13 +124,11 @@ class DpsweepSweeper(Sweeper):
     def _grid(self, arguments: list[str]) -> list[Sequence[JobReturn]]:
         """The grid sweep (or the private tuning drawn from it): jobs composed and checked, launched
         under one parent run, summarised."""
-        from dpsweep.config import to_config
-
         sweep_id = new_sweep_id()
         jobs = self._jobs(arguments, sweep_id)
         configs = [self.typed_job(job) for job in jobs]
         preflight(configs, jobs)
-        first = to_config(configs[0])
+        first = configs[0]
         tuned: PrivateTuning | None = None
         if first.sweep.private_tuning:
             tuned = private_trials(jobs, configs)
@@ -179,16 +172,16 @@ class DpsweepSweeper(Sweeper):
         session.end(session.summary(outcome), failed=bool(outcome.failed or outcome.aborted))
         return returns
 
-    def _pack(self, first: Config, configs: Sequence[Config | DictConfig], todo: list[list[str]]) -> list[list[str]]:
+    def _pack(self, first: Config, configs: Sequence[Config], todo: list[list[str]]) -> list[list[str]]:
         """K, the trials per device (``launcher.trials_per_device``; ``auto`` resolved from the memory
         model and given to every job as a number), told to the launcher; one line when K > 1."""
-        from dpsweep.config import to_config, trials_per_device
+        from dpsweep.config import trials_per_device
         from dpsweep.launchers import packing
         from dpsweep.launchers.preflight import job_backend
 
         k = trials_per_device(first.launcher)
         if k is None and todo:
-            k = packing.resolve([to_config(c) for c in configs], len(todo), job_backend(first))
+            k = packing.resolve(configs, len(todo), job_backend(first))
             todo = [[*job, f"launcher.trials_per_device={k}"] for job in todo]
             print(f"dpsweep: launcher.trials_per_device=auto: {k} trials fit {first.launcher.gpu_memory} together "
                   f"({first.train.memory_model})", flush=True)  # fmt: skip
@@ -277,13 +270,11 @@ class PrivateTuning:
         )
 
 
-def private_trials(jobs: Sequence[list[str]], configs: Sequence[Config | DictConfig]) -> PrivateTuning:
+def private_trials(jobs: Sequence[list[str]], typed: Sequence[Config]) -> PrivateTuning:
     """K trials drawn from the grid's configs, with secret seeds, and the procedure's ε (``dpsweep.privacy.tuning``)."""
-    from dpsweep.config import to_config
     from dpsweep.plan import FactsCache, prepare, tuning_procedure
     from dpsweep.privacy import tuning
 
-    typed = [to_config(c) for c in configs]
     s = typed[0].sweep
     facts = FactsCache()
     try:
@@ -301,16 +292,14 @@ def private_trials(jobs: Sequence[list[str]], configs: Sequence[Config | DictCon
     return PrivateTuning(trials, cost.epsilon, cost.delta, cost.single_run_epsilon, axes)
 
 
-def select_jobs(jobs: Sequence[list[str]], configs: Sequence[Config | DictConfig]) -> tuple[list[list[str]], list[str]]:
+def select_jobs(jobs: Sequence[list[str]], typed: Sequence[Config]) -> tuple[list[list[str]], list[str]]:
     """Jobs to launch, and one line per job skipped: its config already FINISHED in the experiment
     (matched by the hash of its identity, see dpsweep.config.identity), running now in a live job, or
     a repeat of an earlier job. Runs left RUNNING by dead processes are ended KILLED first
     (``dpsweep.tracking.dead_runs``), so that their configs run again."""
-    from dpsweep.config import to_config
     from dpsweep.plan import config_hash, skip_reasons
     from dpsweep.tracking import runs_by_hash
 
-    typed = [to_config(c) for c in configs]
     done: dict[str, str] = {}
     running: dict[str, str] = {}
     for uri, name in sorted({(c.tracking.uri, c.tracking.experiment_name) for c in typed}):

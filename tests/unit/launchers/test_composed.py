@@ -157,7 +157,8 @@ def _typed_fresh(composer: ComposedJobs, master: DictConfig, job: list[str]) -> 
 
 
 def test_a_typed_config_is_that_of_a_fresh_composition(loader_and_master: tuple[ComposedJobs, DictConfig]) -> None:
-    composer, master = loader_and_master
+    keeping, master = loader_and_master
+    composer = ComposedJobs(keeping.loader, keep=False)  # as dpsweep-plan and a submitit launcher's sweep type
     for job in TYPED_GRID:
         typed = composer.typed(master, job)
         assert typed == _typed_fresh(composer, master, job), job
@@ -169,6 +170,9 @@ def test_a_typed_config_is_that_of_a_fresh_composition(loader_and_master: tuple[
     # jobs share the skeleton's untouched parts, never a changed one
     again = composer.typed(master, ["train.seed=5", string_override("sweep.id", "a b")])
     assert again.train.seed == 5 and first.train.seed == 3 and again.model is first.model
+    # a composer that keeps each job's config (the inline launcher's) composes it, and keeps it to serve
+    assert keeping.typed(master, TYPED_GRID[0]) == first
+    assert keeping.typed_from_leaves == 0 and tuple(TYPED_GRID[0]) in keeping.kept
 
 
 def test_a_leaf_that_an_interpolation_reads_is_typed_from_its_composition(
@@ -178,7 +182,8 @@ def test_a_leaf_that_an_interpolation_reads_is_typed_from_its_composition(
 
     cfg = OmegaConf.create({"a": {"b": "${train.seed}", "c": 1}, "d": [1, "${oc.env:HOME}"], "e": "x"})
     assert list(_interpolations(cfg)) == ["${train.seed}", "${oc.env:HOME}"]
-    composer, master = loader_and_master
+    keeping, master = loader_and_master
+    composer = ComposedJobs(keeping.loader, keep=False)
     composer.typed(master, ["train.epochs=2"])
     composer.typed_skeletons[()][1].append("${train.seed}")  # as if the config read train.seed
     job = ["train.seed=9", "optimizer.lr=0.3"]
