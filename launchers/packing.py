@@ -171,14 +171,19 @@ def work_dir(folder: str | Path, overrides: Sequence[Sequence[str]]) -> Path:
 def returned(folder: str | Path, overrides: Sequence[Sequence[str]]) -> list[JobReturn | None]:
     """The results of a packed job's trials that returned (None for the others): for a job that ended
     without a result of its own (cancelled, requeued, its driver gone)."""
+    work = work_dir(folder, overrides)
+    return [_returned(work / f"trial-{i}.pkl") for i in range(len(overrides))]
+
+
+def _returned(path: Path) -> JobReturn | None:
+    """The JobReturn the trial of ``path`` wrote beside it, or None."""
     import cloudpickle
 
-    work = work_dir(folder, overrides)
-    out: list[JobReturn | None] = []
-    for i in range(len(overrides)):
-        done = work / f"trial-{i}.result"
-        out.append(cloudpickle.loads(done.read_bytes()) if done.is_file() else None)
-    return out
+    done = path.with_suffix(".result")
+    if not done.is_file():
+        return None
+    result: JobReturn = cloudpickle.loads(done.read_bytes())
+    return result
 
 
 def _passing_on(procs: Sequence[subprocess.Popen[bytes]], received: list[int]) -> Any:
@@ -193,11 +198,8 @@ def _passing_on(procs: Sequence[subprocess.Popen[bytes]], received: list[int]) -
 
 def _result(path: Path, returncode: int | None, args: tuple[Any, ...]) -> JobReturn:
     """The trial's JobReturn, or a FAILED one when its process ended without writing it."""
-    import cloudpickle
-
-    done = path.with_suffix(".result")
-    if done.is_file():
-        result: JobReturn = cloudpickle.loads(done.read_bytes())
+    result = _returned(path)
+    if result is not None:
         return result
     code = returncode if returncode is not None else -1
     how = (

@@ -212,11 +212,10 @@ class FusedPoisson(OwnRule):
             x, y, sample_rate=schedule.inclusion_probability, device=run.device, generator=generator
         )
         self.generator = generator
-        dp = cfg.dp
-        compiled = run.device.type == "cuda" if dp.compile is None else dp.compile
-        pad_to = fused.pad_bound(dp.pad_to, cfg.train.batch_size)
-        mode = fused.compile_mode(run.device, compiled)
-        self.step = fused.FusedStep(run.model, run.loss_fn, max_grad_norm=dp.max_grad_norm, pad_to=pad_to, mode=mode)
+        pad_to, mode = _fused_settings(run)
+        self.step = fused.FusedStep(
+            run.model, run.loss_fn, max_grad_norm=cfg.dp.max_grad_norm, pad_to=pad_to, mode=mode
+        )
         expected = int(len(y) * schedule.inclusion_probability)  # Opacus's expected_batch_size (make_private)
         return OwnSetup(build_optimizer(cfg.optimizer, run.model), generator, _AsUnits(sampled), float(expected))
 
@@ -239,11 +238,10 @@ class FusedUsers(OwnRule):
     def setup(self, run: OwnRun) -> OwnSetup:
         own = PoissonUnits().setup(run)
         dp = run.cfg.dp
-        compiled = run.device.type == "cuda" if dp.compile is None else dp.compile
-        pad_to = fused.pad_bound(dp.pad_to, run.cfg.train.batch_size)  # users per pass
+        pad_to, mode = _fused_settings(run)  # users per pass
         self.step = fused.FusedUserStep(
             run.model, run.loss_fn, max_grad_norm=dp.max_grad_norm, pad_to=pad_to,
-            max_examples=dp.max_examples_per_user, mode=fused.compile_mode(run.device, compiled),
+            max_examples=dp.max_examples_per_user, mode=mode,
         )  # fmt: skip
         self.generator = own.generator
         return own
@@ -252,6 +250,14 @@ class FusedUsers(OwnRule):
         assert self.step is not None, "setup() first"
         return self.step.gradient(batch.x, batch.y, noise_multiplier=run.sigma, divisor=expected_units,
                                   generator=self.generator, segment=batch.segment)  # fmt: skip
+
+
+def _fused_settings(run: OwnRun) -> tuple[int, fused.CompileMode]:
+    """The fused step's rows (or users) per pass, ``dp.pad_to`` or its default, and its compile mode
+    (``dp.compile``; unset: compiled on a GPU only)."""
+    dp = run.cfg.dp
+    compiled = run.device.type == "cuda" if dp.compile is None else dp.compile
+    return fused.pad_bound(dp.pad_to, run.cfg.train.batch_size), fused.compile_mode(run.device, compiled)
 
 
 class _AsUnits:

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -159,25 +160,33 @@ class FusedStep:
             return self.loss_fn(out, yi.unsqueeze(0))
 
         per_row = vmap(grad(loss), in_dims=(None, 0, 0), randomness="different")(params, x, y)
-        rows = [per_row[k].flatten(1) for k in self.names]
-        norms = torch.sqrt(sum(r.pow(2).sum(1) for r in rows))
-        factor = clip_factors(norms, self.max_grad_norm) * weight
-        return torch.cat([factor @ r for r in rows])
+        return self._clipped(per_row, weight)
 
-    def passes_of(self, x: Tensor, y: Tensor, pad: bool = True) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+    def _clipped(self, per_unit: dict[str, Tensor], weight: Tensor) -> Tensor:
+        """Σ_u w_u·min(1, C/(‖g_u‖+1e-6))·g_u of per-unit gradients ``{name: (P, *shape)}``, the norm flat over
+        all trainable parameters; flat, in the parameters' order."""
+        flat = [per_unit[k].flatten(1) for k in self.names]
+        norms = torch.sqrt(cast(Tensor, sum(f.pow(2).sum(1) for f in flat)))  # (a sum of tensors, never 0)
+        factor = clip_factors(norms, self.max_grad_norm) * weight
+        return torch.cat([factor @ f for f in flat])
+
+    def passes_of(self, x: Tensor, y: Tensor, pad: bool = True) -> Iterator[tuple[Tensor, ...]]:
         """The batch's rows in passes of at most ``pad_to`` rows, each with its weights; ``pad``: exactly
         ``pad_to`` rows, the padding of weight 0."""
-        b, p = len(y), self.pad_to
-        for start in range(0, max(b, 1), p):
-            xs, ys = x[start : start + p], y[start : start + p]
-            short = p - len(ys) if pad else 0
-            dtype = x.dtype if x.is_floating_point() else torch.float32
-            weight = torch.ones(len(ys) + short, device=y.device, dtype=dtype)
+        return self._cut((x, y), pad, x.dtype if x.is_floating_point() else torch.float32)
+
+    def _cut(self, rows: tuple[Tensor, ...], pad: bool, dtype: torch.dtype) -> Iterator[tuple[Tensor, ...]]:
+        """Row-aligned tensors in passes of at most ``pad_to`` rows, each pass's tensors followed by its weights
+        (1 a row); ``pad``: exactly ``pad_to`` rows, zero rows of weight 0 added."""
+        n, p = len(rows[0]), self.pad_to
+        for start in range(0, max(n, 1), p):
+            part = [t[start : start + p] for t in rows]
+            short = p - len(part[0]) if pad else 0
+            weight = torch.ones(len(part[0]) + short, device=rows[0].device, dtype=dtype)
             if short:
-                weight[len(ys) :] = 0
-                xs = torch.cat([xs, xs.new_zeros((short, *x.shape[1:]))])
-                ys = torch.cat([ys, ys.new_zeros((short, *y.shape[1:]))])
-            yield xs, ys, weight
+                weight[len(part[0]) :] = 0
+                part = [torch.cat([t, t.new_zeros((short, *t.shape[1:]))]) for t in part]
+            yield (*part, weight)
 
     def _passes(self, x: Tensor, y: Tensor, segment: Tensor | None) -> Iterator[tuple[Tensor, ...]]:
         """Each pass's inputs to :meth:`_run`: here the rows themselves, each its own unit (``segment`` unused)."""
@@ -255,10 +264,7 @@ class FusedUserStep(FusedStep):
             return (losses * ru).sum() / ru.sum().clamp(min=1.0)
 
         per_user = vmap(grad(user_loss), in_dims=(None, 0, 0, 0), randomness="different")(params, x, y, rows)
-        flat = [per_user[k].flatten(1) for k in self.names]
-        norms = torch.sqrt(sum(f.pow(2).sum(1) for f in flat))
-        factor = clip_factors(norms, self.max_grad_norm) * weight
-        return torch.cat([factor @ f for f in flat])
+        return self._clipped(per_user, weight)
 
     def _passes(self, x: Tensor, y: Tensor, segment: Tensor | None) -> Iterator[tuple[Tensor, ...]]:
         """The batch as users × m examples (``segment``: each row's user 0..b−1, non-decreasing, at most m rows
@@ -271,15 +277,7 @@ class FusedUserStep(FusedStep):
         xs, ys = x.new_zeros((b, m, *x.shape[1:])), y.new_zeros((b, m))
         rows = torch.zeros((b, m), device=device, dtype=x.dtype if x.is_floating_point() else torch.float32)
         xs[segment, rank], ys[segment, rank], rows[segment, rank] = x, y, 1.0  # a rank >= m: IndexError
-        for start in range(0, max(b, 1), self.pad_to):
-            part = [t[start : start + self.pad_to] for t in (xs, ys, rows)]
-            n = len(part[0])
-            short = self.pad_to - n if self.padded else 0
-            weight = torch.ones(n + short, device=device, dtype=rows.dtype)
-            if short:
-                weight[n:] = 0
-                part = [torch.cat([t, t.new_zeros((short, *t.shape[1:]))]) for t in part]
-            yield (*part, weight)
+        return self._cut((xs, ys, rows), self.padded, rows.dtype)
 
 
 class _LinearRows:
