@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from hydra.core.utils import JobReturn, JobStatus
 
+from dpsweep.process import cpu_cores
 from dpsweep.process.liveness import ENV_DRIVER, ProcessId, die_with_driver
 from dpsweep.process.shutdown import Terminated
 
@@ -66,11 +67,6 @@ def device_sharing(trials: int) -> str:
         return "exclusive"
     pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", MPS_PIPE_DEFAULT)) / "control"
     return "mps" if pipe.exists() else "time-slicing"
-
-
-def cpu_cores() -> int:
-    """The CPU cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def resolve(typed: Sequence[Config], n_trials: int, backend: str) -> int:

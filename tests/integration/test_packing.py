@@ -20,8 +20,8 @@ import pytest
 from helpers import REPO, run_dpsweep
 from mlflow.tracking import MlflowClient
 
-from dpsweep.launchers import packing
 from dpsweep.memory.packing import CUDA_CONTEXT_BYTES
+from dpsweep.process import cpu_cores
 
 
 def _trial_runs(cwd: Path) -> list:  # type: ignore[type-arg]
@@ -124,7 +124,7 @@ def test_an_auto_sweep_gives_its_k_to_every_trial(tmp_path: Path) -> None:
     K at a time, tagged so."""
     assert Path.cwd() == tmp_path
     model = _cnn_model(tmp_path)
-    k = min(packing.cpu_cores(), 2)
+    k = min(cpu_cores(), 2)
     proc = run_dpsweep("-m", "launcher=local", "launcher.trials_per_device=auto", f"train.memory_model={model}",
                        "launcher.gpu_memory=80GB", "dp.noise_multiplier=0.8,1.2", "train.epochs=1",
                        "train.progress=false", "tracking.log_model=false")  # fmt: skip

@@ -255,23 +255,31 @@ def test_released_copy_has_no_opacus_hooks_or_per_sample_state() -> None:
 
 
 @pytest.mark.slow
-def test_a_runs_process_never_imports_mlflow(tmp_path: Path) -> None:
-    """The point of the tracking process: a whole run (its model logged) in a process without MLflow."""
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="sets the process's CPU affinity")
+@pytest.mark.parametrize("one_core", [False, True], ids=["cores", "one-core"])
+def test_a_run_logs_through_a_tracking_process_only_where_it_has_two_cores(tmp_path: Path, one_core: bool) -> None:
+    """The point of the tracking process: a whole run (its model logged) in a process without MLflow,
+    whose imports overlap the run's on another core. A process that may run on one core only (as
+    ``taskset -c 0``, a one-CPU cluster job) has nothing to overlap: it logs in process, and starts no
+    tracking process, whose imports would only add to its CPU time."""
+    pin = "os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:1])\n" if one_core else ""
     script = (
-        "import sys\n"
+        f"import os, sys\n{pin}"
         "from hydra import compose, initialize_config_module\n"
         "from dpsweep.run.runner import train\n"
+        "from dpsweep.tracking import channel\n"
         "with initialize_config_module('dpsweep.conf', version_base='1.3'):\n"
         "    cfg = compose('config', overrides=['train.epochs=1', 'train.progress=false', "
         f"'tracking.uri=sqlite:///{tmp_path}/mlflow.db', 'tracking.experiment_name=solo'])\n"
         "result = train(cfg)\n"
         "heavy = ('mlflow', 'sqlalchemy', 'alembic')\n"
-        "print(result.run_id, sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
+        "imported = sorted({m.split('.')[0] for m in sys.modules if m.split('.')[0] in heavy})\n"
+        "print(result.run_id, type(channel.service()).__name__, ','.join(imported) or '-')\n"
     )  # fmt: skip
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, check=False)
     assert done.returncode == 0, done.stderr
-    run_id, imported = done.stdout.split(maxsplit=1)
-    assert imported.strip() == "[]"
+    run_id, service, imported = done.stdout.split()
+    assert (service, imported) == (("InProcess", "alembic,mlflow,sqlalchemy") if one_core else ("Child", "-"))
     run = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(run_id)
     assert run.info.status == "FINISHED"
     assert run.data.tags["model.logged"] == "true" and "epsilon" in run.data.metrics
