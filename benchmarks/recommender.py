@@ -39,11 +39,12 @@ import torch
 from dp_accounting import dp_event
 
 from dpsweep.data.ratings import PlantedSpec, planted_ratings, split_users
+from dpsweep.mechanisms import dpals
 from dpsweep.privacy import calibrate, ledger
 from dpsweep.tasks.recommender import als
 
 RANK, ROUNDS, DELTA = 8, 10, 1e-5
-BOUNDS = als.Bounds(max_ratings=50, max_user_norm=0.3, max_abs_rating=1.0)
+BOUNDS = dpals.Bounds(max_ratings=50, max_user_norm=0.3, max_abs_rating=1.0)
 UNOBSERVED, ITEM_REG_FACTOR = 0.2, 10.0
 PLD = ledger.Accounting("pld")
 
@@ -61,7 +62,7 @@ def run_seed(seed: int, epsilons: list[float]) -> dict[str, float]:
     batch, history, target = (als.Batch.of(r, implicit=True) for r in (train, held.history, held.target))
     rows: dict[str, float] = {}
 
-    def trained(sigma: float, bounds: als.Bounds, reg: als.ALSRegularization) -> float:
+    def trained(sigma: float, bounds: dpals.Bounds, reg: als.ALSRegularization) -> float:
         model = als.ItemModel.initial(data.n_items, RANK, seed)
         aggregator = als.Aggregator(bounds, sigma, True, torch.Generator().manual_seed(seed))
         for _ in range(ROUNDS):
@@ -69,17 +70,18 @@ def run_seed(seed: int, epsilons: list[float]) -> dict[str, float]:
         return als.recall_at(model, history, target, reg)
 
     exact_reg = als.ALSRegularization(unobserved=UNOBSERVED)
-    rows["ALS (non-private)"] = trained(0.0, als.Bounds(10**9, 1e9, 1e9), exact_reg)
+    rows["ALS (non-private)"] = trained(0.0, dpals.Bounds(10**9, 1e9, 1e9), exact_reg)
     kept = batch.slots < BOUNDS.max_ratings
     counts = torch.bincount(batch.items[kept], minlength=data.n_items).to(torch.float64)
     ones = als.Batch(history.users, history.items, torch.ones_like(history.values), history.slots,
                      history.n_users, history.n_items)  # fmt: skip
     generator = torch.Generator().manual_seed(seed)
     for eps in epsilons:
-        sigma = calibrated(lambda s: als.round_events(s, ROUNDS), eps)
-        reg = als.ALSRegularization(item=ITEM_REG_FACTOR * sigma * als.sensitivity(BOUNDS, True), unobserved=UNOBSERVED)
+        sigma = calibrated(lambda s: dpals.round_events(s, ROUNDS), eps)
+        item_reg = ITEM_REG_FACTOR * sigma * dpals.sensitivity(BOUNDS, True)
+        reg = als.ALSRegularization(item=item_reg, unobserved=UNOBSERVED)
         rows[f"DPALS ε={eps:g}"] = trained(sigma, BOUNDS, reg)
-        count_sigma = calibrated(lambda s: als.round_events(s, 1), eps)
+        count_sigma = calibrated(lambda s: dpals.round_events(s, 1), eps)
         noisy = counts + count_sigma * math.sqrt(BOUNDS.max_ratings) * torch.randn(counts.shape, generator=generator,
                                                                                  dtype=counts.dtype)  # fmt: skip
         popularity = als.ItemModel(torch.stack([noisy, torch.zeros_like(noisy)], 1))

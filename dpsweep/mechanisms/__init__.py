@@ -5,7 +5,7 @@ The registry and the built-in mechanisms' privacy import no torch; how they trai
 (``opacus_engine``, ``functional``, ``ftrl``, ``batches``), and is imported where a run trains.
 """
 
-from dpsweep.mechanisms import dpftrl, dpsgd
+from dpsweep.mechanisms import dpals, dpftrl, dpsgd
 from dpsweep.mechanisms.base import MECHANISMS, Mechanism, Option, Setting, get
 
-__all__ = ["MECHANISMS", "Mechanism", "Option", "Setting", "dpftrl", "dpsgd", "get"]
+__all__ = ["MECHANISMS", "Mechanism", "Option", "Setting", "dpals", "dpftrl", "dpsgd", "get"]

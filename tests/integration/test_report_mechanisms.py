@@ -28,6 +28,8 @@ from PIL import Image
 
 from dpsweep.analysis import report as rep
 from dpsweep.analysis.report import plots as rp
+from dpsweep.analysis.report.columns import mechanism_order
+from dpsweep.analysis.report.plots import MECHANISM_COLORS
 from dpsweep.run.runner import train
 
 TRAINED = pytest.mark.xdist_group("report_mechanisms")  # the tests of the trained runs: one worker trains them
@@ -166,8 +168,9 @@ def test_pareto_plot_colours_by_mechanism_and_marks_users(store: Store, tmp_path
     points = [line for line in ax.get_lines() if len(line.get_xdata()) and line.get_linestyle() in ("None", "none")]
     drawn = {(to_hex(line.get_color()), line.get_marker(), float(line.get_xdata()[0])) for line in points}
     eps = {key: _by_run(r.table, run_id)["epsilon"] for key, run_id in store.run_ids.items() if key[0] != "off"}
-    blue, orange = to_hex("tab:blue"), to_hex("tab:orange")
-    assert (orange, "o", eps[("dpftrl", "example", 64)]) in drawn  # DP-FTRL: orange
+    blue = to_hex("tab:blue")
+    ftrl = to_hex(MECHANISM_COLORS[mechanism_order("dpftrl")[0]])  # its rank among the registered mechanisms
+    assert ftrl != blue and (ftrl, "o", eps[("dpftrl", "example", 64)]) in drawn  # DP-FTRL: its own colour
     assert (blue, "o", eps[("dpsgd", "example", 64)]) in drawn  # DP-SGD: blue, as every config before
     assert (blue, "s", eps[("dpsgd", "user", 10)]) in drawn  # user level: a square
     assert sum(marker == "s" for _, marker, _ in drawn) == 1

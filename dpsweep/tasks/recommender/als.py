@@ -1,6 +1,6 @@
 """DP alternating least squares (DPALS) for a factorized model of ratings, written as the design's roles.
 
-    bounds = Bounds(max_ratings=50, max_user_norm=0.3, max_abs_rating=1.0)
+    bounds = Bounds(max_ratings=50, max_user_norm=0.3, max_abs_rating=1.0)  # dpsweep.mechanisms.dpals
     reg = ALSRegularization(user=1.0, item=30.0, unobserved=0.2)
     train = Batch.of(ratings, implicit=True)                  # dpsweep.data.ratings.Ratings, on a device
     aggregator = Aggregator(bounds, noise_multiplier=2.0, implicit=True, generator=torch.Generator().manual_seed(0))
@@ -29,9 +29,10 @@ Model Personalization" (the billboard model: joint DP), in our own code. Each ro
 (Ã_j, b̃_j)_j, a Gaussian mechanism whose L2 sensitivity is Δ = √(k (Γ⁴ + R²Γ²)): a user enters at most
 k items' statistics, each by ‖u uᵀ‖_F = ‖u‖² ≤ Γ² (the upper triangle is at most that) and ‖r u‖ ≤ RΓ.
 With noise of standard deviation σΔ it is dp-accounting's ``GaussianDpEvent(σ)``; T rounds compose to
-``SelfComposedDpEvent(GaussianDpEvent(σ), T)`` (:func:`round_events`), no sampling and so no
-amplification. The user embeddings, though computed from each user's data, stay with the user: by the
-billboard lemma (Hsu et al. 2014; Jain et al. 2021, Lemma 2.1) the released V together with each user's
+``SelfComposedDpEvent(GaussianDpEvent(σ), T)``, no sampling and so no amplification: the privacy side,
+bounds, Δ and events, is ``dp.mechanism=dpals`` (:mod:`dpsweep.mechanisms.dpals`). The user
+embeddings, though computed from each user's data, stay with the user: by the billboard lemma
+(Hsu et al. 2014; Jain et al. 2021, Lemma 2.1) the released V together with each user's
 own output is jointly DP. The google-research reference (``dp_alternating_minimization/dpam.py``,
 ``DPALSOptimizer.get_dp_event_training``) accounts its rounds the same way, with separate σ for its
 Gramians and right-hand sides; here one σ covers both.
@@ -50,36 +51,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from dp_accounting import dp_event
 
 from dpsweep.data.ratings import Ratings
+from dpsweep.mechanisms.dpals import Bounds, sensitivity
 
 CENTRE = 3.0  # stars subtracted from every rating: public, not computed from the data
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """Each user's contribution to a round, stated and enforced by the aggregator."""
-
-    max_ratings: int  # k: ratings per user that enter the statistics (the first k of the user's row)
-    max_user_norm: float  # Γ: a user embedding's L2 norm is clipped to it
-    max_abs_rating: float  # R: a centred rating is clipped to [−R, R]
-
-    def __post_init__(self) -> None:
-        if self.max_ratings < 1 or self.max_user_norm <= 0 or self.max_abs_rating <= 0:
-            raise ValueError(f"bounds must be positive: {self}")
-
-
-def sensitivity(b: Bounds, implicit: bool = False) -> float:
-    """The L2 sensitivity Δ of one round's statistics (A_j, b_j)_j, and G with implicit feedback, to
-    adding or removing one user: √(k (Γ⁴ + R²Γ²) + Γ⁴·[implicit])."""
-    gram, rhs = b.max_user_norm**2, b.max_abs_rating * b.max_user_norm
-    return math.sqrt(b.max_ratings * (gram**2 + rhs**2) + (gram**2 if implicit else 0.0))
-
-
-def round_events(noise_multiplier: float, rounds: int) -> dp_event.DpEvent:
-    """The dp-accounting event of ``rounds`` DPALS rounds at noise multiplier σ (no sampling)."""
-    return dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(noise_multiplier), rounds)
 
 
 @dataclass(frozen=True)

@@ -3,16 +3,12 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
-from scipy.optimize import brentq
-from scipy.stats import norm
 
 from dpsweep.data.ratings import PlantedSpec, from_lists, planted_ratings, split_users
-from dpsweep.privacy import ledger
+from dpsweep.mechanisms import dpals
 from dpsweep.tasks.recommender import als
 
 SMALL = PlantedSpec(users=1500, items=300, mean_ratings=25.0)
@@ -26,7 +22,7 @@ def planted() -> tuple[als.Batch, als.Batch, als.Batch, int]:
 
 
 def _trained(
-    train: als.Batch, n_items: int, sigma: float, bounds: als.Bounds, reg: als.ALSRegularization
+    train: als.Batch, n_items: int, sigma: float, bounds: dpals.Bounds, reg: als.ALSRegularization
 ) -> als.ItemModel:
     model = als.ItemModel.initial(n_items, 8, seed=0)
     aggregator = als.Aggregator(bounds, sigma, True, torch.Generator().manual_seed(0))
@@ -56,7 +52,7 @@ def test_without_noise_the_item_side_is_each_items_exact_ridge_solution() -> Non
     values = [rng.integers(1, 6, len(i)).astype(float) for i in items]
     ratings = als.Batch.of(from_lists(items, values, n_items=4))
     reg = als.ALSRegularization(item=0.5, unobserved=0.2)
-    aggregator = als.Aggregator(als.Bounds(10, 10.0, 10.0), 0.0, True, torch.Generator())
+    aggregator = als.Aggregator(dpals.Bounds(10, 10.0, 10.0), 0.0, True, torch.Generator())
     got = als.Server(reg).update(aggregator(torch.tensor(users), ratings)).item_embeddings.numpy()
     for j in range(4):
         raters = [u for u in range(5) if j in items[u]]
@@ -70,7 +66,7 @@ def test_one_users_contribution_moves_the_released_statistics_by_at_most_the_sen
     """Removing a user (with more ratings than k, a large embedding and out-of-range ratings) changes
     the exact sums the aggregator noises by at most Δ in L2 (the released upper triangles)."""
     rng = np.random.default_rng(2)
-    bounds = als.Bounds(max_ratings=4, max_user_norm=0.5, max_abs_rating=1.0 if implicit else 2.0)  # implicit: values 1
+    bounds = dpals.Bounds(4, max_user_norm=0.5, max_abs_rating=1.0 if implicit else 2.0)  # implicit: values are 1
     items = [rng.choice(30, size=n, replace=False) for n in (12, 3, 8, 5)]
     values = [rng.integers(1, 6, len(i)).astype(float) for i in items]
     values[0][:] = 5.0  # the removed user's: each at the bound R once centred
@@ -84,7 +80,7 @@ def test_one_users_contribution_moves_the_released_statistics_by_at_most_the_sen
         return torch.cat(parts + ([torch.triu(s.users_gram).flatten()] if s.users_gram is not None else []))
 
     moved = float((flat(whole) - flat(without)).norm())
-    assert 0.5 * als.sensitivity(bounds, implicit) < moved <= als.sensitivity(bounds, implicit) + 1e-9
+    assert 0.5 * dpals.sensitivity(bounds, implicit) < moved <= dpals.sensitivity(bounds, implicit) + 1e-9
 
 
 def test_the_server_receives_only_the_aggregators_noised_statistics(planted: tuple) -> None:
@@ -96,7 +92,7 @@ def test_the_server_receives_only_the_aggregators_noised_statistics(planted: tup
             received.append(stats)
             return super().update(stats)
 
-    bounds, sigma = als.Bounds(20, 0.3, 1.0), 1.5
+    bounds, sigma = dpals.Bounds(20, 0.3, 1.0), 1.5
     released: list[als.NoisyStatistics] = []
 
     class Recorded(als.Aggregator):
@@ -116,29 +112,8 @@ def test_the_server_receives_only_the_aggregators_noised_statistics(planted: tup
     )
     upper = torch.triu(torch.ones(8, 8, dtype=torch.bool)).flatten().repeat(n_items)
     drawn = torch.cat([noise[: upper.numel()][upper], noise[upper.numel() :]])
-    assert abs(float(drawn.std()) / (sigma * als.sensitivity(bounds, True)) - 1) < 0.03
-    assert abs(float(drawn.mean())) < 0.05 * sigma * als.sensitivity(bounds, True)
-
-
-def _exact_gaussian_epsilon(sigma: float, delta: float) -> float:
-    """ε of one Gaussian mechanism of sensitivity 1 and noise σ at δ, exactly (Balle & Wang 2018,
-    "Improving the Gaussian Mechanism for Differential Privacy", Thm. 8)."""
-
-    def excess(eps: float) -> float:
-        return norm.cdf(-eps * sigma + 0.5 / sigma) - math.exp(eps) * norm.cdf(-eps * sigma - 0.5 / sigma) - delta
-
-    return brentq(excess, 0.0, 500.0)
-
-
-@pytest.mark.parametrize(("sigma", "rounds"), [(2.0, 10), (5.0, 25)])
-def test_the_ledgers_epsilon_is_that_of_the_rounds_composed_as_one_gaussian(sigma: float, rounds: int) -> None:
-    """T rounds of a Gaussian mechanism at σ compose to one at σ/√T (no sampling): the ledger's PLD
-    ε is that exact ε, up to its discretisation (an upper bound), and RDP's is above it."""
-    bill = ledger.Ledger((ledger.Entry("dpals", als.round_events(sigma, rounds)),))
-    exact = _exact_gaussian_epsilon(sigma / math.sqrt(rounds), 1e-5)
-    pld = ledger.epsilon(bill, 1e-5, ledger.Accounting("pld")).epsilon
-    rdp = ledger.epsilon(bill, 1e-5, ledger.Accounting("rdp")).epsilon
-    assert exact <= pld <= exact * 1.01 and rdp > pld
+    assert abs(float(drawn.std()) / (sigma * dpals.sensitivity(bounds, True)) - 1) < 0.03
+    assert abs(float(drawn.mean())) < 0.05 * sigma * dpals.sensitivity(bounds, True)
 
 
 def test_dpals_learns_taste_beyond_popularity_and_loses_little_with_little_noise(planted: tuple) -> None:
@@ -150,10 +125,10 @@ def test_dpals_learns_taste_beyond_popularity_and_loses_little_with_little_noise
     )
     baseline = als.recall_at(popularity, ones, target, als.ALSRegularization(user=1e9))
     reg = als.ALSRegularization(unobserved=0.1)
-    loose = als.Bounds(10**6, 1e6, 1e6)
+    loose = dpals.Bounds(10**6, 1e6, 1e6)
     exact = als.recall_at(_trained(train, n_items, 0.0, loose, reg), history, target, reg)
-    bounds = als.Bounds(50, 0.3, 1.0)
-    quiet_reg = als.ALSRegularization(item=10 * 0.05 * als.sensitivity(bounds, True), unobserved=0.1)
+    bounds = dpals.Bounds(50, 0.3, 1.0)
+    quiet_reg = als.ALSRegularization(item=10 * 0.05 * dpals.sensitivity(bounds, True), unobserved=0.1)
     quiet = als.recall_at(_trained(train, n_items, 0.05, bounds, quiet_reg), history, target, quiet_reg)
     assert exact > baseline + 0.05, (exact, baseline)
     assert quiet > 0.85 * exact, (quiet, exact)
