@@ -62,7 +62,7 @@ def run_seed(seed: int, epsilons: list[float]) -> dict[str, float]:
     batch, history, target = (als.Batch.of(r, implicit=True) for r in (train, held.history, held.target))
     rows: dict[str, float] = {}
 
-    def trained(sigma: float, bounds: dpals.Bounds, reg: als.ALSRegularization) -> float:
+    def trained(sigma: float, bounds: dpals.Bounds | None, reg: als.ALSRegularization) -> float:
         model = als.ItemModel.initial(data.n_items, RANK, seed)
         aggregator = als.Aggregator(bounds, sigma, True, torch.Generator().manual_seed(seed))
         for _ in range(ROUNDS):
@@ -70,7 +70,7 @@ def run_seed(seed: int, epsilons: list[float]) -> dict[str, float]:
         return als.recall_at(model, history, target, reg)
 
     exact_reg = als.ALSRegularization(unobserved=UNOBSERVED)
-    rows["ALS (non-private)"] = trained(0.0, dpals.Bounds(10**9, 1e9, 1e9), exact_reg)
+    rows["ALS (non-private)"] = trained(0.0, None, exact_reg)
     kept = batch.slots < BOUNDS.max_ratings
     counts = torch.bincount(batch.items[kept], minlength=data.n_items).to(torch.float64)
     ones = als.Batch(history.users, history.items, torch.ones_like(history.values), history.slots,

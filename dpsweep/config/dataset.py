@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 # Dirichlet(dataset.user_label_skew) label skew). A string, not an enum: str.partition is a method.
 USER_ASSIGNMENTS = ("none", "natural", "partition")
 
-NATURAL_USER_DATASETS: tuple[str, ...] = ()  # datasets whose examples carry a user id (none of today's)
+NATURAL_USER_DATASETS: tuple[str, ...] = ("planted_ratings",)  # datasets whose examples carry a user id
 
 
 @dataclass
@@ -61,6 +61,51 @@ class Flowers102Config(TorchvisionDatasetConfig):
     # Official splits to train on; the official train split holds only 1,020 images, so
     # [train, val] (2,040 images) is common. The N used is logged as the tag dataset.n_train.
     train_splits: list[str] = field(default_factory=lambda: ["train"])
+
+
+@dataclass
+class PlantedRatingsConfig(DatasetConfig):
+    """A seeded synthetic planted low-rank ratings set (``dpsweep.data.ratings``; offline): dataset.num_users
+    training users, each a natural user (all their ratings are theirs), and held_out_users more, whose
+    history is folded in and whose target ratings score the model. One example is a user's row of
+    ratings over the items."""
+
+    name: str = "planted_ratings"
+    users: str = "natural"
+    num_users: int = 5400  # training users: N of the user-level guarantee
+    held_out_users: int = 600  # scored by fold-in, never trained on
+    items: int = 1000
+    rank: int = 8  # of the planted factors (the model's rank is task.rank)
+    features: int = 16  # public item features
+    mean_ratings: float = 30.0  # median ratings per user
+    min_ratings: int = 5
+    zipf: float = 0.8  # item popularity exponent
+    taste: float = 1.5  # how much a user's taste decides which items they rate
+    target_fraction: float = 0.2  # of a held-out user's ratings, scored (the rest: their history)
+    data_seed: int = 0  # the set and the split (not train.seed)
+
+
+RATINGS_DATASETS = (PlantedRatingsConfig,)  # datasets of users' ratings (task=recommender's)
+
+
+def check_ratings(cfg: Config) -> None:
+    """A ratings set's sizes and shares."""
+    d = cfg.dataset
+    if not isinstance(d, PlantedRatingsConfig):
+        return
+    require(d.num_users >= 2, "dataset.num_users", d.num_users, "2 or more training users")
+    require(d.held_out_users >= 1, "dataset.held_out_users", d.held_out_users, "1 or more held-out users")
+    require(d.items >= 2, "dataset.items", d.items, "2 or more items")
+    require(d.rank >= 1, "dataset.rank", d.rank, "a planted rank of 1 or more")
+    require(d.features >= 1, "dataset.features", d.features, "1 or more item features")
+    require(
+        2 <= d.min_ratings <= d.items, "dataset.min_ratings", d.min_ratings,
+        f"2 to dataset.items={d.items} ratings (a held-out user needs a history and a target)",
+    )  # fmt: skip
+    require(d.mean_ratings >= d.min_ratings, "dataset.mean_ratings", d.mean_ratings,
+            f"at least dataset.min_ratings={d.min_ratings}")  # fmt: skip
+    require(d.zipf >= 0, "dataset.zipf", d.zipf, "an exponent >= 0 (0: every item as popular)")
+    require(0 < d.target_fraction < 1, "dataset.target_fraction", d.target_fraction, "a share in (0, 1)")
 
 
 def check_split(cfg: Config) -> None:

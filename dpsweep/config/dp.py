@@ -179,8 +179,10 @@ def check(cfg: Config) -> None:
 
 
 def _check_unit(cfg: Config) -> None:
-    """dp.unit=user: data with users (dataset.users, dpsweep.config.dataset), and a task that protects users."""
+    """A unit the task protects; dp.unit=user: data with users (dataset.users, dpsweep.config.dataset)."""
     d, dp = cfg.dataset, cfg.dp
+    units = type(cfg.task).units
+    require(dp.unit.value in units, "dp.unit", dp.unit.value, f"{' or '.join(units)} with {type(cfg.task).label}")
     if dp.unit != PrivacyUnit.user:
         return
     require(
@@ -191,8 +193,6 @@ def _check_unit(cfg: Config) -> None:
         dp.max_examples_per_user >= 1, "dp.max_examples_per_user", dp.max_examples_per_user,
         "1 or more examples of a user per step",
     )  # fmt: skip
-    units = type(cfg.task).units
-    require(dp.unit.value in units, "dp.unit", dp.unit.value, f"{' or '.join(units)} with {type(cfg.task).label}")
 
 
 def _check_user_steps(cfg: Config) -> None:

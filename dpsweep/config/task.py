@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, ClassVar
 from omegaconf import MISSING
 
 from dpsweep.config.checks import ConfigError, require
+from dpsweep.config.dataset import RATINGS_DATASETS
 from dpsweep.config.dp import Clipping, GradSampleMode
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ class TaskConfig:
     row_share_note: ClassVar[str] = ""  # "{baseline}" and "{rows}" filled in
 
     learning_rate_param: ClassVar[str] = "optimizer.lr"  # the param a report's lr column shows (learning_rate)
+    ratings: ClassVar[bool] = False  # trains on users' ratings (dataset.RATINGS_DATASETS), not on images
 
     def learning_rate(self, optimizer_lr: float) -> float:
         """The learning rate a plan shows for this task (optimizer.lr unless the task has its own)."""
@@ -166,9 +168,67 @@ class GanTaskConfig(TaskConfig):
             _check_gan_privacy(cfg, self)
 
 
+@dataclass
+class RecommenderTaskConfig(TaskConfig):
+    """A factorized model of users' ratings (``dpsweep.tasks.recommender``): item embeddings, released,
+    and user embeddings, each solved on its user's side from the released items and never released
+    (joint DP, Jain et al. 2021). Trained by alternating least squares, one round per epoch: with DP,
+    ``dp.mechanism=dpals`` (Chien et al. 2021) at ``dp.unit=user``. Scored by Recall@20 of held-out
+    users, their embeddings folded in from their history."""
+
+    name: str = "recommender"
+    objective: ClassVar[str] = "recall_at_20"
+    shows_model: ClassVar[bool] = False  # the model group is unused: the model is task.rank's factors
+    units: ClassVar[tuple[str, ...]] = ("user",)
+    trains_with: ClassVar[tuple[str, ...]] = ("sufficient_statistics",)
+    label: ClassVar[str] = "task=recommender"
+    objective_label: ClassVar[str] = "Recall@20"
+    objective_note: ClassVar[str] = (
+        "Recall@20 of held-out users: their target items among the 20 best-scored items they had not rated, "
+        "their embedding folded in from the rest of their ratings"
+    )
+    ratings: ClassVar[bool] = True
+
+    rank: int = 8  # of the user and item embeddings
+    feedback: str = "implicit"  # implicit (rated or not; Recall@20) | explicit (the stars; RMSE too)
+    # Each user's contribution to a round, with DP (dpsweep.mechanisms.dpals.Bounds): the first
+    # max_ratings_per_user ratings of the user's row, the embedding clipped to max_user_norm, a centred
+    # rating clipped to [-max_abs_rating, max_abs_rating] (implicit feedback: values are 1).
+    max_ratings_per_user: int = 50
+    max_user_norm: float = 0.3
+    max_abs_rating: float = 2.0
+    user_reg: float = 1.0  # λ_u of each user's solve
+    item_reg: float = 1.0  # λ_v of each item's solve, plus item_reg_per_noise × σΔ with DP
+    item_reg_per_noise: float = 10.0
+    unobserved_weight: float = 0.2  # w₀: every unrated item as a 0 of this weight (implicit feedback)
+
+    def check(self, cfg: Config) -> None:
+        require(self.rank >= 1, "task.rank", self.rank, "a rank of 1 or more")
+        require(self.feedback in FEEDBACK, "task.feedback", self.feedback, f"one of {', '.join(FEEDBACK)}")
+        require(
+            self.max_ratings_per_user >= 1, "task.max_ratings_per_user", self.max_ratings_per_user,
+            "1 or more ratings per user",
+        )  # fmt: skip
+        for key in ("max_user_norm", "max_abs_rating"):
+            require(getattr(self, key) > 0, f"task.{key}", getattr(self, key), "a positive bound")
+        for key in ("user_reg", "item_reg"):
+            require(getattr(self, key) > 0, f"task.{key}", getattr(self, key), "a positive regularisation λ")
+        for key in ("item_reg_per_noise", "unobserved_weight"):
+            require(getattr(self, key) >= 0, f"task.{key}", getattr(self, key), "a weight >= 0")
+        if cfg.dp.enabled:
+            require(cfg.dp.mechanism == "dpals", "dp.mechanism", cfg.dp.mechanism, "dpals with task=recommender")
+
+
+FEEDBACK = ("implicit", "explicit")
+
+
 def check(cfg: Config) -> None:
-    """The task's own settings (``task.*``) and what it needs of the other groups."""
-    cfg.task.check(cfg)
+    """The task's own settings (``task.*``), its kind of data, and what it needs of the other groups."""
+    task = cfg.task
+    if isinstance(cfg.dataset, RATINGS_DATASETS) != task.ratings:
+        wanted = "a ratings dataset (planted_ratings)" if task.ratings else "an image dataset (digits, mnist, ...)"
+        raise ConfigError("dataset.name", cfg.dataset.name, f"{wanted} with {task.label or 'task=' + task.name}")
+    task.check(cfg)
 
 
 def shown_model(task: TaskConfig | type[TaskConfig], model_name: str) -> str:

@@ -50,6 +50,7 @@ CHECKS: tuple[Callable[[Config], None], ...] = (
     check_finite,  # every group's floats
     optimizer.check,
     dataset.check_split,  # digits' test_fraction
+    dataset.check_ratings,  # a ratings set's sizes
     sweep.check,
     tracking.check,
     dataset.check_images,  # image_size, flowers102's downscale and train_splits

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dpsweep.config import DatasetConfig, DigitsConfig, Flowers102Config
+from dpsweep.config import DatasetConfig, DigitsConfig, Flowers102Config, PlantedRatingsConfig
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,10 @@ def official_facts(cfg: DatasetConfig) -> DatasetFacts:
 
 
 def described(cfg: DatasetConfig) -> DatasetFacts | None:
-    """The facts of a dataset that need no files (digits), or None: read them from the files."""
+    """The facts of a dataset that need no files (digits, a planted ratings set), or None: read them from
+    the files."""
+    if isinstance(cfg, PlantedRatingsConfig):  # N = the training users; one example: a user's row over the items
+        return DatasetFacts(cfg.num_users, (1, 1, cfg.items), cfg.items)
     if not isinstance(cfg, DigitsConfig):
         return None
     n_test = math.ceil(cfg.test_fraction * DIGITS_IMAGES)  # train_test_split's rule for a float test_size

@@ -22,8 +22,9 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch.utils.data import ConcatDataset, Dataset, TensorDataset
 
-from dpsweep.config import DatasetConfig, DigitsConfig, Flowers102Config, TorchvisionDatasetConfig
+from dpsweep.config import DatasetConfig, DigitsConfig, Flowers102Config, PlantedRatingsConfig, TorchvisionDatasetConfig
 from dpsweep.data.facts import flowers102_image_size
+from dpsweep.data.ratings import HeldOut, PlantedSpec, Ratings, planted_ratings, split_users
 from dpsweep.errors import InputError
 from dpsweep.registry import Registry
 
@@ -133,6 +134,39 @@ def load_digits_splits(cfg: DigitsConfig) -> DataSplits:
     train = TensorDataset((tensor(x_tr) - mean) / std, torch.from_numpy(y_tr))
     test = TensorDataset((tensor(x_te) - mean) / std, torch.from_numpy(y_te))
     return _splits(train, test, num_classes=10)
+
+
+# ---------------------------------------------------------------------------------------------
+# ratings: users' rows over the items (task=recommender)
+# ---------------------------------------------------------------------------------------------
+class RatingsUsers(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """The users of a ratings set, one example each: a user's row, (items, stars), padded
+    (``dpsweep.data.ratings``). ``ratings`` holds them all; ``held_out`` the held-out users' history and
+    target (the test split), or None (the training split)."""
+
+    def __init__(self, ratings: Ratings, held_out: HeldOut | None = None) -> None:
+        self.ratings, self.held_out = ratings, held_out
+
+    def __len__(self) -> int:
+        return self.ratings.n_users
+
+    def __getitem__(self, user: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n = int(self.ratings.counts[user])
+        return torch.from_numpy(self.ratings.items[user, :n]), torch.from_numpy(self.ratings.values[user, :n])
+
+
+@DATASETS.register("planted_ratings")
+def load_planted_ratings(cfg: PlantedRatingsConfig) -> DataSplits:
+    """The planted set of num_users + held_out_users users, split into the training users and the
+    held-out ones (their history and target), all seeded by dataset.data_seed."""
+    spec = PlantedSpec(
+        users=cfg.num_users + cfg.held_out_users, items=cfg.items, rank=cfg.rank, features=cfg.features,
+        mean_ratings=cfg.mean_ratings, min_ratings=cfg.min_ratings, zipf=cfg.zipf, taste=cfg.taste,
+    )  # fmt: skip
+    data = planted_ratings(spec, cfg.data_seed)
+    train, held = split_users(data, 0.5, cfg.target_fraction, cfg.data_seed, held_out=cfg.held_out_users)
+    whole = held.history.rows(np.arange(held.history.n_users))
+    return DataSplits(RatingsUsers(train), RatingsUsers(whole, held), cfg.items, (1, 1, cfg.items))
 
 
 # ---------------------------------------------------------------------------------------------

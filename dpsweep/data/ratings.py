@@ -145,15 +145,18 @@ class HeldOut:
     target: Ratings
 
 
-def split_users(data: Ratings, held_out_fraction: float, target_fraction: float, seed: int) -> tuple[Ratings, HeldOut]:
+def split_users(
+    data: Ratings, held_out_fraction: float, target_fraction: float, seed: int, held_out: int | None = None
+) -> tuple[Ratings, HeldOut]:
     """The training users' ratings, and the held-out users' (a seeded ``held_out_fraction`` of the users,
-    at least one; each of theirs split at random, a ``target_fraction`` of it, at least one rating, into
-    the target and the rest, at least one, into the history). Users with a single rating always train."""
+    or ``held_out`` users, at least one; each of theirs split at random, a ``target_fraction`` of it, at
+    least one rating, into the target and the rest, at least one, into the history). Users with a
+    single rating always train."""
     if not 0 < held_out_fraction < 1 or not 0 < target_fraction < 1:
         raise ValueError(f"fractions in (0, 1): held out {held_out_fraction}, target {target_fraction}")
     rng = _rng(seed, 1)
     eligible = np.flatnonzero(data.counts >= 2)
-    n_out = min(len(eligible), max(1, round(held_out_fraction * data.n_users)))
+    n_out = min(len(eligible), max(1, held_out if held_out is not None else round(held_out_fraction * data.n_users)))
     out = np.sort(rng.permutation(eligible)[:n_out])
     train = np.setdiff1d(np.arange(data.n_users), out)
     history_items, history_values, target_items, target_values = [], [], [], []
@@ -166,8 +169,8 @@ def split_users(data: Ratings, held_out_fraction: float, target_fraction: float,
         history_values.append(data.values[u, history])
         target_items.append(data.items[u, target])
         target_values.append(data.values[u, target])
-    held_out = HeldOut(
+    split = HeldOut(
         from_lists(history_items, history_values, data.n_items, data.item_features),
         from_lists(target_items, target_values, data.n_items, data.item_features),
     )
-    return data.rows(train), held_out
+    return data.rows(train), split

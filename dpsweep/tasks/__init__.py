@@ -136,7 +136,9 @@ class Task(Protocol):
 TASKS: Registry[Task] = Registry("task")
 
 # Modules that register tasks; imported on first lookup, so ``import dpsweep.tasks`` stays light.
-TASK_MODULES = ("dpsweep.tasks.classifier", "dpsweep.tasks.gan.task")  # a new task adds its module here
+TASK_MODULES = (  # a new task adds its module here
+    "dpsweep.tasks.classifier", "dpsweep.tasks.gan.task", "dpsweep.tasks.recommender.task",
+)  # fmt: skip
 
 
 def get(name: str) -> Task:

@@ -12,6 +12,8 @@ import pytest
 from helpers import run_dpsweep, run_script
 from mlflow.tracking import MlflowClient
 
+DATASETS = "cifar10, digits, flowers102, mnist, planted_ratings"  # the dataset group's options
+
 
 def run_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``dpsweep *args`` in this process, from ``cwd`` (each test's own directory)."""
@@ -106,7 +108,7 @@ def test_bad_input_exits_2_with_one_clear_line_and_no_run(tmp_path: Path, args: 
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["dataset=imagenet"], "dataset='imagenet' is invalid: one of cifar10, digits, flowers102, mnist"),
+        (["dataset=imagenet"], f"dataset='imagenet' is invalid: one of {DATASETS}"),
         (
             ["train.bach_size=3"],
             "train.bach_size='3' is invalid: a key and value of the config schema (Key 'bach_size'",
@@ -134,7 +136,7 @@ def test_composition_errors_are_bad_input_naming_key_value_and_options(
             "datset='digits' is invalid: a key and value of the config schema (Key 'datset' not in "
             "'Config'); did you mean dataset",
         ),
-        (["dataset=imagenet,digits"], "dataset='imagenet' is invalid: one of cifar10, digits, flowers102, mnist"),
+        (["dataset=imagenet,digits"], f"dataset='imagenet' is invalid: one of {DATASETS}"),
         (
             ["train.bach_size=3,4"],
             "train.bach_size='3,4' is invalid: a key and value of the config schema (Key "

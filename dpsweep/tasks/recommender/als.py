@@ -153,7 +153,12 @@ class Aggregator:
     """The trusted aggregator: bounds each user's contribution, sums the item side's sufficient
     statistics and noises them (σΔ per released coordinate)."""
 
-    def __init__(self, bounds: Bounds, noise_multiplier: float, implicit: bool, generator: torch.Generator) -> None:
+    def __init__(
+        self, bounds: Bounds | None, noise_multiplier: float, implicit: bool, generator: torch.Generator
+    ) -> None:
+        """``bounds`` None: a non-private aggregator (nothing bounded, no noise: ``noise_multiplier`` 0)."""
+        if bounds is None and noise_multiplier != 0:
+            raise ValueError(f"noise multiplier {noise_multiplier} without bounds: its noise would have no scale")
         self.bounds, self.noise_multiplier, self.implicit, self.generator = (
             bounds,
             noise_multiplier,
@@ -164,6 +169,8 @@ class Aggregator:
     def clip(self, users: torch.Tensor, ratings: Batch) -> tuple[torch.Tensor, Batch]:
         """Each user's embedding clipped to Γ, values to [−R, R], and each user's first k ratings kept."""
         b = self.bounds
+        if b is None:
+            return users, ratings
         users = users * torch.clamp(b.max_user_norm / users.norm(dim=1, keepdim=True).clamp_min(1e-12), max=1.0)
         keep = ratings.slots < b.max_ratings
         kept = Batch(ratings.users[keep], ratings.items[keep], ratings.values[keep].clamp(-b.max_abs_rating,
@@ -179,9 +186,9 @@ class Aggregator:
 
     def __call__(self, users: torch.Tensor, ratings: Batch) -> NoisyStatistics:
         exact = self.sums(*self.clip(users, ratings))
-        std = self.noise_multiplier * sensitivity(self.bounds, self.implicit)
-        if std == 0:
+        if self.bounds is None or self.noise_multiplier == 0:
             return exact
+        std = self.noise_multiplier * sensitivity(self.bounds, self.implicit)
         noisy_gram = exact.gram + std * self._symmetric_noise(exact.gram.shape)
         noisy_rhs = exact.rhs + std * self._noise(exact.rhs.shape)
         g = exact.users_gram

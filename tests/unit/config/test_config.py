@@ -37,12 +37,13 @@ SCHEMA_OF_OPTION = {
     ("dataset", "flowers102"): C.Flowers102Config,
     ("model", "cnn"): C.CNNConfig,
     ("model", "vgg16_frozen"): C.VGG16FrozenConfig,
+    ("dataset", "planted_ratings"): C.PlantedRatingsConfig,
     ("optimizer", "sgd"): C.SGDConfig,
     ("optimizer", "adam"): C.AdamConfig,
 }
 
 
-REQUIRES = {"gan": ["task=gan"]}  # groups that only a task's config has
+REQUIRES = {"gan": ["task=gan"], "planted_ratings": ["task=recommender"]}  # what only a task's config has
 
 
 def test_every_group_has_options() -> None:
@@ -52,7 +53,7 @@ def test_every_group_has_options() -> None:
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_option_composes_to_its_schema(make_cfg: Composer, group: str, option: str) -> None:
-    cfg = make_cfg(*REQUIRES.get(group, []), f"{group}={option}")
+    cfg = make_cfg(*REQUIRES.get(group, []), *REQUIRES.get(option, []), f"{group}={option}")
     typed = to_config(cfg)
     assert isinstance(typed, C.Config)
     expected = SCHEMA_OF_OPTION.get((group, option))

@@ -47,7 +47,8 @@ def test_unknown_dataset_names_the_key_and_the_valid_ones() -> None:
     with pytest.raises(UnknownNameError) as info:
         data.build(DigitsConfig(name="imagenet"))
     assert str(info.value) == (
-        "dataset.name='imagenet' is invalid: unknown dataset 'imagenet'; valid: cifar10, digits, flowers102, mnist"
+        "dataset.name='imagenet' is invalid: unknown dataset 'imagenet'; "
+        "valid: cifar10, digits, flowers102, mnist, planted_ratings"
     )
 
 

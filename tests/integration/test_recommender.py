@@ -1,0 +1,130 @@
+"""task=recommender through the runner (issue 35): DPALS runs log the ε of the rounds they took, release
+only the item embeddings, state the unit, the joint-DP semantics and each user's bounds, resume
+exactly, and refuse bad input before any run."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import Composer, run_dpsweep, runs_of, straight_and_resumed
+from mlflow.tracking import MlflowClient
+from scipy.optimize import brentq
+from scipy.stats import norm
+
+from dpsweep.config import ConfigError, to_config, validate
+from dpsweep.data import facts
+from dpsweep.plan import prepare
+from dpsweep.run.runner import train
+from dpsweep.tasks.recommender import task as recommender
+
+SMALL = [
+    "task=recommender", "dataset.num_users=400", "dataset.held_out_users=60", "dataset.items=150",
+    "dataset.mean_ratings=15", "train.batch_size=400",
+]  # fmt: skip
+
+
+def _exact_epsilon(sigma: float, rounds: int, delta: float) -> float:
+    """T Gaussian rounds at σ, every user in each, are one Gaussian at σ/√T; its exact ε at δ (Balle &
+    Wang 2018, Thm. 8)."""
+    s = sigma / math.sqrt(rounds)
+
+    def excess(eps: float) -> float:
+        return norm.cdf(-eps * s + 0.5 / s) - math.exp(eps) * norm.cdf(-eps * s - 0.5 / s) - delta
+
+    return float(brentq(excess, 0.0, 500.0))
+
+
+@pytest.mark.slow  # about 10 s: a DPALS run, its model logged
+def test_a_dpals_run_logs_the_epsilon_of_its_rounds_and_releases_only_the_items(
+    make_cfg: Composer, client: MlflowClient
+) -> None:
+    result = train(make_cfg(*SMALL, "dp.target_epsilon=3", "train.epochs=4", "tracking.log_model=true"))
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED" and result.steps == 4
+    sigma = float(run.data.tags["dp.noise_multiplier_calibrated"])
+    exact = _exact_epsilon(sigma, 4, 1e-5)
+    assert exact <= run.data.metrics["epsilon"] <= min(3.0, exact * 1.01)  # the rounds' ε, independently
+    tags = run.data.tags
+    assert tags["dp.unit"] == "user" and tags["dp.mechanism"] == "dpals" and tags["dp.sample_rate"] == "None"
+    assert "joint DP" in tags["dp.semantics"] and "at most 50 ratings" in tags["dp.contribution"]
+    assert 0.0 < run.data.metrics["recall_at_20"] <= 1.0
+    # what is released: the item embeddings, no user's; no artifact holds the users' embeddings
+    assert {a.path for a in client.list_artifacts(result.run_id)} == {"config.yaml", "privacy_ledger.json"}
+    [logged] = client.search_logged_models([run.info.experiment_id])
+    import mlflow.pytorch
+
+    model = mlflow.pytorch.load_model(f"models:/{logged.model_id}")
+    assert [(n, tuple(p.shape)) for n, p in model.named_parameters()] == [("item_embeddings", (150, 8))]
+    assert model(torch.zeros(1, 8)).shape == (1, 150)
+
+
+@pytest.mark.slow  # about 8 s: a run straight through and one interrupted then resumed
+def test_an_interrupted_dpals_run_resumes_exactly(
+    tmp_path: Path, make_cfg: Composer, client: MlflowClient, experiment_name: str
+) -> None:
+    args = [*SMALL, "dp.noise_multiplier=3", "train.epochs=4"]
+    straight, resumed = straight_and_resumed(
+        make_cfg, client, experiment_name, args, recommender.RecommenderRun, 3, tmp_path / "ckpt"
+    )
+    assert resumed.steps == straight.steps == 4 and resumed.epsilons == straight.epsilons
+    assert resumed.epsilon == pytest.approx(_exact_epsilon(3.0, 4, 1e-5), rel=0.01)
+    assert resumed.model is not None and straight.model is not None
+    for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name  # the same noise: the generator's state came back with the checkpoint
+
+
+def test_non_private_als_trains_without_bounds_or_noise(make_cfg: Composer, client: MlflowClient) -> None:
+    result = train(make_cfg(*SMALL, "dp=off", "train.epochs=3"))
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED" and "dp.semantics" not in run.data.tags and "epsilon" not in run.data.metrics
+    assert run.data.metrics["recall_at_20"] > 0.1
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "allowed"),
+    [
+        (["task.rank=0"], "task.rank", "a rank of 1 or more"),
+        (["task.max_ratings_per_user=0"], "task.max_ratings_per_user", "1 or more ratings per user"),
+        (["dataset.min_ratings=1"], "dataset.min_ratings", "a held-out user needs a history and a target"),
+        (["dp.unit=example"], "dp.unit", "user with task=recommender"),
+        (["dp.delta=0.01"], "dp.delta", ""),
+        (["dp.mechanism=dpsgd"], "dp.mechanism", "dpals with task=recommender"),
+    ],
+)
+def test_bad_recommender_input_is_refused_before_training(
+    make_cfg: Composer, overrides: list[str], key: str, allowed: str
+) -> None:
+    cfg = to_config(make_cfg(*SMALL, *overrides))
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+        found = facts.described(cfg.dataset)
+        assert found is not None
+        prepare(cfg, found)
+    assert err.value.key == key and allowed in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "allowed"),
+    [
+        (["dataset=planted_ratings"], "an image dataset (digits, mnist, ...) with image classification"),
+        (["task=recommender", "dataset=digits"], "a ratings dataset (planted_ratings) with task=recommender"),
+    ],
+)
+def test_a_task_refuses_the_other_kind_of_data(make_cfg: Composer, overrides: list[str], allowed: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        validate(to_config(make_cfg(*overrides)))
+    assert err.value.key == "dataset.name" and allowed in str(err.value), str(err.value)
+
+
+def test_a_bad_recommender_setting_exits_2_naming_it_and_leaves_no_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    done = run_dpsweep("task=recommender", "task.rank=0", "tracking.experiment_name=bad")
+    assert done.returncode == 2, done.stderr
+    assert "task.rank" in done.stderr and "a rank of 1 or more" in done.stderr
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert not (tmp_path / "mlflow.db").exists() or not runs_of(client, "bad")
