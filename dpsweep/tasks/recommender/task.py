@@ -105,6 +105,10 @@ class RecommenderRun:
         if self.bounds is not None:
             b = self.bounds
             tags |= {
+                # the memory stages count the training users' ratings (the tensors' sizes): a statistic
+                # of the private data that no accountant covers
+                "dp.release": "not-for-release",
+                "dp.outside_ledger": "memory/* (they follow the number of the training users' ratings)",
                 "dp.semantics": JOINT_DP,
                 "dp.contribution": (
                     f"per user per round: at most {b.max_ratings} ratings, embedding norm at most "
