@@ -140,7 +140,7 @@ def load_digits_splits(cfg: DigitsConfig) -> DataSplits:
 # ratings: users' rows over the items (task=recommender)
 # ---------------------------------------------------------------------------------------------
 class RatingsUsers(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """The users of a ratings set, one example each: a user's row, (items, stars), padded
+    """The users of a ratings set, one example each: a user's row, (items, stars)
     (``dpsweep.data.ratings``). ``ratings`` holds them all; ``held_out`` the held-out users' history and
     target (the test split), or None (the training split)."""
 
@@ -151,8 +151,8 @@ class RatingsUsers(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return self.ratings.n_users
 
     def __getitem__(self, user: int) -> tuple[torch.Tensor, torch.Tensor]:
-        n = int(self.ratings.counts[user])
-        return torch.from_numpy(self.ratings.items[user, :n]), torch.from_numpy(self.ratings.values[user, :n])
+        items, values = self.ratings.row(user)
+        return torch.from_numpy(items), torch.from_numpy(values)
 
 
 @DATASETS.register("planted_ratings")

@@ -3,7 +3,7 @@ that needs nothing downloaded, and held-out users with a history/target split fo
 
     data = planted_ratings(PlantedSpec(users=6000, items=1000), seed=0)
     train, held_out = split_users(data, held_out_fraction=0.1, target_fraction=0.2, seed=0)
-    train.items[u, : train.counts[u]]          # the items user u rated (the rest of the row: padding, -1)
+    items, stars = train.row(u)                 # the items user u rated, and their stars
 
 The planted set (our own design, after the synthetic "planted" low-rank sets of the matrix completion
 literature): user factors u*_i ~ N(0, I_r) and item factors v*_j = F_j B + e_j, where F_j are the item's
@@ -29,57 +29,67 @@ from dataclasses import dataclass
 
 import numpy as np
 
-PAD = -1  # an item slot past a user's count
-
 
 @dataclass(frozen=True)
 class Ratings:
-    """Users' ratings as padded rows: user u rated ``items[u, :counts[u]]`` with ``values[u, :counts[u]]``
-    (1-5 stars); the rest of each row is padding (item :data:`PAD`, value 0). ``n_items`` counts every
-    item of the catalogue (items no one here rated included); ``item_features`` (n_items × d, public)
-    describe them, or are None."""
+    """Users' ratings, row by row (compressed sparse rows): user u rated ``items[indptr[u]:indptr[u+1]]``
+    with ``values[indptr[u]:indptr[u+1]]`` (stars), in the order of the user's row. ``n_items`` counts
+    every item of the catalogue (items no one here rated included); ``item_features`` (n_items × d,
+    public) describe them, or are None."""
 
-    items: np.ndarray  # int64, users × width
-    values: np.ndarray  # float32, users × width
-    counts: np.ndarray  # int64, users
+    indptr: np.ndarray  # int64, users + 1
+    items: np.ndarray  # int64, ratings
+    values: np.ndarray  # float32, ratings
     n_items: int
     item_features: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        if self.items.shape != self.values.shape or self.items.shape[0] != self.counts.shape[0]:
-            raise ValueError(f"items {self.items.shape}, values {self.values.shape}, counts {self.counts.shape}")
+        if self.items.shape != self.values.shape or int(self.indptr[-1]) != len(self.items):
+            raise ValueError(f"items {self.items.shape}, values {self.values.shape}, indptr ends at {self.indptr[-1]}")
 
     @property
     def n_users(self) -> int:
-        return int(self.counts.shape[0])
+        return len(self.indptr) - 1
 
     @property
     def n_ratings(self) -> int:
-        return int(self.counts.sum())
+        return len(self.items)
 
     @property
-    def mask(self) -> np.ndarray:
-        """users × width: True where a slot holds a rating."""
-        return np.arange(self.items.shape[1])[None, :] < self.counts[:, None]
+    def counts(self) -> np.ndarray:
+        """Each user's number of ratings."""
+        return np.diff(self.indptr)
+
+    @property
+    def users(self) -> np.ndarray:
+        """The user (row) of each rating."""
+        return np.repeat(np.arange(self.n_users), self.counts)
+
+    @property
+    def slots(self) -> np.ndarray:
+        """Each rating's place in its user's row (0 for the first)."""
+        return np.arange(self.n_ratings) - np.repeat(self.indptr[:-1], self.counts)
+
+    def row(self, user: int) -> tuple[np.ndarray, np.ndarray]:
+        """User ``user``'s items and stars."""
+        a, b = self.indptr[user], self.indptr[user + 1]
+        return self.items[a:b], self.values[a:b]
 
     def rows(self, users: np.ndarray) -> Ratings:
-        """These users' ratings (in this order), their rows cut to the longest."""
-        counts = self.counts[users]
-        width = max(int(counts.max(initial=0)), 1)
-        return Ratings(self.items[users, :width], self.values[users, :width], counts, self.n_items, self.item_features)
+        """These users' ratings, in this order."""
+        rows = [self.row(int(u)) for u in users]
+        return from_lists([i for i, _ in rows], [v for _, v in rows], self.n_items, self.item_features)
 
 
 def from_lists(
     items: list[np.ndarray], values: list[np.ndarray], n_items: int, features: np.ndarray | None = None
 ) -> Ratings:
     """:class:`Ratings` from one array of items and one of values per user."""
-    counts = np.array([len(i) for i in items], dtype=np.int64)
-    width = max(int(counts.max(initial=0)), 1)
-    padded_items = np.full((len(items), width), PAD, dtype=np.int64)
-    padded_values = np.zeros((len(items), width), dtype=np.float32)
-    for u, (i, v) in enumerate(zip(items, values, strict=True)):
-        padded_items[u, : len(i)], padded_values[u, : len(v)] = i, v
-    return Ratings(padded_items, padded_values, counts, n_items, features)
+    indptr = np.zeros(len(items) + 1, dtype=np.int64)
+    indptr[1:] = np.cumsum([len(i) for i in items])
+    flat_items = np.concatenate([np.zeros(0, np.int64), *(np.asarray(i, dtype=np.int64) for i in items)])
+    flat_values = np.concatenate([np.zeros(0, np.float32), *(np.asarray(v, dtype=np.float32) for v in values)])
+    return Ratings(indptr, flat_items, flat_values, n_items, features)
 
 
 @dataclass(frozen=True)
@@ -117,7 +127,7 @@ def planted_ratings(spec: PlantedSpec = PlantedSpec(), seed: int = 0) -> Ratings
     counts = np.clip(np.rint(np.exp(rng.normal(np.log(spec.mean_ratings), 0.6, spec.users))), spec.min_ratings,
                      spec.items).astype(np.int64)  # fmt: skip
     width = int(counts.max())
-    items = np.full((spec.users, width), PAD, dtype=np.int64)
+    items = np.full((spec.users, width), -1, dtype=np.int64)  # padded rows while they are drawn
     values = np.zeros((spec.users, width), dtype=np.float32)
     for start in range(0, spec.users, 1024):  # in blocks: users × items keys at once would be large
         stop = min(start + 1024, spec.users)
@@ -131,9 +141,11 @@ def planted_ratings(spec: PlantedSpec = PlantedSpec(), seed: int = 0) -> Ratings
         keep = np.arange(width)[None, :] < counts[start:stop, None]
         chosen = np.where(keep, ranked, np.iinfo(np.int64).max)
         by_item = np.argsort(chosen, axis=1, kind="stable")  # a row in item order, not in order of taste
-        items[start:stop] = np.where(keep, np.take_along_axis(chosen, by_item, axis=1), PAD)
+        items[start:stop] = np.where(keep, np.take_along_axis(chosen, by_item, axis=1), -1)
         values[start:stop] = np.where(keep, np.take_along_axis(stars, by_item, axis=1), 0.0)
-    return Ratings(items, values, counts, spec.items, features.astype(np.float32))
+    mask = np.arange(width)[None, :] < counts[:, None]
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return Ratings(indptr, items[mask], values[mask], spec.items, features.astype(np.float32))
 
 
 @dataclass(frozen=True)
@@ -161,14 +173,15 @@ def split_users(
     train = np.setdiff1d(np.arange(data.n_users), out)
     history_items, history_values, target_items, target_values = [], [], [], []
     for u in out:
-        n = int(data.counts[u])
+        items, values = data.row(int(u))
+        n = len(items)
         order = rng.permutation(n)
         n_target = min(n - 1, max(1, round(target_fraction * n)))
         target, history = np.sort(order[:n_target]), np.sort(order[n_target:])
-        history_items.append(data.items[u, history])
-        history_values.append(data.values[u, history])
-        target_items.append(data.items[u, target])
-        target_values.append(data.values[u, target])
+        history_items.append(items[history])
+        history_values.append(values[history])
+        target_items.append(items[target])
+        target_values.append(values[target])
     split = HeldOut(
         from_lists(history_items, history_values, data.n_items, data.item_features),
         from_lists(target_items, target_values, data.n_items, data.item_features),

@@ -99,11 +99,9 @@ class Batch:
 
     @staticmethod
     def of(r: Ratings, implicit: bool = False, device: torch.device | str = "cpu") -> Batch:
-        mask = r.mask
-        users, slots = np.nonzero(mask)
-        values = np.ones(len(users), np.float32) if implicit else r.values[mask] - CENTRE
+        values = np.ones(r.n_ratings, np.float32) if implicit else r.values - CENTRE
         t = lambda a: torch.as_tensor(np.ascontiguousarray(a), device=device)  # noqa: E731
-        return Batch(t(users), t(r.items[mask]), t(values), t(slots), r.n_users, r.n_items)
+        return Batch(t(r.users), t(r.items), t(values), t(r.slots), r.n_users, r.n_items)
 
     def matrix(self, dtype: torch.dtype, values: torch.Tensor | None = None) -> torch.Tensor:
         """The users × items sparse matrix of these entries (ones, or ``values``), of ``dtype``."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpsweep.data.ratings import PAD, PlantedSpec, planted_ratings, split_users
+from dpsweep.data.ratings import PlantedSpec, planted_ratings, split_users
 
 SMALL = PlantedSpec(users=600, items=200, mean_ratings=20.0)
 
@@ -22,13 +22,12 @@ def test_each_user_rates_distinct_items_on_a_five_star_scale_with_popular_items_
     assert data.n_users == 600 and data.n_items == 200
     assert data.counts.min() >= SMALL.min_ratings and data.counts.max() <= SMALL.items
     for u in range(data.n_users):
-        row = data.items[u, : data.counts[u]]
+        row, _ = data.row(u)
         assert len(set(row.tolist())) == len(row) and (row >= 0).all() and (row < 200).all()
         assert (row[:-1] < row[1:]).all()  # in item order, not in order of taste
-        assert (data.items[u, data.counts[u] :] == PAD).all()
-    stars = data.values[data.mask]
+    stars = data.values
     assert set(np.unique(stars).tolist()) <= {1.0, 2.0, 3.0, 4.0, 5.0} and len(np.unique(stars)) >= 4
-    per_item = np.sort(np.bincount(data.items[data.mask], minlength=200))[::-1]
+    per_item = np.sort(np.bincount(data.items, minlength=200))[::-1]
     assert per_item[0] > 4 * np.median(per_item)  # Zipf popularity: a head of popular items
 
 
@@ -37,11 +36,10 @@ def test_held_out_users_are_split_into_history_and_target_and_never_train() -> N
     train, held = split_users(data, held_out_fraction=0.1, target_fraction=0.2, seed=0)
     assert train.n_users + held.history.n_users == data.n_users and held.history.n_users == 60
     assert held.target.n_users == 60 and (held.target.counts >= 1).all() and (held.history.counts >= 1).all()
-    train_rows = {tuple(train.items[u, : train.counts[u]]) for u in range(train.n_users)}
-    all_rows = [tuple(data.items[u, : data.counts[u]]) for u in range(data.n_users)]
+    train_rows = {tuple(train.row(u)[0]) for u in range(train.n_users)}
+    all_rows = [tuple(data.row(u)[0]) for u in range(data.n_users)]
     for u in range(held.history.n_users):
-        h = held.history.items[u, : held.history.counts[u]]
-        t = held.target.items[u, : held.target.counts[u]]
+        h, t = held.history.row(u)[0], held.target.row(u)[0]
         assert not set(h) & set(t)
         whole = tuple(sorted([*h.tolist(), *t.tolist()]))
         assert whole in all_rows and whole not in train_rows  # one user's whole row, not a training user's
