@@ -215,3 +215,53 @@ def patch_flowers102_md5s(monkeypatch: pytest.MonkeyPatch, md5s: dict[str, str])
         filename, _ = file_dict[key]
         file_dict[key] = (filename, md5s[filename])
     monkeypatch.setattr(tvd.Flowers102, "_file_dict", file_dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# MovieLens: its three published layouts (dpsweep.data.movielens)
+# ---------------------------------------------------------------------------------------------
+ML_GENRES = ("Action", "Comedy", "Drama")
+
+
+def movielens_ratings(users: int = 12, items: int = 9, seed: int = 0) -> list[tuple[int, int, float, int]]:
+    """(user id, item id, stars, timestamp) rows: each user rates 3 to 6 distinct items, ids from 1."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for u in range(1, users + 1):
+        for i in sorted(rng.choice(items, size=int(rng.integers(3, 7)), replace=False) + 1):
+            rows.append((u, int(i), float(rng.integers(1, 11)) / 2, 881250949 + len(rows)))
+    return rows
+
+
+def whole(stars: float) -> int:
+    """Whole stars, as ml-1m's and ml-100k's files hold them."""
+    return max(1, round(stars))
+
+
+def fabricate_movielens(
+    root: Path, layout: str, rows: list[tuple[int, int, float, int]], items: int = 9, catalogue: bool = True
+) -> Path:
+    """``rows`` written in ``layout`` (ratings.csv, ratings.dat or u.data) under ``root``, with its
+    catalogue of ``items`` movies (genres: ML_GENRES by item id); returns the ratings file."""
+    root.mkdir(parents=True, exist_ok=True)
+    genres = {i: ML_GENRES[i % 3] + ("|" + ML_GENRES[(i + 1) % 3] if i % 2 else "") for i in range(1, items + 1)}
+    if layout == "ratings.csv":
+        text = "userId,movieId,rating,timestamp\n" + "".join(f"{u},{i},{r},{t}\n" for u, i, r, t in rows)
+        movies = "movieId,title,genres\n" + "".join(f'{i},"Film {i}, The (1999)",{g}\n' for i, g in genres.items())
+        names = ("ratings.csv", "movies.csv")
+    elif layout == "ratings.dat":
+        text = "".join(f"{u}::{i}::{whole(r)}::{t}\n" for u, i, r, t in rows)
+        movies = "".join(f"{i}::Film {i} (1999)::{g}\n" for i, g in genres.items())
+        names = ("ratings.dat", "movies.dat")
+    else:
+        text = "".join(f"{u}\t{i}\t{whole(r)}\t{t}\n" for u, i, r, t in rows)
+        flags = {i: ["0"] * 19 for i in genres}
+        for i, g in genres.items():
+            for name in g.split("|"):
+                flags[i][1 + ML_GENRES.index(name)] = "1"
+        movies = "".join(f"{i}|Film {i} (1999)|01-Jan-1999||http://x|{'|'.join(flags[i])}\n" for i in genres)
+        names = ("u.data", "u.item")
+    (root / names[0]).write_text(text, encoding="latin-1" if layout != "ratings.csv" else "utf-8")
+    if catalogue:
+        (root / names[1]).write_text(movies, encoding="latin-1" if layout != "ratings.csv" else "utf-8")
+    return root / names[0]

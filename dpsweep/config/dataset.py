@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 # Dirichlet(dataset.user_label_skew) label skew). A string, not an enum: str.partition is a method.
 USER_ASSIGNMENTS = ("none", "natural", "partition")
 
-NATURAL_USER_DATASETS: tuple[str, ...] = ("planted_ratings",)  # datasets whose examples carry a user id
+NATURAL_USER_DATASETS: tuple[str, ...] = ("planted_ratings", "movielens")  # datasets whose examples carry a user id
 
 
 @dataclass
@@ -85,12 +85,32 @@ class PlantedRatingsConfig(DatasetConfig):
     data_seed: int = 0  # the set and the split (not train.seed)
 
 
-RATINGS_DATASETS = (PlantedRatingsConfig,)  # datasets of users' ratings (task=recommender's)
+@dataclass
+class MovieLensConfig(DatasetConfig):
+    """MovieLens ratings read from ``root`` (``dpsweep.data.movielens``: ml-100k, ml-1m, ml-latest, ml-20m,
+    ml-25m, ...; users download them). held_out_users users are kept out of training (their history
+    folded in, their target scored); dataset.num_users must be the rest: the training users, N of the
+    user-level guarantee (a run that finds another number says which)."""
+
+    name: str = "movielens"
+    root: str = "data/movielens"  # a folder holding ratings.csv, ratings.dat or u.data
+    users: str = "natural"
+    num_users: int = 843  # ml-100k's 943 users less the 100 held out
+    held_out_users: int = 100
+    target_fraction: float = 0.2
+    data_seed: int = 0  # which users are held out, and their split
+
+
+RATINGS_DATASETS = (PlantedRatingsConfig, MovieLensConfig)  # datasets of users' ratings (task=recommender's)
 
 
 def check_ratings(cfg: Config) -> None:
     """A ratings set's sizes and shares."""
     d = cfg.dataset
+    if isinstance(d, MovieLensConfig):
+        require(d.num_users >= 2, "dataset.num_users", d.num_users, "2 or more training users")
+        require(d.held_out_users >= 1, "dataset.held_out_users", d.held_out_users, "1 or more held-out users")
+        require(0 < d.target_fraction < 1, "dataset.target_fraction", d.target_fraction, "a share in (0, 1)")
     if not isinstance(d, PlantedRatingsConfig):
         return
     require(d.num_users >= 2, "dataset.num_users", d.num_users, "2 or more training users")

@@ -27,7 +27,13 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from dpsweep.config.checks import ConfigError
-from dpsweep.config.dataset import DigitsConfig, Flowers102Config, PlantedRatingsConfig, TorchvisionDatasetConfig
+from dpsweep.config.dataset import (
+    DigitsConfig,
+    Flowers102Config,
+    MovieLensConfig,
+    PlantedRatingsConfig,
+    TorchvisionDatasetConfig,
+)
 from dpsweep.config.dp import DPConfig
 from dpsweep.config.launcher import LauncherConfig
 from dpsweep.config.model import CNNConfig, MLPConfig, VGG16FrozenConfig
@@ -65,6 +71,7 @@ def register_configs() -> None:
     cs.store(group="dataset", name="base_torchvision", node=TorchvisionDatasetConfig)
     cs.store(group="dataset", name="base_flowers102", node=Flowers102Config)
     cs.store(group="dataset", name="base_planted_ratings", node=PlantedRatingsConfig)
+    cs.store(group="dataset", name="base_movielens", node=MovieLensConfig)
     cs.store(group="model", name="base_cnn", node=CNNConfig)
     cs.store(group="model", name="base_mlp", node=MLPConfig)
     cs.store(group="model", name="base_vgg16_frozen", node=VGG16FrozenConfig)

@@ -22,8 +22,16 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch.utils.data import ConcatDataset, Dataset, TensorDataset
 
-from dpsweep.config import DatasetConfig, DigitsConfig, Flowers102Config, PlantedRatingsConfig, TorchvisionDatasetConfig
+from dpsweep.config import (
+    DatasetConfig,
+    DigitsConfig,
+    Flowers102Config,
+    MovieLensConfig,
+    PlantedRatingsConfig,
+    TorchvisionDatasetConfig,
+)
 from dpsweep.data.facts import flowers102_image_size
+from dpsweep.data.movielens import MovieLensNotFound, read_movielens
 from dpsweep.data.ratings import HeldOut, PlantedSpec, Ratings, planted_ratings, split_users
 from dpsweep.errors import InputError
 from dpsweep.registry import Registry
@@ -167,6 +175,35 @@ def load_planted_ratings(cfg: PlantedRatingsConfig) -> DataSplits:
     train, held = split_users(data, 0.5, cfg.target_fraction, cfg.data_seed, held_out=cfg.held_out_users)
     whole = held.history.rows(np.arange(held.history.n_users))
     return DataSplits(RatingsUsers(train), RatingsUsers(whole, held), cfg.items, (1, 1, cfg.items))
+
+
+@DATASETS.register("movielens")
+def load_movielens(cfg: MovieLensConfig) -> DataSplits:
+    """MovieLens from dataset.root (``dpsweep.data.movielens``), split into the training users and
+    dataset.held_out_users held-out ones, seeded by dataset.data_seed; dataset.num_users must be the
+    training users (N of the guarantee)."""
+    root = Path(cfg.root)
+    try:
+        data, path = read_movielens(root)
+    except MovieLensNotFound as err:
+        raise DatasetNotFoundError(err.key, err.value, err.allowed) from err
+    eligible = int((data.counts >= 2).sum())  # a held-out user needs a history and a target
+    if cfg.held_out_users > eligible:
+        raise InputError(
+            "dataset.held_out_users",
+            cfg.held_out_users,
+            f"at most {eligible}: the users of {path} with 2 or more ratings",
+        )
+    n_train = data.n_users - cfg.held_out_users
+    if cfg.num_users != n_train:
+        raise InputError(
+            "dataset.num_users", cfg.num_users,
+            f"{n_train}: the training users of {path} ({data.n_users} users less dataset.held_out_users="
+            f"{cfg.held_out_users}), N of the user-level guarantee",
+        )  # fmt: skip
+    train, held = split_users(data, 0.5, cfg.target_fraction, cfg.data_seed, held_out=cfg.held_out_users)
+    whole = held.history.rows(np.arange(held.history.n_users))
+    return DataSplits(RatingsUsers(train), RatingsUsers(whole, held), data.n_items, (1, 1, data.n_items))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 from helpers import run_dpsweep, run_script
 from mlflow.tracking import MlflowClient
 
-DATASETS = "cifar10, digits, flowers102, mnist, planted_ratings"  # the dataset group's options
+DATASETS = "cifar10, digits, flowers102, mnist, movielens, planted_ratings"  # the dataset group's options
 
 
 def run_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fabricate import fabricate_movielens, movielens_ratings
 from helpers import Composer, run_dpsweep, runs_of, straight_and_resumed
 from mlflow.tracking import MlflowClient
 from scipy.optimize import brentq
@@ -75,6 +76,19 @@ def test_an_interrupted_dpals_run_resumes_exactly(
     assert resumed.model is not None and straight.model is not None
     for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
         assert torch.equal(a, b), name  # the same noise: the generator's state came back with the checkpoint
+
+
+def test_a_dpals_run_trains_on_movielens_files(tmp_path: Path, make_cfg: Composer, client: MlflowClient) -> None:
+    """ml-100k's layout, fabricated: 40 users (36 training, N of the guarantee), 30 items."""
+    fabricate_movielens(tmp_path / "ml", "u.data", movielens_ratings(users=40, items=30), items=30)
+    cfg = make_cfg(
+        "task=recommender", "dataset=movielens", f"dataset.root={tmp_path / 'ml'}", "dataset.num_users=36",
+        "dataset.held_out_users=4", "train.batch_size=36", "dp.noise_multiplier=2", "dp.delta=0.001",
+    )  # fmt: skip
+    result = train(cfg)
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED" and result.steps == 2 and run.data.tags["dataset.n_train"] == "36"
+    assert run.data.metrics["epsilon"] == pytest.approx(_exact_epsilon(2.0, 2, 1e-3), rel=0.01)
 
 
 def test_non_private_als_trains_without_bounds_or_noise(make_cfg: Composer, client: MlflowClient) -> None:

@@ -241,7 +241,7 @@ def recall_at(model: ItemModel, history: Batch, target: Batch, reg: ALSRegulariz
     does), averaged over users."""
     scores = model.scores(fold_in(model, history, reg))
     scores = scores.masked_fill(history.matrix(torch.float32).to_dense() > 0, -torch.inf)
-    top = scores.topk(k, dim=1).indices
+    top = scores.topk(min(k, scores.shape[1]), dim=1).indices
     hits = (target.matrix(torch.float32).to_dense() > 0).gather(1, top).sum(1).to(scores.dtype)
     sizes = torch.bincount(target.users, minlength=target.n_users).clamp(max=k).to(scores.dtype)
     return float((hits / sizes).mean())

@@ -38,12 +38,17 @@ SCHEMA_OF_OPTION = {
     ("model", "cnn"): C.CNNConfig,
     ("model", "vgg16_frozen"): C.VGG16FrozenConfig,
     ("dataset", "planted_ratings"): C.PlantedRatingsConfig,
+    ("dataset", "movielens"): C.MovieLensConfig,
     ("optimizer", "sgd"): C.SGDConfig,
     ("optimizer", "adam"): C.AdamConfig,
 }
 
 
-REQUIRES = {"gan": ["task=gan"], "planted_ratings": ["task=recommender"]}  # what only a task's config has
+REQUIRES = {
+    "gan": ["task=gan"],
+    "planted_ratings": ["task=recommender"],
+    "movielens": ["task=recommender"],
+}  # what only a task's config has
 
 
 def test_every_group_has_options() -> None:

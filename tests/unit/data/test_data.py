@@ -48,7 +48,7 @@ def test_unknown_dataset_names_the_key_and_the_valid_ones() -> None:
         data.build(DigitsConfig(name="imagenet"))
     assert str(info.value) == (
         "dataset.name='imagenet' is invalid: unknown dataset 'imagenet'; "
-        "valid: cifar10, digits, flowers102, mnist, planted_ratings"
+        "valid: cifar10, digits, flowers102, mnist, movielens, planted_ratings"
     )
 
 
