@@ -61,4 +61,6 @@ def test_a_task_that_does_not_train_by_sufficient_statistics_refuses_dpals(make_
     cfg = to_config(make_cfg("dp.mechanism=dpals"))
     with pytest.raises(ConfigError) as err:
         prepare(cfg, DatasetFacts(1437, (1, 28, 28), 10))
-    assert err.value.key == "dp.mechanism" and "dpftrl or dpsgd with image classification" in str(err.value)
+    message = str(err.value)  # the mechanisms the classifier takes (a test may have registered one more)
+    assert err.value.key == "dp.mechanism" and "dpsgd" in message and "with image classification" in message
+    assert "dpals or" not in message and "or dpals" not in message
