@@ -11,13 +11,16 @@ mean ± std over ``--seeds`` seeds of Recall@20 on the held-out users:
 - ``DPALS ε=…``: :mod:`dpsweep.tasks.recommender.als` at the same rank and rounds, each user's first
   k = 50 ratings, embeddings clipped to Γ = 0.3, λ_v = 10 σΔ; σ calibrated to ε over the 10 rounds by
   the ledger's PLD accountant at δ = 1e-5 (< 1/users), user level, no sampling;
+- ``... through public features``: the item embeddings are F W, F the planted set's public item
+  features (:mod:`dpsweep.tasks.recommender.features`, after Krichene et al. 2023): each user's first
+  k = 20 ratings, Γ = 0.3, λ = 1 + 10 σΔ (Δ through the features: k Γ² and k R Γ per user);
 - ``private popularity ε=…``: each item's count over the users' first k ratings, with Gaussian noise
   of standard deviation σ√k (one user moves the counts by at most √k in L2), σ calibrated to ε the
   same way; items ranked by noisy count.
 
 The DPALS settings (k, Γ, w₀, λ_v's factor) were chosen on seed 0 of this planted set: public,
 synthetic data, but the seed-0 rows are not an untuned figure. Not measured yet: DPAM, user-level
-DP-SGD on the same model, public features (issue 35). Writes ``--json`` (default
+DP-SGD on the same model (issue 35). Writes ``--json`` (default
 ``analysis/data/recommender_cpu.json``).
 """
 
@@ -41,11 +44,12 @@ from dp_accounting import dp_event
 from dpsweep.data.ratings import PlantedSpec, planted_ratings, split_users
 from dpsweep.mechanisms import dpals
 from dpsweep.privacy import calibrate, ledger
-from dpsweep.tasks.recommender import als
+from dpsweep.tasks.recommender import als, features
 
 RANK, ROUNDS, DELTA = 8, 10, 1e-5
 BOUNDS = dpals.Bounds(max_ratings=50, max_user_norm=0.3, max_abs_rating=1.0)
 UNOBSERVED, ITEM_REG_FACTOR = 0.2, 10.0
+FEATURE_BOUNDS = dpals.Bounds(max_ratings=20, max_user_norm=0.3, max_abs_rating=1.0)  # through public features
 PLD = ledger.Accounting("pld")
 
 
@@ -62,15 +66,24 @@ def run_seed(seed: int, epsilons: list[float]) -> dict[str, float]:
     batch, history, target = (als.Batch.of(r, implicit=True) for r in (train, held.history, held.target))
     rows: dict[str, float] = {}
 
-    def trained(sigma: float, bounds: dpals.Bounds | None, reg: als.ALSRegularization) -> float:
+    item_features = torch.as_tensor(data.item_features)
+
+    def trained(sigma: float, bounds: dpals.Bounds | None, reg: als.ALSRegularization, public: bool = False) -> float:
         model = als.ItemModel.initial(data.n_items, RANK, seed)
-        aggregator = als.Aggregator(bounds, sigma, True, torch.Generator().manual_seed(seed))
+        g = torch.Generator().manual_seed(seed)
+        aggregator = (
+            features.FeatureAggregator(item_features, bounds, sigma, True, g)
+            if public
+            else als.Aggregator(bounds, sigma, True, g)
+        )
+        server = features.FeatureServer(reg, item_features) if public else als.Server(reg)
         for _ in range(ROUNDS):
-            model = als.dpals_round(model, batch, aggregator, als.Server(reg))
+            model = als.dpals_round(model, batch, aggregator, server)
         return als.recall_at(model, history, target, reg)
 
     exact_reg = als.ALSRegularization(unobserved=UNOBSERVED)
     rows["ALS (non-private)"] = trained(0.0, None, exact_reg)
+    rows["ALS through public features (non-private)"] = trained(0.0, None, exact_reg, public=True)
     kept = batch.slots < BOUNDS.max_ratings
     counts = torch.bincount(batch.items[kept], minlength=data.n_items).to(torch.float64)
     ones = als.Batch(history.users, history.items, torch.ones_like(history.values), history.slots,
@@ -81,6 +94,10 @@ def run_seed(seed: int, epsilons: list[float]) -> dict[str, float]:
         item_reg = ITEM_REG_FACTOR * sigma * dpals.sensitivity(BOUNDS, True)
         reg = als.ALSRegularization(item=item_reg, unobserved=UNOBSERVED)
         rows[f"DPALS ε={eps:g}"] = trained(sigma, BOUNDS, reg)
+        feature_reg = ITEM_REG_FACTOR * sigma * dpals.sensitivity(FEATURE_BOUNDS, True, through_features=True)
+        rows[f"DPALS through public features ε={eps:g}"] = trained(
+            sigma, FEATURE_BOUNDS, als.ALSRegularization(item=1.0 + feature_reg, unobserved=UNOBSERVED), public=True
+        )
         count_sigma = calibrated(lambda s: dpals.round_events(s, 1), eps)
         noisy = counts + count_sigma * math.sqrt(BOUNDS.max_ratings) * torch.randn(counts.shape, generator=generator,
                                                                                  dtype=counts.dtype)  # fmt: skip

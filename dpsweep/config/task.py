@@ -201,6 +201,9 @@ class RecommenderTaskConfig(TaskConfig):
     item_reg: float = 1.0  # λ_v of each item's solve, plus item_reg_per_noise × σΔ with DP
     item_reg_per_noise: float = 10.0
     unobserved_weight: float = 0.2  # w₀: every unrated item as a 0 of this weight (implicit feedback)
+    # true: the item embeddings are F W, F the items' public features (dpsweep.tasks.recommender.features):
+    # the release is W's statistics, fewer numbers, each user's bound k times larger
+    item_features: bool = False
 
     def check(self, cfg: Config) -> None:
         require(self.rank >= 1, "task.rank", self.rank, "a rank of 1 or more")

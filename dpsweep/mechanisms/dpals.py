@@ -39,13 +39,22 @@ class Bounds:
             raise ValueError(f"bounds must be positive: {self}")
 
 
-def sensitivity(b: Bounds, implicit: bool = False) -> float:
-    """The L2 sensitivity Δ of one round's release to adding or removing one user: the item side's
-    statistics A_j = Σ u uᵀ (upper triangle) and b_j = Σ r u over the at most k items the user rated
-    (each moved by at most ‖u‖² ≤ Γ² and |r| ‖u‖ ≤ RΓ), and with implicit feedback the users' Gramian
-    G = Σ u uᵀ (moved by at most Γ²): Δ = √(k (Γ⁴ + R²Γ²) + Γ⁴·[implicit])."""
+def sensitivity(b: Bounds, implicit: bool = False, through_features: bool = False) -> float:
+    """The L2 sensitivity Δ of one round's release to adding or removing one user.
+
+    Item by item: the statistics A_j = Σ u uᵀ (upper triangle) and b_j = Σ r u over the at most k items
+    the user rated (each moved by at most ‖u‖² ≤ Γ² and |r| ‖u‖ ≤ RΓ), and with implicit feedback the
+    users' Gramian G = Σ u uᵀ (moved by at most Γ²): Δ = √(k (Γ⁴ + R²Γ²) + Γ⁴·[implicit]).
+
+    Through public item features f_j (‖f_j‖ ≤ 1; the item embeddings are F W): the statistics of W,
+    A = Σ_i (u_i u_iᵀ) ⊗ X_i with X_i = Σ_j f_j f_jᵀ over the user's k items, and b = Σ_i u_i ⊗ Σ_j r_ij f_j.
+    ‖X_i‖_F ≤ tr X_i ≤ k and a Kronecker product's Frobenius norm is the product of its factors', so a
+    user moves A by at most kΓ² and b by at most kRΓ: Δ = √(k²Γ⁴ + k²R²Γ² + Γ⁴·[implicit])."""
     gram, rhs = b.max_user_norm**2, b.max_abs_rating * b.max_user_norm
-    return math.sqrt(b.max_ratings * (gram**2 + rhs**2) + (gram**2 if implicit else 0.0))
+    users_gram = gram**2 if implicit else 0.0
+    if through_features:
+        return math.sqrt(b.max_ratings**2 * (gram**2 + rhs**2) + users_gram)
+    return math.sqrt(b.max_ratings * (gram**2 + rhs**2) + users_gram)
 
 
 def round_events(noise_multiplier: float, rounds: int) -> dp_event.DpEvent:

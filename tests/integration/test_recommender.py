@@ -17,6 +17,7 @@ from scipy.stats import norm
 
 from dpsweep.config import ConfigError, to_config, validate
 from dpsweep.data import facts
+from dpsweep.errors import InputError
 from dpsweep.plan import prepare
 from dpsweep.run.runner import train
 from dpsweep.tasks.recommender import task as recommender
@@ -89,6 +90,27 @@ def test_a_dpals_run_trains_on_movielens_files(tmp_path: Path, make_cfg: Compose
     run = client.get_run(result.run_id)
     assert run.info.status == "FINISHED" and result.steps == 2 and run.data.tags["dataset.n_train"] == "36"
     assert run.data.metrics["epsilon"] == pytest.approx(_exact_epsilon(2.0, 2, 1e-3), rel=0.01)
+
+
+def test_a_dpals_run_through_public_features_states_their_larger_sensitivity(
+    make_cfg: Composer, client: MlflowClient
+) -> None:
+    result = train(make_cfg(*SMALL, "task.item_features=true", "dp.noise_multiplier=2"))
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED" and 0.0 <= run.data.metrics["recall_at_20"] <= 1.0
+    # k Γ² and k R Γ per user (k = 50, Γ = 0.3, R = 1), and Γ² for G: not √k as item by item
+    assert "(sensitivity 15.66)" in run.data.tags["dp.contribution"]
+
+
+def test_item_features_are_refused_where_the_data_has_none(tmp_path: Path, make_cfg: Composer) -> None:
+    fabricate_movielens(tmp_path / "ml", "u.data", movielens_ratings(users=40, items=30), items=30, catalogue=False)
+    cfg = make_cfg(
+        "task=recommender", "dataset=movielens", f"dataset.root={tmp_path / 'ml'}", "dataset.num_users=36",
+        "dataset.held_out_users=4", "train.batch_size=36", "dp.delta=0.001", "task.item_features=true",
+    )  # fmt: skip
+    with pytest.raises(InputError) as err:
+        train(cfg)
+    assert err.value.key == "task.item_features" and "movies file is missing" in str(err.value)
 
 
 def test_non_private_als_trains_without_bounds_or_noise(make_cfg: Composer, client: MlflowClient) -> None:

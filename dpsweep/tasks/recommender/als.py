@@ -186,12 +186,17 @@ class Aggregator:
         exact = self.sums(*self.clip(users, ratings))
         if self.bounds is None or self.noise_multiplier == 0:
             return exact
-        std = self.noise_multiplier * sensitivity(self.bounds, self.implicit)
+        std = self.std()
         noisy_gram = exact.gram + std * self._symmetric_noise(exact.gram.shape)
         noisy_rhs = exact.rhs + std * self._noise(exact.rhs.shape)
         g = exact.users_gram
         noisy_users_gram = None if g is None else g + std * self._symmetric_noise((1, *g.shape))[0]
         return NoisyStatistics(noisy_gram, noisy_rhs, noisy_users_gram)
+
+    def std(self) -> float:
+        """σΔ: the standard deviation of the noise on every released coordinate."""
+        assert self.bounds is not None
+        return self.noise_multiplier * sensitivity(self.bounds, self.implicit)
 
     def _noise(self, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
         g = self.generator
@@ -211,14 +216,14 @@ class Server:
         self.reg = reg
 
     def update(self, stats: NoisyStatistics) -> ItemModel:
-        lhs = _psd(stats.gram)
+        lhs = psd(stats.gram)
         if stats.users_gram is not None:
-            lhs = lhs + self.reg.unobserved * _psd(stats.users_gram.unsqueeze(0))
+            lhs = lhs + self.reg.unobserved * psd(stats.users_gram.unsqueeze(0))
         eye = torch.eye(lhs.shape[-1], device=lhs.device, dtype=lhs.dtype)
         return ItemModel(torch.linalg.solve(lhs + self.reg.item * eye, stats.rhs.unsqueeze(-1)).squeeze(-1))
 
 
-def _psd(m: torch.Tensor) -> torch.Tensor:
+def psd(m: torch.Tensor) -> torch.Tensor:
     """The projection of symmetric matrices onto the positive semidefinite cone (negative eigenvalues
     set to 0): post-processing of a noisy Gramian, as Chien et al. 2021 do."""
     eigenvalues, vectors = torch.linalg.eigh(m)

@@ -29,11 +29,12 @@ from torch import nn
 
 from dpsweep.config import RecommenderTaskConfig
 from dpsweep.data.loaders import RatingsUsers
+from dpsweep.errors import InputError
 from dpsweep.mechanisms import dpals
 from dpsweep.plan import mechanism_of, setting
 from dpsweep.privacy import ledger
 from dpsweep.tasks import TASKS, Checkpointed, Marks, RunInputs, Stages
-from dpsweep.tasks.recommender import als
+from dpsweep.tasks.recommender import als, features
 from dpsweep.tracking import Tracker
 
 JOINT_DP = "joint DP: each user's embedding is solved and kept on the user's side, never released"
@@ -84,6 +85,14 @@ class RecommenderRun:
         self.history = als.Batch.of(test.held_out.history, self.implicit, self.device)
         self.target = als.Batch.of(test.held_out.target, self.implicit, self.device)
         self.n_items = train.ratings.n_items
+        self.features: torch.Tensor | None = None
+        if settings.item_features:
+            if train.ratings.item_features is None:
+                raise InputError(
+                    "task.item_features", True,
+                    f"false: {self.cfg.dataset.name} has no item features here (MovieLens: its movies file is missing)",
+                )  # fmt: skip
+            self.features = torch.as_tensor(train.ratings.item_features, device=self.device)
         self.module = ItemEmbeddings(self.n_items, settings.rank, self.cfg.train.seed)
         privacy = inputs.plan.privacy
         self.noise_multiplier = privacy.noise_multiplier if privacy is not None else 0.0
@@ -91,11 +100,15 @@ class RecommenderRun:
         self.bounds = (
             dpals.Bounds(settings.max_ratings_per_user, settings.max_user_norm, value_bound) if privacy else None
         )
-        noise = 0.0 if self.bounds is None else self.noise_multiplier * dpals.sensitivity(self.bounds, self.implicit)
+        noise = 0.0 if self.bounds is None else self.noise_multiplier * self.sensitivity(self.bounds)
         self.reg = als.ALSRegularization(
             user=settings.user_reg, item=settings.item_reg + settings.item_reg_per_noise * noise,
             unobserved=settings.unobserved_weight if self.implicit else 0.0,
         )  # fmt: skip
+
+    def sensitivity(self, bounds: dpals.Bounds) -> float:
+        """Δ of one round's release (item by item, or through the public features)."""
+        return dpals.sensitivity(bounds, self.implicit, through_features=self.features is not None)
 
     def tags(self) -> dict[str, Any]:
         tags: dict[str, Any] = {
@@ -113,7 +126,7 @@ class RecommenderRun:
                 "dp.contribution": (
                     f"per user per round: at most {b.max_ratings} ratings, embedding norm at most "
                     f"{b.max_user_norm:g}, |value| at most {b.max_abs_rating:g} "
-                    f"(sensitivity {dpals.sensitivity(b, self.implicit):.4g})"
+                    f"(sensitivity {self.sensitivity(b):.4g})"
                 ),
             }
         return tags
@@ -125,8 +138,14 @@ class RecommenderRun:
         # (it never steps, and holds no state).
         self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.0)
         self.generator = torch.Generator(device=self.device).manual_seed(self.cfg.train.seed)
-        self.aggregator = als.Aggregator(self.bounds, self.noise_multiplier, self.implicit, self.generator)
-        self.server = als.Server(self.reg)
+        if self.features is None:
+            self.aggregator = als.Aggregator(self.bounds, self.noise_multiplier, self.implicit, self.generator)
+            self.server = als.Server(self.reg)
+        else:
+            self.aggregator = features.FeatureAggregator(
+                self.features, self.bounds, self.noise_multiplier, self.implicit, self.generator
+            )
+            self.server = features.FeatureServer(self.reg, self.features)
         return Checkpointed(self.module, self.optimizer, None, self.generator)
 
     @property

@@ -9,7 +9,7 @@ import torch
 
 from dpsweep.data.ratings import PlantedSpec, from_lists, planted_ratings, split_users
 from dpsweep.mechanisms import dpals
-from dpsweep.tasks.recommender import als
+from dpsweep.tasks.recommender import als, features
 
 SMALL = PlantedSpec(users=1500, items=300, mean_ratings=25.0)
 
@@ -132,3 +132,49 @@ def test_dpals_learns_taste_beyond_popularity_and_loses_little_with_little_noise
     quiet = als.recall_at(_trained(train, n_items, 0.05, bounds, quiet_reg), history, target, quiet_reg)
     assert exact > baseline + 0.05, (exact, baseline)
     assert quiet > 0.85 * exact, (quiet, exact)
+
+
+# ---------------------------------------------------------------------------------------------
+# through public item features (dpsweep.tasks.recommender.features)
+# ---------------------------------------------------------------------------------------------
+def test_without_noise_the_feature_map_is_the_exact_least_squares_solution() -> None:
+    """V = F W with W the exact solution of the weighted least squares over every (user, item) pair,
+    written densely here: x_ij = u_i ⊗ f_j, observed pairs at weight 1 + w₀, the others at w₀."""
+    rng = np.random.default_rng(0)
+    n_items, d, rank, n_users = 7, 3, 2, 5
+    f = torch.tensor(rng.standard_normal((n_items, d)) * 0.4)
+    users = torch.tensor(rng.standard_normal((n_users, rank)))
+    items = [rng.choice(n_items, size=3, replace=False) for _ in range(n_users)]
+    ratings = als.Batch.of(from_lists(items, [np.ones(3)] * n_users, n_items), implicit=True)
+    reg = als.ALSRegularization(item=0.3, unobserved=0.2)
+    aggregator = features.FeatureAggregator(f, None, 0.0, True, torch.Generator())
+    got = features.FeatureServer(reg, f).update(aggregator(users, ratings)).item_embeddings
+    unit = features.unit_rows(f)
+    x = torch.stack([torch.kron(users[i], unit[j]) for i in range(n_users) for j in range(n_items)])
+    observed = torch.tensor([float(j in items[i]) for i in range(n_users) for j in range(n_items)], dtype=x.dtype)
+    lhs = (x.T * observed) @ x + 0.2 * x.T @ x + 0.3 * torch.eye(d * rank, dtype=x.dtype)
+    w = torch.linalg.solve(lhs, x.T @ observed)
+    assert torch.allclose(got, unit @ w.reshape(rank, d).T, atol=1e-10)
+
+
+def test_one_user_moves_the_feature_statistics_by_at_most_their_sensitivity() -> None:
+    """The worst user: k items of one feature vector of norm 1, an embedding at the clip: A moves by
+    k Γ², b by k R Γ, G by Γ² (the bound is reached, up to the upper triangle's share)."""
+    bounds = dpals.Bounds(max_ratings=4, max_user_norm=0.5, max_abs_rating=1.0)
+    f = torch.zeros(30, 3, dtype=torch.float64)
+    f[:, 0] = 1.0  # every item the same public features: the worst case of ‖X_i‖_F = k
+    rng = np.random.default_rng(1)
+    items = [np.arange(10), *(rng.choice(30, size=5, replace=False) for _ in range(3))]
+    ratings = [np.ones(len(i)) for i in items]
+    users = torch.tensor(rng.standard_normal((4, 2)) * 5.0)
+    aggregator = features.FeatureAggregator(f, bounds, 0.0, True, torch.Generator())
+    whole = aggregator.sums(*aggregator.clip(users, als.Batch.of(from_lists(items, ratings, 30), True)))
+    without = aggregator.sums(*aggregator.clip(users[1:], als.Batch.of(from_lists(items[1:], ratings[1:], 30), True)))
+
+    def flat(s: als.NoisyStatistics) -> torch.Tensor:
+        assert s.users_gram is not None
+        return torch.cat([torch.triu(s.gram[0]).flatten(), s.rhs.flatten(), torch.triu(s.users_gram).flatten()])
+
+    moved = float((flat(whole) - flat(without)).norm())
+    delta = dpals.sensitivity(bounds, True, through_features=True)
+    assert 0.7 * delta < moved <= delta + 1e-9 and delta > dpals.sensitivity(bounds, True)
