@@ -204,6 +204,10 @@ class RecommenderTaskConfig(TaskConfig):
     # true: the item embeddings are F W, F the items' public features (dpsweep.tasks.recommender.features):
     # the release is W's statistics, fewer numbers, each user's bound k times larger
     item_features: bool = False
+    # als: the factorized model; popularity: the private popularity baseline, every item scored by its
+    # count over each user's first max_ratings_per_user ratings, released once with Gaussian noise
+    # (train.epochs=1)
+    method: str = "als"
 
     def check(self, cfg: Config) -> None:
         require(self.rank >= 1, "task.rank", self.rank, "a rank of 1 or more")
@@ -218,11 +222,17 @@ class RecommenderTaskConfig(TaskConfig):
             require(getattr(self, key) > 0, f"task.{key}", getattr(self, key), "a positive regularisation λ")
         for key in ("item_reg_per_noise", "unobserved_weight"):
             require(getattr(self, key) >= 0, f"task.{key}", getattr(self, key), "a weight >= 0")
+        require(self.method in METHODS, "task.method", self.method, f"one of {', '.join(METHODS)}")
+        if self.method == "popularity":
+            require(
+                cfg.train.epochs == 1, "train.epochs", cfg.train.epochs, "1 with task.method=popularity (one release)"
+            )
         if cfg.dp.enabled:
             require(cfg.dp.mechanism == "dpals", "dp.mechanism", cfg.dp.mechanism, "dpals with task=recommender")
 
 
 FEEDBACK = ("implicit", "explicit")
+METHODS = ("als", "popularity")  # task=recommender's models (dpsweep.tasks.recommender.task.RUNS)
 
 
 def check(cfg: Config) -> None:

@@ -57,6 +57,12 @@ def sensitivity(b: Bounds, implicit: bool = False, through_features: bool = Fals
     return math.sqrt(b.max_ratings * (gram**2 + rhs**2) + users_gram)
 
 
+def count_sensitivity(b: Bounds) -> float:
+    """Δ of the items' counts over each user's first k ratings (the private popularity baseline): a user
+    adds 1 to at most k counts, Δ = √k."""
+    return math.sqrt(b.max_ratings)
+
+
 def round_events(noise_multiplier: float, rounds: int) -> dp_event.DpEvent:
     """The dp-accounting event of ``rounds`` DPALS rounds at noise multiplier σ (no sampling)."""
     return dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(noise_multiplier), rounds)

@@ -113,6 +113,15 @@ def test_item_features_are_refused_where_the_data_has_none(tmp_path: Path, make_
     assert err.value.key == "task.item_features" and "movies file is missing" in str(err.value)
 
 
+def test_the_private_popularity_baseline_is_one_release_of_the_counts(make_cfg: Composer, client: MlflowClient) -> None:
+    result = train(make_cfg(*SMALL, "task.method=popularity", "train.epochs=1", "dp.target_epsilon=1"))
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED" and result.steps == 1 and 0.0 < run.data.metrics["recall_at_20"] <= 1.0
+    sigma = float(run.data.tags["dp.noise_multiplier_calibrated"])
+    assert _exact_epsilon(sigma, 1, 1e-5) <= run.data.metrics["epsilon"] <= 1.0
+    assert "at most 50 ratings counted (sensitivity 7.071)" in run.data.tags["dp.contribution"]
+
+
 def test_non_private_als_trains_without_bounds_or_noise(make_cfg: Composer, client: MlflowClient) -> None:
     result = train(make_cfg(*SMALL, "dp=off", "train.epochs=3"))
     run = client.get_run(result.run_id)
@@ -129,6 +138,8 @@ def test_non_private_als_trains_without_bounds_or_noise(make_cfg: Composer, clie
         (["dp.unit=example"], "dp.unit", "user with task=recommender"),
         (["dp.delta=0.01"], "dp.delta", ""),
         (["dp.mechanism=dpsgd"], "dp.mechanism", "dpals with task=recommender"),
+        (["task.method=popularity"], "train.epochs", "1 with task.method=popularity"),
+        (["task.method=svd"], "task.method", "one of als, popularity"),
     ],
 )
 def test_bad_recommender_input_is_refused_before_training(

@@ -244,7 +244,11 @@ def recall_at(model: ItemModel, history: Batch, target: Batch, reg: ALSRegulariz
     """Recall@k: per held-out user, the share of their target items among the k best-scored items they
     have not rated in their history (divided by min(k, |target|), as google-research's DPAM evaluation
     does), averaged over users."""
-    scores = model.scores(fold_in(model, history, reg))
+    return recall_of(model.scores(fold_in(model, history, reg)), history, target, k)
+
+
+def recall_of(scores: torch.Tensor, history: Batch, target: Batch, k: int = 20) -> float:
+    """Recall@k of these scores (held-out users × items; see :func:`recall_at`)."""
     scores = scores.masked_fill(history.matrix(torch.float32).to_dense() > 0, -torch.inf)
     top = scores.topk(min(k, scores.shape[1]), dim=1).indices
     hits = (target.matrix(torch.float32).to_dense() > 0).gather(1, top).sum(1).to(scores.dtype)

@@ -62,7 +62,9 @@ class ItemEmbeddings(nn.Module):
 
 class RecommenderTask:
     def build(self, inputs: RunInputs) -> RecommenderRun:
-        return RecommenderRun(inputs)
+        settings = inputs.cfg.task
+        assert isinstance(settings, RecommenderTaskConfig)
+        return RUNS[settings.method](inputs)
 
 
 TASKS.register("recommender")(RecommenderTask())
@@ -210,3 +212,46 @@ class RecommenderRun:
 
     def params(self) -> dict[str, Any]:
         return {}  # λ_v with DP (task.item_reg + task.item_reg_per_noise × σΔ) follows from the logged config
+
+
+class PopularityRun(RecommenderRun):
+    """``task.method=popularity``: the private popularity baseline. Every item is scored by its count over
+    each user's first ``task.max_ratings_per_user`` ratings, released once with Gaussian noise of σ√k
+    (a user adds 1 to at most k counts: :func:`dpsweep.mechanisms.dpals.count_sensitivity`); every
+    held-out user gets the same ranking. Without DP, the exact counts of every rating."""
+
+    def sensitivity(self, bounds: dpals.Bounds) -> float:
+        return dpals.count_sensitivity(bounds)
+
+    def tags(self) -> dict[str, Any]:
+        tags = super().tags() | {"model.trainable_params": self.n_items, "recommender.released": "item counts"}
+        if self.bounds is not None:
+            k = self.bounds.max_ratings
+            tags["dp.contribution"] = (
+                f"per user: at most {k} ratings counted (sensitivity {self.sensitivity(self.bounds):.4g})"
+            )
+        return tags
+
+    def done(self) -> bool:
+        return self.rounds >= 1
+
+    def _round(self, stages: Marks) -> als.ItemModel:
+        stages.mark("batch_load")
+        kept = self.train.items if self.bounds is None else self.train.items[self.train.slots < self.bounds.max_ratings]
+        counts = torch.bincount(kept, minlength=self.n_items).to(self.module.item_embeddings.dtype)
+        stages.mark("forward")
+        if self.bounds is not None:  # the trusted aggregator's release
+            noise = torch.randn(counts.shape, generator=self.generator, device=self.generator.device)
+            counts = counts + self.noise_multiplier * self.sensitivity(self.bounds) * noise.to(counts.device)
+        stages.mark("backward")
+        embeddings = torch.zeros_like(self.module.item_embeddings)
+        embeddings[:, 0] = counts
+        return als.ItemModel(embeddings)
+
+    def evaluate(self, epoch: int, final: bool) -> dict[str, float]:
+        counts = self.module.item_embeddings.detach()[:, 0]
+        scores = counts.expand(self.history.n_users, -1)
+        return {"recall_at_20": als.recall_of(scores, self.history, self.target)}
+
+
+RUNS: dict[str, type[RecommenderRun]] = {"als": RecommenderRun, "popularity": PopularityRun}  # by task.method
