@@ -157,12 +157,8 @@ class Aggregator:
         """``bounds`` None: a non-private aggregator (nothing bounded, no noise: ``noise_multiplier`` 0)."""
         if bounds is None and noise_multiplier != 0:
             raise ValueError(f"noise multiplier {noise_multiplier} without bounds: its noise would have no scale")
-        self.bounds, self.noise_multiplier, self.implicit, self.generator = (
-            bounds,
-            noise_multiplier,
-            implicit,
-            generator,
-        )
+        self.bounds, self.noise_multiplier, self.implicit = bounds, noise_multiplier, implicit
+        self.generator = generator
 
     def clip(self, users: torch.Tensor, ratings: Batch) -> tuple[torch.Tensor, Batch]:
         """Each user's embedding clipped to Γ, values to [−R, R], and each user's first k ratings kept."""
