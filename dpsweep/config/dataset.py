@@ -104,6 +104,20 @@ class MovieLensConfig(DatasetConfig):
 RATINGS_DATASETS = (PlantedRatingsConfig, MovieLensConfig)  # datasets of users' ratings (task=recommender's)
 
 
+def dataset_schemas() -> dict[str, type[DatasetConfig]]:
+    """Dataset name -> its schema: each DatasetConfig subclass that names its dataset (``name``'s
+    default), read now, so that a dataset defined after this import is included."""
+    out: dict[str, type[DatasetConfig]] = {}
+    stack = list(DatasetConfig.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        name = cls.__dataclass_fields__["name"].default
+        if isinstance(name, str) and name != MISSING:
+            out[name] = cls
+    return out
+
+
 def check_ratings(cfg: Config) -> None:
     """A ratings set's sizes and shares."""
     d = cfg.dataset

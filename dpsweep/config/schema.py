@@ -27,19 +27,13 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from dpsweep.config.checks import ConfigError
-from dpsweep.config.dataset import (
-    DigitsConfig,
-    Flowers102Config,
-    MovieLensConfig,
-    PlantedRatingsConfig,
-    TorchvisionDatasetConfig,
-)
+from dpsweep.config.dataset import TorchvisionDatasetConfig, dataset_schemas
 from dpsweep.config.dp import DPConfig
 from dpsweep.config.launcher import LauncherConfig
 from dpsweep.config.model import CNNConfig, MLPConfig, VGG16FrozenConfig
 from dpsweep.config.optimizer import AdamConfig, SGDConfig
 from dpsweep.config.sweep import SweepConfig
-from dpsweep.config.task import ClassifierTaskConfig, GanTaskConfig, RecommenderTaskConfig
+from dpsweep.config.task import task_schemas
 from dpsweep.config.tracking import TrackingConfig
 from dpsweep.config.train import TrainConfig
 
@@ -64,14 +58,11 @@ def register_configs() -> None:
     """
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
-    cs.store(group="task", name="base_classifier", node=ClassifierTaskConfig)
-    cs.store(group="task", name="base_gan", node=GanTaskConfig)
-    cs.store(group="task", name="base_recommender", node=RecommenderTaskConfig)
-    cs.store(group="dataset", name="base_digits", node=DigitsConfig)
-    cs.store(group="dataset", name="base_torchvision", node=TorchvisionDatasetConfig)
-    cs.store(group="dataset", name="base_flowers102", node=Flowers102Config)
-    cs.store(group="dataset", name="base_planted_ratings", node=PlantedRatingsConfig)
-    cs.store(group="dataset", name="base_movielens", node=MovieLensConfig)
+    for name, task in task_schemas().items():  # every TaskConfig subclass: a new task adds no line here
+        cs.store(group="task", name=f"base_{name}", node=task)
+    for name, dataset in dataset_schemas().items():  # every named DatasetConfig subclass, as tasks
+        cs.store(group="dataset", name=f"base_{name}", node=dataset)
+    cs.store(group="dataset", name="base_torchvision", node=TorchvisionDatasetConfig)  # mnist's and cifar10's
     cs.store(group="model", name="base_cnn", node=CNNConfig)
     cs.store(group="model", name="base_mlp", node=MLPConfig)
     cs.store(group="model", name="base_vgg16_frozen", node=VGG16FrozenConfig)
