@@ -1,6 +1,6 @@
 """Benchmark: DP alternating least squares on the planted ratings set, scored by Recall@20 (issue 35).
 
-    .venv/bin/python benchmarks/recommender.py                       # 3 seeds, ε = 1, 3, 10 (about 2 min on 2 cores)
+    .venv/bin/python benchmarks/recommender.py                       # 3 seeds, ε = 1, 3, 10 (about 15 s on 2 cores)
     .venv/bin/python benchmarks/recommender.py --seeds 1 --json /tmp/r.json
 
 The set: :func:`dpsweep.data.ratings.planted_ratings` with 6,000 users and 1,000 items (seeded by the
@@ -84,8 +84,8 @@ def run_seed(seed: int, epsilons: list[float]) -> dict[str, float]:
     exact_reg = als.ALSRegularization(unobserved=UNOBSERVED)
     rows["ALS (non-private)"] = trained(0.0, None, exact_reg)
     rows["ALS through public features (non-private)"] = trained(0.0, None, exact_reg, public=True)
-    kept = batch.slots < BOUNDS.max_ratings
-    counts = torch.bincount(batch.items[kept], minlength=data.n_items).to(torch.float64)
+    kept = batch.first(BOUNDS.max_ratings, BOUNDS.max_abs_rating).items  # each user's first k, as DPALS
+    counts = torch.bincount(kept, minlength=data.n_items).to(torch.float64)
     ones = als.Batch(history.users, history.items, torch.ones_like(history.values), history.slots,
                      history.n_users, history.n_items)  # fmt: skip
     generator = torch.Generator().manual_seed(seed)

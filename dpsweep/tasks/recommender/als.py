@@ -47,7 +47,8 @@ it by at most Γ², counted in Δ).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -96,6 +97,9 @@ class Batch:
     slots: torch.Tensor
     n_users: int
     n_items: int
+    # what is derived from these entries (sparse matrices, the bounded entries), made once: a run's
+    # batches are the same every round
+    derived: dict[tuple[Any, ...], Any] = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
     def of(r: Ratings, implicit: bool = False, device: torch.device | str = "cpu") -> Batch:
@@ -103,12 +107,28 @@ class Batch:
         t = lambda a: torch.as_tensor(np.ascontiguousarray(a), device=device)  # noqa: E731
         return Batch(t(r.users), t(r.items), t(values), t(r.slots), r.n_users, r.n_items)
 
-    def matrix(self, dtype: torch.dtype, values: torch.Tensor | None = None) -> torch.Tensor:
-        """The users × items sparse matrix of these entries (ones, or ``values``), of ``dtype``."""
-        data = (torch.ones_like(self.values) if values is None else values).to(dtype)
-        index = torch.stack([self.users, self.items])
-        shape = (self.n_users, self.n_items)  # the indices are in range by construction: no invariant checks
-        return torch.sparse_coo_tensor(index, data, shape, check_invariants=False).coalesce()
+    def matrix(self, dtype: torch.dtype, weighted: bool = False) -> torch.Tensor:
+        """The users × items sparse matrix of these entries (ones, or their values where ``weighted``), of
+        ``dtype``."""
+        key = ("matrix", dtype, weighted)
+        if key not in self.derived:
+            data = (self.values if weighted else torch.ones_like(self.values)).to(dtype)
+            index = torch.stack([self.users, self.items])
+            shape = (self.n_users, self.n_items)  # the indices are in range by construction: no invariant checks
+            self.derived[key] = torch.sparse_coo_tensor(index, data, shape, check_invariants=False).coalesce()
+        matrix: torch.Tensor = self.derived[key]
+        return matrix
+
+    def first(self, k: int, bound: float) -> Batch:
+        """Each user's first ``k`` entries, their values clipped to [−bound, bound]."""
+        key = ("first", k, bound)
+        if key not in self.derived:
+            keep = self.slots < k
+            values = self.values[keep].clamp(-bound, bound)
+            self.derived[key] = Batch(self.users[keep], self.items[keep], values, self.slots[keep], self.n_users,
+                                      self.n_items)  # fmt: skip
+        first: Batch = self.derived[key]
+        return first
 
 
 def _outer(x: torch.Tensor) -> torch.Tensor:
@@ -129,7 +149,7 @@ def client_embeddings(model: ItemModel, ratings: Batch, reg: ALSRegularization) 
     gram = torch.sparse.mm(ratings.matrix(v.dtype), _outer(v)).reshape(-1, rank, rank)
     eye = torch.eye(rank, device=v.device, dtype=v.dtype)
     gram = gram + reg.unobserved * (v.T @ v) + reg.user * eye
-    rhs = torch.sparse.mm(ratings.matrix(v.dtype, ratings.values), v)
+    rhs = torch.sparse.mm(ratings.matrix(v.dtype, weighted=True), v)
     return torch.linalg.solve(gram, rhs)
 
 
@@ -166,16 +186,13 @@ class Aggregator:
         if b is None:
             return users, ratings
         users = users * torch.clamp(b.max_user_norm / users.norm(dim=1, keepdim=True).clamp_min(1e-12), max=1.0)
-        keep = ratings.slots < b.max_ratings
-        kept = Batch(ratings.users[keep], ratings.items[keep], ratings.values[keep].clamp(-b.max_abs_rating,
-                     b.max_abs_rating), ratings.slots[keep], ratings.n_users, ratings.n_items)  # fmt: skip
-        return users, kept
+        return users, ratings.first(b.max_ratings, b.max_abs_rating)
 
     def sums(self, users: torch.Tensor, ratings: Batch) -> NoisyStatistics:
         """The exact sums A_j, b_j (and G) over the given contributions, before noise."""
         rank = users.shape[1]
         gram = torch.sparse.mm(ratings.matrix(users.dtype).T, _outer(users)).reshape(-1, rank, rank)
-        rhs = torch.sparse.mm(ratings.matrix(users.dtype, ratings.values).T, users)
+        rhs = torch.sparse.mm(ratings.matrix(users.dtype, weighted=True).T, users)
         return NoisyStatistics(gram, rhs, users.T @ users if self.implicit else None)
 
     def __call__(self, users: torch.Tensor, ratings: Batch) -> NoisyStatistics:

@@ -41,7 +41,7 @@ class FeatureAggregator(Aggregator):
         rank, d = users.shape[1], f.shape[1]
         per_user = torch.sparse.mm(ratings.matrix(users.dtype), (f.unsqueeze(2) * f.unsqueeze(1)).reshape(-1, d * d))
         gram = torch.einsum("ia,ib,icd->acbd", users, users, per_user.reshape(-1, d, d)).reshape(rank * d, rank * d)
-        weighted = torch.sparse.mm(ratings.matrix(users.dtype, ratings.values), f)  # Σ_j r_ij f_j per user
+        weighted = torch.sparse.mm(ratings.matrix(users.dtype, weighted=True), f)  # Σ_j r_ij f_j per user
         rhs = torch.einsum("ia,ic->ac", users, weighted).reshape(rank * d)
         return NoisyStatistics(gram.unsqueeze(0), rhs.unsqueeze(0), users.T @ users if self.implicit else None)
 

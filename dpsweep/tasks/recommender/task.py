@@ -237,7 +237,8 @@ class PopularityRun(RecommenderRun):
 
     def _round(self, stages: Marks) -> als.ItemModel:
         stages.mark("batch_load")
-        kept = self.train.items if self.bounds is None else self.train.items[self.train.slots < self.bounds.max_ratings]
+        b = self.bounds
+        kept = self.train.items if b is None else self.train.first(b.max_ratings, b.max_abs_rating).items
         counts = torch.bincount(kept, minlength=self.n_items).to(self.module.item_embeddings.dtype)
         stages.mark("forward")
         if self.bounds is not None:  # the trusted aggregator's release
