@@ -206,10 +206,14 @@ class Aggregator:
         noisy_users_gram = None if g is None else g + std * self._symmetric_noise((1, *g.shape))[0]
         return NoisyStatistics(noisy_gram, noisy_rhs, noisy_users_gram)
 
+    def sensitivity(self) -> float:
+        """Δ of this aggregator's release to one user (:func:`dpsweep.mechanisms.dpals.sensitivity`)."""
+        assert self.bounds is not None
+        return sensitivity(self.bounds, self.implicit)
+
     def std(self) -> float:
         """σΔ: the standard deviation of the noise on every released coordinate."""
-        assert self.bounds is not None
-        return self.noise_multiplier * sensitivity(self.bounds, self.implicit)
+        return self.noise_multiplier * self.sensitivity()
 
     def _noise(self, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
         g = self.generator

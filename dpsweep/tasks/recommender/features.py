@@ -45,9 +45,9 @@ class FeatureAggregator(Aggregator):
         rhs = torch.einsum("ia,ic->ac", users, weighted).reshape(rank * d)
         return NoisyStatistics(gram.unsqueeze(0), rhs.unsqueeze(0), users.T @ users if self.implicit else None)
 
-    def std(self) -> float:
+    def sensitivity(self) -> float:
         assert self.bounds is not None
-        return self.noise_multiplier * sensitivity(self.bounds, self.implicit, through_features=True)
+        return sensitivity(self.bounds, self.implicit, through_features=True)
 
 
 class FeatureServer(Server):

@@ -102,15 +102,25 @@ class RecommenderRun:
         self.bounds = (
             dpals.Bounds(settings.max_ratings_per_user, settings.max_user_norm, value_bound) if privacy else None
         )
-        noise = 0.0 if self.bounds is None else self.noise_multiplier * self.sensitivity(self.bounds)
+        self.generator = torch.Generator(device=self.device).manual_seed(self.cfg.train.seed)
+        self.aggregator: als.Aggregator
+        if self.features is None:
+            self.aggregator = als.Aggregator(self.bounds, self.noise_multiplier, self.implicit, self.generator)
+        else:
+            self.aggregator = features.FeatureAggregator(
+                self.features, self.bounds, self.noise_multiplier, self.implicit, self.generator
+            )
+        noise = 0.0 if self.bounds is None else self.noise_multiplier * self.sensitivity()
         self.reg = als.ALSRegularization(
             user=settings.user_reg, item=settings.item_reg + settings.item_reg_per_noise * noise,
             unobserved=settings.unobserved_weight if self.implicit else 0.0,
         )  # fmt: skip
+        self.server = als.Server(self.reg) if self.features is None else features.FeatureServer(self.reg, self.features)
 
-    def sensitivity(self, bounds: dpals.Bounds) -> float:
-        """Δ of one round's release (item by item, or through the public features)."""
-        return dpals.sensitivity(bounds, self.implicit, through_features=self.features is not None)
+    def sensitivity(self) -> float:
+        """Δ of one round's release to one user: the aggregator's (item by item, or through the public
+        features)."""
+        return self.aggregator.sensitivity()
 
     def tags(self) -> dict[str, Any]:
         tags: dict[str, Any] = {
@@ -128,7 +138,7 @@ class RecommenderRun:
                 "dp.contribution": (
                     f"per user per round: at most {b.max_ratings} ratings, embedding norm at most "
                     f"{b.max_user_norm:g}, |value| at most {b.max_abs_rating:g} "
-                    f"(sensitivity {self.sensitivity(b):.4g})"
+                    f"(sensitivity {self.sensitivity():.4g})"
                 ),
             }
         return tags
@@ -139,15 +149,6 @@ class RecommenderRun:
         # ALS solves each side exactly: no gradient step. The optimizer is only what a checkpoint holds
         # (it never steps, and holds no state).
         self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.0)
-        self.generator = torch.Generator(device=self.device).manual_seed(self.cfg.train.seed)
-        if self.features is None:
-            self.aggregator = als.Aggregator(self.bounds, self.noise_multiplier, self.implicit, self.generator)
-            self.server = als.Server(self.reg)
-        else:
-            self.aggregator = features.FeatureAggregator(
-                self.features, self.bounds, self.noise_multiplier, self.implicit, self.generator
-            )
-            self.server = features.FeatureServer(self.reg, self.features)
         return Checkpointed(self.module, self.optimizer, None, self.generator)
 
     @property
@@ -220,16 +221,15 @@ class PopularityRun(RecommenderRun):
     (a user adds 1 to at most k counts: :func:`dpsweep.mechanisms.dpals.count_sensitivity`); every
     held-out user gets the same ranking. Without DP, the exact counts of every rating."""
 
-    def sensitivity(self, bounds: dpals.Bounds) -> float:
-        return dpals.count_sensitivity(bounds)
+    def sensitivity(self) -> float:
+        assert self.bounds is not None
+        return dpals.count_sensitivity(self.bounds)
 
     def tags(self) -> dict[str, Any]:
         tags = super().tags() | {"model.trainable_params": self.n_items, "recommender.released": "item counts"}
         if self.bounds is not None:
             k = self.bounds.max_ratings
-            tags["dp.contribution"] = (
-                f"per user: at most {k} ratings counted (sensitivity {self.sensitivity(self.bounds):.4g})"
-            )
+            tags["dp.contribution"] = f"per user: at most {k} ratings counted (sensitivity {self.sensitivity():.4g})"
         return tags
 
     def done(self) -> bool:
@@ -243,7 +243,7 @@ class PopularityRun(RecommenderRun):
         stages.mark("forward")
         if self.bounds is not None:  # the trusted aggregator's release
             noise = torch.randn(counts.shape, generator=self.generator, device=self.generator.device)
-            counts = counts + self.noise_multiplier * self.sensitivity(self.bounds) * noise.to(counts.device)
+            counts = counts + self.noise_multiplier * self.sensitivity() * noise.to(counts.device)
         stages.mark("backward")
         embeddings = torch.zeros_like(self.module.item_embeddings)
         embeddings[:, 0] = counts
