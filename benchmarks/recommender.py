@@ -62,7 +62,7 @@ def calibrated(event_of: Callable[[float], dp_event.DpEvent], target: float) -> 
 
 def run_seed(seed: int, epsilons: list[float]) -> dict[str, float]:
     data = planted_ratings(PlantedSpec(users=6000, items=1000), seed=seed)
-    train, held = split_users(data, held_out_fraction=0.1, target_fraction=0.2, seed=seed)
+    train, held = split_users(data, held_out=600, target_fraction=0.2, seed=seed)
     batch, history, target = (als.Batch.of(r, implicit=True) for r in (train, held.history, held.target))
     rows: dict[str, float] = {}
 

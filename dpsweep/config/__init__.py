@@ -18,6 +18,7 @@ from dpsweep.config.dataset import (
     Flowers102Config,
     MovieLensConfig,
     PlantedRatingsConfig,
+    RatingsConfig,
     TorchvisionDatasetConfig,
     validate_for_dataset,
 )
@@ -100,6 +101,7 @@ __all__ = [
     "PlantedRatingsConfig",
     "PrivacyUnit",
     "QuantileMethod",
+    "RatingsConfig",
     "RdpOrders",
     "RecommenderTaskConfig",
     "SGDConfig",

@@ -64,16 +64,24 @@ class Flowers102Config(TorchvisionDatasetConfig):
 
 
 @dataclass
-class PlantedRatingsConfig(DatasetConfig):
-    """A seeded synthetic planted low-rank ratings set (``dpsweep.data.ratings``; offline): dataset.num_users
-    training users, each a natural user (all their ratings are theirs), and held_out_users more, whose
-    history is folded in and whose target ratings score the model. One example is a user's row of
-    ratings over the items."""
+class RatingsConfig(DatasetConfig):
+    """Users' ratings of items (task=recommender's data): dataset.num_users training users, each a
+    natural user (all their ratings are theirs), and held_out_users more, whose history is folded in and
+    whose target ratings score the model. One example is a user's row of ratings over the items."""
+
+    users: str = "natural"
+    held_out_users: int = 100  # scored by fold-in, never trained on
+    target_fraction: float = 0.2  # of a held-out user's ratings, scored (the rest: their history)
+    data_seed: int = 0  # which users are held out and their split (and a synthetic set's draw; not train.seed)
+
+
+@dataclass
+class PlantedRatingsConfig(RatingsConfig):
+    """A seeded synthetic planted low-rank ratings set (``dpsweep.data.ratings``; offline)."""
 
     name: str = "planted_ratings"
-    users: str = "natural"
     num_users: int = 5400  # training users: N of the user-level guarantee
-    held_out_users: int = 600  # scored by fold-in, never trained on
+    held_out_users: int = 600
     items: int = 1000
     rank: int = 8  # of the planted factors (the model's rank is task.rank)
     features: int = 16  # public item features
@@ -81,27 +89,17 @@ class PlantedRatingsConfig(DatasetConfig):
     min_ratings: int = 5
     zipf: float = 0.8  # item popularity exponent
     taste: float = 1.5  # how much a user's taste decides which items they rate
-    target_fraction: float = 0.2  # of a held-out user's ratings, scored (the rest: their history)
-    data_seed: int = 0  # the set and the split (not train.seed)
 
 
 @dataclass
-class MovieLensConfig(DatasetConfig):
+class MovieLensConfig(RatingsConfig):
     """MovieLens ratings read from ``root`` (``dpsweep.data.movielens``: ml-100k, ml-1m, ml-latest, ml-20m,
-    ml-25m, ...; users download them). held_out_users users are kept out of training (their history
-    folded in, their target scored); dataset.num_users must be the rest: the training users, N of the
-    user-level guarantee (a run that finds another number says which)."""
+    ml-25m, ...; users download them). dataset.num_users must be all its users less the held-out ones:
+    the training users, N of the user-level guarantee (a run that finds another number says which)."""
 
     name: str = "movielens"
     root: str = "data/movielens"  # a folder holding ratings.csv, ratings.dat or u.data
-    users: str = "natural"
     num_users: int = 843  # ml-100k's 943 users less the 100 held out
-    held_out_users: int = 100
-    target_fraction: float = 0.2
-    data_seed: int = 0  # which users are held out, and their split
-
-
-RATINGS_DATASETS = (PlantedRatingsConfig, MovieLensConfig)  # datasets of users' ratings (task=recommender's)
 
 
 def dataset_schemas() -> dict[str, type[DatasetConfig]]:
@@ -121,14 +119,13 @@ def dataset_schemas() -> dict[str, type[DatasetConfig]]:
 def check_ratings(cfg: Config) -> None:
     """A ratings set's sizes and shares."""
     d = cfg.dataset
-    if isinstance(d, MovieLensConfig):
-        require(d.num_users >= 2, "dataset.num_users", d.num_users, "2 or more training users")
-        require(d.held_out_users >= 1, "dataset.held_out_users", d.held_out_users, "1 or more held-out users")
-        require(0 < d.target_fraction < 1, "dataset.target_fraction", d.target_fraction, "a share in (0, 1)")
-    if not isinstance(d, PlantedRatingsConfig):
+    if not isinstance(d, RatingsConfig):
         return
     require(d.num_users >= 2, "dataset.num_users", d.num_users, "2 or more training users")
     require(d.held_out_users >= 1, "dataset.held_out_users", d.held_out_users, "1 or more held-out users")
+    require(0 < d.target_fraction < 1, "dataset.target_fraction", d.target_fraction, "a share in (0, 1)")
+    if not isinstance(d, PlantedRatingsConfig):
+        return
     require(d.items >= 2, "dataset.items", d.items, "2 or more items")
     require(d.rank >= 1, "dataset.rank", d.rank, "a planted rank of 1 or more")
     require(d.features >= 1, "dataset.features", d.features, "1 or more item features")
@@ -139,7 +136,6 @@ def check_ratings(cfg: Config) -> None:
     require(d.mean_ratings >= d.min_ratings, "dataset.mean_ratings", d.mean_ratings,
             f"at least dataset.min_ratings={d.min_ratings}")  # fmt: skip
     require(d.zipf >= 0, "dataset.zipf", d.zipf, "an exponent >= 0 (0: every item as popular)")
-    require(0 < d.target_fraction < 1, "dataset.target_fraction", d.target_fraction, "a share in (0, 1)")
 
 
 def check_split(cfg: Config) -> None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, ClassVar
 from omegaconf import MISSING
 
 from dpsweep.config.checks import ConfigError, require
-from dpsweep.config.dataset import RATINGS_DATASETS
+from dpsweep.config.dataset import RatingsConfig
 from dpsweep.config.dp import Clipping, GradSampleMode
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ class TaskConfig:
     row_share_note: ClassVar[str] = ""  # "{baseline}" and "{rows}" filled in
 
     learning_rate_param: ClassVar[str] = "optimizer.lr"  # the param a report's lr column shows (learning_rate)
-    ratings: ClassVar[bool] = False  # trains on users' ratings (dataset.RATINGS_DATASETS), not on images
+    ratings: ClassVar[bool] = False  # trains on users' ratings (a dataset.RatingsConfig), not on images
 
     def learning_rate(self, optimizer_lr: float) -> float:
         """The learning rate a plan shows for this task (optimizer.lr unless the task has its own)."""
@@ -238,7 +238,7 @@ METHODS = ("als", "popularity")  # task=recommender's models (dpsweep.tasks.reco
 def check(cfg: Config) -> None:
     """The task's own settings (``task.*``), its kind of data, and what it needs of the other groups."""
     task = cfg.task
-    if isinstance(cfg.dataset, RATINGS_DATASETS) != task.ratings:
+    if isinstance(cfg.dataset, RatingsConfig) != task.ratings:
         wanted = "a ratings dataset (planted_ratings)" if task.ratings else "an image dataset (digits, mnist, ...)"
         raise ConfigError("dataset.name", cfg.dataset.name, f"{wanted} with {task.label or 'task=' + task.name}")
     task.check(cfg)

@@ -28,6 +28,7 @@ from dpsweep.config import (
     Flowers102Config,
     MovieLensConfig,
     PlantedRatingsConfig,
+    RatingsConfig,
     TorchvisionDatasetConfig,
 )
 from dpsweep.data.facts import flowers102_image_size
@@ -171,10 +172,7 @@ def load_planted_ratings(cfg: PlantedRatingsConfig) -> DataSplits:
         users=cfg.num_users + cfg.held_out_users, items=cfg.items, rank=cfg.rank, features=cfg.features,
         mean_ratings=cfg.mean_ratings, min_ratings=cfg.min_ratings, zipf=cfg.zipf, taste=cfg.taste,
     )  # fmt: skip
-    data = planted_ratings(spec, cfg.data_seed)
-    train, held = split_users(data, 0.5, cfg.target_fraction, cfg.data_seed, held_out=cfg.held_out_users)
-    whole = held.history.rows(np.arange(held.history.n_users))
-    return DataSplits(RatingsUsers(train), RatingsUsers(whole, held), cfg.items, (1, 1, cfg.items))
+    return _ratings_splits(planted_ratings(spec, cfg.data_seed), cfg)
 
 
 @DATASETS.register("movielens")
@@ -201,9 +199,14 @@ def load_movielens(cfg: MovieLensConfig) -> DataSplits:
             f"{n_train}: the training users of {path} ({data.n_users} users less dataset.held_out_users="
             f"{cfg.held_out_users}), N of the user-level guarantee",
         )  # fmt: skip
-    train, held = split_users(data, 0.5, cfg.target_fraction, cfg.data_seed, held_out=cfg.held_out_users)
-    whole = held.history.rows(np.arange(held.history.n_users))
-    return DataSplits(RatingsUsers(train), RatingsUsers(whole, held), data.n_items, (1, 1, data.n_items))
+    return _ratings_splits(data, cfg)
+
+
+def _ratings_splits(data: Ratings, cfg: RatingsConfig) -> DataSplits:
+    """The training users and the dataset.held_out_users held-out ones (their history the test split's
+    rows), seeded by dataset.data_seed; one example is a user's row over the items."""
+    train, held = split_users(data, cfg.held_out_users, cfg.target_fraction, cfg.data_seed)
+    return DataSplits(RatingsUsers(train), RatingsUsers(held.history, held), data.n_items, (1, 1, data.n_items))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 that needs nothing downloaded, and held-out users with a history/target split for fold-in. No torch.
 
     data = planted_ratings(PlantedSpec(users=6000, items=1000), seed=0)
-    train, held_out = split_users(data, held_out_fraction=0.1, target_fraction=0.2, seed=0)
+    train, held_out = split_users(data, held_out=600, target_fraction=0.2, seed=0)
     items, stars = train.row(u)                 # the items user u rated, and their stars
 
 The planted set (our own design, after the synthetic "planted" low-rank sets of the matrix completion
@@ -157,18 +157,15 @@ class HeldOut:
     target: Ratings
 
 
-def split_users(
-    data: Ratings, held_out_fraction: float, target_fraction: float, seed: int, held_out: int | None = None
-) -> tuple[Ratings, HeldOut]:
-    """The training users' ratings, and the held-out users' (a seeded ``held_out_fraction`` of the users,
-    or ``held_out`` users, at least one; each of theirs split at random, a ``target_fraction`` of it, at
-    least one rating, into the target and the rest, at least one, into the history). Users with a
-    single rating always train."""
-    if not 0 < held_out_fraction < 1 or not 0 < target_fraction < 1:
-        raise ValueError(f"fractions in (0, 1): held out {held_out_fraction}, target {target_fraction}")
+def split_users(data: Ratings, held_out: int, target_fraction: float, seed: int) -> tuple[Ratings, HeldOut]:
+    """The training users' ratings, and the held-out users' (``held_out`` users drawn at random, at least
+    one; each one's ratings split at random, a ``target_fraction`` of them, at least one, into the target
+    and the rest, at least one, into the history). Users with a single rating always train."""
+    if not 0 < target_fraction < 1:
+        raise ValueError(f"a target fraction in (0, 1): {target_fraction}")
     rng = _rng(seed, 1)
     eligible = np.flatnonzero(data.counts >= 2)
-    n_out = min(len(eligible), max(1, held_out if held_out is not None else round(held_out_fraction * data.n_users)))
+    n_out = min(len(eligible), max(1, held_out))
     out = np.sort(rng.permutation(eligible)[:n_out])
     train = np.setdiff1d(np.arange(data.n_users), out)
     history_items, history_values, target_items, target_values = [], [], [], []

@@ -33,7 +33,7 @@ def test_each_user_rates_distinct_items_on_a_five_star_scale_with_popular_items_
 
 def test_held_out_users_are_split_into_history_and_target_and_never_train() -> None:
     data = planted_ratings(SMALL, seed=0)
-    train, held = split_users(data, held_out_fraction=0.1, target_fraction=0.2, seed=0)
+    train, held = split_users(data, held_out=60, target_fraction=0.2, seed=0)
     assert train.n_users + held.history.n_users == data.n_users and held.history.n_users == 60
     assert held.target.n_users == 60 and (held.target.counts >= 1).all() and (held.history.counts >= 1).all()
     train_rows = {tuple(train.row(u)[0]) for u in range(train.n_users)}

@@ -17,7 +17,7 @@ SMALL = PlantedSpec(users=1500, items=300, mean_ratings=25.0)
 @pytest.fixture(scope="module")
 def planted() -> tuple[als.Batch, als.Batch, als.Batch, int]:
     data = planted_ratings(SMALL, seed=0)
-    train, held = split_users(data, held_out_fraction=0.1, target_fraction=0.2, seed=0)
+    train, held = split_users(data, held_out=150, target_fraction=0.2, seed=0)
     return als.Batch.of(train, True), als.Batch.of(held.history, True), als.Batch.of(held.target, True), data.n_items
 
 
