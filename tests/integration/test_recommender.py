@@ -167,12 +167,20 @@ def test_a_task_refuses_the_other_kind_of_data(make_cfg: Composer, overrides: li
     assert err.value.key == "dataset.name" and allowed in str(err.value), str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["task=recommender", "task.rank=0"], ["task.rank", "a rank of 1 or more"]),
+        (["task.rank=4"], ["task.rank", "not in 'ClassifierTaskConfig'"]),  # a recommender setting on the classifier
+        (["task=gan", "task.max_user_norm=1"], ["task.max_user_norm", "not in 'GanTaskConfig'"]),
+    ],
+)
 def test_a_bad_recommender_setting_exits_2_naming_it_and_leaves_no_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], needles: list[str]
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    done = run_dpsweep("task=recommender", "task.rank=0", "tracking.experiment_name=bad")
+    done = run_dpsweep(*args, "tracking.experiment_name=bad")
     assert done.returncode == 2, done.stderr
-    assert "task.rank" in done.stderr and "a rank of 1 or more" in done.stderr
+    assert all(needle in done.stderr for needle in needles), done.stderr
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert not (tmp_path / "mlflow.db").exists() or not runs_of(client, "bad")
