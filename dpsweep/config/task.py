@@ -180,7 +180,8 @@ class RecommenderTaskConfig(TaskConfig):
     objective: ClassVar[str] = "recall_at_20"
     shows_model: ClassVar[bool] = False  # the model group is unused: the model is task.rank's factors
     units: ClassVar[tuple[str, ...]] = ("user",)
-    trains_with: ClassVar[tuple[str, ...]] = ("sufficient_statistics",)
+    # DPALS (sufficient statistics); DPAM and the joint baseline: user-level DP-SGD's own steps
+    trains_with: ClassVar[tuple[str, ...]] = ("sufficient_statistics", "own_steps")
     label: ClassVar[str] = "task=recommender"
     objective_label: ClassVar[str] = "Recall@20"
     objective_note: ClassVar[str] = (
@@ -204,10 +205,13 @@ class RecommenderTaskConfig(TaskConfig):
     # true: the item embeddings are F W, F the items' public features (dpsweep.tasks.recommender.features):
     # the release is W's statistics, fewer numbers, each user's bound k times larger
     item_features: bool = False
-    # als: the factorized model; popularity: the private popularity baseline, every item scored by its
-    # count over each user's first max_ratings_per_user ratings, released once with Gaussian noise
-    # (train.epochs=1)
+    # als: the factorized model by alternating least squares (DPALS with DP); dpam: alternating, the
+    # items by user-level DP-SGD (dp.mechanism=dpsgd, train.batch_size users a step, dp.max_grad_norm,
+    # optimizer.*); sgd: user-level DP-SGD on the same model, each user's embedding by their own gradient
+    # steps (task.user_lr); popularity: the private popularity baseline, every item scored by its count
+    # over each user's first max_ratings_per_user ratings, released once with Gaussian noise (train.epochs=1)
     method: str = "als"
+    user_lr: float = 0.05  # task.method=sgd: the step size of each user's own steps on their embedding
 
     def check(self, cfg: Config) -> None:
         require(self.rank >= 1, "task.rank", self.rank, "a rank of 1 or more")
@@ -218,8 +222,8 @@ class RecommenderTaskConfig(TaskConfig):
         )  # fmt: skip
         for key in ("max_user_norm", "max_abs_rating"):
             require(getattr(self, key) > 0, f"task.{key}", getattr(self, key), "a positive bound")
-        for key in ("user_reg", "item_reg"):
-            require(getattr(self, key) > 0, f"task.{key}", getattr(self, key), "a positive regularisation λ")
+        for key in ("user_reg", "item_reg", "user_lr"):
+            require(getattr(self, key) > 0, f"task.{key}", getattr(self, key), "a positive value")
         for key in ("item_reg_per_noise", "unobserved_weight"):
             require(getattr(self, key) >= 0, f"task.{key}", getattr(self, key), "a weight >= 0")
         require(self.method in METHODS, "task.method", self.method, f"one of {', '.join(METHODS)}")
@@ -227,12 +231,23 @@ class RecommenderTaskConfig(TaskConfig):
             require(
                 cfg.train.epochs == 1, "train.epochs", cfg.train.epochs, "1 with task.method=popularity (one release)"
             )
+        if self.method in SGD_METHODS:
+            require(
+                not self.item_features, "task.item_features", self.item_features,
+                f"false with task.method={self.method} (public features are trained through by task.method=als)",
+            )  # fmt: skip
+        mechanism = METHODS[self.method]
         if cfg.dp.enabled:
-            require(cfg.dp.mechanism == "dpals", "dp.mechanism", cfg.dp.mechanism, "dpals with task=recommender")
+            require(
+                cfg.dp.mechanism == mechanism, "dp.mechanism", cfg.dp.mechanism,
+                f"{mechanism} with task.method={self.method}",
+            )  # fmt: skip
 
 
 FEEDBACK = ("implicit", "explicit")
-METHODS = ("als", "popularity")  # task=recommender's models (dpsweep.tasks.recommender.task.RUNS)
+# task=recommender's models (dpsweep.tasks.recommender.task.RUNS) and the mechanism each trains with
+METHODS = {"als": "dpals", "popularity": "dpals", "dpam": "dpsgd", "sgd": "dpsgd"}
+SGD_METHODS = ("dpam", "sgd")
 
 
 def check(cfg: Config) -> None:

@@ -118,9 +118,9 @@ class Mechanism(ABC):
         if dp.accountant.value not in self.accountants:
             allowed = f"{' or '.join(self.accountants)} with dp.mechanism={name}"
             raise ConfigError("dp.accountant", dp.accountant.value, allowed)
-        task = type(cfg.task)
-        if self.trains not in task.trains_with:
-            fits = " or ".join(n for n in MECHANISMS.names() if MECHANISMS.get(n).trains in task.trains_with)
+        task, unit = type(cfg.task), dp.unit.value
+        if self.trains_at(unit) not in task.trains_with:
+            fits = " or ".join(n for n in MECHANISMS.names() if MECHANISMS.get(n).trains_at(unit) in task.trains_with)
             raise ConfigError(
                 "dp.mechanism", name, f"{fits} with {task.label} (it trains through {task.trains_with[0]})"
             )
@@ -135,6 +135,11 @@ class Mechanism(ABC):
             raise ConfigError(
                 "train.physical_batch_size", cfg.train.physical_batch_size, f"null {what}: a step is one pass"
             )
+
+    def trains_at(self, unit: str) -> str:
+        """How it trains at ``dp.unit`` ``unit``: ``trains``, but a mechanism that trains through Opacus
+        noises its own gradients at user level (Opacus's hooks clip examples, not users)."""
+        return "own_steps" if unit == "user" and self.trains == "opacus" else self.trains
 
     def describe(self, s: Setting, noise_multiplier: float) -> str:
         """One sentence on what ran, for ``dpsweep-epsilon``'s statement."""

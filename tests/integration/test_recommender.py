@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from dp_accounting import dp_event, pld
 from fabricate import fabricate_movielens, movielens_ratings
 from helpers import Composer, run_dpsweep, runs_of, straight_and_resumed
 from mlflow.tracking import MlflowClient
@@ -79,6 +80,71 @@ def test_an_interrupted_dpals_run_resumes_exactly(
         assert torch.equal(a, b), name  # the same noise: the generator's state came back with the checkpoint
 
 
+DPAM = [*SMALL, "task.method=dpam", "dp.mechanism=dpsgd", "train.batch_size=100", "dp.max_grad_norm=0.1",
+        "optimizer=adam", "optimizer.lr=0.03"]  # fmt: skip
+
+
+def _poisson_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
+    """ε of ``steps`` Poisson-subsampled Gaussian steps, composed by dp-accounting's PLD accountant
+    here, independently of the run's ledger."""
+    event = dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), steps)
+    return float(pld.PLDAccountant().compose(event).get_epsilon(delta))
+
+
+@pytest.mark.slow  # about 10 s: a DPAM run, its model logged
+def test_a_dpam_run_logs_the_epsilon_of_its_sampled_steps_and_releases_only_the_items(
+    make_cfg: Composer, client: MlflowClient
+) -> None:
+    result = train(make_cfg(*DPAM, "dp.noise_multiplier=1.5", "train.epochs=2", "tracking.log_model=true"))
+    run = client.get_run(result.run_id)
+    tags = run.data.tags
+    assert run.info.status == "FINISHED" and result.steps == 8  # 2 rounds of ceil(400/100) steps
+    assert tags["dp.mechanism"] == "dpsgd" and tags["dp.unit"] == "user" and float(tags["dp.sample_rate"]) == 0.25
+    assert run.data.metrics["epsilon"] == pytest.approx(_poisson_epsilon(0.25, 1.5, 8, 1e-5), rel=1e-3)
+    assert "joint DP" in tags["dp.semantics"] and "clipped to 0.1 as a whole" in tags["dp.contribution"]
+    assert 0.0 < run.data.metrics["recall_at_20"] <= 1.0
+    [logged] = client.search_logged_models([run.info.experiment_id])
+    import mlflow.pytorch
+
+    model = mlflow.pytorch.load_model(f"models:/{logged.model_id}")
+    assert [(n, tuple(p.shape)) for n, p in model.named_parameters()] == [("item_embeddings", (150, 8))]
+
+
+@pytest.mark.slow  # about 12 s: two methods, each straight through and interrupted then resumed
+@pytest.mark.parametrize("method", ["dpam", "sgd"])
+def test_an_interrupted_user_level_dp_sgd_run_resumes_exactly(
+    tmp_path: Path, make_cfg: Composer, client: MlflowClient, experiment_name: str, method: str
+) -> None:
+    """The joint baseline's users' embeddings (its simulated devices' state) come back with the
+    checkpoint, as the items, Adam's moments and the generator of the samples and the noise do."""
+    args = [*DPAM, f"task.method={method}", "dp.noise_multiplier=2", "train.epochs=3"]
+    run = recommender.JointSGDRun if method == "sgd" else recommender.DPAMRun
+    straight, resumed = straight_and_resumed(make_cfg, client, experiment_name, args, run, 2, tmp_path / "ckpt")
+    assert resumed.steps == straight.steps == 12 and resumed.epsilons == straight.epsilons
+    assert resumed.epsilon == pytest.approx(_poisson_epsilon(0.25, 2.0, 12, 1e-5), rel=1e-3)
+    assert resumed.model is not None and straight.model is not None
+    for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert ("local_users" in straight.model.state_dict()) == (method == "sgd")
+
+
+@pytest.mark.slow  # about 8 s: a run with its model logged
+def test_the_joint_dp_sgd_baseline_keeps_the_users_embeddings_out_of_the_release(
+    make_cfg: Composer, client: MlflowClient
+) -> None:
+    result = train(make_cfg(*DPAM, "task.method=sgd", "dp.noise_multiplier=1", "train.epochs=1",
+                            "tracking.log_model=true"))  # fmt: skip
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED" and 0.0 < run.data.metrics["recall_at_20"] <= 1.0
+    assert result.model is not None and tuple(result.model.local_users.shape) == (400, 8)  # on the users' side
+    [logged] = client.search_logged_models([run.info.experiment_id])
+    import mlflow.pytorch
+
+    released = mlflow.pytorch.load_model(f"models:/{logged.model_id}")
+    assert set(released.state_dict()) == {"item_embeddings", "rounds"}
+    assert {a.path for a in client.list_artifacts(result.run_id)} == {"config.yaml", "privacy_ledger.json"}
+
+
 def test_a_dpals_run_trains_on_movielens_files(tmp_path: Path, make_cfg: Composer, client: MlflowClient) -> None:
     """ml-100k's layout, fabricated: 40 users (36 training, N of the guarantee), 30 items."""
     fabricate_movielens(tmp_path / "ml", "u.data", movielens_ratings(users=40, items=30), items=30)
@@ -137,9 +203,13 @@ def test_non_private_als_trains_without_bounds_or_noise(make_cfg: Composer, clie
         (["dataset.min_ratings=1"], "dataset.min_ratings", "a held-out user needs a history and a target"),
         (["dp.unit=example"], "dp.unit", "user with task=recommender"),
         (["dp.delta=0.01"], "dp.delta", ""),
-        (["dp.mechanism=dpsgd"], "dp.mechanism", "dpals with task=recommender"),
+        (["dp.mechanism=dpsgd"], "dp.mechanism", "dpals with task.method=als"),
+        (["task.method=dpam"], "dp.mechanism", "dpsgd with task.method=dpam"),
+        (["task.method=sgd", "dp.mechanism=dpftrl"], "dp.mechanism", "dpsgd with task.method=sgd"),
+        (["task.method=dpam", "dp.mechanism=dpsgd", "task.item_features=true"], "task.item_features", "false with"),
+        (["task.method=sgd", "dp.mechanism=dpsgd", "task.user_lr=0"], "task.user_lr", "a positive value"),
         (["task.method=popularity"], "train.epochs", "1 with task.method=popularity"),
-        (["task.method=svd"], "task.method", "one of als, popularity"),
+        (["task.method=svd"], "task.method", "one of als, popularity, dpam, sgd"),
     ],
 )
 def test_bad_recommender_input_is_refused_before_training(

@@ -31,10 +31,12 @@ from dpsweep.config import RecommenderTaskConfig
 from dpsweep.data.loaders import RatingsUsers
 from dpsweep.errors import InputError
 from dpsweep.mechanisms import dpals
+from dpsweep.models.optimizers import build_optimizer
 from dpsweep.plan import mechanism_of, setting
 from dpsweep.privacy import ledger
+from dpsweep.privacy.schedule import poisson_schedule
 from dpsweep.tasks import TASKS, Checkpointed, Marks, RunInputs, Stages
-from dpsweep.tasks.recommender import als, features
+from dpsweep.tasks.recommender import als, features, sgd
 from dpsweep.tracking import Tracker
 
 JOINT_DP = "joint DP: each user's embedding is solved and kept on the user's side, never released"
@@ -103,6 +105,11 @@ class RecommenderRun:
             dpals.Bounds(settings.max_ratings_per_user, settings.max_user_norm, value_bound) if privacy else None
         )
         self.generator = torch.Generator(device=self.device).manual_seed(self.cfg.train.seed)
+        self.build_roles()
+
+    def build_roles(self) -> None:
+        """The aggregator, the regularisation and the server of DPALS (ALS without DP)."""
+        settings = self.settings
         self.aggregator: als.Aggregator
         if self.features is None:
             self.aggregator = als.Aggregator(self.bounds, self.noise_multiplier, self.implicit, self.generator)
@@ -148,15 +155,19 @@ class RecommenderRun:
         self.module.to(self.device)
         # ALS solves each side exactly: no gradient step. The optimizer is only what a checkpoint holds
         # (it never steps, and holds no state).
-        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.0)
+        self.optimizer: torch.optim.Optimizer = torch.optim.SGD(self.module.parameters(), lr=0.0)
         return Checkpointed(self.module, self.optimizer, None, self.generator)
 
     @property
     def rounds(self) -> int:
         return int(self.module.rounds)
 
+    def steps_taken(self) -> int:
+        """The mechanism's steps taken so far: one a round."""
+        return self.rounds
+
     def done(self) -> bool:
-        return self.rounds >= self.inputs.plan.steps
+        return self.steps_taken() >= self.inputs.plan.steps
 
     def _round(self, stages: Marks) -> als.ItemModel:
         stages.mark("batch_load")
@@ -209,7 +220,7 @@ class RecommenderRun:
         if self.bounds is None:
             return ledger.Ledger()
         s = setting(self.cfg, self.inputs.plan.facts.n_train)
-        return mechanism_of(self.cfg).ledger_taken(s, self.noise_multiplier, self.rounds)
+        return mechanism_of(self.cfg).ledger_taken(s, self.noise_multiplier, self.steps_taken())
 
     def params(self) -> dict[str, Any]:
         return {}  # λ_v with DP (task.item_reg + task.item_reg_per_noise × σΔ) follows from the logged config
@@ -255,4 +266,136 @@ class PopularityRun(RecommenderRun):
         return {"recall_at_20": als.recall_of(scores, self.history, self.target)}
 
 
-RUNS: dict[str, type[RecommenderRun]] = {"als": RecommenderRun, "popularity": PopularityRun}  # by task.method
+class DPAMRun(RecommenderRun):
+    """``task.method=dpam``: DP alternating minimisation with a DP-SGD item step
+    (:mod:`dpsweep.tasks.recommender.sgd`; ``dp.mechanism=dpsgd`` at ``dp.unit=user``). A round (an epoch)
+    solves every training user's embedding against the released items on the user's side, then takes
+    ceil(U/B) steps on the item embeddings: users Poisson-sampled (B = ``train.batch_size`` in
+    expectation), each one's gradient, over their first ``task.max_ratings_per_user`` ratings, clipped as
+    a whole to ``dp.max_grad_norm`` by the aggregator, noised, and stepped by the server with
+    ``optimizer.*``. The checkpoint holds the items, the optimizer's state and the generator the samples
+    and the noise are drawn from."""
+
+    def build_roles(self) -> None:
+        s, n_users = self.settings, self.train.n_users
+        self.reg = als.ALSRegularization(
+            user=s.user_reg, item=s.item_reg, unobserved=s.unobserved_weight if self.implicit else 0.0
+        )
+        self.schedule = poisson_schedule(n_users, self.cfg.train.batch_size)  # q = 1/ceil(U/B), as DP-SGD's ledger
+        b = self.bounds
+        self.contributions = self.train if b is None else self.train.first(b.max_ratings, b.max_abs_rating)
+        clip = self.cfg.dp.max_grad_norm if b is not None else None
+        expected = self.schedule.inclusion_probability * n_users  # qU: a public constant, as Opacus divides
+        self.gradients = sgd.GradientAggregator(clip, self.noise_multiplier, expected, self.reg.unobserved,
+                                                self.generator)  # fmt: skip
+
+    def sensitivity(self) -> float:
+        """Δ of one step's released sum to one user: their clipped gradient, C."""
+        return float(self.cfg.dp.max_grad_norm)
+
+    def tags(self) -> dict[str, Any]:
+        tags = super().tags()
+        if self.bounds is not None:
+            tags["dp.contribution"] = (
+                f"per user per step: at most {self.bounds.max_ratings} ratings, their gradient of the item "
+                f"embeddings clipped to {self.cfg.dp.max_grad_norm:g} as a whole (sensitivity {self.sensitivity():.4g})"
+            )
+        return tags
+
+    def start(self, run: Tracker) -> Checkpointed:
+        self.run = run
+        self.module.to(self.device)
+        self.optimizer = build_optimizer(self.cfg.optimizer, self.module)  # over the item embeddings alone
+        self.item_server = sgd.GradientServer(
+            self.module.item_embeddings, self.optimizer, self.reg.item, self.train.n_users
+        )
+        return Checkpointed(self.module, self.optimizer, None, self.generator)
+
+    def steps_taken(self) -> int:
+        return self.rounds * self.schedule.steps_per_epoch
+
+    def local_users(self) -> torch.Tensor:
+        """The round's user embeddings, on each user's side: their exact solve against the released items."""
+        return als.client_embeddings(self.module.model, self.train, self.reg)
+
+    def local_step(self, users: torch.Tensor, sampled: torch.Tensor, items: torch.Tensor) -> None:
+        """What the sampled users do with their own embeddings at a step: nothing (DPAM fixes them for the round)."""
+
+    def _step(self, users: torch.Tensor, sampled: torch.Tensor, stages: Marks, apply: bool) -> None:
+        stages.mark("batch_load")
+        items = self.module.item_embeddings.detach()
+        part = sgd.users_of(self.contributions, sampled)  # the sampled users' bounded ratings
+        stages.mark("forward")
+        released = self.gradients(items, users[sampled], part)  # the trusted aggregator's noisy mean
+        stages.mark("backward")
+        if apply:
+            self.local_step(users, sampled, items)
+            self.item_server.update(released)  # the server: from the release alone
+        stages.mark("optimizer_step")
+
+    def train_epoch(self, epoch: int, stages: Stages) -> dict[str, float]:
+        users = self.local_users()
+        rate = self.schedule.inclusion_probability
+        for _ in range(self.schedule.steps_per_epoch):
+            self._step(users, sgd.sample_users(self.train.n_users, rate, self.generator), stages, apply=True)
+            stages.stepped()
+        with torch.no_grad():
+            self.module.rounds.add_(1)
+        return {"rounds": float(self.rounds)}
+
+    def _fixed_step(self, stages: Marks) -> None:
+        """One step on exactly B users (the first B: a public count), not applied, the generator as before."""
+        state = self.generator.get_state()
+        sampled = torch.arange(min(self.cfg.train.batch_size, self.train.n_users), device=self.device)
+        self._step(self.local_users(), sampled, stages, apply=False)
+        self.generator.set_state(state)
+
+    def probe(self, stages: Stages) -> dict[str, float]:
+        self._fixed_step(stages)
+        stages.stepped()
+        return {}
+
+    def memory_iteration(self, stages: Marks) -> None:
+        self._fixed_step(stages)
+
+    def params(self) -> dict[str, Any]:
+        return {}
+
+
+class JointSGDRun(DPAMRun):
+    """``task.method=sgd``: user-level DP-SGD on the same factorized model, the baseline DPAM is measured
+    against. No exact solve: each user's embedding starts from a public seeded draw and moves only by
+    the user's own gradient steps (``task.user_lr``), one at each step they are sampled in, while the item
+    embeddings take :class:`DPAMRun`'s DP-SGD step. The users' embeddings are the simulated devices'
+    state: a buffer the run's own resume checkpoint (``train.checkpoint_dir``) holds, never logged to
+    MLflow or put in the released model; held-out users are scored by fold-in, as for every method."""
+
+    def __init__(self, inputs: RunInputs) -> None:
+        super().__init__(inputs)
+        start = torch.Generator().manual_seed(self.cfg.train.seed + USERS_SEED_OFFSET)  # public: no data
+        users = torch.randn(self.train.n_users, self.settings.rank, generator=start) * USERS_INITIAL_SCALE
+        self.module.register_buffer("local_users", (users / self.settings.rank**0.5).to(self.module.item_embeddings))
+
+    def local_users(self) -> torch.Tensor:
+        users = self.module.local_users
+        assert isinstance(users, torch.Tensor)
+        return users
+
+    def local_step(self, users: torch.Tensor, sampled: torch.Tensor, items: torch.Tensor) -> None:
+        own = sgd.users_of(self.train, sampled)  # every rating of theirs: on their own side, nothing bounded
+        step = sgd.user_gradients(items, users[sampled], own, self.reg.unobserved, self.reg.user)
+        users[sampled] = users[sampled] - self.settings.user_lr * step
+
+    def released_model(self) -> tuple[nn.Module, np.ndarray]:
+        released, example = super().released_model()
+        del released.local_users  # the users' own: never released
+        return released, example
+
+
+USERS_SEED_OFFSET = 7_919  # the joint baseline's public start of the users' embeddings: its own stream
+USERS_INITIAL_SCALE = 0.1  # × N(0, 1/rank)
+
+
+RUNS: dict[str, type[RecommenderRun]] = {  # by task.method
+    "als": RecommenderRun, "popularity": PopularityRun, "dpam": DPAMRun, "sgd": JointSGDRun,
+}  # fmt: skip
