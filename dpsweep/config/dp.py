@@ -44,8 +44,8 @@ class UnitFacts:
 UNITS: dict[str, UnitFacts] = {
     PrivacyUnit.example.value: UnitFacts("ε per example (protects one training example; N = training examples)", None),
     PrivacyUnit.user.value: UnitFacts(
-        "ε per user (protects all of one user's examples, at most dp.max_examples_per_user of them per step; "
-        "N = users, dataset.num_users = {n})",
+        "ε per user (protects all of one user's data together, their examples or ratings, whatever a step "
+        "bounds them to; N = users, dataset.num_users = {n})",
         "dataset.num_users",
         ("dataset.users", "dataset.num_users", "dataset.user_label_skew", "dataset.users_seed"),
     ),

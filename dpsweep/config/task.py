@@ -172,9 +172,10 @@ class GanTaskConfig(TaskConfig):
 class RecommenderTaskConfig(TaskConfig):
     """A factorized model of users' ratings (``dpsweep.tasks.recommender``): item embeddings, released,
     and user embeddings, each solved on its user's side from the released items and never released
-    (joint DP, Jain et al. 2021). Trained by alternating least squares, one round per epoch: with DP,
-    ``dp.mechanism=dpals`` (Chien et al. 2021) at ``dp.unit=user``. Scored by Recall@20 of held-out
-    users, their embeddings folded in from their history."""
+    (joint DP, Jain et al. 2021). One round per epoch, by ``task.method``: alternating least squares
+    (with DP, ``dp.mechanism=dpals``, Chien et al. 2021), DPAM or user-level DP-SGD on the same model
+    (``dp.mechanism=dpsgd``), always at ``dp.unit=user``. Scored by Recall@20 of held-out users, their
+    embeddings folded in from their history."""
 
     name: str = "recommender"
     objective: ClassVar[str] = "recall_at_20"

@@ -74,7 +74,7 @@ class DPALS(Mechanism):
     neighbours = ledger.NEIGHBOURS  # add or remove one user, with all their ratings
     sampled = False
     note = "a Gaussian release of the item side's sufficient statistics per round, every user in it, no amplification"
-    trains = "sufficient_statistics"  # a task that trains by sufficient statistics (none registered yet)
+    trains = "sufficient_statistics"  # task=recommender's ALS rounds (dpsweep.tasks.recommender.als)
     citation = "Chien et al. 2021 (ICML), Alg. 1; google-research dp_alternating_minimization (DPALSAccountant)"
 
     def steps(self, s: Setting) -> int:

@@ -1,12 +1,12 @@
 """User-level DP-SGD on the item side of the factorized model: DPAM's item step and the joint DP-SGD
 baseline, written as the design's roles.
 
-    aggregator = GradientAggregator(max_grad_norm=0.5, noise_multiplier=1.0, expected_users=500.0,
+    aggregator = GradientAggregator(max_grad_norm=0.1, noise_multiplier=1.0, expected_users=500.0,
                                     unobserved=0.2, generator=torch.Generator().manual_seed(0))
     sampled = sample_users(train.n_users, 500 / train.n_users, generator)   # Poisson: each user alone
-    part = train.users_of(sampled)                                          # their ratings (als.Batch)
-    released = aggregator(model.item_embeddings, users[sampled], part)      # clipped, summed, noised
-    server.update(released)                                                 # the optimizer steps V
+    part = users_of(train, sampled)                                         # their ratings (als.Batch)
+    released = aggregator(items.detach(), users[sampled], part)             # clipped, summed, noised
+    GradientServer(items, torch.optim.Adam([items], lr=0.03), item_reg=1.0, n_users=train.n_users).update(released)
 
 Both train the ALS objective of :mod:`dpsweep.tasks.recommender.als` (implicit or explicit feedback),
 user i's share of it being L_i(u, V) = Σ_{j∈Ω_i} (r_ij − ⟨u, v_j⟩)² + w₀ ‖V u‖² + λ_u ‖u‖², with each

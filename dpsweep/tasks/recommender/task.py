@@ -1,21 +1,25 @@
-"""``task=recommender``: a factorized model of users' ratings trained by alternating least squares, one
-round an epoch; with DP, DPALS at user level (joint DP).
+"""``task=recommender``: a factorized model of users' ratings, one round an epoch, at user level (joint
+DP), by the method ``task.method`` names (:data:`RUNS`).
 
     dpsweep task=recommender dp.target_epsilon=3        # DPALS on the planted ratings set, offline
     dpsweep task=recommender dp=off                     # non-private ALS, the reference row
     dpsweep experiment=dpals_planted                    # the preset: ε = 1, 3, 10 and non-private, 3 seeds
+    dpsweep experiment=dpam_planted                     # DPAM (task.method=dpam, dp.mechanism=dpsgd), ε = 3
 
-Each round is :func:`dpsweep.tasks.recommender.als.dpals_round`: every training user solves their own
-embedding against the released item embeddings, the trusted aggregator bounds (``task.max_ratings_per_user``,
-``task.max_user_norm``, ``task.max_abs_rating``) and noises the item side's sufficient statistics, and the
-server solves the items from that release alone. Without DP the bounds and the noise are off.
+``als`` (:class:`RecommenderRun`): each round is :func:`dpsweep.tasks.recommender.als.dpals_round`: every
+training user solves their own embedding against the released item embeddings, the trusted aggregator
+bounds (``task.max_ratings_per_user``, ``task.max_user_norm``, ``task.max_abs_rating``) and noises the item
+side's sufficient statistics, and the server solves the items from that release alone. Without DP the
+bounds and the noise are off. ``dpam`` (:class:`DPAMRun`) and ``sgd`` (:class:`JointSGDRun`) train the
+items by user-level DP-SGD instead (:mod:`dpsweep.tasks.recommender.sgd`); ``popularity``
+(:class:`PopularityRun`) is the private popularity baseline.
 
-What is released, logged and checkpointed is the item side only (:class:`ItemEmbeddings`): the users'
-embeddings are a function of the released items and each user's own ratings, recomputed on their side
-(at inference: fold-in), never stored. The runner's checkpoint holds the item embeddings, the rounds
-taken and the noise generator's state, so a resumed run continues exactly (its ε is that of the rounds
-taken). ``train.batch_size`` and ``dp.max_grad_norm`` are not used: every user is in every round, and
-the bounds are the task's.
+What is released and logged is the item side only (:class:`ItemEmbeddings`): the users' embeddings are
+a function of the released items and each user's own ratings, recomputed on their side (at inference:
+fold-in), never stored; the joint baseline's, which are state, stay in its local resume checkpoint. The
+runner's checkpoint holds the item embeddings, the rounds taken, the optimizer's state and the
+generator the noise (and the samples) are drawn from, so a resumed run continues exactly (its ε is that
+of the rounds taken).
 """
 
 from __future__ import annotations
