@@ -25,7 +25,10 @@ mean ± std over ``--seeds`` seeds of Recall@20 on the held-out users:
   δ = 1e-5, q = 1/11 over 5,400 users, 110 steps);
 - ``joint user-level DP-SGD …``: ``task.method=sgd``, the same item step, sampling, clipping and
   accounting, but no exact solve: each user's embedding moves by their own gradient step (0.05) each
-  time they are sampled.
+  time they are sampled;
+- ``DPAM with public features …``: ``task.method=dpam task.item_features=true``, the item embeddings
+  E + F W (F the planted set's public features, rows scaled to norm at most 1; W from zero), each
+  user's gradient of (E, W) clipped as one vector; DPAM's settings, not tuned for it.
 
 The DPALS settings (k, Γ, w₀, λ_v's factor) and the DP-SGD ones (B, C, lr) were chosen on seed 0 of this
 planted set (public, synthetic data; a grid of 12 DPAM settings at ε = 10 and 4 at ε = 1 and 3): the
@@ -122,14 +125,24 @@ def run_seed(seed: int, epsilons: list[float]) -> dict[str, float]:
         rows[f"{method} (non-private)"] = dp_sgd(method, seed, batch, history, target, None)
         for eps in epsilons:
             rows[f"{method} ε={eps:g}"] = dp_sgd(method, seed, batch, history, target, eps)
+    rows["DPAM with public features (non-private)"] = dp_sgd("DPAM", seed, batch, history, target, None, item_features)
+    for eps in epsilons:
+        rows[f"DPAM with public features ε={eps:g}"] = dp_sgd("DPAM", seed, batch, history, target, eps, item_features)
     return rows
 
 
 def dp_sgd(
-    method: str, seed: int, train: als.Batch, history: als.Batch, target: als.Batch, epsilon: float | None
+    method: str,
+    seed: int,
+    train: als.Batch,
+    history: als.Batch,
+    target: als.Batch,
+    epsilon: float | None,
+    public: torch.Tensor | None = None,
 ) -> float:
     """Recall@20 of DPAM or the joint baseline (:mod:`dpsweep.tasks.recommender.sgd`, as the task's
-    ``DPAMRun`` and ``JointSGDRun`` train), σ calibrated by DP-SGD's ledger over the training users."""
+    ``DPAMRun`` and ``JointSGDRun`` train), σ calibrated by DP-SGD's ledger over the training users;
+    with ``public`` features, V = E + F W."""
     n = train.n_users
     schedule = poisson_schedule(n, SGD_USERS)
     s = Setting(n, SGD_USERS, SGD_ROUNDS, DELTA, PLD)
@@ -137,24 +150,31 @@ def dp_sgd(
     g = torch.Generator().manual_seed(seed)
     reg = als.ALSRegularization(unobserved=UNOBSERVED)
     items = torch.nn.Parameter(als.ItemModel.initial(train.n_items, RANK, seed).item_embeddings.clone())
+    f = None if public is None else features.unit_rows(public.float())
+    weights = None if f is None else torch.nn.Parameter(torch.zeros(f.shape[1], RANK))
     clip = SGD_CLIP if epsilon is not None else None
-    aggregator = sgd.GradientAggregator(clip, sigma, schedule.inclusion_probability * n, UNOBSERVED, g)
-    server = sgd.GradientServer(items, torch.optim.Adam([items], lr=SGD_LR), reg.item, n)
+    aggregator = sgd.GradientAggregator(clip, sigma, schedule.inclusion_probability * n, UNOBSERVED, g, f)
+    optimizer = torch.optim.Adam([items] + ([weights] if weights is not None else []), lr=SGD_LR)
+    server = sgd.GradientServer(items, optimizer, reg.item, n, weights)
     bounded = train.first(SGD_RATINGS, 1.0) if epsilon is not None else train
     start = torch.Generator().manual_seed(seed + USERS_SEED_OFFSET)
     users = torch.randn(n, RANK, generator=start) * USERS_INITIAL_SCALE / math.sqrt(RANK)
+
+    def whole() -> torch.Tensor:
+        return (items if f is None or weights is None else items + f @ weights).detach()
+
     for _ in range(SGD_ROUNDS):
         if method == "DPAM":
-            users = als.client_embeddings(als.ItemModel(items.detach()), train, reg)
+            users = als.client_embeddings(als.ItemModel(whole()), train, reg)
         for _ in range(schedule.steps_per_epoch):
             sampled = sgd.sample_users(n, schedule.inclusion_probability, g)
-            v = items.detach()
+            v = whole()
             released = aggregator(v, users[sampled], sgd.users_of(bounded, sampled))
             if method != "DPAM":
                 own = sgd.user_gradients(v, users[sampled], sgd.users_of(train, sampled), UNOBSERVED, reg.user)
                 users[sampled] = users[sampled] - USER_LR * own
             server.update(released)
-    return als.recall_at(als.ItemModel(items.detach()), history, target, reg)
+    return als.recall_at(als.ItemModel(whole()), history, target, reg)
 
 
 def main() -> None:
@@ -176,6 +196,10 @@ def main() -> None:
     exact = summary["ALS (non-private)"]["mean"]
     for eps in args.epsilons:
         print(f"DPALS at ε={eps:g}: {summary[f'DPALS ε={eps:g}']['mean'] / exact:.1%} of non-private ALS")
+    for eps in args.epsilons:  # the goal: public features help at ε = 1
+        gains = [r[f"DPAM with public features ε={eps:g}"] - r[f"DPAM ε={eps:g}"] for r in per_seed]
+        print(f"ε={eps:g}: public features add {statistics.fmean(gains):+.4f} to DPAM's Recall@20 "
+              f"({sum(g > 0 for g in gains)} of {len(gains)} seeds)")  # fmt: skip
     for eps in args.epsilons:  # the goal: DPALS or DPAM above both baselines, seed by seed
         ours = [max(r[f"DPALS ε={eps:g}"], r[f"DPAM ε={eps:g}"]) for r in per_seed]
         rivals = [max(r[f"joint user-level DP-SGD ε={eps:g}"], r[f"private popularity ε={eps:g}"]) for r in per_seed]

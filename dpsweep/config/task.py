@@ -203,8 +203,9 @@ class RecommenderTaskConfig(TaskConfig):
     item_reg: float = 1.0  # λ_v of each item's solve, plus item_reg_per_noise × σΔ with DP
     item_reg_per_noise: float = 10.0
     unobserved_weight: float = 0.2  # w₀: every unrated item as a 0 of this weight (implicit feedback)
-    # true: the item embeddings are F W, F the items' public features (dpsweep.tasks.recommender.features):
-    # the release is W's statistics, fewer numbers, each user's bound k times larger
+    # true: the items' public features F are used (dpsweep.tasks.recommender.features). als: the item
+    # embeddings are F W, the release W's statistics, fewer numbers, each user's bound k times larger;
+    # dpam, sgd: they are E + F W, per-item embeddings plus the features' map, trained together
     item_features: bool = False
     # als: the factorized model by alternating least squares (DPALS with DP); dpam: alternating, the
     # items by user-level DP-SGD (dp.mechanism=dpsgd, train.batch_size users a step, dp.max_grad_norm,
@@ -232,11 +233,6 @@ class RecommenderTaskConfig(TaskConfig):
             require(
                 cfg.train.epochs == 1, "train.epochs", cfg.train.epochs, "1 with task.method=popularity (one release)"
             )
-        if self.method in SGD_METHODS:
-            require(
-                not self.item_features, "task.item_features", self.item_features,
-                f"false with task.method={self.method} (public features are trained through by task.method=als)",
-            )  # fmt: skip
         mechanism = METHODS[self.method]
         if cfg.dp.enabled:
             require(
@@ -248,7 +244,6 @@ class RecommenderTaskConfig(TaskConfig):
 FEEDBACK = ("implicit", "explicit")
 # task=recommender's models (dpsweep.tasks.recommender.task.RUNS) and the mechanism each trains with
 METHODS = {"als": "dpals", "popularity": "dpals", "dpam": "dpsgd", "sgd": "dpsgd"}
-SGD_METHODS = ("dpam", "sgd")
 
 
 def check(cfg: Config) -> None:

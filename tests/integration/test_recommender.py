@@ -128,6 +128,19 @@ def test_an_interrupted_user_level_dp_sgd_run_resumes_exactly(
     assert ("local_users" in straight.model.state_dict()) == (method == "sgd")
 
 
+def test_a_dpam_run_through_public_features_trains_and_releases_their_map(
+    make_cfg: Composer, client: MlflowClient
+) -> None:
+    result = train(make_cfg(*DPAM, "task.item_features=true", "dp.noise_multiplier=1", "train.epochs=2"))
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED" and 0.0 < run.data.metrics["recall_at_20"] <= 1.0
+    assert "and of the public features map clipped to 0.1" in run.data.tags["dp.contribution"]
+    assert result.model is not None
+    weights = result.model.feature_weights.detach()
+    assert float(weights.abs().sum()) > 0  # trained from zero
+    assert run.data.tags["model.trainable_params"] == str(150 * 8 + weights.numel())
+
+
 @pytest.mark.slow  # about 8 s: a run with its model logged
 def test_the_joint_dp_sgd_baseline_keeps_the_users_embeddings_out_of_the_release(
     make_cfg: Composer, client: MlflowClient
@@ -206,7 +219,6 @@ def test_non_private_als_trains_without_bounds_or_noise(make_cfg: Composer, clie
         (["dp.mechanism=dpsgd"], "dp.mechanism", "dpals with task.method=als"),
         (["task.method=dpam"], "dp.mechanism", "dpsgd with task.method=dpam"),
         (["task.method=sgd", "dp.mechanism=dpftrl"], "dp.mechanism", "dpsgd with task.method=sgd"),
-        (["task.method=dpam", "dp.mechanism=dpsgd", "task.item_features=true"], "task.item_features", "false with"),
         (["task.method=sgd", "dp.mechanism=dpsgd", "task.user_lr=0"], "task.user_lr", "a positive value"),
         (["task.method=popularity"], "train.epochs", "1 with task.method=popularity"),
         (["task.method=svd"], "task.method", "one of als, popularity, dpam, sgd"),

@@ -31,6 +31,13 @@ regulariser λ_v ‖V‖² / U and steps its optimizer. G_i is never formed: its
 ‖G_i‖² = 4 ‖u‖² (Σ_j e_ij² − 2 w₀ Σ_j e_ij ⟨u, v_j⟩ + w₀² ‖V u‖²) (the items of Ω_i are distinct), and the
 clipped sum is a sparse sum over the ratings plus 2 w₀ V Σ_i f_i u_i u_iᵀ, f_i the clip factors.
 
+**Public item features** (``task.item_features=true``; after Krichene et al. 2023, "Private Learning with
+Public Features"): the item embeddings are V = E + F W, a per-item part E and the map W (d × rank) of the
+items' public features F (rows of norm at most 1). A user's gradient is then (G_i, Fᵀ G_i), and
+Fᵀ G_i = a_i uᵀ with a_i = −2 Σ_j e_ij f_j + 2 w₀ FᵀV u: rank one, of norm ‖a_i‖ ‖u‖. Both parts are clipped
+together, as one vector of norm √(‖G_i‖² + ‖a_i‖²‖u‖²), and noised alike. W sees every user's ratings
+of every item through few numbers, so it keeps more signal per unit of noise than E.
+
 **Privacy.** Adding or removing a user changes the sum by one clipped G_i, norm at most C: each step is
 a Poisson-subsampled Gaussian mechanism of noise multiplier σ, accounted as DP-SGD over the U training
 users (``dp.mechanism=dpsgd`` at ``dp.unit=user``: q = 1/ceil(U/B), ceil(U/B) steps an epoch, B =
@@ -66,14 +73,31 @@ def residuals(items: torch.Tensor, users: torch.Tensor, ratings: Batch) -> torch
     return ratings.values.to(items.dtype) - (users[ratings.users] * items[ratings.items]).sum(1)
 
 
-def gradient_norms(items: torch.Tensor, users: torch.Tensor, ratings: Batch, unobserved: float) -> torch.Tensor:
-    """‖G_i‖_F of each user's gradient with respect to V (closed form, see the module's docstring)."""
+def gradient_norms(
+    items: torch.Tensor, users: torch.Tensor, ratings: Batch, unobserved: float, features: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The norm of each user's gradient (closed form, see the module's docstring): ‖G_i‖_F with respect
+    to V, or with public ``features`` ‖(G_i, Fᵀ G_i)‖."""
     e = residuals(items, users, ratings)
     predicted = (users[ratings.users] * items[ratings.items]).sum(1)
     per_user = torch.zeros(users.shape[0], dtype=items.dtype, device=items.device)
     per_user.index_add_(0, ratings.users, e * e - 2 * unobserved * e * predicted)
     per_user = per_user + unobserved**2 * (users @ items.T).pow(2).sum(1)
-    return 2 * users.norm(dim=1) * per_user.clamp_min(0).sqrt()
+    user_norms = users.pow(2).sum(1)
+    squared = 4 * user_norms * per_user.clamp_min(0)
+    if features is not None:  # ‖a_i u_iᵀ‖² = ‖a_i‖² ‖u_i‖²
+        squared = squared + feature_factors(items, users, ratings, unobserved, features).pow(2).sum(1) * user_norms
+    return squared.sqrt()
+
+
+def feature_factors(
+    items: torch.Tensor, users: torch.Tensor, ratings: Batch, unobserved: float, features: torch.Tensor
+) -> torch.Tensor:
+    """a_i = −2 Σ_j e_ij f_j + 2 w₀ FᵀV u_i of each user (users × d): their gradient of W is a_i u_iᵀ."""
+    e = residuals(items, users, ratings)
+    total = torch.zeros(users.shape[0], features.shape[1], dtype=items.dtype, device=items.device)
+    total.index_add_(0, ratings.users, (-2 * e).unsqueeze(1) * features[ratings.items])
+    return total + 2 * unobserved * users @ (items.T @ features)
 
 
 def gradient_sum(
@@ -99,9 +123,11 @@ def user_gradients(
 
 @dataclass(frozen=True)
 class NoisyGradient:
-    """What the aggregator releases to the server each step: (Σ_i clip(G_i) + N(0, σ²C²)) / (qU)."""
+    """What the aggregator releases to the server each step: (Σ_i clip(G_i) + N(0, σ²C²)) / (qU), of
+    the per-item embeddings and, with public features, of their map W."""
 
     mean: torch.Tensor
+    feature_mean: torch.Tensor | None = None
 
 
 class GradientAggregator:
@@ -116,37 +142,60 @@ class GradientAggregator:
         expected_users: float,
         unobserved: float,
         generator: torch.Generator,
+        features: torch.Tensor | None = None,
     ) -> None:
+        """``features``: the items' public features F (V = E + F W), or None (V = E)."""
         if max_grad_norm is None and noise_multiplier != 0:
             raise ValueError(f"noise multiplier {noise_multiplier} without a clipping norm: its noise has no scale")
         self.max_grad_norm, self.noise_multiplier = max_grad_norm, noise_multiplier
         self.expected_users, self.unobserved, self.generator = expected_users, unobserved, generator
+        self.features = features
 
     def clip_factors(self, items: torch.Tensor, users: torch.Tensor, ratings: Batch) -> torch.Tensor:
-        """min(1, C/‖G_i‖) of each user (ones without DP)."""
+        """min(1, C/‖gradient_i‖) of each user (ones without DP)."""
         if self.max_grad_norm is None:
             return torch.ones(users.shape[0], dtype=items.dtype, device=items.device)
-        norms = gradient_norms(items, users, ratings, self.unobserved)
+        norms = gradient_norms(items, users, ratings, self.unobserved, self.features)
         return (self.max_grad_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
 
     def __call__(self, items: torch.Tensor, users: torch.Tensor, ratings: Batch) -> NoisyGradient:
+        """The release of one step; ``items`` is V, the whole item embeddings."""
         factors = self.clip_factors(items, users, ratings)
-        total = gradient_sum(items, users, ratings, self.unobserved, factors)
-        if self.max_grad_norm is not None and self.noise_multiplier != 0:
-            g = self.generator
-            noise = torch.randn(tuple(total.shape), generator=g, device=g.device, dtype=total.dtype)
-            total = total + self.noise_multiplier * self.max_grad_norm * noise.to(total.device)
-        return NoisyGradient(total / self.expected_users)
+        total = self._noised(gradient_sum(items, users, ratings, self.unobserved, factors))
+        if self.features is None:
+            return NoisyGradient(total / self.expected_users)
+        a = feature_factors(items, users, ratings, self.unobserved, self.features)
+        mapped = self._noised((a * factors.unsqueeze(1)).T @ users)  # Σ_i f_i a_i u_iᵀ (d × rank)
+        return NoisyGradient(total / self.expected_users, mapped / self.expected_users)
+
+    def _noised(self, total: torch.Tensor) -> torch.Tensor:
+        """``total`` plus N(0, σ²C²) per coordinate (unchanged without DP)."""
+        if self.max_grad_norm is None or self.noise_multiplier == 0:
+            return total
+        g = self.generator
+        noise = torch.randn(tuple(total.shape), generator=g, device=g.device, dtype=total.dtype)
+        return total + self.noise_multiplier * self.max_grad_norm * noise.to(total.device)
 
 
 class GradientServer:
     """The untrusted server of a DP-SGD step: from the released gradient alone, adds the public
-    regulariser's gradient 2 λ_v V / U and steps the optimizer of V."""
+    regulariser's gradient 2 λ_v θ / U of each part θ (E, and W with features) and steps the optimizer."""
 
-    def __init__(self, items: torch.nn.Parameter, optimizer: torch.optim.Optimizer, item_reg: float, n_users: int):
-        self.items, self.optimizer, self.reg_scale = items, optimizer, 2 * item_reg / n_users
+    def __init__(
+        self,
+        items: torch.nn.Parameter,
+        optimizer: torch.optim.Optimizer,
+        item_reg: float,
+        n_users: int,
+        feature_weights: torch.nn.Parameter | None = None,
+    ) -> None:
+        self.items, self.feature_weights, self.optimizer = items, feature_weights, optimizer
+        self.reg_scale = 2 * item_reg / n_users
 
     def update(self, released: NoisyGradient) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         self.items.grad = released.mean + self.reg_scale * self.items.detach()
+        if self.feature_weights is not None:
+            assert released.feature_mean is not None, "a release without the features' part"
+            self.feature_weights.grad = released.feature_mean + self.reg_scale * self.feature_weights.detach()
         self.optimizer.step()

@@ -66,6 +66,26 @@ class ItemEmbeddings(nn.Module):
         return als.ItemModel(self.item_embeddings.detach())
 
 
+class ItemsWithFeatures(ItemEmbeddings):
+    """Item embeddings V = E + F W (``task.method=dpam`` or ``sgd`` with ``task.item_features=true``): the
+    per-item part E, and the map W of the items' public features F (a buffer: public, released with
+    the model). W starts at zero: the model starts as :class:`ItemEmbeddings` does."""
+
+    features: torch.Tensor
+
+    def __init__(self, n_items: int, rank: int, seed: int, features: torch.Tensor) -> None:
+        super().__init__(n_items, rank, seed)
+        self.register_buffer("features", features.detach().clone())
+        self.feature_weights = nn.Parameter(torch.zeros(features.shape[1], rank, dtype=features.dtype))
+
+    def forward(self, users: torch.Tensor) -> torch.Tensor:
+        return users @ self.model.item_embeddings.T
+
+    @property
+    def model(self) -> als.ItemModel:
+        return als.ItemModel((self.item_embeddings + self.features @ self.feature_weights).detach())
+
+
 class RecommenderTask:
     def build(self, inputs: RunInputs) -> RecommenderRun:
         settings = inputs.cfg.task
@@ -135,7 +155,8 @@ class RecommenderRun:
 
     def tags(self) -> dict[str, Any]:
         tags: dict[str, Any] = {
-            "model.trainable_params": self.n_items * self.settings.rank,  # the released item embeddings only
+            # the released item side only (per-item embeddings, and the features' map where trained)
+            "model.trainable_params": sum(p.numel() for p in self.module.parameters()),
             "recommender.released": "item embeddings (users' embeddings stay with the users)",
         }
         if self.bounds is not None:
@@ -290,8 +311,11 @@ class DPAMRun(RecommenderRun):
         self.contributions = self.train if b is None else self.train.first(b.max_ratings, b.max_abs_rating)
         clip = self.cfg.dp.max_grad_norm if b is not None else None
         expected = self.schedule.inclusion_probability * n_users  # qU: a public constant, as Opacus divides
+        mapped = None if self.features is None else features.unit_rows(self.features.float())
+        if mapped is not None:  # V = E + F W
+            self.module = ItemsWithFeatures(self.n_items, s.rank, self.cfg.train.seed, mapped)
         self.gradients = sgd.GradientAggregator(clip, self.noise_multiplier, expected, self.reg.unobserved,
-                                                self.generator)  # fmt: skip
+                                                self.generator, mapped)  # fmt: skip
 
     def sensitivity(self) -> float:
         """Δ of one step's released sum to one user: their clipped gradient, C."""
@@ -302,7 +326,8 @@ class DPAMRun(RecommenderRun):
         if self.bounds is not None:
             tags["dp.contribution"] = (
                 f"per user per step: at most {self.bounds.max_ratings} ratings, their gradient of the item "
-                f"embeddings clipped to {self.cfg.dp.max_grad_norm:g} as a whole (sensitivity {self.sensitivity():.4g})"
+                f"embeddings{' and of the public features map' if self.features is not None else ''} clipped to "
+                f"{self.cfg.dp.max_grad_norm:g} as a whole (sensitivity {self.sensitivity():.4g})"
             )
         return tags
 
@@ -310,8 +335,9 @@ class DPAMRun(RecommenderRun):
         self.run = run
         self.module.to(self.device)
         self.optimizer = build_optimizer(self.cfg.optimizer, self.module)  # over the item embeddings alone
+        weights = self.module.feature_weights if isinstance(self.module, ItemsWithFeatures) else None
         self.item_server = sgd.GradientServer(
-            self.module.item_embeddings, self.optimizer, self.reg.item, self.train.n_users
+            self.module.item_embeddings, self.optimizer, self.reg.item, self.train.n_users, weights
         )
         return Checkpointed(self.module, self.optimizer, None, self.generator)
 
@@ -327,7 +353,7 @@ class DPAMRun(RecommenderRun):
 
     def _step(self, users: torch.Tensor, sampled: torch.Tensor, stages: Marks, apply: bool) -> None:
         stages.mark("batch_load")
-        items = self.module.item_embeddings.detach()
+        items = self.module.model.item_embeddings  # V, the whole item embeddings
         part = sgd.users_of(self.contributions, sampled)  # the sampled users' bounded ratings
         stages.mark("forward")
         released = self.gradients(items, users[sampled], part)  # the trusted aggregator's noisy mean

@@ -47,6 +47,30 @@ def test_the_closed_form_gradients_are_autograds(implicit: bool, w0: float) -> N
     assert torch.allclose(own, torch.stack([gu for _, gu in grads]))
 
 
+def test_with_public_features_the_gradients_of_both_parts_are_autograds() -> None:
+    """V = E + F W: each user's gradient of (E, W) by autograd, its norm as one vector, and the sums
+    the aggregator releases for both parts."""
+    ratings, users, per_item = _ratings(True, seed=4)
+    rng = np.random.default_rng(5)
+    f = torch.tensor(rng.standard_normal((40, 6))) / 3
+    w = torch.tensor(rng.standard_normal((6, 4))) * 0.3
+    items = per_item + f @ w
+    grads = []
+    for i in range(5):
+        e_, w_ = per_item.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        v, mine = e_ + f @ w_, ratings.users == i
+        err = ratings.values[mine] - (users[i] * v[ratings.items[mine]]).sum(1)
+        grads.append(torch.autograd.grad((err**2).sum() + 0.2 * (v @ users[i]).pow(2).sum(), (e_, w_)))
+    whole = torch.stack([torch.cat([ge.flatten(), gw.flatten()]).norm() for ge, gw in grads])
+    assert torch.allclose(sgd.gradient_norms(items, users, ratings, 0.2, f), whole, rtol=1e-9)
+    aggregator = sgd.GradientAggregator(0.5, 0.0, 2.0, 0.2, torch.Generator(), f)
+    released = aggregator(items, users, ratings)
+    factors = (0.5 / whole).clamp(max=1.0)
+    assert released.feature_mean is not None
+    assert torch.allclose(released.mean, sum(k * ge for k, (ge, _) in zip(factors, grads, strict=True)) / 2)
+    assert torch.allclose(released.feature_mean, sum(k * gw for k, (_, gw) in zip(factors, grads, strict=True)) / 2)
+
+
 def test_one_users_contribution_moves_the_clipped_sum_by_at_most_c() -> None:
     """Removing a user (a large embedding: their gradient far above C) moves the sum the aggregator
     noises by at most C, and by exactly C when their gradient is clipped."""
