@@ -266,3 +266,32 @@ def test_a_bad_recommender_setting_exits_2_naming_it_and_leaves_no_run(
     assert all(needle in done.stderr for needle in needles), done.stderr
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert not (tmp_path / "mlflow.db").exists() or not runs_of(client, "bad")
+
+
+@pytest.mark.parametrize(
+    ("broken", "needle"),
+    [
+        ("missing", "dataset.root='{root}' is invalid: a folder holding MovieLens ratings (ratings.csv, ratings.dat"),
+        ("malformed", "u.data:7: expected a rating of 0.5 to 5 stars"),
+    ],
+)
+def test_movielens_files_missing_or_malformed_exit_2_naming_them_and_leave_no_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broken: str, needle: str
+) -> None:
+    root = tmp_path / "ml"
+    if broken == "missing":
+        root.mkdir()
+    else:
+        path = fabricate_movielens(root, "u.data", movielens_ratings(users=40, items=30), items=30)
+        lines = path.read_text(encoding="latin-1").splitlines(keepends=True)
+        lines.insert(6, "3\t7\t9\t1\n")  # the file's seventh line: 9 stars
+        path.write_text("".join(lines), encoding="latin-1")
+    monkeypatch.chdir(tmp_path)
+    done = run_dpsweep(
+        "task=recommender", "dataset=movielens", f"dataset.root={root}", "dataset.num_users=36",
+        "dataset.held_out_users=4", "train.batch_size=36", "dp.delta=0.001", "tracking.experiment_name=bad",
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert needle.format(root=root) in done.stderr, done.stderr
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert not (tmp_path / "mlflow.db").exists() or not runs_of(client, "bad")
