@@ -27,12 +27,12 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.plugins import Plugins
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from dpsweep import units
 from dpsweep.cli.errors import bad_input_types, report_bad_input
 from dpsweep.cli.overrides import override_value
-from dpsweep.config import Config, ConfigError, given_overrides, to_config
+from dpsweep.config import Config, ConfigError, TaskConfig, given_overrides, shown_model, to_config
 from dpsweep.errors import InputError
 from dpsweep.process.liveness import die_with_driver
 from dpsweep.process.shutdown import run_then_exit
@@ -57,15 +57,18 @@ def register_hydra_plugins() -> None:
 def start_line(cfg: DictConfig, output_dir: str) -> str:
     """``dpsweep: training digits/cnn B=64 epochs=8 seed=0, DP-SGD per example (σ=1, C=1); output in outputs/…``:
     what a single run prints as soon as its config is composed (issue 33, item 11)."""
-    what = cfg.model.name if cfg.task.name == "classifier" else cfg.task.name
-    dp = cfg.dp
+    task = OmegaConf.to_object(cfg.task)
+    assert isinstance(task, TaskConfig)
+    what = shown_model(task, cfg.model.name)
+    dp, batches = cfg.dp, task.reads_batches()
     if not dp.enabled:
         privacy = "non-private"
     else:
         sigma = f"σ for ε<={dp.target_epsilon:g}" if dp.target_epsilon is not None else f"σ={dp.noise_multiplier:g}"
-        privacy = f"{dp.mechanism} per {dp.unit} ({sigma}, C={dp.max_grad_norm:g})"
+        privacy = f"{dp.mechanism} per {dp.unit} ({sigma}" + (f", C={dp.max_grad_norm:g})" if batches else ")")
+    batch = f" B={cfg.train.batch_size}" if batches else ""
     return (
-        f"dpsweep: training {cfg.dataset.name}/{what} B={cfg.train.batch_size} epochs={cfg.train.epochs} "
+        f"dpsweep: training {cfg.dataset.name}/{what}{batch} epochs={cfg.train.epochs} "
         f"seed={cfg.train.seed}, {privacy}; output in {output_dir}"
     )
 
@@ -91,14 +94,15 @@ def summary_line(cfg: Config, r: TrainResult) -> str:
         privacy_text = (
             f"ε={r.epsilon:.3f} ({cfg.dp.accountant.value}, δ={cfg.dp.delta:g}, {cfg.dp.mechanism} per "
             f"{cfg.dp.unit.value}; {others})  "
-            f"σ={r.noise_multiplier:.3g} {clip_text}"
+            f"σ={r.noise_multiplier:.3g}" + (f" {clip_text}" if cfg.task.reads_batches() else "")
         )
     else:
         privacy_text = "non-private (no ε)"
-    what = cfg.model.name if cfg.task.name == "classifier" else cfg.task.name
+    what = shown_model(cfg.task, cfg.model.name)
+    batch = f" B={cfg.train.batch_size}" if cfg.task.reads_batches() else ""
     diverged = f"  DIVERGED: {r.diverged} (tagged run.diverged; reports leave it out)" if r.diverged else ""
     return (
-        f"dpsweep: run {r.run_id[:8]} {cfg.dataset.name}/{what} B={cfg.train.batch_size} "
+        f"dpsweep: run {r.run_id[:8]} {cfg.dataset.name}/{what}{batch} "
         f"epochs={cfg.train.epochs} seed={cfg.train.seed}  {r.objective}={r.score:.4f}  {privacy_text}{diverged}"
     )
 

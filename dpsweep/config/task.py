@@ -57,6 +57,10 @@ class TaskConfig:
         """Whether a run keeps σ and stops where its ε would pass dp.target_epsilon (instead of calibrating σ)."""
         return False
 
+    def reads_batches(self) -> bool:
+        """Whether a run reads ``train.batch_size`` and ``dp.max_grad_norm`` (a run's lines show them)."""
+        return True
+
     def check(self, cfg: Config) -> None:
         """The task's own settings, and what it needs of the other groups (ConfigError names the key)."""
         return None
@@ -214,6 +218,10 @@ class RecommenderTaskConfig(TaskConfig):
     # over each user's first max_ratings_per_user ratings, released once with Gaussian noise (train.epochs=1)
     method: str = "als"
     user_lr: float = 0.05  # task.method=sgd: the step size of each user's own steps on their embedding
+
+    def reads_batches(self) -> bool:
+        """DPAM and the joint baseline sample users in batches and clip; DPALS and popularity neither."""
+        return METHODS.get(self.method) == "dpsgd"
 
     def check(self, cfg: Config) -> None:
         require(self.rank >= 1, "task.rank", self.rank, "a rank of 1 or more")

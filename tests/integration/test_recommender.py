@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 from scipy.optimize import brentq
 from scipy.stats import norm
 
+from dpsweep.cli.train import start_line, summary_line
 from dpsweep.config import ConfigError, to_config, validate
 from dpsweep.data import facts
 from dpsweep.errors import InputError
@@ -295,3 +296,20 @@ def test_movielens_files_missing_or_malformed_exit_2_naming_them_and_leave_no_ru
     assert needle.format(root=root) in done.stderr, done.stderr
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert not (tmp_path / "mlflow.db").exists() or not runs_of(client, "bad")
+
+
+@pytest.mark.parametrize(
+    ("args", "shown", "hidden"),
+    [
+        (["dp.noise_multiplier=2"], ["recommender epochs=1", "dpals per user (σ=2)"], ["B=", "C="]),
+        ([*DPAM[1:], "dp.noise_multiplier=2"], ["recommender B=100 epochs=1", "σ=2, C=0.1"], []),
+    ],
+)
+def test_a_runs_lines_show_the_batch_and_clipping_only_where_its_method_reads_them(
+    make_cfg: Composer, client: MlflowClient, args: list[str], shown: list[str], hidden: list[str]
+) -> None:
+    """DPALS puts every user in every round and bounds them by task.*: B and C would be noise on its lines."""
+    cfg = make_cfg(*SMALL, *args, "train.epochs=1")
+    start, summary = start_line(cfg, "out"), summary_line(to_config(cfg), train(cfg))
+    assert shown[0] in start and shown[0] in summary and shown[1] in start, (start, summary)
+    assert not any(h in start or h in summary for h in hidden), (start, summary)
