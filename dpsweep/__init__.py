@@ -6,9 +6,10 @@ One folder per concept; layers point one way, from the top (checked by ``make li
 - ``cli``: one module per console script; ``launchers`` (sweeps) and ``analysis`` (reports) are
   installed inside this namespace from the repository's top-level folders;
 - ``run``: one run of one config (``dpsweep.run.runner.train``), its checkpoints, Optuna pruning;
-- ``tasks``: what a run trains (``classifier``, ``gan``), in a registry by ``task.name``;
+- ``tasks``: what a run trains (``classifier``, ``gan``, ``recommender``), in a registry by ``task.name``;
 - ``plan``: everything decided about a run before it starts (``prepare``);
-- ``memory`` and ``mechanisms``: memory stages and predictions; how each DP mechanism trains;
+- ``memory``, ``mechanisms`` and ``audit``: memory stages and predictions; how each DP mechanism trains;
+  a one-run privacy audit's canaries and its ε lower bound;
 - ``models``; then ``tracking`` (MLflow runs that always end) and ``data`` (datasets, users);
 - ``config``: the typed schema and its checks;
 - ``privacy``: accounting without torch (ledger, RDP, schedules, private statistics, tuning);

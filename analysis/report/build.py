@@ -33,7 +33,7 @@ from dpsweep.analysis.report.cells import runs_text
 from dpsweep.analysis.report.columns import OUTCOME_ORDER, ReportError, lookup, objective_notes, run_pairs
 from dpsweep.analysis.report.notes import check, privacy_kind_notes, score_note, task_notes
 from dpsweep.analysis.report.query import outcome_counts, parent_run_id, report_runs, search_runs
-from dpsweep.analysis.report.table import SORT_KEYS, score_metrics, summary_table
+from dpsweep.analysis.report.table import SORT_KEYS, score_metrics, shows_audits, summary_table
 
 
 @dataclass
@@ -70,10 +70,19 @@ class Report:
             "seeds, in %. Drop: non-private baseline minus row, in percentage points.",
         ]
         lines += privacy_kind_notes(self.table, self.table_runs)
+        if shows_audits(self.table):
+            lines.append(AUDIT_NOTE)
         explained = objective_notes()
         lines += [explained[m] + "." for m in score_metrics(self.table) if m in explained]
         lines += task_notes(self.table, self.table_runs)
         return lines + [f"warning: {w}" for w in self.warnings]
+
+
+AUDIT_NOTE = (
+    "audit ε ≥: the smallest one-run audit lower bound among the row's runs (audit.mode=white_box; Steinke, Nasr "
+    "& Jagielski 2023), each at its run's audit.confidence; an accountant's ε below it means the run did not do "
+    "what its ledger says. Audit runs trained on canaries: not for release."
+)
 
 
 def build_report(uri: str, experiment: str, sweep_id: str | None = None, sort: str = "accuracy") -> Report:

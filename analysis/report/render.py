@@ -30,7 +30,7 @@ from dpsweep.analysis.report.columns import (
     row_shares,
     row_tasks,
 )
-from dpsweep.analysis.report.table import extra_columns, row_applies, score_name, shows_privacy_kinds
+from dpsweep.analysis.report.table import extra_columns, row_applies, score_name, shows_audits, shows_privacy_kinds
 from dpsweep.registry import Registry
 
 Cell = Callable[[pd.Series], str]
@@ -71,8 +71,10 @@ def display_columns(table: pd.DataFrame) -> list[tuple[str, str, Cell]]:
     ]
     if shows_privacy_kinds(table):  # whom each ε protects, and how its noise was added
         cols += [(name, name, _privacy_kind(name)) for name in PRIVACY_KINDS]
+    cols.append(("ε", r"$\varepsilon$", lambda r: epsilon_text(r["epsilon"])))
+    if shows_audits(table):  # the empirical check beside the accountant's bound
+        cols.append(("audit ε ≥", r"audit $\varepsilon \geq$", lambda r: number_text(r["audit_epsilon_lower"], ".3f")))
     cols += [
-        ("ε", r"$\varepsilon$", lambda r: epsilon_text(r["epsilon"])),
         (score, _latex_cell(score), _accuracy),
         ("drop (pp)", "drop (pp)", lambda r: number_text(r["accuracy_drop"] * PERCENT, ".2f")),
         ("runs", "runs", lambda r: str(int(r["runs"]))),
@@ -164,7 +166,9 @@ def to_csv(report: Report) -> str:
     extras = [f"params.{k}" for k in extra_columns(table)]
     kinds = ["dataset", "model", *(["task"] if shows_tasks(table) else [])]
     privacy = list(PRIVACY_KINDS) if shows_privacy_kinds(table) else []
-    names = ["config_id", *kinds, *SETTING_COLUMNS, *privacy, "private", *extras, "epsilon", "test_accuracy_mean"]
+    audits = ["audit_epsilon_lower"] if shows_audits(table) else []
+    names = ["config_id", *kinds, *SETTING_COLUMNS, *privacy, "private", *extras, "epsilon", *audits]
+    names += ["test_accuracy_mean"]
     names += ["test_accuracy_std", "accuracy_drop", "runs", "runs_without_accuracy", "run_ids"]
     names += [m for m in row_shares() if m in table and table[m].notna().any()]
     out = table[names].rename(columns={e: e.removeprefix("params.") for e in extras})

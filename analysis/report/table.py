@@ -72,7 +72,8 @@ def summary_table(runs: pd.DataFrame, sort: str = "accuracy") -> pd.DataFrame:
     Columns: config_id, dataset, model, task, private, batch_size, noise_multiplier, max_grad_norm,
     lr, epochs, delta, accountant, mechanism, unit (privacy_kinds: None for a non-private row),
     epsilon, test_accuracy_mean, test_accuracy_std, accuracy_drop, runs (FINISHED runs pooled),
-    runs_without_accuracy, baseline_config_id, run_ids, the tasks' shares (:func:`columns.row_shares`),
+    runs_without_accuracy, baseline_config_id, run_ids, audit_epsilon_lower (the smallest one-run audit
+    bound of the row's runs; NaN without audits), the tasks' shares (:func:`columns.row_shares`),
     and ``params.<key>`` for every hyperparameter (the raw strings). The accuracy columns are of
     each run's score, its task's objective metric; the ``model`` of a row of a task whose model
     group is only an evaluation model is the task's name. A task's per-run shares
@@ -86,7 +87,8 @@ def summary_table(runs: pd.DataFrame, sort: str = "accuracy") -> pd.DataFrame:
     table[["accuracy_drop", "baseline_config_id"]] = _baselines(table, keys)
     head = ["config_id", "dataset", "model", "task", *SETTING_COLUMNS, *PRIVACY_KINDS, "private", "epsilon"]
     head += ["test_accuracy_mean", "test_accuracy_std"]
-    tail = ["accuracy_drop", "runs", "runs_without_accuracy", "baseline_config_id", "run_ids", *row_shares()]
+    tail = ["accuracy_drop", "runs", "runs_without_accuracy", "baseline_config_id", "run_ids", "audit_epsilon_lower"]
+    tail += row_shares()
     table = table[head + tail + [f"params.{k}" for k in keys]]
     return _sorted(table, order)
 
@@ -102,6 +104,7 @@ def _pooled(done: pd.DataFrame) -> pd.DataFrame:
             "accuracy": accuracy,
             "epsilon": _epsilons(done),
             "missing": accuracy.isna(),
+            "audit": column(done, AUDIT_METRIC).astype(float),
             **{name: column(done, f"metrics.{name}").astype(float) for name in row_shares()},
         }
     )
@@ -114,9 +117,18 @@ def _pooled(done: pd.DataFrame) -> pd.DataFrame:
             "runs": grouped.size(),
             "runs_without_accuracy": grouped["missing"].sum().astype(int),
             "run_ids": grouped["run_id"].agg(tuple),
+            "audit_epsilon_lower": grouped["audit"].min(),
             **{name: grouped[name].mean() for name in row_shares()},
         }
     )
+
+
+AUDIT_METRIC = "metrics.audit.epsilon_lower"  # a one-run audit's ε lower bound (dpsweep.audit)
+
+
+def shows_audits(table: pd.DataFrame) -> bool:
+    """Whether any row has a one-run audit's ε lower bound."""
+    return "audit_epsilon_lower" in table and bool(table["audit_epsilon_lower"].notna().any())
 
 
 def _epsilons(done: pd.DataFrame) -> pd.Series:

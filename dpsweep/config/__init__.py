@@ -9,6 +9,7 @@ holds the root :class:`Config` (registered in Hydra's ConfigStore, flattened, ha
 
 from __future__ import annotations
 
+from dpsweep.config.audit import AuditConfig
 from dpsweep.config.checks import ConfigError
 from dpsweep.config.dataset import (
     NATURAL_USER_DATASETS,
@@ -81,6 +82,7 @@ __all__ = [
     "USER_ASSIGNMENTS",
     "Accountant",
     "AdamConfig",
+    "AuditConfig",
     "CNNConfig",
     "ClassifierTaskConfig",
     "Clipping",

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from omegaconf import MISSING
 
+from dpsweep.config import audit
 from dpsweep.config.checks import require
 from dpsweep.config.dp import PrivacyUnit
 from dpsweep.privacy import ranges
@@ -181,6 +182,7 @@ def check_users(cfg: Config) -> None:
 def validate_for_dataset(cfg: Config, n_train: int) -> None:
     """Check the ranges that depend on the training-set size N (and, with dp.unit=user, the users)."""
     d = cfg.dataset
+    audit.check_for_dataset(cfg, n_train)
     if d.users == "partition":
         require(d.num_users <= n_train, "dataset.num_users", d.num_users, f"2 to N={n_train} users (one example each)")
     if cfg.dp.enabled and cfg.dp.unit == PrivacyUnit.user:

@@ -26,6 +26,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from dpsweep.config.audit import AuditConfig
 from dpsweep.config.checks import ConfigError
 from dpsweep.config.dataset import TorchvisionDatasetConfig, dataset_schemas
 from dpsweep.config.dp import DPConfig
@@ -49,6 +50,7 @@ class Config:
     tracking: TrackingConfig = MISSING
     sweep: SweepConfig = field(default_factory=SweepConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
 
 
 def register_configs() -> None:
@@ -214,13 +216,17 @@ TASK_SECTIONS = ("task",)
 def identity(flat: dict[str, Any]) -> dict[str, Any]:
     """The part of a flattened config that determines the run's result (for hashes and resume).
 
-    Without DP, σ, C, δ and the accountant have no effect, so only ``dp.enabled`` is kept.
+    Without DP, σ, C, δ and the accountant have no effect, so only ``dp.enabled`` is kept; without an
+    audit (``audit.mode=off``) none of ``audit.*`` is (a plain run's hash and params are as before audits).
     """
     dp_off = flat.get("dp.enabled") is False
+    audit_off = flat.get("audit.mode", "off") == "off"
     return {
         k: v
         for k, v in flat.items()
-        if not k.startswith(NON_IDENTITY_PREFIXES) and not (dp_off and k.startswith("dp.") and k != "dp.enabled")
+        if not k.startswith(NON_IDENTITY_PREFIXES)
+        and not (dp_off and k.startswith("dp.") and k != "dp.enabled")
+        and not (audit_off and k.startswith("audit."))
     }
 
 

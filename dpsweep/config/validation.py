@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from dpsweep.config import dataset, dp, launcher, model, optimizer, sweep, task, tracking, train
+from dpsweep.config import audit, dataset, dp, launcher, model, optimizer, sweep, task, tracking, train
 from dpsweep.config.checks import ConfigError
 
 if TYPE_CHECKING:
@@ -58,6 +58,7 @@ CHECKS: tuple[Callable[[Config], None], ...] = (
     dataset.check_users,
     dp.check,  # dp.* with DP on: unit, mechanism, ranges, clipping, secure mode
     launcher.check,  # launcher.trials_per_device, and what auto needs
+    audit.check,  # audit.*, and what an audit needs of dp.* and the task
 )
 
 

@@ -32,6 +32,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from tqdm.auto import tqdm
 
+from dpsweep.audit import white_box
 from dpsweep.config import Clipping, ConfigError
 from dpsweep.data import device as device_data
 from dpsweep.data import gathered, users
@@ -89,12 +90,20 @@ class ClassifierRun:
         self.criterion: nn.Module = nn.CrossEntropyLoss()
         self.released: ledger.Entry | None = None  # the private clipping-norm release (dp.clipping=quantile)
         self.max_grad_norm: float | None = None
+        self.canaries: white_box.DiracCanaries | None = None  # audit.mode=white_box
         self.own: func_dp.OwnSteps | None = (
             None  # DP-FTRL and user-level DP (dpsweep.mechanisms.functional): not Opacus
         )
 
     def tags(self) -> dict[str, Any]:
-        return {"model.trainable_params": model_zoo.trainable_parameters(self.model)}
+        tags: dict[str, Any] = {"model.trainable_params": model_zoo.trainable_parameters(self.model)}
+        a = self.cfg.audit
+        if a.enabled:  # the canaries are extra training examples: the model is not a plain run's
+            tags |= {
+                "dp.release": "not-for-release",
+                "audit.note": f"{a.mode} one-run audit: {a.canaries} canaries trained on, its ledger the run's",
+            }
+        return tags
 
     def start(self, run: Tracker) -> Checkpointed:
         cfg, device = self.cfg, self.device
@@ -120,12 +129,35 @@ class ClassifierRun:
             )
             self.engine, self.model, self.optimizer, self.criterion, loader = made
         self.loader, self.generator = loader, generator
+        if cfg.audit.enabled:
+            self.canaries = self._attach_audit(loader)
         self.trainer = Trainer(self.model, self.optimizer, self.criterion, device)
         self.batches = loader
         if cfg.train.device_resident and not cfg.train.probe:
             self.batches, self.generator = _device_batches(self.inputs, self.data, loader)
             self.test = TensorDataset(*(t.to(device) for t in device_data.materialize(self.data.test)))  # once
         return Checkpointed(self.model, self.optimizer, self.engine, self.generator)
+
+    def _attach_audit(self, loader: DataLoader[Any]) -> white_box.DiracCanaries:
+        """The white-box one-run audit's canaries in the DP optimizer's steps (``dpsweep.audit``), sampled
+        at the loader's own rate; a bug planted by a test (``white_box.PLANTED_BUG_ENV``) breaks the run."""
+        a, optimizer = self.cfg.audit, self.optimizer
+        assert isinstance(optimizer, DPOptimizer) and self.max_grad_norm is not None
+        bug = os.environ.get(white_box.PLANTED_BUG_ENV) or None
+        if bug is not None and bug not in white_box.PLANTED_BUGS:
+            raise ValueError(f"{white_box.PLANTED_BUG_ENV}={bug}: one of {', '.join(white_box.PLANTED_BUGS)}")
+        sampler = loader.batch_sampler
+        if bug == "half_sample_rate":  # the loader samples at twice the rate the ledger records
+            sampler.sample_rate *= 2  # type: ignore[union-attr]
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        privacy = self.inputs.plan.privacy
+        assert privacy is not None and privacy.poisson_rate is not None  # DP-SGD: Poisson-sampled
+        claimed = (privacy.poisson_rate, privacy.noise_multiplier)  # what the ledger accounts
+        canaries = white_box.DiracCanaries(
+            trainable, a.canaries, self.max_grad_norm, claimed, a.magnitude * self.max_grad_norm, a.seed
+        )
+        white_box.attach(optimizer, canaries, lambda: float(sampler.sample_rate), bug)  # type: ignore[union-attr]
+        return canaries
 
     def _start_own_steps(self) -> Checkpointed:
         """A mechanism that noises its own gradients, or any at user level (``dpsweep.mechanisms.functional``):
@@ -185,6 +217,12 @@ class ClassifierRun:
         if self.own is not None:
             return self._own_epoch(epoch, stages)
         self.model.train()
+        canaries = self.canaries
+        if canaries is not None:  # scored on training steps only (no memory iteration), resumed with the optimizer
+            group = self.optimizer.param_groups[0]
+            if white_box.STATE_KEY in group:
+                canaries.load(group[white_box.STATE_KEY])
+            canaries.active = True
         loss_sum, seen = torch.zeros((), device=self.device), 0  # summed on the device: no wait per step
         show = None if self.cfg.train.progress else True
         with physical_batches(self.batches, self.inputs.plan.physical_batch_size, self.optimizer) as passes:
@@ -200,6 +238,9 @@ class ClassifierRun:
                     loss_sum += loss * len(y)
                     seen += len(y)
         self.optimizer.zero_grad(set_to_none=True)  # gradients and per-sample gradients are not needed now
+        if canaries is not None:
+            canaries.active = False
+            self.optimizer.param_groups[0][white_box.STATE_KEY] = canaries.state()
         metrics = {"train_loss": float(loss_sum) / max(seen, 1)}
         if self.cfg.dp.enabled and self.cfg.dp.clipping == Clipping.adaptive:
             optimizer: DPOptimizer = self.optimizer
@@ -209,7 +250,12 @@ class ClassifierRun:
     def evaluate(self, epoch: int, final: bool) -> dict[str, float]:
         plain = self.plain_model
         t = self.cfg.train
-        return {"test_accuracy": evaluate(plain, self.test, t.eval_batch_size, self.device, t.device_resident)}
+        scores = {"test_accuracy": evaluate(plain, self.test, t.eval_batch_size, self.device, t.device_resident)}
+        canaries = self.canaries
+        if final and canaries is not None:  # the audit's bound at the run's δ
+            a = self.cfg.audit
+            scores |= white_box.result(canaries, a.guesses, self.cfg.dp.delta, a.confidence)
+        return scores
 
     def done(self) -> bool:
         return False  # every epoch of train.epochs

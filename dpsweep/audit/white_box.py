@@ -1,0 +1,214 @@
+"""White-box one-run audit of DP-SGD through Opacus: Dirac gradient canaries inserted as per-example
+gradients, scored on every step's released noisy gradient (Steinke, Nasr & Jagielski 2023, §6, their
+white-box setting with Dirac canaries), in our own code.
+
+    canaries = DiracCanaries(list(model.parameters()), count=1000, max_grad_norm=1.0, claimed=(q, sigma),
+                             magnitude=100.0, seed=0)
+    attach(optimizer, canaries, sample_rate=lambda: loader.batch_sampler.sample_rate)
+    canaries.active = True                      # while training: not during a memory probe
+    ... train ...
+    right = canaries.right_guesses(100, centred=False)  # the 50 highest scores guessed in, the 50 lowest out
+
+**Canaries.** Canary k is one coordinate of the flattened trainable parameters (distinct coordinates,
+drawn uniformly), and is included with probability ½, both from the audit's own seeded generator. An
+included canary is a training example like the others: at each step it is in the batch independently
+with the run's Poisson sample rate, and then its per-example gradient, ``magnitude`` at its
+coordinate and 0 elsewhere, goes through Opacus's own clipping with the real examples'. Correct
+clipping brings it to norm C, the worst case an example can be; broken clipping lets ``magnitude``
+through.
+
+**Scores.** The auditor sees every step's release: the clipped sum plus its noise, where an included
+canary adds C at its coordinate each time it is sampled. A canary's score sums each step's
+log-likelihood ratio of that coordinate (:class:`DiracCanaries`). The highest scores are guessed
+included, the lowest excluded (:mod:`dpsweep.audit.bound` turns the count of right guesses into an ε
+lower bound).
+
+The canaries are extra training examples: the run's model and its accuracy are not those of a plain
+run, so an audit run is not for release; its ledger is the run's ledger, unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from opacus.optimizers import DPOptimizer
+from torch import Tensor
+
+from dpsweep.audit import bound
+
+STATE_KEY = "dpsweep.audit"  # the audit's scores and generator in the optimizer's first param group (checkpoints)
+
+
+class DiracCanaries:
+    """m Dirac gradient canaries over ``params``, their inclusion bits and their scores.
+
+    A canary's score sums, over the steps, the log-likelihood ratio of its coordinate's release x (in
+    units of C) under "in this step's batch" against "not", for the mechanism the ledger claims: one
+    Poisson-subsampled Gaussian step, log(1 − q + q·exp((2x − 1) / (2σ²))) (the privacy loss of
+    the subsampled Gaussian, e.g. Zhu, Dong & Wang 2022, "Optimal Accounting of Differential Privacy via
+    Characteristic Function", §5). It is the most powerful test of one step (Neyman–Pearson) where
+    the other examples add nothing at the coordinate; q and σ are the claimed ones, so a run that
+    noises or samples otherwise is tested against its claim. The score is taken twice
+    (:func:`planned_tests`): on the releases as they are, and centred by each coordinate's median over the
+    steps, which removes noise drawn once and reused (and the steady drift an included canary adds,
+    so it is the weaker test of a correct run)."""
+
+    def __init__(
+        self,
+        params: Sequence[Tensor],
+        count: int,
+        max_grad_norm: float,
+        claimed: tuple[float, float],
+        magnitude: float,
+        seed: int,
+    ) -> None:
+        """``claimed``: (q, σ) of the ledger; ``magnitude``: a canary's gradient before clipping."""
+        self.params, self.magnitude, self.max_grad_norm = params, magnitude, max_grad_norm
+        self.sample_rate, self.noise_multiplier = claimed
+        sizes = [p.numel() for p in params]
+        total = sum(sizes)
+        if count > total:
+            raise ValueError(f"{count} canaries need as many coordinates; the model has {total}")
+        self.generator = torch.Generator().manual_seed(seed)
+        self.coordinates = torch.randperm(total, generator=self.generator)[:count]
+        self.included = torch.rand(count, generator=self.generator) < 0.5
+        self.releases: list[Tensor] = []  # per step, each canary's coordinate of the release (units of C)
+        self.offsets = torch.tensor([0, *sizes]).cumsum(0)  # where each parameter starts in the flat vector
+        self.active = False
+
+    @property
+    def count(self) -> int:
+        return len(self.coordinates)
+
+    def sample(self, rate: float) -> Tensor:
+        """The canaries in this step's batch: each included one with probability ``rate``."""
+        draws = torch.rand(self.count, generator=self.generator) < rate
+        return torch.nonzero(draws & self.included).flatten()
+
+    def rows(self, sampled: Tensor) -> list[Tensor]:
+        """Per-example gradient rows of the ``sampled`` canaries, one tensor per parameter (len(sampled) × shape)."""
+        rows = []
+        coordinates = self.coordinates[sampled]
+        for i, p in enumerate(self.params):
+            start, end = int(self.offsets[i]), int(self.offsets[i + 1])
+            row = torch.zeros(len(sampled), p.numel(), dtype=p.dtype, device=p.device)
+            mine = (coordinates >= start) & (coordinates < end)
+            where = torch.nonzero(mine).flatten()
+            row[where.to(p.device), (coordinates[mine] - start).to(p.device)] = self.magnitude
+            rows.append(row.reshape(len(sampled), *p.shape))
+        return rows
+
+    def record(self, released: list[Tensor]) -> None:
+        """Keep this step's release (one tensor per parameter) at each canary's coordinate, in units of C."""
+        flat = torch.cat([g.detach().reshape(-1) for g in released])
+        self.releases.append((flat[self.coordinates.to(flat.device)] / self.max_grad_norm).to("cpu", torch.float64))
+
+    def scores(self, centred: bool) -> Tensor:
+        """Each canary's score (see the class): the sum over the steps of each release's log-likelihood
+        ratio, the releases first ``centred`` by their median over the steps or not."""
+        if not self.releases:
+            return torch.zeros(self.count, dtype=torch.float64)
+        x = torch.stack(self.releases)
+        if centred:
+            x = x - x.median(dim=0).values
+        q, sigma = self.sample_rate, self.noise_multiplier
+        spike = math.log(q) + (2 * x - 1) / (2 * sigma**2)
+        return torch.logaddexp(torch.full_like(x, math.log1p(-q)), spike).sum(dim=0)
+
+    def right_guesses(self, guesses: int, centred: bool) -> int:
+        """Of ``guesses`` guesses, half the highest scores guessed included and half the lowest excluded,
+        the right ones."""
+        order = torch.argsort(self.scores(centred))
+        half = guesses // 2
+        return int((~self.included[order[:half]]).sum()) + int(self.included[order[len(order) - half :]].sum())
+
+    def state(self) -> dict[str, Tensor]:
+        """What a checkpoint keeps: the releases so far and the generator of the samples."""
+        empty = torch.zeros(0, self.count, dtype=torch.float64)
+        releases = torch.stack(self.releases) if self.releases else empty
+        return {"releases": releases, "generator": self.generator.get_state()}
+
+    def load(self, state: dict[str, Tensor]) -> None:
+        self.releases = list(state["releases"].clone().unbind(0))
+        self.generator.set_state(state["generator"])
+
+
+def attach(
+    optimizer: DPOptimizer, canaries: DiracCanaries, sample_rate: Callable[[], float], planted_bug: str | None = None
+) -> None:
+    """Insert ``canaries`` into ``optimizer``'s steps through its public methods: before
+    ``clip_and_accumulate``, the sampled canaries' rows are appended to the per-example gradients; after
+    ``add_noise``, the noisy sums are recorded. ``sample_rate`` is the loader's real rate.
+
+    ``planted_bug`` (tests only, :data:`PLANTED_BUGS`) breaks the step as users have met it, to check that
+    the audit sees it."""
+    clip_and_accumulate, add_noise = optimizer.clip_and_accumulate, optimizer.add_noise
+    reused: list[Tensor] = []  # the RNG state the first step's noise was drawn from (reused_noise)
+
+    def clip_with_canaries() -> None:
+        if canaries.active:
+            sampled = canaries.sample(sample_rate())
+            for p, row in zip(optimizer.params, canaries.rows(sampled), strict=True):
+                p.grad_sample = torch.cat([p.grad_sample, row])
+        if planted_bug == "no_clipping":
+            clip, optimizer.max_grad_norm = optimizer.max_grad_norm, float("inf")
+            clip_and_accumulate()
+            optimizer.max_grad_norm = clip
+        else:
+            clip_and_accumulate()
+
+    def noise_and_record() -> None:
+        if planted_bug == "reused_noise":
+            state = torch.get_rng_state()
+            if not reused:
+                reused.append(state)
+            torch.set_rng_state(reused[0])
+            add_noise()
+            torch.set_rng_state(state)
+        elif planted_bug == "noise_tenth":  # the ledger's σ unchanged: the noise drawn is a tenth of it
+            add_noise()
+            for p in optimizer.params:
+                p.grad = p.summed_grad + (p.grad - p.summed_grad) / 10
+        else:
+            add_noise()
+        if canaries.active:
+            canaries.record([p.grad for p in optimizer.params])
+
+    optimizer.clip_and_accumulate = clip_with_canaries
+    optimizer.add_noise = noise_and_record
+
+
+def planned_tests(guesses: int, canaries: int) -> list[tuple[str, bool, int]]:
+    """(score, centred, guesses) of each test: the raw score with ``guesses`` guesses, for a correct
+    run's tightest bound, and both scores with a guess on every canary, the most a bug that separates
+    every canary can show (the centred one for reused noise). The centred score with few guesses is
+    left out: it adds nothing either way (benchmarks/audit.py) and would cost every test confidence."""
+    every = canaries - canaries % 2
+    tests = [("raw", False, guesses), ("raw", False, every), ("centred", True, every)]
+    return list(dict.fromkeys(tests))  # one test where guesses is every canary
+
+
+def result(canaries: DiracCanaries, guesses: int, delta: float, confidence: float) -> dict[str, float]:
+    """The audit's metrics: the right guesses of each of its tests, and its ε lower bound at δ.
+
+    The tests (:func:`planned_tests`) are fixed before training. The bound is the largest of theirs, each taken
+    at confidence 1 − (1 − ``confidence``)/k for k tests, so that together they hold at ``confidence``
+    (a union bound)."""
+    tests = planned_tests(guesses, canaries.count)
+    each = 1 - (1 - confidence) / len(tests)
+    metrics: dict[str, float] = {"audit.guesses": float(guesses), "audit.tests": float(len(tests))}
+    lower = 0.0
+    for name, centred, r in tests:
+        right = canaries.right_guesses(r, centred)
+        metrics[f"audit.correct_{name}_{r}"] = float(right)
+        lower = max(lower, bound.epsilon_lower(canaries.count, r, right, delta, each))
+    return metrics | {"audit.epsilon_lower": lower}
+
+
+# Bugs users have met, planted by tests (DPSWEEP_TEST_PLANTED_BUG) to check that an audit sees them:
+# noise scaled down 10x, clipping off, the sample rate reported at half its real value (the loader samples
+# at twice the ledger's), the noise drawn once and reused.
+PLANTED_BUGS = ("noise_tenth", "no_clipping", "half_sample_rate", "reused_noise")
+PLANTED_BUG_ENV = "DPSWEEP_TEST_PLANTED_BUG"

@@ -1,0 +1,124 @@
+"""A one-run privacy audit beside the accountant's ε (issue 36, dpsweep.audit): an audit run logs its
+bound and leaves its ledger as it was, resumes exactly, catches bugs planted in DP-SGD, never flags
+a correct run, and bad audit settings are refused before any run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import Composer, run_dpsweep, runs_of, straight_and_resumed
+from mlflow.tracking import MlflowClient
+
+from dpsweep.audit import white_box
+from dpsweep.config import ConfigError, flatten, identity, to_config, validate, validate_for_dataset
+from dpsweep.run.runner import train
+from dpsweep.tasks import classifier
+
+AUDIT = ["audit.mode=white_box", "dp.target_epsilon=1", "train.epochs=3"]
+
+
+def _audit(client: MlflowClient, run_id: str) -> dict[str, float]:
+    return {k: v for k, v in client.get_run(run_id).data.metrics.items() if k.startswith("audit.") or k == "epsilon"}
+
+
+def test_an_audit_run_logs_its_bound_beside_an_unchanged_epsilon(make_cfg: Composer, client: MlflowClient) -> None:
+    audited = train(make_cfg(*AUDIT))
+    plain = train(make_cfg(*AUDIT[1:], "tracking.experiment_name=plain"))
+    m = _audit(client, audited.run_id)
+    assert m["epsilon"] == client.get_run(plain.run_id).data.metrics["epsilon"]  # the ledger is the run's
+    assert audited.ledger == plain.ledger
+    assert m["audit.guesses"] == 100 and m["audit.tests"] == 3  # raw with 100 guesses; raw and centred with 1,000
+    assert all(0 <= m[f"audit.correct_{s}_{r}"] <= r for s, r in (("raw", 100), ("raw", 1000), ("centred", 1000)))
+    assert 0 <= m["audit.epsilon_lower"] <= m["epsilon"]
+    tags = client.get_run(audited.run_id).data.tags
+    assert tags["dp.release"] == "not-for-release" and "1000 canaries trained on" in tags["audit.note"]
+    params = client.get_run(audited.run_id).data.params
+    assert params["audit.mode"] == "white_box" and params["audit.confidence"] == "0.95"
+
+
+@pytest.mark.slow  # about 12 s: three runs
+@pytest.mark.parametrize("bug", ["noise_tenth", "no_clipping", "reused_noise"])
+def test_a_bug_planted_in_dp_sgd_is_caught_by_one_audit_run(
+    make_cfg: Composer, client: MlflowClient, monkeypatch: pytest.MonkeyPatch, bug: str
+) -> None:
+    """The accountant claims ε = 1 (its ledger does not know the bug); the audit's bound exceeds it."""
+    monkeypatch.setenv(white_box.PLANTED_BUG_ENV, bug)
+    result = train(make_cfg(*AUDIT))
+    m = _audit(client, result.run_id)
+    assert m["epsilon"] == pytest.approx(1.0, abs=1e-3)
+    assert m["audit.epsilon_lower"] > m["epsilon"], m
+
+
+@pytest.mark.slow  # about 60 s: 20 audit runs
+def test_correct_runs_are_never_flagged_over_20_seeds(make_cfg: Composer, client: MlflowClient) -> None:
+    """Soundness: a correct run's bound stays below its claimed ε (at 95% each; 20 of 20 here)."""
+    bounds = []
+    for seed in range(20):
+        result = train(make_cfg(*AUDIT, f"train.seed={seed}", f"audit.seed={seed}", "train.epochs=2"))
+        m = _audit(client, result.run_id)
+        bounds.append(m["audit.epsilon_lower"])
+        assert m["audit.epsilon_lower"] <= m["epsilon"], (seed, m)
+    assert max(bounds) > 0  # the audit found something in some run: it is not blind
+
+
+@pytest.mark.slow  # about 10 s: a run straight through and one interrupted then resumed
+def test_an_interrupted_audit_run_resumes_to_the_same_bound(
+    tmp_path: Path, make_cfg: Composer, client: MlflowClient, experiment_name: str
+) -> None:
+    args = [*AUDIT, "dp.target_epsilon=8"]
+    straight, resumed = straight_and_resumed(
+        make_cfg, client, experiment_name, args, classifier.ClassifierRun, 2, tmp_path / "ckpt"
+    )
+    a, b = _audit(client, straight.run_id), _audit(client, resumed.run_id)
+    assert a == b and a["audit.epsilon_lower"] > 0, (a, b)
+    assert straight.model is not None and resumed.model is not None
+    for (name, x), y in zip(straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
+        assert torch.equal(x, y), name
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "allowed"),
+    [
+        (["audit.confidence=1.0"], "audit.confidence", "a confidence in (0, 1)"),
+        (["audit.confidence=0"], "audit.confidence", "a confidence in (0, 1)"),
+        (["audit.guesses=7"], "audit.guesses", "an even number of guesses"),
+        (["audit.mode=black_box"], "audit.mode", "one of off, white_box"),
+        (["dp=off"], "audit.mode", "off for a non-private run"),
+        (["dp.mechanism=dpftrl"], "audit.mode", "white_box with task=classifier, dp.mechanism=dpsgd"),
+        (["dp.grad_sample_mode=ghost"], "audit.mode", "Opacus's per-example gradients"),
+        (["task=gan"], "audit.mode", "white_box with task=classifier"),
+    ],
+)
+def test_bad_audit_settings_are_refused(make_cfg: Composer, overrides: list[str], key: str, allowed: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        validate(to_config(make_cfg("audit.mode=white_box", *overrides)))
+    assert err.value.key == key and allowed in str(err.value), str(err.value)
+
+
+def test_more_canaries_than_training_examples_exit_2_naming_the_key_and_leave_no_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    done = run_dpsweep("audit.mode=white_box", "audit.canaries=5000", "tracking.experiment_name=bad")
+    assert done.returncode == 2, done.stderr
+    assert "audit.canaries=5000 is invalid: at most the 1437 training examples" in done.stderr, done.stderr
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert not (tmp_path / "mlflow.db").exists() or not runs_of(client, "bad")
+
+
+def test_the_canary_check_counts_the_training_examples(make_cfg: Composer) -> None:
+    cfg = to_config(make_cfg("audit.mode=white_box", "audit.canaries=200"))
+    validate_for_dataset(cfg, 200)
+    with pytest.raises(ConfigError) as err:
+        validate_for_dataset(cfg, 199)
+    assert err.value.key == "audit.canaries"
+
+
+def test_a_plain_runs_identity_and_params_hold_no_audit_key(make_cfg: Composer) -> None:
+    """Configs hashed before audits existed keep their hash (resume, skipping FINISHED configs)."""
+    plain = identity(flatten(to_config(make_cfg())))
+    audited = identity(flatten(to_config(make_cfg("audit.mode=white_box"))))
+    assert not any(k.startswith("audit.") for k in plain)
+    assert audited["audit.mode"] == "white_box" and audited["audit.canaries"] == 1000
