@@ -10,7 +10,11 @@ white-box setting with Dirac canaries), in our own code.
     right = canaries.right_guesses(100, centred=False)  # the 50 highest scores guessed in, the 50 lowest out
 
 **Canaries.** Canary k is one coordinate of the flattened trainable parameters (distinct coordinates,
-drawn uniformly), and is included with probability ½, both from the audit's own seeded generator. An
+drawn uniformly from the largest parameter tensor, or from all of them where it is smaller than m),
+and is included with probability ½, both from the audit's own seeded generator. The largest tensor
+is where the real examples' gradient is spread thinnest per coordinate, so it drowns the canaries
+least (on digits' cnn, fc1's 16,384 weights: a correct run's bound at ε = 8 rose from 2.01 to 2.27 on
+average over 6 seeds, against coordinates drawn from every parameter). An
 included canary is a training example like the others: at each step it is in the batch independently
 with the run's Poisson sample rate, and then its per-example gradient, ``magnitude`` at its
 coordinate and 0 elsewhere, goes through Opacus's own clipping with the real examples'. Correct
@@ -72,7 +76,12 @@ class DiracCanaries:
         if count > total:
             raise ValueError(f"{count} canaries need as many coordinates; the model has {total}")
         self.generator = torch.Generator().manual_seed(seed)
-        self.coordinates = torch.randperm(total, generator=self.generator)[:count]
+        largest = max(range(len(sizes)), key=lambda i: sizes[i])
+        if sizes[largest] >= count:  # the largest tensor's coordinates: the data's gradient spread thinnest there
+            start = sum(sizes[:largest])
+            self.coordinates = start + torch.randperm(sizes[largest], generator=self.generator)[:count]
+        else:
+            self.coordinates = torch.randperm(total, generator=self.generator)[:count]
         self.included = torch.rand(count, generator=self.generator) < 0.5
         self.releases: list[Tensor] = []  # per step, each canary's coordinate of the release (units of C)
         self.offsets = torch.tensor([0, *sizes]).cumsum(0)  # where each parameter starts in the flat vector

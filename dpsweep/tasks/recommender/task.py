@@ -167,13 +167,16 @@ class RecommenderRun:
                 "dp.release": "not-for-release",
                 "dp.outside_ledger": "memory/* (they follow the number of the training users' ratings)",
                 "dp.semantics": JOINT_DP,
-                "dp.contribution": (
-                    f"per user per round: at most {b.max_ratings} ratings, embedding norm at most "
-                    f"{b.max_user_norm:g}, |value| at most {b.max_abs_rating:g} "
-                    f"(sensitivity {self.sensitivity():.4g})"
-                ),
+                "dp.contribution": self.contribution(b),
             }
         return tags
+
+    def contribution(self, b: dpals.Bounds) -> str:
+        """What one user contributes, as the tag ``dp.contribution`` states it."""
+        return (
+            f"per user per round: at most {b.max_ratings} ratings, embedding norm at most {b.max_user_norm:g}, "
+            f"|value| at most {b.max_abs_rating:g} (sensitivity {self.sensitivity():.4g})"
+        )
 
     def start(self, run: Tracker) -> Checkpointed:
         self.run = run
@@ -262,11 +265,10 @@ class PopularityRun(RecommenderRun):
         return dpals.count_sensitivity(self.bounds)
 
     def tags(self) -> dict[str, Any]:
-        tags = super().tags() | {"model.trainable_params": self.n_items, "recommender.released": "item counts"}
-        if self.bounds is not None:
-            k = self.bounds.max_ratings
-            tags["dp.contribution"] = f"per user: at most {k} ratings counted (sensitivity {self.sensitivity():.4g})"
-        return tags
+        return super().tags() | {"model.trainable_params": self.n_items, "recommender.released": "item counts"}
+
+    def contribution(self, b: dpals.Bounds) -> str:
+        return f"per user: at most {b.max_ratings} ratings counted (sensitivity {self.sensitivity():.4g})"
 
     def done(self) -> bool:
         return self.rounds >= 1
@@ -321,15 +323,12 @@ class DPAMRun(RecommenderRun):
         """Δ of one step's released sum to one user: their clipped gradient, C."""
         return float(self.cfg.dp.max_grad_norm)
 
-    def tags(self) -> dict[str, Any]:
-        tags = super().tags()
-        if self.bounds is not None:
-            tags["dp.contribution"] = (
-                f"per user per step: at most {self.bounds.max_ratings} ratings, their gradient of the item "
-                f"embeddings{' and of the public features map' if self.features is not None else ''} clipped to "
-                f"{self.cfg.dp.max_grad_norm:g} as a whole (sensitivity {self.sensitivity():.4g})"
-            )
-        return tags
+    def contribution(self, b: dpals.Bounds) -> str:
+        mapped = " and of the public features map" if self.features is not None else ""
+        return (
+            f"per user per step: at most {b.max_ratings} ratings, their gradient of the item embeddings{mapped} "
+            f"clipped to {self.cfg.dp.max_grad_norm:g} as a whole (sensitivity {self.sensitivity():.4g})"
+        )
 
     def start(self, run: Tracker) -> Checkpointed:
         self.run = run

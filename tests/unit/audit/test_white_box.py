@@ -93,3 +93,11 @@ def test_the_tests_are_fixed_before_training_and_their_confidence_shared() -> No
     assert metrics["audit.epsilon_lower"] == max(each) > 0
     q = (0.05 / 3) ** (1 / 10)  # 10 of 10 right, δ = 0: the closed form, at the shared confidence
     assert each[0] == pytest.approx(math.log(q / (1 - q)), rel=1e-6)
+
+
+def test_canaries_sit_in_the_largest_parameter_where_it_holds_them_all() -> None:
+    params = [torch.zeros(10), torch.zeros(8, 8), torch.zeros(3)]  # the 64 weights start at coordinate 10
+    inside = white_box.DiracCanaries(params, 50, 1.0, (0.1, 1.0), magnitude=10.0, seed=0).coordinates
+    assert bool(((inside >= 10) & (inside < 74)).all()) and len(set(inside.tolist())) == 50
+    spread = white_box.DiracCanaries(params, 70, 1.0, (0.1, 1.0), magnitude=10.0, seed=0).coordinates
+    assert sorted(spread.tolist()) == sorted(set(spread.tolist())) and not bool(((spread >= 10) & (spread < 74)).all())
