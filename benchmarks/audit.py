@@ -1,6 +1,6 @@
 """Benchmark: the one-run privacy audit (issue 36) on digits, at claimed ε = 1, 4 and 8.
 
-    .venv/bin/python benchmarks/audit.py                  # 20 seeds (about 3 minutes on 2 cores)
+    .venv/bin/python benchmarks/audit.py                  # 20 seeds (about 7 minutes on 2 cores)
     .venv/bin/python benchmarks/audit.py --seeds 5 --json /tmp/audit.json
 
 Each run is the default digits/cnn DP-SGD run (B = 64, 10 epochs, C = 1, δ = 1e-5, PLD; σ calibrated
@@ -12,7 +12,9 @@ confidence (:mod:`dpsweep.audit`). For each claimed ε it records:
 - one run with each bug of ``dpsweep.audit.white_box.PLANTED_BUGS`` planted (seed 0): its bound, and
   whether it exceeds the claim (a detection);
 - the cost: the median wall time of 3 audit runs against 3 plain runs of the same config (MLflow
-  included, in this process).
+  included, in this process);
+- correct runs with ``audit.mode=black_box`` (1,000 mislabelled training examples as canaries, about
+  half left out, scored by the final model's loss), the same seeds: their bounds.
 
 Writes ``--json`` (default ``analysis/data/audit_cpu.json``).
 """
@@ -75,6 +77,9 @@ def main() -> int:
             bounds = [run(store, [*audit, f"train.seed={s}", f"audit.seed={s}"])[0] for s in range(args.seeds)]
             lower = [m["audit.epsilon_lower"] for m in bounds]
             bugs = {bug: run(store, audit, bug)[0]["audit.epsilon_lower"] for bug in white_box.PLANTED_BUGS}
+            blind = [run(store, [*base, "audit.mode=black_box", f"train.seed={s}", f"audit.seed={s}"])[0]
+                     for s in range(args.seeds)]  # fmt: skip
+            black = [m["audit.epsilon_lower"] for m in blind]
             audit_s = [run(store, [*audit, "train.seed=100"])[1] for _ in range(3)]
             plain_s = [run(store, [*base, "train.seed=100"])[1] for _ in range(3)]
             cost = statistics.median(audit_s) / statistics.median(plain_s)
@@ -83,13 +88,16 @@ def main() -> int:
                             "flagged": sum(b > claim for b in lower),
                             "share_of_claim": statistics.fmean(lower) / claim},
                 "planted": {bug: {"bound": b, "detected": b > claim} for bug, b in bugs.items()},
+                "black_box": {"bounds": black, "mean": statistics.fmean(black), "max": max(black),
+                              "flagged": sum(b > claim for b in black)},
                 "seconds": {"audit": audit_s, "plain": plain_s, "ratio": cost},
             }  # fmt: skip
             print(f"claimed ε={claim:g}: correct runs' bound mean {statistics.fmean(lower):.3f} "
                   f"(max {max(lower):.3f}, {sum(b > claim for b in lower)} of {len(lower)} above the claim; "
                   f"{statistics.fmean(lower) / claim:.0%} of it); planted: "
                   + ", ".join(f"{bug} {b:.3f}{' DETECTED' if b > claim else ''}" for bug, b in bugs.items())
-                  + f"; audit run / plain run: {cost:.2f}x", flush=True)  # fmt: skip
+                  + f"; audit run / plain run: {cost:.2f}x; black box: mean {statistics.fmean(black):.3f} "
+                  f"(max {max(black):.3f}, {sum(b > claim for b in black)} above)", flush=True)  # fmt: skip
     machine = (
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}"
     )

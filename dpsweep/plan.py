@@ -123,6 +123,11 @@ def prepare(cfg: Config, facts: DatasetFacts, memory: MemoryBudget | None = None
     planned = _planned_privacy(cfg, facts.n_train)
     steps = planned.steps if planned is not None else _scheduled_steps(cfg, population(cfg, facts.n_train))
     physical, prediction, figure = _memory(cfg, facts, memory)
+    if cfg.audit.mode == "white_box" and physical is not None:  # a canary per pass would enter a release k times
+        raise ConfigError(
+            "train.memory_model", cfg.train.memory_model,
+            f"null with audit.mode=white_box: the plan would split each step into passes of {physical}",
+        )  # fmt: skip
     return RunPlan(
         config=cfg, facts=facts, steps=steps, privacy=planned, over_budget=_budget_verdict(cfg, planned),
         physical_batch_size=physical, memory=prediction, config_hash=config_hash(cfg), gpu_memory=figure,

@@ -18,6 +18,7 @@ That p-value grows with ε. The audit's lower bound is the largest ε it rejects
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 from scipy.stats import binom
@@ -60,3 +61,11 @@ def epsilon_lower(canaries: int, guesses: int, correct: int, delta: float, confi
         middle = (low + high) / 2
         low, high = (middle, high) if rejected(middle) else (low, middle)
     return low
+
+
+def best_bound(tests: Mapping[str, tuple[int, int]], canaries: int, delta: float, confidence: float) -> float:
+    """The largest bound of several tests fixed before the run (``{name: (guesses, right guesses)}``),
+    each taken at confidence 1 − (1 − ``confidence``)/k for k tests, so that together they hold at
+    ``confidence`` (a union bound)."""
+    each = 1 - (1 - confidence) / len(tests)
+    return max(epsilon_lower(canaries, r, right, delta, each) for r, right in tests.values())

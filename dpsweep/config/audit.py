@@ -10,19 +10,20 @@ from dpsweep.config.checks import require
 if TYPE_CHECKING:
     from dpsweep.config.schema import Config
 
-MODES = ("off", "white_box")  # black_box (input canaries): not yet
+MODES = ("off", "white_box", "black_box")
 
 
 @dataclass
 class AuditConfig:
-    # off, or white_box: Dirac gradient canaries in DP-SGD's clipped sum, scored on every step's noisy
-    # release (Steinke, Nasr & Jagielski 2023); the run logs audit.epsilon_lower beside its ε
+    # off; white_box: Dirac gradient canaries in DP-SGD's clipped sum, scored on every step's noisy
+    # release; black_box: mislabelled training examples, scored on the final model's loss (Steinke,
+    # Nasr & Jagielski 2023). The run logs audit.epsilon_lower beside its ε
     mode: str = "off"
     canaries: int = 1000  # m, each included with probability 1/2 (at most the training examples)
     guesses: int = 100  # r (even): the r/2 highest scores guessed included, the r/2 lowest excluded
     confidence: float = 0.95  # of the lower bound
     seed: int = 0  # the canaries' coordinates, inclusion and sampling (their own generator)
-    magnitude: float = 100.0  # a canary's per-example gradient before clipping, in units of dp.max_grad_norm
+    magnitude: float = 100.0  # white_box: a canary's per-example gradient before clipping, in units of dp.max_grad_norm
 
     @property
     def enabled(self) -> bool:
@@ -43,14 +44,17 @@ def check(cfg: Config) -> None:
     )  # fmt: skip
     require(a.magnitude >= 1, "audit.magnitude", a.magnitude, "1 or more (times dp.max_grad_norm)")
     require(dp.enabled, "audit.mode", a.mode, "off for a non-private run (dp=off): there is no ε to audit")
-    runs = "white_box with task=classifier, dp.mechanism=dpsgd, dp.unit=example and Opacus's per-example gradients"
+    runs = f"{a.mode} with task=classifier, dp.mechanism=dpsgd, dp.unit=example and Opacus's per-example gradients"
     opacus = dp.grad_sample_mode.value in ("hooks", "functorch", "ew")
     require(
         cfg.task.name == "classifier" and dp.mechanism == "dpsgd" and dp.unit.value == "example" and opacus,
         "audit.mode", a.mode, f"off here: {runs} (dp.grad_sample_mode=hooks, functorch or ew)",
     )  # fmt: skip
-    pb = cfg.train.physical_batch_size
-    require(pb is None, "train.physical_batch_size", pb, "null with an audit: a step is one pass")
+    if a.mode == "white_box":  # canaries drawn once a step, in the units of one fixed C
+        pb = cfg.train.physical_batch_size
+        require(pb is None, "train.physical_batch_size", pb, "null with audit.mode=white_box: a step is one pass")
+        clip = dp.clipping.value
+        require(clip != "adaptive", "dp.clipping", clip, "fixed or quantile with audit.mode=white_box (one C a run)")
 
 
 def check_for_dataset(cfg: Config, n_train: int) -> None:

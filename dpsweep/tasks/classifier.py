@@ -26,13 +26,14 @@ from typing import Any
 import numpy as np
 import torch
 from opacus import PrivacyEngine
+from opacus.data_loader import DPDataLoader
 from opacus.grad_sample.gsm_exp_weights import GradSampleModuleExpandedWeights
 from opacus.optimizers import DPOptimizer
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from tqdm.auto import tqdm
 
-from dpsweep.audit import white_box
+from dpsweep.audit import black_box, white_box
 from dpsweep.config import Clipping, ConfigError
 from dpsweep.data import device as device_data
 from dpsweep.data import gathered, users
@@ -45,6 +46,7 @@ from dpsweep.models import feature_cache
 from dpsweep.models.optimizers import build_optimizer
 from dpsweep.plan import mechanism_of, setting
 from dpsweep.privacy import clipping, ledger
+from dpsweep.privacy.schedule import poisson_schedule
 from dpsweep.tasks import TASKS, Checkpointed, Marks, RunInputs, Stages
 from dpsweep.tracking import Tracker
 
@@ -91,6 +93,7 @@ class ClassifierRun:
         self.released: ledger.Entry | None = None  # the private clipping-norm release (dp.clipping=quantile)
         self.max_grad_norm: float | None = None
         self.canaries: white_box.DiracCanaries | None = None  # audit.mode=white_box
+        self.input_canaries: black_box.InputCanaries | None = None  # audit.mode=black_box
         self.own: func_dp.OwnSteps | None = (
             None  # DP-FTRL and user-level DP (dpsweep.mechanisms.functional): not Opacus
         )
@@ -101,7 +104,7 @@ class ClassifierRun:
         if a.enabled:  # the canaries are extra training examples: the model is not a plain run's
             tags |= {
                 "dp.release": "not-for-release",
-                "audit.note": f"{a.mode} one-run audit: {a.canaries} canaries trained on, its ledger the run's",
+                "audit.note": f"{a.mode} one-run audit: {a.canaries} canaries, about half trained on; ledger unchanged",
             }
         return tags
 
@@ -110,6 +113,10 @@ class ClassifierRun:
         if isinstance(self.model, model_zoo.FrozenVGG16) and getattr(cfg.model, "feature_cache", False):
             self.model, self.data = _cached_features(self.inputs, self.model, run)  # the backbone is dropped
         self.test = self.data.test
+        if cfg.audit.mode == "black_box":  # the canaries in, the excluded ones out, before any loader
+            a = cfg.audit
+            self.input_canaries = black_box.InputCanaries(self.data.train, self.data.num_classes, a.canaries, a.seed)
+            self.data = dataclasses.replace(self.data, train=self.input_canaries.training_set())
         self.model = self.model.to(device)
         if func_dp.uses_own_steps(cfg):
             return self._start_own_steps()
@@ -128,8 +135,15 @@ class ClassifierRun:
                 cfg.dp, sigma, self.max_grad_norm, self.model, self.optimizer, loader, self.criterion
             )
             self.engine, self.model, self.optimizer, self.criterion, loader = made
+            if self.input_canaries is not None:  # sampled as the plan's N examples would be (black_box)
+                assert self.engine is not None and isinstance(loader, DPDataLoader)
+                schedule = poisson_schedule(self.inputs.plan.facts.n_train, cfg.train.batch_size)
+                black_box.keep_planned_sampling(
+                    self.engine, self.optimizer, loader, schedule.inclusion_probability, schedule.steps_per_epoch,
+                    self.inputs.plan.facts.n_train,
+                )  # fmt: skip
         self.loader, self.generator = loader, generator
-        if cfg.audit.enabled:
+        if cfg.audit.mode == "white_box":
             self.canaries = self._attach_audit(loader)
         self.trainer = Trainer(self.model, self.optimizer, self.criterion, device)
         self.batches = loader
@@ -149,6 +163,7 @@ class ClassifierRun:
         sampler = loader.batch_sampler
         if bug == "half_sample_rate":  # the loader samples at twice the rate the ledger records
             sampler.sample_rate *= 2  # type: ignore[union-attr]
+            loader.sample_rate = sampler.sample_rate  # type: ignore[union-attr]  # device-resident batches
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         privacy = self.inputs.plan.privacy
         assert privacy is not None and privacy.poisson_rate is not None  # DP-SGD: Poisson-sampled
@@ -252,9 +267,11 @@ class ClassifierRun:
         t = self.cfg.train
         scores = {"test_accuracy": evaluate(plain, self.test, t.eval_batch_size, self.device, t.device_resident)}
         canaries = self.canaries
+        a, delta = self.cfg.audit, self.cfg.dp.delta
         if final and canaries is not None:  # the audit's bound at the run's δ
-            a = self.cfg.audit
-            scores |= white_box.result(canaries, a.guesses, self.cfg.dp.delta, a.confidence)
+            scores |= white_box.result(canaries, a.guesses, delta, a.confidence)
+        if final and self.input_canaries is not None:
+            scores |= black_box.result(self.input_canaries, plain, self.device, a.guesses, delta, a.confidence)
         return scores
 
     def done(self) -> bool:

@@ -33,9 +33,22 @@ def test_an_audit_run_logs_its_bound_beside_an_unchanged_epsilon(make_cfg: Compo
     assert all(0 <= m[f"audit.correct_{s}_{r}"] <= r for s, r in (("raw", 100), ("raw", 1000), ("centred", 1000)))
     assert 0 <= m["audit.epsilon_lower"] <= m["epsilon"]
     tags = client.get_run(audited.run_id).data.tags
-    assert tags["dp.release"] == "not-for-release" and "1000 canaries trained on" in tags["audit.note"]
+    assert tags["dp.release"] == "not-for-release" and "1000 canaries, about half trained on" in tags["audit.note"]
     params = client.get_run(audited.run_id).data.params
     assert params["audit.mode"] == "white_box" and params["audit.confidence"] == "0.95"
+
+
+def test_a_black_box_audit_samples_as_planned_and_leaves_the_epsilon_unchanged(
+    make_cfg: Composer, client: MlflowClient
+) -> None:
+    """Its training set is smaller (the excluded canaries are left out), yet each step samples at the
+    plan's rate and the ledger records it: the ε and the steps are a plain run's."""
+    audited = train(make_cfg("audit.mode=black_box", *AUDIT[1:]))
+    plain = train(make_cfg(*AUDIT[1:], "tracking.experiment_name=plain"))
+    assert audited.ledger == plain.ledger and audited.steps == plain.steps
+    m = _audit(client, audited.run_id)
+    assert m["epsilon"] == client.get_run(plain.run_id).data.metrics["epsilon"]
+    assert m["audit.tests"] == 2 and 0 <= m["audit.correct_loss_100"] <= 100 and 0 <= m["audit.epsilon_lower"] <= 1
 
 
 @pytest.mark.slow  # about 12 s: three runs
@@ -51,12 +64,14 @@ def test_a_bug_planted_in_dp_sgd_is_caught_by_one_audit_run(
     assert m["audit.epsilon_lower"] > m["epsilon"], m
 
 
-@pytest.mark.slow  # about 60 s: 20 audit runs
-def test_correct_runs_are_never_flagged_over_20_seeds(make_cfg: Composer, client: MlflowClient) -> None:
+@pytest.mark.slow  # about 30 s: 20 audit runs a mode
+@pytest.mark.parametrize("mode", ["white_box", "black_box"])
+def test_correct_runs_are_never_flagged_over_20_seeds(make_cfg: Composer, client: MlflowClient, mode: str) -> None:
     """Soundness: a correct run's bound stays below its claimed ε (at 95% each; 20 of 20 here)."""
     bounds = []
     for seed in range(20):
-        result = train(make_cfg(*AUDIT, f"train.seed={seed}", f"audit.seed={seed}", "train.epochs=2"))
+        args = [*AUDIT, f"audit.mode={mode}", f"train.seed={seed}", f"audit.seed={seed}", "train.epochs=2"]
+        result = train(make_cfg(*args))
         m = _audit(client, result.run_id)
         bounds.append(m["audit.epsilon_lower"])
         assert m["audit.epsilon_lower"] <= m["epsilon"], (seed, m)
@@ -84,11 +99,13 @@ def test_an_interrupted_audit_run_resumes_to_the_same_bound(
         (["audit.confidence=1.0"], "audit.confidence", "a confidence in (0, 1)"),
         (["audit.confidence=0"], "audit.confidence", "a confidence in (0, 1)"),
         (["audit.guesses=7"], "audit.guesses", "an even number of guesses"),
-        (["audit.mode=black_box"], "audit.mode", "one of off, white_box"),
+        (["audit.mode=grey_box"], "audit.mode", "one of off, white_box, black_box"),
         (["dp=off"], "audit.mode", "off for a non-private run"),
         (["dp.mechanism=dpftrl"], "audit.mode", "white_box with task=classifier, dp.mechanism=dpsgd"),
         (["dp.grad_sample_mode=ghost"], "audit.mode", "Opacus's per-example gradients"),
         (["task=gan"], "audit.mode", "white_box with task=classifier"),
+        (["dp.clipping=adaptive"], "dp.clipping", "fixed or quantile with audit.mode=white_box"),
+        (["train.physical_batch_size=16"], "train.physical_batch_size", "null with audit.mode=white_box"),
     ],
 )
 def test_bad_audit_settings_are_refused(make_cfg: Composer, overrides: list[str], key: str, allowed: str) -> None:
@@ -122,3 +139,21 @@ def test_a_plain_runs_identity_and_params_hold_no_audit_key(make_cfg: Composer) 
     audited = identity(flatten(to_config(make_cfg("audit.mode=white_box"))))
     assert not any(k.startswith("audit.") for k in plain)
     assert audited["audit.mode"] == "white_box" and audited["audit.canaries"] == 1000
+
+
+def test_a_white_box_audit_refuses_a_plan_that_splits_steps_into_passes(
+    make_cfg: Composer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A memory model and a small GPU budget make the plan choose passes of fewer than B examples: a
+    canary drawn at each pass would enter one release several times."""
+    import pandas as pd
+
+    from dpsweep.analysis import memory_model as mm
+
+    monkeypatch.chdir(tmp_path)
+    reference = Path(__file__).resolve().parents[2] / "analysis" / "data" / "cpu_probes_digits.csv"
+    mm.save_models(tmp_path / "m.json", mm.fit_all(pd.read_csv(reference), "cnn"), meta={})
+    chosen = ["train.memory_model=m.json", "launcher.gpu_memory=3MiB", "train.batch_size=256"]
+    with pytest.raises(ConfigError) as err:
+        train(make_cfg(*chosen, "audit.mode=white_box"))
+    assert err.value.key == "train.memory_model" and "null with audit.mode=white_box" in str(err.value)

@@ -103,6 +103,11 @@ class Batch:
 
     @staticmethod
     def of(r: Ratings, implicit: bool = False, device: torch.device | str = "cpu") -> Batch:
+        """The ratings of ``r``, at most one per user and item (the aggregators' sensitivities and the
+        closed-form gradient norms of :mod:`dpsweep.tasks.recommender.sgd` count each item once a user)."""
+        pairs = r.users.astype(np.int64) * r.n_items + r.items
+        if len(np.unique(pairs)) != len(pairs):
+            raise ValueError("a user rates an item twice: one rating per user and item")
         values = np.ones(r.n_ratings, np.float32) if implicit else r.values - CENTRE
         t = lambda a: torch.as_tensor(np.ascontiguousarray(a), device=device)  # noqa: E731
         return Batch(t(r.users), t(r.items), t(values), t(r.slots), r.n_users, r.n_items)

@@ -27,7 +27,8 @@ the residual, over the user's first ``task.max_ratings_per_user`` ratings. The t
 (:class:`GradientAggregator`) clips each G_i **as a whole** to C = ``dp.max_grad_norm`` in Frobenius norm,
 sums, adds N(0, σ²C²) to every coordinate and divides by the expected number of users qU, as Opacus
 does for examples; the untrusted server (:class:`GradientServer`) adds the gradient of the public
-regulariser λ_v ‖V‖² / U and steps its optimizer. G_i is never formed: its norm has the closed form
+regulariser λ_v ‖θ‖² / U of each part θ it trains (V, or E and W with features) and steps its optimizer.
+G_i is never formed: its norm has the closed form
 ‖G_i‖² = 4 ‖u‖² (Σ_j e_ij² − 2 w₀ Σ_j e_ij ⟨u, v_j⟩ + w₀² ‖V u‖²) (the items of Ω_i are distinct), and the
 clipped sum is a sparse sum over the ratings plus 2 w₀ V Σ_i f_i u_i u_iᵀ, f_i the clip factors.
 
@@ -77,7 +78,12 @@ def gradient_norms(
     items: torch.Tensor, users: torch.Tensor, ratings: Batch, unobserved: float, features: torch.Tensor | None = None
 ) -> torch.Tensor:
     """The norm of each user's gradient (closed form, see the module's docstring): ‖G_i‖_F with respect
-    to V, or with public ``features`` ‖(G_i, Fᵀ G_i)‖."""
+    to V, or with public ``features`` ‖(G_i, Fᵀ G_i)‖. In float64: the closed form subtracts terms, and a
+    norm rounded low would clip too little."""
+    items, users = items.double(), users.double()
+    features = None if features is None else features.double()
+    ratings = Batch(ratings.users, ratings.items, ratings.values.double(), ratings.slots, ratings.n_users,
+                    ratings.n_items)  # fmt: skip
     e = residuals(items, users, ratings)
     predicted = (users[ratings.users] * items[ratings.items]).sum(1)
     per_user = torch.zeros(users.shape[0], dtype=items.dtype, device=items.device)
@@ -156,7 +162,7 @@ class GradientAggregator:
         if self.max_grad_norm is None:
             return torch.ones(users.shape[0], dtype=items.dtype, device=items.device)
         norms = gradient_norms(items, users, ratings, self.unobserved, self.features)
-        return (self.max_grad_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
+        return (self.max_grad_norm / norms.clamp_min(1e-12)).clamp(max=1.0).to(items.dtype)
 
     def __call__(self, items: torch.Tensor, users: torch.Tensor, ratings: Batch) -> NoisyGradient:
         """The release of one step; ``items`` is V, the whole item embeddings."""

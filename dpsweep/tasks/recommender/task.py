@@ -309,6 +309,10 @@ class DPAMRun(RecommenderRun):
             user=s.user_reg, item=s.item_reg, unobserved=s.unobserved_weight if self.implicit else 0.0
         )
         self.schedule = poisson_schedule(n_users, self.cfg.train.batch_size)  # q = 1/ceil(U/B), as DP-SGD's ledger
+        if self.bounds is not None and n_users != self.cfg.dataset.num_users:  # the ledger's U
+            raise InputError(
+                "dataset.num_users", self.cfg.dataset.num_users, f"{n_users}: the training users this data holds"
+            )
         b = self.bounds
         self.contributions = self.train if b is None else self.train.first(b.max_ratings, b.max_abs_rating)
         clip = self.cfg.dp.max_grad_norm if b is not None else None
@@ -333,7 +337,7 @@ class DPAMRun(RecommenderRun):
     def start(self, run: Tracker) -> Checkpointed:
         self.run = run
         self.module.to(self.device)
-        self.optimizer = build_optimizer(self.cfg.optimizer, self.module)  # over the item embeddings alone
+        self.optimizer = build_optimizer(self.cfg.optimizer, self.module)  # the item side: E (and W with features)
         weights = self.module.feature_weights if isinstance(self.module, ItemsWithFeatures) else None
         self.item_server = sgd.GradientServer(
             self.module.item_embeddings, self.optimizer, self.reg.item, self.train.n_users, weights

@@ -178,3 +178,9 @@ def test_one_user_moves_the_feature_statistics_by_at_most_their_sensitivity() ->
     moved = float((flat(whole) - flat(without)).norm())
     delta = dpals.sensitivity(bounds, True, through_features=True)
     assert 0.7 * delta < moved <= delta + 1e-9 and delta > dpals.sensitivity(bounds, True)
+
+
+def test_a_user_rating_an_item_twice_is_refused() -> None:
+    """The sensitivities and the closed-form gradient norms count each of a user's items once."""
+    with pytest.raises(ValueError, match="one rating per user and item"):
+        als.Batch.of(from_lists([np.array([0, 3, 0])], [np.array([5.0, 4.0, 2.0])], 5))

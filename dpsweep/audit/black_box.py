@@ -1,0 +1,114 @@
+"""Black-box one-run audit of DP-SGD: input canaries, scored by the trained model's loss on them
+(Steinke, Nasr & Jagielski 2023, §6, their black-box setting), in our own code.
+
+    canaries = InputCanaries(data.train, num_classes=10, count=1000, seed=0)
+    train_set = canaries.training_set()          # the other examples, and the included canaries
+    ... train on train_set, at the plan's sample rate and steps (keep_planned_sampling) ...
+    right = canaries.right_guesses(model, 100)   # the 50 lowest losses guessed in, the 50 highest out
+
+**Canaries.** m training examples, drawn with the audit's own seeded generator, each given a wrong
+label (its class shifted by a seeded offset of 1 to K − 1) and then kept in training with probability
+½: an excluded canary is left out of the training set altogether, so the two worlds of each canary
+differ by adding or removing one example, the neighbouring relation of the run's ε. Only the final
+model is looked at: the auditor sees no step's release.
+
+**The same sampling as planned.** Leaving canaries out makes the training set smaller than the N the
+plan priced, and Opacus's loader would sample at 1/ceil(N'/B), a rate the ledger would then record.
+:func:`keep_planned_sampling` sets the loader back to the plan's rate and steps and records those, so
+each example is sampled exactly as a plain run's would be and the ledger is the plain run's.
+
+**Scores.** A canary's score is minus the trained model's cross-entropy on its (image, wrong label):
+a model that trained on it fits the wrong label better. The highest scores are guessed included, the
+lowest excluded.
+
+The canaries are mislabelled training examples: the run's model is not a plain run's, so an audit run
+is not for release.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from opacus import PrivacyEngine
+from opacus.data_loader import DPDataLoader
+from opacus.optimizers import DPOptimizer
+from torch import Tensor, nn
+from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
+
+from dpsweep.audit import bound
+from dpsweep.data.device import materialize
+
+
+class InputCanaries:
+    """m mislabelled training examples, their inclusion bits, and their scores under a trained model."""
+
+    def __init__(self, train: Dataset[Any], num_classes: int, count: int, seed: int) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        n = len(train)  # type: ignore[arg-type]
+        if count > n:
+            raise ValueError(f"{count} canaries need as many training examples; there are {n}")
+        self.train = train
+        self.indices = torch.randperm(n, generator=generator)[:count]
+        self.included = torch.rand(count, generator=generator) < 0.5
+        offsets = torch.randint(1, num_classes, (count,), generator=generator)
+        self.x, labels = materialize(Subset(train, self.indices.tolist()))
+        self.labels = (labels + offsets) % num_classes  # never its own class
+
+    @property
+    def count(self) -> int:
+        return len(self.indices)
+
+    def training_set(self) -> Dataset[Any]:
+        """The training examples that are not canaries, and the included canaries with their wrong labels."""
+        others = torch.ones(len(self.train), dtype=torch.bool)  # type: ignore[arg-type]
+        others[self.indices] = False
+        kept = TensorDataset(self.x[self.included], self.labels[self.included])
+        return ConcatDataset([Subset(self.train, torch.nonzero(others).flatten().tolist()), kept])
+
+    @torch.no_grad()
+    def scores(self, model: nn.Module, device: torch.device) -> Tensor:
+        """Minus the model's cross-entropy on each canary's wrong label (higher: more likely trained on)."""
+        model.eval()
+        losses = [
+            nn.functional.cross_entropy(model(x.to(device)), y.to(device), reduction="none").cpu()
+            for x, y in zip(self.x.split(256), self.labels.split(256), strict=True)
+        ]
+        return -torch.cat(losses).to(torch.float64)
+
+    def right_guesses(self, scores: Tensor, guesses: int) -> int:
+        """Of ``guesses`` guesses, half the highest scores guessed included and half the lowest excluded,
+        the right ones."""
+        order = torch.argsort(scores)
+        half = guesses // 2
+        return int((~self.included[order[:half]]).sum()) + int(self.included[order[len(order) - half :]].sum())
+
+
+def result(
+    canaries: InputCanaries, model: nn.Module, device: torch.device, guesses: int, delta: float, confidence: float
+) -> dict[str, float]:
+    """The audit's metrics: its two tests fixed before training (``guesses`` guesses, and a guess on every
+    canary) and its ε lower bound at δ, the larger of theirs under a union bound."""
+    scores = canaries.scores(model, device)
+    every = canaries.count - canaries.count % 2
+    tests = {f"audit.correct_loss_{r}": (r, canaries.right_guesses(scores, r)) for r in dict.fromkeys((guesses, every))}
+    lower = bound.best_bound(tests, canaries.count, delta, confidence)
+    metrics = {key: float(right) for key, (_, right) in tests.items()}
+    return metrics | {"audit.guesses": float(guesses), "audit.tests": float(len(tests)), "audit.epsilon_lower": lower}
+
+
+def keep_planned_sampling(
+    engine: PrivacyEngine,
+    optimizer: DPOptimizer,
+    loader: DPDataLoader,
+    sample_rate: float,
+    steps_per_epoch: int,
+    n_train: int,
+) -> None:
+    """Sample the (smaller) canary'd training set at the plan's rate and steps per epoch, record that rate
+    in the accountant, and divide the noisy sum by the plan's expected batch, as for ``n_train`` examples."""
+    sampler: Any = loader.batch_sampler
+    sampler.sample_rate, sampler.steps = sample_rate, steps_per_epoch
+    loader.sample_rate = sample_rate
+    optimizer.attach_step_hook(engine.accountant.get_optimizer_hook_fn(sample_rate=sample_rate))
+    optimizer.expected_batch_size = int(n_train * sample_rate)  # Opacus's own expected batch of N examples
