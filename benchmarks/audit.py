@@ -9,7 +9,7 @@ confidence (:mod:`dpsweep.audit`). For each claimed ε it records:
 
 - correct runs, seeds 0 .. n − 1 (the audit's seed with them): their lower bounds (mean, largest,
   and how many exceed the claim: soundness wants none), and the share of the claim the mean reaches;
-- one run with each bug of ``dpsweep.audit.white_box.PLANTED_BUGS`` planted (seed 0): its bound, and
+- one run with each bug of ``dpsweep.audit.planted.PLANTED_BUGS`` planted (seed 0): its bound, and
   whether it exceeds the claim (a detection);
 - the cost: the median wall time of 3 audit runs against 3 plain runs of the same config (MLflow
   included, in this process);
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from dpsweep.audit import white_box
+from dpsweep.audit import planted
 
 CLAIMS = (1.0, 4.0, 8.0)
 
@@ -45,9 +45,9 @@ def run(store: str, overrides: list[str], bug: str | None = None) -> tuple[dict[
     from dpsweep.run.runner import train
 
     if bug is None:
-        os.environ.pop(white_box.PLANTED_BUG_ENV, None)
+        os.environ.pop(planted.PLANTED_BUG_ENV, None)
     else:
-        os.environ[white_box.PLANTED_BUG_ENV] = bug
+        os.environ[planted.PLANTED_BUG_ENV] = bug
     with initialize_config_module("dpsweep.conf", version_base="1.3"):
         cfg = compose("config", overrides=[
             f"tracking.uri={store}", "tracking.experiment_name=audit", "tracking.log_model=false",
@@ -56,7 +56,7 @@ def run(store: str, overrides: list[str], bug: str | None = None) -> tuple[dict[
     started = time.perf_counter()
     result = train(cfg)
     seconds = time.perf_counter() - started
-    os.environ.pop(white_box.PLANTED_BUG_ENV, None)
+    os.environ.pop(planted.PLANTED_BUG_ENV, None)
     from mlflow.tracking import MlflowClient
 
     return dict(MlflowClient(store).get_run(result.run_id).data.metrics), seconds
@@ -76,10 +76,14 @@ def main() -> int:
             audit = [*base, "audit.mode=white_box"]
             bounds = [run(store, [*audit, f"train.seed={s}", f"audit.seed={s}"])[0] for s in range(args.seeds)]
             lower = [m["audit.epsilon_lower"] for m in bounds]
-            bugs = {bug: run(store, audit, bug)[0]["audit.epsilon_lower"] for bug in white_box.PLANTED_BUGS}
+            bugs = {bug: run(store, audit, bug)[0]["audit.epsilon_lower"] for bug in planted.PLANTED_BUGS}
             blind = [run(store, [*base, "audit.mode=black_box", f"train.seed={s}", f"audit.seed={s}"])[0]
                      for s in range(args.seeds)]  # fmt: skip
             black = [m["audit.epsilon_lower"] for m in blind]
+            black_bugs = {
+                bug: run(store, [*base, "audit.mode=black_box"], bug)[0]["audit.epsilon_lower"]
+                for bug in planted.PLANTED_BUGS
+            }
             audit_s = [run(store, [*audit, "train.seed=100"])[1] for _ in range(3)]
             plain_s = [run(store, [*base, "train.seed=100"])[1] for _ in range(3)]
             cost = statistics.median(audit_s) / statistics.median(plain_s)
@@ -89,7 +93,8 @@ def main() -> int:
                             "share_of_claim": statistics.fmean(lower) / claim},
                 "planted": {bug: {"bound": b, "detected": b > claim} for bug, b in bugs.items()},
                 "black_box": {"bounds": black, "mean": statistics.fmean(black), "max": max(black),
-                              "flagged": sum(b > claim for b in black)},
+                              "flagged": sum(b > claim for b in black),
+                              "planted": {bug: {"bound": b, "detected": b > claim} for bug, b in black_bugs.items()}},
                 "seconds": {"audit": audit_s, "plain": plain_s, "ratio": cost},
             }  # fmt: skip
             print(f"claimed ε={claim:g}: correct runs' bound mean {statistics.fmean(lower):.3f} "
@@ -97,7 +102,9 @@ def main() -> int:
                   f"{statistics.fmean(lower) / claim:.0%} of it); planted: "
                   + ", ".join(f"{bug} {b:.3f}{' DETECTED' if b > claim else ''}" for bug, b in bugs.items())
                   + f"; audit run / plain run: {cost:.2f}x; black box: mean {statistics.fmean(black):.3f} "
-                  f"(max {max(black):.3f}, {sum(b > claim for b in black)} above)", flush=True)  # fmt: skip
+                  f"(max {max(black):.3f}, {sum(b > claim for b in black)} above), planted: "
+                  + ", ".join(f"{bug} {b:.3f}{' DETECTED' if b > claim else ''}" for bug, b in black_bugs.items()),
+                  flush=True)  # fmt: skip
     machine = (
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}"
     )

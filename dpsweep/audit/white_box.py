@@ -144,44 +144,21 @@ class DiracCanaries:
         self.generator.set_state(state["generator"])
 
 
-def attach(
-    optimizer: DPOptimizer, canaries: DiracCanaries, sample_rate: Callable[[], float], planted_bug: str | None = None
-) -> None:
+def attach(optimizer: DPOptimizer, canaries: DiracCanaries, sample_rate: Callable[[], float]) -> None:
     """Insert ``canaries`` into ``optimizer``'s steps through its public methods: before
     ``clip_and_accumulate``, the sampled canaries' rows are appended to the per-example gradients; after
-    ``add_noise``, the noisy sums are recorded. ``sample_rate`` is the loader's real rate.
-
-    ``planted_bug`` (tests only, :data:`PLANTED_BUGS`) breaks the step as users have met it, to check that
-    the audit sees it."""
+    ``add_noise``, the noisy sums are recorded. ``sample_rate`` is the loader's real rate."""
     clip_and_accumulate, add_noise = optimizer.clip_and_accumulate, optimizer.add_noise
-    reused: list[Tensor] = []  # the RNG state the first step's noise was drawn from (reused_noise)
 
     def clip_with_canaries() -> None:
         if canaries.active:
             sampled = canaries.sample(sample_rate())
             for p, row in zip(optimizer.params, canaries.rows(sampled), strict=True):
                 p.grad_sample = torch.cat([p.grad_sample, row])
-        if planted_bug == "no_clipping":
-            clip, optimizer.max_grad_norm = optimizer.max_grad_norm, float("inf")
-            clip_and_accumulate()
-            optimizer.max_grad_norm = clip
-        else:
-            clip_and_accumulate()
+        clip_and_accumulate()
 
     def noise_and_record() -> None:
-        if planted_bug == "reused_noise":
-            state = torch.get_rng_state()
-            if not reused:
-                reused.append(state)
-            torch.set_rng_state(reused[0])
-            add_noise()
-            torch.set_rng_state(state)
-        elif planted_bug == "noise_tenth":  # the ledger's σ unchanged: the noise drawn is a tenth of it
-            add_noise()
-            for p in optimizer.params:
-                p.grad = p.summed_grad + (p.grad - p.summed_grad) / 10
-        else:
-            add_noise()
+        add_noise()
         if canaries.active:
             canaries.record([p.grad for p in optimizer.params])
 
@@ -210,10 +187,3 @@ def result(canaries: DiracCanaries, guesses: int, delta: float, confidence: floa
     lower = bound.best_bound(tests, canaries.count, delta, confidence)
     metrics = {key: float(right) for key, (_, right) in tests.items()}
     return metrics | {"audit.guesses": float(guesses), "audit.tests": float(len(tests)), "audit.epsilon_lower": lower}
-
-
-# Bugs users have met, planted by tests (DPSWEEP_TEST_PLANTED_BUG) to check that an audit sees them:
-# noise scaled down 10x, clipping off, the sample rate reported at half its real value (the loader samples
-# at twice the ledger's), the noise drawn once and reused.
-PLANTED_BUGS = ("noise_tenth", "no_clipping", "half_sample_rate", "reused_noise")
-PLANTED_BUG_ENV = "DPSWEEP_TEST_PLANTED_BUG"

@@ -33,7 +33,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from tqdm.auto import tqdm
 
-from dpsweep.audit import black_box, white_box
+from dpsweep.audit import black_box, planted, white_box
 from dpsweep.config import Clipping, ConfigError
 from dpsweep.data import device as device_data
 from dpsweep.data import gathered, users
@@ -143,6 +143,10 @@ class ClassifierRun:
                     self.inputs.plan.facts.n_train,
                 )  # fmt: skip
         self.loader, self.generator = loader, generator
+        bug = planted.planted_bug() if cfg.audit.enabled else None
+        if bug is not None:  # a test breaks the run (dpsweep.audit.planted), under the audit's canaries
+            assert isinstance(self.optimizer, DPOptimizer) and isinstance(loader, DPDataLoader)
+            planted.plant(bug, self.optimizer, loader)
         if cfg.audit.mode == "white_box":
             self.canaries = self._attach_audit(loader)
         self.trainer = Trainer(self.model, self.optimizer, self.criterion, device)
@@ -154,16 +158,10 @@ class ClassifierRun:
 
     def _attach_audit(self, loader: DataLoader[Any]) -> white_box.DiracCanaries:
         """The white-box one-run audit's canaries in the DP optimizer's steps (``dpsweep.audit``), sampled
-        at the loader's own rate; a bug planted by a test (``white_box.PLANTED_BUG_ENV``) breaks the run."""
+        at the loader's own rate."""
         a, optimizer = self.cfg.audit, self.optimizer
         assert isinstance(optimizer, DPOptimizer) and self.max_grad_norm is not None
-        bug = os.environ.get(white_box.PLANTED_BUG_ENV) or None
-        if bug is not None and bug not in white_box.PLANTED_BUGS:
-            raise ValueError(f"{white_box.PLANTED_BUG_ENV}={bug}: one of {', '.join(white_box.PLANTED_BUGS)}")
-        sampler = loader.batch_sampler
-        if bug == "half_sample_rate":  # the loader samples at twice the rate the ledger records
-            sampler.sample_rate *= 2  # type: ignore[union-attr]
-            loader.sample_rate = sampler.sample_rate  # type: ignore[union-attr]  # device-resident batches
+        sampler: Any = loader.batch_sampler
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         privacy = self.inputs.plan.privacy
         assert privacy is not None and privacy.poisson_rate is not None  # DP-SGD: Poisson-sampled
@@ -171,7 +169,7 @@ class ClassifierRun:
         canaries = white_box.DiracCanaries(
             trainable, a.canaries, self.max_grad_norm, claimed, a.magnitude * self.max_grad_norm, a.seed
         )
-        white_box.attach(optimizer, canaries, lambda: float(sampler.sample_rate), bug)  # type: ignore[union-attr]
+        white_box.attach(optimizer, canaries, lambda: float(sampler.sample_rate))
         return canaries
 
     def _start_own_steps(self) -> Checkpointed:

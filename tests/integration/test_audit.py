@@ -11,7 +11,7 @@ import torch
 from helpers import Composer, run_dpsweep, runs_of, straight_and_resumed
 from mlflow.tracking import MlflowClient
 
-from dpsweep.audit import white_box
+from dpsweep.audit import planted
 from dpsweep.config import ConfigError, flatten, identity, to_config, validate, validate_for_dataset
 from dpsweep.run.runner import train
 from dpsweep.tasks import classifier
@@ -57,7 +57,7 @@ def test_a_bug_planted_in_dp_sgd_is_caught_by_one_audit_run(
     make_cfg: Composer, client: MlflowClient, monkeypatch: pytest.MonkeyPatch, bug: str
 ) -> None:
     """The accountant claims ε = 1 (its ledger does not know the bug); the audit's bound exceeds it."""
-    monkeypatch.setenv(white_box.PLANTED_BUG_ENV, bug)
+    monkeypatch.setenv(planted.PLANTED_BUG_ENV, bug)
     result = train(make_cfg(*AUDIT))
     m = _audit(client, result.run_id)
     assert m["epsilon"] == pytest.approx(1.0, abs=1e-3)
