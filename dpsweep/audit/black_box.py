@@ -36,7 +36,7 @@ from opacus.optimizers import DPOptimizer
 from torch import Tensor, nn
 from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
 
-from dpsweep.audit import bound
+from dpsweep.audit.guesses import metrics, right_guesses
 from dpsweep.data.device import materialize
 
 
@@ -77,24 +77,19 @@ class InputCanaries:
         return -torch.cat(losses).to(torch.float64)
 
     def right_guesses(self, scores: Tensor, guesses: int) -> int:
-        """Of ``guesses`` guesses, half the highest scores guessed included and half the lowest excluded,
-        the right ones."""
-        order = torch.argsort(scores)
-        half = guesses // 2
-        return int((~self.included[order[:half]]).sum()) + int(self.included[order[len(order) - half :]].sum())
+        """Of ``guesses`` guesses on ``scores`` (:meth:`scores`), the right ones."""
+        return right_guesses(scores, self.included, guesses)
 
 
 def result(
     canaries: InputCanaries, model: nn.Module, device: torch.device, guesses: int, delta: float, confidence: float
 ) -> dict[str, float]:
-    """The audit's metrics: its two tests fixed before training (``guesses`` guesses, and a guess on every
-    canary) and its ε lower bound at δ, the larger of theirs under a union bound."""
+    """The audit's metrics (:func:`dpsweep.audit.guesses.metrics`) for its two tests, fixed before training:
+    ``guesses`` guesses, and a guess on every canary."""
     scores = canaries.scores(model, device)
     every = canaries.count - canaries.count % 2
     tests = {f"audit.correct_loss_{r}": (r, canaries.right_guesses(scores, r)) for r in dict.fromkeys((guesses, every))}
-    lower = bound.best_bound(tests, canaries.count, delta, confidence)
-    metrics = {key: float(right) for key, (_, right) in tests.items()}
-    return metrics | {"audit.guesses": float(guesses), "audit.tests": float(len(tests)), "audit.epsilon_lower": lower}
+    return metrics(tests, canaries.count, guesses, delta, confidence)
 
 
 def keep_planned_sampling(

@@ -40,7 +40,7 @@ import torch
 from opacus.optimizers import DPOptimizer
 from torch import Tensor
 
-from dpsweep.audit import bound
+from dpsweep.audit.guesses import metrics, right_guesses
 
 STATE_KEY = "dpsweep.audit"  # the audit's scores and generator in the optimizer's first param group (checkpoints)
 
@@ -84,7 +84,11 @@ class DiracCanaries:
             self.coordinates = torch.randperm(total, generator=self.generator)[:count]
         self.included = torch.rand(count, generator=self.generator) < 0.5
         self.releases: list[Tensor] = []  # per step, each canary's coordinate of the release (units of C)
-        self.offsets = torch.tensor([0, *sizes]).cumsum(0)  # where each parameter starts in the flat vector
+        # each canary's parameter and its coordinate in it, and each parameter's canaries (made once)
+        starts = torch.tensor([0, *sizes]).cumsum(0)
+        self.owner = torch.bucketize(self.coordinates, starts[1:], right=True)
+        self.local = self.coordinates - starts[self.owner]
+        self.members = [torch.nonzero(self.owner == i).flatten() for i in range(len(params))]
         self.active = False
 
     @property
@@ -99,20 +103,22 @@ class DiracCanaries:
     def rows(self, sampled: Tensor) -> list[Tensor]:
         """Per-example gradient rows of the ``sampled`` canaries, one tensor per parameter (len(sampled) × shape)."""
         rows = []
-        coordinates = self.coordinates[sampled]
+        owner, local = self.owner[sampled], self.local[sampled]
         for i, p in enumerate(self.params):
-            start, end = int(self.offsets[i]), int(self.offsets[i + 1])
             row = torch.zeros(len(sampled), p.numel(), dtype=p.dtype, device=p.device)
-            mine = (coordinates >= start) & (coordinates < end)
-            where = torch.nonzero(mine).flatten()
-            row[where.to(p.device), (coordinates[mine] - start).to(p.device)] = self.magnitude
+            where = torch.nonzero(owner == i).flatten()
+            row[where.to(p.device), local[where].to(p.device)] = self.magnitude
             rows.append(row.reshape(len(sampled), *p.shape))
         return rows
 
     def record(self, released: list[Tensor]) -> None:
-        """Keep this step's release (one tensor per parameter) at each canary's coordinate, in units of C."""
-        flat = torch.cat([g.detach().reshape(-1) for g in released])
-        self.releases.append((flat[self.coordinates.to(flat.device)] / self.max_grad_norm).to("cpu", torch.float64))
+        """Keep this step's release (one tensor per parameter) at each canary's coordinate, in units of C:
+        read from the parameters that hold canaries only, not a copy of the whole gradient."""
+        x = torch.empty(self.count, dtype=torch.float64)
+        for members, g in zip(self.members, released, strict=True):
+            if len(members):
+                x[members] = g.detach().reshape(-1)[self.local[members].to(g.device)].to("cpu", torch.float64)
+        self.releases.append(x / self.max_grad_norm)
 
     def scores(self, centred: bool) -> Tensor:
         """Each canary's score (see the class): the sum over the steps of each release's log-likelihood
@@ -127,11 +133,8 @@ class DiracCanaries:
         return torch.logaddexp(torch.full_like(x, math.log1p(-q)), spike).sum(dim=0)
 
     def right_guesses(self, guesses: int, centred: bool) -> int:
-        """Of ``guesses`` guesses, half the highest scores guessed included and half the lowest excluded,
-        the right ones."""
-        order = torch.argsort(self.scores(centred))
-        half = guesses // 2
-        return int((~self.included[order[:half]]).sum()) + int(self.included[order[len(order) - half :]].sum())
+        """Of ``guesses`` guesses on the ``centred`` score or the raw one, the right ones."""
+        return right_guesses(self.scores(centred), self.included, guesses)
 
     def state(self) -> dict[str, Tensor]:
         """What a checkpoint keeps: the releases so far and the generator of the samples."""
@@ -177,13 +180,9 @@ def planned_tests(guesses: int, canaries: int) -> list[tuple[str, bool, int]]:
 
 
 def result(canaries: DiracCanaries, guesses: int, delta: float, confidence: float) -> dict[str, float]:
-    """The audit's metrics: the right guesses of each test (:func:`planned_tests`, fixed before
-    training), and its ε lower bound at δ, the largest of theirs under a union bound
-    (:func:`dpsweep.audit.bound.best_bound`)."""
+    """The audit's metrics (:func:`dpsweep.audit.guesses.metrics`) for the tests of :func:`planned_tests`."""
     tests = {
         f"audit.correct_{name}_{r}": (r, canaries.right_guesses(r, centred))
         for name, centred, r in planned_tests(guesses, canaries.count)
     }
-    lower = bound.best_bound(tests, canaries.count, delta, confidence)
-    metrics = {key: float(right) for key, (_, right) in tests.items()}
-    return metrics | {"audit.guesses": float(guesses), "audit.tests": float(len(tests)), "audit.epsilon_lower": lower}
+    return metrics(tests, canaries.count, guesses, delta, confidence)

@@ -16,6 +16,13 @@ def _canaries(count: int = 40, seed: int = 0) -> tuple[list[torch.Tensor], white
     return params, white_box.DiracCanaries(params, count, 1.0, (0.1, 1.0), magnitude=100.0, seed=seed)
 
 
+def _per_parameter(release: torch.Tensor) -> list[torch.Tensor]:
+    """A release over the 59 flattened coordinates, as one tensor per parameter of :func:`_canaries`."""
+    shapes = [(3, 4), (5,), (2, 2, 3), (30,)]
+    sizes = [math.prod(shape) for shape in shapes]
+    return [part.reshape(shape) for part, shape in zip(release.split(sizes), shapes, strict=True)]
+
+
 def test_a_canarys_gradient_row_is_its_magnitude_at_its_coordinate_and_zero_elsewhere() -> None:
     params, canaries = _canaries()
     sampled = torch.tensor([0, 5, 17])
@@ -48,7 +55,7 @@ def test_releases_with_the_included_canaries_spikes_are_guessed_right() -> None:
             sampled = canaries.sample(0.1)
             release = torch.randn(sum(p.numel() for p in params), generator=generator) * sigma
             release[canaries.coordinates[sampled]] += 1.0
-            canaries.record([release])
+            canaries.record(_per_parameter(release))
         right = canaries.right_guesses(20, centred=False)
         assert right == 20 if sigma < 1 else 4 <= right <= 16, (sigma, right)
 
@@ -59,7 +66,7 @@ def test_reused_noise_is_seen_by_the_centred_score_only() -> None:
     for _ in range(200):
         release = noise.clone()  # drawn once, reused at every step
         release[canaries.coordinates[canaries.sample(0.1)]] += 1.0
-        canaries.record([release])
+        canaries.record(_per_parameter(release))
     assert canaries.right_guesses(40, centred=True) == 40
     assert canaries.right_guesses(40, centred=False) < 36
 
@@ -69,7 +76,7 @@ def test_a_checkpoint_keeps_the_releases_and_the_sampling_generator() -> None:
     _, b = _canaries(seed=4)
     for _ in range(3):
         a.sample(0.5)
-        a.record([torch.randn(59)])
+        a.record(_per_parameter(torch.randn(59)))
     b.load(a.state())
     assert torch.equal(a.scores(centred=False), b.scores(centred=False))
     assert torch.equal(a.sample(0.5), b.sample(0.5))
@@ -82,7 +89,7 @@ def test_the_tests_are_fixed_before_training_and_their_confidence_shared() -> No
     for _ in range(50):
         release = torch.zeros(59)
         release[canaries.coordinates[canaries.sample(0.2)]] = 1.0
-        canaries.record([release])
+        canaries.record(_per_parameter(release))
     metrics = white_box.result(canaries, 10, 0.0, 0.95)
     assert metrics["audit.tests"] == 3 and metrics["audit.correct_raw_10"] == 10
     # a guess on every canary is half "in", half "out": all right but for the imbalance of the included
