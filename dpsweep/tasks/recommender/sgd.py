@@ -85,7 +85,7 @@ def gradient_norms(
     ratings = Batch(ratings.users, ratings.items, ratings.values.double(), ratings.slots, ratings.n_users,
                     ratings.n_items)  # fmt: skip
     e = residuals(items, users, ratings)
-    predicted = (users[ratings.users] * items[ratings.items]).sum(1)
+    predicted = ratings.values - e  # ⟨u_i, v_j⟩, from the residuals just computed
     per_user = torch.zeros(users.shape[0], dtype=items.dtype, device=items.device)
     per_user.index_add_(0, ratings.users, e * e - 2 * unobserved * e * predicted)
     per_user = per_user + unobserved**2 * (users @ items.T).pow(2).sum(1)

@@ -391,9 +391,6 @@ class DPAMRun(RecommenderRun):
     def memory_iteration(self, stages: Marks) -> None:
         self._fixed_step(stages)
 
-    def params(self) -> dict[str, Any]:
-        return {}
-
 
 class JointSGDRun(DPAMRun):
     """``task.method=sgd``: user-level DP-SGD on the same factorized model, the baseline DPAM is measured
