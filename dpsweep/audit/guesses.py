@@ -18,6 +18,15 @@ def right_guesses(scores: Tensor, included: Tensor, guesses: int) -> int:
     return int((~included[order[:half]]).sum()) + int(included[order[len(order) - half :]].sum())
 
 
+def tags(mode: str, canaries: int) -> dict[str, str]:
+    """What an audit run is tagged: its canaries are extra training units, so its model is not a plain
+    run's and not for release; its ledger is the run's."""
+    return {
+        "dp.release": "not-for-release",
+        "audit.note": f"{mode} one-run audit: {canaries} canaries, about half trained on; ledger unchanged",
+    }
+
+
 def metrics(
     tests: Mapping[str, tuple[int, int]], canaries: int, guesses: int, delta: float, confidence: float
 ) -> dict[str, float]:

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from dpsweep.config.schema import Config
 
 MODES = ("off", "white_box", "black_box")
+OPACUS_MODES = ("hooks", "functorch", "ew")  # per-example gradients a canary row can join
 
 
 @dataclass
@@ -31,7 +32,7 @@ class AuditConfig:
 
 
 def check(cfg: Config) -> None:
-    """audit.*, and what an audit needs of the run: DP, and DP-SGD through Opacus's per-example gradients."""
+    """audit.*, and what an audit needs of the run: DP, and a mechanism and gradient mode its canaries can join."""
     a, dp = cfg.audit, cfg.dp
     require(a.mode in MODES, "audit.mode", a.mode, f"one of {', '.join(MODES)}")
     if not a.enabled:
@@ -44,12 +45,20 @@ def check(cfg: Config) -> None:
     )  # fmt: skip
     require(a.magnitude >= 1, "audit.magnitude", a.magnitude, "1 or more (times dp.max_grad_norm)")
     require(dp.enabled, "audit.mode", a.mode, "off for a non-private run (dp=off): there is no ε to audit")
-    runs = f"{a.mode} with task=classifier, dp.mechanism=dpsgd, dp.unit=example and Opacus's per-example gradients"
-    opacus = dp.grad_sample_mode.value in ("hooks", "functorch", "ew")
-    require(
-        cfg.task.name == "classifier" and dp.mechanism == "dpsgd" and dp.unit.value == "example" and opacus,
-        "audit.mode", a.mode, f"off here: {runs} (dp.grad_sample_mode=hooks, functorch or ew)",
-    )  # fmt: skip
+    opacus = dp.mechanism == "dpsgd" and dp.unit.value == "example" and dp.grad_sample_mode.value in OPACUS_MODES
+    own = dp.mechanism == "dpftrl" or dp.unit.value == "user" or dp.grad_sample_mode.value == "fused"
+    white = (
+        "dp.mechanism=dpsgd at example level with dp.grad_sample_mode=hooks, functorch, ew or fused, "
+        "user-level DP-SGD, or DP-FTRL; or task=gan (its critic)"
+    )
+    gan = cfg.task.name == "gan"
+    runs = {
+        "white_box": (opacus or own or gan, f"off here: white_box runs with task=classifier and {white}"),
+        "black_box": (opacus, "off here: black_box runs with task=classifier, dp.mechanism=dpsgd, dp.unit=example "
+                      "and Opacus's per-example gradients (dp.grad_sample_mode=hooks, functorch or ew)"),
+    }[a.mode]  # fmt: skip
+    require(cfg.task.name in ("classifier", "gan") and runs[0] and (a.mode == "white_box" or not gan),
+            "audit.mode", a.mode, runs[1])  # fmt: skip
     if a.mode == "white_box":  # canaries drawn once a step, in the units of one fixed C
         pb = cfg.train.physical_batch_size
         require(pb is None, "train.physical_batch_size", pb, "null with audit.mode=white_box: a step is one pass")

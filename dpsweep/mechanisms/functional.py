@@ -35,7 +35,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -269,6 +269,14 @@ class _AsUnits:
     def __len__(self) -> int:
         return len(self.batches)
 
+    @property
+    def sample_rate(self) -> float:
+        return self.batches.sample_rate
+
+    @sample_rate.setter
+    def sample_rate(self, rate: float) -> None:  # a test's planted bug (dpsweep.audit.planted)
+        self.batches.sample_rate = rate
+
     def __iter__(self) -> Iterator[users.UserBatch]:
         for x, y in self.batches:
             yield users.UserBatch(x, y, torch.arange(len(y), device=y.device))
@@ -299,12 +307,25 @@ class TreeAggregation(OwnRule):
             optimizer.restart()
 
 
+class StepHook(Protocol):
+    """What looks into a run's own steps (a white-box audit's canaries, ``dpsweep.audit.own_steps``)."""
+
+    def gradient(self, grads: dict[str, Tensor], divisor: float, step: int) -> None:
+        """Before step ``step`` (0-based in the run): the rule's gradient by parameter name (its noisy sum
+        over ``divisor``, or for DP-FTRL its clipped sum over B), which the hook may change in place."""
+
+    def stepped(self, step: int) -> None:
+        """After the optimizer's step ``step``."""
+
+
 class OwnSteps:
-    """One DP step of a unit batch: the rule's noised gradient, then the optimizer's step."""
+    """One DP step of a unit batch: the rule's noised gradient, then the optimizer's step (``hooks``
+    see both)."""
 
     def __init__(self, run: OwnRun, optimizer: torch.optim.Optimizer, rule: OwnRule) -> None:
         self.run, self.optimizer, self.rule = run, optimizer, rule
         self.optimizer.param_groups[0].setdefault(STEPS_KEY, 0)
+        self.hooks: list[StepHook] = []
 
     @property
     def steps(self) -> int:
@@ -317,11 +338,16 @@ class OwnSteps:
         self.optimizer.zero_grad(set_to_none=True)
         params = {k: p for k, p in self.run.model.named_parameters() if p.requires_grad}
         grads = self.rule.gradient(self.run, batch, expected_units)
+        step = self.steps
+        for hook in self.hooks:
+            hook.gradient(grads, expected_units, step)
         stages.mark("backward")
         for name, p in params.items():
             p.grad = grads[name].detach()
         self.optimizer.step()
         self.optimizer.param_groups[0][STEPS_KEY] += 1
+        for hook in self.hooks:
+            hook.stepped(step)
         stages.mark("optimizer_step")
 
     def end_epoch(self, epoch: int) -> None:

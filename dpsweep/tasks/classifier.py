@@ -33,7 +33,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from tqdm.auto import tqdm
 
-from dpsweep.audit import black_box, planted, white_box
+from dpsweep.audit import black_box, own_steps, planted, white_box
+from dpsweep.audit.guesses import tags as audit_tags
 from dpsweep.config import Clipping, ConfigError
 from dpsweep.data import device as device_data
 from dpsweep.data import gathered, users
@@ -41,6 +42,7 @@ from dpsweep.data import loaders as datasets
 from dpsweep.mechanisms import functional as func_dp
 from dpsweep.mechanisms import opacus_engine as dpsgd
 from dpsweep.mechanisms.batches import Batch, physical_batches
+from dpsweep.mechanisms.dpftrl_accounting import restart_after_epoch
 from dpsweep.models import classifiers as model_zoo
 from dpsweep.models import feature_cache
 from dpsweep.models.optimizers import build_optimizer
@@ -102,10 +104,7 @@ class ClassifierRun:
         tags: dict[str, Any] = {"model.trainable_params": model_zoo.trainable_parameters(self.model)}
         a = self.cfg.audit
         if a.enabled:  # the canaries are extra training examples: the model is not a plain run's
-            tags |= {
-                "dp.release": "not-for-release",
-                "audit.note": f"{a.mode} one-run audit: {a.canaries} canaries, about half trained on; ledger unchanged",
-            }
+            tags |= audit_tags(a.mode, a.canaries)
         return tags
 
     def start(self, run: Tracker) -> Checkpointed:
@@ -185,23 +184,72 @@ class ClassifierRun:
         self.exact = func_dp.FixedOrderBatches(x, y, unit, cfg.train.batch_size, m, cfg.train.seed, device)
         rule = func_dp.rule_of(cfg)
         run = func_dp.OwnRun(cfg, self.model, self.criterion, (x, y, unit), self.exact, sigma, device)
+        bug = planted.planted_bug() if cfg.audit.enabled else None
+        if bug is not None:  # a test breaks the run (dpsweep.audit.planted), under the audit's canaries
+            run = planted.plant_own_run(bug, run)
         own = rule.setup(run)
+        if bug is not None:
+            planted.plant_own_steps(bug, rule, own)
         self.optimizer, self.generator = own.optimizer, own.generator
         self.unit_batches: Iterable[users.UserBatch] = own.batches
         self.expected_units = own.expected_units
         self.own = func_dp.OwnSteps(run, self.optimizer, rule)
         self.max_grad_norm = cfg.dp.max_grad_norm
+        if cfg.audit.mode == "white_box":
+            self.canaries = self._attach_own_audit(run, own)
         return Checkpointed(self.model, self.optimizer, None, self.generator)
+
+    def _attach_own_audit(self, run: func_dp.OwnRun, own: func_dp.OwnSetup) -> white_box.DiracCanaries:
+        """The white-box audit's canaries in the run's own steps (``dpsweep.audit.own_steps``): one more
+        unit each, in Poisson-sampled batches at the batches' real rate, or at a seeded place of
+        DP-FTRL's fixed order; clipped at the C the steps clip with, scored in units of the claimed C."""
+        cfg, a, privacy = self.cfg, self.cfg.audit, self.inputs.plan.privacy
+        assert self.own is not None and privacy is not None
+        named = [(k, p) for k, p in self.model.named_parameters() if p.requires_grad]
+        names, trainable = [k for k, _ in named], [p for _, p in named]
+        c, clip, magnitude = cfg.dp.max_grad_norm, run.cfg.dp.max_grad_norm, a.magnitude * cfg.dp.max_grad_norm
+        if privacy.sample_rate is None:  # DP-FTRL: the fixed order, a tree per restart
+            b, every = len(self.exact), cfg.dp.ftrl_restart_every
+            restarts = [e for e in range(1, cfg.train.epochs + 1) if restart_after_epoch(e, cfg.train.epochs, every)]
+            tree = own_steps.TreeCanaries(
+                trainable, a.canaries, c, privacy.noise_multiplier, magnitude, a.seed, names=names, clip=clip,
+                steps_per_epoch=b, tree_starts=[0, *(e * b for e in restarts)], completion=cfg.dp.ftrl_tree_completion,
+                lr=cfg.optimizer.lr, momentum=getattr(cfg.optimizer, "momentum", 0.0), divisor=own.expected_units,
+            )  # fmt: skip
+            self.own.hooks.append(tree)
+            return tree
+        batches: Any = own.batches
+        canaries = white_box.DiracCanaries(
+            trainable, a.canaries, c, (privacy.poisson_rate, privacy.noise_multiplier), magnitude, a.seed
+        )
+        self.own.hooks.append(own_steps.PoissonCanaries(canaries, names, clip, lambda: float(batches.sample_rate)))
+        return canaries
 
     def _own_epoch(self, epoch: int, stages: Stages) -> dict[str, float]:
         """An epoch of DP-FTRL or user-level DP-SGD; no train_loss (never released with DP: not computed)."""
         assert self.own is not None
         self.model.train()
+        self._audit_on()
         for batch in self.unit_batches:
             self.own.step(batch, self.expected_units, stages)
             stages.stepped()
         self.own.end_epoch(epoch)
+        self._audit_off()
         return {}
+
+    def _audit_on(self) -> None:
+        """The white-box audit's canaries join the training steps (not a memory iteration's or a probe's),
+        from the state the optimizer's first param group holds (a resumed run's)."""
+        if self.canaries is not None:
+            group = self.optimizer.param_groups[0]
+            if white_box.STATE_KEY in group:
+                self.canaries.load(group[white_box.STATE_KEY])
+            self.canaries.active = True
+
+    def _audit_off(self) -> None:
+        if self.canaries is not None:
+            self.canaries.active = False
+            self.optimizer.param_groups[0][white_box.STATE_KEY] = self.canaries.state()
 
     def _own_exact_step(self, stages: Marks) -> None:
         """One DP step (memory stages, probes) on a batch of a public shape: B units of m examples each
@@ -230,12 +278,7 @@ class ClassifierRun:
         if self.own is not None:
             return self._own_epoch(epoch, stages)
         self.model.train()
-        canaries = self.canaries
-        if canaries is not None:  # scored on training steps only (no memory iteration), resumed with the optimizer
-            group = self.optimizer.param_groups[0]
-            if white_box.STATE_KEY in group:
-                canaries.load(group[white_box.STATE_KEY])
-            canaries.active = True
+        self._audit_on()
         loss_sum, seen = torch.zeros((), device=self.device), 0  # summed on the device: no wait per step
         show = None if self.cfg.train.progress else True
         with physical_batches(self.batches, self.inputs.plan.physical_batch_size, self.optimizer) as passes:
@@ -251,9 +294,7 @@ class ClassifierRun:
                     loss_sum += loss * len(y)
                     seen += len(y)
         self.optimizer.zero_grad(set_to_none=True)  # gradients and per-sample gradients are not needed now
-        if canaries is not None:
-            canaries.active = False
-            self.optimizer.param_groups[0][white_box.STATE_KEY] = canaries.state()
+        self._audit_off()
         metrics = {"train_loss": float(loss_sum) / max(seen, 1)}
         if self.cfg.dp.enabled and self.cfg.dp.clipping == Clipping.adaptive:
             optimizer: DPOptimizer = self.optimizer

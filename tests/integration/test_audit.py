@@ -17,6 +17,17 @@ from dpsweep.run.runner import train
 from dpsweep.tasks import classifier
 
 AUDIT = ["audit.mode=white_box", "dp.target_epsilon=1", "train.epochs=3"]
+USER_LEVEL = ["dp.unit=user", "dataset.users=partition", "dataset.num_users=1000", "train.batch_size=50"]
+OWN_STEPS = {  # the steps that noise their own gradients (dpsweep.mechanisms.functional)
+    "dpftrl": [
+        "dp.mechanism=dpftrl",
+        "optimizer.momentum=0.9",
+        "dp.ftrl_restart_every=2",
+        "dp.ftrl_tree_completion=true",
+    ],
+    "fused": ["dp.grad_sample_mode=fused"],
+    "user": USER_LEVEL,
+}
 
 
 def _audit(client: MlflowClient, run_id: str) -> dict[str, float]:
@@ -78,11 +89,77 @@ def test_correct_runs_are_never_flagged_over_20_seeds(make_cfg: Composer, client
     assert max(bounds) > 0  # the audit found something in some run: it is not blind
 
 
-@pytest.mark.slow  # about 10 s: a run straight through and one interrupted then resumed
-def test_an_interrupted_audit_run_resumes_to_the_same_bound(
-    tmp_path: Path, make_cfg: Composer, client: MlflowClient, experiment_name: str
+@pytest.mark.parametrize("own", OWN_STEPS)
+def test_an_audit_of_steps_outside_opacus_logs_its_bound_beside_an_unchanged_epsilon(
+    make_cfg: Composer, client: MlflowClient, own: str
 ) -> None:
-    args = [*AUDIT, "dp.target_epsilon=8"]
+    """DP-FTRL, the fused step and user-level DP-SGD: one more unit per canary, the ledger a plain run's."""
+    audited = train(make_cfg(*AUDIT, *OWN_STEPS[own]))
+    plain = train(make_cfg(*AUDIT[1:], *OWN_STEPS[own], "tracking.experiment_name=plain"))
+    assert audited.ledger == plain.ledger and audited.steps == plain.steps
+    m = _audit(client, audited.run_id)
+    assert m["epsilon"] == client.get_run(plain.run_id).data.metrics["epsilon"]
+    assert m["audit.tests"] == 3 and 0 <= m["audit.correct_raw_100"] <= 100
+    assert 0 <= m["audit.epsilon_lower"] <= m["epsilon"], m
+    assert client.get_run(audited.run_id).data.tags["dp.release"] == "not-for-release"
+
+
+@pytest.mark.slow  # about 25 s: nine runs
+@pytest.mark.parametrize("own", OWN_STEPS)
+@pytest.mark.parametrize("bug", ["noise_tenth", "no_clipping", "reused_noise"])
+def test_a_bug_planted_in_steps_outside_opacus_is_caught_by_one_audit_run(
+    make_cfg: Composer, client: MlflowClient, monkeypatch: pytest.MonkeyPatch, bug: str, own: str
+) -> None:
+    monkeypatch.setenv(planted.PLANTED_BUG_ENV, bug)
+    m = _audit(client, train(make_cfg(*AUDIT, *OWN_STEPS[own])).run_id)
+    assert m["epsilon"] == pytest.approx(1.0, abs=1e-3)
+    assert m["audit.epsilon_lower"] > m["epsilon"], m
+
+
+@pytest.mark.slow  # about 60 s: 20 audit runs each
+@pytest.mark.parametrize("own", OWN_STEPS)
+def test_correct_runs_outside_opacus_are_never_flagged_over_20_seeds(
+    make_cfg: Composer, client: MlflowClient, own: str
+) -> None:
+    bounds = []
+    for seed in range(20):
+        args = [*AUDIT, *OWN_STEPS[own], "dp.target_epsilon=4", f"train.seed={seed}", f"audit.seed={seed}"]
+        m = _audit(client, train(make_cfg(*args)).run_id)
+        bounds.append(m["audit.epsilon_lower"])
+        assert m["audit.epsilon_lower"] <= m["epsilon"], (seed, m)
+    assert max(bounds) > 0
+
+
+GAN = ["task=gan", "task.tstr_epochs=1", "task.critic_width=8", "task.generator_width=16", "train.epochs=3"]
+
+
+def test_a_white_box_audit_of_the_gans_critic_logs_its_bound(make_cfg: Composer, client: MlflowClient) -> None:
+    """The canaries join the critic's private steps; the ledger is a plain GAN run's."""
+    audited = train(make_cfg(*AUDIT, *GAN))
+    plain = train(make_cfg(*AUDIT[1:], *GAN, "tracking.experiment_name=plain"))
+    assert audited.ledger == plain.ledger and audited.steps == plain.steps
+    m = _audit(client, audited.run_id)
+    assert m["audit.tests"] == 3 and 0 <= m["audit.epsilon_lower"] <= m["epsilon"], m
+    tags = client.get_run(audited.run_id).data.tags
+    assert tags["dp.release"] == "not-for-release" and "white_box one-run audit" in tags["audit.note"]
+
+
+@pytest.mark.slow  # about 20 s: three GAN runs
+@pytest.mark.parametrize("bug", ["noise_tenth", "no_clipping", "reused_noise"])
+def test_a_bug_planted_in_the_gans_critic_is_caught_by_one_audit_run(
+    make_cfg: Composer, client: MlflowClient, monkeypatch: pytest.MonkeyPatch, bug: str
+) -> None:
+    monkeypatch.setenv(planted.PLANTED_BUG_ENV, bug)
+    m = _audit(client, train(make_cfg(*AUDIT, *GAN, "train.epochs=10")).run_id)
+    assert m["audit.epsilon_lower"] > m["epsilon"] == pytest.approx(1.0, abs=1e-3), m
+
+
+@pytest.mark.slow  # about 10 s: a run straight through and one interrupted then resumed
+@pytest.mark.parametrize("own", [[], OWN_STEPS["dpftrl"], OWN_STEPS["fused"]])
+def test_an_interrupted_audit_run_resumes_to_the_same_bound(
+    tmp_path: Path, make_cfg: Composer, client: MlflowClient, experiment_name: str, own: list[str]
+) -> None:
+    args = [*AUDIT, *own, "dp.target_epsilon=8"]
     straight, resumed = straight_and_resumed(
         make_cfg, client, experiment_name, args, classifier.ClassifierRun, 2, tmp_path / "ckpt"
     )
@@ -101,9 +178,12 @@ def test_an_interrupted_audit_run_resumes_to_the_same_bound(
         (["audit.guesses=7"], "audit.guesses", "an even number of guesses"),
         (["audit.mode=grey_box"], "audit.mode", "one of off, white_box, black_box"),
         (["dp=off"], "audit.mode", "off for a non-private run"),
-        (["dp.mechanism=dpftrl"], "audit.mode", "white_box with task=classifier, dp.mechanism=dpsgd"),
-        (["dp.grad_sample_mode=ghost"], "audit.mode", "Opacus's per-example gradients"),
-        (["task=gan"], "audit.mode", "white_box with task=classifier"),
+        (["dp.grad_sample_mode=ghost"], "audit.mode", "grad_sample_mode=hooks, functorch, ew or fused, user-level"),
+        (
+            ["task=recommender", "dp.unit=user", "dataset=movielens"],
+            "audit.mode",
+            "white_box runs with task=classifier",
+        ),
         (["dp.clipping=adaptive"], "dp.clipping", "fixed or quantile with audit.mode=white_box"),
         (["train.physical_batch_size=16"], "train.physical_batch_size", "null with audit.mode=white_box"),
     ],
@@ -112,6 +192,13 @@ def test_bad_audit_settings_are_refused(make_cfg: Composer, overrides: list[str]
     with pytest.raises(ConfigError) as err:
         validate(to_config(make_cfg("audit.mode=white_box", *overrides)))
     assert err.value.key == key and allowed in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("own", [["dp.mechanism=dpftrl"], ["dp.grad_sample_mode=fused"], USER_LEVEL, ["task=gan"]])
+def test_a_black_box_audit_of_steps_outside_opacus_is_refused(make_cfg: Composer, own: list[str]) -> None:
+    with pytest.raises(ConfigError) as err:
+        validate(to_config(make_cfg("audit.mode=black_box", *own)))
+    assert err.value.key == "audit.mode" and "black_box runs with task=classifier" in str(err.value), str(err.value)
 
 
 def test_more_canaries_than_training_examples_exit_2_naming_the_key_and_leave_no_run(
