@@ -42,6 +42,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from dpsweep.audit import own_steps, planted, white_box
+from dpsweep.audit.guesses import tags as audit_tags
 from dpsweep.config import GanTaskConfig
 from dpsweep.data import device as device_data
 from dpsweep.data import loaders as datasets
@@ -106,6 +108,9 @@ class GanRun:
         if self.cfg.dp.enabled and self.settings.checks_memorisation(private=True):
             # memorisation_share reads the training images without noise: a release ε does not cover
             tags |= {"dp.release": "not-for-release", "dp.outside_ledger": "memorisation_share"}
+        a = self.cfg.audit
+        if a.enabled:  # the canaries are extra training examples of the critic
+            tags |= audit_tags(a.mode, a.canaries)
         return tags
 
     def start(self, run: Tracker) -> Checkpointed:
@@ -130,7 +135,34 @@ class GanRun:
             self.batches = device_data.ShuffledBatches(
                 x, y, batch_size=cfg.train.batch_size, device=device, generator=self.generator
             )
+        self.draw: Callable[..., tuple[dict[str, torch.Tensor], torch.Tensor]] = dpgan.private_critic_gradient
+        privacy = self.inputs.plan.privacy
+        self.step = None if privacy is None else dpgan.CriticStep(
+            g.gp_weight, cfg.dp.max_grad_norm, privacy.noise_multiplier,
+            privacy.poisson_rate * self.inputs.plan.facts.n_train,
+        )  # fmt: skip
+        bug = planted.planted_bug() if cfg.audit.enabled else None
+        if self.step is not None and bug is not None:  # a test breaks the run (dpsweep.audit.planted)
+            self.step, self.draw = planted.plant_critic(bug, self.step, self.draw, self.batches)
+        self.audit = self._attach_audit() if cfg.audit.mode == "white_box" else None
         return Checkpointed(self.gan, self.optimizer, None, self.generator)
+
+    def _attach_audit(self) -> own_steps.PoissonCanaries:
+        """The white-box one-run audit's Dirac canaries in the critic's private steps (``dpsweep.audit``):
+        one more example each, Poisson-sampled at the batches' real rate, clipped at the C the step clips
+        with, scored on every step's noisy critic gradient in units of the claimed C."""
+        a, privacy, step = self.cfg.audit, self.inputs.plan.privacy, self.step
+        assert privacy is not None and step is not None
+        named = [(k, p) for k, p in self.gan.critic.named_parameters() if p.requires_grad]
+        c = self.cfg.dp.max_grad_norm
+        canaries = white_box.DiracCanaries(
+            [p for _, p in named], a.canaries, c, (privacy.poisson_rate, privacy.noise_multiplier),
+            a.magnitude * c, a.seed,
+        )  # fmt: skip
+        batches = self.batches
+        assert isinstance(batches, device_data.PoissonBatches)
+        names = [k for k, _ in named]
+        return own_steps.PoissonCanaries(canaries, names, step.max_grad_norm, lambda: batches.sample_rate)
 
     @property
     def critic_steps(self) -> int:
@@ -143,19 +175,17 @@ class GanRun:
     # ------------------------------------------------------------------ training
     def _critic_step(self, x: torch.Tensor, y: torch.Tensor, stages: Marks) -> torch.Tensor:
         """One critic step on the batch (x, y): the examples' losses ℓ_i (un-noised)."""
-        gan, g, plan = self.gan, self.settings, self.inputs.plan
+        gan, g = self.gan, self.settings
         self.optimizer.zero_grad(set_to_none=True)
         stages.mark("batch_load")
         with torch.no_grad():
             fake = gan.generator(torch.randn(len(y), g.latent_dim, device=self.device), y)
         rho = torch.rand(len(y), 1, 1, 1, device=self.device)
         stages.mark("forward")
-        if plan.privacy is not None:
-            step = dpgan.CriticStep(
-                g.gp_weight, self.cfg.dp.max_grad_norm, plan.privacy.noise_multiplier,
-                plan.privacy.poisson_rate * plan.facts.n_train,
-            )  # fmt: skip
-            grads, losses = dpgan.private_critic_gradient(gan.critic, x, y, fake, rho, step)
+        if self.step is not None:
+            grads, losses = self.draw(gan.critic, x, y, fake, rho, self.step)
+            if self.audit is not None:
+                self.audit.gradient(grads, self.step.expected_batch_size, self.critic_steps)
         else:
             grads, losses = dpgan.critic_gradient(gan.critic, x, y, fake, rho, g.gp_weight)
         stages.mark("backward")
@@ -182,6 +212,12 @@ class GanRun:
 
     def train_epoch(self, epoch: int, stages: Stages) -> dict[str, float]:
         critic_sum, seen, generator_losses = torch.zeros((), device=self.device), 0, []
+        canaries = self.audit.canaries if self.audit is not None else None
+        if canaries is not None:  # on training steps only, resumed with the optimizer
+            group = self.optimizer.param_groups[0]
+            if white_box.STATE_KEY in group:
+                canaries.load(group[white_box.STATE_KEY])
+            canaries.active = True
         for x, y in self.batches:
             if self.done():
                 break
@@ -192,6 +228,9 @@ class GanRun:
             seen += len(losses)
             if self.critic_steps % self.settings.n_critic == 0:
                 generator_losses.append(self._generator_step())
+        if canaries is not None:
+            canaries.active = False
+            self.optimizer.param_groups[0][white_box.STATE_KEY] = canaries.state()
         if epoch % self.settings.snapshot_every == 0 or self.done():  # the last epoch's generator always joins
             self.gan.take_snapshot()
         metrics = {"critic_loss": float(critic_sum) / max(seen, 1), "critic_steps": float(self.critic_steps)}
@@ -240,6 +279,9 @@ class GanRun:
                 _progress("real-data baseline", recipe.epochs),
             ).accuracy  # fmt: skip
         self._log_artifacts(x, y)
+        if self.audit is not None:  # the audit's bound at the run's δ
+            a = cfg.audit
+            scores |= white_box.result(self.audit.canaries, a.guesses, cfg.dp.delta, a.confidence)
         return scores
 
     def _log_artifacts(self, x: torch.Tensor, y: torch.Tensor) -> None:
