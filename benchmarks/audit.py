@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/audit.py                  # 20 seeds (about 7 minutes on 2 cores)
     .venv/bin/python benchmarks/audit.py --seeds 5 --json /tmp/audit.json
+    .venv/bin/python benchmarks/audit.py --mechanisms dpftrl,fused,user,gan   # the steps outside Opacus
 
 Each run is the default digits/cnn DP-SGD run (B = 64, 10 epochs, C = 1, δ = 1e-5, PLD; σ calibrated
 to the claim) with ``audit.mode=white_box``: 1,000 Dirac gradient canaries, 100 guesses, 95%
@@ -16,7 +17,14 @@ confidence (:mod:`dpsweep.audit`). For each claimed ε it records:
 - correct runs with ``audit.mode=black_box`` (1,000 mislabelled training examples as canaries, about
   half left out, scored by the final model's loss), the same seeds: their bounds.
 
-Writes ``--json`` (default ``analysis/data/audit_cpu.json``).
+``--mechanisms`` audits other mechanisms the same way, white box only (the black box runs with Opacus's
+DP-SGD only): ``dpftrl`` (DP-FTRL, momentum 0.9, a tree restart every 2 epochs, completed; it samples
+nothing, so the sample rate reported at half does not apply), ``fused`` (the fused step), ``user``
+(user-level DP-SGD over 1,000 users of digits, B = 50 users) and ``gan`` (the DP-WGAN-GP's critic,
+small networks).
+
+Writes ``--json`` (default ``analysis/data/audit_cpu.json`` for Opacus alone, else
+``analysis/data/audit_own_steps_cpu.json``).
 """
 
 from __future__ import annotations
@@ -62,56 +70,91 @@ def run(store: str, overrides: list[str], bug: str | None = None) -> tuple[dict[
     return dict(MlflowClient(store).get_run(result.run_id).data.metrics), seconds
 
 
+MECHANISMS = {  # what each run adds to the default digits/cnn DP-SGD run through Opacus
+    "opacus": [],
+    "dpftrl": [
+        "dp.mechanism=dpftrl",
+        "optimizer.momentum=0.9",
+        "dp.ftrl_restart_every=2",
+        "dp.ftrl_tree_completion=true",
+    ],
+    "fused": ["dp.grad_sample_mode=fused"],
+    "user": ["dp.unit=user", "dataset.users=partition", "dataset.num_users=1000", "train.batch_size=50"],
+    "gan": ["task=gan", "task.tstr_epochs=1", "task.critic_width=8", "task.generator_width=16"],
+}
+
+
+def claim_record(store: str, claim: float, mechanism: str, seeds: int) -> dict[str, Any]:
+    """One claimed ε of one mechanism: correct runs over ``seeds``, each planted bug it can take, the
+    cost, and (Opacus only) the black box."""
+    base = [f"dp.target_epsilon={claim:g}", *MECHANISMS[mechanism]]
+    audit = [*base, "audit.mode=white_box"]
+    lower = [run(store, [*audit, f"train.seed={s}", f"audit.seed={s}"])[0]["audit.epsilon_lower"] for s in range(seeds)]
+    takes = [bug for bug in planted.PLANTED_BUGS if not (mechanism == "dpftrl" and bug == "half_sample_rate")]
+    bugs = {bug: run(store, audit, bug)[0]["audit.epsilon_lower"] for bug in takes}
+    audit_s = [run(store, [*audit, "train.seed=100"])[1] for _ in range(3)]
+    plain_s = [run(store, [*base, "train.seed=100"])[1] for _ in range(3)]
+    cost = statistics.median(audit_s) / statistics.median(plain_s)
+    record: dict[str, Any] = {
+        "correct": {"bounds": lower, "mean": statistics.fmean(lower), "max": max(lower),
+                    "flagged": sum(b > claim for b in lower), "share_of_claim": statistics.fmean(lower) / claim},
+        "planted": {bug: {"bound": b, "detected": b > claim} for bug, b in bugs.items()},
+        "seconds": {"audit": audit_s, "plain": plain_s, "ratio": cost},
+    }  # fmt: skip
+    line = (f"{mechanism}, claimed ε={claim:g}: correct runs' bound mean {statistics.fmean(lower):.3f} "
+            f"(max {max(lower):.3f}, {sum(b > claim for b in lower)} of {len(lower)} above the claim; "
+            f"{statistics.fmean(lower) / claim:.0%} of it); planted: "
+            + ", ".join(f"{bug} {b:.3f}{' DETECTED' if b > claim else ''}" for bug, b in bugs.items())
+            + f"; audit run / plain run: {cost:.2f}x")  # fmt: skip
+    if mechanism == "opacus":
+        blind = [run(store, [*base, "audit.mode=black_box", f"train.seed={s}", f"audit.seed={s}"])[0]
+                 for s in range(seeds)]  # fmt: skip
+        black = [m["audit.epsilon_lower"] for m in blind]
+        black_bugs = {
+            bug: run(store, [*base, "audit.mode=black_box"], bug)[0]["audit.epsilon_lower"]
+            for bug in planted.PLANTED_BUGS
+        }
+        record["black_box"] = {
+            "bounds": black, "mean": statistics.fmean(black), "max": max(black),
+            "flagged": sum(b > claim for b in black),
+            "planted": {bug: {"bound": b, "detected": b > claim} for bug, b in black_bugs.items()},
+        }  # fmt: skip
+        shown = ", ".join(f"{bug} {b:.3f}{' DETECTED' if b > claim else ''}" for bug, b in black_bugs.items())
+        line += (f"; black box: mean {statistics.fmean(black):.3f} (max {max(black):.3f}, "
+                 f"{sum(b > claim for b in black)} above), planted: {shown}")  # fmt: skip
+    print(line, flush=True)
+    return record
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20)
-    parser.add_argument("--json", default="analysis/data/audit_cpu.json")
+    parser.add_argument("--mechanisms", default="opacus", help=f"comma-separated, of {', '.join(MECHANISMS)}")
+    parser.add_argument("--json", default=None, help="default analysis/data/audit_cpu.json (opacus) or "
+                        "analysis/data/audit_own_steps_cpu.json")  # fmt: skip
     args = parser.parse_args()
+    mechanisms = args.mechanisms.split(",")
+    unknown = [m for m in mechanisms if m not in MECHANISMS]
+    if unknown:
+        parser.error(f"--mechanisms: {', '.join(unknown)} unknown; one of {', '.join(MECHANISMS)}")
+    json_path = args.json or f"analysis/data/audit_{'cpu' if mechanisms == ['opacus'] else 'own_steps_cpu'}.json"
     started = time.monotonic()
-    record: dict[str, Any] = {"claims": {}}
+    record: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="dpsweep-audit-") as tmp:
         store = f"sqlite:///{tmp}/mlflow.db"
-        for claim in CLAIMS:
-            base = [f"dp.target_epsilon={claim:g}"]
-            audit = [*base, "audit.mode=white_box"]
-            bounds = [run(store, [*audit, f"train.seed={s}", f"audit.seed={s}"])[0] for s in range(args.seeds)]
-            lower = [m["audit.epsilon_lower"] for m in bounds]
-            bugs = {bug: run(store, audit, bug)[0]["audit.epsilon_lower"] for bug in planted.PLANTED_BUGS}
-            blind = [run(store, [*base, "audit.mode=black_box", f"train.seed={s}", f"audit.seed={s}"])[0]
-                     for s in range(args.seeds)]  # fmt: skip
-            black = [m["audit.epsilon_lower"] for m in blind]
-            black_bugs = {
-                bug: run(store, [*base, "audit.mode=black_box"], bug)[0]["audit.epsilon_lower"]
-                for bug in planted.PLANTED_BUGS
-            }
-            audit_s = [run(store, [*audit, "train.seed=100"])[1] for _ in range(3)]
-            plain_s = [run(store, [*base, "train.seed=100"])[1] for _ in range(3)]
-            cost = statistics.median(audit_s) / statistics.median(plain_s)
-            record["claims"][f"{claim:g}"] = {
-                "correct": {"bounds": lower, "mean": statistics.fmean(lower), "max": max(lower),
-                            "flagged": sum(b > claim for b in lower),
-                            "share_of_claim": statistics.fmean(lower) / claim},
-                "planted": {bug: {"bound": b, "detected": b > claim} for bug, b in bugs.items()},
-                "black_box": {"bounds": black, "mean": statistics.fmean(black), "max": max(black),
-                              "flagged": sum(b > claim for b in black),
-                              "planted": {bug: {"bound": b, "detected": b > claim} for bug, b in black_bugs.items()}},
-                "seconds": {"audit": audit_s, "plain": plain_s, "ratio": cost},
-            }  # fmt: skip
-            print(f"claimed ε={claim:g}: correct runs' bound mean {statistics.fmean(lower):.3f} "
-                  f"(max {max(lower):.3f}, {sum(b > claim for b in lower)} of {len(lower)} above the claim; "
-                  f"{statistics.fmean(lower) / claim:.0%} of it); planted: "
-                  + ", ".join(f"{bug} {b:.3f}{' DETECTED' if b > claim else ''}" for bug, b in bugs.items())
-                  + f"; audit run / plain run: {cost:.2f}x; black box: mean {statistics.fmean(black):.3f} "
-                  f"(max {max(black):.3f}, {sum(b > claim for b in black)} above), planted: "
-                  + ", ".join(f"{bug} {b:.3f}{' DETECTED' if b > claim else ''}" for bug, b in black_bugs.items()),
-                  flush=True)  # fmt: skip
+        for mechanism in mechanisms:
+            claims = {f"{claim:g}": claim_record(store, claim, mechanism, args.seeds) for claim in CLAIMS}
+            if mechanisms == ["opacus"]:  # the layout of the first benchmark's file
+                record["claims"] = claims
+            else:
+                record.setdefault("mechanisms", {})[mechanism] = {"overrides": MECHANISMS[mechanism], "claims": claims}
     machine = (
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}"
     )
     record |= {"machine": machine, "seconds": time.monotonic() - started, "seeds": args.seeds}
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
-    print(f"{machine}; {record['seconds']:.0f} s; wrote {args.json}")
+    Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(json_path).write_text(json.dumps(record, indent=2) + "\n")
+    print(f"{machine}; {record['seconds']:.0f} s; wrote {json_path}")
     return 0
 
 
