@@ -38,6 +38,7 @@ from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
 
 from dpsweep.audit.guesses import metrics, right_guesses
 from dpsweep.data.device import materialize
+from dpsweep.privacy.ledger import Ledger
 
 
 class InputCanaries:
@@ -82,14 +83,21 @@ class InputCanaries:
 
 
 def result(
-    canaries: InputCanaries, model: nn.Module, device: torch.device, guesses: int, delta: float, confidence: float
+    canaries: InputCanaries,
+    model: nn.Module,
+    device: torch.device,
+    guesses: int,
+    delta: float,
+    confidence: float,
+    claim: Ledger | None = None,
 ) -> dict[str, float]:
     """The audit's metrics (:func:`dpsweep.audit.guesses.metrics`) for its two tests, fixed before training:
-    ``guesses`` guesses, and a guess on every canary."""
+    ``guesses`` guesses, and a guess on every canary; read against the run's ledger ``claim`` too where it
+    is given."""
     scores = canaries.scores(model, device)
     every = canaries.count - canaries.count % 2
     tests = {f"audit.correct_loss_{r}": (r, canaries.right_guesses(scores, r)) for r in dict.fromkeys((guesses, every))}
-    return metrics(tests, canaries.count, guesses, delta, confidence)
+    return metrics(tests, canaries.count, guesses, delta, confidence, claim)
 
 
 def keep_planned_sampling(

@@ -40,7 +40,8 @@ import torch
 from opacus.optimizers import DPOptimizer
 from torch import Tensor
 
-from dpsweep.audit.guesses import metrics, right_guesses
+from dpsweep.audit.guesses import metrics, right_guesses, split_guesses
+from dpsweep.privacy.ledger import Ledger
 
 STATE_KEY = "dpsweep.audit"  # the audit's scores and generator in the optimizer's first param group (checkpoints)
 
@@ -133,8 +134,13 @@ class DiracCanaries:
         return torch.logaddexp(torch.full_like(x, math.log1p(-q)), spike).sum(dim=0)
 
     def right_guesses(self, guesses: int, centred: bool) -> int:
-        """Of ``guesses`` guesses on the ``centred`` score or the raw one, the right ones."""
-        return right_guesses(self.scores(centred), self.included, guesses)
+        """Of ``guesses`` guesses on the ``centred`` score or the raw one, the right ones: the highest half
+        guessed included and the lowest half excluded, or, with a guess on every canary, each by the side
+        of the scores' split it lies on (:func:`dpsweep.audit.guesses.split_guesses`)."""
+        scores = self.scores(centred)
+        if guesses >= self.count:
+            return split_guesses(scores, self.included)
+        return right_guesses(scores, self.included, guesses)
 
     def state(self) -> dict[str, Tensor]:
         """What a checkpoint keeps: the releases so far and the generator of the samples."""
@@ -171,18 +177,21 @@ def attach(optimizer: DPOptimizer, canaries: DiracCanaries, sample_rate: Callabl
 
 def planned_tests(guesses: int, canaries: int) -> list[tuple[str, bool, int]]:
     """(score, centred, guesses) of each test: the raw score with ``guesses`` guesses, for a correct
-    run's tightest bound, and both scores with a guess on every canary, the most a bug that separates
-    every canary can show (the centred one for reused noise). The centred score with few guesses is
-    left out: it adds nothing either way (benchmarks/audit.py) and would cost every test confidence."""
-    every = canaries - canaries % 2
-    tests = [("raw", False, guesses), ("raw", False, every), ("centred", True, every)]
+    run's tightest bound, and both scores with a guess on every canary by the side of the scores' split
+    it lies on, the most a bug that separates every canary can show (the centred one for reused noise). The centred
+    score with few guesses is left out: it adds nothing either way (benchmarks/audit.py) and would cost
+    every test confidence."""
+    tests = [("raw", False, guesses), ("raw", False, canaries), ("centred", True, canaries)]
     return list(dict.fromkeys(tests))  # one test where guesses is every canary
 
 
-def result(canaries: DiracCanaries, guesses: int, delta: float, confidence: float) -> dict[str, float]:
-    """The audit's metrics (:func:`dpsweep.audit.guesses.metrics`) for the tests of :func:`planned_tests`."""
+def result(
+    canaries: DiracCanaries, guesses: int, delta: float, confidence: float, claim: Ledger | None = None
+) -> dict[str, float]:
+    """The audit's metrics (:func:`dpsweep.audit.guesses.metrics`) for the tests of :func:`planned_tests`,
+    read against the run's ledger ``claim`` too where it is given."""
     tests = {
         f"audit.correct_{name}_{r}": (r, canaries.right_guesses(r, centred))
         for name, centred, r in planned_tests(guesses, canaries.count)
     }
-    return metrics(tests, canaries.count, guesses, delta, confidence)
+    return metrics(tests, canaries.count, guesses, delta, confidence, claim)

@@ -228,6 +228,13 @@ def _rdp(ledger: Ledger, delta: float, a: Accounting) -> tuple[float, float | No
 
 @ACCOUNTANTS.register("pld")
 def _pld(ledger: Ledger, delta: float, a: Accounting) -> tuple[float, float | None]:
+    total = pld_of(ledger, a.pld_discretization)
+    return (0.0 if total is None else float(total.get_epsilon_for_delta(delta))), None
+
+
+def pld_of(ledger: Ledger, interval: float = PLD_DISCRETIZATION) -> Any:
+    """The ledger's privacy loss distribution (dp-accounting's ``PrivacyLossDistribution``, pessimistic,
+    both directions of add/remove-one) on ``interval``, or None for an empty ledger."""
     from dp_accounting.pld import common
     from dp_accounting.pld import privacy_loss_distribution as pld
 
@@ -238,15 +245,32 @@ def _pld(ledger: Ledger, delta: float, a: Accounting) -> tuple[float, float | No
                 continue
             if leaf.kind == "gaussian":
                 one = pld.from_gaussian_mechanism(
-                    leaf.noise_multiplier, sampling_prob=leaf.sample_rate,
-                    value_discretization_interval=a.pld_discretization,
-                )  # fmt: skip
+                    leaf.noise_multiplier, sampling_prob=leaf.sample_rate, value_discretization_interval=interval
+                )
             else:
                 params = common.DifferentialPrivacyParameters(leaf.epsilon, 0.0)
-                one = pld.from_privacy_parameters(params, value_discretization_interval=a.pld_discretization)
+                one = pld.from_privacy_parameters(params, value_discretization_interval=interval)
             many = one.self_compose(leaf.count) if leaf.count > 1 else one
             total = many if total is None else total.compose(many)
-    return (0.0 if total is None else float(total.get_epsilon_for_delta(delta))), None
+    return total
+
+
+def scaled_noise(ledger: Ledger, factor: float) -> Ledger:
+    """``ledger`` with every Gaussian mechanism's noise multiplier times ``factor`` (its other releases as
+    they are): the run's mechanism at another noise level, which a privacy audit tests claims along."""
+    return Ledger(tuple(replace(e, event=_scaled(e.event, factor)) for e in ledger.entries))
+
+
+def _scaled(event: dp_event.DpEvent, factor: float) -> dp_event.DpEvent:
+    if isinstance(event, dp_event.GaussianDpEvent):
+        return dp_event.GaussianDpEvent(event.noise_multiplier * factor)
+    if isinstance(event, dp_event.PoissonSampledDpEvent):
+        return dp_event.PoissonSampledDpEvent(event.sampling_probability, _scaled(event.event, factor))
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return dp_event.SelfComposedDpEvent(_scaled(event.event, factor), event.count)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return dp_event.ComposedDpEvent([_scaled(e, factor) for e in event.events])
+    return event
 
 
 @ACCOUNTANTS.register("prv")

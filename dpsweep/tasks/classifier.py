@@ -307,10 +307,12 @@ class ClassifierRun:
         scores = {"test_accuracy": evaluate(plain, self.test, t.eval_batch_size, self.device, t.device_resident)}
         canaries = self.canaries
         a, delta = self.cfg.audit, self.cfg.dp.delta
-        if final and canaries is not None:  # the audit's bound at the run's δ
-            scores |= white_box.result(canaries, a.guesses, delta, a.confidence)
+        if final and canaries is not None:  # the audit's bounds at the run's δ, against its ledger
+            scores |= white_box.result(canaries, a.guesses, delta, a.confidence, self.privacy_ledger())
         if final and self.input_canaries is not None:
-            scores |= black_box.result(self.input_canaries, plain, self.device, a.guesses, delta, a.confidence)
+            scores |= black_box.result(
+                self.input_canaries, plain, self.device, a.guesses, delta, a.confidence, self.privacy_ledger()
+            )
         return scores
 
     def done(self) -> bool:

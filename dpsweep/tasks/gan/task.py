@@ -281,7 +281,8 @@ class GanRun:
         self._log_artifacts(x, y)
         if self.audit is not None:  # the audit's bound at the run's δ
             a = cfg.audit
-            scores |= white_box.result(self.audit.canaries, a.guesses, cfg.dp.delta, a.confidence)
+            claim = self.privacy_ledger()
+            scores |= white_box.result(self.audit.canaries, a.guesses, cfg.dp.delta, a.confidence, claim)
         return scores
 
     def _log_artifacts(self, x: torch.Tensor, y: torch.Tensor) -> None:
