@@ -79,9 +79,11 @@ class Report:
 
 
 AUDIT_NOTE = (
-    "audit ε ≥: the smallest one-run audit lower bound among the row's runs (audit.mode=white_box; Steinke, Nasr "
-    "& Jagielski 2023), each at its run's audit.confidence; an accountant's ε below it means the run did not do "
-    "what its ledger says. Audit runs trained on canaries: not for release."
+    "audit ε ≥: the smallest one-run audit lower bound among the row's runs (audit.mode=white_box or black_box; "
+    "Steinke, Nasr & Jagielski 2023); audit ε ≥ (f-DP): the same guesses read against each run's own ledger "
+    "(Mahloujifar, Melis & Chaudhuri 2025): the ε of the least private claim along the run's noise they reject. "
+    "Both together at each run's audit.confidence; an accountant's ε below either means the run did not do what "
+    "its ledger says. Audit runs trained on canaries: not for release."
 )
 
 

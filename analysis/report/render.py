@@ -30,7 +30,13 @@ from dpsweep.analysis.report.columns import (
     row_shares,
     row_tasks,
 )
-from dpsweep.analysis.report.table import extra_columns, row_applies, score_name, shows_audits, shows_privacy_kinds
+from dpsweep.analysis.report.table import (
+    audit_columns,
+    extra_columns,
+    row_applies,
+    score_name,
+    shows_privacy_kinds,
+)
 from dpsweep.registry import Registry
 
 Cell = Callable[[pd.Series], str]
@@ -72,8 +78,14 @@ def display_columns(table: pd.DataFrame) -> list[tuple[str, str, Cell]]:
     if shows_privacy_kinds(table):  # whom each ε protects, and how its noise was added
         cols += [(name, name, _privacy_kind(name)) for name in PRIVACY_KINDS]
     cols.append(("ε", r"$\varepsilon$", lambda r: epsilon_text(r["epsilon"])))
-    if shows_audits(table):  # the empirical check beside the accountant's bound
+    shown = audit_columns(table)  # the empirical checks beside the accountant's bound
+    if "audit_epsilon_lower" in shown:
         cols.append(("audit ε ≥", r"audit $\varepsilon \geq$", lambda r: number_text(r["audit_epsilon_lower"], ".3f")))
+    if "audit_epsilon_lower_fdp" in shown:
+        cols.append((
+            "audit ε ≥ (f-DP)", r"audit $\varepsilon \geq$ ($f$-DP)",
+            lambda r: number_text(r["audit_epsilon_lower_fdp"], ".3f"),
+        ))  # fmt: skip
     cols += [
         (score, _latex_cell(score), _accuracy),
         ("drop (pp)", "drop (pp)", lambda r: number_text(r["accuracy_drop"] * PERCENT, ".2f")),
@@ -166,7 +178,7 @@ def to_csv(report: Report) -> str:
     extras = [f"params.{k}" for k in extra_columns(table)]
     kinds = ["dataset", "model", *(["task"] if shows_tasks(table) else [])]
     privacy = list(PRIVACY_KINDS) if shows_privacy_kinds(table) else []
-    audits = ["audit_epsilon_lower"] if shows_audits(table) else []
+    audits = audit_columns(table)
     names = ["config_id", *kinds, *SETTING_COLUMNS, *privacy, "private", *extras, "epsilon", *audits]
     names += ["test_accuracy_mean"]
     names += ["test_accuracy_std", "accuracy_drop", "runs", "runs_without_accuracy", "run_ids"]

@@ -72,8 +72,9 @@ def summary_table(runs: pd.DataFrame, sort: str = "accuracy") -> pd.DataFrame:
     Columns: config_id, dataset, model, task, private, batch_size, noise_multiplier, max_grad_norm,
     lr, epochs, delta, accountant, mechanism, unit (privacy_kinds: None for a non-private row),
     epsilon, test_accuracy_mean, test_accuracy_std, accuracy_drop, runs (FINISHED runs pooled),
-    runs_without_accuracy, baseline_config_id, run_ids, audit_epsilon_lower (the smallest one-run audit
-    bound of the row's runs; NaN without audits), the tasks' shares (:func:`columns.row_shares`),
+    runs_without_accuracy, baseline_config_id, run_ids, audit_epsilon_lower and audit_epsilon_lower_fdp
+    (the smallest one-run audit bounds of the row's runs, Steinke et al.'s and the f-DP one; NaN without
+    audits), the tasks' shares (:func:`columns.row_shares`),
     and ``params.<key>`` for every hyperparameter (the raw strings). The accuracy columns are of
     each run's score, its task's objective metric; the ``model`` of a row of a task whose model
     group is only an evaluation model is the task's name. A task's per-run shares
@@ -87,7 +88,10 @@ def summary_table(runs: pd.DataFrame, sort: str = "accuracy") -> pd.DataFrame:
     table[["accuracy_drop", "baseline_config_id"]] = _baselines(table, keys)
     head = ["config_id", "dataset", "model", "task", *SETTING_COLUMNS, *PRIVACY_KINDS, "private", "epsilon"]
     head += ["test_accuracy_mean", "test_accuracy_std"]
-    tail = ["accuracy_drop", "runs", "runs_without_accuracy", "baseline_config_id", "run_ids", "audit_epsilon_lower"]
+    tail = [
+        "accuracy_drop", "runs", "runs_without_accuracy", "baseline_config_id", "run_ids", "audit_epsilon_lower",
+        "audit_epsilon_lower_fdp",
+    ]  # fmt: skip
     tail += row_shares()
     table = table[head + tail + [f"params.{k}" for k in keys]]
     return _sorted(table, order)
@@ -105,6 +109,7 @@ def _pooled(done: pd.DataFrame) -> pd.DataFrame:
             "epsilon": _epsilons(done),
             "missing": accuracy.isna(),
             "audit": column(done, AUDIT_METRIC).astype(float),
+            "audit_fdp": column(done, AUDIT_FDP_METRIC).astype(float),
             **{name: column(done, f"metrics.{name}").astype(float) for name in row_shares()},
         }
     )
@@ -118,17 +123,25 @@ def _pooled(done: pd.DataFrame) -> pd.DataFrame:
             "runs_without_accuracy": grouped["missing"].sum().astype(int),
             "run_ids": grouped["run_id"].agg(tuple),
             "audit_epsilon_lower": grouped["audit"].min(),
+            "audit_epsilon_lower_fdp": grouped["audit_fdp"].min(),
             **{name: grouped[name].mean() for name in row_shares()},
         }
     )
 
 
 AUDIT_METRIC = "metrics.audit.epsilon_lower"  # a one-run audit's ε lower bound (dpsweep.audit)
+AUDIT_FDP_METRIC = "metrics.audit.epsilon_lower_fdp"  # ... read against the run's own ledger (dpsweep.audit.fdp)
 
 
 def shows_audits(table: pd.DataFrame) -> bool:
     """Whether any row has a one-run audit's ε lower bound."""
     return "audit_epsilon_lower" in table and bool(table["audit_epsilon_lower"].notna().any())
+
+
+def audit_columns(table: pd.DataFrame) -> list[str]:
+    """The audit bounds some row has: Steinke et al.'s, and the f-DP one (audits before it have none)."""
+    names = ["audit_epsilon_lower", "audit_epsilon_lower_fdp"]
+    return [n for n in names if n in table and bool(table[n].notna().any())]
 
 
 def _epsilons(done: pd.DataFrame) -> pd.Series:
