@@ -153,6 +153,21 @@ class DiracCanaries:
         self.generator.set_state(state["generator"])
 
 
+def activate(canaries: DiracCanaries, optimizer: torch.optim.Optimizer) -> None:
+    """Let ``canaries`` join the training steps (not a memory iteration's or a probe's), from the state
+    ``optimizer``'s first param group holds (a resumed run's)."""
+    group = optimizer.param_groups[0]
+    if STATE_KEY in group:
+        canaries.load(group[STATE_KEY])
+    canaries.active = True
+
+
+def deactivate(canaries: DiracCanaries, optimizer: torch.optim.Optimizer) -> None:
+    """Stop ``canaries`` and keep their state in ``optimizer``'s first param group (saved with a checkpoint)."""
+    canaries.active = False
+    optimizer.param_groups[0][STATE_KEY] = canaries.state()
+
+
 def attach(optimizer: DPOptimizer, canaries: DiracCanaries, sample_rate: Callable[[], float]) -> None:
     """Insert ``canaries`` into ``optimizer``'s steps through its public methods: before
     ``clip_and_accumulate``, the sampled canaries' rows are appended to the per-example gradients; after

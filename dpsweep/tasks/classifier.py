@@ -238,18 +238,12 @@ class ClassifierRun:
         return {}
 
     def _audit_on(self) -> None:
-        """The white-box audit's canaries join the training steps (not a memory iteration's or a probe's),
-        from the state the optimizer's first param group holds (a resumed run's)."""
-        if self.canaries is not None:
-            group = self.optimizer.param_groups[0]
-            if white_box.STATE_KEY in group:
-                self.canaries.load(group[white_box.STATE_KEY])
-            self.canaries.active = True
+        if self.canaries is not None:  # on training steps only, resumed with the optimizer
+            white_box.activate(self.canaries, self.optimizer)
 
     def _audit_off(self) -> None:
         if self.canaries is not None:
-            self.canaries.active = False
-            self.optimizer.param_groups[0][white_box.STATE_KEY] = self.canaries.state()
+            white_box.deactivate(self.canaries, self.optimizer)
 
     def _own_exact_step(self, stages: Marks) -> None:
         """One DP step (memory stages, probes) on a batch of a public shape: B units of m examples each

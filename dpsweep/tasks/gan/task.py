@@ -214,10 +214,7 @@ class GanRun:
         critic_sum, seen, generator_losses = torch.zeros((), device=self.device), 0, []
         canaries = self.audit.canaries if self.audit is not None else None
         if canaries is not None:  # on training steps only, resumed with the optimizer
-            group = self.optimizer.param_groups[0]
-            if white_box.STATE_KEY in group:
-                canaries.load(group[white_box.STATE_KEY])
-            canaries.active = True
+            white_box.activate(canaries, self.optimizer)
         for x, y in self.batches:
             if self.done():
                 break
@@ -229,8 +226,7 @@ class GanRun:
             if self.critic_steps % self.settings.n_critic == 0:
                 generator_losses.append(self._generator_step())
         if canaries is not None:
-            canaries.active = False
-            self.optimizer.param_groups[0][white_box.STATE_KEY] = canaries.state()
+            white_box.deactivate(canaries, self.optimizer)
         if epoch % self.settings.snapshot_every == 0 or self.done():  # the last epoch's generator always joins
             self.gan.take_snapshot()
         metrics = {"critic_loss": float(critic_sum) / max(seen, 1), "critic_steps": float(self.critic_steps)}
