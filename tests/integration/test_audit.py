@@ -124,13 +124,17 @@ def test_correct_runs_are_never_flagged_over_20_seeds(make_cfg: Composer, client
     assert max(bounds) > 0  # the audit found something in some run: it is not blind
 
 
-@pytest.mark.parametrize("own", OWN_STEPS)
+EVERY_OWN = OWN_STEPS | {"dpftrl_user": [*OWN_STEPS["dpftrl"], *USER_LEVEL]}
+
+
+@pytest.mark.parametrize("own", EVERY_OWN)
 def test_an_audit_of_steps_outside_opacus_logs_its_bound_beside_an_unchanged_epsilon(
     make_cfg: Composer, client: MlflowClient, own: str
 ) -> None:
-    """DP-FTRL, the fused step and user-level DP-SGD: one more unit per canary, the ledger a plain run's."""
-    audited = train(make_cfg(*AUDIT, *OWN_STEPS[own]))
-    plain = train(make_cfg(*AUDIT[1:], *OWN_STEPS[own], "tracking.experiment_name=plain"))
+    """DP-FTRL (example and user level), the fused step and user-level DP-SGD: one more unit per canary,
+    the ledger a plain run's."""
+    audited = train(make_cfg(*AUDIT, *EVERY_OWN[own]))
+    plain = train(make_cfg(*AUDIT[1:], *EVERY_OWN[own], "tracking.experiment_name=plain"))
     assert audited.ledger == plain.ledger and audited.steps == plain.steps
     m = _audit(client, audited.run_id)
     assert m["epsilon"] == client.get_run(plain.run_id).data.metrics["epsilon"]
