@@ -67,18 +67,8 @@ def plant(bug: str, optimizer: DPOptimizer, loader: DPDataLoader) -> None:
                 p.grad = p.summed_grad + (p.grad - p.summed_grad) / 10
 
         optimizer.add_noise = tenth
-    elif bug == "reused_noise":
-        first: list[Tensor] = []  # the RNG state the first step's noise was drawn from
-
-        def reused() -> None:
-            state = torch.get_rng_state()
-            if not first:
-                first.append(state)
-            torch.set_rng_state(first[0])
-            add_noise()
-            torch.set_rng_state(state)
-
-        optimizer.add_noise = reused
+    elif bug == "reused_noise":  # Opacus draws its noise from the default generator
+        optimizer.add_noise = _reusing([torch.default_generator], add_noise)
 
 
 def plant_own_run(bug: str, run: OwnRun) -> OwnRun:
