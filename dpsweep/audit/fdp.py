@@ -39,8 +39,10 @@ be", not "no (ε, δ)-DP mechanism could give these guesses".
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -72,7 +74,10 @@ def tradeoff(epsilons: np.ndarray, deltas: np.ndarray) -> TradeOff:
 
 def claimed_tradeoff(claim: ledgers.Ledger) -> TradeOff:
     """f of a ledger: its privacy profile from its PLD (dp-accounting, pessimistic, on :data:`PLD_INTERVAL`)."""
-    pld = ledgers.pld_of(claim, PLD_INTERVAL)
+    return _tradeoff_of(ledgers.pld_of(claim, PLD_INTERVAL))
+
+
+def _tradeoff_of(pld: Any) -> TradeOff:
     if pld is None:  # nothing released: perfectly private, f(α) = 1 − α
         return lambda alpha: 1.0 - min(max(alpha, 0.0), 1.0)
     return tradeoff(EPSILON_GRID, np.asarray(pld.get_delta_for_epsilon(EPSILON_GRID)))
@@ -98,13 +103,16 @@ def epsilon_lower(
     ``tests`` (``{name: (guesses, right)}``, each at level (1 − ``confidence``)/k for k tests) rejects."""
     level = (1 - confidence) / len(tests)
 
+    @functools.cache
+    def pld(t: float) -> Any:  # built once per claim: the bound's ε reads the last one rejected
+        return ledgers.pld_of(ledgers.scaled_noise(claim, t), PLD_INTERVAL)
+
     def rejected(t: float) -> bool:
-        f = claimed_tradeoff(ledgers.scaled_noise(claim, t))
+        f = _tradeoff_of(pld(t))
         return any(rejects(f, canaries, r, right, level) for r, right in tests.values())
 
     def epsilon(t: float) -> float:
-        pld = ledgers.pld_of(ledgers.scaled_noise(claim, t), PLD_INTERVAL)
-        return 0.0 if pld is None else float(pld.get_epsilon_for_delta(delta))
+        return 0.0 if pld(t) is None else float(pld(t).get_epsilon_for_delta(delta))
 
     # Bracket by halving or doubling t from the run's claim: the PLD of a nearly noiseless run is slow
     # to build, and m canaries reject no claim much beyond what all m guesses right can show.
