@@ -14,6 +14,16 @@ audit reads them (:func:`dpsweep.audit.guesses.metrics`: both analyses of both t
 canaries see a subsampled mechanism through other units' gradients, so its bounds sit below the
 ideal ones.
 
+**DP-SGD as its canaries see it.** The same guesses on the digits run's own mechanism (N = 1,437,
+B = 64, 10 epochs: q = 1/23, 230 steps, σ calibrated to each claim by the plan), each canary an
+independent Poisson-subsampled Gaussian over the steps with nothing else at its coordinate, scored by
+the audit's own score (:class:`dpsweep.audit.white_box.DiracCanaries`, at the claimed q and σ) and
+read against the run's ledger: for a correct run (sampled at q) and for the planted "sample rate
+reported at half" (sampled at 2q, ledger at q), with m = 1,000 canaries (the audit's default), 1,437
+(digits' training examples, the most ``audit.canaries`` allows there) and 10,000 (a larger training
+set's). It is the most a white-box audit of that run can show: a real run's canaries also carry the
+other examples' gradients.
+
 Writes ``--json`` (default ``analysis/data/audit_ideal.json``).
 """
 
@@ -21,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -32,7 +43,7 @@ import torch
 from dp_accounting import dp_event
 
 from dpsweep.audit import guesses
-from dpsweep.privacy import ledger
+from dpsweep.privacy import ledger, schedule
 
 CLAIMS = (1.0, 4.0, 8.0)
 DELTA = 1e-5
@@ -64,9 +75,61 @@ def game(rng: np.random.Generator, mu: float) -> dict[str, tuple[int, int]]:
     return {"top": (GUESSES, top), "every": (CANARIES, every)}
 
 
+DIGITS_TRAIN, BATCH, EPOCHS = 1437, 64, 10  # the audit benchmark's digits run (benchmarks/audit.py)
+SUBSAMPLED_CANARIES = (1000, 1437, 10_000)
+
+
+def subsampled_game(
+    rng: np.random.Generator, canaries: int, rate: float, claimed: tuple[float, float], steps: int
+) -> dict[str, tuple[int, int]]:
+    """The audit's two tests on ``canaries`` Dirac canaries, each included with probability ½ and then in
+    each of ``steps`` steps with probability ``rate``, released with N(0, σ²) noise in units of C and
+    scored at the ``claimed`` (q, σ) as the audit scores them."""
+    q, sigma = claimed
+    included = rng.random(canaries) < 0.5
+    scores = np.zeros(canaries)
+    for _ in range(steps):
+        x = rng.normal(scale=sigma, size=canaries) + (included & (rng.random(canaries) < rate))
+        scores += np.logaddexp(math.log1p(-q), math.log(q) + (2 * x - 1) / (2 * sigma**2))
+    order = np.argsort(scores)
+    half = GUESSES // 2
+    top = int(included[order[-half:]].sum()) + int((~included[order[:half]]).sum())
+    every = guesses.split_guesses(torch.as_tensor(scores), torch.as_tensor(included))
+    return {"top": (GUESSES, top), "every": (canaries - canaries % 2, every)}
+
+
+def subsampled(rng: np.random.Generator, draws: int) -> dict[str, object]:
+    """For each claim: the mean bounds of the subsampled game, correct and at twice the claimed rate."""
+    plan = schedule.poisson_schedule(DIGITS_TRAIN, BATCH)
+    steps, q = plan.steps(EPOCHS), plan.sample_rate
+    record: dict[str, object] = {"n_train": DIGITS_TRAIN, "batch_size": BATCH, "steps": steps, "sample_rate": q}
+    for claim in CLAIMS:
+        sigma = schedule.calibrate_noise(plan, claim, DELTA, epochs=EPOCHS, accounting=ledger.Accounting("pld"))
+        claimed = schedule.run_ledger(plan, sigma, steps)
+        true_at_twice = ledger.epsilon(schedule.run_ledger(
+            schedule.PoissonSchedule(plan.n, plan.batch_size, 2 * q, plan.steps_per_epoch, 2 * q), sigma, steps
+        ), DELTA, ledger.Accounting("pld")).epsilon  # fmt: skip
+        cell: dict[str, object] = {"sigma": sigma, "epsilon_at_twice_the_rate": true_at_twice}
+        for name, rate in (("correct", q), ("half_sample_rate", 2 * q)):
+            for m in SUBSAMPLED_CANARIES:
+                st, fd = [], []
+                for _ in range(draws):
+                    tests = subsampled_game(rng, m, rate, (q, sigma), steps)
+                    got = guesses.metrics(tests, m, GUESSES, DELTA, 0.95, claimed)
+                    st.append(got["audit.epsilon_lower"])
+                    fd.append(got["audit.epsilon_lower_fdp"])
+                cell[f"{name}_{m}"] = {"steinke": statistics.fmean(st), "fdp": statistics.fmean(fd), "fdp_max": max(fd)}
+                print(f"claimed ε={claim:g} (σ={sigma:.3f}), {name}, m={m}: Steinke et al. "
+                      f"{statistics.fmean(st):.3f}, f-DP {statistics.fmean(fd):.3f} (largest {max(fd):.3f}; "
+                      f"mean of {draws})", flush=True)  # fmt: skip
+        record[f"{claim:g}"] = cell
+    return record
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--draws", type=int, default=20)
+    parser.add_argument("--subsampled-draws", type=int, default=5)
     parser.add_argument("--json", default="analysis/data/audit_ideal.json")
     args = parser.parse_args()
     started = time.monotonic()
@@ -85,6 +148,7 @@ def main() -> int:
         }  # fmt: skip
         print(f"claimed ε={claim:g} (μ={1 / sigma:.3f}): ideal bounds, Steinke et al. {statistics.fmean(steinke):.3f}, "
               f"f-DP {statistics.fmean(fdp_bounds):.3f} (mean of {args.draws})", flush=True)  # fmt: skip
+    record["subsampled"] = subsampled(rng, args.subsampled_draws)
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     record |= {"machine": machine, "seconds": time.monotonic() - started, "draws": args.draws}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

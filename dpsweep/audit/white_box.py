@@ -43,6 +43,11 @@ from torch import Tensor
 from dpsweep.audit.guesses import metrics, right_guesses, split_guesses
 from dpsweep.privacy.ledger import Ledger
 
+# The centred score reads the releases against the noise they show: σ̂ = 1.4826·median |x| of the
+# centred releases (the median absolute deviation, scaled to a Gaussian's σ: Rousseeuw & Croux 1993,
+# "Alternatives to the Median Absolute Deviation", JASA), floored where the releases show none.
+MAD_TO_SIGMA = 1.4826
+MIN_NOISE = 1e-6  # units of C
 STATE_KEY = "dpsweep.audit"  # the audit's scores and generator in the optimizer's first param group (checkpoints)
 
 
@@ -58,7 +63,10 @@ class DiracCanaries:
     noises or samples otherwise is tested against its claim. The score is taken twice
     (:func:`planned_tests`): on the releases as they are, and centred by each coordinate's median over the
     steps, which removes noise drawn once and reused (and the steady drift an included canary adds,
-    so it is the weaker test of a correct run)."""
+    so it is the weaker test of a correct run). The centred releases are read against the noise they
+    show (σ̂, :data:`MAD_TO_SIGMA`), not the claimed σ: after reused noise is taken away, what is left
+    is the other examples' gradient, far below σ, and a canary's step of C stands out of it (the
+    test is still a function of the releases alone, so it stays valid whatever σ̂ comes to)."""
 
     def __init__(
         self,
@@ -127,9 +135,10 @@ class DiracCanaries:
         if not self.releases:
             return torch.zeros(self.count, dtype=torch.float64)
         x = torch.stack(self.releases)
+        q, sigma = self.sample_rate, self.noise_multiplier
         if centred:
             x = x - x.median(dim=0).values
-        q, sigma = self.sample_rate, self.noise_multiplier
+            sigma = max(MAD_TO_SIGMA * float(x.abs().median()), MIN_NOISE)  # the noise the releases show
         spike = math.log(q) + (2 * x - 1) / (2 * sigma**2)
         return torch.logaddexp(torch.full_like(x, math.log1p(-q)), spike).sum(dim=0)
 

@@ -71,6 +71,30 @@ def test_reused_noise_is_seen_by_the_centred_score_only() -> None:
     assert canaries.right_guesses(40, centred=False) < 36
 
 
+def test_the_centred_score_reads_reused_noise_against_the_noise_left_not_the_claimed_sigma() -> None:
+    """Reused noise plus the other examples' gradient, a jitter far below σ: read against the claimed
+    σ, the jitter summed over the steps blurs the included canaries' few spikes into the excluded
+    ones' scores; read against σ̂ (the jitter's own scale) the spikes stand out, and every included
+    canary scores above every excluded one."""
+    params, canaries = _canaries(count=58, seed=5)
+    canaries.noise_multiplier = 1.0
+    generator = torch.Generator().manual_seed(6)
+    size = sum(p.numel() for p in params)
+    noise = torch.randn(size, generator=generator)
+    for _ in range(300):
+        release = noise + 0.1 * torch.randn(size, generator=generator)  # the data's jitter: 0.1 C
+        release[canaries.coordinates[canaries.sample(0.02)]] += 1.0
+        canaries.record(_per_parameter(release))
+    inside, outside = canaries.included, ~canaries.included
+    centred = canaries.scores(centred=True)
+    assert centred[inside].min() > centred[outside].max()  # every included canary above every excluded one
+    x = torch.stack(canaries.releases)
+    x = x - x.median(dim=0).values
+    spike = math.log(0.02) + (2 * x - 1) / 2  # the same score at the claimed σ = 1
+    claimed = torch.logaddexp(torch.full_like(x, math.log1p(-0.02)), spike).sum(dim=0)
+    assert claimed[inside].min() < claimed[outside].max()
+
+
 def test_a_checkpoint_keeps_the_releases_and_the_sampling_generator() -> None:
     _, a = _canaries(seed=4)
     _, b = _canaries(seed=4)
