@@ -48,11 +48,17 @@ class TrainConfig:
     # same sample rate and steps as Opacus's loader, without per-example loader overhead. For
     # datasets that fit in device memory (digits, MNIST, CIFAR-10, cached VGG16 features).
     device_resident: bool = False
+    # Ranks of one run (issue 37): this many processes on this machine, one device each (CUDA devices;
+    # on the CPU, gloo ranks of one core each), started by torchrun. Each takes its share of every
+    # Poisson batch (dpsweep.distributed); rank 0 draws the noise and writes the MLflow run; the ledger
+    # is a single process's at the same q, σ and steps. DP-SGD through Opacus (hooks) at example level.
+    devices: int = 1
 
 
 def check(cfg: Config) -> None:
-    """B and epochs, evaluation, the physical batch, and the memory model it may be chosen from."""
+    """B and epochs, evaluation, the physical batch, the memory model it may be chosen from, and ranks."""
     t = cfg.train
+    check_devices(cfg)
     ranges.check("batch_size", "train.batch_size", t.batch_size)
     ranges.check("epochs", "train.epochs", t.epochs)
     require(t.eval_batch_size > 0, "train.eval_batch_size", t.eval_batch_size, "a positive integer")
@@ -73,3 +79,42 @@ def check(cfg: Config) -> None:
         cfg.launcher.gpu_memory,
         f"the GPU memory with units (e.g. 16GiB) for train.memory_model={t.memory_model!r} to pick the physical batch",
     )
+
+
+DISTRIBUTED_LAUNCHERS = ("inline", "local")  # launchers whose runs train on this machine, under torchrun
+
+
+def check_devices(cfg: Config) -> None:
+    """``train.devices``: 1, or several ranks of a run that has a distributed path (DP-SGD through
+    Opacus's hooks at example level, the classifier), launched on this machine. How many devices the
+    machine has is checked where torch is imported (:func:`dpsweep.distributed.visible_devices`)."""
+    t, dp = cfg.train, cfg.dp
+    require(t.devices >= 1, "train.devices", t.devices, "1 or more processes, one device each")
+    if t.devices == 1:
+        return
+    paths = [
+        (cfg.task.name == "classifier", "task", cfg.task.name, "classifier: the GAN and the recommender have no "
+         "distributed path (train.devices=1)"),
+        (dp.enabled, "dp", "off", f"a private run with train.devices={t.devices}: its distributed path is "
+         "Opacus's DP-SGD (train.devices=1 for a non-private run)"),
+        (dp.mechanism == "dpsgd", "dp.mechanism", dp.mechanism, f"dpsgd with train.devices={t.devices}: "
+         f"{dp.mechanism} has no distributed path (train.devices=1)"),
+        (dp.unit.value == "example", "dp.unit", dp.unit.value, f"example with train.devices={t.devices}: "
+         "user-level DP-SGD has no distributed path (train.devices=1)"),
+        (dp.grad_sample_mode.value == "hooks", "dp.grad_sample_mode", dp.grad_sample_mode.value,
+         f"hooks with train.devices={t.devices} (Opacus's DPDDP, the one distributed path tested)"),
+        (dp.clipping.value == "fixed", "dp.clipping", dp.clipping.value, f"fixed with train.devices={t.devices}"),
+        (not cfg.audit.enabled, "audit.mode", cfg.audit.mode, f"off with train.devices={t.devices}"),
+        (not t.device_resident, "train.device_resident", t.device_resident, f"false with train.devices={t.devices}: "
+         "each rank reads its share through the loader"),
+        (t.memory_model is None, "train.memory_model", t.memory_model, f"null with train.devices={t.devices}: "
+         "give train.physical_batch_size"),
+        (not t.probe, "train.probe", t.probe, f"false with train.devices={t.devices}: a probe measures one process"),
+        (cfg.launcher.name in DISTRIBUTED_LAUNCHERS, "launcher", cfg.launcher.name,
+         f"{' or '.join(DISTRIBUTED_LAUNCHERS)} with train.devices={t.devices} (torchrun on this machine)"),
+    ]  # fmt: skip
+    for ok, key, value, allowed in paths:
+        require(ok, key, value, allowed)
+    pb = t.physical_batch_size
+    require(pb is None or pb % t.devices == 0, "train.physical_batch_size", pb,
+            f"a multiple of train.devices={t.devices}: each rank takes physical_batch_size/devices a pass")  # fmt: skip
