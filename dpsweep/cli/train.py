@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -34,6 +35,7 @@ from dpsweep.cli.errors import bad_input_types, report_bad_input
 from dpsweep.cli.overrides import override_value
 from dpsweep.config import Config, ConfigError, TaskConfig, given_overrides, shown_model, to_config
 from dpsweep.errors import InputError
+from dpsweep.process import RANKS_ENV, a_rank
 from dpsweep.process.liveness import die_with_driver
 from dpsweep.process.shutdown import run_then_exit
 from dpsweep.tracking import channel as tracking_service
@@ -247,8 +249,9 @@ def app(cfg: DictConfig) -> JobSummary | None:
             "launcher", cfg.launcher.name, "inline or local for a run on this machine; a scheduler takes sweeps: "
             f"add -m to submit this run as a sweep of one job (dpsweep -m launcher={cfg.launcher.name} ...)",
         )))  # fmt: skip
-    if hydra_cfg.mode != RunMode.MULTIRUN:  # a first line now: torch, the data and the store take seconds more
-        print(start_line(cfg, hydra_cfg.runtime.output_dir), flush=True)
+    rank = a_rank()  # one of the processes of a run across devices (train.devices)
+    if hydra_cfg.mode != RunMode.MULTIRUN and not rank:  # a first line now: torch, the data and the store take
+        print(start_line(cfg, hydra_cfg.runtime.output_dir), flush=True)  # seconds more
     tracking_service.service().post("warm_store", cfg.tracking.uri)  # opened there while torch imports here
     from dpsweep.run.runner import OverBudget, train
     from dpsweep.tracking import Claimed, next_steps
@@ -256,6 +259,8 @@ def app(cfg: DictConfig) -> JobSummary | None:
     die_with_driver()  # a launcher=local job: ends (run KILLED) when the sweep's driver is gone
     if cfg.train.checkpoint_dir is None:  # the job's own directory: stable when a cluster requeues it
         cfg.train.checkpoint_dir = str(_own_directory(cfg, hydra_cfg) / "checkpoint")
+    if cfg.train.devices > 1 and not rank:
+        raise SystemExit(_launch_ranks(cfg, hydra_cfg))
     try:
         result = train(cfg)
     except (OverBudget, Claimed) as why:  # not an error: the sweep goes on without this config
@@ -267,10 +272,31 @@ def app(cfg: DictConfig) -> JobSummary | None:
         raise SystemExit(report_bad_input("dpsweep", err)) from err
     config = to_config(cfg)
     line = summary_line(config, result)
+    if rank and os.environ.get("RANK", "0") != "0":  # rank 0 speaks for the run
+        return JobSummary(line, result.score, result.epsilon)
     print(line, flush=True)
     if hydra_cfg.mode != RunMode.MULTIRUN:  # a sweep ends with its own line
         print(next_steps(config.tracking.uri, config.tracking.experiment_name), flush=True)
     return JobSummary(line, result.score, result.epsilon)
+
+
+def _launch_ranks(cfg: DictConfig, hydra_cfg: Any) -> int:
+    """A run across ``train.devices`` devices: checked here as a run would be (bad input: exit 2 before
+    any rank starts), then its ranks under torchrun (:mod:`dpsweep.distributed.launch`), each the same
+    command; the exit code is torchrun's, non-zero when any rank failed (it ends the others)."""
+    from dpsweep.distributed import torchrun_command
+    from dpsweep.run.runner import check_launch
+
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        raise ConfigError("train.devices", cfg.train.devices, "1 in a sweep (-m): a run across devices is one "
+                          "dpsweep run (without -m)")  # fmt: skip
+    try:
+        check_launch(cfg)
+    except bad_input_types() as err:
+        raise SystemExit(report_bad_input("dpsweep", err)) from err
+    command = torchrun_command(cfg.train.devices, list(hydra_cfg.overrides.task), hydra_cfg.runtime.output_dir)
+    threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # torchrun's default, said quietly
+    return subprocess.run(command, env=os.environ | threads | {RANKS_ENV: "1"}, check=False).returncode
 
 
 def _own_directory(cfg: DictConfig, hydra_cfg: Any) -> Path:

@@ -22,6 +22,7 @@ It owns what every task shares (``dpsweep.tasks`` owns what differs):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -29,6 +30,7 @@ import math
 import random
 import sys
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,8 +41,19 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from tqdm.auto import tqdm
 
-from dpsweep import tasks, units
-from dpsweep.config import Config, ConfigError, Device, flatten, identity, settings, structured, to_config, validate
+from dpsweep import distributed, tasks, units
+from dpsweep.config import (
+    Config,
+    ConfigError,
+    Device,
+    TrackingConfig,
+    flatten,
+    identity,
+    settings,
+    structured,
+    to_config,
+    validate,
+)
 from dpsweep.data import loaders as datasets
 from dpsweep.data.facts import DatasetFacts
 from dpsweep.errors import redact, redacted
@@ -54,6 +67,7 @@ from dpsweep.tracking import (
     PRIVACY_LEDGER,
     Claim,
     RunEnded,
+    SilentTracker,
     Tracker,
     environment_tags,
     open_store,
@@ -112,6 +126,49 @@ def train(cfg: DictConfig | Config) -> TrainResult:
         return _tracked(start, monitor)
     finally:
         monitor.close()  # the CPU twin's frozen baseline (dpsweep.memory.stages)
+        if start.ranks.distributed:
+            distributed.leave()
+
+
+def check_launch(cfg: DictConfig | Config) -> None:
+    """What the ``dpsweep`` command checks before it starts a run's ranks (``train.devices`` > 1): the
+    config, the devices this machine has, the dataset, the plan and the store, as a run would; bad
+    input raises before any rank starts."""
+    config, device = _checked_config(cfg)
+    _planned(config, device)
+
+
+def _checked_config(cfg: DictConfig | Config) -> tuple[Config, torch.device]:
+    """The config checked, and its device, with as many of them as ``train.devices`` asks for."""
+    config = to_config(cfg)
+    validate(config)
+    device = resolve_device(config.train.device)
+    devices = config.train.devices
+    if devices > 1 and devices > (have := distributed.visible_devices(device.type)):
+        cpu = "gloo ranks on the CPU (4 a core: more would only share the cores thinner)"
+        where = "CUDA devices visible" if device.type == "cuda" else cpu
+        raise ConfigError("train.devices", devices, f"at most the {have} {where}")
+    return config, device
+
+
+def _planned(config: Config, device: torch.device) -> tuple[datasets.DataSplits, RunPlan]:
+    """The dataset and the plan (OverBudget over ``sweep.max_epsilon``); the tracking store opened."""
+    data = datasets.build(config.dataset)
+    facts = DatasetFacts(data.n_train, data.input_shape, data.num_classes)
+    plan = prepare(config, facts, MemoryFiles().budget(config, memory.backend_for(device)))
+    if plan.over_budget is not None:
+        raise OverBudget(plan.over_budget)
+    open_store(config.tracking.uri)  # a store that is not one, or cannot be written, is bad input here
+    return data, plan
+
+
+def _ranks_of(config: Config) -> distributed.Ranks:
+    """This process's rank, where ``train.devices`` ranks were started for it (by the dpsweep command)."""
+    ranks, devices = distributed.current(), config.train.devices
+    if ranks.world_size != devices:
+        raise ConfigError("train.devices", devices, f"{ranks.world_size} here: a run across devices is started by "
+                          "the dpsweep command, which launches its ranks under torchrun")  # fmt: skip
+    return ranks
 
 
 @dataclass
@@ -126,35 +183,59 @@ class _Start:
     ckpt_dir: Path | None
     found: checkpoint.Found
     resume: checkpoint.TrainingState | None
+    ranks: distributed.Ranks = field(default_factory=distributed.Ranks)
 
 
 def _start(cfg: DictConfig | Config) -> _Start:
     """Everything that can reject the input, before any MLflow run: the config, the dataset, the plan
-    (OverBudget over ``sweep.max_epsilon``), the tracking store, and a stale checkpoint removed."""
-    config = to_config(cfg)
-    validate(config)
-    seed_everything(config.train.seed)
-    device = resolve_device(config.train.device)
-    data = datasets.build(config.dataset)
-    facts = DatasetFacts(data.n_train, data.input_shape, data.num_classes)
-    plan = prepare(config, facts, MemoryFiles().budget(config, memory.backend_for(device)))
-    if plan.over_budget is not None:
-        raise OverBudget(plan.over_budget)
-    open_store(config.tracking.uri)  # a store that is not one, or cannot be written, is bad input here
+    (OverBudget over ``sweep.max_epsilon``), the tracking store, and a stale checkpoint removed. A rank
+    of a run across devices joins its process group and keeps a checkpoint of its own."""
+    config, device = _checked_config(cfg)
+    ranks = _ranks_of(config)
+    seed_everything(config.train.seed)  # alike on every rank: the same initial model
+    if ranks.distributed:
+        device = distributed.join(ranks, device.type)
+    data, plan = _planned(config, device)
     ckpt_dir = Path(config.train.checkpoint_dir) if config.train.checkpoint_dir and not config.train.probe else None
+    found = _found(config, plan, ckpt_dir) if ranks.leader else None
+    if ranks.distributed:  # one checkpoint a run, rank 0's, holding every rank's generators: read once
+        found = distributed.from_leader(found)
+    assert found is not None
+    return _Start(config, device, data, plan, ckpt_dir, found, found.state, ranks)
+
+
+def _found(config: Config, plan: RunPlan, ckpt_dir: Path | None) -> checkpoint.Found:
+    """The checkpoint to resume from, if any (one of another config or unreadable is set aside)."""
     found = checkpoint.peek(ckpt_dir, plan.config_hash) if ckpt_dir else checkpoint.Found(None)
-    resume = found.state
-    if ckpt_dir is not None and resume is not None and run_finished(config.tracking.uri, resume.run_id):
+    if ckpt_dir is not None and found.state is not None and run_finished(config.tracking.uri, found.state.run_id):
         checkpoint.remove(ckpt_dir)  # stale: its run FINISHED (and died before removing it, or another
-        resume = None  # process finished it): start afresh; a sweep job's claim then finds the run done
-    return _Start(config, device, data, plan, ckpt_dir, found, resume)
+        return dataclasses.replace(found, state=None)  # process finished it): start afresh; a sweep job's
+    return found  # claim then finds the run done
+
+
+@contextlib.contextmanager
+def _rank_run(
+    start: _Start, tracking: TrackingConfig, tags: Mapping[str, Any], claim: Claim | None
+) -> Iterator[Tracker]:
+    """The run's MLflow run: begun (or reopened) and ended by rank 0 (:func:`dpsweep.tracking.tracked_run`),
+    its id passed to the other ranks, which log nothing (:class:`dpsweep.tracking.SilentTracker`)."""
+    resume_id = start.resume.run_id if start.resume else None
+    if not start.ranks.distributed:
+        with tracked_run(tracking, tags, resume_id, claim) as run:
+            yield run
+    elif start.ranks.leader:
+        with tracked_run(tracking, tags, resume_id, claim) as run:
+            distributed.from_leader(run.run_id)
+            yield run
+    else:
+        yield SilentTracker(tracking.uri, distributed.from_leader(None))
 
 
 def _tracked(start: _Start, monitor: memory.MemoryMonitor) -> TrainResult:
     """The task built, then its MLflow run (new or resumed): the first iteration's memory stages, and
     a probe's end or the whole training; the checkpoint is removed once the run is complete."""
     config, plan, data, resume, ckpt_dir = start.config, start.plan, start.data, start.resume, start.ckpt_dir
-    task_run = tasks.get(config.task.name).build(tasks.RunInputs(config, plan, data, start.device))
+    task_run = tasks.get(config.task.name).build(tasks.RunInputs(config, plan, data, start.device, start.ranks))
     tags = run_tags(plan, data, start.device, monitor.backend) | task_run.tags()
     if start.found.set_aside is not None:  # the run starts afresh; the file is kept for inspection
         tags["checkpoint.set_aside"] = str(start.found.set_aside)
@@ -163,7 +244,7 @@ def _tracked(start: _Start, monitor: memory.MemoryMonitor) -> TrainResult:
     claim = _claim(config, plan)
     with (
         terminate_as_interrupt(),
-        tracked_run(_named(config, plan), tags, resume.run_id if resume else None, claim) as run,
+        _rank_run(start, _named(config, plan), tags, claim) as run,
     ):
         if resume is None:
             _log_config(config, plan, data, run)
@@ -176,16 +257,17 @@ def _tracked(start: _Start, monitor: memory.MemoryMonitor) -> TrainResult:
             state = checkpoint.load(ckpt_dir, plan.config_hash, parts.model, parts.optimizer, parts.engine)
         # a resumed run's stages were recorded before it was interrupted
         stages = StageLog(memory.StageRecorder(monitor, active=state is None), run, result)
-        if state is not None:
-            checkpoint.restore_rng(state.rng, parts.generator)
+        if state is not None:  # a rank of a run across devices: its own generators, of the run's one checkpoint
+            rng = state.rng["ranks"][start.ranks.rank] if start.ranks.distributed else state.rng
+            checkpoint.restore_rng(rng, parts.generator)
             result.epochs, result.steps, stages.recorder.run_peak = state.epochs, state.steps, state.run_peak_bytes
         stages.mark("model_load")
         if config.train.probe:
             result.epochs.append(_probe(task_run, stages))
             return result
-        ckpts = Checkpoints(ckpt_dir, plan.config_hash, state)
+        ckpts = Checkpoints(ckpt_dir, plan.config_hash, state, start.ranks)
         _train_all(config, plan, task_run, stages, parts, ckpts, n_test=len(data.test))  # type: ignore[arg-type]
-    if ckpt_dir is not None:
+    if ckpt_dir is not None and start.ranks.leader:
         checkpoint.remove(ckpt_dir)  # the run is complete; a rerun starts afresh
     return result
 
@@ -218,7 +300,8 @@ def _train_all(
         stages.log_first_iteration()
     t = config.tracking
     private = config.dp.enabled  # GPU memory would tell the Poisson batch sizes, as the peak would
-    with system_metrics(run.run_id, t.uri, t.system_metrics_after_s, t.system_metrics_interval_s, private):
+    sampled = system_metrics(run.run_id, t.uri, t.system_metrics_after_s, t.system_metrics_interval_s, private)
+    with sampled if run.writes else contextlib.nullcontext():  # rank 0's machine only
         _epochs(config, task_run, stages, parts, ckpt)
     _finish_privacy(config, plan, task_run, result, run)
     result.model = task_run.trained_model()
@@ -268,6 +351,7 @@ class Checkpoints:
     directory: Path | None
     config_hash: str
     restored: checkpoint.TrainingState | None
+    ranks: distributed.Ranks = field(default_factory=distributed.Ranks)
 
 
 def _epochs(
@@ -281,7 +365,7 @@ def _epochs(
 
         reporter = TrialReporter(cfg.sweep)
     first = ckpt.restored.epoch + 1 if ckpt.restored is not None else 1
-    show = None if cfg.train.progress else True
+    show = None if cfg.train.progress and run.writes else True  # one bar a run: rank 0's
     bar = tqdm(range(first, cfg.train.epochs + 1), desc="epochs", disable=show, file=sys.stderr)
     for epoch in bar:
         started = time.monotonic()
@@ -301,7 +385,8 @@ def _epochs(
         released = {k: v for k, v in metrics.items() if k not in private}
         run.log_metrics(released, step=epoch)
         result.epochs.append({"epoch": float(epoch), **metrics})
-        _report_epoch(f"epoch {epoch}/{cfg.train.epochs}", released, time.monotonic() - started, bar)
+        if run.writes:  # one line an epoch: rank 0's
+            _report_epoch(f"epoch {epoch}/{cfg.train.epochs}", released, time.monotonic() - started, bar)
         objective = cfg.task.objective
         if reporter is not None and objective in metrics and reporter.should_prune(epoch, metrics[objective]):
             raise RunEnded(
@@ -310,11 +395,14 @@ def _epochs(
                 tags={"optuna.pruned": "true", "failure.kind": "pruned"},
             )
         if ckpt.directory is not None:
+            rng = checkpoint.capture_rng(parts.generator)
+            if ckpt.ranks.distributed:  # one checkpoint a run: the model, optimizer and accountant are alike on
+                rng = {"ranks": distributed.gathered(rng)}  # every rank; rank 0 writes them, with every rank's RNG
             saved = checkpoint.TrainingState(
-                ckpt.config_hash, run.run_id, epoch, result.steps, result.epochs, stages.recorder.run_peak,
-                checkpoint.capture_rng(parts.generator),
-            )  # fmt: skip
-            checkpoint.save(ckpt.directory, saved, parts.model, parts.optimizer, parts.engine)
+                ckpt.config_hash, run.run_id, epoch, result.steps, result.epochs, stages.recorder.run_peak, rng
+            )
+            if ckpt.ranks.leader:
+                checkpoint.save(ckpt.directory, saved, parts.model, parts.optimizer, parts.engine)
         if final:
             break
     last = result.epochs[-1]

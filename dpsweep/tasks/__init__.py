@@ -29,7 +29,7 @@ which names its ``objective``) and ``conf/task/<name>.yaml``; the runner is not 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -39,6 +39,7 @@ from torch import nn
 
 from dpsweep.config import Config
 from dpsweep.data.loaders import DataSplits
+from dpsweep.distributed import Ranks
 from dpsweep.plan import RunPlan
 from dpsweep.privacy import ledger
 from dpsweep.registry import Registry
@@ -47,12 +48,14 @@ from dpsweep.tracking import Tracker
 
 @dataclass(frozen=True)
 class RunInputs:
-    """What a task builds one run from: the config, its plan (σ, steps, physical batch), the data and the device."""
+    """What a task builds one run from: the config, its plan (σ, steps, physical batch), the data, the
+    device, and which rank of the run this process is (``train.devices``)."""
 
     cfg: Config
     plan: RunPlan
     data: DataSplits
     device: torch.device
+    ranks: Ranks = field(default_factory=Ranks)
 
 
 @dataclass

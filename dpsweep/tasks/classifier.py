@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from opacus import PrivacyEngine
 from opacus.data_loader import DPDataLoader
+from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
 from opacus.grad_sample.gsm_exp_weights import GradSampleModuleExpandedWeights
 from opacus.optimizers import DPOptimizer
 from torch import nn
@@ -39,6 +40,7 @@ from dpsweep.config import Clipping, ConfigError
 from dpsweep.data import device as device_data
 from dpsweep.data import gathered, users
 from dpsweep.data import loaders as datasets
+from dpsweep.distributed import PoissonAcrossRanks, Ranks
 from dpsweep.mechanisms import functional as func_dp
 from dpsweep.mechanisms import opacus_engine as dpsgd
 from dpsweep.mechanisms.batches import Batch, physical_batches
@@ -99,6 +101,9 @@ class ClassifierRun:
         self.own: func_dp.OwnSteps | None = (
             None  # DP-FTRL and user-level DP (dpsweep.mechanisms.functional): not Opacus
         )
+        self.ranks: Ranks = inputs.ranks  # train.devices > 1: this process's share of each step
+        pb = inputs.plan.physical_batch_size
+        self.physical_batch_size = None if pb is None else pb // self.ranks.world_size  # a pass of this rank
 
     def tags(self) -> dict[str, Any]:
         tags: dict[str, Any] = {"model.trainable_params": model_zoo.trainable_parameters(self.model)}
@@ -119,6 +124,8 @@ class ClassifierRun:
         self.model = self.model.to(device)
         if func_dp.uses_own_steps(cfg):
             return self._start_own_steps()
+        if self.ranks.distributed:  # Opacus's DDP: rank 0's parameters broadcast; make_private goes distributed
+            self.model = DPDDP(self.model)
         self.optimizer = build_optimizer(cfg.optimizer, self.model)
         generator = torch.Generator().manual_seed(cfg.train.seed)
         loader = gathered.loader(self.data.train, cfg.train.batch_size, shuffle=not cfg.dp.enabled, generator=generator)
@@ -134,6 +141,8 @@ class ClassifierRun:
                 cfg.dp, sigma, self.max_grad_norm, self.model, self.optimizer, loader, self.criterion
             )
             self.engine, self.model, self.optimizer, self.criterion, loader = made
+            if self.ranks.distributed:  # this rank's share of each step; its sampler's generator is checkpointed
+                loader, generator = _across_ranks(loader, self.ranks, cfg.train.seed)
             if self.input_canaries is not None:  # sampled as the plan's N examples would be (black_box)
                 assert self.engine is not None and isinstance(loader, DPDataLoader)
                 schedule = poisson_schedule(self.inputs.plan.facts.n_train, cfg.train.batch_size)
@@ -274,9 +283,9 @@ class ClassifierRun:
         self.model.train()
         self._audit_on()
         loss_sum, seen = torch.zeros((), device=self.device), 0  # summed on the device: no wait per step
-        show = None if self.cfg.train.progress else True
-        with physical_batches(self.batches, self.inputs.plan.physical_batch_size, self.optimizer) as passes:
-            split = self.inputs.plan.physical_batch_size is not None  # passes per step vary with Poisson batches
+        show = None if self.cfg.train.progress and self.ranks.leader else True  # one bar a run: rank 0's
+        with physical_batches(self.batches, self.physical_batch_size, self.optimizer) as passes:
+            split = self.physical_batch_size is not None  # passes per step vary with Poisson batches
             total = None if split or not isinstance(self.batches, Sized) else len(self.batches)
             for x, y, first, last, weight in tqdm(
                 passes, desc=f"epoch {epoch} steps", total=total, leave=False, disable=show, file=sys.stderr
@@ -334,7 +343,7 @@ class ClassifierRun:
         if self.own is not None:
             self._own_exact_step(stages)
         else:
-            size = self.inputs.plan.physical_batch_size or self.cfg.train.batch_size  # one pass, as training makes
+            size = self.physical_batch_size or self.cfg.train.batch_size  # one pass, as training makes
             x, y = self._exact_batch(torch.Generator().manual_seed(self.cfg.train.seed), size)
             train_pass(self.trainer, (x, y), stages)
         self.optimizer.zero_grad(set_to_none=True)
@@ -370,7 +379,7 @@ class ClassifierRun:
     def plain_model(self) -> nn.Module:
         """The model without Opacus's wrapper and its per-sample machinery."""
         plain: nn.Module = getattr(self.model, "_module", self.model)
-        return plain
+        return plain.module if isinstance(plain, DPDDP) else plain
 
     def released_model(self) -> tuple[nn.Module, np.ndarray]:
         plain = self.plain_model
@@ -447,6 +456,17 @@ def _cached_features(
         "feature_cache.key": cached.keys["train"], "feature_cache.map_shape": "x".join(map(str, cached.map_shape)),
     })  # fmt: skip
     return cached.head(model), datasets.DataSplits(cached.train, cached.test, cached.num_classes, data.input_shape)
+
+
+def _across_ranks(loader: DataLoader[Any], ranks: Ranks, seed: int) -> tuple[DataLoader[Any], torch.Generator]:
+    """This rank's share of every step's Poisson batch (:class:`dpsweep.distributed.PoissonAcrossRanks`)
+    at Opacus's loader's rate and steps, through its collate (empty shares included), in place of
+    Opacus's distributed sampler; and the generator it draws from (a checkpoint keeps its state, so
+    a resumed run draws new batches, not the first epoch's again)."""
+    assert isinstance(loader, DPDataLoader)
+    n = len(loader.dataset)
+    sampler = PoissonAcrossRanks(n, loader.sample_rate, len(loader), ranks, seed)
+    return DataLoader(loader.dataset, batch_sampler=sampler, collate_fn=loader.collate_fn), sampler.generator
 
 
 def _device_batches(

@@ -73,6 +73,8 @@ class Tracker:
     """Logs to one MLflow run by id (no global 'active run' state), through the tracking process:
     each call returns at once; :meth:`flush` waits for them all and raises the first error."""
 
+    writes = True  # False for a rank of a run that is not rank 0 (SilentTracker)
+
     def __init__(self, uri: str, run_id: str) -> None:
         self.uri = uri
         self.run_id = run_id
@@ -245,6 +247,40 @@ def _is_oom(err: BaseException) -> bool:
         return True
     torch = sys.modules.get("torch")  # a torch OOM can only come from a process that imported torch
     return torch is not None and isinstance(err, torch.OutOfMemoryError)
+
+
+class SilentTracker(Tracker):
+    """The tracker of a rank other than 0 of a run across devices (``train.devices``): rank 0 writes
+    the run (``run_id`` is its), the others log nothing."""
+
+    writes = False
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        pass
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
+        pass
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        pass
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        pass
+
+    def log_image(self, image: Any, artifact_file: str) -> None:
+        pass
+
+    def log_file(self, local_path: str | Path, artifact_path: str | None = None) -> None:
+        pass
+
+    def log_model(self, module: Any, input_example: Any, artifact_path: str = "model") -> None:
+        pass
+
+    def log_dataset_splits(self, description: Mapping[str, Any], sizes: Mapping[str, int]) -> str:
+        return ""
+
+    def flush(self) -> None:
+        pass
 
 
 @contextmanager
