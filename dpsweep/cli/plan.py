@@ -85,6 +85,7 @@ class PlanRow:
     peak_bytes: float | None = None  # predicted iteration peak (with --memory-model)
     gpu_memory: str | None = None  # the budget it is compared with
     fits_memory: bool | None = None  # None: no memory model or no budget
+    world_size: int = 1  # ranks of the run (train.devices): each takes its share of every Poisson batch
 
 
 def _store_readable(uri: str) -> bool:
@@ -134,6 +135,7 @@ def plan_row(job: int, overrides: list[str], plan: RunPlan, skipped: str | None 
         mechanism=cfg.dp.mechanism if p else None, unit=cfg.dp.unit.value if p else None,
         peak_bytes=memory.peak_bytes if memory else None,
         gpu_memory=plan.gpu_memory if memory else None, fits_memory=plan.fits_memory,
+        world_size=cfg.train.devices,
     )  # fmt: skip
 
 
@@ -351,6 +353,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     packed = _packing_line(jobs, rows)
     if packed:
         print(packed)
+    ranked = sorted({r.world_size for r in rows if r.world_size > 1})
+    if ranked:
+        print(
+            f"ranks: {', '.join(map(str, ranked))} a run (train.devices, torchrun on this machine), each taking "
+            "its share of every Poisson batch; σ, q, steps and ε are one process's (rank 0 draws the noise)"
+        )
     if tuned is not None:
         s, cost = tuned
         print(

@@ -176,3 +176,16 @@ def test_plan_table_and_bad_input() -> None:
     assert pasted.returncode == 0 and pasted.stdout == table.stdout, pasted.stderr
     unknown = run_main(main, "dataset=imagenet")
     assert unknown.returncode == 2 and "imagenet" in unknown.stderr, unknown.stderr
+
+
+def test_plan_shows_the_ranks_of_a_run_across_devices_and_its_single_process_epsilon() -> None:
+    one = run_main(main, "--json")
+    two = run_main(main, "--json", "train.devices=2")
+    assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr
+    (single,), (ranked,) = json.loads(one.stdout), json.loads(two.stdout)
+    assert single["world_size"] == 1 and ranked["world_size"] == 2
+    assert ranked["epsilon"] == single["epsilon"] and ranked["steps"] == single["steps"]
+    table = run_main(main, "train.devices=2")
+    assert "ranks: 2 a run" in table.stdout and "ranks:" not in run_main(main).stdout, table.stdout
+    refused = run_main(main, "train.devices=2", "dp.mechanism=dpftrl")
+    assert refused.returncode == 2 and "dp.mechanism='dpftrl' is invalid" in refused.stderr, refused.stderr
