@@ -97,14 +97,20 @@ def correct_runs(runs: list[dict[str, float]], claim: float) -> dict[str, Any]:
         values = [m[metric] for m in runs]
         record[name] = {"bounds": values, "mean": statistics.fmean(values), "max": max(values),
                         "share_of_claim": statistics.fmean(values) / claim}  # fmt: skip
-    record["flagged"] = sum(max(m[metric] for metric in BOUNDS.values()) > claim for m in runs)
+    record["flagged"] = sum(flagged(m, claim) for m in runs)
     return record
 
 
+def flagged(m: dict[str, float], claim: float) -> bool:
+    """Either bound above the claim, or the f-DP test rejecting the run's own ledger."""
+    return max(m[metric] for metric in BOUNDS.values()) > claim or m.get("audit.claim_rejected", 0.0) == 1
+
+
 def planted_run(m: dict[str, float], claim: float) -> dict[str, Any]:
-    """A broken run's two bounds, and whether either exceeds the claim (a detection)."""
+    """A broken run's two bounds, whether the f-DP test rejected its ledger, and whether it was caught."""
     bounds = {name: m[metric] for name, metric in BOUNDS.items()}
-    return bounds | {"detected": max(bounds.values()) > claim}
+    rejected = m.get("audit.claim_rejected", 0.0) == 1
+    return bounds | {"claim_rejected": rejected, "detected": flagged(m, claim)}
 
 
 def shown(planted: dict[str, dict[str, Any]]) -> str:

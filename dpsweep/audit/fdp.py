@@ -96,6 +96,18 @@ def rejects(f: TradeOff, canaries: int, guesses: int, correct: int, significance
     return right + wrong > guesses / canaries
 
 
+def rejects_claim(
+    claim: ledgers.Ledger, tests: Mapping[str, tuple[int, int]], canaries: int, confidence: float
+) -> bool:
+    """Whether one of the ``tests`` (each at level (1 − ``confidence``)/k) rejects the run's own claim,
+    its ledger's f: the run is then not as private as its ledger says. Where it does, the bound of
+    :func:`epsilon_lower` is at least the claim's ε, and can equal it (the least private claim rejected
+    lies within a bisection step of the run's own)."""
+    level = (1 - confidence) / len(tests)
+    f = claimed_tradeoff(claim)
+    return any(rejects(f, canaries, r, right, level) for r, right in tests.values())
+
+
 def epsilon_lower(
     claim: ledgers.Ledger, tests: Mapping[str, tuple[int, int]], canaries: int, delta: float, confidence: float
 ) -> float:

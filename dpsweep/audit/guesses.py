@@ -62,7 +62,8 @@ def metrics(
     before training), ``audit.guesses``, ``audit.tests``, and the ε lower bound at δ, the largest of the
     tests' under a union bound (:func:`dpsweep.audit.bound.best_bound`). With the run's ``claim`` (its
     ledger), each test is also read against it by the f-DP analysis (:mod:`dpsweep.audit.fdp`):
-    ``audit.epsilon_lower_fdp``, the two analyses sharing 1 − ``confidence`` equally."""
+    ``audit.epsilon_lower_fdp``, and ``audit.claim_rejected`` (1 where a test rejects the run's own
+    ledger: the run is flagged), the two analyses sharing 1 − ``confidence`` equally."""
     logged = {key: float(right) for key, (_, right) in tests.items()}
     if claim is None:
         lower = bound.best_bound(tests, canaries, delta, confidence)
@@ -77,4 +78,5 @@ def metrics(
         "audit.tests": float(2 * len(tests)),
         "audit.epsilon_lower": bound.best_bound(tests, canaries, delta, each),
         "audit.epsilon_lower_fdp": fdp.epsilon_lower(claim, tests, canaries, delta, each),
+        "audit.claim_rejected": float(fdp.rejects_claim(claim, tests, canaries, each)),
     }

@@ -36,8 +36,9 @@ def _audit(client: MlflowClient, run_id: str) -> dict[str, float]:
 
 
 def _flagged(m: dict[str, float]) -> bool:
-    """Either bound above the claimed ε: the run is less private than its ledger says (at 95%)."""
-    return max(m["audit.epsilon_lower"], m["audit.epsilon_lower_fdp"]) > m["epsilon"]
+    """Either bound above the claimed ε, or the f-DP test rejecting the run's own ledger: the run is
+    less private than its ledger says (at 95%)."""
+    return max(m["audit.epsilon_lower"], m["audit.epsilon_lower_fdp"]) > m["epsilon"] or m["audit.claim_rejected"] == 1
 
 
 def test_an_audit_run_logs_its_bound_beside_an_unchanged_epsilon(make_cfg: Composer, client: MlflowClient) -> None:

@@ -67,6 +67,19 @@ def test_a_mechanism_twice_as_revealing_as_claimed_is_caught_and_the_bound_passe
     assert fdp.epsilon_lower(_gaussian(0.5), caught, 1000, 1e-5, 0.95) > claimed
 
 
+def test_the_claim_is_rejected_exactly_where_a_test_rejects_its_trade_off_and_the_bound_then_reaches_it() -> None:
+    rng = np.random.default_rng(3)
+    f = fdp.claimed_tradeoff(_gaussian(0.5))
+    claimed = ledger.epsilon(_gaussian(0.5), 1e-5, ledger.Accounting("pld")).epsilon
+    for _ in range(20):
+        tests = _game(rng, 1.0)
+        rejected = any(fdp.rejects(f, 1000, r, v, 0.05 / 2) for r, v in tests.values())
+        assert fdp.rejects_claim(_gaussian(0.5), tests, 1000, 0.95) == rejected
+        if rejected:  # the least private claim rejected is the run's own or a less private one
+            assert fdp.epsilon_lower(_gaussian(0.5), tests, 1000, 1e-5, 0.95) >= claimed * (1 - 1e-3)
+    assert not fdp.rejects_claim(_gaussian(0.5), {"top": (100, 50)}, 1000, 0.95)
+
+
 def test_the_f_dp_bound_is_tighter_than_steinke_et_als_and_stays_below_a_met_claim() -> None:
     rng = np.random.default_rng(2)
     tests = _game(rng, 2.0)
