@@ -189,7 +189,7 @@ class _Start:
 def _start(cfg: DictConfig | Config) -> _Start:
     """Everything that can reject the input, before any MLflow run: the config, the dataset, the plan
     (OverBudget over ``sweep.max_epsilon``), the tracking store, and a stale checkpoint removed. A rank
-    of a run across devices joins its process group and keeps a checkpoint of its own."""
+    of a run across devices joins its process group; rank 0 reads the run's one checkpoint for all."""
     config, device = _checked_config(cfg)
     ranks = _ranks_of(config)
     seed_everything(config.train.seed)  # alike on every rank: the same initial model
@@ -208,9 +208,11 @@ def _found(config: Config, plan: RunPlan, ckpt_dir: Path | None) -> checkpoint.F
     """The checkpoint to resume from, if any (one of another config or unreadable is set aside)."""
     found = checkpoint.peek(ckpt_dir, plan.config_hash) if ckpt_dir else checkpoint.Found(None)
     if ckpt_dir is not None and found.state is not None and run_finished(config.tracking.uri, found.state.run_id):
-        checkpoint.remove(ckpt_dir)  # stale: its run FINISHED (and died before removing it, or another
-        return dataclasses.replace(found, state=None)  # process finished it): start afresh; a sweep job's
-    return found  # claim then finds the run done
+        # stale: its run FINISHED (and died before removing it, or another process finished it): start
+        # afresh; a sweep job's claim then finds the run done
+        checkpoint.remove(ckpt_dir)
+        return dataclasses.replace(found, state=None)
+    return found
 
 
 @contextlib.contextmanager

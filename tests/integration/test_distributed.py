@@ -219,3 +219,20 @@ def test_the_one_mlflow_run_is_tracked_by_rank_0(tmp_path: Path) -> None:
     assert runs[0].data.params["train.devices"] == "2" and "epsilon" in runs[0].data.metrics
     artifacts = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").list_artifacts(runs[0].info.run_id)
     assert "privacy_ledger.json" in [a.path for a in artifacts]
+
+
+@pytest.mark.slow  # about 40 s: two 2-rank runs
+def test_a_physical_batch_split_across_ranks_trains_the_same_run(tmp_path: Path) -> None:
+    """train.physical_batch_size=16 with 2 ranks: passes of 8 examples a rank, one step a logical batch
+    (Opacus's BatchMemoryManager on each rank's share): the same ε and, up to float sums, the same model."""
+    runs = {}
+    for extra in ([], ["train.physical_batch_size=16"]):
+        done = run_script("dpsweep", *RUN, "train.devices=2", *extra, f"tracking.experiment_name=pb{len(extra)}",
+                          cwd=tmp_path)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        (run,) = child_runs(tmp_path, f"pb{len(extra)}")
+        runs[len(extra)] = run.data
+    whole, split = runs[0], runs[1]
+    assert split.params["train.physical_batch_size"] == "16"
+    assert split.metrics["epsilon"] == pytest.approx(whole.metrics["epsilon"], rel=1e-12)
+    assert split.metrics["test_accuracy"] == pytest.approx(whole.metrics["test_accuracy"], abs=0.01)
