@@ -283,7 +283,9 @@ def app(cfg: DictConfig) -> JobSummary | None:
 def _launch_ranks(cfg: DictConfig, hydra_cfg: Any) -> int:
     """A run across ``train.devices`` devices: checked here as a run would be (bad input: exit 2 before
     any rank starts), then its ranks under torchrun (:mod:`dpsweep.distributed.launch`), each the same
-    command; the exit code is torchrun's, non-zero when any rank failed (it ends the others)."""
+    command; the exit code is torchrun's, non-zero when any rank failed (it ends the others). After a
+    failure the experiment's dead runs are ended (:func:`dpsweep.tracking.reconcile`): none is left
+    RUNNING, even where rank 0 itself was killed outright."""
     from dpsweep.distributed import torchrun_command
     from dpsweep.run.runner import check_launch
 
@@ -296,7 +298,13 @@ def _launch_ranks(cfg: DictConfig, hydra_cfg: Any) -> int:
         raise SystemExit(report_bad_input("dpsweep", err)) from err
     command = torchrun_command(cfg.train.devices, list(hydra_cfg.overrides.task), hydra_cfg.runtime.output_dir)
     threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # torchrun's default, said quietly
-    return subprocess.run(command, env=os.environ | threads | {RANKS_ENV: "1"}, check=False).returncode
+    code = subprocess.run(command, env=os.environ | threads | {RANKS_ENV: "1"}, check=False).returncode
+    if code != 0:  # rank 0 killed outright (SIGKILL, the OOM killer) could not end its run: end it KILLED here
+        from dpsweep.tracking import reconcile
+
+        for run_id, reason, _ in reconcile(cfg.tracking.uri, cfg.tracking.experiment_name):
+            print(f"dpsweep: run {run_id[:8]} ended KILLED: {reason}", file=sys.stderr, flush=True)
+    return code
 
 
 def _own_directory(cfg: DictConfig, hydra_cfg: Any) -> Path:

@@ -172,10 +172,9 @@ def test_the_noise_of_a_step_is_one_processs_whatever_the_ranks(tmp_path: Path) 
         assert got["std"] == pytest.approx(expected, rel=0.05), (world, got, expected)
 
 
-@pytest.mark.slow  # about 60 s: a run whose rank 1 is killed, then the same command again
-def test_a_killed_rank_leaves_no_running_run_nor_process_and_the_run_resumes(tmp_path: Path) -> None:
-    ckpt = tmp_path / "ckpt"
-    args = [*RUN[:2], "train.epochs=4", "train.devices=2", f"train.checkpoint_dir={ckpt}"]
+def _kill_rank(tmp_path: Path, args: list[str], rank: str) -> str:
+    """Start ``dpsweep *args``, SIGKILL one of its ranks after epoch 2, and check what is left: the
+    command failed, no rank runs, and its one MLflow run ended (not RUNNING); returns the run's id."""
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
     started = psutil.Popen([str(BIN / "dpsweep"), *args], cwd=tmp_path, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
@@ -186,7 +185,7 @@ def test_a_killed_rank_leaves_no_running_run_nor_process_and_the_run_resumes(tmp
         if "epoch 2/4" in line:
             break
     ranks = [p for p in started.children(recursive=True) if p.environ().get("RANK") is not None]
-    victim = next(p for p in ranks if p.environ()["RANK"] == "1")
+    victim = next(p for p in ranks if p.environ()["RANK"] == rank)
     victim.send_signal(signal.SIGKILL)
     rest = started.communicate(timeout=300)[0]
     assert started.returncode != 0, "".join(lines) + rest
@@ -196,7 +195,23 @@ def test_a_killed_rank_leaves_no_running_run_nor_process_and_the_run_resumes(tmp
     assert not [p for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]  # no orphan rank
     runs = child_runs(tmp_path)
     assert len(runs) == 1 and runs[0].info.status in ("FAILED", "KILLED"), [r.info.status for r in runs]
-    killed = runs[0].info.run_id
+    return runs[0].info.run_id
+
+
+@pytest.mark.slow  # about 20 s
+def test_rank_0_killed_outright_leaves_its_run_killed_not_running(tmp_path: Path) -> None:
+    """SIGKILL on rank 0, the rank that writes the run: torchrun ends rank 1, and the dpsweep command
+    ends the run KILLED (found dead)."""
+    _kill_rank(tmp_path, [*RUN[:2], "train.epochs=4", "train.devices=2"], rank="0")
+    (run,) = child_runs(tmp_path)
+    assert run.data.tags["failure.kind"] == "dead", run.data.tags
+
+
+@pytest.mark.slow  # about 60 s: a run whose rank 1 is killed, then the same command again
+def test_a_killed_rank_leaves_no_running_run_nor_process_and_the_run_resumes(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    args = [*RUN[:2], "train.epochs=4", "train.devices=2", f"train.checkpoint_dir={ckpt}"]
+    killed = _kill_rank(tmp_path, args, rank="1")
     done = run_script("dpsweep", *args, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "epoch 3/4" in done.stdout and "epoch 1/4" not in done.stdout, done.stdout  # resumed after epoch 2
