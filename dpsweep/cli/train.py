@@ -12,7 +12,9 @@ a sweep it raises instead, so that the sweeper records the job as failed and goe
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -260,43 +262,65 @@ def app(cfg: DictConfig) -> JobSummary | None:
     if cfg.train.checkpoint_dir is None:  # the job's own directory: stable when a cluster requeues it
         cfg.train.checkpoint_dir = str(_own_directory(cfg, hydra_cfg) / "checkpoint")
     if cfg.train.devices > 1 and not rank:
-        raise SystemExit(_launch_ranks(cfg, hydra_cfg))
+        return _launch_ranks(cfg, hydra_cfg)
+    leader = rank and os.environ.get("RANK") == "0"  # rank 0 speaks for a run across devices
+    quiet = rank and (not leader or cfg.sweep.id is not None)  # in a sweep, the job that launched the ranks
     try:
         result = train(cfg)
     except (OverBudget, Claimed) as why:  # not an error: the sweep goes on without this config
+        if not quiet:
+            print(f"dpsweep: skip {_job_overrides()}: {why}", flush=True)
+        if leader:
+            _leave_summary(hydra_cfg, {"skipped": str(why)})
+        return None
+    except bad_input_types() as err:
+        if hydra_cfg.mode == RunMode.MULTIRUN or rank:
+            raise  # the sweeper records this job as failed and goes on (a rank: torchrun ends the others)
+        raise SystemExit(report_bad_input("dpsweep", err)) from err
+    config = to_config(cfg)
+    summary = JobSummary(summary_line(config, result), result.score, result.epsilon)
+    if leader:
+        _leave_summary(hydra_cfg, dataclasses.asdict(summary))
+    if quiet:
+        return summary
+    print(summary.line, flush=True)
+    if hydra_cfg.mode != RunMode.MULTIRUN and cfg.sweep.id is None:  # a sweep ends with its own line
+        print(next_steps(config.tracking.uri, config.tracking.experiment_name), flush=True)
+    return summary
+
+
+RANK0_SUMMARY = ".dpsweep-ranks.json"  # in the job's directory: rank 0's summary, for the job that launched it
+
+
+def _leave_summary(hydra_cfg: Any, summary: dict[str, Any]) -> None:
+    (Path(hydra_cfg.runtime.output_dir) / RANK0_SUMMARY).write_text(json.dumps(summary))
+
+
+def _launch_ranks(cfg: DictConfig, hydra_cfg: Any) -> JobSummary | None:
+    """A run across ``train.devices`` devices: checked here as a run would be (bad input: exit 2 before
+    any rank starts), then its ranks under torchrun (:mod:`dpsweep.distributed.launch`), each the same
+    command line in this job's directory. torchrun exits non-zero when any rank failed (it ends the
+    others); the experiment's dead runs are then ended (:func:`dpsweep.tracking.reconcile`), so none
+    is left RUNNING even where rank 0 itself was killed outright. A single run exits with torchrun's
+    code; a sweep's job returns rank 0's summary (None: skipped) or raises, as a job of one process."""
+    from dpsweep.distributed import torchrun_command
+    from dpsweep.run.runner import OverBudget, check_launch
+
+    sweep = hydra_cfg.mode == RunMode.MULTIRUN
+    try:
+        check_launch(cfg)
+    except OverBudget as why:
         print(f"dpsweep: skip {_job_overrides()}: {why}", flush=True)
         return None
     except bad_input_types() as err:
-        if hydra_cfg.mode == RunMode.MULTIRUN:
-            raise  # the sweeper records this job as failed and goes on
+        if sweep:
+            raise
         raise SystemExit(report_bad_input("dpsweep", err)) from err
-    config = to_config(cfg)
-    line = summary_line(config, result)
-    if rank and os.environ.get("RANK", "0") != "0":  # rank 0 speaks for the run
-        return JobSummary(line, result.score, result.epsilon)
-    print(line, flush=True)
-    if hydra_cfg.mode != RunMode.MULTIRUN:  # a sweep ends with its own line
-        print(next_steps(config.tracking.uri, config.tracking.experiment_name), flush=True)
-    return JobSummary(line, result.score, result.epsilon)
-
-
-def _launch_ranks(cfg: DictConfig, hydra_cfg: Any) -> int:
-    """A run across ``train.devices`` devices: checked here as a run would be (bad input: exit 2 before
-    any rank starts), then its ranks under torchrun (:mod:`dpsweep.distributed.launch`), each the same
-    command; the exit code is torchrun's, non-zero when any rank failed (it ends the others). After a
-    failure the experiment's dead runs are ended (:func:`dpsweep.tracking.reconcile`): none is left
-    RUNNING, even where rank 0 itself was killed outright."""
-    from dpsweep.distributed import torchrun_command
-    from dpsweep.run.runner import check_launch
-
-    if hydra_cfg.mode == RunMode.MULTIRUN:
-        raise ConfigError("train.devices", cfg.train.devices, "1 in a sweep (-m): a run across devices is one "
-                          "dpsweep run (without -m)")  # fmt: skip
-    try:
-        check_launch(cfg)
-    except bad_input_types() as err:
-        raise SystemExit(report_bad_input("dpsweep", err)) from err
-    command = torchrun_command(cfg.train.devices, list(hydra_cfg.overrides.task), hydra_cfg.runtime.output_dir)
+    output = Path(hydra_cfg.runtime.output_dir)
+    (output / RANK0_SUMMARY).unlink(missing_ok=True)
+    given = [o for o in hydra_cfg.overrides.task if not o.startswith("train.checkpoint_dir=")]
+    overrides = [*given, f"train.checkpoint_dir={cfg.train.checkpoint_dir}"]  # this job's, for every rank
+    command = torchrun_command(cfg.train.devices, overrides, str(output))
     threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # torchrun's default, said quietly
     code = subprocess.run(command, env=os.environ | threads | {RANKS_ENV: "1"}, check=False).returncode
     if code != 0:  # rank 0 killed outright (SIGKILL, the OOM killer) could not end its run: end it KILLED here
@@ -304,7 +328,17 @@ def _launch_ranks(cfg: DictConfig, hydra_cfg: Any) -> int:
 
         for run_id, reason, _ in reconcile(cfg.tracking.uri, cfg.tracking.experiment_name):
             print(f"dpsweep: run {run_id[:8]} ended KILLED: {reason}", file=sys.stderr, flush=True)
-    return code
+    if not sweep:
+        raise SystemExit(code)
+    if code != 0:
+        raise RuntimeError(f"a rank of this run failed: torchrun exited with {code} (its output is above)")
+    summary = json.loads((output / RANK0_SUMMARY).read_text())
+    if "skipped" in summary:
+        print(f"dpsweep: skip {_job_overrides()}: {summary['skipped']}", flush=True)
+        return None
+    done = JobSummary(**summary)
+    print(done.line, flush=True)
+    return done
 
 
 def _own_directory(cfg: DictConfig, hydra_cfg: Any) -> Path:

@@ -226,11 +226,19 @@ def _rank_run(
         with tracked_run(tracking, tags, resume_id, claim) as run:
             yield run
     elif start.ranks.leader:
-        with tracked_run(tracking, tags, resume_id, claim) as run:
+        with contextlib.ExitStack() as stack:
+            try:
+                run = stack.enter_context(tracked_run(tracking, tags, resume_id, claim))
+            except Exception as err:  # e.g. Claimed: the other ranks, waiting for the run's id, raise it too
+                distributed.from_leader(err)
+                raise
             distributed.from_leader(run.run_id)
             yield run
     else:
-        yield SilentTracker(tracking.uri, distributed.from_leader(None))
+        shared: str | Exception = distributed.from_leader(None)
+        if isinstance(shared, Exception):
+            raise shared
+        yield SilentTracker(tracking.uri, shared)
 
 
 def _tracked(start: _Start, monitor: memory.MemoryMonitor) -> TrainResult:

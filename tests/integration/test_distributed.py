@@ -5,6 +5,7 @@ a killed rank leaves no RUNNING run and no process behind, and the run resumes."
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -251,3 +252,21 @@ def test_a_physical_batch_split_across_ranks_trains_the_same_run(tmp_path: Path)
     assert split.params["train.physical_batch_size"] == "16"
     assert split.metrics["epsilon"] == pytest.approx(whole.metrics["epsilon"], rel=1e-12)
     assert split.metrics["test_accuracy"] == pytest.approx(whole.metrics["test_accuracy"], abs=0.01)
+
+
+@pytest.mark.slow  # about 60 s: a sweep of two 2-rank runs, then the same sweep again
+def test_a_sweep_of_runs_across_ranks_runs_each_once_and_skips_them_when_run_again(tmp_path: Path) -> None:
+    """dpsweep -m train.devices=2 with two σ: each job launches its ranks and hands rank 0's result to the
+    sweep; two runs, each with one process's ε at its σ; the same sweep again skips both (FINISHED)."""
+    args = ["-m", *RUN, "train.devices=2", "dp.noise_multiplier=0.8,1.2"]
+    done = run_script("dpsweep", *args, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 finished, 0 skipped, 0 failed" in done.stdout and done.stdout.count("dpsweep: run ") == 2, done.stdout
+    runs = {r.data.params["dp.noise_multiplier"]: r for r in child_runs(tmp_path)}
+    assert sorted(runs) == ["0.8", "1.2"] and all(r.info.status == "FINISHED" for r in runs.values())
+    for sigma, run in runs.items():
+        single = run_script("dpsweep-plan", "--json", *RUN, f"dp.noise_multiplier={sigma}", cwd=tmp_path)
+        assert run.data.metrics["epsilon"] == pytest.approx(json.loads(single.stdout)[0]["epsilon"], rel=1e-6)
+    again = run_script("dpsweep", *args, cwd=tmp_path)
+    assert again.returncode == 0 and "0 finished, 2 skipped" in again.stdout, again.stdout + again.stderr
+    assert len(child_runs(tmp_path)) == 2
