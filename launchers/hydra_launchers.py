@@ -50,6 +50,7 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
     on_job_done: Callable[[JobReturn], None] | None = None  # told of each job as it completes
     poll_s: float = POLL_S  # how often the driver looks for completed jobs
     trials_per_device: int = 1  # K trials per job (dpsweep.launchers.packing); set by the sweeper
+    devices_per_job: int = 1  # train.devices of the sweep's runs; set by the sweeper (Slurm: one task a rank)
 
     def _executor(self, trials: int = 1) -> Any:
         import submitit
@@ -64,6 +65,8 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
             for k, v in packing.job_resources(dict(self.params), trials).items()
             if k not in self._INIT_KEYS | {"submitit_folder"}
         }
+        if self._EXECUTOR == "slurm" and self.devices_per_job > 1:
+            params |= ranks_resources(params, self.devices_per_job)
         executor.update_parameters(**params)
         return executor
 
@@ -133,6 +136,17 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
                 ret.return_value = err  # JobReturn stores it; reading return_value re-raises it
                 returns.append(ret)
             return returns
+
+
+def ranks_resources(params: dict[str, Any], devices: int) -> dict[str, Any]:
+    """A Slurm job of one run across ``devices`` devices: one task a rank (each with the job's cores),
+    a GPU a rank where the job asks for GPUs, and the job's memory for each rank."""
+    out: dict[str, Any] = {"tasks_per_node": devices}
+    if params.get("gpus_per_node"):
+        out["gpus_per_node"] = devices
+    if params.get("mem_gb") is not None:
+        out["mem_gb"] = params["mem_gb"] * devices
+    return out
 
 
 class LocalLauncher(_DpsweepSubmititLauncher):

@@ -12,9 +12,11 @@ interpreter's teardown (about 2 s with torch, MLflow and Hydra loaded).
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import NoReturn
 
+from dpsweep.process import RANKS_ENV
 from dpsweep.process.shutdown import run_then_exit
 
 SUBMITIT_ARGS = ["-u", "-m", "submitit.core._submit"]  # what submitit appends to the python command
@@ -28,10 +30,24 @@ def main(argv: list[str] | None = None) -> NoReturn:
 
     from dpsweep.tracking import channel as tracking_service
 
+    ranks_from_slurm()
     tracking_service.start()  # MLflow imports in the tracking process while the job imports torch
 
     sys.argv = [sys.argv[0], args[3]]  # submitit_main parses the job folder from sys.argv
     run_then_exit(submitit_main)
+
+
+def ranks_from_slurm() -> None:
+    """In a job of several tasks (a run across ``train.devices`` devices on Slurm, one task a rank), this
+    task's rank for torch.distributed (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK``, from submitit's own ``TorchDistributedEnvironment``), and the mark that it is a
+    rank of dpsweep's (``dpsweep.process.RANKS_ENV``). A job of one task is left as it is."""
+    if int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
+        return
+    from submitit.helpers import TorchDistributedEnvironment
+
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)  # a rank picks its GPU by LOCAL_RANK
+    os.environ[RANKS_ENV] = "1"
 
 
 if __name__ == "__main__":

@@ -81,7 +81,8 @@ def check(cfg: Config) -> None:
     )
 
 
-DISTRIBUTED_LAUNCHERS = ("inline", "local")  # launchers whose runs train on this machine, under torchrun
+# inline and local: the ranks under torchrun on this machine; slurm: one Slurm task a rank in one job
+DISTRIBUTED_LAUNCHERS = ("inline", "local", "slurm")
 
 
 def check_devices(cfg: Config) -> None:
@@ -111,7 +112,9 @@ def check_devices(cfg: Config) -> None:
          "give train.physical_batch_size"),
         (not t.probe, "train.probe", t.probe, f"false with train.devices={t.devices}: a probe measures one process"),
         (cfg.launcher.name in DISTRIBUTED_LAUNCHERS, "launcher", cfg.launcher.name,
-         f"{' or '.join(DISTRIBUTED_LAUNCHERS)} with train.devices={t.devices} (torchrun on this machine)"),
+         f"{', '.join(DISTRIBUTED_LAUNCHERS)} with train.devices={t.devices} (torchrun here, or Slurm tasks)"),
+        (str(cfg.launcher.trials_per_device) == "1", "launcher.trials_per_device", cfg.launcher.trials_per_device,
+         f"1 with train.devices={t.devices}: a run across devices holds its devices alone"),
     ]  # fmt: skip
     for ok, key, value, allowed in paths:
         require(ok, key, value, allowed)

@@ -51,6 +51,8 @@ def _free_port() -> int:
         (["audit.mode=white_box"], "audit.mode", "off with train.devices=2"),
         (["train.physical_batch_size=33"], "train.physical_batch_size", "a multiple of train.devices=2"),
         (["train.devices=0"], "train.devices", "1 or more processes"),
+        (["launcher=sge"], "launcher", "inline, local, slurm with train.devices=2"),
+        (["launcher.trials_per_device=2"], "launcher.trials_per_device", "a run across devices holds its devices"),
     ],
 )
 def test_settings_without_a_distributed_path_are_refused(

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import submitit
 import torch
-from helpers import process_running, run_dpsweep, service
+from helpers import child_runs, process_running, run_dpsweep, service
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
@@ -141,6 +141,26 @@ def test_slurm_sweep_is_a_job_array(tmp_path: Path, slurm: None) -> None:
     submission = next((tmp_path / "multirun").rglob("*_submission.sh")).read_text()
     assert "#SBATCH --array=0-2%2" in submission and "#SBATCH --mem=4GB" in submission
     assert "-u -m dpsweep.launchers.job -u -m submitit.core._submit " in submission  # no teardown per job
+
+
+@SLURM
+def test_slurm_run_across_two_devices_is_one_job_of_two_tasks(tmp_path: Path, slurm: None) -> None:
+    """train.devices=2 on Slurm: one job with a task a rank (gloo on this CPU node), one MLflow run by
+    rank 0, one process's ε, and the model the same seed trains under torchrun on one machine."""
+    proc = sweep("launcher=slurm", "train.devices=2", *QUICK)
+    assert proc.returncode == 0 and ": 1 finished, 0 skipped, 0 failed" in proc.stdout, proc.stdout + proc.stderr
+    (run,) = finished_runs(tmp_path)
+    assert run.info.status == "FINISHED" and run.data.params["train.devices"] == "2"
+    planned = privacy.epsilon(privacy.poisson_schedule(1437, 64), 1.0, 1e-5, epochs=1).epsilon
+    assert run.data.metrics["epsilon_rdp"] == planned
+    folder = next((tmp_path / "multirun").rglob("*_submission.sh")).parent
+    submission = next(folder.glob("*_submission.sh")).read_text()
+    assert "#SBATCH --ntasks-per-node=2" in submission and "#SBATCH --mem=8GB" in submission, submission
+    assert len(list(folder.glob("*_result.pkl"))) == 2  # a result from each task: both ranks ran
+    here = run_dpsweep("train.devices=2", *QUICK, "tracking.experiment_name=here")
+    assert here.returncode == 0, here.stderr
+    (torchrun,) = child_runs(tmp_path, "here")
+    assert run.data.metrics["test_accuracy"] == torchrun.data.metrics["test_accuracy"]
 
 
 @SGE
