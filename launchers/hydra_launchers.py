@@ -51,6 +51,7 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
     poll_s: float = POLL_S  # how often the driver looks for completed jobs
     trials_per_device: int = 1  # K trials per job (dpsweep.launchers.packing); set by the sweeper
     devices_per_job: int = 1  # train.devices of the sweep's runs; set by the sweeper (Slurm: one task a rank)
+    nodes_per_job: int = 1  # train.nodes of the sweep's runs (Slurm)
 
     def _executor(self, trials: int = 1) -> Any:
         import submitit
@@ -65,8 +66,8 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
             for k, v in packing.job_resources(dict(self.params), trials).items()
             if k not in self._INIT_KEYS | {"submitit_folder"}
         }
-        if self._EXECUTOR == "slurm" and self.devices_per_job > 1:
-            params |= ranks_resources(params, self.devices_per_job)
+        if self._EXECUTOR == "slurm" and self.devices_per_job * self.nodes_per_job > 1:
+            params |= ranks_resources(params, self.devices_per_job, self.nodes_per_job)
         executor.update_parameters(**params)
         return executor
 
@@ -138,10 +139,10 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
             return returns
 
 
-def ranks_resources(params: dict[str, Any], devices: int) -> dict[str, Any]:
-    """A Slurm job of one run across ``devices`` devices: one task a rank (each with the job's cores),
-    a GPU a rank where the job asks for GPUs, and the job's memory for each rank."""
-    out: dict[str, Any] = {"tasks_per_node": devices}
+def ranks_resources(params: dict[str, Any], devices: int, nodes: int = 1) -> dict[str, Any]:
+    """A Slurm job of one run across ``devices`` devices on each of ``nodes`` nodes: one task a rank (each
+    with the job's cores), a GPU a rank where the job asks for GPUs, and the job's memory for each rank."""
+    out: dict[str, Any] = {"tasks_per_node": devices, "nodes": nodes}
     if params.get("gpus_per_node"):
         out["gpus_per_node"] = devices
     if params.get("mem_gb") is not None:

@@ -167,6 +167,7 @@ class OptunaSearch:
             launcher.trials_per_device = trials_per_device(session.first.launcher) or 1
         if hasattr(launcher, "devices_per_job"):  # Slurm: one task a rank of each trial's run
             launcher.devices_per_job = session.first.train.devices
+            launcher.nodes_per_job = session.first.train.nodes
         failed = told = 0
         while (remaining := c.n_trials - _counted(study)) > 0 and not _exhausted(study):
             trials = [_ask(study, space) for _ in range(min(c.n_jobs, remaining))]

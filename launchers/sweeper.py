@@ -188,12 +188,14 @@ class DpsweepSweeper(Sweeper):
         k = k or 1
         if self.launcher is not None and hasattr(self.launcher, "trials_per_device"):
             self.launcher.trials_per_device = k
-        devices = sorted({c.train.devices for c in configs})
-        if len(devices) > 1 and first.launcher.name == "slurm":  # one job shape a sweep: its tasks, one a rank
-            refuse(f"train.devices={','.join(map(str, devices))} is invalid: one value in a sweep on Slurm "
-                   "(a job's tasks are its ranks)")  # fmt: skip
+        for key in ("devices", "nodes"):  # one job shape a sweep on Slurm: its tasks are its ranks
+            values = sorted({getattr(c.train, key) for c in configs})
+            if len(values) > 1 and first.launcher.name == "slurm":
+                refuse(f"train.{key}={','.join(map(str, values))} is invalid: one value in a sweep on Slurm "
+                       "(a job's tasks are its ranks)")  # fmt: skip
         if self.launcher is not None and hasattr(self.launcher, "devices_per_job"):
             self.launcher.devices_per_job = first.train.devices
+            self.launcher.nodes_per_job = first.train.nodes  # type: ignore[attr-defined]  # (a dpsweep launcher)
         if k > 1 and todo:
             n_jobs = -(-len(todo) // k)
             jobs = f"{n_jobs} job{'s' * (n_jobs > 1)}"

@@ -119,7 +119,7 @@ def skip_reasons(plans: Sequence[RunPlan]) -> list[str | None]:
 
 
 def plan_row(job: int, overrides: list[str], plan: RunPlan, skipped: str | None = None) -> PlanRow:
-    from dpsweep.config import shown_model  # loaded already: the plan's config is composed
+    from dpsweep.config import shown_model, world_size  # loaded already: the plan's config is composed
 
     cfg, p = plan.config, plan.privacy
     memory = plan.memory
@@ -135,7 +135,7 @@ def plan_row(job: int, overrides: list[str], plan: RunPlan, skipped: str | None 
         mechanism=cfg.dp.mechanism if p else None, unit=cfg.dp.unit.value if p else None,
         peak_bytes=memory.peak_bytes if memory else None,
         gpu_memory=plan.gpu_memory if memory else None, fits_memory=plan.fits_memory,
-        world_size=cfg.train.devices,
+        world_size=world_size(cfg.train),
     )  # fmt: skip
 
 
@@ -356,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ranked = sorted({r.world_size for r in rows if r.world_size > 1})
     if ranked:
         print(
-            f"ranks: {', '.join(map(str, ranked))} a run (train.devices, torchrun on this machine), each taking "
+            f"ranks: {', '.join(map(str, ranked))} a run (train.devices x train.nodes), each taking "
             "its share of every Poisson batch; σ, q, steps and ε are one process's (rank 0 draws the noise)"
         )
     if tuned is not None:

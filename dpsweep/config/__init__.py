@@ -67,7 +67,7 @@ from dpsweep.config.task import (
     validate_input_shape,
 )
 from dpsweep.config.tracking import TrackingConfig
-from dpsweep.config.train import Device, TrainConfig
+from dpsweep.config.train import Device, TrainConfig, world_size
 from dpsweep.config.validation import validate
 
 __all__ = [
@@ -131,4 +131,5 @@ __all__ = [
     "validate_for_dataset",
     "validate_input_shape",
     "validate_launcher",
+    "world_size",
 ]

@@ -218,18 +218,17 @@ def identity(flat: dict[str, Any]) -> dict[str, Any]:
 
     Without DP, σ, C, δ and the accountant have no effect, so only ``dp.enabled`` is kept; without an
     audit (``audit.mode=off``) none of ``audit.*`` is (a plain run's hash and params are as before audits);
-    ``train.devices`` only above 1 (its ranks draw their batches otherwise than one process).
+    ``train.devices`` and ``train.nodes`` only above 1 (ranks draw their batches otherwise than one process).
     """
     dp_off = flat.get("dp.enabled") is False
     audit_off = flat.get("audit.mode", "off") == "off"
-    one_process = flat.get("train.devices", 1) == 1
     return {
         k: v
         for k, v in flat.items()
         if not k.startswith(NON_IDENTITY_PREFIXES)
         and not (dp_off and k.startswith("dp.") and k != "dp.enabled")
         and not (audit_off and k.startswith("audit."))
-        and not (one_process and k == "train.devices")
+        and not (k in ("train.devices", "train.nodes") and v == 1)
     }
 
 

@@ -53,6 +53,8 @@ class TrainConfig:
     # Poisson batch (dpsweep.distributed); rank 0 draws the noise and writes the MLflow run; the ledger
     # is a single process's at the same q, σ and steps. DP-SGD through Opacus (hooks) at example level.
     devices: int = 1
+    # Nodes of one run (launcher=slurm): train.devices ranks on each, one Slurm task a rank.
+    nodes: int = 1
 
 
 def check(cfg: Config) -> None:
@@ -91,7 +93,10 @@ def check_devices(cfg: Config) -> None:
     machine has is checked where torch is imported (:func:`dpsweep.distributed.visible_devices`)."""
     t, dp = cfg.train, cfg.dp
     require(t.devices >= 1, "train.devices", t.devices, "1 or more processes, one device each")
-    if t.devices == 1:
+    require(t.nodes >= 1, "train.nodes", t.nodes, "1 or more nodes")
+    require(t.nodes == 1 or cfg.launcher.name == "slurm", "train.nodes", t.nodes,
+            "1 unless launcher=slurm (its tasks on several nodes)")  # fmt: skip
+    if world_size(t) == 1:
         return
     paths = [
         (cfg.task.name == "classifier", "task", cfg.task.name, "classifier: the GAN and the recommender have no "
@@ -118,6 +123,12 @@ def check_devices(cfg: Config) -> None:
     ]  # fmt: skip
     for ok, key, value, allowed in paths:
         require(ok, key, value, allowed)
-    pb = t.physical_batch_size
-    require(pb is None or pb % t.devices == 0, "train.physical_batch_size", pb,
-            f"a multiple of train.devices={t.devices}: each rank takes physical_batch_size/devices a pass")  # fmt: skip
+    pb, world = t.physical_batch_size, world_size(t)
+    nodes = f" x train.nodes={t.nodes}" if t.nodes > 1 else ""
+    require(pb is None or pb % world == 0, "train.physical_batch_size", pb,
+            f"a multiple of train.devices={t.devices}{nodes}: a rank takes its share of a pass")  # fmt: skip
+
+
+def world_size(train: TrainConfig) -> int:
+    """The ranks of a run: ``train.devices`` on each of ``train.nodes`` nodes."""
+    return train.devices * train.nodes

@@ -53,6 +53,7 @@ from dpsweep.config import (
     structured,
     to_config,
     validate,
+    world_size,
 )
 from dpsweep.data import loaders as datasets
 from dpsweep.data.facts import DatasetFacts
@@ -165,9 +166,9 @@ def _planned(config: Config, device: torch.device) -> tuple[datasets.DataSplits,
 def _ranks_of(config: Config) -> distributed.Ranks:
     """This process's rank, where ``train.devices`` ranks were started for it (by the dpsweep command)."""
     ranks, devices = distributed.current(), config.train.devices
-    if ranks.world_size != devices:
+    if ranks.world_size != world_size(config.train):
         raise ConfigError("train.devices", devices, f"{ranks.world_size} here: a run across devices is started by "
-                          "the dpsweep command, which launches its ranks under torchrun")  # fmt: skip
+                          "the dpsweep command (its ranks under torchrun, or Slurm tasks)")  # fmt: skip
     return ranks
 
 

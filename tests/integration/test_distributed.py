@@ -52,6 +52,13 @@ def _free_port() -> int:
         (["train.physical_batch_size=33"], "train.physical_batch_size", "a multiple of train.devices=2"),
         (["train.devices=0"], "train.devices", "1 or more processes"),
         (["launcher=sge"], "launcher", "inline, local, slurm with train.devices=2"),
+        (["train.nodes=2"], "train.nodes", "1 unless launcher=slurm"),
+        (["train.nodes=0"], "train.nodes", "1 or more nodes"),
+        (
+            ["launcher=slurm", "train.nodes=2", "train.physical_batch_size=6"],
+            "train.physical_batch_size",
+            "a multiple of train.devices=2 x train.nodes=2",
+        ),
         (["launcher.trials_per_device=2"], "launcher.trials_per_device", "a run across devices holds its devices"),
     ],
 )

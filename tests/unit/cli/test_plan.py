@@ -187,5 +187,7 @@ def test_plan_shows_the_ranks_of_a_run_across_devices_and_its_single_process_eps
     assert ranked["epsilon"] == single["epsilon"] and ranked["steps"] == single["steps"]
     table = run_main(main, "train.devices=2")
     assert "ranks: 2 a run" in table.stdout and "ranks:" not in run_main(main).stdout, table.stdout
+    nodes = run_main(main, "--json", "launcher=slurm", "train.devices=2", "train.nodes=3")
+    assert nodes.returncode == 0 and json.loads(nodes.stdout)[0]["world_size"] == 6, nodes.stderr
     refused = run_main(main, "train.devices=2", "dp.mechanism=dpftrl")
     assert refused.returncode == 2 and "dp.mechanism='dpftrl' is invalid" in refused.stderr, refused.stderr
