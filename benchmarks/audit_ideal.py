@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import statistics
@@ -42,7 +41,7 @@ import numpy as np
 import torch
 from dp_accounting import dp_event
 
-from dpsweep.audit import guesses
+from dpsweep.audit import guesses, white_box
 from dpsweep.privacy import ledger, schedule
 
 CLAIMS = (1.0, 4.0, 8.0)
@@ -68,11 +67,13 @@ def calibrated(claim: float) -> float:
 def game(rng: np.random.Generator, mu: float) -> dict[str, tuple[int, int]]:
     included = rng.random(CANARIES) < 0.5
     scores = rng.normal(size=CANARIES) + mu * included
-    order = np.argsort(scores)
-    half = GUESSES // 2
-    top = int(included[order[-half:]].sum()) + int((~included[order[:half]]).sum())
-    every = guesses.split_guesses(torch.as_tensor(scores), torch.as_tensor(included))
-    return {"top": (GUESSES, top), "every": (CANARIES, every)}
+    return audit_tests(torch.as_tensor(scores), torch.as_tensor(included))
+
+
+def audit_tests(scores: torch.Tensor, included: torch.Tensor) -> dict[str, tuple[int, int]]:
+    """The white-box audit's raw tests on these scores: ``GUESSES`` guesses, and one on every canary."""
+    top = guesses.right_guesses(scores, included, GUESSES)
+    return {"top": (GUESSES, top), "every": (len(scores), guesses.split_guesses(scores, included))}
 
 
 DIGITS_TRAIN, BATCH, EPOCHS = 1437, 64, 10  # the audit benchmark's digits run (benchmarks/audit.py)
@@ -87,15 +88,11 @@ def subsampled_game(
     scored at the ``claimed`` (q, σ) as the audit scores them."""
     q, sigma = claimed
     included = rng.random(canaries) < 0.5
-    scores = np.zeros(canaries)
+    scores = torch.zeros(canaries, dtype=torch.float64)
     for _ in range(steps):
         x = rng.normal(scale=sigma, size=canaries) + (included & (rng.random(canaries) < rate))
-        scores += np.logaddexp(math.log1p(-q), math.log(q) + (2 * x - 1) / (2 * sigma**2))
-    order = np.argsort(scores)
-    half = GUESSES // 2
-    top = int(included[order[-half:]].sum()) + int((~included[order[:half]]).sum())
-    every = guesses.split_guesses(torch.as_tensor(scores), torch.as_tensor(included))
-    return {"top": (GUESSES, top), "every": (canaries - canaries % 2, every)}
+        scores += white_box.log_ratio(torch.from_numpy(x), q, sigma)
+    return audit_tests(scores, torch.from_numpy(included))
 
 
 def subsampled(rng: np.random.Generator, draws: int) -> dict[str, object]:

@@ -135,7 +135,7 @@ AUDIT_FDP_METRIC = "metrics.audit.epsilon_lower_fdp"  # ... read against the run
 
 def shows_audits(table: pd.DataFrame) -> bool:
     """Whether any row has a one-run audit's ε lower bound."""
-    return "audit_epsilon_lower" in table and bool(table["audit_epsilon_lower"].notna().any())
+    return bool(audit_columns(table))
 
 
 def audit_columns(table: pd.DataFrame) -> list[str]:

@@ -103,8 +103,12 @@ def rejects_claim(
     its ledger's f: the run is then not as private as its ledger says. Where it does, the bound of
     :func:`epsilon_lower` is at least the claim's ε, and can equal it (the least private claim rejected
     lies within a bisection step of the run's own)."""
+    return _any_rejects(claimed_tradeoff(claim), tests, canaries, confidence)
+
+
+def _any_rejects(f: TradeOff, tests: Mapping[str, tuple[int, int]], canaries: int, confidence: float) -> bool:
+    """Whether one of the ``tests`` rejects f, each at level (1 − ``confidence``)/k for k tests."""
     level = (1 - confidence) / len(tests)
-    f = claimed_tradeoff(claim)
     return any(rejects(f, canaries, r, right, level) for r, right in tests.values())
 
 
@@ -113,31 +117,38 @@ def epsilon_lower(
 ) -> float:
     """The ε at ``delta`` of the least private claim along the run's noise (module doc) that one of the
     ``tests`` (``{name: (guesses, right)}``, each at level (1 − ``confidence``)/k for k tests) rejects."""
-    level = (1 - confidence) / len(tests)
+    return read(claim, tests, canaries, delta, confidence)[0]
+
+
+def read(
+    claim: ledgers.Ledger, tests: Mapping[str, tuple[int, int]], canaries: int, delta: float, confidence: float
+) -> tuple[float, bool]:
+    """:func:`epsilon_lower` and :func:`rejects_claim` from one search: the search starts at the run's own
+    claim (t = 1), so whether it is rejected comes with the bound, its PLD built once."""
 
     @functools.cache
     def pld(t: float) -> Any:  # built once per claim: the bound's ε reads the last one rejected
         return ledgers.pld_of(ledgers.scaled_noise(claim, t), PLD_INTERVAL)
 
     def rejected(t: float) -> bool:
-        f = _tradeoff_of(pld(t))
-        return any(rejects(f, canaries, r, right, level) for r, right in tests.values())
+        return _any_rejects(_tradeoff_of(pld(t)), tests, canaries, confidence)
 
     def epsilon(t: float) -> float:
         return 0.0 if pld(t) is None else float(pld(t).get_epsilon_for_delta(delta))
 
     # Bracket by halving or doubling t from the run's claim: the PLD of a nearly noiseless run is slow
     # to build, and m canaries reject no claim much beyond what all m guesses right can show.
-    step = 0.5 if rejected(1.0) else 2.0
+    own = rejected(1.0)
+    step = 0.5 if own else 2.0
     t = 1.0
     for _ in range(int(math.log2(SCALE_RANGE))):
         if rejected(t * step) != (step < 1):  # the claim crossed: rejected going up, accepted going down
             break
         t *= step
     else:  # rejected down to t / SCALE_RANGE (a bound beyond any run's), or nothing rejected up to t·SCALE_RANGE
-        return epsilon(t) if step < 1 else 0.0
+        return (epsilon(t) if step < 1 else 0.0), own
     low, high = (t * step, t) if step < 1 else (t, t * step)  # low not rejected, high rejected
     for _ in range(BISECTIONS):
         middle = math.sqrt(low * high)
         low, high = (low, middle) if rejected(middle) else (middle, high)
-    return epsilon(high)
+    return epsilon(high), own

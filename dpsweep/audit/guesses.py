@@ -73,10 +73,11 @@ def metrics(
             "audit.epsilon_lower": lower,
         }
     each = 1 - (1 - confidence) / 2
+    lower_fdp, rejected = fdp.read(claim, tests, canaries, delta, each)
     return logged | {
         "audit.guesses": float(guesses),
         "audit.tests": float(2 * len(tests)),
         "audit.epsilon_lower": bound.best_bound(tests, canaries, delta, each),
-        "audit.epsilon_lower_fdp": fdp.epsilon_lower(claim, tests, canaries, delta, each),
-        "audit.claim_rejected": float(fdp.rejects_claim(claim, tests, canaries, each)),
+        "audit.epsilon_lower_fdp": lower_fdp,
+        "audit.claim_rejected": float(rejected),
     }

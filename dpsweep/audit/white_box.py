@@ -139,8 +139,7 @@ class DiracCanaries:
         if centred:
             x = x - x.median(dim=0).values
             sigma = max(MAD_TO_SIGMA * float(x.abs().median()), MIN_NOISE)  # the noise the releases show
-        spike = math.log(q) + (2 * x - 1) / (2 * sigma**2)
-        return torch.logaddexp(torch.full_like(x, math.log1p(-q)), spike).sum(dim=0)
+        return log_ratio(x, q, sigma).sum(dim=0)
 
     def right_guesses(self, guesses: int, centred: bool) -> int:
         """Of ``guesses`` guesses on the ``centred`` score or the raw one, the right ones: the highest half
@@ -160,6 +159,15 @@ class DiracCanaries:
     def load(self, state: dict[str, Tensor]) -> None:
         self.releases = list(state["releases"].clone().unbind(0))
         self.generator.set_state(state["generator"])
+
+
+def log_ratio(x: Tensor, sample_rate: float, noise_multiplier: float) -> Tensor:
+    """Each release x's (units of C) log-likelihood ratio under "the canary is in this step's batch"
+    against "not", for one Poisson-subsampled Gaussian step: log(1 − q + q·exp((2x − 1) / (2σ²)))
+    (:class:`DiracCanaries`)."""
+    q, sigma = sample_rate, noise_multiplier
+    spike = math.log(q) + (2 * x - 1) / (2 * sigma**2)
+    return torch.logaddexp(torch.full_like(x, math.log1p(-q)), spike)
 
 
 def activate(canaries: DiracCanaries, optimizer: torch.optim.Optimizer) -> None:

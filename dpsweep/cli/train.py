@@ -263,13 +263,15 @@ def app(cfg: DictConfig) -> JobSummary | None:
         cfg.train.checkpoint_dir = str(_own_directory(cfg, hydra_cfg) / "checkpoint")
     if cfg.train.devices > 1 and not rank:
         return _launch_ranks(cfg, hydra_cfg)
-    leader = rank and os.environ.get("RANK") == "0"  # rank 0 speaks for a run across devices
+    from dpsweep.distributed import current
+
+    leader = rank and current().leader  # rank 0 speaks for a run across devices
     quiet = rank and (not leader or cfg.sweep.id is not None)  # in a sweep, the job that launched the ranks
     try:
         result = train(cfg)
     except (OverBudget, Claimed) as why:  # not an error: the sweep goes on without this config
         if not quiet:
-            print(f"dpsweep: skip {_job_overrides()}: {why}", flush=True)
+            _say_skipped(why)
         if leader:
             _leave_summary(hydra_cfg, {"skipped": str(why)})
         return None
@@ -292,6 +294,10 @@ def app(cfg: DictConfig) -> JobSummary | None:
 RANK0_SUMMARY = ".dpsweep-ranks.json"  # in the job's directory: rank 0's summary, for the job that launched it
 
 
+def _say_skipped(why: object) -> None:
+    print(f"dpsweep: skip {_job_overrides()}: {why}", flush=True)
+
+
 def _leave_summary(hydra_cfg: Any, summary: dict[str, Any]) -> None:
     (Path(hydra_cfg.runtime.output_dir) / RANK0_SUMMARY).write_text(json.dumps(summary))
 
@@ -310,7 +316,7 @@ def _launch_ranks(cfg: DictConfig, hydra_cfg: Any) -> JobSummary | None:
     try:
         check_launch(cfg)
     except OverBudget as why:
-        print(f"dpsweep: skip {_job_overrides()}: {why}", flush=True)
+        _say_skipped(why)
         return None
     except bad_input_types() as err:
         if sweep:
@@ -334,7 +340,7 @@ def _launch_ranks(cfg: DictConfig, hydra_cfg: Any) -> JobSummary | None:
         raise RuntimeError(f"a rank of this run failed: torchrun exited with {code} (its output is above)")
     summary = json.loads((output / RANK0_SUMMARY).read_text())
     if "skipped" in summary:
-        print(f"dpsweep: skip {_job_overrides()}: {summary['skipped']}", flush=True)
+        _say_skipped(summary["skipped"])
         return None
     done = JobSummary(**summary)
     print(done.line, flush=True)

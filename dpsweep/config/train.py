@@ -48,8 +48,8 @@ class TrainConfig:
     # same sample rate and steps as Opacus's loader, without per-example loader overhead. For
     # datasets that fit in device memory (digits, MNIST, CIFAR-10, cached VGG16 features).
     device_resident: bool = False
-    # Ranks of one run (issue 37): this many processes on this machine, one device each (CUDA devices;
-    # on the CPU, gloo ranks of one core each), started by torchrun. Each takes its share of every
+    # Ranks of one run (issue 37): this many processes on each node, one device each (CUDA devices;
+    # on the CPU, gloo ranks), started by torchrun, or as Slurm tasks with launcher=slurm. Each takes its share of every
     # Poisson batch (dpsweep.distributed); rank 0 draws the noise and writes the MLflow run; the ledger
     # is a single process's at the same q, σ and steps. DP-SGD through Opacus (hooks) at example level.
     devices: int = 1
@@ -88,9 +88,10 @@ DISTRIBUTED_LAUNCHERS = ("inline", "local", "slurm")
 
 
 def check_devices(cfg: Config) -> None:
-    """``train.devices``: 1, or several ranks of a run that has a distributed path (DP-SGD through
-    Opacus's hooks at example level, the classifier), launched on this machine. How many devices the
-    machine has is checked where torch is imported (:func:`dpsweep.distributed.visible_devices`)."""
+    """``train.devices`` and ``train.nodes``: one rank, or several of a run that has a distributed path
+    (DP-SGD through Opacus's hooks at example level, the classifier), under torchrun here or as Slurm
+    tasks. How many devices a machine has is checked where torch is imported
+    (:func:`dpsweep.distributed.visible_devices`)."""
     t, dp = cfg.train, cfg.dp
     require(t.devices >= 1, "train.devices", t.devices, "1 or more processes, one device each")
     require(t.nodes >= 1, "train.nodes", t.nodes, "1 or more nodes")
