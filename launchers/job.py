@@ -30,24 +30,26 @@ def main(argv: list[str] | None = None) -> NoReturn:
 
     from dpsweep.tracking import channel as tracking_service
 
-    ranks_from_slurm()
+    if ranks_from_slurm():  # a rank ends its run itself when its job is signalled: no tracking child to lose
+        tracking_service.serve_in_process()
     tracking_service.start()  # MLflow imports in the tracking process while the job imports torch
 
     sys.argv = [sys.argv[0], args[3]]  # submitit_main parses the job folder from sys.argv
     run_then_exit(submitit_main)
 
 
-def ranks_from_slurm() -> None:
+def ranks_from_slurm() -> bool:
     """In a job of several tasks (a run across ``train.devices`` devices on Slurm, one task a rank), this
     task's rank for torch.distributed (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``,
     ``LOCAL_RANK``, from submitit's own ``TorchDistributedEnvironment``), and the mark that it is a
-    rank of dpsweep's (``dpsweep.process.RANKS_ENV``). A job of one task is left as it is."""
+    rank of dpsweep's (``dpsweep.process.RANKS_ENV``); whether it is one. A job of one task is left as it is."""
     if int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
-        return
+        return False
     from submitit.helpers import TorchDistributedEnvironment
 
     TorchDistributedEnvironment().export(set_cuda_visible_devices=False)  # a rank picks its GPU by LOCAL_RANK
     os.environ[RANKS_ENV] = "1"
+    return True
 
 
 if __name__ == "__main__":

@@ -215,6 +215,8 @@ def main() -> None:
     if problem is not None:
         raise SystemExit(report_bad_input("dpsweep", problem))
     if not {a for a in argv if a.startswith("-")} - {"-m", "--multirun"}:  # a run or a sweep, not --help
+        if a_rank():  # torchrun ends a failed run's ranks by process group: a tracking child would die
+            tracking_service.serve_in_process()  # with rank 0 before it could end the run KILLED
         tracking_service.start()  # MLflow imports in the tracking process while this one imports torch
     if {a for a in argv if a.startswith("-")} - {"-m", "--multirun"}:  # Hydra's own flags: its output
         app()
