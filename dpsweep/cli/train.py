@@ -20,6 +20,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -309,14 +310,16 @@ def _launch_ranks(cfg: DictConfig, hydra_cfg: Any) -> JobSummary | None:
     any rank starts), then its ranks under torchrun (:mod:`dpsweep.distributed.launch`), each the same
     command line in this job's directory. torchrun exits non-zero when any rank failed (it ends the
     others); the experiment's dead runs are then ended (:func:`dpsweep.tracking.reconcile`), so none
-    is left RUNNING even where rank 0 itself was killed outright. A single run exits with torchrun's
-    code; a sweep's job returns rank 0's summary (None: skipped) or raises, as a job of one process."""
+    is left RUNNING even where rank 0 itself was killed outright, and a run that torchrun's SIGTERM
+    ended KILLED because another rank failed is set FAILED (:func:`dpsweep.tracking.failed_by_a_rank`).
+    A single run exits with torchrun's code; a sweep's job returns rank 0's summary (None: skipped) or
+    raises, as a job of one process."""
     from dpsweep.distributed import torchrun_command
     from dpsweep.run.runner import OverBudget, check_launch
 
     sweep = hydra_cfg.mode == RunMode.MULTIRUN
     try:
-        check_launch(cfg)
+        config_hash = check_launch(cfg)
     except OverBudget as why:
         _say_skipped(why)
         return None
@@ -330,12 +333,18 @@ def _launch_ranks(cfg: DictConfig, hydra_cfg: Any) -> JobSummary | None:
     overrides = [*given, f"train.checkpoint_dir={cfg.train.checkpoint_dir}"]  # this job's, for every rank
     command = torchrun_command(cfg.train.devices, overrides, str(output))
     threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # torchrun's default, said quietly
+    since_ms = int(time.time() * 1000)
     code = subprocess.run(command, env=os.environ | threads | {RANKS_ENV: "1"}, check=False).returncode
-    if code != 0:  # rank 0 killed outright (SIGKILL, the OOM killer) could not end its run: end it KILLED here
-        from dpsweep.tracking import reconcile
+    if code != 0:  # a rank failed (a Ctrl-C or SIGTERM of this command itself never gets here)
+        from dpsweep.tracking import failed_by_a_rank, reconcile
 
-        for run_id, reason, _ in reconcile(cfg.tracking.uri, cfg.tracking.experiment_name):
+        uri, experiment = cfg.tracking.uri, cfg.tracking.experiment_name
+        # rank 0 killed outright (SIGKILL, the OOM killer) could not end its run: ended KILLED here
+        for run_id, reason, _ in reconcile(uri, experiment):
             print(f"dpsweep: run {run_id[:8]} ended KILLED: {reason}", file=sys.stderr, flush=True)
+        # another rank failed, and torchrun's SIGTERM ended rank 0's run KILLED: a failure, FAILED
+        for run_id in failed_by_a_rank(uri, experiment, config_hash, since_ms, code):
+            print(f"dpsweep: run {run_id[:8]} ended FAILED: a rank failed", file=sys.stderr, flush=True)
     if not sweep:
         raise SystemExit(code)
     if code != 0:

@@ -83,13 +83,17 @@ def check(cfg: Config) -> None:
     )
 
 
+# Opacus's per-sample gradients that its distributed optimizers take (DistributedDPOptimizer, and
+# DistributedDPOptimizerFastGradientClipping for ghost clipping): rank 0 adds the noise, averaged over the
+# expected batch of the whole step (opacus/optimizers/__init__.py, get_optimizer_class)
+OPACUS_DISTRIBUTED = ("hooks", "ghost", "functorch", "ew")
 # inline and local: the ranks under torchrun on this machine; slurm: one Slurm task a rank in one job
 DISTRIBUTED_LAUNCHERS = ("inline", "local", "slurm")
 
 
 def check_devices(cfg: Config) -> None:
     """``train.devices`` and ``train.nodes``: one rank, or several of a run that has a distributed path
-    (DP-SGD through Opacus's hooks at example level, the classifier), under torchrun here or as Slurm
+    (DP-SGD through Opacus at example level, the classifier), under torchrun here or as Slurm
     tasks. How many devices a machine has is checked where torch is imported
     (:func:`dpsweep.distributed.visible_devices`)."""
     t, dp = cfg.train, cfg.dp
@@ -108,8 +112,9 @@ def check_devices(cfg: Config) -> None:
          f"{dp.mechanism} has no distributed path (train.devices=1)"),
         (dp.unit.value == "example", "dp.unit", dp.unit.value, f"example with train.devices={t.devices}: "
          "user-level DP-SGD has no distributed path (train.devices=1)"),
-        (dp.grad_sample_mode.value == "hooks", "dp.grad_sample_mode", dp.grad_sample_mode.value,
-         f"hooks with train.devices={t.devices} (Opacus's DPDDP, the one distributed path tested)"),
+        (dp.grad_sample_mode.value in OPACUS_DISTRIBUTED, "dp.grad_sample_mode", dp.grad_sample_mode.value,
+         f"{', '.join(OPACUS_DISTRIBUTED)} with train.devices={t.devices} (Opacus's distributed optimizers; "
+         "the fused step is one process's)"),
         (dp.clipping.value == "fixed", "dp.clipping", dp.clipping.value, f"fixed with train.devices={t.devices}"),
         (not cfg.audit.enabled, "audit.mode", cfg.audit.mode, f"off with train.devices={t.devices}"),
         (not t.device_resident, "train.device_resident", t.device_resident, f"false with train.devices={t.devices}: "

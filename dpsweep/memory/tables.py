@@ -42,6 +42,12 @@ def metric(name: str) -> str:
     return METRIC_PREFIX + name
 
 
+def per_rank(key: str, rank: int) -> str:
+    """A memory metric of one rank of a run across devices: ``memory/backward_bytes`` of rank 1 ->
+    ``memory/rank1/backward_bytes``."""
+    return METRIC_PREFIX + f"rank{rank}/" + key.removeprefix(METRIC_PREFIX)
+
+
 def logged(metrics: Mapping[str, float], name: str) -> float | None:
     """The value of memory metric ``name`` in a run's ``metrics``, under its name or the one runs of
     dpsweep <= 0.2 used (``memory.backward_bytes``); None when neither was logged."""

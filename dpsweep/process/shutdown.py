@@ -29,7 +29,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 
@@ -42,6 +42,26 @@ def exit_code(stop: SystemExit) -> int:
         return code
     print(code, file=sys.stderr)
     return 1
+
+
+@contextlib.contextmanager
+def signals_deferred(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
+    """``signals`` held back until the block ends, then delivered to the handlers they had. A run's end
+    (its failure recorded, its status written) is then not cut short by a signal, e.g. torchrun's SIGTERM
+    arriving while rank 0 fails on a dead rank's closed connection, which left the run RUNNING (later
+    found dead and its checkpoint deleted). Main thread only: Python sets handlers there alone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in signals}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(caught):
+            signal.raise_signal(s)
 
 
 class Terminated(KeyboardInterrupt):

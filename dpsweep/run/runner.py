@@ -60,6 +60,7 @@ from dpsweep.data.facts import DatasetFacts
 from dpsweep.errors import redact, redacted
 from dpsweep.memory import stages as memory
 from dpsweep.memory.tables import metric as memory_metric
+from dpsweep.memory.tables import per_rank
 from dpsweep.plan import MemoryFiles, RunPlan, accounting, mechanism_of, prepare
 from dpsweep.privacy import ledger
 from dpsweep.privacy.ledger import Ledger
@@ -131,12 +132,12 @@ def train(cfg: DictConfig | Config) -> TrainResult:
             distributed.leave()
 
 
-def check_launch(cfg: DictConfig | Config) -> None:
+def check_launch(cfg: DictConfig | Config) -> str:
     """What the ``dpsweep`` command checks before it starts a run's ranks (``train.devices`` > 1): the
     config, the devices this machine has, the dataset, the plan and the store, as a run would; bad
-    input raises before any rank starts."""
+    input raises before any rank starts. Returns the run's config hash (tag ``config.hash``)."""
     config, device = _checked_config(cfg)
-    _planned(config, device)
+    return _planned(config, device)[1].config_hash
 
 
 def _checked_config(cfg: DictConfig | Config) -> tuple[Config, torch.device]:
@@ -267,7 +268,7 @@ def _tracked(start: _Start, monitor: memory.MemoryMonitor) -> TrainResult:
         if ckpt_dir is not None and resume is not None:
             state = checkpoint.load(ckpt_dir, plan.config_hash, parts.model, parts.optimizer, parts.engine)
         # a resumed run's stages were recorded before it was interrupted
-        stages = StageLog(memory.StageRecorder(monitor, active=state is None), run, result)
+        stages = StageLog(memory.StageRecorder(monitor, active=state is None), run, result, start.ranks)
         if state is not None:  # a rank of a run across devices: its own generators, of the run's one checkpoint
             rng = state.rng["ranks"][start.ranks.rank] if start.ranks.distributed else state.rng
             checkpoint.restore_rng(rng, parts.generator)
@@ -329,8 +330,10 @@ def _train_all(
 class StageLog:
     """The memory stages of the first iteration, logged once complete; counts the optimizer steps."""
 
-    def __init__(self, recorder: memory.StageRecorder, run: Tracker, result: TrainResult) -> None:
-        self.recorder, self.run, self.result = recorder, run, result
+    def __init__(
+        self, recorder: memory.StageRecorder, run: Tracker, result: TrainResult, ranks: distributed.Ranks
+    ) -> None:
+        self.recorder, self.run, self.result, self.ranks = recorder, run, result, ranks
         self.logged = not recorder.active  # a resumed run logged its stages before
 
     def mark(self, stage: str) -> None:
@@ -344,7 +347,11 @@ class StageLog:
         """Log the four stages once, after the first optimizer step."""
         if not self.logged:
             self.recorder.mark("optimizer_step")  # if the task did not mark it right after the step
-            self.run.log_metrics(self.recorder.metrics(), step=0)
+            stages = self.recorder.metrics()
+            if self.ranks.distributed:  # each rank's stages (its share of B), apart from one process's at B
+                every = enumerate(distributed.gathered(stages))  # that memory models are fitted to
+                stages = {per_rank(k, r): v for r, mine in every for k, v in mine.items()}
+            self.run.log_metrics(stages, step=0)
             self.logged = True
 
 

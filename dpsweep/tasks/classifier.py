@@ -343,7 +343,8 @@ class ClassifierRun:
         if self.own is not None:
             self._own_exact_step(stages)
         else:
-            size = self.physical_batch_size or self.cfg.train.batch_size  # one pass, as training makes
+            # one pass, as training makes; a rank of a run across devices takes its share of B
+            size = self.physical_batch_size or -(-self.cfg.train.batch_size // self.ranks.world_size)
             x, y = self._exact_batch(torch.Generator().manual_seed(self.cfg.train.seed), size)
             train_pass(self.trainer, (x, y), stages)
         self.optimizer.zero_grad(set_to_none=True)

@@ -42,7 +42,7 @@ from urllib.parse import urlparse
 from dpsweep.config import TrackingConfig
 from dpsweep.errors import redact
 from dpsweep.process.liveness import DRIVER_GONE, ProcessId, heartbeat
-from dpsweep.process.shutdown import Terminated
+from dpsweep.process.shutdown import Terminated, signals_deferred
 from dpsweep.tracking.channel import service
 
 if TYPE_CHECKING:  # torch is imported where it is used: tracking alone (a sweep's driver) stays light
@@ -320,10 +320,11 @@ def tracked_run(
         _record_failure(tracker, err, kind="oom" if _is_oom(err) else "exception")
         raise
     finally:
-        if status != "FINISHED":  # (a finished run flushed above)
-            with contextlib.suppress(Exception):  # already reported (FAILED); the status must still be written
-                tracker.flush()  # what the run logged before it failed, and its failure, are stored first
-        service().call("end_run", cfg.uri, run_id, status)
+        with signals_deferred():  # a signal now (a second one, or torchrun's) waits until the run has ended
+            if status != "FINISHED":  # (a finished run flushed above)
+                with contextlib.suppress(Exception):  # already reported (FAILED); the status must still be written
+                    tracker.flush()  # what the run logged before it failed, and its failure, are stored first
+            service().call("end_run", cfg.uri, run_id, status)
 
 
 @contextmanager
@@ -450,6 +451,12 @@ def reconcile(uri: str, experiment: str | None) -> list[tuple[str, str, str | No
     """End KILLED the experiment's dead RUNNING runs (:func:`dpsweep.tracking.dead_runs.reconcile`): each one's
     (run id, reason, checkpoint removed)."""
     return list(service().call("reconcile", uri, experiment))
+
+
+def failed_by_a_rank(uri: str, experiment: str, config_hash: str, since_ms: int, exit_code: int) -> list[str]:
+    """Set FAILED the runs of a config that torchrun's SIGTERM ended KILLED after another rank failed
+    (:func:`dpsweep.tracking.dead_runs.failed_by_a_rank`): their ids."""
+    return list(service().call("failed_by_a_rank", uri, experiment, config_hash, since_ms, exit_code))
 
 
 @functools.lru_cache(maxsize=1)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpsweep.tracking import store
 from dpsweep.tracking.channel import in_background, serve
-from dpsweep.tracking.dead_runs import reconcile
+from dpsweep.tracking.dead_runs import failed_by_a_rank, reconcile
 
 if TYPE_CHECKING:
     from dpsweep.config import TrackingConfig
@@ -40,7 +40,12 @@ def begin_run(cfg: TrackingConfig, *args: Any, **kwargs: Any) -> str:
 
 # every store operation (``@store.op``), with the two that answer differently here: a run begun warms
 # its model's imports; dead runs are told as plain data
-OPS: dict[str, Callable[..., Any]] = {**store.OPS, "begin_run": begin_run, "reconcile": reconcile_runs}
+OPS: dict[str, Callable[..., Any]] = {
+    **store.OPS,
+    "begin_run": begin_run,
+    "reconcile": reconcile_runs,
+    "failed_by_a_rank": failed_by_a_rank,
+}
 
 
 def warm() -> None:

@@ -68,3 +68,22 @@ def _remove_checkpoint(run: Any) -> str | None:
         return None
     checkpoint.remove(Path(directory))
     return str(Path(directory) / checkpoint.FILENAME)
+
+
+def failed_by_a_rank(uri: str, experiment: str, config_hash: str, since_ms: int, exit_code: int) -> list[str]:
+    """A run across devices whose rank failed: torchrun then ends the other ranks with SIGTERM, so rank 0
+    ends its run KILLED (interrupted) although nobody interrupted it. The runs of ``config_hash`` that an
+    interrupt ended since ``since_ms`` (this launch) are set FAILED, ``failure.kind=rank``; their
+    checkpoint is kept (the run resumes). Returns their ids."""
+    client = open_client(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return []
+    query = f"attributes.status = 'KILLED' and tags.`config.hash` = '{config_hash}'"
+    ended = [r for r in client.search_runs([found.experiment_id], filter_string=query)
+             if r.data.tags.get("failure.kind") == "interrupted" and (r.info.end_time or 0) >= since_ms]  # fmt: skip
+    for run in ended:
+        why = f"a rank of this run failed (torchrun exited with {exit_code}; its output says which rank)"
+        set_tags(uri, run.info.run_id, {"error": why, "failure.kind": "rank"})
+        retry_busy(lambda run=run: client.set_terminated(run.info.run_id, "FAILED"))  # type: ignore[misc]
+    return [r.info.run_id for r in ended]

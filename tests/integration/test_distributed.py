@@ -27,7 +27,7 @@ from scipy import stats
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from dpsweep.config import ConfigError, DPConfig, to_config, validate
+from dpsweep.config import ConfigError, DPConfig, GradSampleMode, to_config, validate
 from dpsweep.distributed import PoissonAcrossRanks, Ranks
 from dpsweep.mechanisms import opacus_engine
 
@@ -46,7 +46,7 @@ def _free_port() -> int:
         (["task=gan"], "task", "the GAN and the recommender have no distributed path"),
         (["dp.mechanism=dpftrl"], "dp.mechanism", "dpftrl has no distributed path"),
         (["dp.unit=user", "dataset.users=partition"], "dp.unit", "user-level DP-SGD has no distributed path"),
-        (["dp.grad_sample_mode=fused"], "dp.grad_sample_mode", "hooks with train.devices=2"),
+        (["dp.grad_sample_mode=fused"], "dp.grad_sample_mode", "hooks, ghost, functorch, ew with train.devices=2"),
         (["dp=off"], "dp", "a private run with train.devices=2"),
         (["audit.mode=white_box"], "audit.mode", "off with train.devices=2"),
         (["train.physical_batch_size=33"], "train.physical_batch_size", "a multiple of train.devices=2"),
@@ -144,42 +144,60 @@ def test_the_logical_batch_sizes_of_2_and_4_ranks_are_one_processs(tmp_path: Pat
         assert stats.chisquare(observed, expected * len(sizes)).pvalue > 1e-3, (world, observed, expected * len(sizes))
 
 
-def _noise_worker(rank: int, world: int, port: int, out: str) -> None:
-    """One DP-SGD step of a 100x100 linear layer through dpsweep's Opacus path with C so small that
-    the clipped gradients vanish: what is left in the averaged gradient is the step's noise."""
+def _step_worker(rank: int, world: int, port: int, out: str, mode: str, sigma: float, clip: float) -> None:
+    """One DP-SGD step of a 100x100 linear layer through dpsweep's Opacus path, in ``dp.grad_sample_mode``
+    ``mode``, each rank on its share of one fixed batch of 64 (rank r: rows r, r + world, ...)."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    torch.manual_seed(rank)  # the noise: rank 0's alone
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(1437, 100) * 10, torch.randint(0, 100, (1437,)))
     model: nn.Module = nn.Linear(100, 100)
+    torch.manual_seed(rank)  # the noise: rank 0's alone
     if world > 1:
         model = DPDDP(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    data = TensorDataset(torch.randn(1437, 100), torch.randint(0, 100, (1437,)))
     loader = DataLoader(data, batch_size=64)
-    sigma, clip = 1.3, 1e-6
-    made = opacus_engine.make_private(DPConfig(), sigma, clip, model, optimizer, loader, nn.CrossEntropyLoss())
+    dp = DPConfig(grad_sample_mode=GradSampleMode(mode))
+    made = opacus_engine.make_private(dp, sigma, clip, model, optimizer, loader, nn.CrossEntropyLoss())
     _, model, optimizer, criterion, loader = made
-    x, y = next(iter(loader))
+    x, y = data.tensors[0][rank:64:world], data.tensors[1][rank:64:world]
     criterion(model(x), y).backward()
     optimizer.step()
     grads = torch.cat([p.grad.flatten() for p in model.parameters()])
     if rank == 0:
-        torch.save({"std": float(grads.std()), "expected_batch": float(optimizer.expected_batch_size) * world}, out)
+        torch.save({"grads": grads, "expected_batch": float(optimizer.expected_batch_size) * world}, out)
     dist.destroy_process_group()
 
 
-@pytest.mark.slow  # about 10 s
-def test_the_noise_of_a_step_is_one_processs_whatever_the_ranks(tmp_path: Path) -> None:
-    """σ·C over the expected batch of the whole step, drawn once (rank 0): with 2 ranks the averaged
-    gradient's noise is the single process's, not √2 of it (noise on every rank) nor half (no rescale)."""
-    found = {}
-    for world in (1, 2):
-        out = str(tmp_path / f"noise{world}.pt")
-        mp.spawn(_noise_worker, args=(world, _free_port(), out), nprocs=world)
-        found[world] = torch.load(out)
+def _step(tmp_path: Path, world: int, mode: str, sigma: float, clip: float) -> dict[str, torch.Tensor]:
+    out = str(tmp_path / f"step{world}{mode}{sigma}.pt")
+    mp.spawn(_step_worker, args=(world, _free_port(), out, mode, sigma, clip), nprocs=world)
+    return dict(torch.load(out))
+
+
+MODES = ["hooks", "ghost", "functorch", "ew"]
+
+
+@pytest.mark.slow  # about 10 s a mode
+@pytest.mark.parametrize("mode", MODES)
+def test_the_noise_of_a_step_is_one_processs_whatever_the_ranks(tmp_path: Path, mode: str) -> None:
+    """σ·C over the expected batch of the whole step, drawn once (rank 0): with C so small that the
+    clipped gradients vanish, the averaged gradient's noise is the single process's with 2 ranks, not √2
+    of it (noise on every rank) nor half (no rescale)."""
     expected = 1.3 * 1e-6 / int(1437 / 23)
-    for world, got in found.items():
+    for world in (1, 2):
+        got = _step(tmp_path, world, mode, 1.3, 1e-6)
         assert got["expected_batch"] == pytest.approx(int(1437 / 23)), (world, got)
-        assert got["std"] == pytest.approx(expected, rel=0.05), (world, got, expected)
+        assert float(got["grads"].std()) == pytest.approx(expected, rel=0.05), (world, mode, expected)
+
+
+@pytest.mark.slow  # about 10 s a mode
+@pytest.mark.parametrize("mode", MODES)
+def test_the_clipped_update_of_two_ranks_is_one_processs_on_the_whole_batch(tmp_path: Path, mode: str) -> None:
+    """Without noise, each rank's half of a batch of 64, clipped to C = 0.1 (every example clipped),
+    gives the single process's update on all 64: the clipped sum over the whole step's expected batch."""
+    one, two = _step(tmp_path, 1, mode, 0.0, 0.1), _step(tmp_path, 2, mode, 0.0, 0.1)
+    assert float(one["grads"].norm()) > 1e-4  # the clipped examples do not cancel out
+    torch.testing.assert_close(two["grads"], one["grads"], rtol=1e-4, atol=1e-7)
 
 
 def _kill_rank(tmp_path: Path, args: list[str], rank: str) -> str:
@@ -222,6 +240,8 @@ def test_a_killed_rank_leaves_no_running_run_nor_process_and_the_run_resumes(tmp
     ckpt = tmp_path / "ckpt"
     args = [*RUN[:2], "train.epochs=4", "train.devices=2", f"train.checkpoint_dir={ckpt}"]
     killed = _kill_rank(tmp_path, args, rank="1")
+    failed = child_runs(tmp_path)[0]  # a failure of rank 1, not an interrupt of the run
+    assert failed.info.status == "FAILED", (failed.info.status, failed.data.tags)
     done = run_script("dpsweep", *args, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "epoch 3/4" in done.stdout and "epoch 1/4" not in done.stdout, done.stdout  # resumed after epoch 2
@@ -242,8 +262,26 @@ def test_the_one_mlflow_run_is_tracked_by_rank_0(tmp_path: Path) -> None:
     runs = child_runs(tmp_path)
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     assert runs[0].data.params["train.devices"] == "2" and "epsilon" in runs[0].data.metrics
+    memory = {k for k in runs[0].data.metrics if k.startswith("memory/")}  # each rank's stages, own names
+    for rank in (0, 1):
+        assert {f"memory/rank{rank}/backward_bytes", f"memory/rank{rank}/iteration_peak_bytes"} <= memory, memory
+    assert "memory/iteration_peak_bytes" not in memory  # not one process's at B, which memory models read
     artifacts = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").list_artifacts(runs[0].info.run_id)
     assert "privacy_ledger.json" in [a.path for a in artifacts]
+
+
+@pytest.mark.slow  # about 20 s
+def test_a_run_across_ranks_with_ghost_clipping_logs_one_processs_epsilon(tmp_path: Path) -> None:
+    """dp.grad_sample_mode=ghost on 2 ranks: Opacus's distributed ghost-clipping optimizer, the run
+    FINISHED with the plan's ε (the update itself: test_the_clipped_update_of_two_ranks_...)."""
+    args = [*RUN, "dp.grad_sample_mode=ghost"]
+    done = run_script("dpsweep", *args, "train.devices=2", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run,) = child_runs(tmp_path)
+    planned = json.loads(run_script("dpsweep-plan", "--json", *args, cwd=tmp_path).stdout)[0]["epsilon"]
+    assert run.info.status == "FINISHED" and run.data.params["dp.grad_sample_mode"] == "ghost"
+    assert run.data.metrics["epsilon"] == pytest.approx(planned, rel=1e-6)
+    assert run.data.metrics["test_accuracy"] > 0.3  # it learns (chance: 0.1)
 
 
 @pytest.mark.slow  # about 40 s: two 2-rank runs

@@ -1,0 +1,38 @@
+"""dpsweep.process.shutdown.signals_deferred: a signal that arrives while a run is being ended waits
+for the end, then reaches the handler it would have reached (here a Terminated, as under
+dpsweep.tracking.terminate_as_interrupt)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import pytest
+
+from dpsweep.process.shutdown import Terminated, signals_deferred
+
+
+def test_a_sigterm_inside_the_block_is_delivered_to_its_handler_once_the_block_ends() -> None:
+    def interrupt(signum: int, frame: Any) -> None:
+        raise Terminated(signum)
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    ended = []
+    try:
+        with pytest.raises(Terminated), signals_deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # bytecodes enough for a pending handler to run
+                pass
+            ended.append("the run's end, written whole")
+        assert ended == ["the run's end, written whole"]
+        assert signal.getsignal(signal.SIGTERM) is interrupt  # the handler is back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_without_a_signal_the_block_raises_nothing_and_restores_the_handlers() -> None:
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with signals_deferred():
+        pass
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
