@@ -147,7 +147,8 @@ class OptunaSearch:
                     "launcher.trials_per_device", "auto", "a number of trials with an Optuna search (its trials, "
                     "and so their peaks, are not known before they are asked)",
                 )  # fmt: skip
-            distributions = check_search_space(c.params, list(flatten(typed)), objective, c.sampler)
+            keys, launcher_name = list(flatten(typed)), typed.launcher.name
+            distributions = check_search_space(c.params, keys, objective, c.sampler, launcher_name)
             grid = {name: grid_values(name, spec) for name, spec in c.params.items()} if c.sampler == "grid" else {}
             storage = open_storage(c.storage)
         except InputError as err:

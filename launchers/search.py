@@ -108,15 +108,22 @@ SAMPLERS.register("nsga2")(
 )
 
 
+JOB_SHAPE = ("train.devices", "train.nodes")  # on Slurm a job's tasks are its ranks: one shape a study
+
+
 def check_search_space(
-    params: Mapping[str, ParamSpec], known_keys: Sequence[str], objective: Objective, sampler: str
+    params: Mapping[str, ParamSpec], known_keys: Sequence[str], objective: Objective, sampler: str, launcher: str
 ) -> dict[str, BaseDistribution]:
-    """Distributions for the search space; a clear error for an unknown key or empty range."""
+    """Distributions for the search space; a clear error for an unknown key or empty range, or for a
+    run's ranks searched on Slurm (every trial's job is submitted with the first one's tasks)."""
     if not params:
         raise ConfigError("hydra.sweeper.optuna.params", {}, "at least one parameter to search")
     known = set(known_keys)
     out = {}
     for name, spec in params.items():
+        if name in JOB_SHAPE and launcher == "slurm":
+            raise ConfigError("hydra.sweeper.optuna.params", name, f"a key other than {name} on Slurm, where a "
+                              f"job's tasks are its ranks: set {name} as an override, one value a study")  # fmt: skip
         if name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.8)
             hint = f"; did you mean {', '.join(close)}?" if close else ""

@@ -147,7 +147,8 @@ class OwnSetup:
 class OwnRun:
     """What a rule works with: the run's config, model and loss, its training split as tensors (with
     each example's unit, or None: each example its own), the fixed order's batches of B units, σ and
-    the device."""
+    the device; ``n_train``, the examples the plan priced, where the split holds fewer (a black-box
+    audit leaves its excluded canaries out, yet samples at the plan's rate), else None."""
 
     cfg: Config
     model: nn.Module
@@ -156,6 +157,7 @@ class OwnRun:
     exact: FixedOrderBatches
     sigma: float
     device: torch.device
+    n_train: int | None = None
 
 
 class OwnRule(ABC):
@@ -206,7 +208,8 @@ class FusedPoisson(OwnRule):
 
     def setup(self, run: OwnRun) -> OwnSetup:
         (x, y, _), cfg = run.data, run.cfg
-        schedule = poisson_schedule(len(y), cfg.train.batch_size)  # q = 1/ceil(N/B), as Opacus's loader
+        n = run.n_train or len(y)  # the plan's N, whose rate and expected batch the ledger prices
+        schedule = poisson_schedule(n, cfg.train.batch_size)  # q = 1/ceil(N/B), as Opacus's loader
         generator = device_data.device_generator(run.device, cfg.train.seed)
         sampled = device_data.PoissonBatches(
             x, y, sample_rate=schedule.inclusion_probability, device=run.device, generator=generator
@@ -216,7 +219,7 @@ class FusedPoisson(OwnRule):
         self.step = fused.FusedStep(
             run.model, run.loss_fn, max_grad_norm=cfg.dp.max_grad_norm, pad_to=pad_to, mode=mode
         )
-        expected = int(len(y) * schedule.inclusion_probability)  # Opacus's expected_batch_size (make_private)
+        expected = int(n * schedule.inclusion_probability)  # Opacus's expected_batch_size (make_private)
         return OwnSetup(build_optimizer(cfg.optimizer, run.model), generator, _AsUnits(sampled), float(expected))
 
     def gradient(self, run: OwnRun, batch: users.UserBatch, expected_units: float) -> dict[str, Tensor]:

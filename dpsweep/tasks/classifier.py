@@ -192,7 +192,8 @@ class ClassifierRun:
         self.unit_examples = m  # the most examples of one unit in a step: public
         self.exact = func_dp.FixedOrderBatches(x, y, unit, cfg.train.batch_size, m, cfg.train.seed, device)
         rule = func_dp.rule_of(cfg)
-        run = func_dp.OwnRun(cfg, self.model, self.criterion, (x, y, unit), self.exact, sigma, device)
+        n_train = self.inputs.plan.facts.n_train  # (a black-box audit's split is smaller)
+        run = func_dp.OwnRun(cfg, self.model, self.criterion, (x, y, unit), self.exact, sigma, device, n_train)
         bug = planted.planted_bug() if cfg.audit.enabled else None
         if bug is not None:  # a test breaks the run (dpsweep.audit.planted), under the audit's canaries
             run = planted.plant_own_run(bug, run)

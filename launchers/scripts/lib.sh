@@ -8,18 +8,26 @@ alive() { # $1 = pid; true if it exists and is not a zombie
     [ -n "$st" ] && [ "${st#Z}" = "$st" ]
 }
 
-daemon_pid() { # $1 = command name, $2 = pidfile; prints pid or nothing
-    # Zombies are skipped: PID 1 here may be slow to reap the intermediate
-    # processes the daemons leave behind when they fork into the background.
+file_pid() { # $1 = command name, $2 = pidfile; the pid in the file if that process runs $1
     local name=$1 pidfile=$2 pid
     if [ -r "$pidfile" ]; then
         pid=$(tr -dc '0-9' <"$pidfile" || true)
         if [ -n "$pid" ] && alive "$pid" &&
             [ "$(ps -o comm= -p "$pid" 2>/dev/null || true)" = "$name" ]; then
-            echo "$pid"; return 0
+            echo "$pid"
         fi
     fi
-    ps -eo pid=,stat=,comm= | awk -v n="$name" '$3 == n && $2 !~ /^Z/ {print $1; exit}'
+}
+
+daemon_pid() { # $1 = command name, $2 = pidfile; prints pid or nothing
+    # Zombies are skipped: PID 1 here may be slow to reap the intermediate
+    # processes the daemons leave behind when they fork into the background.
+    local pid
+    pid=$(file_pid "$1" "$2")
+    if [ -n "$pid" ]; then
+        echo "$pid"; return 0
+    fi
+    ps -eo pid=,stat=,comm= | awk -v n="$1" '$3 == n && $2 !~ /^Z/ {print $1; exit}'
 }
 
 # Environment for Grid Engine's tools: Debian's wrappers in /usr/bin need SGE_ROOT/SGE_CELL, and

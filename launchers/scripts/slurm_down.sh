@@ -50,7 +50,9 @@ stop_daemon() { # $1 = name, $2 = pidfile
 }
 
 # Compute daemon first, controller next, then the accounting daemon.
+# one slurmd a node (slurm_up.sh runs two): each found by its name, until none is left
 stop_daemon slurmd /run/slurmd.pid
+while [ -n "$(daemon_pid slurmd /run/slurmd.pid)" ]; do stop_daemon slurmd /run/slurmd.pid; done
 stop_daemon slurmctld /run/slurmctld.pid
 stop_daemon slurmdbd /run/slurmdbd.pid
 if [ "$ALL" -eq 1 ]; then

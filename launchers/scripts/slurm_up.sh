@@ -29,7 +29,12 @@
 #
 # Result: cluster "dpsweep", default partition "debug" with one node named
 # `hostname -s`, NodeAddr 127.0.0.1, CPUs=$(cpu_count), RealMemory = 90% of
-# MemTotal.  slurmctld (6817) and slurmd (6818) listen on 127.0.0.1 only --
+# MemTotal.  A second slurmd on this machine is a second node, `hostname -s`-n2
+# (port 6828), and partition "nodes2" holds both: a job of several nodes
+# (dpsweep's train.nodes) runs there for real, its tasks on two slurmd with
+# their own SLURM_NODEID.  Both nodes count this machine's CPUs; only jobs
+# sent to nodes2 use the second.  slurmctld (6817) and slurmd (6818) listen
+# on 127.0.0.1 only --
 # provided `hostname` resolves to 127.0.0.1, else on all addresses (see the
 # CommunicationParameters note below).  MariaDB has no TCP listener (unix
 # socket only).  NOTE: slurmdbd (6819) cannot be restricted to loopback in
@@ -49,7 +54,7 @@ ACCOUNTING=${SLURM_UP_ACCOUNTING:-none}
 CONF=/etc/slurm/slurm.conf
 DBD_CONF=/etc/slurm/slurmdbd.conf
 CTLD_PID=/run/slurmctld.pid
-SLURMD_PID=/run/slurmd.pid
+SLURMD_PIDS=/run/slurmd-%n.pid   # %n: the node's name; one slurmd a node
 DBD_PID=/run/slurmdbd.pid
 MUNGE_PID=/run/munge/munged.pid
 MARIADB_PID=/run/mysqld/mysqld.pid
@@ -64,6 +69,9 @@ esac
 # Short hostname: the node name slurmd derives for itself.
 HOST=$(hostname -s)
 [ -n "$HOST" ] || die "cannot determine hostname"
+HOST2="${HOST}-n2"   # the second node: a second slurmd on this machine
+NODES=("$HOST" "$HOST2")
+slurmd_pidfile() { echo "${SLURMD_PIDS//%n/$1}"; }
 
 # ---------------------------------------------------------------------------
 # 1. Packages
@@ -154,7 +162,7 @@ NCPU=$(cpu_count)
 MEM_KB=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)
 REAL_MEM=$((MEM_KB * 9 / 10 / 1024))   # ~90% of MemTotal, in MiB
 
-install -d -m 0755 /etc/slurm /var/log/slurm /var/spool/slurmd
+install -d -m 0755 /etc/slurm /var/log/slurm "/var/spool/slurmd/$HOST" "/var/spool/slurmd/$HOST2"
 install -d -m 0755 /var/lib/slurm /var/lib/slurm/slurmctld
 
 tmpdir=$(mktemp -d)
@@ -203,11 +211,11 @@ AuthInfo=cred_expire=10
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=/var/lib/slurm/slurmctld
-SlurmdSpoolDir=/var/spool/slurmd
+SlurmdSpoolDir=/var/spool/slurmd/%n
 SlurmctldPidFile=${CTLD_PID}
-SlurmdPidFile=${SLURMD_PID}
+SlurmdPidFile=${SLURMD_PIDS}
 SlurmctldLogFile=/var/log/slurm/slurmctld.log
-SlurmdLogFile=/var/log/slurm/slurmd.log
+SlurmdLogFile=/var/log/slurm/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
@@ -239,7 +247,9 @@ SlurmctldTimeout=120
 SlurmdTimeout=300
 Waittime=0
 NodeName=${HOST} NodeAddr=127.0.0.1 CPUs=${NCPU} RealMemory=${REAL_MEM} State=UNKNOWN
+NodeName=${HOST2} NodeAddr=127.0.0.1 Port=6828 CPUs=${NCPU} RealMemory=${REAL_MEM} State=UNKNOWN
 PartitionName=debug Nodes=${HOST} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+PartitionName=nodes2 Nodes=${HOST},${HOST2} MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF
 
 cat >"$tmpdir/slurmdbd.conf" <<EOF
@@ -280,7 +290,8 @@ fi
 
 # Restart whatever runs with an old configuration.
 if [ "$conf_changed" -eq 1 ]; then
-    stop_daemon slurmd "$SLURMD_PID"
+    stop_daemon slurmd /run/slurmd.pid   # (one node, as earlier versions of this script ran it)
+    for node in "${NODES[@]}"; do stop_daemon slurmd "$(slurmd_pidfile "$node")"; done
     stop_daemon slurmctld "$CTLD_PID"
 fi
 if [ "$dbd_conf_changed" -eq 1 ]; then
@@ -334,35 +345,39 @@ fi
 ctld_up() { scontrol ping | grep -q 'is UP'; }
 wait_for 40 "slurmctld does not answer (see /var/log/slurm/slurmctld.log)" ctld_up
 
-if [ -z "$(daemon_pid slurmd "$SLURMD_PID")" ]; then
-    log "starting slurmd"
-    slurmd || die "slurmd failed to start (see /var/log/slurm/slurmd.log)"
-fi
+for node in "${NODES[@]}"; do
+    if [ -z "$(file_pid slurmd "$(slurmd_pidfile "$node")")" ]; then
+        log "starting slurmd of node $node"
+        slurmd -N "$node" || die "slurmd of $node failed to start (see /var/log/slurm/slurmd-$node.log)"
+    fi
+done
 
 # ---------------------------------------------------------------------------
 # 5. Wait for the node to be usable
 # ---------------------------------------------------------------------------
 deadline=$(( $(date +%s) + TIMEOUT ))
-last_resume=0
-state=""
-while :; do
-    state=$(sinfo -h -n "$HOST" -o %T 2>/dev/null | head -n1 || true)
-    case "$state" in
-        idle|mixed|allocated|completing)
-            break ;;
-        down*|drain*|fail*)
-            # A "*" suffix means not responding.  Resume at most every 5 s.
-            now=$(date +%s)
-            if [ $((now - last_resume)) -ge 5 ]; then
-                log "node $HOST is '$state'; resuming it"
-                scontrol update nodename="$HOST" state=resume 2>/dev/null || true
-                last_resume=$now
-            fi ;;
-    esac
-    if [ "$(date +%s)" -ge "$deadline" ]; then
-        die "node $HOST not ready after ${TIMEOUT}s (state '${state:-unknown}'); see /var/log/slurm/slurmd.log and slurmctld.log"
-    fi
-    sleep 0.5
+for node in "${NODES[@]}"; do
+    last_resume=0
+    state=""
+    while :; do
+        state=$(sinfo -h -n "$node" -o %T 2>/dev/null | head -n1 || true)
+        case "$state" in
+            idle|mixed|allocated|completing)
+                break ;;
+            down*|drain*|fail*)
+                # A "*" suffix means not responding.  Resume at most every 5 s.
+                now=$(date +%s)
+                if [ $((now - last_resume)) -ge 5 ]; then
+                    log "node $node is '$state'; resuming it"
+                    scontrol update nodename="$node" state=resume 2>/dev/null || true
+                    last_resume=$now
+                fi ;;
+        esac
+        if [ "$(date +%s)" -ge "$deadline" ]; then
+            die "node $node not ready after ${TIMEOUT}s (state '${state:-unknown}'); see /var/log/slurm/slurmd-$node.log and slurmctld.log"
+        fi
+        sleep 0.5
+    done
 done
 
-log "ready: cluster $CLUSTER, partition debug, node $HOST ($state), accounting=$ACCOUNTING, $(( $(date +%s) - START_TS ))s"
+log "ready: cluster $CLUSTER, partition debug, node $HOST, partition nodes2, nodes ${NODES[*]} ($state), accounting=$ACCOUNTING, $(( $(date +%s) - START_TS ))s"

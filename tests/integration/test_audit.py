@@ -73,13 +73,16 @@ def test_the_report_shows_both_audit_bounds_beside_epsilon(
     assert "read against each run's own ledger" in shown
 
 
+@pytest.mark.parametrize("mode", ["hooks", "fused"])
 def test_a_black_box_audit_samples_as_planned_and_leaves_the_epsilon_unchanged(
-    make_cfg: Composer, client: MlflowClient
+    make_cfg: Composer, client: MlflowClient, mode: str
 ) -> None:
     """Its training set is smaller (the excluded canaries are left out), yet each step samples at the
-    plan's rate and the ledger records it: the ε and the steps are a plain run's."""
-    audited = train(make_cfg("audit.mode=black_box", *AUDIT[1:]))
-    plain = train(make_cfg(*AUDIT[1:], "tracking.experiment_name=plain"))
+    plan's rate and the ledger records it: the ε and the steps are a plain run's, through Opacus's
+    loader (hooks) or the fused step's own Poisson sampling."""
+    run = [*AUDIT[1:], f"dp.grad_sample_mode={mode}"]
+    audited = train(make_cfg("audit.mode=black_box", *run))
+    plain = train(make_cfg(*run, "tracking.experiment_name=plain"))
     assert audited.ledger == plain.ledger and audited.steps == plain.steps
     m = _audit(client, audited.run_id)
     assert m["epsilon"] == client.get_run(plain.run_id).data.metrics["epsilon"]
@@ -114,12 +117,15 @@ def test_a_bug_is_caught_at_a_claimed_epsilon_of_8_by_the_f_dp_bound(
 
 
 @pytest.mark.slow  # about 30 s: 20 audit runs a mode
-@pytest.mark.parametrize("mode", ["white_box", "black_box"])
+@pytest.mark.parametrize("mode", ["white_box", "black_box", "black_box+fused"])
 def test_correct_runs_are_never_flagged_over_20_seeds(make_cfg: Composer, client: MlflowClient, mode: str) -> None:
-    """Soundness: a correct run's bound stays below its claimed ε (at 95% each; 20 of 20 here)."""
+    """Soundness: a correct run's bound stays below its claimed ε (at 95% each; 20 of 20 here), through
+    Opacus or (+fused) the fused step."""
     bounds = []
+    audit, *fused = mode.split("+")
     for seed in range(20):
-        args = [*AUDIT, f"audit.mode={mode}", f"train.seed={seed}", f"audit.seed={seed}", "train.epochs=2"]
+        args = [*AUDIT, f"audit.mode={audit}", f"train.seed={seed}", f"audit.seed={seed}", "train.epochs=2"]
+        args += ["dp.grad_sample_mode=fused"] if fused else []
         result = train(make_cfg(*args))
         m = _audit(client, result.run_id)
         bounds.append(max(m["audit.epsilon_lower"], m["audit.epsilon_lower_fdp"]))
@@ -236,7 +242,7 @@ def test_bad_audit_settings_are_refused(make_cfg: Composer, overrides: list[str]
     assert err.value.key == key and allowed in str(err.value), str(err.value)
 
 
-@pytest.mark.parametrize("own", [["dp.mechanism=dpftrl"], ["dp.grad_sample_mode=fused"], USER_LEVEL, ["task=gan"]])
+@pytest.mark.parametrize("own", [["dp.mechanism=dpftrl"], USER_LEVEL, ["task=gan"]])
 def test_a_black_box_audit_of_steps_outside_opacus_is_refused(make_cfg: Composer, own: list[str]) -> None:
     with pytest.raises(ConfigError) as err:
         validate(to_config(make_cfg("audit.mode=black_box", *own)))

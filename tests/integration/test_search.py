@@ -264,7 +264,19 @@ def test_budget_objective_calibrates_sigma_itself() -> None:
     budget = OBJECTIVES.get("accuracy_under_budget")
     assert budget.extra_overrides(2.5) == ["dp.target_epsilon=2.5"]
     with pytest.raises(ConfigError, match="does not set itself"):
-        check_search_space({"dp.noise_multiplier": ParamSpec(low=0.5, high=2)}, ["dp.noise_multiplier"], budget, "tpe")
+        check_search_space({"dp.noise_multiplier": ParamSpec(low=0.5, high=2)}, ["dp.noise_multiplier"], budget, "tpe",
+                           "inline")  # fmt: skip
+
+
+def test_a_runs_ranks_are_not_searched_on_slurm() -> None:
+    """On Slurm every trial's job is submitted with the tasks of the first trial's run: train.devices and
+    train.nodes are one value a study there (an override), searched only where torchrun launches the ranks."""
+    accuracy, devices = OBJECTIVES.get("accuracy"), {"train.devices": ParamSpec(type="categorical", choices=[1, 2])}
+    with pytest.raises(ConfigError) as err:
+        check_search_space(devices, ["train.devices"], accuracy, "tpe", "slurm")
+    assert err.value.key == "hydra.sweeper.optuna.params" and err.value.value == "train.devices"
+    assert "a key other than train.devices on Slurm" in str(err.value)
+    assert "train.devices" in check_search_space(devices, ["train.devices"], accuracy, "tpe", "local")
 
 
 def test_journal_storage(tmp_path: Path) -> None:

@@ -163,6 +163,28 @@ def test_slurm_run_across_two_devices_is_one_job_of_two_tasks(tmp_path: Path, sl
     assert run.data.metrics["test_accuracy"] == torchrun.data.metrics["test_accuracy"]
 
 
+@SLURM
+def test_slurm_run_across_two_nodes_is_one_job_of_a_task_on_each_node(tmp_path: Path, slurm: None) -> None:
+    """train.nodes=2 on the test cluster's partition nodes2 (two slurmd on this machine, each a node of
+    its own): one job of two nodes, one task a node, each task a rank (Slurm node 0 and node 1), rank 0
+    on the first node; one MLflow run with one process's ε and the model that 2 ranks on one node train."""
+    proc = sweep("launcher=slurm", "launcher.partition=nodes2", "train.nodes=2", *QUICK)
+    assert proc.returncode == 0 and ": 1 finished, 0 skipped, 0 failed" in proc.stdout, proc.stdout + proc.stderr
+    (run,) = finished_runs(tmp_path)
+    assert run.data.params["train.nodes"] == "2" and "train.devices" not in run.data.params
+    planned = privacy.epsilon(privacy.poisson_schedule(1437, 64), 1.0, 1e-5, epochs=1).epsilon
+    assert run.data.metrics["epsilon_rdp"] == planned
+    folder = next((tmp_path / "multirun").rglob("*_submission.sh")).parent
+    submission = next(folder.glob("*_submission.sh")).read_text()
+    assert "#SBATCH --nodes=2" in submission and "#SBATCH --ntasks-per-node=1" in submission, submission
+    logs = "".join(p.read_text() for p in sorted(folder.glob("*_log.*")))  # submitit's JobEnvironment, per task
+    assert "node=0(2), global_rank=0(2)" in logs and "node=1(2), global_rank=1(2)" in logs, logs
+    here = run_dpsweep("train.devices=2", *QUICK, "tracking.experiment_name=here")
+    assert here.returncode == 0, here.stderr
+    (torchrun,) = child_runs(tmp_path, "here")
+    assert run.data.metrics["test_accuracy"] == torchrun.data.metrics["test_accuracy"]
+
+
 @SGE
 def test_sge_sweep_is_an_array_job(tmp_path: Path, sge: None) -> None:
     running = PeakRunning(["qstat", "-s", "r", "-u", "*"], header_lines=2)  # one line per running task
