@@ -46,7 +46,8 @@ def check(cfg: Config) -> None:
     require(a.magnitude >= 1, "audit.magnitude", a.magnitude, "1 or more (times dp.max_grad_norm)")
     require(dp.enabled, "audit.mode", a.mode, "off for a non-private run (dp=off): there is no ε to audit")
     opacus = dp.mechanism == "dpsgd" and dp.unit.value == "example" and dp.grad_sample_mode.value in OPACUS_MODES
-    fused = dp.mechanism == "dpsgd" and dp.unit.value == "example" and dp.grad_sample_mode.value == "fused"
+    example = dp.unit.value == "example"  # black box: an input canary is one more example
+    fused_or_ftrl = example and (dp.mechanism == "dpftrl" or dp.grad_sample_mode.value == "fused")
     own = dp.mechanism == "dpftrl" or dp.unit.value == "user" or dp.grad_sample_mode.value == "fused"
     white = (
         "dp.mechanism=dpsgd at example level with dp.grad_sample_mode=hooks, functorch, ew or fused, "
@@ -55,8 +56,8 @@ def check(cfg: Config) -> None:
     gan = cfg.task.name == "gan"
     runs = {
         "white_box": (opacus or own or gan, f"off here: white_box runs with task=classifier and {white}"),
-        "black_box": (opacus or fused, "off here: black_box runs with task=classifier, dp.mechanism=dpsgd and "
-                      "dp.unit=example, Poisson-sampled (dp.grad_sample_mode=hooks, functorch, ew or fused)"),
+        "black_box": (opacus or fused_or_ftrl, "off here: black_box runs with task=classifier at dp.unit=example: "
+                      "DP-SGD (dp.grad_sample_mode=hooks, functorch, ew or fused) or DP-FTRL"),
     }[a.mode]  # fmt: skip
     require(cfg.task.name in ("classifier", "gan") and runs[0] and (a.mode == "white_box" or not gan),
             "audit.mode", a.mode, runs[1])  # fmt: skip

@@ -32,6 +32,7 @@ checkpoint restores it with the optimizer and the ledger counts exactly the step
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -83,6 +84,8 @@ def unit_ids(cfg: Config, labels: Tensor) -> Tensor | None:
 class FixedOrderBatches:
     """DP-FTRL's batches: the units in one seeded order, B per batch (the last one smaller), each once
     per epoch; a user brings at most ``max_examples`` of their examples, the same ones every epoch.
+    With ``batches`` (a black-box audit's smaller training set kept to the plan's steps per epoch, on
+    which DP-FTRL's ε depends), that many batches instead, as even as can be.
 
     The batches are built at the first epoch, not before: held from the start, their sizes (how many
     examples the users hold) would show in the memory stages a run logs (issue 39, item 10)."""
@@ -96,11 +99,16 @@ class FixedOrderBatches:
         max_examples: int,
         seed: int,
         device: torch.device,
+        batches: int | None = None,
     ) -> None:
         self.unit = torch.arange(len(y)) if unit is None else unit.cpu()
         self.batch_size, self.max_examples, self.seed, self.device = batch_size, max_examples, seed, device
         self.x, self.y = x.to(device), y.to(device)
-        self.num_units = int(self.unit.max()) + 1
+        self.num_units = n = int(self.unit.max()) + 1
+        # units a batch: B each, the last one smaller; or ``batches`` of them, as even as can be
+        self.sizes = [min(batch_size, n - i) for i in range(0, n, batch_size)]
+        if batches is not None:
+            self.sizes = [len(part) for part in torch.arange(n).tensor_split(batches)]
         self._batches: list[tuple[Tensor, Tensor]] | None = None  # (example indices, segment ids) per batch
 
     def _build(self) -> list[tuple[Tensor, Tensor]]:
@@ -115,15 +123,15 @@ class FixedOrderBatches:
                 by_unit[u].append(i)
         members = [torch.tensor(sorted(by_unit[u]), dtype=torch.int64) for u in order.tolist()]
         batches = []
-        for start in range(0, num_units, self.batch_size):
-            chunk = members[start : start + self.batch_size]
+        for start, size in zip(itertools.accumulate([0, *self.sizes]), self.sizes, strict=False):
+            chunk = members[start : start + size] or [torch.zeros(0, dtype=torch.int64)]  # (an empty batch)
             index = torch.cat(chunk)
             segment = torch.cat([torch.full((len(m),), j, dtype=torch.int64) for j, m in enumerate(chunk)])
             batches.append((index.to(self.device), segment.to(self.device)))
         return batches
 
     def __len__(self) -> int:
-        return -(-self.num_units // self.batch_size)
+        return len(self.sizes)
 
     def __iter__(self) -> Iterator[users.UserBatch]:
         if self._batches is None:

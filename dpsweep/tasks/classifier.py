@@ -190,9 +190,11 @@ class ClassifierRun:
         unit = func_dp.unit_ids(cfg, y)
         m = cfg.dp.max_examples_per_user if unit is not None else 1
         self.unit_examples = m  # the most examples of one unit in a step: public
-        self.exact = func_dp.FixedOrderBatches(x, y, unit, cfg.train.batch_size, m, cfg.train.seed, device)
+        b, n_train = cfg.train.batch_size, self.inputs.plan.facts.n_train
+        # a black-box audit's smaller split, in the plan's batches per epoch (DP-FTRL's ε depends on them)
+        batches = -(-n_train // b) if self.input_canaries is not None else None
+        self.exact = func_dp.FixedOrderBatches(x, y, unit, b, m, cfg.train.seed, device, batches)
         rule = func_dp.rule_of(cfg)
-        n_train = self.inputs.plan.facts.n_train  # (a black-box audit's split is smaller)
         run = func_dp.OwnRun(cfg, self.model, self.criterion, (x, y, unit), self.exact, sigma, device, n_train)
         bug = planted.planted_bug() if cfg.audit.enabled else None
         if bug is not None:  # a test breaks the run (dpsweep.audit.planted), under the audit's canaries
