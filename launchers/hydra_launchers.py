@@ -204,7 +204,10 @@ class SlurmLauncher(_DpsweepSubmititLauncher):
         if jobs and not sacct_works():
             watcher = SqueueInfoWatcher(delay_s=60)
             for job in jobs:
-                job.watcher = watcher
+                # and each task's (a run across devices: a task a rank), which a task killed without a
+                # result would otherwise wait on through sacct for ever
+                for part in {job, *(job.task(i) for i in range(job.num_tasks))}:
+                    part.watcher = watcher
                 watcher.register_job(job.job_id)
 
 

@@ -9,13 +9,16 @@ Each sweep's driver is the test's own process (``helpers.run_dpsweep``); its job
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import submitit
 import torch
@@ -183,6 +186,41 @@ def test_slurm_run_across_two_nodes_is_one_job_of_a_task_on_each_node(tmp_path: 
     assert here.returncode == 0, here.stderr
     (torchrun,) = child_runs(tmp_path, "here")
     assert run.data.metrics["test_accuracy"] == torchrun.data.metrics["test_accuracy"]
+
+
+def _kill_task(cwd: Path, task: str, after: str) -> Callable[[threading.Event], None]:
+    """A ``during`` for :func:`sweep` that SIGKILLs the job's Slurm task ``task`` once rank 0 printed ``after``."""
+
+    def kill(over: threading.Event) -> None:
+        while not over.wait(0.5):
+            logs = list(cwd.glob("multirun/*/*/.submitit/*/*_0_log.out"))
+            if logs and after in logs[0].read_text():
+                for proc in psutil.process_iter():
+                    with contextlib.suppress(psutil.Error):
+                        if (
+                            "dpsweep.launchers.job" in " ".join(proc.cmdline())
+                            and proc.environ().get("SLURM_PROCID") == task
+                        ):
+                            proc.send_signal(signal.SIGKILL)
+                            return
+        raise AssertionError(f"task {task} was not found running after {after!r}")
+
+    return kill
+
+
+@SLURM
+def test_a_slurm_task_killed_ends_its_run_failed_and_the_sweep_reports_it(tmp_path: Path, slurm: None) -> None:
+    """Rank 1's task SIGKILLed mid-run: rank 0 fails on the closed connection and ends the run FAILED; the
+    driver does not wait for the dead task's result for ever (each task is watched through squeue) and
+    reports the job failed; nothing is left in the queue."""
+    args = ["launcher=slurm", "train.devices=2", "train.epochs=6", "train.progress=false", "tracking.log_model=false"]
+    proc = sweep(*args, during=_kill_task(tmp_path, "1", after="epoch 2/6"))
+    assert proc.returncode == 1 and ": 0 finished, 0 skipped, 1 failed" in proc.stdout, proc.stdout + proc.stderr
+    assert "(task: 1)" in proc.stdout + proc.stderr  # the task without a result, named
+    (run,) = finished_runs(tmp_path)
+    assert run.info.status == "FAILED", (run.info.status, run.data.tags)
+    queue = subprocess.run(["squeue", "--noheader"], capture_output=True, text=True, check=True)
+    assert queue.stdout.strip() == "", queue.stdout
 
 
 @SGE
