@@ -18,8 +18,8 @@ plan priced, and Opacus's loader would sample at 1/ceil(N'/B), a rate the ledger
 each example is sampled exactly as a plain run's would be and the ledger is the plain run's.
 
 **Scores.** A canary's score is minus the trained model's cross-entropy on its (image, wrong label):
-a model that trained on it fits the wrong label better. The highest scores are guessed included, the
-lowest excluded.
+a model that trained on it fits the wrong label better; for a conditional GAN, its critic's D(x, y).
+The highest scores are guessed included, the lowest excluded.
 
 The canaries are mislabelled training examples: the run's model is not a plain run's, so an audit run
 is not for release.
@@ -27,6 +27,7 @@ is not for release.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -39,6 +40,22 @@ from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
 from dpsweep.audit.guesses import metrics, right_guesses
 from dpsweep.data.device import materialize
 from dpsweep.privacy.ledger import Ledger
+
+Score = Callable[[Tensor, Tensor], Tensor]  # a canary's score from its (images, wrong labels)
+
+
+def minus_loss(model: nn.Module) -> Score:
+    """A classifier's score: minus its cross-entropy on the wrong label (a model that trained on the
+    canary fits its wrong label better)."""
+    model.eval()
+    return lambda x, y: -nn.functional.cross_entropy(model(x), y, reduction="none")
+
+
+def critic_output(critic: nn.Module) -> Score:
+    """A conditional GAN's score: its critic's D(x, y), which training raises on the real examples it
+    saw (Steinke et al.'s black box, on the critic the ledger covers rather than the generator)."""
+    critic.eval()
+    return lambda x, y: critic(x, y).flatten()
 
 
 class InputCanaries:
@@ -68,14 +85,14 @@ class InputCanaries:
         return ConcatDataset([Subset(self.train, torch.nonzero(others).flatten().tolist()), kept])
 
     @torch.no_grad()
-    def scores(self, model: nn.Module, device: torch.device) -> Tensor:
-        """Minus the model's cross-entropy on each canary's wrong label (higher: more likely trained on)."""
-        model.eval()
-        losses = [
-            nn.functional.cross_entropy(model(x.to(device)), y.to(device), reduction="none").cpu()
+    def scores(self, score: Score, device: torch.device) -> Tensor:
+        """Each canary's ``score`` (:func:`minus_loss` of a classifier, :func:`critic_output` of a GAN's
+        critic) on its (image, wrong label): higher, more likely trained on."""
+        parts = [
+            score(x.to(device), y.to(device)).cpu()
             for x, y in zip(self.x.split(256), self.labels.split(256), strict=True)
         ]
-        return -torch.cat(losses).to(torch.float64)
+        return torch.cat(parts).to(torch.float64)
 
     def right_guesses(self, scores: Tensor, guesses: int) -> int:
         """Of ``guesses`` guesses on ``scores`` (:meth:`scores`), the right ones."""
@@ -84,7 +101,7 @@ class InputCanaries:
 
 def result(
     canaries: InputCanaries,
-    model: nn.Module,
+    score: Score,
     device: torch.device,
     guesses: int,
     delta: float,
@@ -94,7 +111,7 @@ def result(
     """The audit's metrics (:func:`dpsweep.audit.guesses.metrics`) for its two tests, fixed before training:
     ``guesses`` guesses, and a guess on every canary; read against the run's ledger ``claim`` too where it
     is given."""
-    scores = canaries.scores(model, device)
+    scores = canaries.scores(score, device)
     every = canaries.count - canaries.count % 2
     tests = {f"audit.correct_loss_{r}": (r, canaries.right_guesses(scores, r)) for r in dict.fromkeys((guesses, every))}
     return metrics(tests, canaries.count, guesses, delta, confidence, claim)

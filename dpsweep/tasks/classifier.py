@@ -316,9 +316,9 @@ class ClassifierRun:
         if final and canaries is not None:  # the audit's bounds at the run's δ, against its ledger
             scores |= white_box.result(canaries, a.guesses, delta, a.confidence, self.privacy_ledger())
         if final and self.input_canaries is not None:
-            scores |= black_box.result(
-                self.input_canaries, plain, self.device, a.guesses, delta, a.confidence, self.privacy_ledger()
-            )
+            score = black_box.minus_loss(plain)
+            claim = self.privacy_ledger()
+            scores |= black_box.result(self.input_canaries, score, self.device, a.guesses, delta, a.confidence, claim)
         return scores
 
     def done(self) -> bool:

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpsweep.audit import own_steps, planted, white_box
+from dpsweep.audit import black_box, own_steps, planted, white_box
 from dpsweep.audit.guesses import tags as audit_tags
 from dpsweep.config import GanTaskConfig
 from dpsweep.data import device as device_data
@@ -98,6 +98,7 @@ class GanRun:
             datasets.value_range(self.cfg.dataset.name), g.generator_ema, g.snapshots,
         )  # fmt: skip
         self.run: Tracker | None = None
+        self.input_canaries: black_box.InputCanaries | None = None  # audit.mode=black_box
 
     def tags(self) -> dict[str, Any]:
         tags: dict[str, Any] = {
@@ -124,7 +125,12 @@ class GanRun:
             ],
             betas=(float(g.betas[0]), float(g.betas[1])),
         )
-        x, y = (t.to(device) for t in device_data.materialize(self.inputs.data.train))
+        train = self.inputs.data.train
+        if cfg.audit.mode == "black_box":  # the canaries in, the excluded ones out; sampled at the plan's q
+            a = cfg.audit
+            self.input_canaries = black_box.InputCanaries(train, self.num_classes, a.canaries, a.seed)
+            train = self.input_canaries.training_set()
+        x, y = (t.to(device) for t in device_data.materialize(train))
         self.train_x, self.train_y = x, y
         self.generator = device_data.device_generator(device, cfg.train.seed)
         self.batches: device_data.PoissonBatches | device_data.ShuffledBatches
@@ -275,10 +281,13 @@ class GanRun:
                 _progress("real-data baseline", recipe.epochs),
             ).accuracy  # fmt: skip
         self._log_artifacts(x, y)
-        if self.audit is not None:  # the audit's bound at the run's δ
-            a = cfg.audit
-            claim = self.privacy_ledger()
+        a, claim = cfg.audit, self.privacy_ledger()  # the audit's bound at the run's δ, against its ledger
+        if self.audit is not None:
             scores |= white_box.result(self.audit.canaries, a.guesses, cfg.dp.delta, a.confidence, claim)
+        if self.input_canaries is not None:  # the final critic's D(x, y) on each canary
+            score = black_box.critic_output(self.gan.critic)
+            scores |= black_box.result(self.input_canaries, score, self.device, a.guesses, cfg.dp.delta, a.confidence,
+                                       claim)  # fmt: skip
         return scores
 
     def _log_artifacts(self, x: torch.Tensor, y: torch.Tensor) -> None:

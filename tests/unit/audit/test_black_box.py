@@ -43,7 +43,7 @@ def test_a_model_that_fits_the_included_canaries_is_guessed_right() -> None:
                     logits[i, canaries.labels[hit][0]] = 10.0
             return logits
 
-    scores = canaries.scores(Memory(), torch.device("cpu"))
+    scores = canaries.scores(black_box.minus_loss(Memory()), torch.device("cpu"))
     assert canaries.right_guesses(scores, 20) == 20
-    metrics = black_box.result(canaries, Memory(), torch.device("cpu"), 20, 0.0, 0.95)
+    metrics = black_box.result(canaries, black_box.minus_loss(Memory()), torch.device("cpu"), 20, 0.0, 0.95)
     assert metrics["audit.tests"] == 2 and metrics["audit.correct_loss_20"] == 20 and metrics["audit.epsilon_lower"] > 1
