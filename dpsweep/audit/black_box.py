@@ -9,8 +9,10 @@
 **Canaries.** m training examples, drawn with the audit's own seeded generator, each given a wrong
 label (its class shifted by a seeded offset of 1 to K − 1) and then kept in training with probability
 ½: an excluded canary is left out of the training set altogether, so the two worlds of each canary
-differ by adding or removing one example, the neighbouring relation of the run's ε. Only the final
-model is looked at: the auditor sees no step's release.
+differ by adding or removing one example, the neighbouring relation of the run's ε. At user level
+(``added``), every training example stays with its user and each included canary is a wrongly
+labelled copy held by a user of its own: the worlds differ by one user. Only the final model is
+looked at: the auditor sees no step's release.
 
 **The same sampling as planned.** Leaving canaries out makes the training set smaller than the N the
 plan priced, and Opacus's loader would sample at 1/ceil(N'/B), a rate the ledger would then record.
@@ -61,12 +63,12 @@ def critic_output(critic: nn.Module) -> Score:
 class InputCanaries:
     """m mislabelled training examples, their inclusion bits, and their scores under a trained model."""
 
-    def __init__(self, train: Dataset[Any], num_classes: int, count: int, seed: int) -> None:
+    def __init__(self, train: Dataset[Any], num_classes: int, count: int, seed: int, added: bool = False) -> None:
         generator = torch.Generator().manual_seed(seed)
         n = len(train)  # type: ignore[arg-type]
         if count > n:
             raise ValueError(f"{count} canaries need as many training examples; there are {n}")
-        self.train = train
+        self.train, self.added = train, added
         self.indices = torch.randperm(n, generator=generator)[:count]
         self.included = torch.rand(count, generator=generator) < 0.5
         offsets = torch.randint(1, num_classes, (count,), generator=generator)
@@ -78,10 +80,13 @@ class InputCanaries:
         return len(self.indices)
 
     def training_set(self) -> Dataset[Any]:
-        """The training examples that are not canaries, and the included canaries with their wrong labels."""
+        """The training examples that are not canaries, and the included canaries with their wrong labels;
+        ``added``: every training example, then the included canaries (copies, wrongly labelled)."""
+        kept = TensorDataset(self.x[self.included], self.labels[self.included])
+        if self.added:
+            return ConcatDataset([self.train, kept])
         others = torch.ones(len(self.train), dtype=torch.bool)  # type: ignore[arg-type]
         others[self.indices] = False
-        kept = TensorDataset(self.x[self.included], self.labels[self.included])
         return ConcatDataset([Subset(self.train, torch.nonzero(others).flatten().tolist()), kept])
 
     @torch.no_grad()
@@ -93,6 +98,12 @@ class InputCanaries:
             for x, y in zip(self.x.split(256), self.labels.split(256), strict=True)
         ]
         return torch.cat(parts).to(torch.float64)
+
+    def as_users(self, units: Tensor) -> Tensor:
+        """At user level (``added``): the training examples' users ``units`` (0..U−1), then each included
+        canary a user of its own (U, U + 1, ...): adding or removing one user, the unit of the run's ε."""
+        added = torch.arange(int(self.included.sum()), dtype=units.dtype) + int(units.max()) + 1
+        return torch.cat([units, added])
 
     def right_guesses(self, scores: Tensor, guesses: int) -> int:
         """Of ``guesses`` guesses on ``scores`` (:meth:`scores`), the right ones."""

@@ -46,21 +46,13 @@ def check(cfg: Config) -> None:
     require(a.magnitude >= 1, "audit.magnitude", a.magnitude, "1 or more (times dp.max_grad_norm)")
     require(dp.enabled, "audit.mode", a.mode, "off for a non-private run (dp=off): there is no ε to audit")
     opacus = dp.mechanism == "dpsgd" and dp.unit.value == "example" and dp.grad_sample_mode.value in OPACUS_MODES
-    example = dp.unit.value == "example"  # black box: an input canary is one more example
-    fused_or_ftrl = example and (dp.mechanism == "dpftrl" or dp.grad_sample_mode.value == "fused")
     own = dp.mechanism == "dpftrl" or dp.unit.value == "user" or dp.grad_sample_mode.value == "fused"
     white = (
         "dp.mechanism=dpsgd at example level with dp.grad_sample_mode=hooks, functorch, ew or fused, "
         "user-level DP-SGD, or DP-FTRL; or task=gan (its critic)"
     )
-    gan = cfg.task.name == "gan"
-    runs = {
-        "white_box": (opacus or own or gan, f"off here: white_box runs with task=classifier and {white}"),
-        "black_box": (opacus or fused_or_ftrl or (gan and example), "off here: black_box runs at dp.unit=example "
-                      "with task=gan (its critic) or task=classifier: DP-SGD (dp.grad_sample_mode=hooks, functorch, "
-                      "ew or fused) or DP-FTRL"),
-    }[a.mode]  # fmt: skip
-    require(cfg.task.name in ("classifier", "gan") and runs[0], "audit.mode", a.mode, runs[1])
+    runs = cfg.task.name == "gan" or (cfg.task.name == "classifier" and (opacus or own))  # white and black box
+    require(runs, "audit.mode", a.mode, f"off here: {a.mode} runs with task=classifier and {white}")
     if a.mode == "white_box":  # canaries drawn once a step, in the units of one fixed C
         pb = cfg.train.physical_batch_size
         require(pb is None, "train.physical_batch_size", pb, "null with audit.mode=white_box: a step is one pass")

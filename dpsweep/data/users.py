@@ -247,6 +247,7 @@ class UserBatches:
         max_examples_per_user: int,
         device: torch.device | str,
         generator: torch.Generator,
+        priced_users: int | None = None,
     ) -> None:
         check_max_examples(max_examples_per_user)
         device = torch.device(device)
@@ -268,7 +269,10 @@ class UserBatches:
         self.device = device
         self.generator = generator
         self.max_examples_per_user = int(max_examples_per_user)
-        self.schedule: PoissonSchedule = poisson_schedule(num_users, int(expected_users_per_step))
+        # q and the steps of the U users the ledger priced (``priced_users``: a black-box audit's canary
+        # users are sampled at the plain run's q), else of these
+        self.priced_users = num_users if priced_users is None else priced_users
+        self.schedule: PoissonSchedule = poisson_schedule(self.priced_users, int(expected_users_per_step))
         self.sample_rate = self.schedule.inclusion_probability
         # examples grouped by user (index order within a user), where each user starts, and how many
         self.order = torch.argsort(user_ids, stable=True)
@@ -283,8 +287,8 @@ class UserBatches:
 
     @property
     def expected_users(self) -> float:
-        """q·U, the mean number of users per step: what :func:`user_level_gradient` divides by."""
-        return self.num_users * self.sample_rate
+        """q·U of the priced U, the mean number of users per step: what :func:`user_level_gradient` divides by."""
+        return self.priced_users * self.sample_rate
 
     def __len__(self) -> int:
         return self.schedule.steps_per_epoch

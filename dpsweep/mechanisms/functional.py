@@ -155,8 +155,8 @@ class OwnSetup:
 class OwnRun:
     """What a rule works with: the run's config, model and loss, its training split as tensors (with
     each example's unit, or None: each example its own), the fixed order's batches of B units, σ and
-    the device; ``n_train``, the examples the plan priced, where the split holds fewer (a black-box
-    audit leaves its excluded canaries out, yet samples at the plan's rate), else None."""
+    the device; ``priced``, the units (examples, or users) the plan priced, where the split holds
+    others (a black-box audit's canaries: it samples at the plan's rate all the same), else None."""
 
     cfg: Config
     model: nn.Module
@@ -165,7 +165,7 @@ class OwnRun:
     exact: FixedOrderBatches
     sigma: float
     device: torch.device
-    n_train: int | None = None
+    priced: int | None = None
 
 
 class OwnRule(ABC):
@@ -197,6 +197,7 @@ class PoissonUnits(OwnRule):
         sampled = users.UserBatches(
             x, y, unit, expected_users_per_step=cfg.train.batch_size,
             max_examples_per_user=cfg.dp.max_examples_per_user, device=run.device, generator=generator,
+            priced_users=run.priced,
         )  # fmt: skip
         return OwnSetup(build_optimizer(cfg.optimizer, run.model), generator, sampled, sampled.expected_users)
 
@@ -216,7 +217,7 @@ class FusedPoisson(OwnRule):
 
     def setup(self, run: OwnRun) -> OwnSetup:
         (x, y, _), cfg = run.data, run.cfg
-        n = run.n_train or len(y)  # the plan's N, whose rate and expected batch the ledger prices
+        n = run.priced or len(y)  # the plan's N, whose rate and expected batch the ledger prices
         schedule = poisson_schedule(n, cfg.train.batch_size)  # q = 1/ceil(N/B), as Opacus's loader
         generator = device_data.device_generator(run.device, cfg.train.seed)
         sampled = device_data.PoissonBatches(

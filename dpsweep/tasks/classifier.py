@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from dpsweep.audit import black_box, own_steps, planted, white_box
 from dpsweep.audit.guesses import tags as audit_tags
-from dpsweep.config import Clipping, ConfigError
+from dpsweep.config import Clipping, ConfigError, population
 from dpsweep.data import device as device_data
 from dpsweep.data import gathered, users
 from dpsweep.data import loaders as datasets
@@ -119,7 +119,9 @@ class ClassifierRun:
         self.test = self.data.test
         if cfg.audit.mode == "black_box":  # the canaries in, the excluded ones out, before any loader
             a = cfg.audit
-            self.input_canaries = black_box.InputCanaries(self.data.train, self.data.num_classes, a.canaries, a.seed)
+            self.input_canaries = black_box.InputCanaries(
+                self.data.train, self.data.num_classes, a.canaries, a.seed, added=cfg.dp.unit.value == "user"
+            )
             self.data = dataclasses.replace(self.data, train=self.input_canaries.training_set())
         self.model = self.model.to(device)
         if func_dp.uses_own_steps(cfg):
@@ -187,15 +189,18 @@ class ClassifierRun:
         sigma = self.inputs.plan.noise_multiplier
         assert sigma is not None  # a DP run
         x, y = device_data.materialize(self.data.train)
-        unit = func_dp.unit_ids(cfg, y)
+        n_train, canaries = self.inputs.plan.facts.n_train, self.input_canaries
+        unit = func_dp.unit_ids(cfg, y if canaries is None else y[:n_train])  # the plan's users
+        if canaries is not None and unit is not None:  # a black-box audit at user level: a user a canary
+            unit = canaries.as_users(unit)
         m = cfg.dp.max_examples_per_user if unit is not None else 1
         self.unit_examples = m  # the most examples of one unit in a step: public
-        b, n_train = cfg.train.batch_size, self.inputs.plan.facts.n_train
-        # a black-box audit's smaller split, in the plan's batches per epoch (DP-FTRL's ε depends on them)
-        batches = -(-n_train // b) if self.input_canaries is not None else None
+        b, priced = cfg.train.batch_size, population(cfg, n_train)  # examples, or users
+        # a black-box audit's split, in the plan's batches per epoch (DP-FTRL's ε depends on them)
+        batches = -(-priced // b) if canaries is not None else None
         self.exact = func_dp.FixedOrderBatches(x, y, unit, b, m, cfg.train.seed, device, batches)
         rule = func_dp.rule_of(cfg)
-        run = func_dp.OwnRun(cfg, self.model, self.criterion, (x, y, unit), self.exact, sigma, device, n_train)
+        run = func_dp.OwnRun(cfg, self.model, self.criterion, (x, y, unit), self.exact, sigma, device, priced)
         bug = planted.planted_bug() if cfg.audit.enabled else None
         if bug is not None:  # a test breaks the run (dpsweep.audit.planted), under the audit's canaries
             run = planted.plant_own_run(bug, run)

@@ -47,3 +47,20 @@ def test_a_model_that_fits_the_included_canaries_is_guessed_right() -> None:
     assert canaries.right_guesses(scores, 20) == 20
     metrics = black_box.result(canaries, black_box.minus_loss(Memory()), torch.device("cpu"), 20, 0.0, 0.95)
     assert metrics["audit.tests"] == 2 and metrics["audit.correct_loss_20"] == 20 and metrics["audit.epsilon_lower"] > 1
+
+
+def test_at_user_level_every_example_stays_and_each_included_canary_is_a_user_of_its_own() -> None:
+    """added=True (dp.unit=user): the training set keeps every example with its user; the included
+    canaries follow as wrongly labelled copies, one new user each (U, U + 1, ...)."""
+    train = _train()
+    canaries = black_box.InputCanaries(train, num_classes=5, count=60, seed=1, added=True)
+    x, y = materialize(canaries.training_set())
+    included = int(canaries.included.sum())
+    assert (
+        len(y) == 200 + included and torch.equal(y[:200], train.tensors[1]) and torch.equal(x[:200], train.tensors[0])
+    )
+    assert torch.equal(y[200:], canaries.labels[canaries.included])
+    users = canaries.as_users(torch.arange(200) % 40)  # 40 users of the training examples
+    assert torch.equal(users[:200], torch.arange(200) % 40) and torch.equal(
+        users[200:], torch.arange(40, 40 + included)
+    )

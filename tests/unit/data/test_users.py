@@ -449,3 +449,14 @@ def test_segments_are_checked_and_an_empty_one_contributes_zeros(digits: tuple[T
         user_contributions(model, F.cross_entropy, x, y, segment, 2, max_grad_norm=1.0)
     with pytest.raises(ValueError, match="one segment id per input"):
         user_contributions(model, F.cross_entropy, x, y, segment[:5], 3, max_grad_norm=1.0)
+
+
+def test_users_are_sampled_at_the_rate_of_the_users_the_ledger_priced() -> None:
+    """priced_users (a black-box audit's canary users added to the plan's U): q = 1/ceil(U/B) and the
+    steps of the priced U, and the expected users q·U that the noisy sum is divided by."""
+    users = torch.arange(130)  # 100 priced users and 30 more
+    g = torch.Generator().manual_seed(0)
+    batches = UserBatches(torch.zeros(130, 1), torch.zeros(130, dtype=torch.int64), users, expected_users_per_step=10,
+                          max_examples_per_user=1, device="cpu", generator=g, priced_users=100)  # fmt: skip
+    assert batches.sample_rate == 0.1 and len(batches) == 10 and batches.expected_users == pytest.approx(10.0)
+    assert batches.num_users == 130  # every user can be drawn
