@@ -29,7 +29,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmitit
 from omegaconf import OmegaConf
 from submitit.slurm.slurm import SlurmInfoWatcher
 
-from dpsweep.config import given_overrides
+from dpsweep.config import given_overrides, ranks_shape
 from dpsweep.launchers import packing
 from dpsweep.process.liveness import driver_environment
 
@@ -50,8 +50,13 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
     on_job_done: Callable[[JobReturn], None] | None = None  # told of each job as it completes
     poll_s: float = POLL_S  # how often the driver looks for completed jobs
     trials_per_device: int = 1  # K trials per job (dpsweep.launchers.packing); set by the sweeper
-    devices_per_job: int = 1  # train.devices of the sweep's runs; set by the sweeper (Slurm: one task a rank)
+    devices_per_job: int = 1  # train.devices of the sweep's runs; set by take_ranks (Slurm: one task a rank)
     nodes_per_job: int = 1  # train.nodes of the sweep's runs (Slurm)
+
+    def take_ranks(self, train: Any) -> None:
+        """The ranks of the sweep's runs (one ``train.devices`` and ``train.nodes`` a sweep on Slurm), which
+        shape each job's tasks; the sweeper and the Optuna study call it with their first run's config."""
+        self.devices_per_job, self.nodes_per_job = ranks_shape(train)
 
     def _executor(self, trials: int = 1) -> Any:
         import submitit

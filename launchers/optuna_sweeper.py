@@ -166,9 +166,8 @@ class OptunaSearch:
         assert launcher is not None and session.parent is not None
         if hasattr(launcher, "trials_per_device"):  # K trials per device: a batch of n_jobs in jobs of K
             launcher.trials_per_device = trials_per_device(session.first.launcher) or 1
-        if hasattr(launcher, "devices_per_job"):  # Slurm: one task a rank of each trial's run
-            launcher.devices_per_job = session.first.train.devices
-            launcher.nodes_per_job = session.first.train.nodes
+        if hasattr(launcher, "take_ranks"):  # Slurm: one task a rank of each trial's run
+            launcher.take_ranks(session.first.train)
         failed = told = 0
         while (remaining := c.n_trials - _counted(study)) > 0 and not _exhausted(study):
             trials = [_ask(study, space) for _ in range(min(c.n_jobs, remaining))]

@@ -18,7 +18,7 @@ from typing import Any
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
-from dpsweep.config import ConfigError
+from dpsweep.config import RANK_KEYS, ConfigError
 from dpsweep.launchers.nodes import ParamSpec
 from dpsweep.registry import Registry
 
@@ -108,9 +108,6 @@ SAMPLERS.register("nsga2")(
 )
 
 
-JOB_SHAPE = ("train.devices", "train.nodes")  # on Slurm a job's tasks are its ranks: one shape a study
-
-
 def check_search_space(
     params: Mapping[str, ParamSpec], known_keys: Sequence[str], objective: Objective, sampler: str, launcher: str
 ) -> dict[str, BaseDistribution]:
@@ -121,7 +118,7 @@ def check_search_space(
     known = set(known_keys)
     out = {}
     for name, spec in params.items():
-        if name in JOB_SHAPE and launcher == "slurm":
+        if name in RANK_KEYS and launcher == "slurm":
             raise ConfigError("hydra.sweeper.optuna.params", name, f"a key other than {name} on Slurm, where a "
                               f"job's tasks are its ranks: set {name} as an override, one value a study")  # fmt: skip
         if name not in known:

@@ -30,7 +30,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from dpsweep.config import Config, given_overrides
+from dpsweep.config import RANK_KEYS, Config, given_overrides, ranks_shape
 from dpsweep.errors import InputError
 from dpsweep.launchers.composed import ComposedJobs
 from dpsweep.launchers.expand import expand
@@ -188,14 +188,13 @@ class DpsweepSweeper(Sweeper):
         k = k or 1
         if self.launcher is not None and hasattr(self.launcher, "trials_per_device"):
             self.launcher.trials_per_device = k
-        for key in ("devices", "nodes"):  # one job shape a sweep on Slurm: its tasks are its ranks
-            values = sorted({getattr(c.train, key) for c in configs})
+        for i, key in enumerate(RANK_KEYS):  # one job shape a sweep on Slurm: its tasks are its ranks
+            values = sorted({ranks_shape(c.train)[i] for c in configs})
             if len(values) > 1 and first.launcher.name == "slurm":
-                refuse(f"train.{key}={','.join(map(str, values))} is invalid: one value in a sweep on Slurm "
+                refuse(f"{key}={','.join(map(str, values))} is invalid: one value in a sweep on Slurm "
                        "(a job's tasks are its ranks)")  # fmt: skip
-        if self.launcher is not None and hasattr(self.launcher, "devices_per_job"):
-            self.launcher.devices_per_job = first.train.devices
-            self.launcher.nodes_per_job = first.train.nodes  # type: ignore[attr-defined]  # (a dpsweep launcher)
+        if self.launcher is not None and hasattr(self.launcher, "take_ranks"):
+            self.launcher.take_ranks(first.train)
         if k > 1 and todo:
             n_jobs = -(-len(todo) // k)
             jobs = f"{n_jobs} job{'s' * (n_jobs > 1)}"

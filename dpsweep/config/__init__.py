@@ -67,7 +67,7 @@ from dpsweep.config.task import (
     validate_input_shape,
 )
 from dpsweep.config.tracking import TrackingConfig
-from dpsweep.config.train import Device, TrainConfig, world_size
+from dpsweep.config.train import RANK_KEYS, Device, TrainConfig, ranks_shape, world_size
 from dpsweep.config.validation import validate
 
 __all__ = [
@@ -75,6 +75,7 @@ __all__ = [
     "GAN_IMAGE_SHAPE",
     "NATURAL_USER_DATASETS",
     "NON_IDENTITY_PREFIXES",
+    "RANK_KEYS",
     "SECURE_RNG_MODULE",
     "SWEEPER_KEYS",
     "TASK_SECTIONS",
@@ -119,6 +120,7 @@ __all__ = [
     "identity",
     "identity_hash",
     "population",
+    "ranks_shape",
     "register_configs",
     "settings",
     "shown_model",

@@ -89,6 +89,8 @@ def check(cfg: Config) -> None:
 OPACUS_DISTRIBUTED = ("hooks", "ghost", "functorch", "ew")
 # inline and local: the ranks under torchrun on this machine; slurm: one Slurm task a rank in one job
 DISTRIBUTED_LAUNCHERS = ("inline", "local", "slurm")
+# the keys that shape a run's ranks: on Slurm, its job's tasks, so one value each a sweep or study there
+RANK_KEYS = ("train.devices", "train.nodes")
 
 
 def check_devices(cfg: Config) -> None:
@@ -133,6 +135,11 @@ def check_devices(cfg: Config) -> None:
     nodes = f" x train.nodes={t.nodes}" if t.nodes > 1 else ""
     require(pb is None or pb % world == 0, "train.physical_batch_size", pb,
             f"a multiple of train.devices={t.devices}{nodes}: a rank takes its share of a pass")  # fmt: skip
+
+
+def ranks_shape(train: TrainConfig) -> tuple[int, ...]:
+    """The values of :data:`RANK_KEYS`: (``train.devices``, ``train.nodes``)."""
+    return tuple(getattr(train, key.removeprefix("train.")) for key in RANK_KEYS)
 
 
 def world_size(train: TrainConfig) -> int:
