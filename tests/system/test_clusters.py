@@ -167,6 +167,17 @@ def test_slurm_run_across_two_devices_is_one_job_of_two_tasks(tmp_path: Path, sl
 
 
 @SLURM
+@pytest.mark.parametrize("key", ["train.devices", "train.nodes"])
+def test_a_slurm_sweep_of_several_rank_shapes_exits_2_before_any_job(tmp_path: Path, slurm: None, key: str) -> None:
+    """On Slurm a job's tasks are a run's ranks: one train.devices and one train.nodes a sweep there, checked
+    before any job is submitted (Slurm's tools on PATH, as preflight wants them first)."""
+    proc = sweep("launcher=slurm", f"{key}=1,2", *QUICK)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"{key}=1,2 is invalid: one value in a sweep on Slurm" in proc.stderr, proc.stderr
+    assert finished_runs(tmp_path) == [] and not list(tmp_path.glob("multirun/*/*/.submitit")), proc.stdout
+
+
+@SLURM
 def test_slurm_run_across_two_nodes_is_one_job_of_a_task_on_each_node(tmp_path: Path, slurm: None) -> None:
     """train.nodes=2 on the test cluster's partition nodes2 (two slurmd on this machine, each a node of
     its own): one job of two nodes, one task a node, each task a rank (Slurm node 0 and node 1), rank 0
