@@ -214,18 +214,17 @@ class Child:
 
     def _died(self, op: str) -> bool:
         """Whether the child ended before answering ``op`` (not: the op failed in it)."""
-        with self._state:  # a send that failed finds it dying: the reader sees it end at once
-            if self.process.poll() is not None:
-                self._state.wait_for(lambda: self._ended is not None, timeout=10)
+        with self._state:  # a send that failed finds it dying (its socket closed): the reader sees it end
+            self._state.wait_for(lambda: self._ended is not None, timeout=10)
             return self._ended is not None and op not in NOT_REPEATABLE
 
     def call(self, op: str, *args: Any, **kwargs: Any) -> Any:
         try:
             seq = self._send(op, True, args, kwargs)
-        except TrackingError:
+        except TrackingError as err:
             if self._died(op):
                 return service().call(op, *args, **kwargs)
-            raise
+            raise TrackingError(f"{op}: {self._ended or err}") from err  # as when it dies after the send
         with self._state:
             self._state.wait_for(lambda: seq in self._answers or self._ended is not None)
             self._waiting.discard(seq)
