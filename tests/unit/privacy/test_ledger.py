@@ -161,6 +161,22 @@ def test_each_epsilon_is_computed_once_per_process_and_only_for_the_same_mechani
     assert ledger.epsilon(Ledger((ledger.dpsgd(1.1, 0.01, 500),)), 1e-5).accountant == "rdp"  # not pld's value
 
 
+def test_a_steps_pld_is_built_once_and_composing_it_leaves_it_as_it_was() -> None:
+    """A run's ε after each epoch composes the same step's PLD again (``ledger._one_pld``, kept): the
+    ε of a ledger is the same built afresh, before and after longer compositions of the kept step."""
+
+    def eps(steps: int) -> float:
+        return float(ledger.pld_of(Ledger((ledger.dpsgd(0.9, 0.04, steps),)), 1e-3).get_epsilon_for_delta(1e-5))
+
+    ledger._one_pld.cache_clear()
+    fresh = eps(40)
+    assert eps(400) > eps(80) > fresh
+    assert ledger._one_pld.cache_info().misses == 1  # one step's PLD, composed 40, 400 and 80 times
+    assert eps(40) == fresh
+    ledger._one_pld.cache_clear()
+    assert eps(40) == fresh
+
+
 def test_beyond_its_cap_pld_and_prv_report_infinity_and_the_bill_says_why() -> None:
     """σ = 0.03 on digits' q for 184 steps: PLD ran over 2 minutes and PRV ran out of memory. Beyond
     an RDP ε of 100 they are not computed: +inf (sound: every ε' >= ε holds), and epsilons() has rdp only."""
