@@ -29,7 +29,7 @@ from torch import nn
 from dpsweep.config import CNNConfig, MLPConfig
 from dpsweep.mechanisms import fused
 from dpsweep.models import classifiers as model_zoo
-from dpsweep.tracking import device_name
+from dpsweep.tracking.environment import device_name
 
 C, PAD_TO, SEED = 0.5, 40, 0
 

@@ -60,7 +60,8 @@ from dpsweep.memory import stages as memory
 from dpsweep.models import classifiers as model_zoo
 from dpsweep.models import feature_cache
 from dpsweep.models.optimizers import build_optimizer
-from dpsweep.tasks.classifier import EXTRACT_BATCH_SIZE, Trainer, train_pass
+from dpsweep.tasks.classifier.passes import Trainer, train_pass
+from dpsweep.tasks.classifier.task import EXTRACT_BATCH_SIZE
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 PACKAGES = ("opacus", "dpsweep", "torch")  # host time is grouped by the first of these in a file's path

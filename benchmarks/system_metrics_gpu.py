@@ -15,7 +15,7 @@ The question it answers (issue 38): a DP run withholds its peak memory because t
 of its Poisson batches. If the GPU memory that system metrics log grows with B, it is a coarse form of the
 same peak. Measured on an H200 (2026-11-26, analysis/data/system_metrics_gpu_h200.json), before DP runs
 withheld it: 4.8, 5.1 and 11.4 GB for DP runs of B = 16, 64 and 128 (2.9, 3.2 and 3.8 GB non-private), so
-DP runs now log none (``mlflow_store.GPU_MEMORY_METRIC``), and this script lists the DP runs that still do.
+DP runs now log none (``dpsweep.tracking.monitors.GPU_MEMORY_METRIC``), and this script lists the DP runs that still do.
 
 The CPU twin (``--device cpu``) logs no GPU metrics at all: it checks that this script runs.
 """

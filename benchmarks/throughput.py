@@ -61,8 +61,8 @@ from dpsweep.mechanisms.opacus_engine import make_private
 from dpsweep.memory import stages as memory
 from dpsweep.models import classifiers as model_zoo
 from dpsweep.models.optimizers import build_optimizer
-from dpsweep.tasks.classifier import Trainer, train_pass
-from dpsweep.tracking import device_name
+from dpsweep.tasks.classifier.passes import Trainer, train_pass
+from dpsweep.tracking.environment import device_name
 
 FUSED_CNN_MAX = 1.3  # goal: fused / off step time, cnn (on a GPU)
 FUSED_HEAD_MAX = 1.2  # goal: fused / off step time, cached VGG16 head (on a GPU)

@@ -97,8 +97,9 @@ from dpsweep.models import classifiers as model_zoo
 from dpsweep.models import feature_cache
 from dpsweep.models.optimizers import build_optimizer
 from dpsweep.run.runner import train
-from dpsweep.tasks.classifier import EXTRACT_BATCH_SIZE, Trainer, train_pass
-from dpsweep.tracking import device_name
+from dpsweep.tasks.classifier.passes import Trainer, train_pass
+from dpsweep.tasks.classifier.task import EXTRACT_BATCH_SIZE
+from dpsweep.tracking.environment import device_name
 
 CACHE_SPEEDUP_MIN = 20.0  # goal 1: uncached epoch / cached epoch
 ACCURACY_TOLERANCE = 1e-9  # goal 1: |accuracy cached - uncached|

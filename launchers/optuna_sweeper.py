@@ -202,7 +202,7 @@ class OptunaSearch:
         typed: Any, sweep_id: str, number: int, result: JobReturn, metrics: tuple[str, ...]
     ) -> tuple[optuna.trial.TrialState, list[float] | None]:
         """The trial's state and values, read from its MLflow run."""
-        from dpsweep.tracking.store import trial_run  # an MLflow entity: read here, with Optuna loaded
+        from dpsweep.tracking.sweeps import trial_run  # an MLflow entity: read here, with Optuna loaded
 
         run = trial_run(typed.tracking.uri, typed.tracking.experiment_name, sweep_id, number)
         if run is not None and run.data.tags.get("optuna.pruned") == "true":

@@ -111,7 +111,7 @@ class PackedTrials:
     def __call__(self, trials: Sequence[tuple[Any, ...]]) -> list[JobReturn]:
         import cloudpickle
 
-        from dpsweep.tracking import DEVICE_SHARING_ENV
+        from dpsweep.tracking.environment import DEVICE_SHARING_ENV
 
         os.environ[DEVICE_SHARING_ENV] = f"{device_sharing(len(trials))}, {len(trials)} trials"
         work = self._work(trials)

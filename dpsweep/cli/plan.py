@@ -108,7 +108,7 @@ def skip_reasons(plans: Sequence[RunPlan]) -> list[str | None]:
     for uri, experiment in sorted(stores):
         if not _store_readable(uri):
             continue
-        from dpsweep.tracking.store import runs_by_hash  # MLflow: only where there is a store to ask
+        from dpsweep.tracking.sweeps import runs_by_hash  # MLflow: only where there is a store to ask
 
         try:
             done |= runs_by_hash(uri, experiment, "FINISHED")

@@ -9,7 +9,7 @@ prints the experiment's page and opens it in the default browser where there is 
 for MLflow 3's model-training view (``workflowType=machine_learning``), where the runs table is,
 instead of its GenAI overview (see ``dpsweep.tracking.ui_url``), in the view of the runs that
 dpsweep-ui saves on the experiment first: the objective and ε as columns, with the swept params, runs
-sorted by the objective (``dpsweep.tracking.store.save_view``). Ctrl-C stops the server.
+sorted by the objective (``dpsweep.tracking.views.save_view``). Ctrl-C stops the server.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise InputError("--tracking-uri", uri, f"a store that exists ({where.absolute()} does not): run dpsweep first")
     if not 0 < args.port < 65536:
         raise InputError("--port", args.port, "a TCP port, 1 to 65535")
-    from dpsweep.tracking.store import latest_experiment, open_client, save_view  # MLflow: after the arguments parse
+    from dpsweep.tracking.store import open_client  # MLflow: after the arguments parse
+    from dpsweep.tracking.views import latest_experiment, save_view  # MLflow: after the arguments parse
 
     client = open_client(uri)
     if args.experiment is not None:

@@ -143,12 +143,14 @@ class FixedOrderBatches:
 @dataclass
 class OwnSetup:
     """What a rule trains with: its optimizer, its generator (checkpointed), its batches of units for
-    an epoch and the number of units it divides a step's noisy sum by."""
+    an epoch and the number of units it divides a step's noisy sum by; for a rule that adds its noise
+    through a tree (DP-FTRL), the epochs after which the tree restarts (a white-box audit follows them)."""
 
     optimizer: torch.optim.Optimizer
     generator: torch.Generator
     batches: Iterable[users.UserBatch]
     expected_units: float
+    tree_restarts: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -302,7 +304,9 @@ class TreeAggregation(OwnRule):
         cfg = run.cfg
         generator = torch.Generator().manual_seed(cfg.train.seed)  # the order is fixed: nothing to draw
         optimizer = ftrl_optimizer(cfg, run.model, run.sigma, run.device)
-        return OwnSetup(optimizer, generator, run.exact, float(cfg.train.batch_size))
+        epochs, every = cfg.train.epochs, cfg.dp.ftrl_restart_every
+        restarts = tuple(e for e in range(1, epochs + 1) if ftrl_accounting.restart_after_epoch(e, epochs, every))
+        return OwnSetup(optimizer, generator, run.exact, float(cfg.train.batch_size), restarts)
 
     def gradient(self, run: OwnRun, batch: users.UserBatch, expected_units: float) -> dict[str, Tensor]:
         x, y, segment = batch

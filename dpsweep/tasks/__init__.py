@@ -140,7 +140,7 @@ TASKS: Registry[Task] = Registry("task")
 
 # Modules that register tasks; imported on first lookup, so ``import dpsweep.tasks`` stays light.
 TASK_MODULES = (  # a new task adds its module here
-    "dpsweep.tasks.classifier", "dpsweep.tasks.gan.task", "dpsweep.tasks.recommender.task",
+    "dpsweep.tasks.classifier.task", "dpsweep.tasks.gan.task", "dpsweep.tasks.recommender.task",
 )  # fmt: skip
 
 

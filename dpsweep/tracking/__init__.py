@@ -18,15 +18,12 @@ to the store, answered by the same process.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import importlib.metadata
 import json
 import os
-import platform
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -36,7 +33,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlparse
 
 from dpsweep.config import TrackingConfig
@@ -44,9 +41,6 @@ from dpsweep.errors import redact
 from dpsweep.process.liveness import DRIVER_GONE, ProcessId, heartbeat
 from dpsweep.process.shutdown import Terminated, signals_deferred
 from dpsweep.tracking.channel import service
-
-if TYPE_CHECKING:  # torch is imported where it is used: tracking alone (a sweep's driver) stays light
-    import torch
 
 FAILURE_TAGS = frozenset({"error", "error.type", "failure.kind"})  # set when a run fails or is interrupted
 # A RUNNING run names its process (host:pid:start, see dpsweep.process.liveness) and beats every HEARTBEAT_S,
@@ -139,7 +133,7 @@ def system_metrics(
     ``run_id`` every ``interval_s``, from ``after_s`` seconds into the block (None: never), by the
     tracking process. The delay keeps short runs (tests, probes) free of them; a run longer than it
     gets them for the rest. A ``private`` (DP) run logs no GPU memory: it follows the sizes of the
-    run's Poisson batches (``mlflow_store.GPU_MEMORY_METRIC``)."""
+    run's Poisson batches (``dpsweep.tracking.monitors.GPU_MEMORY_METRIC``)."""
     if after_s is None:
         yield
         return
@@ -158,7 +152,7 @@ UI_ADDRESS = "http://127.0.0.1:5000"  # where dpsweep-ui (make ui) serves by def
 
 # The view of an experiment's runs that dpsweep-ui saves and opens: one of MLflow's shared views, the
 # experiment tag VIEW_TAG + VIEW_KEY, which MLflow's UI applies for the URL parameter viewStateShareKey
-# (dpsweep.tracking.store.save_view)
+# (dpsweep.tracking.views.save_view)
 VIEW_TAG = "mlflow.sharedViewState."
 VIEW_KEY = "dpsweep"
 
@@ -419,7 +413,7 @@ def ensure_experiments(pairs: set[tuple[str, str]]) -> None:
 
 def runs_by_hash(uri: str, experiment: str, status: str = "FINISHED") -> dict[str, str]:
     """{config hash: run id} of the experiment's runs in ``status``
-    (see :func:`dpsweep.tracking.store.runs_by_hash`)."""
+    (see :func:`dpsweep.tracking.sweeps.runs_by_hash`)."""
     return dict(service().call("runs_by_hash", uri, experiment, status))
 
 
@@ -434,7 +428,7 @@ def close_orphaned_runs(uri: str, experiment: str, sweep_id: str) -> list[str]:
 
 
 def log_results_table(uri: str, experiment: str, sweep_id: str, parent_run_id: str) -> int:
-    """The sweep's jobs as one table on its parent run (see :func:`dpsweep.tracking.store.log_results_table`)."""
+    """The sweep's jobs as one table on its parent run (see :func:`dpsweep.tracking.sweeps.log_results_table`)."""
     return int(service().call("log_results_table", uri, experiment, sweep_id, parent_run_id))
 
 
@@ -442,7 +436,7 @@ def release_best(
     uri: str, experiment: str, sweep_id: str, objective: str, procedure: Mapping[str, Any]
 ) -> tuple[str | None, int]:
     """Tag the sweep's best FINISHED trial released, the others not, and make the released one report
-    the tuning ``procedure`` (:func:`dpsweep.tracking.store.release_best`); its run id and the number finished."""
+    the tuning ``procedure`` (:func:`dpsweep.tracking.sweeps.release_best`); its run id and the number finished."""
     best, finished = service().call("release_best", uri, experiment, sweep_id, objective, dict(procedure))
     return best, int(finished)
 
@@ -457,48 +451,3 @@ def failed_by_a_rank(uri: str, experiment: str, config_hash: str, since_ms: int,
     """Set FAILED the runs of a config that torchrun's SIGTERM ended KILLED after another rank failed
     (:func:`dpsweep.tracking.dead_runs.failed_by_a_rank`): their ids."""
     return list(service().call("failed_by_a_rank", uri, experiment, config_hash, since_ms, exit_code))
-
-
-@functools.lru_cache(maxsize=1)
-def git_commit() -> str:
-    """Commit of the dpsweep source tree, with ``-dirty`` if it has uncommitted changes, asked once per
-    process (at its first run: an edit during an inline sweep does not change the code it runs)."""
-    here = Path(__file__).resolve().parent
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=here, capture_output=True, text=True, timeout=10, check=True,
-        ).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return f"{sha}-dirty" if dirty else sha
-
-
-def device_name(device: torch.device) -> str:
-    import torch
-
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
-
-
-# How the run's device was shared, set by a job of several trials (dpsweep.launchers.packing):
-# time-slicing or mps; a run without it had its device to itself (exclusive).
-DEVICE_SHARING_ENV = "DPSWEEP_DEVICE_SHARING"
-
-
-def environment_tags(device: torch.device) -> dict[str, str]:
-    import opacus
-    import torch
-
-    return {
-        "git.commit": git_commit(),
-        "torch.version": torch.__version__,
-        "opacus.version": opacus.__version__,
-        "device.name": device_name(device),
-        "device.sharing": os.environ.get(DEVICE_SHARING_ENV, "exclusive"),
-        "job.pid": str(os.getpid()),  # the process the run trained in (memory probes: one each)
-    }

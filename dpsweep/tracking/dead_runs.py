@@ -59,7 +59,7 @@ def _remove_checkpoint(run: Any) -> str | None:
     """Delete the dead run's checkpoint (only if it is that run's: another may have resumed since)."""
     from dpsweep.run import checkpoint  # torch: only when a dead run has a checkpoint directory
 
-    # a setting, so a tag (dpsweep.run.runner.setting_tags); runs of older versions logged it as a param
+    # a setting, so a tag (dpsweep.run.records.setting_tags); runs of older versions logged it as a param
     directory = run.data.tags.get("train.checkpoint_dir") or run.data.params.get("train.checkpoint_dir")
     if not directory or directory == "None":
         return None

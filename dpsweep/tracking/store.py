@@ -1,7 +1,7 @@
 """The MLflow side of tracking: every function that talks to an MLflow store, with plain arguments.
 
     python -m dpsweep.tracking.child <fd> ...     # runs these, for a run's process (dpsweep.tracking.channel)
-    from dpsweep.tracking.store import runs_by_hash  # or in the process of a command that reads a store
+    from dpsweep.tracking.store import open_client  # or in the process of a command that reads a store
 
 A run's process logs through :mod:`dpsweep.tracking`, which hands these functions to the tracking
 process by name, so that it never imports MLflow itself (issue 19). Commands that read or mend a
@@ -17,10 +17,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
-import json
 import logging
 import os
-import re
 import tempfile
 import threading
 import time
@@ -35,8 +33,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from dpsweep.config import ConfigError, TrackingConfig, task_objectives
-from dpsweep.errors import InputError
+from dpsweep.config import ConfigError, TrackingConfig
 from dpsweep.tracking import (
     EXPERIMENT_KIND,
     EXPERIMENT_KIND_TAG,
@@ -44,10 +41,7 @@ from dpsweep.tracking import (
     MAX_PARAM_CHARS,
     MAX_TAG_CHARS,
     OWNER_TAG,
-    PRIVACY_LEDGER,
     PROCESS_TAG,
-    VIEW_KEY,
-    VIEW_TAG,
     Claim,
     Claimed,
     sqlite_path,
@@ -56,7 +50,6 @@ from dpsweep.tracking import (
 
 _READY: set[str] = set()  # tracking URIs whose store this process has opened
 BUSY_RETRIES = 8  # attempts of a write that SQLite refused as "database is locked"
-VIEW_RUNS = 1000  # the newest runs of an experiment whose params and metrics choose its view's columns
 F = TypeVar("F", bound=Callable[..., Any])
 
 OPS: dict[str, Callable[..., Any]] = {}  # the tracking service's operations by name (dpsweep.tracking.channel)
@@ -224,50 +217,6 @@ def retry_busy(call: Callable[[], T], conflicts: bool = False) -> T:
     raise AssertionError("unreachable")
 
 
-def latest_experiment(client: MlflowClient) -> str:
-    """The id of the experiment whose run started last (the page ``dpsweep-ui`` opens by default);
-    InputError naming ``--experiment`` when the store holds no run."""
-    ids = [e.experiment_id for e in client.search_experiments()]
-    runs = client.search_runs(ids, order_by=["attributes.start_time DESC"], max_results=1) if ids else []
-    if not runs:
-        raise InputError("--experiment", None, "the name of an experiment: the store holds no run yet")
-    return str(runs[0].info.experiment_id)
-
-
-def save_view(client: MlflowClient, experiment_id: str) -> str:
-    """Save on the experiment the view of its runs that ``dpsweep-ui`` opens, as one of MLflow's shared
-    views (the experiment tag ``VIEW_TAG + VIEW_KEY``, which the UI applies for the URL parameter
-    ``viewStateShareKey``), and return its key.
-
-    Its columns answer "ε against accuracy" at once: the runs' headline metrics (those MLflow does not
-    group under a prefix such as ``memory/``: the objective, ε under each accountant), then the params
-    that differ between the training runs (what was swept), then the model and the dataset. Its rows are
-    sorted by the objective of the newest run's task, best first; so sorted, the UI lists a sweep's jobs
-    as rows of their own, where in its default order (by date) it nests them under their sweep's run,
-    collapsed. A shared view sets columns and order, not which runs are expanded (MLflow leaves
-    ``runsExpanded`` out of it). The newest :data:`VIEW_RUNS` runs choose the columns."""
-    runs = retry_busy(lambda: client.search_runs(
-        [experiment_id], max_results=VIEW_RUNS, order_by=["attributes.start_time DESC"]
-    ))  # fmt: skip
-    trained = [r for r in runs if "task.name" in r.data.params]  # not a sweep's own run
-    objectives = task_objectives()
-    objective = next(
-        (objectives[r.data.params["task.name"]] for r in trained if r.data.params["task.name"] in objectives), None
-    )
-    headline = sorted({k for r in runs for k in r.data.metrics if "/" not in k}, key=lambda k: (k != objective, k))
-    swept = differing_params(trained)
-    state: dict[str, Any] = {
-        "selectedColumns": [
-            *(f"metrics.`{k}`" for k in headline), *(f"params.`{k}`" for k in swept),
-            "attributes.`Models`", "attributes.`Dataset`",
-        ],
-    }  # fmt: skip
-    if objective in headline:
-        state |= {"orderByKey": f"metrics.`{objective}`", "orderByAsc": False}
-    retry_busy(lambda: client.set_experiment_tag(experiment_id, VIEW_TAG + VIEW_KEY, json.dumps(state)))
-    return VIEW_KEY
-
-
 def experiment_id(client: MlflowClient, name: str) -> str:
     """Id of the experiment ``name``, created if missing (safe when several jobs race), and marked as
     a model-training experiment for MLflow's UI unless it has a kind already."""
@@ -300,100 +249,10 @@ def ensure_experiments(pairs: set[tuple[str, str]]) -> None:
         experiment_id(open_client(uri), name)
 
 
-def sweep_jobs(client: MlflowClient, experiment: str, sweep_id: str) -> list[Any]:
-    """The runs of a sweep's jobs (tagged with ``sweep.id``; not its parent run)."""
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        return []
-    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`sweep.id` = '{sweep_id}'", max_results=50000)
-    return [r for r in runs if r.data.tags.get("sweep.role") != "parent"]
-
-
-@op
-def runs_of_sweep(uri: str, experiment: str, sweep_id: str) -> dict[str, str]:
-    """{run id: status} of the runs of a sweep's jobs."""
-    return {r.info.run_id: r.info.status for r in sweep_jobs(MlflowClient(uri), experiment, sweep_id)}
-
-
-RESULTS_TABLE = "results.json"  # the sweep parent run's table of its jobs (MLflow's log_table)
-
-
 def differing_params(runs: list[Any]) -> list[str]:
     """The params whose values differ between ``runs`` (a param some run lacks counts as differing), sorted."""
     keys = sorted({k for r in runs for k in r.data.params})
     return [k for k in keys if len({r.data.params.get(k) for r in runs}) > 1]
-
-
-@op
-def log_results_table(uri: str, experiment: str, sweep_id: str, parent_run_id: str) -> int:
-    """The sweep's jobs as one table on its parent run (``results.json``, MLflow's ``log_table``,
-    shown in the run's artifacts): the run name, ``test_accuracy`` and ``epsilon`` first, the
-    status, then the params that differ between the jobs. Returns the number of rows."""
-    client = MlflowClient(uri)
-    runs = sweep_jobs(client, experiment, sweep_id)
-    differing = differing_params(runs)
-    table: dict[str, list[Any]] = {"run": [r.info.run_name for r in runs]}
-    table["test_accuracy"] = [r.data.metrics.get("test_accuracy") for r in runs]
-    table["epsilon"] = [r.data.metrics.get("epsilon") for r in runs]
-    table["status"] = [r.info.status for r in runs]
-    table |= {k: [r.data.params.get(k) for r in runs] for k in differing}
-    if runs:
-        retry_busy(lambda: client.log_table(parent_run_id, data=table, artifact_file=RESULTS_TABLE))
-    return len(runs)
-
-
-@op
-def runs_by_hash(uri: str, experiment: str, status: str = "FINISHED") -> dict[str, str]:
-    """{config hash: run id} of the experiment's runs in ``status`` (the newest run per hash). RUNNING
-    runs count only when they name their process (tag run.process): older versions' runs left RUNNING
-    cannot be told from live ones and must not block their config."""
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        return {}
-    out: dict[str, str] = {}
-    token = None
-    while True:
-        page = client.search_runs(
-            [exp.experiment_id], filter_string=f"attributes.status = '{status}'", max_results=10000,
-            order_by=["attributes.start_time ASC"], page_token=token,
-        )  # fmt: skip
-        for run in page:
-            tags = run.data.tags
-            if status == "RUNNING" and PROCESS_TAG not in tags:
-                continue
-            if "config.hash" in tags and tags.get("sweep.role") != "parent":
-                out[tags["config.hash"]] = run.info.run_id
-        token = page.token
-        if not token:
-            return out
-
-
-def trial_run(uri: str, experiment: str, sweep_id: str, trial: int) -> Any:
-    """The MLflow run of an Optuna trial of a sweep (None if the job never started one).
-    (An MLflow entity: the Optuna search reads it in its own process, see launchers/optuna_sweeper.py.)"""
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        return None
-    found = client.search_runs(
-        [exp.experiment_id], filter_string=f"tags.`sweep.id` = '{sweep_id}' and tags.`optuna.trial` = '{trial}'"
-    )
-    return found[0] if found else None
-
-
-@op
-def close_orphaned_runs(uri: str, experiment: str, sweep_id: str) -> list[str]:
-    """Mark KILLED the runs of a finished sweep still RUNNING: their job died without closing them."""
-    client = MlflowClient(uri)
-    orphans = [run_id for run_id, status in runs_of_sweep(uri, experiment, sweep_id).items() if status == "RUNNING"]
-    for run_id in orphans:
-        _set_tags(client, run_id, {
-            "error": "the job ended without closing its run (killed by the scheduler or the OS)",
-            "failure.kind": "killed",
-        })  # fmt: skip
-        retry_busy(lambda run_id=run_id: client.set_terminated(run_id, "KILLED"))  # type: ignore[misc]
-    return sorted(orphans)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -572,74 +431,6 @@ def log_dataset_splits(uri: str, run_id: str, public: Mapping[str, str], digest:
     retry_busy(lambda: client_of(uri).log_inputs(run_id, datasets=inputs), conflicts=True)
 
 
-_MONITORS: dict[str, Any] = {}  # run id -> its system metrics monitor, or the timer that starts it
-_MONITORS_LOCK = threading.Lock()
-
-# The card's memory in use, as MLflow's GPU monitors (NVIDIA and ROCm) name it. It follows the largest
-# batch a run has held: on an H200, 4.8, 5.1 and 11.4 GB for DP runs of B = 16, 64 and 128
-# (benchmarks/system_metrics_gpu.py, analysis/data/system_metrics_gpu_h200.json), so under DP it
-# would tell the sizes of the private Poisson batches, as the memory peak that DP runs withhold does.
-GPU_MEMORY_METRIC = re.compile(r"gpu_\d+_memory_usage_")
-GPU_MEMORY_TAG = "system_metrics.gpu_memory"
-
-
-def without_gpu_memory(metrics: Mapping[str, float]) -> dict[str, float]:
-    """``metrics`` (MLflow's system metric names, before their ``system/`` prefix) less GPU memory."""
-    return {k: v for k, v in metrics.items() if not GPU_MEMORY_METRIC.match(k)}
-
-
-def system_metrics_monitor(run_id: str, uri: str, interval_s: float, withhold_gpu_memory: bool) -> Any:
-    """MLflow's ``SystemMetricsMonitor`` for ``run_id`` (not started), one sample per logged step; with
-    ``withhold_gpu_memory`` (DP runs) it logs everything but the GPU memory metrics."""
-    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-    class PrivateRunMonitor(SystemMetricsMonitor):
-        def publish_metrics(self, metrics: dict[str, float]) -> None:
-            super().publish_metrics(without_gpu_memory(metrics))
-
-    kind = PrivateRunMonitor if withhold_gpu_memory else SystemMetricsMonitor
-    return kind(run_id, sampling_interval=interval_s, samples_before_logging=1, tracking_uri=uri)
-
-
-@op
-def start_system_metrics(
-    run_id: str, uri: str, after_s: float, interval_s: float, withhold_gpu_memory: bool = False
-) -> None:
-    """MLflow's system metrics (CPU, memory, disk, network, and GPU where pynvml finds one: the
-    machine's, so measured from this process as well as from the run's) logged to ``run_id`` every
-    ``interval_s``, from ``after_s`` seconds on, until :func:`stop_system_metrics`. With
-    ``withhold_gpu_memory`` (DP runs) the GPU memory metrics are left out, and the run is tagged so."""
-    if withhold_gpu_memory:
-        _set_tags(client_of(uri), run_id, {GPU_MEMORY_TAG: "withheld: under DP it follows the private batch sizes"})
-
-    def start() -> None:  # psutil and pynvml are imported only by runs that reach after_s
-        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no "Started monitoring" lines
-        with _MONITORS_LOCK:
-            if _MONITORS.get(run_id) is not timer:  # stopped meanwhile
-                return
-            monitor = system_metrics_monitor(run_id, uri, interval_s, withhold_gpu_memory)
-            monitor.start()
-            _MONITORS[run_id] = monitor
-
-    timer = threading.Timer(after_s, start)
-    timer.daemon = True
-    with _MONITORS_LOCK:
-        _MONITORS[run_id] = timer
-    timer.start()
-
-
-@op
-def stop_system_metrics(run_id: str) -> None:
-    """Stop the run's system metrics (their last sample flushed), or the timer that would start them."""
-    with _MONITORS_LOCK:
-        found = _MONITORS.pop(run_id, None)
-    if isinstance(found, threading.Timer):
-        found.cancel()
-        found.join()  # a start under way ends first (and finds itself stopped)
-    elif found is not None:
-        found.finish()
-
-
 def source_tags(entry_point: str = "dpsweep") -> dict[str, str]:
     """MLflow's own run-context tags (``mlflow.user``, ``mlflow.source.type``, and the git commit where
     MLflow finds one), resolved by MLflow's context registry as ``mlflow.start_run`` resolves them,
@@ -664,65 +455,3 @@ def experiment_of(uri: str, name: str) -> str | None:
     except Exception:
         return None
     return None if found is None else str(found.experiment_id)
-
-
-@op
-def release_best(
-    uri: str, experiment: str, sweep_id: str, objective: str, procedure: Mapping[str, Any]
-) -> tuple[str | None, int]:
-    """Private tuning's release (issue 33, item 1): tag the sweep's FINISHED trials ``tuning.released``
-    (true for the one best by ``objective`` only) and log ``procedure['epsilon']``, the whole
-    procedure's ε, as each one's ``epsilon_tuning``. The released trial reports the procedure: its
-    ``epsilon`` and ``epsilon_rdp`` become the procedure's (logged again at the last step, so that
-    they are the latest values), its own ε is kept as ``epsilon_single_run``, ``epsilon_pld`` and
-    ``epsilon_prv`` become NaN (not computed for the procedure), and its ``privacy_ledger.json``
-    gains the tuning event. Returns the released run id (None: none finished) and how many finished."""
-    client = MlflowClient(uri)
-    runs = [r for r in sweep_jobs(client, experiment, sweep_id) if r.info.status == "FINISHED"]
-    best = max(runs, key=lambda r: r.data.metrics.get(objective, float("-inf")), default=None)
-    proc = float(procedure["epsilon"])
-    now = int(time.time() * 1000)
-    for r in runs:
-        run_id = r.info.run_id
-        history = client.get_metric_history(run_id, "epsilon")
-        step = max((m.step for m in history), default=0)
-        metrics = [Metric("epsilon_tuning", proc, now, step)]
-        released = r is best
-        tags = [RunTag("tuning.released", str(released).lower())]
-        if released:
-            own = r.data.metrics.get("epsilon", float("nan"))
-            metrics += [Metric("epsilon_single_run", own, now, step), Metric("epsilon", proc, now, step),
-                        Metric("epsilon_rdp", proc, now, step), Metric("epsilon_pld", float("nan"), now, step),
-                        Metric("epsilon_prv", float("nan"), now, step)]  # fmt: skip
-            tags.append(RunTag("tuning.epsilon", TUNED_EPSILON_NOTE))
-            _add_tuning_event(client, run_id, procedure, own)
-        retry_busy(lambda run_id=run_id, m=metrics, t=tags: client.log_batch(run_id, metrics=m, tags=t))  # type: ignore[misc]
-    return (best.info.run_id if best is not None else None), len(runs)
-
-
-TUNED_EPSILON_NOTE = (
-    "epsilon and epsilon_rdp are the whole private tuning procedure's (RDP, Papernot & Steinke 2022), the "
-    "figure to publish with this model; epsilon_single_run is this trial's alone; epsilon_pld and "
-    "epsilon_prv are not computed for the procedure"
-)
-
-
-def _add_tuning_event(client: MlflowClient, run_id: str, procedure: Mapping[str, Any], own: float) -> None:
-    """The released trial's ``privacy_ledger.json`` with the tuning as its last event, and the
-    procedure's ε as the ledger's (the trial's own kept as ``epsilon_single_run``)."""
-    with tempfile.TemporaryDirectory(prefix="dpsweep-ledger-") as tmp:
-        path = client.download_artifacts(run_id, PRIVACY_LEDGER, tmp)
-        record = json.loads(Path(path).read_text())
-    record["epsilon_single_run"] = record.get("epsilon")
-    record["epsilon"] = {"rdp": float(procedure["epsilon"])}
-    record["accountant"] = "rdp"
-    record["events"] = [*record.get("events", []), {
-        "name": "tuning",
-        "event": f"RepeatAndSelect(the dominant candidate's ledger, K ~ {procedure['distribution']} with mean "
-                 f"{procedure['mean_trials']:g})",
-        "params": {k: v for k, v in procedure.items() if k != "epsilon"},
-        "note": f"K trials drawn from the candidates, {procedure['selection']} released; this trial's own "
-                f"ε was {own:.6g}. {procedure['reference']}",
-        "epsilon_alone": None, "share_of_rdp": None,
-    }]  # fmt: skip
-    client.log_text(run_id, json.dumps(record, indent=2), PRIVACY_LEDGER)

@@ -15,7 +15,7 @@ from dpsweep.analysis import report as rep
 from dpsweep.audit import planted
 from dpsweep.config import ConfigError, flatten, identity, to_config, validate, validate_for_dataset
 from dpsweep.run.runner import train
-from dpsweep.tasks import classifier
+from dpsweep.tasks.classifier import task as classifier
 
 AUDIT = ["audit.mode=white_box", "dp.target_epsilon=1", "train.epochs=3"]
 USER_LEVEL = ["dp.unit=user", "dataset.users=partition", "dataset.num_users=1000", "train.batch_size=50"]

@@ -24,7 +24,7 @@ from dpsweep.plan import prepare
 from dpsweep.privacy import schedule as privacy
 from dpsweep.privacy.ledger import Accounting
 from dpsweep.run.runner import train
-from dpsweep.tasks import classifier
+from dpsweep.tasks.classifier import task as classifier
 
 DIGITS = DatasetFacts(1437, (1, 28, 28), 10)
 USERS = ["dp.unit=user", "dataset.users=partition", "dataset.num_users=50", "train.batch_size=10"]

@@ -28,7 +28,7 @@ from dpsweep.models import classifiers as models
 from dpsweep.privacy import ledger
 from dpsweep.privacy import schedule as privacy
 from dpsweep.run.runner import TrainResult, train
-from dpsweep.tracking.store import GPU_MEMORY_TAG
+from dpsweep.tracking.monitors import GPU_MEMORY_TAG
 
 MEMORY_METRICS = {
     *(f"memory/{s}_bytes" for s in STAGES),
@@ -268,7 +268,7 @@ def test_the_memory_iteration_changes_nothing_about_training(
 ) -> None:
     """The exact-B iteration is undone: parameters, optimizer state, accountant and RNG. A run without
     it (the method replaced by one that only marks) trains to the same loss, accuracy and ε."""
-    from dpsweep.tasks.classifier import ClassifierRun
+    from dpsweep.tasks.classifier.task import ClassifierRun
 
     with_it = train(make_cfg("train.epochs=1", "train.seed=5", "optimizer=adam"))  # Adam: state to undo
     monkeypatch.setattr(ClassifierRun, "memory_iteration", lambda self, stages: None)

@@ -105,7 +105,7 @@ def test_the_page_dpsweep_names_opens_on_the_experiments_training_runs(tmp_path:
     lines = text.splitlines()
     assert lines[0] == "Runs - Experiment 1 - MLflow", text[:500]  # the runs tab, of the experiment
     assert "No data available for the selected time range" not in text  # not the GenAI overview
-    # dpsweep's view (store.save_view): the jobs as rows of their own, best first, not nested under
+    # dpsweep's view (views.save_view): the jobs as rows of their own, best first, not nested under
     # the sweep's run; the objective, ε and the swept key as columns, not what is the same or memory/…
     assert "You're viewing a shared view." in " ".join(lines) and "Sort: test_accuracy" in lines, text[:2000]
     assert lines.index("digits-cnn-seed1") < lines.index("digits-cnn-seed0") < lines.index("sweep-parent"), text[:2000]

@@ -39,7 +39,7 @@ def wheel_names(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
 
 def test_subpackages_are_namespaced(wheel_names: set[str]) -> None:
     for module in (
-        "dpsweep/run/runner.py", "dpsweep/data/loaders.py", "dpsweep/cli/train.py", "dpsweep/tasks/classifier.py",
+        "dpsweep/run/runner.py", "dpsweep/data/loaders.py", "dpsweep/cli/train.py", "dpsweep/tasks/classifier/task.py",
         "dpsweep/launchers/__init__.py", "dpsweep/analysis/__init__.py",
     ):  # fmt: skip
         assert module in wheel_names

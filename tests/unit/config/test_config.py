@@ -24,7 +24,7 @@ from dpsweep.config import (
 )
 from dpsweep.data.facts import DatasetFacts
 from dpsweep.plan import prepare
-from dpsweep.run.runner import resolved_yaml
+from dpsweep.run.records import resolved_yaml
 
 CONF = REPO / "conf"
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and not p.name.startswith("__"))

@@ -278,7 +278,7 @@ class _Recorded:
 def test_optimizer_step_is_marked_right_after_the_step_while_the_batch_is_alive() -> None:
     # Found on an H100 (benchmarks/cuda_stages.py): marking optimizer_step after train_pass returned
     # left the batch out of the level, 12.8 MB below an independent reading right after step().
-    from dpsweep.tasks.classifier import Trainer, train_pass
+    from dpsweep.tasks.classifier.passes import Trainer, train_pass
 
     model = torch.nn.Linear(64, 3)
     trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.nn.CrossEntropyLoss(), CPU)

@@ -20,7 +20,7 @@ from dpsweep.plan import prepare
 from dpsweep.privacy import clipping, ledger
 from dpsweep.privacy import schedule as privacy
 from dpsweep.run.runner import train
-from dpsweep.tasks.classifier import per_example_grad_norms
+from dpsweep.tasks.classifier.passes import per_example_grad_norms
 
 DIGITS = DatasetFacts(1437, (1, 28, 28), 10)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from helpers import Composer
 
 from dpsweep.config import to_config
-from dpsweep.run.runner import run_name
+from dpsweep.run.records import run_name
 
 
 def test_a_run_name_shows_sigma_b_and_the_seed_in_its_first_20_characters(make_cfg: Composer) -> None:

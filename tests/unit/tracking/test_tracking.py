@@ -18,8 +18,10 @@ from mlflow.tracking import MlflowClient
 
 from dpsweep.config import TrackingConfig
 from dpsweep.process.liveness import ProcessId, start_ticks
-from dpsweep.tracking import PROCESS_TAG, Claimed, environment_tags, git_commit, tracked_run
-from dpsweep.tracking.store import experiment_id, open_client, system_metrics_monitor
+from dpsweep.tracking import PROCESS_TAG, Claimed, tracked_run
+from dpsweep.tracking.environment import environment_tags, git_commit
+from dpsweep.tracking.monitors import system_metrics_monitor
+from dpsweep.tracking.store import experiment_id, open_client
 
 
 def _cfg(uri: str, name: str) -> TrackingConfig:

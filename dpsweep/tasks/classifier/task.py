@@ -19,7 +19,6 @@ import io
 import os
 import sys
 from collections.abc import Iterable, Sized
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,6 @@ import torch
 from opacus import PrivacyEngine
 from opacus.data_loader import DPDataLoader
 from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
-from opacus.grad_sample.gsm_exp_weights import GradSampleModuleExpandedWeights
 from opacus.optimizers import DPOptimizer
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
@@ -44,7 +42,6 @@ from dpsweep.distributed import PoissonAcrossRanks, Ranks
 from dpsweep.mechanisms import functional as func_dp
 from dpsweep.mechanisms import opacus_engine as dpsgd
 from dpsweep.mechanisms.batches import Batch, physical_batches
-from dpsweep.mechanisms.dpftrl_accounting import restart_after_epoch
 from dpsweep.models import classifiers as model_zoo
 from dpsweep.models import feature_cache
 from dpsweep.models.optimizers import build_optimizer
@@ -52,6 +49,7 @@ from dpsweep.plan import mechanism_of, setting
 from dpsweep.privacy import clipping, ledger
 from dpsweep.privacy.schedule import poisson_schedule
 from dpsweep.tasks import TASKS, Checkpointed, Marks, RunInputs, Stages
+from dpsweep.tasks.classifier.passes import Trainer, evaluate, per_example_grad_norms, train_pass
 from dpsweep.tracking import Tracker
 
 EXTRACT_BATCH_SIZE = 64  # images per forward pass of the frozen backbone when the feature cache is built
@@ -225,12 +223,12 @@ class ClassifierRun:
         named = [(k, p) for k, p in self.model.named_parameters() if p.requires_grad]
         names, trainable = [k for k, _ in named], [p for _, p in named]
         c, clip, magnitude = cfg.dp.max_grad_norm, run.cfg.dp.max_grad_norm, a.magnitude * cfg.dp.max_grad_norm
-        if privacy.sample_rate is None:  # DP-FTRL: the fixed order, a tree per restart
-            b, every = len(self.exact), cfg.dp.ftrl_restart_every
-            restarts = [e for e in range(1, cfg.train.epochs + 1) if restart_after_epoch(e, cfg.train.epochs, every)]
+        if privacy.sample_rate is None:  # the fixed order, noised through a tree, one per restart (DP-FTRL)
+            b = len(self.exact)
             tree = own_steps.TreeCanaries(
                 trainable, a.canaries, c, privacy.noise_multiplier, magnitude, a.seed, names=names, clip=clip,
-                steps_per_epoch=b, tree_starts=[0, *(e * b for e in restarts)], completion=cfg.dp.ftrl_tree_completion,
+                steps_per_epoch=b, tree_starts=[0, *(e * b for e in own.tree_restarts)],
+                completion=cfg.dp.ftrl_tree_completion,
                 lr=cfg.optimizer.lr, momentum=getattr(cfg.optimizer, "momentum", 0.0), divisor=own.expected_units,
             )  # fmt: skip
             self.own.hooks.append(tree)
@@ -426,30 +424,6 @@ class ClassifierRun:
         return {"dp.max_grad_norm_chosen": self.max_grad_norm}
 
 
-def per_example_grad_norms(
-    model: nn.Module,
-    criterion: nn.Module,
-    dataset: Dataset[Any],
-    indices: list[int],
-    device: torch.device,
-    chunk: int = 256,
-) -> np.ndarray:
-    """The L2 norm of each listed example's loss gradient with respect to the trainable parameters,
-    in chunks of ``chunk`` examples (``dpsweep.data.users.per_example_gradients``: torch.func; the model
-    is not changed)."""
-    was_training = model.training
-    model.eval()  # dropout off: the norms at initialisation, deterministic
-    norms: list[np.ndarray] = []
-    for start in range(0, len(indices), chunk):
-        part = indices[start : start + chunk]
-        x, y = next(iter(DataLoader(Subset(dataset, part), batch_size=len(part))))
-        grads = users.per_example_gradients(model, criterion, x.to(device), y.to(device))
-        squared = sum(g.flatten(1).pow(2).sum(1) for g in grads.values())
-        norms.append(torch.as_tensor(squared).sqrt().cpu().numpy())
-    model.train(was_training)
-    return np.concatenate(norms) if norms else np.zeros(0)
-
-
 def _cached_features(
     inputs: RunInputs, model: model_zoo.FrozenVGG16, run: Tracker
 ) -> tuple[nn.Module, datasets.DataSplits]:
@@ -492,69 +466,3 @@ def _device_batches(
         return device_data.PoissonBatches(x, y, sample_rate=q, device=device, generator=generator), generator
     size = cfg.train.batch_size
     return device_data.ShuffledBatches(x, y, batch_size=size, device=device, generator=generator), generator
-
-
-@dataclass(frozen=True)
-class Trainer:
-    """What one training pass needs: the (private) model, its optimizer and loss, and the device."""
-
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    criterion: nn.Module
-    device: torch.device
-
-
-def train_pass(
-    trainer: Trainer, batch: Batch, stages: Marks, split: tuple[bool, bool, float] = (True, True, 1.0)
-) -> tuple[torch.Tensor, bool]:
-    """One forward/backward pass of ``batch``; ``split`` is ``(first, last, weight)`` of the pass in its
-    logical batch (``dpsweep.mechanisms.batches``): zero the gradients when first, step when last, weight the
-    loss. Returns the mean loss, a detached 0-d tensor on the device (reading it waits for the GPU,
-    so callers sum it there and read once per epoch), and whether a real optimizer step happened (a
-    DPOptimizer skips it inside a logical batch)."""
-    model, optimizer, criterion = trainer.model, trainer.optimizer, trainer.criterion
-    first, last, weight = split
-    x, y = (t.to(trainer.device, non_blocking=True) for t in batch)
-    stages.mark("batch_load")
-    if first:
-        optimizer.zero_grad(set_to_none=True)
-    if len(y) == 0 and isinstance(model, GradSampleModuleExpandedWeights):
-        # torch's ExpandedWeights refuse an empty batch; its per-sample gradients are an empty
-        # stack, and the step must still add noise and be accounted (Poisson sampling).
-        for p in model.parameters():
-            if p.requires_grad:
-                p.grad_sample = p.new_zeros((0, *p.shape))
-        loss = torch.zeros(())
-    else:
-        loss = criterion(model(x), y)
-        stages.mark("forward")  # the forward activations' peak, apart from the backward's
-        (loss * weight if weight != 1.0 else loss).backward()
-    stages.mark("backward")
-    if not last:
-        return loss.detach(), False
-    optimizer.step()  # with DP: clip per sample, add noise, account for the step
-    stepped = not getattr(optimizer, "_is_last_step_skipped", False)
-    if stepped:  # the level right after the step, while the batch is still on the device
-        stages.mark("optimizer_step")
-    return loss.detach(), stepped
-
-
-@torch.no_grad()
-def evaluate(
-    model: nn.Module, dataset: Dataset[Any], batch_size: int, device: torch.device, resident: bool = False
-) -> float:
-    """Top-1 accuracy on ``dataset`` (``resident``: copied to the device once and batched there)."""
-    model.eval()
-    correct = total = 0
-    if resident:
-        xs, ys = (t.to(device) for t in device_data.materialize(dataset))
-        batches: Iterable[Batch] = (
-            (xs[i : i + batch_size], ys[i : i + batch_size]) for i in range(0, len(ys), batch_size)
-        )
-    else:  # a generator of its own: iterating a loader draws a seed, which must not shift training's RNG
-        batches = DataLoader(dataset, batch_size=batch_size, generator=torch.Generator())
-    for x, y in batches:
-        pred = model(x.to(device)).argmax(dim=1)
-        correct += int((pred == y.to(device)).sum())
-        total += len(y)
-    return correct / max(total, 1)

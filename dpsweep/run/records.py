@@ -1,0 +1,122 @@
+"""What a run's MLflow run records about its config: its name, tags, params and ``config.yaml``.
+
+from dpsweep.run.records import run_name
+run_name(cfg, 1.1)          # 'σ1.1-C1-B64-s0-e10-digits-cnn'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from dpsweep.config import Config, flatten, identity, settings, structured
+from dpsweep.data import loaders as datasets
+from dpsweep.errors import redact, redacted
+from dpsweep.plan import RunPlan
+from dpsweep.tracking import Tracker
+from dpsweep.tracking.environment import environment_tags
+
+
+def log_config(config: Config, plan: RunPlan, data: datasets.DataSplits, run: Tracker) -> None:
+    """A new run's params, setting tags, ``config.yaml`` and dataset splits."""
+    run.log_params(run_params(plan))
+    run.set_tags(setting_tags(plan))
+    run.log_text(resolved_yaml(plan), "config.yaml")
+    run.log_dataset_splits(
+        flatten(config.dataset),
+        {"train": data.n_train, "test": len(data.test)},  # type: ignore[arg-type]
+    )
+
+
+def run_name(cfg: Config, sigma: float | None) -> str:
+    """A readable MLflow run name, e.g. ``σ1.1-C1-B64-s0-e10-digits-cnn`` (``nodp`` without DP; ``Cq0.5`` and
+    ``Ca0.5``: C from the private 0.5 quantile, or adaptive towards it). What a sweep varies comes first
+    (σ, C, B, the seed; an Optuna trial's number before them), where MLflow's runs table, which cuts a
+    name at about 20 characters, still shows it; the dataset and model, which an experiment seldom
+    varies, come last."""
+    dp = cfg.dp
+    clip = f"C{dp.max_grad_norm:g}" if dp.clipping == "fixed" else f"C{dp.clipping.value[0]}{dp.clip_quantile:g}"
+    privacy_part = f"σ{sigma:.3g}-{clip}" if sigma is not None else "nodp"
+    t = cfg.train
+    what = cfg.model.name if cfg.task.name == "classifier" else cfg.task.name  # the default task: its model
+    name = f"{privacy_part}-B{t.batch_size}-s{t.seed}-e{t.epochs}-{cfg.dataset.name}-{what}"
+    return name if cfg.sweep.trial is None else f"trial{cfg.sweep.trial}-{name}"
+
+
+def named(cfg: Config, plan: RunPlan) -> Any:
+    """The tracking config with a run name (MLflow's random names repeat here: seeding resets Python's RNG)."""
+    if cfg.tracking.run_name is not None:
+        return cfg.tracking
+    prefix = "probe-" if cfg.train.probe else ""
+    return dataclasses.replace(cfg.tracking, run_name=prefix + run_name(cfg, plan.noise_multiplier))
+
+
+def sweep_tags(cfg: Config) -> dict[str, Any]:
+    """Tags that place a run in its sweep: the sweep id, the parent run (so MLflow shows a tree),
+    and the Optuna study and trial. (A private tuning's trials carry no index: it would reveal K.)"""
+    s = cfg.sweep
+    tags = {"sweep.id": s.id, "mlflow.parentRunId": s.parent_run_id, "optuna.study": s.study, "optuna.trial": s.trial}
+    return {k: v for k, v in tags.items() if v is not None}
+
+
+def run_tags(plan: RunPlan, data: datasets.DataSplits, device: torch.device, backend: str) -> dict[str, Any]:
+    cfg = plan.config
+    tags: dict[str, Any] = {
+        **environment_tags(device),
+        "memory.backend": backend,
+        # which batch the memory stages are of: with DP, exactly B examples in an iteration that is then
+        # undone (a Poisson batch's size is private); without, the first training batch
+        "memory.batch": "exact-B" if cfg.dp.enabled or cfg.train.probe else "first-batch",
+        "dataset.n_train": data.n_train,
+        "dataset.n_test": len(data.test),  # type: ignore[arg-type]
+        "dataset.input_shape": "x".join(map(str, data.input_shape)),  # C x H x W of one example
+        "dp.enabled": cfg.dp.enabled,
+        "config.hash": plan.config_hash,
+        "task.name": cfg.task.name,
+    }
+    if cfg.train.probe:
+        tags["probe"] = "true"
+    if plan.physical_batch_size is not None:
+        tags["train.physical_batch_size_used"] = plan.physical_batch_size
+    tags |= sweep_tags(cfg)
+    if plan.privacy is not None:
+        tags |= {
+            "dp.delta": cfg.dp.delta, "dp.accountant": cfg.dp.accountant.value, "dp.secure_mode": cfg.dp.secure_mode,
+            # without secure mode, train.seed (logged) regenerates the noise and the sampling
+            "dp.release": "ok" if cfg.dp.secure_mode else "not-for-release",
+            "dp.grad_sample_mode": cfg.dp.grad_sample_mode.value,
+        }  # fmt: skip
+        if plan.privacy.calibrated:
+            tags["dp.noise_multiplier_calibrated"] = plan.privacy.noise_multiplier
+    return redacted(tags)
+
+
+def run_params(plan: RunPlan) -> dict[str, Any]:
+    """MLflow params: what determines the run's result (:func:`dpsweep.config.identity` of the
+    flattened resolved config, σ as calibrated). Without DP only ``dp.enabled`` is kept, since σ, C,
+    δ and the accountant have no effect on a non-private run. Settings that do not change the
+    result (launcher, sweep, tracking, paths, progress bars) are :func:`setting_tags`."""
+    params = redacted(identity(flatten(plan.config)))
+    if plan.privacy is None:
+        return params
+    return params | {"dp.noise_multiplier": plan.privacy.noise_multiplier}
+
+
+def setting_tags(plan: RunPlan) -> dict[str, Any]:
+    """The config's settings that do not change the result (:func:`dpsweep.config.settings`), as tags
+    (same dotted keys): so that the MLflow UI's params are the hyperparameters alone. ``config.yaml``
+    holds both."""
+    return redacted(settings(flatten(plan.config)))  # a URL's password is never logged
+
+
+def resolved_yaml(plan: RunPlan) -> str:
+    """The config as it ran (σ as calibrated), for the run's ``config.yaml`` artifact."""
+    config = plan.config
+    if plan.privacy is not None:
+        config = dataclasses.replace(
+            config, dp=dataclasses.replace(config.dp, noise_multiplier=plan.privacy.noise_multiplier)
+        )
+    return redact(OmegaConf.to_yaml(structured(config)))  # a URL's password is never logged

@@ -1,0 +1,174 @@
+"""The store's answers about a sweep's jobs, for its driver (``launchers/``): their runs by config hash
+and status, the table of their results on the parent run, the runs a dead job left RUNNING, an Optuna
+trial's run, and private tuning's release of the best trial.
+
+    from dpsweep.tracking.sweeps import runs_by_hash  # in a command's process, or through the service:
+    service().call("runs_by_hash", uri, "demo")        # dpsweep.tracking.runs_by_hash
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Metric, RunTag
+from mlflow.tracking import MlflowClient
+
+from dpsweep.tracking import PRIVACY_LEDGER, PROCESS_TAG
+from dpsweep.tracking.store import _set_tags, differing_params, op, retry_busy
+
+
+def sweep_jobs(client: MlflowClient, experiment: str, sweep_id: str) -> list[Any]:
+    """The runs of a sweep's jobs (tagged with ``sweep.id``; not its parent run)."""
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`sweep.id` = '{sweep_id}'", max_results=50000)
+    return [r for r in runs if r.data.tags.get("sweep.role") != "parent"]
+
+
+@op
+def runs_of_sweep(uri: str, experiment: str, sweep_id: str) -> dict[str, str]:
+    """{run id: status} of the runs of a sweep's jobs."""
+    return {r.info.run_id: r.info.status for r in sweep_jobs(MlflowClient(uri), experiment, sweep_id)}
+
+
+RESULTS_TABLE = "results.json"  # the sweep parent run's table of its jobs (MLflow's log_table)
+
+
+@op
+def log_results_table(uri: str, experiment: str, sweep_id: str, parent_run_id: str) -> int:
+    """The sweep's jobs as one table on its parent run (``results.json``, MLflow's ``log_table``,
+    shown in the run's artifacts): the run name, ``test_accuracy`` and ``epsilon`` first, the
+    status, then the params that differ between the jobs. Returns the number of rows."""
+    client = MlflowClient(uri)
+    runs = sweep_jobs(client, experiment, sweep_id)
+    differing = differing_params(runs)
+    table: dict[str, list[Any]] = {"run": [r.info.run_name for r in runs]}
+    table["test_accuracy"] = [r.data.metrics.get("test_accuracy") for r in runs]
+    table["epsilon"] = [r.data.metrics.get("epsilon") for r in runs]
+    table["status"] = [r.info.status for r in runs]
+    table |= {k: [r.data.params.get(k) for r in runs] for k in differing}
+    if runs:
+        retry_busy(lambda: client.log_table(parent_run_id, data=table, artifact_file=RESULTS_TABLE))
+    return len(runs)
+
+
+@op
+def runs_by_hash(uri: str, experiment: str, status: str = "FINISHED") -> dict[str, str]:
+    """{config hash: run id} of the experiment's runs in ``status`` (the newest run per hash). RUNNING
+    runs count only when they name their process (tag run.process): older versions' runs left RUNNING
+    cannot be told from live ones and must not block their config."""
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return {}
+    out: dict[str, str] = {}
+    token = None
+    while True:
+        page = client.search_runs(
+            [exp.experiment_id], filter_string=f"attributes.status = '{status}'", max_results=10000,
+            order_by=["attributes.start_time ASC"], page_token=token,
+        )  # fmt: skip
+        for run in page:
+            tags = run.data.tags
+            if status == "RUNNING" and PROCESS_TAG not in tags:
+                continue
+            if "config.hash" in tags and tags.get("sweep.role") != "parent":
+                out[tags["config.hash"]] = run.info.run_id
+        token = page.token
+        if not token:
+            return out
+
+
+def trial_run(uri: str, experiment: str, sweep_id: str, trial: int) -> Any:
+    """The MLflow run of an Optuna trial of a sweep (None if the job never started one).
+    (An MLflow entity: the Optuna search reads it in its own process, see launchers/optuna_sweeper.py.)"""
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    found = client.search_runs(
+        [exp.experiment_id], filter_string=f"tags.`sweep.id` = '{sweep_id}' and tags.`optuna.trial` = '{trial}'"
+    )
+    return found[0] if found else None
+
+
+@op
+def close_orphaned_runs(uri: str, experiment: str, sweep_id: str) -> list[str]:
+    """Mark KILLED the runs of a finished sweep still RUNNING: their job died without closing them."""
+    client = MlflowClient(uri)
+    orphans = [run_id for run_id, status in runs_of_sweep(uri, experiment, sweep_id).items() if status == "RUNNING"]
+    for run_id in orphans:
+        _set_tags(client, run_id, {
+            "error": "the job ended without closing its run (killed by the scheduler or the OS)",
+            "failure.kind": "killed",
+        })  # fmt: skip
+        retry_busy(lambda run_id=run_id: client.set_terminated(run_id, "KILLED"))  # type: ignore[misc]
+    return sorted(orphans)
+
+
+@op
+def release_best(
+    uri: str, experiment: str, sweep_id: str, objective: str, procedure: Mapping[str, Any]
+) -> tuple[str | None, int]:
+    """Private tuning's release (issue 33, item 1): tag the sweep's FINISHED trials ``tuning.released``
+    (true for the one best by ``objective`` only) and log ``procedure['epsilon']``, the whole
+    procedure's ε, as each one's ``epsilon_tuning``. The released trial reports the procedure: its
+    ``epsilon`` and ``epsilon_rdp`` become the procedure's (logged again at the last step, so that
+    they are the latest values), its own ε is kept as ``epsilon_single_run``, ``epsilon_pld`` and
+    ``epsilon_prv`` become NaN (not computed for the procedure), and its ``privacy_ledger.json``
+    gains the tuning event. Returns the released run id (None: none finished) and how many finished."""
+    client = MlflowClient(uri)
+    runs = [r for r in sweep_jobs(client, experiment, sweep_id) if r.info.status == "FINISHED"]
+    best = max(runs, key=lambda r: r.data.metrics.get(objective, float("-inf")), default=None)
+    proc = float(procedure["epsilon"])
+    now = int(time.time() * 1000)
+    for r in runs:
+        run_id = r.info.run_id
+        history = client.get_metric_history(run_id, "epsilon")
+        step = max((m.step for m in history), default=0)
+        metrics = [Metric("epsilon_tuning", proc, now, step)]
+        released = r is best
+        tags = [RunTag("tuning.released", str(released).lower())]
+        if released:
+            own = r.data.metrics.get("epsilon", float("nan"))
+            metrics += [Metric("epsilon_single_run", own, now, step), Metric("epsilon", proc, now, step),
+                        Metric("epsilon_rdp", proc, now, step), Metric("epsilon_pld", float("nan"), now, step),
+                        Metric("epsilon_prv", float("nan"), now, step)]  # fmt: skip
+            tags.append(RunTag("tuning.epsilon", TUNED_EPSILON_NOTE))
+            _add_tuning_event(client, run_id, procedure, own)
+        retry_busy(lambda run_id=run_id, m=metrics, t=tags: client.log_batch(run_id, metrics=m, tags=t))  # type: ignore[misc]
+    return (best.info.run_id if best is not None else None), len(runs)
+
+
+TUNED_EPSILON_NOTE = (
+    "epsilon and epsilon_rdp are the whole private tuning procedure's (RDP, Papernot & Steinke 2022), the "
+    "figure to publish with this model; epsilon_single_run is this trial's alone; epsilon_pld and "
+    "epsilon_prv are not computed for the procedure"
+)
+
+
+def _add_tuning_event(client: MlflowClient, run_id: str, procedure: Mapping[str, Any], own: float) -> None:
+    """The released trial's ``privacy_ledger.json`` with the tuning as its last event, and the
+    procedure's ε as the ledger's (the trial's own kept as ``epsilon_single_run``)."""
+    with tempfile.TemporaryDirectory(prefix="dpsweep-ledger-") as tmp:
+        path = client.download_artifacts(run_id, PRIVACY_LEDGER, tmp)
+        record = json.loads(Path(path).read_text())
+    record["epsilon_single_run"] = record.get("epsilon")
+    record["epsilon"] = {"rdp": float(procedure["epsilon"])}
+    record["accountant"] = "rdp"
+    record["events"] = [*record.get("events", []), {
+        "name": "tuning",
+        "event": f"RepeatAndSelect(the dominant candidate's ledger, K ~ {procedure['distribution']} with mean "
+                 f"{procedure['mean_trials']:g})",
+        "params": {k: v for k, v in procedure.items() if k != "epsilon"},
+        "note": f"K trials drawn from the candidates, {procedure['selection']} released; this trial's own "
+                f"ε was {own:.6g}. {procedure['reference']}",
+        "epsilon_alone": None, "share_of_rdp": None,
+    }]  # fmt: skip
+    client.log_text(run_id, json.dumps(record, indent=2), PRIVACY_LEDGER)
