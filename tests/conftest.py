@@ -80,6 +80,17 @@ def _no_tracking_uri_from_earlier_tests() -> None:
     os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_in_tmp_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Module and session fixtures (which run before a test's own directory is entered) run from a
+    directory of the session's: a run they train puts its artifacts in ./mlruns, which was the
+    repository's (2,000 runs had gathered there)."""
+    before = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    yield
+    os.chdir(before)
+
+
 @pytest.fixture(autouse=True)
 def _run_in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test runs from its own directory: relative outputs (./mlruns artifacts of sqlite stores,
