@@ -246,7 +246,7 @@ def pld_of(ledger: Ledger, interval: float = PLD_DISCRETIZATION) -> Any:
     return total
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=16)  # a run's step at both intervals, for a few configs; up to 3 MB each
 def _one_pld(leaf: Leaf, interval: float) -> Any:
     """The PLD of one run of ``leaf``'s mechanism: a run's ε after each epoch composes the same step's
     PLD again (building it was 60% of that ε's time on the 2-core VM). Composing returns a new PLD and
