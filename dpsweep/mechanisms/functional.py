@@ -157,8 +157,9 @@ class OwnSetup:
 class OwnRun:
     """What a rule works with: the run's config, model and loss, its training split as tensors (with
     each example's unit, or None: each example its own), the fixed order's batches of B units, σ and
-    the device; ``priced``, the units (examples, or users) the plan priced, where the split holds
-    others (a black-box audit's canaries: it samples at the plan's rate all the same), else None."""
+    the device; ``priced``, the units (examples, or users) the plan priced, which the split's differ
+    from in a black-box audit (its canaries: it samples at the plan's rate all the same); None: the
+    split's own."""
 
     cfg: Config
     model: nn.Module

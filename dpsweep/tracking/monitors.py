@@ -12,7 +12,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from dpsweep.tracking.store import _set_tags, client_of, op
+from dpsweep.tracking.store import op, set_tags
 
 _MONITORS: dict[str, Any] = {}  # run id -> its system metrics monitor, or the timer that starts it
 _MONITORS_LOCK = threading.Lock()
@@ -52,7 +52,7 @@ def start_system_metrics(
     ``interval_s``, from ``after_s`` seconds on, until :func:`stop_system_metrics`. With
     ``withhold_gpu_memory`` (DP runs) the GPU memory metrics are left out, and the run is tagged so."""
     if withhold_gpu_memory:
-        _set_tags(client_of(uri), run_id, {GPU_MEMORY_TAG: "withheld: under DP it follows the private batch sizes"})
+        set_tags(uri, run_id, {GPU_MEMORY_TAG: "withheld: under DP it follows the private batch sizes"})
 
     def start() -> None:  # psutil and pynvml are imported only by runs that reach after_s
         logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no "Started monitoring" lines

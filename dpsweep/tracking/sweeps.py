@@ -19,7 +19,7 @@ from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
 
 from dpsweep.tracking import PRIVACY_LEDGER, PROCESS_TAG
-from dpsweep.tracking.store import _set_tags, differing_params, op, retry_busy
+from dpsweep.tracking.store import differing_params, op, retry_busy, set_tags
 
 
 def sweep_jobs(client: MlflowClient, experiment: str, sweep_id: str) -> list[Any]:
@@ -104,7 +104,7 @@ def close_orphaned_runs(uri: str, experiment: str, sweep_id: str) -> list[str]:
     client = MlflowClient(uri)
     orphans = [run_id for run_id, status in runs_of_sweep(uri, experiment, sweep_id).items() if status == "RUNNING"]
     for run_id in orphans:
-        _set_tags(client, run_id, {
+        set_tags(uri, run_id, {
             "error": "the job ended without closing its run (killed by the scheduler or the OS)",
             "failure.kind": "killed",
         })  # fmt: skip
