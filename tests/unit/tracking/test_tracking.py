@@ -169,3 +169,31 @@ def test_a_store_creation_killed_part_way_leaves_no_broken_database(tmp_path: Pa
     client = open_client(f"sqlite:///{db}")
     assert [e.name for e in client.search_experiments()] == ["Default"]
     assert not list(tmp_path.glob(".mlflow.db.*")), "the killed build's file is left behind"
+
+
+def test_a_finished_sweeps_runs_left_running_are_closed_killed_and_no_other_run_is_touched(
+    mlflow_uri: str, experiment_name: str, client: MlflowClient
+) -> None:
+    from dpsweep.tracking.sweeps import close_orphaned_runs
+
+    exp = experiment_id(client, experiment_name)
+
+    def run(sweep: str, role: str | None = None, end: str | None = None) -> str:
+        tags = {"sweep.id": sweep} | ({"sweep.role": role} if role else {})
+        run_id = client.create_run(exp, tags=tags).info.run_id
+        if end:
+            client.set_terminated(run_id, end)
+        return run_id
+
+    orphans = [run("s1"), run("s1")]
+    done, failed, parent = run("s1", end="FINISHED"), run("s1", end="FAILED"), run("s1", role="parent")
+    other = run("s2")
+    assert close_orphaned_runs(mlflow_uri, experiment_name, "s1") == sorted(orphans)
+    for run_id in orphans:
+        r = client.get_run(run_id)
+        assert r.info.status == "KILLED" and r.data.tags["failure.kind"] == "killed"
+        assert "without closing its run" in r.data.tags["error"]
+    expected = {done: "FINISHED", failed: "FAILED", parent: "RUNNING", other: "RUNNING"}
+    assert {run_id: client.get_run(run_id).info.status for run_id in expected} == expected
+    assert "failure.kind" not in client.get_run(done).data.tags
+    assert close_orphaned_runs(mlflow_uri, experiment_name, "s1") == []  # a second call finds none
