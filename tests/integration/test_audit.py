@@ -77,9 +77,10 @@ def test_the_report_shows_both_audit_bounds_beside_epsilon(
 def test_a_black_box_audit_samples_as_planned_and_leaves_the_epsilon_unchanged(
     make_cfg: Composer, client: MlflowClient, steps: str
 ) -> None:
-    """Its training set is smaller (the excluded canaries are left out), yet each step samples at the
-    plan's rate and the ledger records it: the ε and the steps are a plain run's, through Opacus's
-    loader, the fused step's own Poisson sampling, or DP-FTRL's fixed order in the plan's batches."""
+    """Its training set differs from the plan's (at example level the excluded canaries are left out;
+    at user level the included ones join as users of their own), yet each step samples at the plan's
+    rate and the ledger records it: the ε and the steps are a plain run's, through Opacus's loader, the
+    fused step's own Poisson sampling, or DP-FTRL's fixed order in the plan's batches."""
     run = [*AUDIT[1:], *EVERY_OWN.get(steps, [])]
     audited = train(make_cfg("audit.mode=black_box", *run))
     plain = train(make_cfg(*run, "tracking.experiment_name=plain"))
