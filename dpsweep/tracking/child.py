@@ -12,9 +12,9 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dpsweep.tracking import monitors, store, sweeps  # noqa: F401  (their @store.op register on import)
+from dpsweep.tracking import dead_runs, monitors, store, sweeps  # noqa: F401  (their @store.op register on import)
 from dpsweep.tracking.channel import in_background, serve
-from dpsweep.tracking.dead_runs import failed_by_a_rank, reconcile
+from dpsweep.tracking.dead_runs import reconcile
 
 if TYPE_CHECKING:
     from dpsweep.config import TrackingConfig
@@ -38,13 +38,12 @@ def begin_run(cfg: TrackingConfig, *args: Any, **kwargs: Any) -> str:
     return run_id
 
 
-# every store operation (``@store.op``, in store, sweeps and monitors), with the two that answer
+# every store operation (``@store.op``, in store, sweeps, monitors and dead_runs), with the two that answer
 # differently here: a run begun warms its model's imports; dead runs are told as plain data
 OPS: dict[str, Callable[..., Any]] = {
     **store.OPS,
     "begin_run": begin_run,
     "reconcile": reconcile_runs,
-    "failed_by_a_rank": failed_by_a_rank,
 }
 
 

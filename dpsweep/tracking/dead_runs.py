@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dpsweep.tracking import why_dead
-from dpsweep.tracking.store import open_client, retry_busy, set_tags
+from dpsweep.tracking.store import op, open_client, retry_busy, set_tags
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,7 @@ def _remove_checkpoint(run: Any) -> str | None:
     return str(Path(directory) / checkpoint.FILENAME)
 
 
+@op
 def failed_by_a_rank(uri: str, experiment: str, config_hash: str, since_ms: int, exit_code: int) -> list[str]:
     """A run across devices whose rank failed: torchrun then ends the other ranks with SIGTERM, so rank 0
     ends its run KILLED (interrupted) although nobody interrupted it. The runs of ``config_hash`` that an
