@@ -55,7 +55,8 @@ def trials_per_device(launcher: LauncherConfig) -> int | None:
 
 def check(cfg: Config) -> None:
     """launcher.trials_per_device: a number or auto; auto needs a memory model and a GPU budget to
-    pick K from; more than one trial per device needs a launcher that starts processes."""
+    pick K from; more than one trial per device needs a launcher that starts processes, and one device
+    (``launcher.gpus_per_job`` 0 or 1)."""
     launcher = cfg.launcher
     k = trials_per_device(launcher)
     if k is None:
@@ -77,6 +78,12 @@ def check(cfg: Config) -> None:
         launcher.trials_per_device,
         "1 with launcher=inline (its trials run one after another in this process); pack trials with "
         "launcher=local, slurm or sge and -m",
+    )
+    require(
+        (k == 1) or launcher.gpus_per_job <= 1,
+        "launcher.gpus_per_job",
+        launcher.gpus_per_job,
+        f"0 or 1 with launcher.trials_per_device={launcher.trials_per_device}: packed trials share one device",
     )
 
 

@@ -53,6 +53,12 @@ def test_auto_needs_a_memory_model_and_a_budget_and_inline_runs_one_trial(make_c
     with pytest.raises(ConfigError, match="1 with launcher=inline"):
         validate(to_config(make_cfg("launcher.trials_per_device=3")))
     validate(to_config(make_cfg("launcher=slurm", "launcher.trials_per_device=3")))
+    with pytest.raises(
+        ConfigError, match=r"launcher.gpus_per_job=2 is invalid: 0 or 1 with launcher.trials_per_device=3"
+    ):
+        validate(to_config(make_cfg("launcher=slurm", "launcher.trials_per_device=3", "launcher.gpus_per_job=2")))
+    validate(to_config(make_cfg("launcher=slurm", "launcher.trials_per_device=3", "launcher.gpus_per_job=1")))
+    validate(to_config(make_cfg("launcher=slurm", "launcher.gpus_per_job=2")))  # one trial may hold two
 
 
 def test_a_trial_plans_against_its_share(make_cfg: Composer) -> None:
