@@ -12,7 +12,8 @@ The trainer (``dpsweep.run.runner``), ``dpsweep-plan``, the sweeper's preflight 
 all call :func:`prepare`; none of them repeats its sequence:
 
 1. the ranges that need no data (:func:`dpsweep.config.validate`) and those that need N
-   (:func:`dpsweep.config.validate_for_dataset`: B <= N, δ < 1/N);
+   (:func:`dpsweep.config.validate_for_dataset`: B <= N, δ < 1/N); a fused step's model, whose
+   layers must treat examples apart (:func:`dpsweep.mechanisms.fused.check_planned_model`);
 2. σ: ``dp.noise_multiplier``, or calibrated so that ε <= ``dp.target_epsilon``, which the whole
    ledger spends: the clipping release of ``dp.clipping=quantile`` (``dpsweep.privacy.clipping``) included;
 3. the sampling schedule and steps (Opacus's Poisson-loader convention, ``dpsweep.privacy.schedule``) and the
@@ -38,6 +39,7 @@ from dpsweep.config import (
     Config,
     ConfigError,
     DPConfig,
+    GradSampleMode,
     SweepConfig,
     flatten,
     identity,
@@ -120,6 +122,10 @@ def prepare(cfg: Config, facts: DatasetFacts, memory: MemoryBudget | None = None
     validate(cfg)
     validate_for_dataset(cfg, facts.n_train)
     validate_input_shape(cfg, facts.input_shape)
+    if cfg.dp.enabled and cfg.dp.grad_sample_mode == GradSampleMode.fused:
+        from dpsweep.mechanisms.fused import check_planned_model  # torch: only for a fused step's plan
+
+        check_planned_model(cfg.model, facts.input_shape, facts.num_classes)
     planned = _planned_privacy(cfg, facts.n_train)
     steps = planned.steps if planned is not None else _scheduled_steps(cfg, population(cfg, facts.n_train))
     physical, prediction, figure = _memory(cfg, facts, memory)

@@ -44,14 +44,15 @@ exactly, and the shape that varies with it is hidden by padding.
 
 The clipped sum equals Opacus hooks' on the same batch (tests/unit/mechanisms/test_fused.py: the cnn,
 the mlp and the VGG16 head). Models must treat examples independently: a layer that mixes the rows of a
-batch (BatchNorm) is refused by name before the run starts.
+batch (BatchNorm) is refused by name where the run is planned, before a sweep launches any job
+(:func:`check_planned_model`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor, nn
@@ -59,6 +60,9 @@ from torch.func import functional_call, grad, vmap
 
 from dpsweep.data.users import clip_factors, segment_count
 from dpsweep.errors import InputError
+
+if TYPE_CHECKING:
+    from dpsweep.config import ModelConfig
 
 MAX_SECOND_PASS = 0.05  # the default bound: at most this share of steps take a second pass
 ROW_MULTIPLE = 8  # the default bound is rounded up to a multiple of 8 rows (tensor-core friendly)
@@ -115,6 +119,27 @@ def check_model(model: nn.Module) -> None:
                 f"hooks, ghost, functorch or ew for this model: its layer {name!r} ({type(module).__name__}) "
                 "mixes the examples of a batch, so per-example gradients are not defined",
             )
+
+
+_PLANNED: set[tuple[str, tuple[int, ...], int]] = set()  # the model configs check_planned_model passed
+
+
+def check_planned_model(model: ModelConfig, input_shape: tuple[int, int, int], num_classes: int) -> None:
+    """:func:`check_model` where the run is planned (``dpsweep.plan.prepare``: before a sweep launches
+    any job): the model built on the meta device, which allocates no memory, once per model config.
+    Built without pretrained weights (``pretrained`` false where the config has it): weights do not
+    change a model's layers, and planning downloads nothing."""
+    from dataclasses import replace
+
+    from dpsweep.models.classifiers import build
+
+    key = (repr(model), tuple(input_shape), num_classes)
+    if key in _PLANNED:
+        return
+    layers_only = replace(model, pretrained=False) if hasattr(model, "pretrained") else model  # type: ignore[call-arg]
+    with torch.device("meta"):
+        check_model(build(layers_only, input_shape, num_classes))
+    _PLANNED.add(key)
 
 
 def compile_mode(device: torch.device, compiled: bool) -> CompileMode:

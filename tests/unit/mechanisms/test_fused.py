@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import copy
 import math
+from pathlib import Path
 
 import pytest
 import torch
+from helpers import Composer
 from scipy import stats
 from torch import Tensor, nn
 
-from dpsweep.config import CNNConfig, DPConfig, MLPConfig, SGDConfig, VGG16FrozenConfig
+from dpsweep.config import CNNConfig, DPConfig, MLPConfig, SGDConfig, VGG16FrozenConfig, to_config
 from dpsweep.data import gathered
 from dpsweep.errors import InputError
 from dpsweep.mechanisms import fused
@@ -128,6 +130,31 @@ def test_a_bound_below_b_and_a_model_that_mixes_rows_are_refused() -> None:
     with pytest.raises(InputError) as err:
         fused.FusedStep(model, nn.CrossEntropyLoss(), max_grad_norm=1.0, pad_to=8, mode=None)
     assert err.value.key == "dp.grad_sample_mode" and "'1' (BatchNorm1d)" in str(err.value)
+
+
+def test_a_model_that_mixes_rows_is_refused_before_a_sweep_launches_any_job(
+    make_cfg: Composer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A model the fused step cannot run (here the mlp given a BatchNorm, as a user's own model might
+    have) stops the sweep in its preflight: exit 2, the layer named, no job and no run."""
+    from dpsweep.launchers.preflight import preflight
+    from dpsweep.plan import dataset_facts, prepare
+
+    def mlp_with_batchnorm(cfg: MLPConfig, shape: tuple[int, int, int], classes: int) -> nn.Module:
+        return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(shape), 8), nn.BatchNorm1d(8), nn.Linear(8, classes))
+
+    monkeypatch.setitem(model_zoo.MODELS._entries, "mlp", mlp_with_batchnorm)
+    monkeypatch.setattr(fused, "_PLANNED", set())  # the real mlp may have passed in this process
+    job = ["model=mlp", "dp.grad_sample_mode=fused", "launcher=local"]
+    cfg = make_cfg(*job)
+    with pytest.raises(SystemExit) as ended:
+        preflight([cfg], [job])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert "dp.grad_sample_mode='fused' is invalid" in err and "'2' (BatchNorm1d)" in err, err
+    assert not (Path(to_config(cfg).tracking.uri.removeprefix("sqlite:///"))).exists()  # no store, no run
+    typed = to_config(make_cfg("model=mlp", "dp.grad_sample_mode=hooks"))
+    prepare(typed, dataset_facts(typed)[0])  # the check is the fused step's alone
 
 
 @pytest.mark.slow
