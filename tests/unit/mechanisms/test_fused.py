@@ -70,6 +70,43 @@ def test_the_clipped_sum_is_opacus_hooks(name: str) -> None:
     assert 0 < norms <= C * len(y) + 1e-4  # each row adds at most C
 
 
+@pytest.mark.parametrize("name", list(MODELS))
+def test_the_noised_update_is_opacus_hooks_with_the_same_noise(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole update, (clipped sum + N(0, σ²C²)) / Opacus's expected batch size, against Opacus's
+    ``DPOptimizer.pre_step`` (clip, add_noise, scale_grad) given the very normals the fused step drew:
+    the same scale of noise, the same divisor, in each parameter's place."""
+    import opacus.optimizers.optimizer as opacus_optimizer
+
+    torch.manual_seed(4)
+    model, x = MODELS[name]()
+    y = torch.randint(0, 10, (len(x),))
+    sigma, divisor = 1.3, float(len(y))  # one batch of all the rows: Opacus's expected batch size is len(y)
+    step = fused.FusedStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=32, mode=None)
+    ours = step.gradient(x, y, noise_multiplier=sigma, divisor=divisor, generator=torch.Generator().manual_seed(9))
+    flat = torch.cat([g.flatten() for g in ours.values()])
+    drawn = torch.normal(0.0, sigma * C / divisor, flat.shape, generator=torch.Generator().manual_seed(9))
+    normals = iter(torch.split(drawn * divisor / (sigma * C), [p.numel() for p in step.params.values()]))
+
+    def the_same_normals(std: float, reference: Tensor, generator: object = None, secure_mode: bool = False) -> Tensor:
+        return std * next(normals).view_as(reference)
+
+    monkeypatch.setattr(opacus_optimizer, "_generate_noise", the_same_normals)
+    private_model = copy.deepcopy(model)
+    rows = torch.utils.data.TensorDataset(x, y)
+    loader = gathered.loader(rows, len(y), shuffle=False, generator=torch.Generator().manual_seed(0))
+    dp = DPConfig(noise_multiplier=sigma, max_grad_norm=C)
+    _, private, optimizer, criterion, _ = make_private(
+        dp, sigma, C, private_model, build_optimizer(SGDConfig(), private_model), loader, nn.CrossEntropyLoss()
+    )
+    criterion(private(x), y).backward()
+    assert optimizer.expected_batch_size == divisor
+    optimizer.pre_step()
+    theirs = torch.cat([p.grad.flatten() for p in optimizer.params])
+    assert next(normals, None) is None  # every normal used, one parameter after another
+    torch.testing.assert_close(flat, theirs, rtol=1e-4, atol=1e-6)
+    assert torch.linalg.vector_norm(flat - drawn) <= C + 1e-4  # the clipped mean moved it by at most C·B/B
+
+
 @pytest.mark.parametrize("name", ["cnn", "mlp"])
 def test_padding_adds_nothing_and_a_larger_batch_takes_more_passes(name: str) -> None:
     torch.manual_seed(1)
