@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from dpsweep.config import ConfigError, to_config
 from dpsweep.data.facts import DatasetFacts
 from dpsweep.mechanisms import dpftrl_accounting as ftrl_accounting
 from dpsweep.mechanisms import functional as func_dp
+from dpsweep.mechanisms import fused
 from dpsweep.plan import prepare
 from dpsweep.privacy import schedule as privacy
 from dpsweep.privacy.ledger import Accounting
@@ -139,25 +141,50 @@ def test_an_interrupted_dpftrl_run_resumes_its_tree_exactly(
         assert torch.equal(a, b), name  # the same tree noise, the same fixed order, the same steps
 
 
-def _fused_beside(make_cfg: Composer, client: MlflowClient, args: list[str], steps: int) -> Run:
-    """A fused run of ``args`` beside the run of the same settings without it: FINISHED, with the same steps,
-    per-epoch ε and logged ε; the fused run's MLflow run."""
+def _fused_beside(
+    make_cfg: Composer, client: MlflowClient, args: list[str], steps: int, fused_only: tuple[str, ...] = ()
+) -> Run:
+    """A fused run of ``args`` (and ``fused_only``) beside the run of the same settings without it: FINISHED,
+    with the same steps, ledger, per-epoch ε and logged ε; the fused run's MLflow run."""
     other = train(make_cfg(*args, "tracking.run_name=not-fused"))
-    ran = train(make_cfg(*args, *FUSED, "tracking.run_name=fused"))
+    ran = train(make_cfg(*args, *FUSED, *fused_only, "tracking.run_name=fused"))
     run = client.get_run(ran.run_id)
     assert run.info.status == "FINISHED" and run.data.params["dp.grad_sample_mode"] == "fused"
     assert ran.steps == other.steps == steps and ran.epsilons == other.epsilons
+    assert ran.ledger == other.ledger and ran.ledger.entries, ran.ledger  # entry by entry: the same releases
     assert run.data.metrics["epsilon"] == client.get_run(other.run_id).data.metrics["epsilon"]
     return run
 
 
+def _passes_recorded(monkeypatch: pytest.MonkeyPatch) -> list[fused.FusedStep]:
+    """The fused steps the runs of this test build, to read how many passes they took."""
+    made: list[fused.FusedStep] = []
+    build = fused.FusedStep.__init__
+
+    def recorded(self: fused.FusedStep, *args: Any, **kwargs: Any) -> None:
+        build(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(fused.FusedStep, "__init__", recorded)
+    return made
+
+
 @pytest.mark.slow
-def test_a_fused_run_is_dpsgd_with_the_same_ledger_and_sampling(make_cfg: Composer, client: MlflowClient) -> None:
+def test_a_fused_run_is_dpsgd_with_the_same_ledger_and_sampling(
+    make_cfg: Composer, client: MlflowClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """dp.grad_sample_mode=fused trains example-level DP-SGD: the ε, steps and ledger of a hooks run at the same
     settings, its batches Poisson at the same q (χ² against Binomial(N, q)), and it learns."""
     args = ["dp.noise_multiplier=1.0", "train.epochs=2"]
     run = _fused_beside(make_cfg, client, args, steps=2 * 23)
     assert run.data.metrics["test_accuracy"] > 0.3  # chance is 0.1: it learns
+    # passes of exactly B rows: about half the Poisson batches exceed it and take a second pass, none is
+    # truncated, and the ledger is still the hooks run's (the ε of the batches actually drawn)
+    made = _passes_recorded(monkeypatch)
+    bound_b = [*args, "tracking.experiment_name=bound_b"]
+    _fused_beside(make_cfg, client, bound_b, steps=2 * 23, fused_only=("dp.pad_to=64",))
+    [step] = made
+    assert step.pad_to == 64 and 2 * 23 + 10 < step.passes < 2 * 2 * 23, step.passes
     # the sampler a fused run trains with: each example in with probability q = 1/ceil(N/B)
     cfg = to_config(make_cfg(*args, *FUSED))
     x, y = torch.zeros(1437, 1), torch.zeros(1437, dtype=torch.long)
@@ -181,6 +208,17 @@ def test_a_user_level_fused_run_is_user_level_dpsgd(make_cfg: Composer, client: 
     run = _fused_beside(make_cfg, client, args, steps=3 * 5)
     assert run.data.tags.get("dp.unit", run.data.params.get("dp.unit")) == "user"
     assert run.data.metrics["test_accuracy"] > 0.2, run.data.metrics  # chance is 0.1
+    # the users a fused run trains with: each user in with probability q = 1/ceil(U/B) = 1/5
+    cfg = to_config(make_cfg(*args, *FUSED))
+    x, y, users = torch.zeros(200, 1), torch.zeros(200, dtype=torch.long), torch.arange(200) % 50
+    own = func_dp.OwnRun(cfg, nn.Linear(1, 2), nn.CrossEntropyLoss(), (x, y, users), None, 0.8, torch.device("cpu"))  # type: ignore[arg-type]
+    setup = func_dp.FusedUsers().setup(own)
+    sampled = [b.num_users for _ in range(200) for b in setup.batches]  # 200 epochs of 5 steps
+    edges = [0, 7, 9, 10, 11, 13, 51]
+    observed = [sum(lo <= s < hi for s in sampled) for lo, hi in itertools.pairwise(edges)]
+    expected = [len(sampled) * (stats.binom.cdf(hi - 1, 50, 0.2) - stats.binom.cdf(lo - 1, 50, 0.2))
+                for lo, hi in itertools.pairwise(edges)]  # fmt: skip
+    assert stats.chisquare(observed, expected).pvalue > 1e-3, (observed, expected)
 
 
 @pytest.mark.slow
