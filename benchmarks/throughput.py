@@ -30,7 +30,9 @@ unset: on a GPU), eager elsewhere.
 --profile: where a goal fails, torch.profiler tables of the fused and the non-private step (self CPU time; on a GPU
 also self device time).
 
-Packed trials (several trials per device, ``launcher.trials_per_device``) are measured by ``benchmarks/packing.py``.
+--trials-per-device 1,2,4,8,16: in the same run, trials per hour of the 16-trial ``cnn`` grid (σ × C × seed) at each
+K (``launcher.trials_per_device``): real ``dpsweep -m launcher=local`` sweeps, one job at a time, by the
+``throughput`` section of ``benchmarks/packing.py`` (which also measures ``auto`` and the next K out of memory).
 """
 
 from __future__ import annotations
@@ -281,6 +283,8 @@ def main() -> int:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--json", type=Path, help="write every figure here")
     p.add_argument("--profile", action="store_true", help="torch.profiler tables where a goal fails")
+    p.add_argument("--trials-per-device", help="K values, e.g. 1,2,4,8: trials per hour of the 16-trial cnn grid")
+    p.add_argument("--epochs", type=int, default=2, help="each trial's epochs, with --trials-per-device")
     args = p.parse_args()
     warnings.filterwarnings("ignore")
     device = torch.device(args.device)
@@ -309,12 +313,25 @@ def main() -> int:
             for mode in ("off", fused_mode):
                 profiles.append(profile(setting, makers[setting][0], makers[setting][1], mode, b, device, warmup))
                 print("\n" + profiles[-1], flush=True)
+    packed = None
+    if args.trials_per_device:  # the sweeps' trials take the device this process has finished with
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from packing import throughput_section
+
+        print("\ntrials per hour, 16-trial cnn grid (sigma x C x seed), K trials per device:", flush=True)
+        packed = throughput_section([int(k) for k in args.trials_per_device.split(",")], 16, args.epochs)
+        goal = {"setting": "cnn grid", "batch_size": 64, "goal": f"{packed['goal']} the trials per hour of K=1",
+                "value": packed["best_vs_k1"], "passed": packed["met"]}  # fmt: skip
+        if device.type == "cuda":  # a GPU's goal: judged on a GPU only
+            judged.append(goal)
+        verdict = ("PASS" if goal["passed"] else "FAIL") if device.type == "cuda" else "n/a (CPU)"
+        print(f"  {verdict}  {goal['goal']}  ({goal['value']:.2f})")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         report = {"device": str(device), "device_name": name, "torch": torch.__version__, "cuda": cuda,
                   "driver": driver, "threads": torch.get_num_threads(), "steps_timed": steps,
                   "warmup_steps": warmup, "timings": [asdict(t) for t in timings], "ratios": r, "goals": judged,
-                  "profiles": profiles}  # fmt: skip
+                  "profiles": profiles, "packing": packed}  # fmt: skip
         args.json.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0 if all(g["passed"] for g in judged) else 1
