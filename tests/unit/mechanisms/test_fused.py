@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import copy
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from helpers import Composer
+from mlflow.tracking import MlflowClient
 from scipy import stats
 from torch import Tensor, nn
 
@@ -170,7 +170,11 @@ def test_a_bound_below_b_and_a_model_that_mixes_rows_are_refused() -> None:
 
 
 def test_a_model_that_mixes_rows_is_refused_before_a_sweep_launches_any_job(
-    make_cfg: Composer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    make_cfg: Composer,
+    client: MlflowClient,
+    experiment_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A model the fused step cannot run (here the mlp given a BatchNorm, as a user's own model might
     have) stops the sweep in its preflight: exit 2, the layer named, no job and no run."""
@@ -189,7 +193,7 @@ def test_a_model_that_mixes_rows_is_refused_before_a_sweep_launches_any_job(
     assert ended.value.code == 2
     err = capsys.readouterr().err
     assert "dp.grad_sample_mode='fused' is invalid" in err and "'2' (BatchNorm1d)" in err, err
-    assert not (Path(to_config(cfg).tracking.uri.removeprefix("sqlite:///"))).exists()  # no store, no run
+    assert client.get_experiment_by_name(experiment_name) is None  # not even its experiment: no run
     typed = to_config(make_cfg("model=mlp", "dp.grad_sample_mode=hooks"))
     prepare(typed, dataset_facts(typed)[0])  # the check is the fused step's alone
 
