@@ -30,7 +30,8 @@
 #   oom_expandable  the same for the cnn under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less
 #               fragmentation: how much of the 2% headroom the default allocator needs) -> oom_expandable.json
 #   fused       benchmarks/fused_check.py: the compiled fused DP step (CUDA graphs) against the eager one, one
-#               pass and two; a fused run beside a hooks run on the card (same ε and steps) -> fused.json
+#               pass and two, at example and user level; fused runs beside hooks runs and beside user-level
+#               DP-SGD's own steps on the card (same ε and steps)                 -> fused.json
 #   throughput  benchmarks/throughput.py: the fused DP step's and Opacus hooks' and ghost's step time over
 #               the non-private step, cnn and cached VGG16 head, B=64 and 256      -> throughput.json
 #   packing     benchmarks/packing.py: K trials per device (launcher.trials_per_device): trials per hour of a
