@@ -23,6 +23,7 @@ import argparse
 import json
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +41,17 @@ USERS = ["dp.unit=user", "dataset.users=partition", "dataset.num_users=50", "tra
          "dp.max_examples_per_user=8", "dp.noise_multiplier=0.8", "train.epochs=3"]  # fmt: skip
 
 
+def _models(device: torch.device) -> Iterator[tuple[str, nn.Module]]:
+    """The cnn (the vmap way) and the mlp (the linear way), each from the same seed, on ``device``."""
+    for name, config in (("cnn", CNNConfig()), ("mlp", MLPConfig())):
+        torch.manual_seed(SEED)
+        yield name, model_zoo.build(config, (1, 28, 28), 10).to(device)
+
+
 def compiled_equals_eager(device: torch.device) -> list[dict[str, Any]]:
     """Max |compiled − eager| of the clipped sum, for each model and batch size (one pass, two passes)."""
     out = []
-    for name, make in (("cnn", lambda: model_zoo.build(CNNConfig(), (1, 28, 28), 10)),
-                       ("mlp", lambda: model_zoo.build(MLPConfig(), (1, 28, 28), 10))):  # fmt: skip
-        torch.manual_seed(SEED)
-        model = make().to(device)
+    for name, model in _models(device):
         eager = fused.FusedStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=PAD_TO, mode=None)
         mode = fused.compile_mode(device, compiled=True)
         compiled = fused.FusedStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=PAD_TO, mode=mode)
@@ -80,10 +85,7 @@ def _compare(name: str, what: str, compiled: Any, eager: Any, batch: tuple[torch
 def user_level_compiled_equals_eager(device: torch.device) -> list[dict[str, Any]]:
     """FusedUserStep compiled against eager: 5 users (one pass of 8) and 13 (two passes), each of 1 to M rows."""
     out = []
-    for name, make in (("cnn", lambda: model_zoo.build(CNNConfig(), (1, 28, 28), 10)),
-                       ("mlp", lambda: model_zoo.build(MLPConfig(), (1, 28, 28), 10))):  # fmt: skip
-        torch.manual_seed(SEED)
-        model = make().to(device)
+    for name, model in _models(device):
         modes = (None, fused.compile_mode(device, compiled=True))
         steps = [
             fused.FusedUserStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=USERS_PER_PASS, max_examples=M,
