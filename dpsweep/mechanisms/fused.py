@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -129,8 +130,6 @@ def check_planned_model(model: ModelConfig, input_shape: tuple[int, int, int], n
     any job): the model built on the meta device, which allocates no memory, once per model config.
     Built without pretrained weights (``pretrained`` false where the config has it): weights do not
     change a model's layers, and planning downloads nothing."""
-    from dataclasses import replace
-
     from dpsweep.models.classifiers import build
 
     key = (repr(model), tuple(input_shape), num_classes)
