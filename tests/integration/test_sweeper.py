@@ -121,6 +121,16 @@ def test_jobs_carry_the_sweep_id(tmp_path: Path) -> None:
             "launcher.trials_per_device='auto' is invalid: a number of trials, or auto with train.memory_model",
         ),
         (["launcher.trials_per_device=2"], {}, "launcher.trials_per_device='2' is invalid: 1 with launcher=inline"),
+        (
+            ["launcher=local", "launcher.trials_per_device=2", "launcher.gpus_per_job=2"],
+            {},
+            "launcher.gpus_per_job=2 is invalid: 0 or 1 with launcher.trials_per_device=2",
+        ),
+        (
+            ["launcher=local", "dp.grad_sample_mode=fused", "dp.pad_to=32"],
+            {},
+            "dp.pad_to=32 is invalid: an integer at least train.batch_size=64",
+        ),
     ],
 )
 def test_bad_sweeps_stop_before_any_job(tmp_path: Path, args: list[str], env: dict[str, str], needle: str) -> None:
