@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 from opacus.data_loader import DPDataLoader
 from opacus.optimizers import DPOptimizer
 from torch import Tensor
+
+from dpsweep.data.device import Generators
 
 if TYPE_CHECKING:
     from dpsweep.mechanisms.functional import OwnRule, OwnRun, OwnSetup
@@ -67,8 +69,8 @@ def plant(bug: str, optimizer: DPOptimizer, loader: DPDataLoader) -> None:
                 p.grad = p.summed_grad + (p.grad - p.summed_grad) / 10
 
         optimizer.add_noise = tenth
-    elif bug == "reused_noise":  # Opacus draws its noise from the default generator
-        optimizer.add_noise = _reusing([torch.default_generator], add_noise)
+    elif bug == "reused_noise":  # Opacus draws its noise from the run's noise generator (or the default one)
+        optimizer.add_noise = _reusing([optimizer.generator or torch.default_generator], add_noise)
 
 
 def plant_own_run(bug: str, run: OwnRun) -> OwnRun:
@@ -95,12 +97,12 @@ def plant_own_steps(bug: str, rule: OwnRule, setup: OwnSetup) -> None:
         tree = getattr(setup.optimizer, "noise", None)  # DP-FTRL's tree aggregation
         if tree is not None:
             setup.optimizer.step = _reusing([tree.generator], setup.optimizer.step)  # type: ignore[method-assign]
-        else:  # the run's generator (the fused step) or the default one (user-level DP-SGD)
+        else:  # the run's generators (its noise among them)
             generators = [setup.generator, torch.default_generator]
             rule.gradient = _reusing(generators, rule.gradient)  # type: ignore[method-assign]
 
 
-def _reusing(generators: list[torch.Generator], draw: Callable[..., Any]) -> Callable[..., Any]:
+def _reusing(generators: Sequence[torch.Generator | Generators], draw: Callable[..., Any]) -> Callable[..., Any]:
     """``draw`` called from the ``generators``' states of its first call every time (their states then
     restored)."""
     first: list[list[Tensor]] = []
@@ -120,9 +122,11 @@ def _reusing(generators: list[torch.Generator], draw: Callable[..., Any]) -> Cal
     return reused
 
 
-def plant_critic(bug: str, step: Any, draw: Callable[..., Any], batches: Any) -> tuple[Any, Callable[..., Any]]:
+def plant_critic(
+    bug: str, step: Any, draw: Callable[..., Any], batches: Any, noise: torch.Generator
+) -> tuple[Any, Callable[..., Any]]:
     """The GAN's private critic step broken (``step``: its ``CriticStep``; ``draw``: the function that draws
-    its noisy gradient from the default generator; ``batches``: its Poisson batches): the step, the draw."""
+    its noisy gradient from ``noise``; ``batches``: its Poisson batches): the step, the draw."""
     if bug == "noise_tenth":
         step = dataclasses.replace(step, noise_multiplier=step.noise_multiplier / 10)
     elif bug == "no_clipping":
@@ -131,5 +135,5 @@ def plant_critic(bug: str, step: Any, draw: Callable[..., Any], batches: Any) ->
     elif bug == "half_sample_rate":
         batches.sample_rate *= 2
     elif bug == "reused_noise":
-        draw = _reusing([torch.default_generator], draw)
+        draw = _reusing([noise], draw)
     return step, draw

@@ -24,7 +24,6 @@ from dpsweep.config.dataset import (
     validate_for_dataset,
 )
 from dpsweep.config.dp import (
-    SECURE_RNG_MODULE,
     UNITS,
     Accountant,
     Clipping,
@@ -76,7 +75,6 @@ __all__ = [
     "NATURAL_USER_DATASETS",
     "NON_IDENTITY_PREFIXES",
     "RANK_KEYS",
-    "SECURE_RNG_MODULE",
     "SWEEPER_KEYS",
     "TASK_SECTIONS",
     "UNITS",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -12,8 +11,6 @@ from dpsweep.privacy import ranges
 
 if TYPE_CHECKING:
     from dpsweep.config.schema import Config
-
-SECURE_RNG_MODULE = "torchcsprng"  # what Opacus's PrivacyEngine(secure_mode=True) imports
 
 
 class Accountant(StrEnum):
@@ -117,10 +114,15 @@ class DPConfig:
     # fused: torch.compile the pass (CUDA graphs on a GPU); null: on a GPU only (on 2 CPU cores compiling
     # took 44 s and the compiled cnn pass was no faster than eager: benchmarks/throughput.py)
     compile: bool | None = None
-    # Opacus's secure mode: noise and Poisson sampling from a cryptographically secure RNG (torchcsprng)
-    # instead of torch's generator, which train.seed (logged) regenerates. Off: runs are tagged
-    # dp.release=not-for-release.
+    # Secure mode: every private stream (Poisson sampling, noise, canaries, a private clipping norm) is
+    # seeded with 128 bits of the OS's entropy, never logged (dpsweep.privacy.streams); such a run is tagged
+    # dp.release=ok and does not reproduce bit for bit. Off: the streams derive from train.seed and the
+    # config, which are logged, so the run reproduces and is tagged dp.release=not-for-release.
     secure_mode: bool = False
+    # The seed of the private streams, shared by every run that sets the same value (common random
+    # numbers, e.g. to compare σ on the same batches and noise); null: derived from train.seed and the
+    # run's config, so two configs of a sweep never share their batches or noise.
+    stream_seed: int | None = None
     # The clipping norm: fixed (dp.max_grad_norm); quantile: before training, the dp.clip_quantile of
     # the per-example gradient norms at initialisation on one Poisson sample, released with
     # dp.clip_epsilon-DP by dp.clip_quantile_method over the public range [clip_low, clip_high], and
@@ -202,7 +204,6 @@ def _check_user_steps(cfg: Config) -> None:
     if dp.unit != PrivacyUnit.user:
         return
     require(dp.clipping == Clipping.fixed, "dp.clipping", dp.clipping.value, "fixed with dp.unit=user")
-    require(not dp.secure_mode, "dp.secure_mode", dp.secure_mode, "false with dp.unit=user: its noise is torch's")
     pb = t.physical_batch_size
     require(pb is None, "train.physical_batch_size", pb, "null with dp.unit=user: a step is one pass")
 
@@ -218,7 +219,6 @@ def _check_fused(cfg: Config) -> None:
     what = "with dp.grad_sample_mode=fused"
     require(dp.mechanism == "dpsgd", "dp.mechanism", dp.mechanism, f"dpsgd {what} (the fused step is DP-SGD's)")
     require(dp.clipping == Clipping.fixed, "dp.clipping", dp.clipping.value, f"fixed {what}")
-    require(not dp.secure_mode, "dp.secure_mode", dp.secure_mode, f"false {what}: its noise is torch's")
     pb = cfg.train.physical_batch_size
     require(pb is None, "train.physical_batch_size", pb, f"null {what}: dp.pad_to sets the rows of a pass")
     pad = dp.pad_to
@@ -249,26 +249,10 @@ def _check_clipping(cfg: Config) -> None:
 
 
 def _check_secure_mode(cfg: Config) -> None:
-    """dp.secure_mode=true needs Opacus's secure RNG, and Poisson sampling that draws from it."""
+    """dp.secure_mode=true draws every private stream from the OS's entropy (``dpsweep.privacy.streams``),
+    which shared streams would contradict."""
     dp = cfg.dp
-    module = _secure_rng_module()
     require(
-        not dp.secure_mode or importlib.util.find_spec(module) is not None,
-        "dp.secure_mode",
-        dp.secure_mode,
-        f"false here: Opacus's secure mode needs the {module} package, which is not installed "
-        "(pytorch/csprng; it has no build for recent torch versions)",
-    )
-    require(
-        not (dp.secure_mode and cfg.train.device_resident),
-        "train.device_resident",
-        cfg.train.device_resident,
-        "false with dp.secure_mode=true: device-resident Poisson sampling draws from torch's generator",
-    )
-
-
-def _secure_rng_module() -> str:
-    """SECURE_RNG_MODULE as the package ``dpsweep.config`` holds it now: callers (and tests) set it there."""
-    from dpsweep import config
-
-    return config.SECURE_RNG_MODULE
+        not (dp.secure_mode and dp.stream_seed is not None), "dp.stream_seed", dp.stream_seed,
+        "null with dp.secure_mode=true: a secure run's sampling and noise come from the OS's entropy, not a seed",
+    )  # fmt: skip

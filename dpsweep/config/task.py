@@ -304,10 +304,6 @@ def _check_gan_privacy(cfg: Config, g: GanTaskConfig) -> None:
         "dpsweep computes it with torch.func",
     )  # fmt: skip
     require(dp.clipping == Clipping.fixed, "dp.clipping", dp.clipping.value, "fixed with task=gan (dp.max_grad_norm)")
-    require(
-        not dp.secure_mode, "dp.secure_mode", dp.secure_mode,
-        "false with task=gan: its critic's noise and Poisson sampling draw from torch's generator",
-    )  # fmt: skip
     pb = cfg.train.physical_batch_size
     require(pb is None, "train.physical_batch_size", pb, "null with task=gan: a critic step is one pass")
     require(

@@ -43,6 +43,28 @@ def device_generator(device: torch.device, seed: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
+class Generators:
+    """A run's generators by purpose (``dpsweep.privacy.streams``: sampling, noise, ...) as one checkpointed
+    state: :meth:`get_state` concatenates their states and :meth:`set_state` splits it by their lengths,
+    the interface of one ``torch.Generator`` that a checkpoint saves (``dpsweep.run.checkpoint``)."""
+
+    def __init__(self, **by_purpose: torch.Generator) -> None:
+        self.by_purpose = by_purpose
+
+    def __getitem__(self, purpose: str) -> torch.Generator:
+        return self.by_purpose[purpose]
+
+    def get_state(self) -> Tensor:
+        return torch.cat([g.get_state() for g in self.by_purpose.values()])
+
+    def set_state(self, state: Tensor) -> None:
+        sizes = [len(g.get_state()) for g in self.by_purpose.values()]
+        if len(state) != sum(sizes):
+            raise ValueError(f"a state of {len(state)} bytes for generators of {sizes} bytes")
+        for g, part in zip(self.by_purpose.values(), torch.split(state, sizes), strict=True):
+            g.set_state(part.clone())
+
+
 def materialize(dataset: Dataset[Any], *, batch_size: int = 1024) -> tuple[Tensor, Tensor]:
     """All examples of ``dataset`` as one tensor (N, ...) and int64 labels (N,), in dataset order.
 

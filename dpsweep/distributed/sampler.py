@@ -6,7 +6,8 @@ on exactly one rank, and every rank taking every step.
 
 The examples are dealt to the ranks by a permutation that depends on ``seed`` alone (not on the data):
 rank r owns every world_size-th example of it, from the r-th. At each step, each rank includes each
-example it owns with probability q, from a generator of its own (seeded by ``seed`` and its rank).
+example it owns with probability q, from a generator of its own: seeded by ``draw_seed`` (a run passes
+its rank's private sampling stream, ``dpsweep.privacy.streams``), or by ``seed`` and its rank.
 The union over the ranks is then one Poisson sample of the whole training set at rate q (each
 example in independently, with probability q), which is what the accountant's amplification by
 Poisson subsampling assumes (Mironov, Talwar & Zhang 2019; the same sampling as one process's
@@ -35,7 +36,9 @@ RANK_STREAMS = 1 << 20  # a rank's generator is seeded seed·RANK_STREAMS + rank
 class PoissonAcrossRanks(Sampler[list[int]]):
     """This rank's share of each step's Poisson batch (module doc): ``steps`` batches an epoch."""
 
-    def __init__(self, n: int, sample_rate: float, steps: int, ranks: Ranks, seed: int) -> None:
+    def __init__(
+        self, n: int, sample_rate: float, steps: int, ranks: Ranks, seed: int, draw_seed: int | None = None
+    ) -> None:
         if not 0 < sample_rate <= 1:
             raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate}")
         if not 0 <= ranks.rank < ranks.world_size or ranks.world_size > RANK_STREAMS:
@@ -43,7 +46,8 @@ class PoissonAcrossRanks(Sampler[list[int]]):
         self.sample_rate, self.steps = sample_rate, steps
         dealt = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
         self.owned = dealt[ranks.rank :: ranks.world_size]
-        self.generator = torch.Generator().manual_seed(seed * RANK_STREAMS + ranks.rank)
+        own = seed * RANK_STREAMS + ranks.rank if draw_seed is None else draw_seed
+        self.generator = torch.Generator().manual_seed(own)
 
     def __len__(self) -> int:
         return self.steps

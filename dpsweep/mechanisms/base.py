@@ -129,8 +129,6 @@ class Mechanism(ABC):
         what = f"with dp.mechanism={name}"
         if dp.clipping.value != "fixed":
             raise ConfigError("dp.clipping", dp.clipping.value, f"fixed {what}")
-        if dp.secure_mode:
-            raise ConfigError("dp.secure_mode", dp.secure_mode, f"false {what}: its noise is torch's")
         if cfg.train.physical_batch_size is not None:
             raise ConfigError(
                 "train.physical_batch_size", cfg.train.physical_batch_size, f"null {what}: a step is one pass"

@@ -48,6 +48,7 @@ from dpsweep.mechanisms import dpftrl_accounting as ftrl_accounting
 from dpsweep.mechanisms import ftrl, fused, get
 from dpsweep.models.optimizers import build_optimizer
 from dpsweep.privacy.schedule import poisson_schedule
+from dpsweep.privacy.streams import Purpose, Streams
 
 STEPS_KEY = "dp_steps"  # the optimizer param-group entry counting DP steps (saved with its state_dict)
 ORDER_SEED_OFFSET = 4_243  # the fixed order's permutation: its own generator, seeded from train.seed
@@ -147,7 +148,7 @@ class OwnSetup:
     through a tree (DP-FTRL), the epochs after which the tree restarts (a white-box audit follows them)."""
 
     optimizer: torch.optim.Optimizer
-    generator: torch.Generator
+    generator: torch.Generator | device_data.Generators
     batches: Iterable[users.UserBatch]
     expected_units: float
     tree_restarts: tuple[int, ...] = ()
@@ -168,6 +169,7 @@ class OwnRun:
     exact: FixedOrderBatches
     sigma: float
     device: torch.device
+    streams: Streams  # the private streams it samples and noises from (dpsweep.privacy.streams)
     priced: int | None = None
 
 
@@ -191,23 +193,40 @@ class OwnRule(ABC):
 
 class PoissonUnits(OwnRule):
     """User-level DP-SGD (McMahan et al. 2018): users Poisson-sampled at q = 1/ceil(U/B), N(0, σ²C²) on
-    the sum of their clipped contributions, over the expected number of users; the configured optimizer."""
+    the sum of their clipped contributions, over the expected number of users; the configured optimizer.
+    The users are drawn from the run's sampling stream, the noise from its noise stream."""
+
+    def __init__(self) -> None:
+        self.noise: torch.Generator | None = None
 
     def setup(self, run: OwnRun) -> OwnSetup:
         (x, y, unit), cfg = run.data, run.cfg
         assert unit is not None
-        generator = device_data.device_generator(run.device, cfg.train.seed)
+        generators = private_generators(run)
+        self.noise = generators["noise"]
         sampled = users.UserBatches(
             x, y, unit, expected_users_per_step=cfg.train.batch_size,
-            max_examples_per_user=cfg.dp.max_examples_per_user, device=run.device, generator=generator,
-            priced_users=run.priced,
+            max_examples_per_user=cfg.dp.max_examples_per_user, device=run.device,
+            generator=generators["sampling"], priced_users=run.priced,
         )  # fmt: skip
-        return OwnSetup(build_optimizer(cfg.optimizer, run.model), generator, sampled, sampled.expected_users)
+        return OwnSetup(build_optimizer(cfg.optimizer, run.model), generators, sampled, sampled.expected_users)
 
     def gradient(self, run: OwnRun, batch: users.UserBatch, expected_units: float) -> dict[str, Tensor]:
+        assert self.noise is not None, "setup() first"
         x, y, segment = batch
         c, n_seg = run.cfg.dp.max_grad_norm, users.segment_count(segment)
-        return users.user_level_gradient(run.model, run.loss_fn, x, y, segment, n_seg, c, run.sigma, expected_units)
+        return users.user_level_gradient(
+            run.model, run.loss_fn, x, y, segment, n_seg, c, run.sigma, expected_units, generator=self.noise
+        )
+
+
+def private_generators(run: OwnRun) -> device_data.Generators:
+    """The run's sampling and noise generators on its device, each seeded from its own private stream."""
+    streams = run.streams
+    return device_data.Generators(
+        sampling=device_data.device_generator(run.device, streams.seed(Purpose.sampling)),
+        noise=device_data.device_generator(run.device, streams.seed(Purpose.noise)),
+    )
 
 
 class FusedPoisson(OwnRule):
@@ -222,17 +241,17 @@ class FusedPoisson(OwnRule):
         (x, y, _), cfg = run.data, run.cfg
         n = run.priced or len(y)  # the plan's N, whose rate and expected batch the ledger prices
         schedule = poisson_schedule(n, cfg.train.batch_size)  # q = 1/ceil(N/B), as Opacus's loader
-        generator = device_data.device_generator(run.device, cfg.train.seed)
+        generators = private_generators(run)
         sampled = device_data.PoissonBatches(
-            x, y, sample_rate=schedule.inclusion_probability, device=run.device, generator=generator
+            x, y, sample_rate=schedule.inclusion_probability, device=run.device, generator=generators["sampling"]
         )
-        self.generator = generator
+        self.generator = generators["noise"]
         pad_to, mode = _fused_settings(run)
         self.step = fused.FusedStep(
             run.model, run.loss_fn, max_grad_norm=cfg.dp.max_grad_norm, pad_to=pad_to, mode=mode
         )
         expected = int(n * schedule.inclusion_probability)  # Opacus's expected_batch_size (make_private)
-        return OwnSetup(build_optimizer(cfg.optimizer, run.model), generator, _AsUnits(sampled), float(expected))
+        return OwnSetup(build_optimizer(cfg.optimizer, run.model), generators, _AsUnits(sampled), float(expected))
 
     def gradient(self, run: OwnRun, batch: users.UserBatch, expected_units: float) -> dict[str, Tensor]:
         assert self.step is not None, "setup() first"
@@ -258,7 +277,8 @@ class FusedUsers(OwnRule):
             run.model, run.loss_fn, max_grad_norm=dp.max_grad_norm, pad_to=pad_to,
             max_examples=dp.max_examples_per_user, mode=mode,
         )  # fmt: skip
-        self.generator = own.generator
+        assert isinstance(own.generator, device_data.Generators)
+        self.generator = own.generator["noise"]
         return own
 
     def gradient(self, run: OwnRun, batch: users.UserBatch, expected_units: float) -> dict[str, Tensor]:
@@ -304,7 +324,7 @@ class TreeAggregation(OwnRule):
     def setup(self, run: OwnRun) -> OwnSetup:
         cfg = run.cfg
         generator = torch.Generator().manual_seed(cfg.train.seed)  # the order is fixed: nothing to draw
-        optimizer = ftrl_optimizer(cfg, run.model, run.sigma, run.device)
+        optimizer = ftrl_optimizer(cfg, run.model, run.sigma, run.device, run.streams.seed(Purpose.noise))
         epochs, every = cfg.train.epochs, cfg.dp.ftrl_restart_every
         restarts = tuple(e for e in range(1, epochs + 1) if ftrl_accounting.restart_after_epoch(e, epochs, every))
         return OwnSetup(optimizer, generator, run.exact, float(cfg.train.batch_size), restarts)
@@ -371,10 +391,13 @@ class OwnSteps:
         self.rule.end_epoch(self.run, self.optimizer, epoch)
 
 
-def ftrl_optimizer(cfg: Config, model: nn.Module, sigma: float, device: torch.device) -> ftrl.FTRLOptimizer:
-    """FTRLOptimizer over the trainable parameters, its tree's node noise σ·C/B, lr and momentum from optimizer.*."""
+def ftrl_optimizer(
+    cfg: Config, model: nn.Module, sigma: float, device: torch.device, noise_seed: int
+) -> ftrl.FTRLOptimizer:
+    """FTRLOptimizer over the trainable parameters, its tree's node noise σ·C/B (drawn from ``noise_seed``,
+    the run's noise stream; the tree's state keeps the generator's), lr and momentum from optimizer.*."""
     params = [p for p in model.parameters() if p.requires_grad]
-    generator = torch.Generator(device=device).manual_seed(cfg.train.seed)
+    generator = torch.Generator(device=device).manual_seed(noise_seed)
     std = sigma * cfg.dp.max_grad_norm / cfg.train.batch_size  # on the clipped sum over B (OwnSteps.step)
     tree = ftrl.TreeAggregator.for_params(
         params, std=std, generator=generator, tree_completion=cfg.dp.ftrl_tree_completion

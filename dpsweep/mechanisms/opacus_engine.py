@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 from dpsweep.config import Clipping, DPConfig, GradSampleMode
 from dpsweep.privacy import clipping
 
-# Known, understood warnings: secure_mode is off (recorded as the tag dp.secure_mode), and Opacus's
+# Known, understood warnings: Opacus's secure_mode is off (dp.secure_mode seeds the generators instead), and Opacus's
 # backward hooks fire on modules whose inputs need no gradient (the images).
 warnings.filterwarnings("ignore", message="Secure RNG turned off")
 warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
@@ -38,15 +38,21 @@ def make_private(
     optimizer: torch.optim.Optimizer,
     loader: DataLoader[Any],
     criterion: nn.Module,
+    noise_generator: torch.Generator | None = None,
 ) -> tuple[PrivacyEngine, nn.Module, DPOptimizer, nn.Module, DataLoader[Any]]:
     """Opacus DP-SGD: per-sample clipping to C = ``max_grad_norm``, Gaussian noise of std σ·C,
     Poisson sampling at rate 1/len(loader), every step recorded in Opacus's accountant history,
     which the run's ledger (``dpsweep.privacy.ledger``) accounts under ``dp.accountant``.
 
+    The Poisson batches draw from the loader's generator, the noise from ``noise_generator`` (on the
+    parameters' device; None: torch's default generator): a run gives each its own stream
+    (``dpsweep.privacy.streams``). Opacus's own secure mode is not used: it needs torchcsprng, which has no
+    build for today's torch; ``dp.secure_mode`` seeds these generators from the OS's entropy instead.
+
     ``dp.grad_sample_mode`` picks how per-sample gradients are obtained; ghost clipping also wraps the
     criterion (its loss runs Opacus's two backward passes), so the criterion to use is returned."""
     # Opacus's accountant only records the (σ, q, steps) history here; ε comes from the ledger.
-    engine = PrivacyEngine(accountant="rdp", secure_mode=dp.secure_mode)
+    engine = PrivacyEngine(accountant="rdp", secure_mode=False)
     adaptive: dict[str, Any] = {}
     if dp.clipping == Clipping.adaptive:
         adaptive = {
@@ -64,6 +70,7 @@ def make_private(
         poisson_sampling=True,  # the accountants analyse Poisson subsampling
         grad_sample_mode=dp.grad_sample_mode.value,
         criterion=criterion,
+        noise_generator=noise_generator,
         **adaptive,
     )
     if dp.grad_sample_mode == GradSampleMode.ghost:

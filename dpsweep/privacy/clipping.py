@@ -16,8 +16,9 @@ training set, Poisson sampling amplifies it to ε' = log(1 + q(e^ε - 1))
 The ledger charges ε' as a pure-DP event (randomized-response RDP bound; exact PLD), planned before
 training by :func:`planned` with the same numbers the run then records.
 
-The release is a deterministic function of the data and ``train.seed`` (its own generator): a
-resumed run repeats it with the same output, which reveals nothing more, so it is charged once.
+The release is a deterministic function of the data and the run's clipping stream
+(``dpsweep.privacy.streams``; a secure run's entropy is kept in its checkpoint): a resumed run repeats it
+with the same output, which reveals nothing more, so it is charged once.
 
 **adaptive** (Andrew, Thakkar, McMahan & Ramaswamy 2021, "Differentially Private Learning with Adaptive
 Clipping", Alg. 1 and Thm. 1). At each step, besides the clipped gradients, the count of examples
@@ -47,7 +48,6 @@ if TYPE_CHECKING:  # the config module registers Hydra schemas: dpsweep-epsilon 
 
 RELEASE = "clip_quantile"  # the ledger entry's name
 DEFAULT_EPSILON = 1.0  # dp.clip_epsilon's default (a test checks they agree): cheap once amplified by q
-SEED_OFFSET = 7_919  # the release's generator: train.seed + this, apart from the training sampler's
 
 
 def release(epsilon: float, sample_rate: float, method: str, params: Mapping[str, Any] | None = None) -> ledger.Entry:
@@ -120,8 +120,9 @@ def planned(dp: DPConfig, sample_rate: float) -> ledger.Ledger:
 
 
 def choose(norms: np.ndarray, dp: DPConfig, seed: int) -> float:
-    """C: the private ``dp.clip_quantile`` of per-example gradient ``norms`` (one Poisson sample)."""
-    rng = np.random.default_rng(seed + SEED_OFFSET)
+    """C: the private ``dp.clip_quantile`` of per-example gradient ``norms`` (one Poisson sample), its noise
+    drawn from ``seed`` (a run's clipping stream, ``dpsweep.privacy.streams``)."""
+    rng = np.random.default_rng(seed)
     if dp.clip_quantile_method == "exponential":
         c = mechanisms.exponential_quantile(
             norms, dp.clip_quantile, low=dp.clip_low, high=dp.clip_high, epsilon=dp.clip_epsilon, rng=rng

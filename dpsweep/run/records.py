@@ -16,6 +16,7 @@ from dpsweep.config import Config, flatten, identity, settings, structured
 from dpsweep.data import loaders as datasets
 from dpsweep.errors import redact, redacted
 from dpsweep.plan import RunPlan
+from dpsweep.privacy import streams
 from dpsweep.tracking import Tracker
 from dpsweep.tracking.environment import environment_tags
 
@@ -85,8 +86,10 @@ def run_tags(plan: RunPlan, data: datasets.DataSplits, device: torch.device, bac
     if plan.privacy is not None:
         tags |= {
             "dp.delta": cfg.dp.delta, "dp.accountant": cfg.dp.accountant.value, "dp.secure_mode": cfg.dp.secure_mode,
-            # without secure mode, train.seed (logged) regenerates the noise and the sampling
+            # without secure mode, train.seed and the config (logged) regenerate the noise and the sampling;
+            # with it they come from the OS's entropy, never logged (dpsweep.privacy.streams)
             "dp.release": "ok" if cfg.dp.secure_mode else "not-for-release",
+            "dp.streams": streams.described(cfg.dp.secure_mode, cfg.dp.stream_seed),
             "dp.grad_sample_mode": cfg.dp.grad_sample_mode.value,
         }  # fmt: skip
         if plan.privacy.calibrated:

@@ -38,10 +38,12 @@ from opacus import PrivacyEngine
 from torch import nn
 
 from dpsweep.config import Config
+from dpsweep.data.device import Generators
 from dpsweep.data.loaders import DataSplits
 from dpsweep.distributed import Ranks
 from dpsweep.plan import RunPlan
 from dpsweep.privacy import ledger
+from dpsweep.privacy.streams import Streams
 from dpsweep.registry import Registry
 from dpsweep.tracking import Tracker
 
@@ -55,6 +57,7 @@ class RunInputs:
     plan: RunPlan
     data: DataSplits
     device: torch.device
+    streams: Streams  # the private streams: sampling, noise, canaries (dpsweep.privacy.streams)
     ranks: Ranks = field(default_factory=Ranks)
 
 
@@ -66,7 +69,7 @@ class Checkpointed:
     model: nn.Module
     optimizer: torch.optim.Optimizer
     engine: PrivacyEngine | None
-    generator: torch.Generator
+    generator: torch.Generator | Generators
 
 
 class Marks(Protocol):
@@ -88,6 +91,9 @@ class TaskRun(Protocol):
     # Metrics of train_epoch computed from private examples without noise (e.g. train_loss): with DP
     # the runner keeps them in TrainResult but neither logs nor prints them.
     private_metrics: tuple[str, ...]
+    # Whether the first iteration's memory stages follow the size of private data (e.g. the training
+    # users' ratings): with DP the runner then logs none of them (a probe, which only measures, does).
+    private_stages: bool
 
     def tags(self) -> dict[str, Any]:
         """Tags about the task's modules, set when the MLflow run is created (e.g. model.trainable_params)."""

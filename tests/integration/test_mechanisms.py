@@ -25,8 +25,11 @@ from dpsweep.mechanisms import fused
 from dpsweep.plan import prepare
 from dpsweep.privacy import schedule as privacy
 from dpsweep.privacy.ledger import Accounting
+from dpsweep.privacy.streams import Streams
 from dpsweep.run.runner import train
 from dpsweep.tasks.classifier import task as classifier
+
+STREAMS = Streams.of_run(seed=0, config_hash="0")  # the private streams of a hand-built run
 
 DIGITS = DatasetFacts(1437, (1, 28, 28), 10)
 USERS = ["dp.unit=user", "dataset.users=partition", "dataset.num_users=50", "train.batch_size=10"]
@@ -188,7 +191,10 @@ def test_a_fused_run_is_dpsgd_with_the_same_ledger_and_sampling(
     # the sampler a fused run trains with: each example in with probability q = 1/ceil(N/B)
     cfg = to_config(make_cfg(*args, *FUSED))
     x, y = torch.zeros(1437, 1), torch.zeros(1437, dtype=torch.long)
-    own = func_dp.OwnRun(cfg, nn.Linear(1, 2), nn.CrossEntropyLoss(), (x, y, None), None, 1.0, torch.device("cpu"))  # type: ignore[arg-type]
+    no_order: Any = None  # Poisson-sampled: no fixed order
+    own = func_dp.OwnRun(
+        cfg, nn.Linear(1, 2), nn.CrossEntropyLoss(), (x, y, None), no_order, 1.0, torch.device("cpu"), STREAMS
+    )
     setup = func_dp.FusedPoisson().setup(own)
     assert setup.expected_units == int(1437 / 23)  # Opacus's expected batch size: its divisor
     sizes = [len(b.y) for _ in range(40) for b in setup.batches]  # 40 epochs of 23 steps
@@ -211,7 +217,10 @@ def test_a_user_level_fused_run_is_user_level_dpsgd(make_cfg: Composer, client: 
     # the users a fused run trains with: each user in with probability q = 1/ceil(U/B) = 1/5
     cfg = to_config(make_cfg(*args, *FUSED))
     x, y, users = torch.zeros(200, 1), torch.zeros(200, dtype=torch.long), torch.arange(200) % 50
-    own = func_dp.OwnRun(cfg, nn.Linear(1, 2), nn.CrossEntropyLoss(), (x, y, users), None, 0.8, torch.device("cpu"))  # type: ignore[arg-type]
+    no_order: Any = None  # Poisson-sampled: no fixed order
+    own = func_dp.OwnRun(
+        cfg, nn.Linear(1, 2), nn.CrossEntropyLoss(), (x, y, users), no_order, 0.8, torch.device("cpu"), STREAMS
+    )
     setup = func_dp.FusedUsers().setup(own)
     sampled = [b.num_users for _ in range(200) for b in setup.batches]  # 200 epochs of 5 steps
     edges = [0, 7, 9, 10, 11, 13, 51]

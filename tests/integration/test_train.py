@@ -83,8 +83,12 @@ def dp_run(
 @pytest.fixture(scope="module")
 def seed2_run(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
     """One epoch of the default DP-SGD run (hooks) with seed 2: the reference that several tests
-    compare another run of the same batches and noise with."""
-    return train(_compose(tmp_path_factory.mktemp("seed2"), "train.epochs=1", "train.seed=2"))
+    compare another run of the same batches and noise with (``STREAM``: configs that differ share them
+    only when asked)."""
+    return train(_compose(tmp_path_factory.mktemp("seed2"), "train.epochs=1", "train.seed=2", STREAM))
+
+
+STREAM = "dp.stream_seed=2"  # the same batches and noise for the configs compared with seed2_run
 
 
 @dataclass(frozen=True)
@@ -234,21 +238,6 @@ def test_each_epoch_is_reported_as_a_line_where_no_bar_is_shown(
     assert "train_loss" not in "".join(lines)  # with DP, an un-noised statistic of private examples
 
 
-def test_secure_mode_needs_its_rng_and_poisson_sampling_it_covers(
-    make_cfg: Composer, client: MlflowClient, experiment_name: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """dp.secure_mode=true without torchcsprng is refused before any run exists; so is device-resident
-    sampling under secure mode (it draws from torch's generator), checked with the RNG module present."""
-    from dpsweep import config
-
-    with pytest.raises(ConfigError, match=r"dp.secure_mode=True is invalid: false here: .* torchcsprng package"):
-        train(make_cfg("dp.secure_mode=true"))
-    monkeypatch.setattr(config, "SECURE_RNG_MODULE", "json")  # a module that is installed
-    with pytest.raises(ConfigError, match=r"train.device_resident=True is invalid: false with dp.secure_mode=true"):
-        train(make_cfg("dp.secure_mode=true", "train.device_resident=true"))
-    assert runs_of(client, experiment_name) == []
-
-
 def test_dp_memory_stages_are_of_exactly_b_not_of_a_poisson_batch(
     make_cfg: Composer, client: MlflowClient, experiment_name: str
 ) -> None:
@@ -394,7 +383,7 @@ def test_eval_every_evaluates_its_epochs_and_the_last_and_changes_nothing_else(
 @SEED2
 def test_same_seed_same_result(make_cfg: Composer, seed2_run: TrainResult) -> None:
     a = seed2_run
-    b = train(make_cfg("train.epochs=1", "train.seed=2"))
+    b = train(make_cfg("train.epochs=1", "train.seed=2", STREAM))
     assert a.test_accuracy == b.test_accuracy and a.train_loss == b.train_loss
 
 
@@ -480,7 +469,8 @@ def test_physical_batches_change_memory_not_results(make_cfg: Composer, seed2_ru
     """BatchMemoryManager (DP) and split passes (non-DP): same steps, loss, accuracy and ε."""
     for dp in ("dpsgd", "off"):
         whole = seed2_run if dp == "dpsgd" else train(make_cfg(f"dp={dp}", "train.epochs=1", "train.seed=2"))
-        split = train(make_cfg(f"dp={dp}", "train.epochs=1", "train.seed=2", "train.physical_batch_size=16"))
+        shared = [STREAM] if dp == "dpsgd" else []
+        split = train(make_cfg(f"dp={dp}", "train.epochs=1", "train.seed=2", "train.physical_batch_size=16", *shared))
         assert split.steps == whole.steps == 23
         assert split.epsilon == whole.epsilon and split.accountant_history == whole.accountant_history
         assert split.test_accuracy == pytest.approx(whole.test_accuracy, abs=0.01)
@@ -628,7 +618,7 @@ def test_every_grad_sample_mode_trains_and_probes_through_train(
     """The same run in every Opacus mode (the same clipped sums, up to float order), the same ε and steps
     with the fused step, and a probe of each."""
     hooks = seed2_run
-    other = train(make_cfg("train.epochs=1", "train.seed=2", f"dp.grad_sample_mode={mode.value}"))
+    other = train(make_cfg("train.epochs=1", "train.seed=2", STREAM, f"dp.grad_sample_mode={mode.value}"))
     assert other.epsilon == hooks.epsilon and other.steps == hooks.steps
     if mode != GradSampleMode.fused:  # fused draws its Poisson batches on the device: other batches, same law
         assert other.test_accuracy == pytest.approx(hooks.test_accuracy, abs=2 / 360)

@@ -48,6 +48,7 @@ from dpsweep.models.optimizers import build_optimizer
 from dpsweep.plan import mechanism_of, setting
 from dpsweep.privacy import clipping, ledger
 from dpsweep.privacy.schedule import poisson_schedule
+from dpsweep.privacy.streams import Purpose
 from dpsweep.tasks import TASKS, Checkpointed, Marks, RunInputs, Stages
 from dpsweep.tasks.classifier.passes import Trainer, evaluate, per_example_grad_norms, train_pass
 from dpsweep.tracking import Tracker
@@ -81,6 +82,7 @@ class ClassifierRun:
     """One classifier run (see :class:`dpsweep.tasks.TaskRun`)."""
 
     private_metrics = ("train_loss",)  # the mean loss of the Poisson batches: un-noised, not released with DP
+    private_stages = False  # measured on exactly B examples (units), a public shape
 
     def __init__(self, inputs: RunInputs, model: nn.Module) -> None:
         self.inputs = inputs
@@ -116,21 +118,22 @@ class ClassifierRun:
             self.model, self.data = _cached_features(self.inputs, self.model, run)  # the backbone is dropped
         self.test = self.data.test
         if cfg.audit.mode == "black_box":  # the canaries in, the excluded ones out, before any loader
-            a = cfg.audit
-            self.input_canaries = black_box.InputCanaries(
-                self.data.train, self.data.num_classes, a.canaries, a.seed, added=cfg.dp.unit.value == "user"
-            )
-            self.data = dataclasses.replace(self.data, train=self.input_canaries.training_set())
+            self._add_input_canaries()
         self.model = self.model.to(device)
         if func_dp.uses_own_steps(cfg):
             return self._start_own_steps()
         if self.ranks.distributed:  # Opacus's DDP: rank 0's parameters broadcast; make_private goes distributed
             self.model = DPDDP(self.model)
         self.optimizer = build_optimizer(cfg.optimizer, self.model)
-        generator = torch.Generator().manual_seed(cfg.train.seed)
+        streams, rank = self.inputs.streams, self.ranks.rank
+        # without DP the shuffles are public (train.seed); with DP the batches draw from the sampling stream
+        sampling = streams.seed(Purpose.sampling, rank)
+        generator = torch.Generator().manual_seed(sampling if cfg.dp.enabled else cfg.train.seed)
         loader = gathered.loader(self.data.train, cfg.train.batch_size, shuffle=not cfg.dp.enabled, generator=generator)
         sigma = self.inputs.plan.noise_multiplier
+        generators: torch.Generator | device_data.Generators = generator
         if sigma is not None:
+            noise = torch.Generator(device=device).manual_seed(streams.seed(Purpose.noise, rank))
             self.max_grad_norm = cfg.dp.max_grad_norm
             if cfg.dp.clipping == Clipping.quantile:
                 self.max_grad_norm = self._private_clipping_norm()
@@ -138,11 +141,12 @@ class ClassifierRun:
                     for group in self.optimizer.param_groups:
                         group["lr"] = cfg.optimizer.lr / self.max_grad_norm
             made = dpsgd.make_private(
-                cfg.dp, sigma, self.max_grad_norm, self.model, self.optimizer, loader, self.criterion
+                cfg.dp, sigma, self.max_grad_norm, self.model, self.optimizer, loader, self.criterion, noise
             )
             self.engine, self.model, self.optimizer, self.criterion, loader = made
             if self.ranks.distributed:  # this rank's share of each step; its sampler's generator is checkpointed
-                loader, generator = _across_ranks(loader, self.ranks, cfg.train.seed)
+                loader, generator = _across_ranks(loader, self.ranks, cfg.train.seed, sampling)
+            generators = device_data.Generators(sampling=generator, noise=noise)
             if self.input_canaries is not None:  # sampled as the plan's N examples would be (black_box)
                 assert self.engine is not None and isinstance(loader, DPDataLoader)
                 schedule = poisson_schedule(self.inputs.plan.facts.n_train, cfg.train.batch_size)
@@ -150,7 +154,7 @@ class ClassifierRun:
                     self.engine, self.optimizer, loader, schedule.inclusion_probability, schedule.steps_per_epoch,
                     self.inputs.plan.facts.n_train,
                 )  # fmt: skip
-        self.loader, self.generator = loader, generator
+        self.loader, self.generator = loader, generators
         bug = planted.planted_bug() if cfg.audit.enabled else None
         if bug is not None:  # a test breaks the run (dpsweep.audit.planted), under the audit's canaries
             assert isinstance(self.optimizer, DPOptimizer) and isinstance(loader, DPDataLoader)
@@ -160,9 +164,19 @@ class ClassifierRun:
         self.trainer = Trainer(self.model, self.optimizer, self.criterion, device)
         self.batches = loader
         if cfg.train.device_resident and not cfg.train.probe:
-            self.batches, self.generator = _device_batches(self.inputs, self.data, loader)
+            self.batches, generator = _device_batches(self.inputs, self.data, loader)
+            self.generator = generator if sigma is None else device_data.Generators(sampling=generator, noise=noise)
             self.test = TensorDataset(*(t.to(device) for t in device_data.materialize(self.data.test)))  # once
         return Checkpointed(self.model, self.optimizer, self.engine, self.generator)
+
+    def _add_input_canaries(self) -> None:
+        """The black-box audit's canaries in the training split, drawn from the run's canary stream."""
+        a, seed = self.cfg.audit, self.inputs.streams.seed(Purpose.canaries, self.cfg.audit.seed)
+        added = self.cfg.dp.unit.value == "user"
+        self.input_canaries = black_box.InputCanaries(
+            self.data.train, self.data.num_classes, a.canaries, seed, added=added
+        )
+        self.data = dataclasses.replace(self.data, train=self.input_canaries.training_set())
 
     def _attach_audit(self, loader: DataLoader[Any]) -> white_box.DiracCanaries:
         """The white-box one-run audit's canaries in the DP optimizer's steps (``dpsweep.audit``), sampled
@@ -174,8 +188,9 @@ class ClassifierRun:
         privacy = self.inputs.plan.privacy
         assert privacy is not None and privacy.poisson_rate is not None  # DP-SGD: Poisson-sampled
         claimed = (privacy.poisson_rate, privacy.noise_multiplier)  # what the ledger accounts
+        seed = self.inputs.streams.seed(Purpose.canaries, a.seed)
         canaries = white_box.DiracCanaries(
-            trainable, a.canaries, self.max_grad_norm, claimed, a.magnitude * self.max_grad_norm, a.seed
+            trainable, a.canaries, self.max_grad_norm, claimed, a.magnitude * self.max_grad_norm, seed
         )
         white_box.attach(optimizer, canaries, lambda: float(sampler.sample_rate))
         return canaries
@@ -198,7 +213,9 @@ class ClassifierRun:
         batches = -(-priced // b) if canaries is not None else None
         self.exact = func_dp.FixedOrderBatches(x, y, unit, b, m, cfg.train.seed, device, batches)
         rule = func_dp.rule_of(cfg)
-        run = func_dp.OwnRun(cfg, self.model, self.criterion, (x, y, unit), self.exact, sigma, device, priced)
+        run = func_dp.OwnRun(
+            cfg, self.model, self.criterion, (x, y, unit), self.exact, sigma, device, self.inputs.streams, priced
+        )
         bug = planted.planted_bug() if cfg.audit.enabled else None
         if bug is not None:  # a test breaks the run (dpsweep.audit.planted), under the audit's canaries
             run = planted.plant_own_run(bug, run)
@@ -223,10 +240,11 @@ class ClassifierRun:
         named = [(k, p) for k, p in self.model.named_parameters() if p.requires_grad]
         names, trainable = [k for k, _ in named], [p for _, p in named]
         c, clip, magnitude = cfg.dp.max_grad_norm, run.cfg.dp.max_grad_norm, a.magnitude * cfg.dp.max_grad_norm
+        seed = self.inputs.streams.seed(Purpose.canaries, a.seed)
         if privacy.sample_rate is None:  # the fixed order, noised through a tree, one per restart (DP-FTRL)
             b = len(self.exact)
             tree = own_steps.TreeCanaries(
-                trainable, a.canaries, c, privacy.noise_multiplier, magnitude, a.seed, names=names, clip=clip,
+                trainable, a.canaries, c, privacy.noise_multiplier, magnitude, seed, names=names, clip=clip,
                 steps_per_epoch=b, tree_starts=[0, *(e * b for e in own.tree_restarts)],
                 completion=cfg.dp.ftrl_tree_completion,
                 lr=cfg.optimizer.lr, momentum=getattr(cfg.optimizer, "momentum", 0.0), divisor=own.expected_units,
@@ -235,7 +253,7 @@ class ClassifierRun:
             return tree
         batches: Any = own.batches
         canaries = white_box.DiracCanaries(
-            trainable, a.canaries, c, (privacy.poisson_rate, privacy.noise_multiplier), magnitude, a.seed
+            trainable, a.canaries, c, (privacy.poisson_rate, privacy.noise_multiplier), magnitude, seed
         )
         self.own.hooks.append(own_steps.PoissonCanaries(canaries, names, clip, lambda: float(batches.sample_rate)))
         return canaries
@@ -275,11 +293,12 @@ class ClassifierRun:
         """C for dp.clipping=quantile (``dpsweep.privacy.clipping``): per-example gradient norms at initialisation
         on one Poisson sample at the run's sample rate, then their private quantile."""
         q = self.inputs.plan.privacy.poisson_rate  # type: ignore[union-attr]  # a DP run has a privacy plan
-        generator = torch.Generator().manual_seed(self.cfg.train.seed + clipping.SEED_OFFSET)
+        streams = self.inputs.streams  # the sample and the quantile's noise: streams of their own
+        generator = torch.Generator().manual_seed(streams.seed(Purpose.clipping, 0))
         n = len(self.data.train)  # type: ignore[arg-type]
         pick = torch.nonzero(torch.rand(n, generator=generator) < q).flatten().tolist()
         norms = per_example_grad_norms(self.model, self.criterion, self.data.train, pick, self.device)
-        chosen = clipping.choose(norms, self.cfg.dp, self.cfg.train.seed)
+        chosen = clipping.choose(norms, self.cfg.dp, streams.seed(Purpose.clipping, 1))
         self.released = clipping.entry(self.cfg.dp, q, chosen)
         return chosen
 
@@ -340,6 +359,7 @@ class ClassifierRun:
         device = self.device
         # first: iterating a DataLoader draws its base seed from the global generator
         rng = torch.get_rng_state(), torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+        drawn = self.generator.get_state()  # its noise (and sampling) streams: the step is undone, its draws too
         # As bytes, not tensors: the CPU twin's census would count a copy held as tensors.
         trainable = io.BytesIO()
         torch.save({n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad}, trainable)
@@ -363,6 +383,7 @@ class ClassifierRun:
         self.optimizer.load_state_dict(optimizer_state)
         if self.engine is not None:
             self.engine.accountant.history = history
+        self.generator.set_state(drawn)
         torch.set_rng_state(rng[0])
         if rng[1] is not None:
             torch.cuda.set_rng_state_all(rng[1])
@@ -375,7 +396,7 @@ class ClassifierRun:
             self._own_exact_step(stages)
             stages.stepped()
             return {}
-        x, y = self._exact_batch(self.generator, self.cfg.train.batch_size)
+        x, y = self._exact_batch(torch.Generator().manual_seed(self.cfg.train.seed), self.cfg.train.batch_size)
         loss, _ = train_pass(self.trainer, (x, y), stages)
         stages.stepped()
         # Without DP the loss is a plain training metric; with DP it would be an un-noised statistic of
@@ -441,14 +462,17 @@ def _cached_features(
     return cached.head(model), datasets.DataSplits(cached.train, cached.test, cached.num_classes, data.input_shape)
 
 
-def _across_ranks(loader: DataLoader[Any], ranks: Ranks, seed: int) -> tuple[DataLoader[Any], torch.Generator]:
+def _across_ranks(
+    loader: DataLoader[Any], ranks: Ranks, seed: int, draw_seed: int
+) -> tuple[DataLoader[Any], torch.Generator]:
     """This rank's share of every step's Poisson batch (:class:`dpsweep.distributed.PoissonAcrossRanks`)
     at Opacus's loader's rate and steps, through its collate (empty shares included), in place of
-    Opacus's distributed sampler; and the generator it draws from (a checkpoint keeps its state, so
-    a resumed run draws new batches, not the first epoch's again)."""
+    Opacus's distributed sampler, dealt by ``seed`` (public) and drawn from ``draw_seed`` (this rank's
+    sampling stream); and the generator it draws from (a checkpoint keeps its state, so a resumed run
+    draws new batches, not the first epoch's again)."""
     assert isinstance(loader, DPDataLoader)
     n = len(loader.dataset)
-    sampler = PoissonAcrossRanks(n, loader.sample_rate, len(loader), ranks, seed)
+    sampler = PoissonAcrossRanks(n, loader.sample_rate, len(loader), ranks, seed, draw_seed)
     return DataLoader(loader.dataset, batch_sampler=sampler, collate_fn=loader.collate_fn), sampler.generator
 
 
@@ -460,7 +484,8 @@ def _device_batches(
     or shuffled batches without DP. Returns the batches and their generator (checkpointed)."""
     cfg, device = inputs.cfg, inputs.device
     x, y = device_data.materialize(data.train)
-    generator = device_data.device_generator(device, cfg.train.seed)
+    seed = inputs.streams.seed(Purpose.sampling, inputs.ranks.rank) if cfg.dp.enabled else cfg.train.seed
+    generator = device_data.device_generator(device, seed)
     if cfg.dp.enabled:
         q = float(loader.sample_rate)  # type: ignore[attr-defined]  # Opacus's DPDataLoader
         return device_data.PoissonBatches(x, y, sample_rate=q, device=device, generator=generator), generator

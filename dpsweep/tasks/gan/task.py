@@ -31,6 +31,7 @@ critic's noisy steps alone.
 from __future__ import annotations
 
 import copy
+import functools
 import io
 import logging
 import tempfile
@@ -49,6 +50,7 @@ from dpsweep.data import device as device_data
 from dpsweep.data import loaders as datasets
 from dpsweep.models import classifiers as model_zoo
 from dpsweep.privacy import ledger
+from dpsweep.privacy.streams import Purpose
 from dpsweep.tasks import TASKS, Checkpointed, Marks, RunInputs, Stages
 from dpsweep.tasks.gan import critic as dpgan
 from dpsweep.tasks.gan import synthetic
@@ -86,6 +88,7 @@ class GanRun:
 
     # The critic's loss on the Poisson batches reads real examples without noise: not released with DP.
     private_metrics = ("critic_loss",)
+    private_stages = False  # measured on exactly B examples, a public shape
 
     def __init__(self, inputs: RunInputs) -> None:
         self.inputs, self.cfg, self.device = inputs, inputs.cfg, inputs.device
@@ -98,6 +101,7 @@ class GanRun:
             datasets.value_range(self.cfg.dataset.name), g.generator_ema, g.snapshots,
         )  # fmt: skip
         self.run: Tracker | None = None
+        self.noise: torch.Generator | None = None  # the critic's noise (a private stream), with DP
         self.input_canaries: black_box.InputCanaries | None = None  # audit.mode=black_box
 
     def tags(self) -> dict[str, Any]:
@@ -128,28 +132,35 @@ class GanRun:
         train = self.inputs.data.train
         if cfg.audit.mode == "black_box":  # the canaries in, the excluded ones out; sampled at the plan's q
             a = cfg.audit
-            self.input_canaries = black_box.InputCanaries(train, self.num_classes, a.canaries, a.seed)
+            seed = self.inputs.streams.seed(Purpose.canaries, a.seed)
+            self.input_canaries = black_box.InputCanaries(train, self.num_classes, a.canaries, seed)
             train = self.input_canaries.training_set()
         x, y = (t.to(device) for t in device_data.materialize(train))
         self.train_x, self.train_y = x, y
-        self.generator = device_data.device_generator(device, cfg.train.seed)
+        self.generator: torch.Generator | device_data.Generators
         self.batches: device_data.PoissonBatches | device_data.ShuffledBatches
-        if self.inputs.plan.privacy is not None:
-            q = self.inputs.plan.privacy.poisson_rate
-            self.batches = device_data.PoissonBatches(x, y, sample_rate=q, device=device, generator=self.generator)
+        if self.inputs.plan.privacy is not None:  # the critic's batches and noise: private streams of their own
+            q, streams = self.inputs.plan.privacy.poisson_rate, self.inputs.streams
+            sampling = device_data.device_generator(device, streams.seed(Purpose.sampling))
+            self.noise = device_data.device_generator(device, streams.seed(Purpose.noise))
+            self.generator = device_data.Generators(sampling=sampling, noise=self.noise)
+            self.batches = device_data.PoissonBatches(x, y, sample_rate=q, device=device, generator=sampling)
         else:
+            self.generator = device_data.device_generator(device, cfg.train.seed)  # public shuffles
             self.batches = device_data.ShuffledBatches(
                 x, y, batch_size=cfg.train.batch_size, device=device, generator=self.generator
             )
-        self.draw: Callable[..., tuple[dict[str, torch.Tensor], torch.Tensor]] = dpgan.private_critic_gradient
+        self.draw: Callable[..., tuple[dict[str, torch.Tensor], torch.Tensor]] = functools.partial(
+            dpgan.private_critic_gradient, generator=self.noise
+        )
         privacy = self.inputs.plan.privacy
         self.step = None if privacy is None else dpgan.CriticStep(
             g.gp_weight, cfg.dp.max_grad_norm, privacy.noise_multiplier,
             privacy.poisson_rate * self.inputs.plan.facts.n_train,
         )  # fmt: skip
         bug = planted.planted_bug() if cfg.audit.enabled else None
-        if self.step is not None and bug is not None:  # a test breaks the run (dpsweep.audit.planted)
-            self.step, self.draw = planted.plant_critic(bug, self.step, self.draw, self.batches)
+        if self.step is not None and self.noise is not None and bug is not None:  # a test breaks the run
+            self.step, self.draw = planted.plant_critic(bug, self.step, self.draw, self.batches, self.noise)
         self.audit = self._attach_audit() if cfg.audit.mode == "white_box" else None
         return Checkpointed(self.gan, self.optimizer, None, self.generator)
 
@@ -163,7 +174,7 @@ class GanRun:
         c = self.cfg.dp.max_grad_norm
         canaries = white_box.DiracCanaries(
             [p for _, p in named], a.canaries, c, (privacy.poisson_rate, privacy.noise_multiplier),
-            a.magnitude * c, a.seed,
+            a.magnitude * c, self.inputs.streams.seed(Purpose.canaries, a.seed),
         )  # fmt: skip
         batches = self.batches
         assert isinstance(batches, device_data.PoissonBatches)
@@ -309,6 +320,7 @@ class GanRun:
 
     def memory_iteration(self, stages: Marks) -> None:
         rng = torch.get_rng_state(), torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None
+        drawn = self.generator.get_state()  # the critic's noise: the step is undone, its draws too
         saved = io.BytesIO()  # as bytes, not tensors: the CPU twin's census would count a copy held as tensors
         torch.save(self.gan.state_dict(), saved)
         optimizer_state = copy.deepcopy(self.optimizer.state_dict())
@@ -317,6 +329,7 @@ class GanRun:
         saved.seek(0)
         self.gan.load_state_dict(torch.load(saved, map_location=self.device, weights_only=True))
         self.optimizer.load_state_dict(optimizer_state)
+        self.generator.set_state(drawn)
         torch.set_rng_state(rng[0])
         if rng[1] is not None:
             torch.cuda.set_rng_state_all(rng[1])

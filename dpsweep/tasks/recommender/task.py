@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from dpsweep.config import RecommenderTaskConfig
+from dpsweep.data import device as device_data
 from dpsweep.data.loaders import RatingsUsers
 from dpsweep.errors import InputError
 from dpsweep.mechanisms import dpals
@@ -39,6 +40,7 @@ from dpsweep.models.optimizers import build_optimizer
 from dpsweep.plan import mechanism_of, setting
 from dpsweep.privacy import ledger
 from dpsweep.privacy.schedule import poisson_schedule
+from dpsweep.privacy.streams import Purpose
 from dpsweep.tasks import TASKS, Checkpointed, Marks, RunInputs, Stages
 from dpsweep.tasks.recommender import als, features, sgd
 from dpsweep.tracking import Tracker
@@ -100,6 +102,7 @@ class RecommenderRun:
     """One ALS or DPALS run (see :class:`dpsweep.tasks.TaskRun`)."""
 
     private_metrics: tuple[str, ...] = ()  # nothing computed from the training users is logged besides the release
+    private_stages = True  # a round's tensors hold the training users' ratings: their sizes are private
 
     def __init__(self, inputs: RunInputs) -> None:
         self.inputs, self.cfg, self.device = inputs, inputs.cfg, inputs.device
@@ -128,7 +131,12 @@ class RecommenderRun:
         self.bounds = (
             dpals.Bounds(settings.max_ratings_per_user, settings.max_user_norm, value_bound) if privacy else None
         )
-        self.generator = torch.Generator(device=self.device).manual_seed(self.cfg.train.seed)
+        # the aggregator's noise and DPAM's users: private streams of their own, never the init's (train.seed)
+        streams = inputs.streams
+        self.generator = device_data.Generators(
+            sampling=device_data.device_generator(self.device, streams.seed(Purpose.sampling)),
+            noise=device_data.device_generator(self.device, streams.seed(Purpose.noise)),
+        )
         self.build_roles()
 
     def build_roles(self) -> None:
@@ -136,10 +144,10 @@ class RecommenderRun:
         settings = self.settings
         self.aggregator: als.Aggregator
         if self.features is None:
-            self.aggregator = als.Aggregator(self.bounds, self.noise_multiplier, self.implicit, self.generator)
+            self.aggregator = als.Aggregator(self.bounds, self.noise_multiplier, self.implicit, self.generator["noise"])
         else:
             self.aggregator = features.FeatureAggregator(
-                self.features, self.bounds, self.noise_multiplier, self.implicit, self.generator
+                self.features, self.bounds, self.noise_multiplier, self.implicit, self.generator["noise"]
             )
         noise = 0.0 if self.bounds is None else self.noise_multiplier * self.sensitivity()
         self.reg = als.ALSRegularization(
@@ -161,14 +169,12 @@ class RecommenderRun:
         }
         if self.bounds is not None:
             b = self.bounds
-            tags |= {
-                # the memory stages count the training users' ratings (the tensors' sizes): a statistic
-                # of the private data that no accountant covers
-                "dp.release": "not-for-release",
-                "dp.outside_ledger": "memory/* (they follow the number of the training users' ratings)",
-                "dp.semantics": JOINT_DP,
-                "dp.contribution": self.contribution(b),
-            }
+            tags |= {"dp.semantics": JOINT_DP, "dp.contribution": self.contribution(b)}
+            if self.cfg.train.probe:  # a probe logs its memory stages, which count the training users'
+                tags |= {  # ratings (the tensors' sizes): a statistic of the private data no accountant covers
+                    "dp.release": "not-for-release",
+                    "dp.outside_ledger": "memory/* (they follow the number of the training users' ratings)",
+                }
         return tags
 
     def contribution(self, b: dpals.Bounds) -> str:
@@ -280,7 +286,8 @@ class PopularityRun(RecommenderRun):
         counts = torch.bincount(kept, minlength=self.n_items).to(self.module.item_embeddings.dtype)
         stages.mark("forward")
         if self.bounds is not None:  # the trusted aggregator's release
-            noise = torch.randn(counts.shape, generator=self.generator, device=self.generator.device)
+            g = self.generator["noise"]
+            noise = torch.randn(counts.shape, generator=g, device=g.device)
             counts = counts + self.noise_multiplier * self.sensitivity() * noise.to(counts.device)
         stages.mark("backward")
         embeddings = torch.zeros_like(self.module.item_embeddings)
@@ -321,7 +328,7 @@ class DPAMRun(RecommenderRun):
         if mapped is not None:  # V = E + F W
             self.module = ItemsWithFeatures(self.n_items, s.rank, self.cfg.train.seed, mapped)
         self.gradients = sgd.GradientAggregator(clip, self.noise_multiplier, expected, self.reg.unobserved,
-                                                self.generator, mapped)  # fmt: skip
+                                                self.generator["noise"], mapped)  # fmt: skip
 
     def sensitivity(self) -> float:
         """Δ of one step's released sum to one user: their clipped gradient, C."""
@@ -370,7 +377,8 @@ class DPAMRun(RecommenderRun):
         users = self.local_users()
         rate = self.schedule.inclusion_probability
         for _ in range(self.schedule.steps_per_epoch):
-            self._step(users, sgd.sample_users(self.train.n_users, rate, self.generator), stages, apply=True)
+            sampled = sgd.sample_users(self.train.n_users, rate, self.generator["sampling"])
+            self._step(users, sampled, stages, apply=True)
             stages.stepped()
         with torch.no_grad():
             self.module.rounds.add_(1)

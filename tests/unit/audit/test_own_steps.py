@@ -16,6 +16,7 @@ from dpsweep.data.users import UserBatches
 from dpsweep.mechanisms import functional
 from dpsweep.mechanisms.dpftrl_accounting import restart_after_epoch
 from dpsweep.mechanisms.ftrl import FTRLOptimizer, TreeAggregator
+from dpsweep.privacy.streams import Streams
 
 
 def _poisson(clip: float = 1.0, count: int = 30) -> tuple[dict[str, torch.Tensor], own_steps.PoissonCanaries]:
@@ -129,7 +130,14 @@ def _own_run(cfg: Config) -> functional.OwnRun:
     x, y = torch.randn(40, 3), torch.randint(0, 2, (40,))
     exact = functional.FixedOrderBatches(x, y, None, 4, 1, 0, torch.device("cpu"))
     return functional.OwnRun(
-        cfg, torch.nn.Linear(3, 2), torch.nn.CrossEntropyLoss(), (x, y, None), exact, 2.0, exact.device
+        cfg,
+        torch.nn.Linear(3, 2),
+        torch.nn.CrossEntropyLoss(),
+        (x, y, None),
+        exact,
+        2.0,
+        exact.device,
+        Streams.of_run(seed=0, config_hash="0"),
     )
 
 
