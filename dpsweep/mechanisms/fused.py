@@ -201,9 +201,10 @@ class FusedStep:
 
     def _cut(self, rows: tuple[Tensor, ...], pad: bool, dtype: torch.dtype) -> Iterator[tuple[Tensor, ...]]:
         """Row-aligned tensors in passes of at most ``pad_to`` rows, each pass's tensors followed by its weights
-        (1 a row); ``pad``: exactly ``pad_to`` rows, zero rows of weight 0 added."""
+        (1 a row); ``pad``: exactly ``pad_to`` rows, zero rows of weight 0 added. No rows: one pass of padding
+        where ``pad``, else none (an unpadded pass of no rows has nothing to take a gradient of)."""
         n, p = len(rows[0]), self.pad_to
-        for start in range(0, max(n, 1), p):
+        for start in range(0, max(n, 1) if pad else n, p):
             part = [t[start : start + p] for t in rows]
             short = p - len(part[0]) if pad else 0
             weight = torch.ones(len(part[0]) + short, device=rows[0].device, dtype=dtype)
@@ -223,10 +224,17 @@ class FusedStep:
         return self._pass(self.params, self.buffers, *inputs)
 
     def clipped_sum(self, x: Tensor, y: Tensor, segment: Tensor | None = None) -> Tensor:
-        """The sum of the batch's clipped per-unit gradients, flat (an empty batch: zeros); valid until the
-        next call (a compiled pass's output buffer is reused). ``segment``: each row's user (``UserBatch``),
-        at user level (:class:`FusedUserStep`)."""
+        """The sum of the batch's clipped per-unit gradients, flat; valid until the next call (a compiled pass's
+        output buffer is reused). ``segment``: each row's user (``UserBatch``), at user level
+        (:class:`FusedUserStep`). An empty batch (Poisson sampling draws none with probability (1 − q)^N) sums to
+        zeros: a padded pass of weight-0 rows where passes have a fixed shape, else no pass at all (``vmap``
+        over no rows fails), so that its step releases the noise alone, N(0, σ²C²) over the divisor
+        (Abadi et al. 2016, "Deep Learning with Differential Privacy", Algorithm 1: the noised sum of the
+        lot's clipped gradients, of which there are none)."""
         passes = list(self._passes(x, y, segment))
+        if not passes:
+            first = next(iter(self.params.values()))
+            return torch.zeros(sum(p.numel() for p in self.params.values()), device=first.device, dtype=first.dtype)
         total: Tensor | None = None
         for i, inputs in enumerate(passes):
             part = self._run(*inputs)
