@@ -13,12 +13,14 @@ The layouts, by the ratings file found in the folder (the first of these names):
 - ``u.data`` (ml-100k): ``user<TAB>item<TAB>rating<TAB>timestamp``; ``u.item``: ``|``-separated, the
   item id first and its 19 genre flags last (Latin-1).
 
-The catalogue, where its file is there, gives the items (all of them, rated or not: a public list) in
-the order of their ids, and each item's genres as public features (one 0/1 column per genre, in the
-order of the genres' names). Without it the items are the ids rated in the file. A user's row lists
-their ratings in the order of the items' ids. A malformed line, a rating outside 0.5 to 5, an item
-missing from the catalogue or a rating repeated is refused as bad input (``dataset.root``), naming the
-file and the line.
+The catalogue gives the items (all of them, rated or not: a public list) in the order of their ids,
+and each item's genres as public features (one 0/1 column per genre, in the order of the genres'
+names). It must be there: without it the items would be the ids rated in the ratings file, a private
+fact, since whether one user was the only rater of an item would show in the released model's number of
+items (61 against 60, at the same ε); so a folder without it is refused as bad input, naming the file,
+before any rating is read. A user's row lists their ratings in the order of the items' ids. A malformed
+line, a rating outside 0.5 to 5, an item missing from the catalogue or a rating repeated is refused as
+bad input (``dataset.root``), naming the file and the line.
 """
 
 from __future__ import annotations
@@ -89,11 +91,16 @@ def _lines(path: Path, separator: str, header: bool, encoding: str) -> Iterator[
                     yield number, text.rstrip("\r\n").split(separator), text
 
 
-def _catalogue(root: Path, layout: Layout) -> tuple[dict[int, int], np.ndarray] | None:
-    """Item id -> column, and the items' genre features; None where the catalogue file is absent."""
+def _catalogue(root: Path, layout: Layout) -> tuple[dict[int, int], np.ndarray]:
+    """Item id -> column, and the items' genre features; InputError where the catalogue file is absent (the
+    items are public only as the catalogue lists them: see the module docstring)."""
     path = root / layout.catalogue
     if not path.is_file():
-        return None
+        raise InputError(
+            KEY, str(root), f"a folder holding {layout.catalogue} beside {layout.ratings} (the movies file of the "
+            "same MovieLens set): without it the items would be those rated, and whether one user was the only "
+            "rater of an item would show in their number; unpack the whole archive there",
+        )  # fmt: skip
     ids: list[int] = []
     genres: list[set[str]] = []
     for number, fields, text in _lines(path, layout.catalogue_separator, layout.header, layout.encoding):
@@ -140,7 +147,7 @@ def read_movielens(root: Path) -> tuple[Ratings, Path]:
             raise _bad(path, number, "expected user, item, rating and timestamp", text) from None
         if not 0.5 <= star <= 5.0:
             raise _bad(path, number, "expected a rating of 0.5 to 5 stars", text)
-        if catalogue is not None and item not in catalogue[0]:
+        if item not in catalogue[0]:
             raise _bad(path, number, f"expected an item of {layout.catalogue}", text)
         users.append(user)
         items.append(item)
@@ -149,14 +156,9 @@ def read_movielens(root: Path) -> tuple[Ratings, Path]:
     if not users:
         raise InputError(KEY, str(root), f"{path.name}: ratings (it holds none)")
     user_ids, user_rows = np.unique(np.asarray(users), return_inverse=True)
-    if catalogue is not None:
-        column, features = catalogue
-        item_columns = np.fromiter((column[i] for i in items), dtype=np.int64, count=len(items))
-        n_items: int = len(column)
-        item_features: np.ndarray | None = features
-    else:
-        item_ids, item_columns = np.unique(np.asarray(items), return_inverse=True)
-        n_items, item_features = len(item_ids), None
+    column, item_features = catalogue
+    item_columns = np.fromiter((column[i] for i in items), dtype=np.int64, count=len(items))
+    n_items = len(column)
     order = np.lexsort((item_columns, user_rows))  # by user, then by item
     sorted_users, sorted_items = user_rows[order], item_columns[order]
     repeated = np.flatnonzero((np.diff(sorted_users) == 0) & (np.diff(sorted_items) == 0))

@@ -35,12 +35,22 @@ def test_each_layout_reads_every_users_ratings_in_item_order_with_the_catalogues
     assert data.item_features.sum(1).tolist() == [2.0 if i % 2 else 1.0 for i in range(1, 10)]  # 1 or 2 genres
 
 
-def test_without_a_catalogue_the_items_are_the_rated_ids(tmp_path: Path) -> None:
+CATALOGUES = {"ratings.csv": "movies.csv", "ratings.dat": "movies.dat", "u.data": "u.item"}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_without_its_movies_file_a_folder_is_refused_naming_the_file(tmp_path: Path, layout: str) -> None:
+    """Issue 54, item 4: without the catalogue the items would be the ids rated in the file, and one more user,
+    the only rater of an item, would add an item to the released model (61 items against 60, the same ε)."""
     rows = [(1, 10, 4.0, 1), (1, 30, 2.0, 2), (2, 30, 5.0, 3), (2, 20, 1.0, 4)]
-    fabricate_movielens(tmp_path, "ratings.dat", rows, catalogue=False)
-    data, _ = read_movielens(tmp_path)
-    assert data.n_items == 3 and data.item_features is None
-    assert data.row(0)[0].tolist() == [0, 2] and data.row(1)[0].tolist() == [1, 2]
+    fabricate_movielens(tmp_path, layout, rows, catalogue=False)
+    with pytest.raises(InputError) as err:
+        read_movielens(tmp_path)
+    assert err.value.key == "dataset.root" and f"a folder holding {CATALOGUES[layout]} beside {layout}" in str(
+        err.value
+    ), str(err.value)
+    fabricate_movielens(tmp_path, layout, rows, items=30)  # with it, every item of the catalogue, rated or not
+    assert read_movielens(tmp_path)[0].n_items == 30
 
 
 @pytest.mark.parametrize(
