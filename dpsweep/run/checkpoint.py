@@ -16,17 +16,28 @@ containers of those (NumPy's RNG state is kept as a tensor), and is read with
 accountant, optimizer) are done here instead. A file that needs anything else is refused as unreadable:
 set aside as ``checkpoint.pt.corrupt-<time>``, and the run starts afresh.
 
+**A checkpoint's counters and ledger are checked against the run's plan**, not trusted: a readable file of
+the right config may still be altered (an emptied accountant history resumed a 4-epoch run to ε = 2.279
+where its plan spends 2.948). Its epoch must lie in 0..``train.epochs`` and its steps in 0..the plan's
+steps for those epochs (:func:`peek`: else set aside as ``checkpoint.pt.invalid-<time>`` before any work,
+and the run starts afresh). Once loaded, a DP run's step count must be the plan's for its epochs and the
+privacy ledger the restored run would report (its task's: an Opacus accountant's history, a step
+counter in an optimizer's or a module's state) must charge exactly the plan's mechanisms for those
+steps (:func:`check_resumed`: else set aside as ``invalid`` too, and the run fails naming
+``train.checkpoint_dir``; run again, it starts afresh).
+
     dpsweep train.checkpoint_dir=ckpt/  # kill it, run it again: it continues from the last epoch
 """
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import random
 import time
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +47,9 @@ from opacus import PrivacyEngine
 from torch import nn
 
 from dpsweep.config import ConfigError
+from dpsweep.plan import RunPlan, mechanism_of, setting
+from dpsweep.privacy import ledger
+from dpsweep.privacy.ledger import Ledger
 
 FILENAME = "checkpoint.pt"
 
@@ -131,10 +145,10 @@ class Found:
     """What :func:`peek` found in a checkpoint directory."""
 
     state: TrainingState | None  # the state to resume from; None: start afresh
-    set_aside: Path | None = None  # where an unreadable checkpoint was moved
+    set_aside: Path | None = None  # where an unreadable, other config's or invalid checkpoint was moved
 
 
-def peek(directory: Path, expected_hash: str) -> Found:
+def peek(directory: Path, expected_hash: str, plan: RunPlan | None = None) -> Found:
     """The saved training state (run id, epoch), read once, without loading the model.
 
     A checkpoint that cannot be read (truncated, garbled, or holding more than tensors and numbers) is
@@ -142,21 +156,130 @@ def peek(directory: Path, expected_hash: str) -> Found:
     atomically (:func:`save`), so this takes a fault outside dpsweep: a full disk, a bad copy, a
     crafted file. A checkpoint of another config is never loaded: it is renamed
     ``checkpoint.pt.config-<its hash>`` and the run starts afresh (a reused ``hydra.sweep.dir`` gives a
-    new sweep's job the directory of an old job of another config; issue 39, item 5)."""
+    new sweep's job the directory of an old job of another config; issue 39, item 5). Given the run's
+    ``plan``, one whose counters lie outside its range (:func:`out_of_range`) is renamed
+    ``checkpoint.pt.invalid-<time>`` and the run starts afresh."""
     path = directory / FILENAME
     if not path.exists():
         return Found(None)
     try:
         state = _read_state(path)
     except UNREADABLE:
-        aside = path.with_name(f"{FILENAME}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
-        path.replace(aside)
-        return Found(None, aside)
+        return Found(None, _set_aside(path, "corrupt"))
     if state.config_hash != expected_hash:
         aside = path.with_name(f"{FILENAME}.config-{state.config_hash}")
         path.replace(aside)
         return Found(None, aside)
+    if plan is not None and out_of_range(plan, state) is not None:
+        return Found(None, _set_aside(path, "invalid"))
     return Found(state)
+
+
+def _set_aside(path: Path, why: str) -> Path:
+    """``path`` renamed ``<name>.<why>-<time>``, kept for inspection; the new path."""
+    aside = path.with_name(f"{path.name}.{why}-{time.strftime('%Y%m%dT%H%M%S')}")
+    path.replace(aside)
+    return aside
+
+
+def planned_steps(plan: RunPlan, epochs: int) -> int:
+    """The optimizer steps the plan takes in the first ``epochs`` epochs: its mechanism's steps for that many
+    (``ceil(N/B)`` an epoch for DP-SGD, one round for DPALS), at most ``plan.steps`` (a task that stops
+    at its budget takes no more)."""
+    cfg = plan.config
+    s = replace(setting(cfg, plan.facts.n_train), epochs=epochs)
+    return min(plan.steps, mechanism_of(cfg).steps(s))
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def out_of_range(plan: RunPlan, state: TrainingState) -> str | None:
+    """Why ``state``'s counters cannot be those of a run of ``plan`` (None: they can): its epoch an integer
+    in 0..``train.epochs``, its steps an integer in 0..the plan's for those epochs, its memory peak not
+    negative."""
+    epochs = plan.config.train.epochs
+    if not _is_count(state.epoch) or not 0 <= state.epoch <= epochs:
+        return f"epoch {state.epoch!r}, outside 0..train.epochs={epochs}"
+    most = planned_steps(plan, state.epoch)
+    if not _is_count(state.steps) or not 0 <= state.steps <= most:
+        return f"{state.steps!r} steps after epoch {state.epoch}, outside 0..{most} (the plan's steps for those epochs)"
+    if not _is_count(state.run_peak_bytes) or state.run_peak_bytes < 0:
+        return f"a memory peak of {state.run_peak_bytes!r} bytes"
+    return None
+
+
+Mechanisms = list[tuple[tuple[str, float, float, float], int]]  # (kind, σ, q, ε) -> how many times, sorted
+
+
+def _mechanisms(bill: Ledger) -> Mechanisms:
+    """What ``bill`` charges, as the accountants see it (:func:`dpsweep.privacy.ledger.leaves`): each
+    mechanism and how many times it ran, however the entries split and name them."""
+    counts: dict[tuple[str, float, float, float], int] = {}
+    for entry in bill.entries:
+        for leaf in ledger.leaves(entry.event):
+            if leaf.count > 0:
+                key = (leaf.kind, leaf.noise_multiplier, leaf.sample_rate, leaf.epsilon)
+                counts[key] = counts.get(key, 0) + leaf.count
+    return sorted(counts.items())
+
+
+def _same(a: Mechanisms, b: Mechanisms) -> bool:
+    """The same mechanisms the same number of times (σ, q and ε to 1e-9 relative: a float's last bits)."""
+    if len(a) != len(b):
+        return False
+    for ((kind_a, *params_a), n_a), ((kind_b, *params_b), n_b) in zip(a, b, strict=True):
+        close = all(math.isclose(x, y, rel_tol=1e-9) for x, y in zip(params_a, params_b, strict=True))
+        if kind_a != kind_b or n_a != n_b or not close:
+            return False
+    return True
+
+
+def _describe(charged: Mechanisms) -> str:
+    def one(kind: str, sigma: float, q: float, eps: float) -> str:
+        return f"ε={eps:.4g}-DP" if kind == "pure" else f"Gaussian(σ={sigma:.6g}, q={q:.6g})"
+
+    return " + ".join(f"{n} × {one(*key)}" for key, n in charged) or "nothing"
+
+
+def ledger_disagreement(plan: RunPlan, state: TrainingState, spent: Ledger) -> str | None:
+    """Why ``spent``, the ledger of a DP run restored from ``state``, is not the plan's (None: it is): a run
+    that completed ``state.epoch`` epochs took the plan's steps for them (:func:`planned_steps`), and
+    its ledger charges the plan's mechanisms for those steps (the releases before training, then the
+    mechanism's steps: ``Mechanism.ledger_taken`` at the plan's σ), each as many times."""
+    privacy = plan.privacy
+    if privacy is None:
+        return None
+    steps = planned_steps(plan, state.epoch)
+    if state.steps != steps:
+        return f"{state.steps} steps after epoch {state.epoch}, where the plan takes {steps}"
+    cfg = plan.config
+    s = setting(cfg, plan.facts.n_train)
+    expected = _mechanisms(s.extra + mechanism_of(cfg).ledger_taken(s, privacy.noise_multiplier, steps))
+    charged = _mechanisms(spent)
+    if _same(charged, expected):
+        return None
+    return (
+        f"a ledger of {_describe(charged)} after {steps} steps, where the plan charges {_describe(expected)} "
+        "(an altered accountant history or step counter)"
+    )
+
+
+def check_resumed(directory: Path, plan: RunPlan, state: TrainingState, spent: Ledger, set_aside: bool) -> None:
+    """Refuse a loaded checkpoint whose counters or ledger (``spent``: the restored run's, before any step)
+    are not its plan's (:func:`out_of_range`, :func:`ledger_disagreement`): it is renamed
+    ``checkpoint.pt.invalid-<time>`` (by the run's rank 0: ``set_aside``), and ConfigError names
+    ``train.checkpoint_dir``; the run fails, and run again it starts afresh."""
+    why = out_of_range(plan, state) or ledger_disagreement(plan, state, spent)
+    if why is None:
+        return
+    path = directory / FILENAME
+    aside = _set_aside(path, "invalid") if set_aside and path.exists() else path
+    raise ConfigError(
+        "train.checkpoint_dir", str(directory), f"a checkpoint whose counters and privacy ledger are its plan's; "
+        f"{path} holds {why}. It was set aside as {aside}: run again to start afresh",
+    )  # fmt: skip
 
 
 def _check_hash(directory: Path, state: TrainingState, expected_hash: str) -> None:

@@ -201,8 +201,9 @@ def _start(cfg: DictConfig | Config) -> _Start:
 
 
 def _found(config: Config, plan: RunPlan, ckpt_dir: Path | None) -> checkpoint.Found:
-    """The checkpoint to resume from, if any (one of another config or unreadable is set aside)."""
-    found = checkpoint.peek(ckpt_dir, plan.config_hash) if ckpt_dir else checkpoint.Found(None)
+    """The checkpoint to resume from, if any (one of another config, unreadable, or whose counters are out of
+    its plan's range is set aside)."""
+    found = checkpoint.peek(ckpt_dir, plan.config_hash, plan) if ckpt_dir else checkpoint.Found(None)
     if ckpt_dir is not None and found.state is not None and run_finished(config.tracking.uri, found.state.run_id):
         # stale: its run FINISHED (and died before removing it, or another process finished it): start
         # afresh; a sweep job's claim then finds the run done
@@ -245,7 +246,7 @@ def _tracked(start: _Start, monitor: memory.MemoryMonitor) -> TrainResult:
     tags = records.run_tags(plan, data, start.device, monitor.backend) | task_run.tags()
     if start.found.set_aside is not None:  # the run starts afresh; the file is kept for inspection
         tags["checkpoint.set_aside"] = str(start.found.set_aside)
-        log.warning("checkpoint set aside as %s (unreadable, or of another config): starting afresh",
+        log.warning("checkpoint set aside as %s (unreadable, of another config, or out of range): starting afresh",
                     start.found.set_aside)  # fmt: skip
     claim = _claim(config, plan)
     with (
@@ -261,6 +262,8 @@ def _tracked(start: _Start, monitor: memory.MemoryMonitor) -> TrainResult:
         state = None
         if ckpt_dir is not None and resume is not None:
             state = checkpoint.load(ckpt_dir, plan.config_hash, parts.model, parts.optimizer, parts.engine)
+            # its steps and the ledger it restored must be the plan's: else set aside, and this run fails
+            checkpoint.check_resumed(ckpt_dir, plan, state, task_run.privacy_ledger(), start.ranks.leader)
         # a resumed run's stages were recorded before it was interrupted
         stages = StageLog(memory.StageRecorder(monitor, active=state is None), run, result, start.ranks)
         if state is not None:  # a rank of a run across devices: its own generators, of the run's one checkpoint
