@@ -96,10 +96,12 @@ class PlantedRatingsConfig(RatingsConfig):
 class MovieLensConfig(RatingsConfig):
     """MovieLens ratings read from ``root`` (``dpsweep.data.movielens``: ml-100k, ml-1m, ml-latest, ml-20m,
     ml-25m, ...; users download them). dataset.num_users must be all its users less the held-out ones:
-    the training users, N of the user-level guarantee (a run that finds another number says which)."""
+    the training users, N of the user-level guarantee (a run that finds another number says which). The
+    movies file (u.item, movies.dat or movies.csv) is required: it makes the item set public, where the
+    rated ids would tell whether a user was an item's only rater."""
 
     name: str = "movielens"
-    root: str = "data/movielens"  # a folder holding ratings.csv, ratings.dat or u.data
+    root: str = "data/movielens"  # a folder holding ratings.csv, ratings.dat or u.data, and the movies file
     num_users: int = 843  # ml-100k's 943 users less the 100 held out
 
 

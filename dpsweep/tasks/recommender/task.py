@@ -121,7 +121,7 @@ class RecommenderRun:
             if train.ratings.item_features is None:
                 raise InputError(
                     "task.item_features", True,
-                    f"false: {self.cfg.dataset.name} has no item features here (MovieLens: its movies file is missing)",
+                    f"false: {self.cfg.dataset.name} has no item features",
                 )  # fmt: skip
             self.features = torch.as_tensor(train.ratings.item_features, device=self.device)
         self.module = ItemEmbeddings(self.n_items, settings.rank, self.cfg.train.seed)
