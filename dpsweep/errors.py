@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 EXIT_BAD_INPUT = 2  # every command's exit code for bad input (as argparse's for a malformed command line)
 
@@ -33,16 +34,42 @@ class InputError(ValueError):
         return (type(self), (self.key, self.value, self.allowed))
 
 
-# The password of a URL's user information (RFC 3986, section 3.2.1: "user:password@host"): what
-# tracking.uri (an MLflow server) or sweep.storage (Optuna's database) may hold.
-_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@:\s'\"]*):(?P<password>[^/@\s'\"]+)@")
+# A URL in free text: a scheme, "://", then everything up to white space (RFC 3986, section 3.1). Each one
+# found is parsed by urllib.parse (the user information ends at the authority's last "@", so a password
+# may hold "@", ":" or quotes), and its password and secret query values are replaced.
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
+SECRET_QUERY_KEYS = frozenset({"password", "passwd", "pwd", "token", "access_token", "api_key", "apikey", "secret"})
 REDACTED = "***"
 
 
+def _redact_url(url: str) -> str:
+    scheme, _, rest = url.partition("://")
+    user, at, after = rest.rpartition("@")
+    if at and "/" in user and ":" in user and "/" not in user.partition(":")[0]:
+        # a password with a raw "/" (it should be %2F): the authority would end there; redact up to the "@"
+        return (
+            f"{scheme}://{user.partition(':')[0]}:{REDACTED}@{_redact_url(f'{scheme}://{after}').partition('://')[2]}"
+        )
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    user, at, host = netloc.rpartition("@")
+    if at and ":" in user:
+        netloc = f"{user.partition(':')[0]}:{REDACTED}@{host}"
+    query = "&".join(
+        f"{k}={REDACTED}" if (k := pair.partition("=")[0]).lower() in SECRET_QUERY_KEYS else pair
+        for pair in parts.query.split("&")
+    )
+    if netloc == parts.netloc and query == parts.query:
+        return url
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
 def redact(text: str) -> str:
-    """``text`` with the password of every URL in it replaced by ``***`` (the user name is kept):
-    what dpsweep logs (params, tags, ``config.yaml``) and prints (errors, the "next:" line)."""
-    return _CREDENTIALS.sub(lambda m: f"{m['scheme']}{m['user']}:{REDACTED}@", text)
+    """``text`` with the password of every URL in it, and every secret of its query (``token=``,
+    ``password=``), replaced by ``***`` (the user name is kept): what dpsweep logs (params, tags,
+    ``config.yaml``) and prints (errors, the "next:" line). Defence in depth: the commands take secrets
+    out of URIs at start-up (``dpsweep.tracking.credentials``)."""
+    return _URL.sub(lambda m: _redact_url(m[0]), text)
 
 
 def redacted(values: dict[str, Any]) -> dict[str, Any]:

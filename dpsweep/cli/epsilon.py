@@ -35,10 +35,10 @@ from typing import Any, NoReturn
 
 from dpsweep import mechanisms
 from dpsweep.cli.errors import exits_on_bad_input
+from dpsweep.cli.script import run_script
 from dpsweep.errors import InputError
 from dpsweep.privacy import calibrate, clipping, ledger, ranges, rdp
 from dpsweep.privacy import schedule as privacy
-from dpsweep.process.shutdown import run_then_exit
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -348,9 +348,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def console() -> NoReturn:
-    """The console script: ``main``, then the process ends without the interpreter's teardown
-    (``dpsweep.process.shutdown``)."""
-    run_then_exit(main, "dpsweep-epsilon")
+    """The console script: its secrets handed over, ``main``, then the process ends without the
+    interpreter's teardown (``dpsweep.cli.script``)."""
+    run_script(main, "dpsweep-epsilon")
 
 
 if __name__ == "__main__":

@@ -42,11 +42,11 @@ from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.cli.options import add_tracking_uri
 from dpsweep.cli.overrides import override_value
 from dpsweep.cli.plan import CONFIG_MODULE, MemoryCheck, job_plans
+from dpsweep.cli.script import run_script
 from dpsweep.config import Config
 from dpsweep.errors import InputError
 from dpsweep.memory.model import PEAK_TARGET, STAGE_PEAK_TARGETS
 from dpsweep.memory.tables import logged, metric
-from dpsweep.process.shutdown import run_then_exit
 from dpsweep.units import format_bytes
 
 if TYPE_CHECKING:  # pandas, torch, Hydra and MLflow are imported where used: --help stays fast
@@ -416,9 +416,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def console() -> NoReturn:
-    """The console script: ``main``, then the process ends without the interpreter's teardown
-    (``dpsweep.process.shutdown``)."""
-    run_then_exit(main, "dpsweep-memory")
+    """The console script: its secrets handed over, ``main``, then the process ends without the
+    interpreter's teardown (``dpsweep.cli.script``)."""
+    run_script(main, "dpsweep-memory")
 
 
 if __name__ == "__main__":

@@ -36,11 +36,11 @@ from omegaconf import DictConfig, OmegaConf
 from dpsweep import units
 from dpsweep.cli.errors import bad_input_types, report_bad_input
 from dpsweep.cli.overrides import override_value
+from dpsweep.cli.script import run_script
 from dpsweep.config import Config, ConfigError, TaskConfig, given_overrides, shown_model, to_config
 from dpsweep.errors import InputError
 from dpsweep.process import RANKS_ENV, a_rank
 from dpsweep.process.liveness import die_with_driver
-from dpsweep.process.shutdown import run_then_exit
 from dpsweep.tracking import channel as tracking_service
 
 if TYPE_CHECKING:  # torch and MLflow are imported where a run needs them: --help stays fast
@@ -369,9 +369,9 @@ def _own_directory(cfg: DictConfig, hydra_cfg: Any) -> Path:
 
 
 def console() -> NoReturn:
-    """The console script: ``main``, then the process ends without the interpreter's teardown
-    (``dpsweep.process.shutdown``)."""
-    run_then_exit(main, "dpsweep")
+    """The console script: its secrets handed over, ``main``, then the process ends without the
+    interpreter's teardown (``dpsweep.cli.script``)."""
+    run_script(main, "dpsweep")
 
 
 if __name__ == "__main__":

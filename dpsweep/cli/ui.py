@@ -31,8 +31,8 @@ from urllib.parse import urlparse
 
 from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.cli.options import add_tracking_uri
+from dpsweep.cli.script import run_script
 from dpsweep.errors import InputError
-from dpsweep.process.shutdown import run_then_exit
 
 HOST = "127.0.0.1"
 START_S = 120.0  # how long `mlflow ui` may take to answer /health (it imports MLflow's server first)
@@ -152,9 +152,9 @@ def _wait_for(server: subprocess.Popen[bytes], port: int) -> None:
 
 
 def console() -> NoReturn:
-    """The console script: ``main``, then the process ends without the interpreter's teardown
-    (``dpsweep.process.shutdown``)."""
-    run_then_exit(main, "dpsweep-ui")
+    """The console script: its secrets handed over, ``main``, then the process ends without the
+    interpreter's teardown (``dpsweep.cli.script``)."""
+    run_script(main, "dpsweep-ui")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from opacus import PrivacyEngine
 from torch import nn
 
 from dpsweep.config import ConfigError
+from dpsweep.data.device import Generators
 from dpsweep.plan import RunPlan, mechanism_of, setting
 from dpsweep.privacy import ledger
 from dpsweep.privacy.ledger import Ledger
@@ -67,7 +68,7 @@ class TrainingState:
     rng: dict[str, Any] = field(default_factory=dict)
 
 
-def capture_rng(loader_generator: torch.Generator) -> dict[str, Any]:
+def capture_rng(loader_generator: torch.Generator | Generators) -> dict[str, Any]:
     """Every RNG a step draws from: Opacus draws its noise on the parameters' device, so on a GPU
     the CUDA generators must be restored too, or a resumed run would repeat earlier noise."""
     kind, keys, position, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
@@ -83,7 +84,7 @@ def capture_rng(loader_generator: torch.Generator) -> dict[str, Any]:
     }
 
 
-def restore_rng(rng: dict[str, Any], loader_generator: torch.Generator) -> None:
+def restore_rng(rng: dict[str, Any], loader_generator: torch.Generator | Generators) -> None:
     torch.set_rng_state(rng["torch"])
     if rng.get("cuda") is not None:
         torch.cuda.set_rng_state_all(rng["cuda"])
@@ -247,7 +248,7 @@ def ledger_disagreement(plan: RunPlan, state: TrainingState, spent: Ledger) -> s
     """Why ``spent``, the ledger of a DP run restored from ``state``, is not the plan's (None: it is): a run
     that completed ``state.epoch`` epochs took the plan's steps for them (:func:`planned_steps`), and
     its ledger charges the plan's mechanisms for those steps (the releases before training, then the
-    mechanism's steps: ``Mechanism.ledger_taken`` at the plan's σ), each as many times."""
+    mechanism's steps: its ``ledger_taken`` at the plan's σ), each as many times."""
     privacy = plan.privacy
     if privacy is None:
         return None

@@ -27,7 +27,6 @@ import dataclasses
 import json
 import logging
 import math
-import random
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -35,7 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from omegaconf import DictConfig
 from torch import nn
@@ -59,13 +57,15 @@ from dpsweep.memory.tables import per_rank
 from dpsweep.plan import MemoryFiles, RunPlan, accounting, mechanism_of, prepare
 from dpsweep.privacy import ledger
 from dpsweep.privacy.ledger import Ledger
-from dpsweep.run import checkpoint, divergence, records
+from dpsweep.privacy.streams import Streams
+from dpsweep.run import checkpoint, divergence, records, seeds
 from dpsweep.tracking import (
     PRIVACY_LEDGER,
     Claim,
     RunEnded,
     SilentTracker,
     Tracker,
+    credentials,
     open_store,
     run_finished,
     system_metrics,
@@ -108,12 +108,6 @@ def resolve_device(requested: Device) -> torch.device:
     return torch.device(requested.value)
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
 def train(cfg: DictConfig | Config) -> TrainResult:
     """Train one config and log it to MLflow; returns the final metrics and privacy cost."""
     start = _start(cfg)
@@ -138,6 +132,10 @@ def _checked_config(cfg: DictConfig | Config) -> tuple[Config, torch.device]:
     """The config checked, and its device, with as many of them as ``train.devices`` asks for."""
     config = to_config(cfg)
     validate(config)
+    # a store's secrets to its client's own variables: no param, tag or artifact of the run holds one
+    config.tracking.uri = credentials.cleaned(config.tracking.uri, "tracking.uri")
+    if config.sweep.storage is not None:
+        config.sweep.storage = credentials.cleaned(config.sweep.storage, "sweep.storage")
     device = resolve_device(config.train.device)
     devices = config.train.devices
     if devices > 1 and devices > (have := distributed.visible_devices(device.type)):
@@ -179,6 +177,7 @@ class _Start:
     ckpt_dir: Path | None
     found: checkpoint.Found
     resume: checkpoint.TrainingState | None
+    streams: Streams
     ranks: distributed.Ranks = field(default_factory=distributed.Ranks)
 
 
@@ -188,7 +187,7 @@ def _start(cfg: DictConfig | Config) -> _Start:
     of a run across devices joins its process group; rank 0 reads the run's one checkpoint for all."""
     config, device = _checked_config(cfg)
     ranks = _ranks_of(config)
-    seed_everything(config.train.seed)  # alike on every rank: the same initial model
+    seeds.seed_everything(config.train.seed)  # public: the initial model, alike on every rank
     if ranks.distributed:
         device = distributed.join(ranks, device.type)
     data, plan = _planned(config, device)
@@ -197,7 +196,8 @@ def _start(cfg: DictConfig | Config) -> _Start:
     if ranks.distributed:  # one checkpoint a run, rank 0's, holding every rank's generators: read once
         found = distributed.from_leader(found)
     assert found is not None
-    return _Start(config, device, data, plan, ckpt_dir, found, found.state, ranks)
+    streams = seeds.streams_of(config, plan, found.state, ranks)
+    return _Start(config, device, data, plan, ckpt_dir, found, found.state, streams, ranks)
 
 
 def _found(config: Config, plan: RunPlan, ckpt_dir: Path | None) -> checkpoint.Found:
@@ -242,7 +242,8 @@ def _tracked(start: _Start, monitor: memory.MemoryMonitor) -> TrainResult:
     """The task built, then its MLflow run (new or resumed): the first iteration's memory stages, and
     a probe's end or the whole training; the checkpoint is removed once the run is complete."""
     config, plan, data, resume, ckpt_dir = start.config, start.plan, start.data, start.resume, start.ckpt_dir
-    task_run = tasks.get(config.task.name).build(tasks.RunInputs(config, plan, data, start.device, start.ranks))
+    inputs = tasks.RunInputs(config, plan, data, start.device, start.streams, start.ranks)
+    task_run = tasks.get(config.task.name).build(inputs)
     tags = records.run_tags(plan, data, start.device, monitor.backend) | task_run.tags()
     if start.found.set_aside is not None:  # the run starts afresh; the file is kept for inspection
         tags["checkpoint.set_aside"] = str(start.found.set_aside)
@@ -274,7 +275,7 @@ def _tracked(start: _Start, monitor: memory.MemoryMonitor) -> TrainResult:
         if config.train.probe:
             result.epochs.append(_probe(task_run, stages))
             return result
-        ckpts = Checkpoints(ckpt_dir, plan.config_hash, state, start.ranks)
+        ckpts = Checkpoints(ckpt_dir, plan.config_hash, state, start.streams, start.ranks)
         _train_all(config, plan, task_run, stages, parts, ckpts, n_test=len(data.test))  # type: ignore[arg-type]
     if ckpt_dir is not None and start.ranks.leader:
         checkpoint.remove(ckpt_dir)  # the run is complete; a rerun starts afresh
@@ -293,7 +294,9 @@ def _train_all(
     """A training run after its model is loaded: the DP stages of exactly B, the epochs (with system
     metrics), the final ε, whether it diverged, and the trained model kept in the result and logged."""
     result, run = stages.result, stages.run
-    if config.dp.enabled and stages.recorder.active:  # stages of exactly B, not of a private Poisson batch
+    if config.dp.enabled and task_run.private_stages:  # sizes of private data: nothing outside the ledger
+        stages.logged = True
+    elif config.dp.enabled and stages.recorder.active:  # stages of exactly B, not of a private Poisson batch
         task_run.memory_iteration(stages)
         stages.log_first_iteration()
     t = config.tracking
@@ -355,6 +358,7 @@ class Checkpoints:
     directory: Path | None
     config_hash: str
     restored: checkpoint.TrainingState | None
+    streams: Streams
     ranks: distributed.Ranks = field(default_factory=distributed.Ranks)
 
 
@@ -400,6 +404,7 @@ def _epochs(
             )
         if ckpt.directory is not None:
             rng = checkpoint.capture_rng(parts.generator)
+            seeds.keep_entropy(rng, ckpt.streams)
             if ckpt.ranks.distributed:  # one checkpoint a run: the model, optimizer and accountant are alike on
                 rng = {"ranks": distributed.gathered(rng)}  # every rank; rank 0 writes them, with every rank's RNG
             saved = checkpoint.TrainingState(

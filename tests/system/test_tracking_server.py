@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import sys
 import time
 import traceback
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
@@ -31,7 +28,7 @@ from pathlib import Path
 import pytest
 import requests
 import sqlalchemy
-from helpers import forkserver, in_process_then, service
+from helpers import forkserver, in_process_then
 from mlflow.entities import Run, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
@@ -45,43 +42,6 @@ from dpsweep.tracking.channel import TrackingError
 JOBS = 32
 STEPS = 5
 DEAD_URI = "http://127.0.0.1:9"  # the discard port: nothing listens, connections are refused at once
-
-
-@pytest.fixture(scope="module")
-def server_uri() -> Iterator[str]:
-    """URI of the PostgreSQL-backed tracking server, started by the launcher script if not up, and
-    stopped (server and PostgreSQL) after this module unless it was up before."""
-    assert os.geteuid() == 0 and shutil.which("apt-get"), "needs root on Debian: the script installs PostgreSQL"
-    env = {**os.environ, "DPSWEEP_VENV": sys.prefix}  # the server runs the mlflow of this interpreter
-    with service("mlflow_server_up.sh", ("mlflow_server_down.sh",), _server_running, env) as proc:
-        yield proc.stdout.strip().splitlines()[-1]
-
-
-def _server_running() -> bool:
-    """Whether the server that mlflow_server_up.sh records in its pid file runs."""
-    pid_file = Path(os.environ.get("DPSWEEP_MLFLOW_HOME", "/var/lib/dpsweep-mlflow")) / "mlflow.pid"
-    try:
-        os.kill(int(pid_file.read_text().strip()), 0)
-    except (OSError, ValueError):
-        return False
-    return True
-
-
-@pytest.fixture(scope="module")
-def backend_engine(server_uri: str) -> Iterator[sqlalchemy.Engine]:
-    """The server's PostgreSQL database, with the defaults of mlflow_server_up.sh."""
-    env = os.environ.get
-    url = sqlalchemy.URL.create(
-        "postgresql",  # the driver is the one mlflow_server_up.sh made sure of
-        username=env("DPSWEEP_PG_USER", "mlflow"),
-        password=env("DPSWEEP_PG_PASSWORD", "mlflow"),
-        host="127.0.0.1",
-        port=int(env("DPSWEEP_PG_PORT", "5433")),
-        database=env("DPSWEEP_PG_DB", "mlflow"),
-    )
-    engine = sqlalchemy.create_engine(url)
-    yield engine
-    engine.dispose()
 
 
 def _expected_params(index: int) -> dict[str, str]:

@@ -1,0 +1,28 @@
+"""What every console script does around its ``main``: the command line's secrets handed over first
+(``dpsweep.tracking.credentials``: before Hydra or argparse reads it, so that neither writes a password
+anywhere), then ``main``, then the end of the process without the interpreter's teardown
+(``dpsweep.process.shutdown``).
+
+    def console() -> NoReturn:
+        run_script(main, "dpsweep-report")
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from dpsweep.cli.errors import report_bad_input
+from dpsweep.errors import InputError
+from dpsweep.process.shutdown import run_then_exit
+from dpsweep.tracking import credentials
+
+
+def run_script(main: Callable[..., Any], prog: str) -> NoReturn:
+    """``main`` as the console script ``prog`` (module docstring)."""
+    try:
+        credentials.clean_argv(sys.argv)
+    except InputError as err:
+        sys.exit(report_bad_input(prog, err))
+    run_then_exit(main, prog)
