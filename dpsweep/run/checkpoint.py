@@ -31,10 +31,13 @@ steps (:func:`check_resumed`: else set aside as ``invalid`` too, and the run fai
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import pickle
 import random
+import stat
+import threading
 import time
 import zipfile
 from dataclasses import dataclass, field, replace
@@ -121,10 +124,59 @@ def save(
 UNREADABLE = (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, KeyError, TypeError, ValueError)
 
 
-def read(path: Path) -> dict[str, Any]:
-    """A checkpoint's contents, unpickled by torch's allow-list alone (``weights_only=True``: no code runs)."""
-    blob: dict[str, Any] = torch.load(path, weights_only=True, map_location="cpu")
+READ_TIMEOUT_S = 10.0  # a checkpoint not read by then (a hung network mount) is unreadable
+
+
+class Unreadable(ValueError):
+    """Not a checkpoint dpsweep can read: not a regular file, no answer in time, or not what it saves."""
+
+
+def read(path: Path, timeout_s: float = READ_TIMEOUT_S) -> dict[str, Any]:
+    """A checkpoint's contents, unpickled by torch's allow-list alone (``weights_only=True``: no code runs).
+    Its path comes from a run's tag, which any writer of a shared store can set, so only a regular file
+    is read (a FIFO or a device is refused without waiting for a writer), within ``timeout_s``; whatever
+    else fails, or a file that is not a dict of what :func:`save` writes, raises :class:`Unreadable`
+    (FileNotFoundError where there is no file)."""
+    data = _regular_file_bytes(path, timeout_s)
+    try:
+        blob = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except Exception as err:  # the file's bytes are untrusted: anything the unpickler raises means unreadable
+        raise Unreadable(f"{path}: {type(err).__name__}") from err
+    if not isinstance(blob, dict) or not isinstance(blob.get("training_state"), dict):
+        raise Unreadable(f"{path}: not a dpsweep checkpoint (a {type(blob).__name__})")
     return blob
+
+
+def _regular_file_bytes(path: Path, timeout_s: float) -> bytes:
+    """The bytes of the regular file at ``path``, read in a thread given ``timeout_s`` (module docstring
+    of :func:`read`); Unreadable otherwise, FileNotFoundError where nothing is there."""
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, and is refused below
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise Unreadable(f"{path}: not a regular file")
+                with os.fdopen(os.dup(fd), "rb") as f:
+                    box["data"] = f.read()
+            finally:
+                os.close(fd)
+        except BaseException as err:
+            box["error"] = err
+
+    worker = threading.Thread(target=work, name="dpsweep-checkpoint-read", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise Unreadable(f"{path}: no answer within {timeout_s:g} s (a hung mount?)")
+    error = box.get("error")
+    if isinstance(error, FileNotFoundError | Unreadable):
+        raise error
+    if error is not None:
+        raise Unreadable(f"{path}: {error}") from error
+    data: bytes = box["data"]
+    return data
 
 
 def _read_state(path: Path) -> TrainingState:
@@ -161,10 +213,10 @@ def peek(directory: Path, expected_hash: str, plan: RunPlan | None = None) -> Fo
     ``plan``, one whose counters lie outside its range (:func:`out_of_range`) is renamed
     ``checkpoint.pt.invalid-<time>`` and the run starts afresh."""
     path = directory / FILENAME
-    if not path.exists():
-        return Found(None)
     try:
         state = _read_state(path)
+    except FileNotFoundError:
+        return Found(None)
     except UNREADABLE:
         return Found(None, _set_aside(path, "corrupt"))
     if state.config_hash != expected_hash:
