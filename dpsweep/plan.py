@@ -175,9 +175,9 @@ def accounting(dp: DPConfig) -> Accounting:
 
 def tuning_procedure(plans: Sequence[RunPlan], sweep: SweepConfig) -> tuning.Procedure:
     """The privacy cost of a private tuning (``sweep.private_tuning``) over these candidates' plans
-    (:func:`dpsweep.privacy.tuning.procedure`); InputError for a non-private candidate, mixed δ, or a
-    procedure whose ε exceeds ``sweep.max_epsilon`` (each trial alone may be within it: the released
-    model's ε is the procedure's)."""
+    (:func:`dpsweep.privacy.tuning.procedure`: the procedure's ε and the dominant candidate's alone, both
+    under RDP); InputError for a non-private candidate, mixed δ, or a procedure whose ε exceeds
+    ``sweep.max_epsilon`` (each trial alone may be within it: the released model's ε is the procedure's)."""
     for p in plans:
         if p.privacy is None:
             raise InputError("dp.enabled", False, "true in every job of a private tuning")
@@ -193,8 +193,8 @@ def tuning_procedure(plans: Sequence[RunPlan], sweep: SweepConfig) -> tuning.Pro
         raise InputError(
             "sweep.max_epsilon", sweep.max_epsilon,
             f"at least the tuning procedure's ε={cost.epsilon:.4g} (δ={cost.delta:g}; one run alone: "
-            f"ε={cost.single_run_epsilon:.4g}): the released model's ε is the procedure's; raise the budget, "
-            "or lower sweep.tuning_mean_trials or the candidates' ε",
+            f"ε={cost.single_run_epsilon:.4g}; both {cost.accountant}): the released model's ε is the procedure's; "
+            "raise the budget, or lower sweep.tuning_mean_trials or the candidates' ε",
         )  # fmt: skip
     return cost
 

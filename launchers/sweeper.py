@@ -236,11 +236,14 @@ class PrivateTuning:
     jobs: list[list[str]]
     epsilon: float  # of the whole procedure, releasing the best trial only
     delta: float
-    single_run_epsilon: float  # of the dominant candidate alone
+    single_run_epsilon: float  # of the dominant candidate alone, under the same accountant
     dominant: str  # its overrides
+    accountant: str  # of both ε: rdp (dpsweep.privacy.tuning.ACCOUNTANT)
 
     def record(self, session: SweepSession) -> None:
-        """Log the procedure's ε on the parent run, and tag the trials: only the best is released."""
+        """Log the procedure's ε on the parent run, and tag the trials: only the best is released
+        (``dpsweep.tracking.sweeps.release_best``). The parent run, which holds K, is withheld from
+        dpsweep-ui's view (tag ``tuning.withheld``), as the trials not released are."""
         from dpsweep.tracking import release_best
 
         parent, first = session.parent, session.first
@@ -253,7 +256,7 @@ class PrivateTuning:
         })  # fmt: skip
         objective = first.task.objective
         procedure = {
-            "epsilon": self.epsilon, "delta": self.delta, "accountant": "rdp",
+            "epsilon": self.epsilon, "delta": self.delta, "accountant": self.accountant,
             "epsilon_single_run_of_dominant": self.single_run_epsilon, "dominant_candidate": self.dominant,
             "distribution": s.tuning_distribution, "mean_trials": s.tuning_mean_trials, "eta": s.tuning_eta,
             "selection": f"the best trial by {objective}",
@@ -267,12 +270,13 @@ class PrivateTuning:
             "tuning.k": len(self.jobs),  # part of the secret randomness: not for publication
             "tuning.dominant_candidate": self.dominant, "dp.delta": self.delta,
             "tuning.release": f"the best trial only (by {objective}); publishing K or other trials voids its ε",
+            "tuning.accountant": self.accountant, "tuning.withheld": "true",  # dpsweep.tracking.sweeps.WITHHELD_TAG
         })  # fmt: skip
         best_text = f"run {best[:8]}" if best is not None else "no finished trial"
         print(
             f"dpsweep: private tuning: {finished} trials finished; release only the best ({best_text}): "
-            f"ε={self.epsilon:.4g} for the whole procedure (δ={self.delta:g}; "
-            f"one run alone: ε={self.single_run_epsilon:.4g})",
+            f"ε={self.epsilon:.4g} for the whole procedure (δ={self.delta:g}; one run alone: "
+            f"ε={self.single_run_epsilon:.4g}; both {self.accountant})",
             flush=True,
         )
 
@@ -296,7 +300,7 @@ def private_trials(jobs: Sequence[list[str]], typed: Sequence[Config]) -> Privat
         trials.append([*job, f"train.seed={tuning.secret_seed()}"])
     common = set.intersection(*(set(job) for job in jobs))  # the overrides every candidate shares
     axes = " ".join(o for o in given_overrides(jobs[cost.dominant]) if o not in common) or "(every candidate)"
-    return PrivateTuning(trials, cost.epsilon, cost.delta, cost.single_run_epsilon, axes)
+    return PrivateTuning(trials, cost.epsilon, cost.delta, cost.single_run_epsilon, axes, cost.accountant)
 
 
 def select_jobs(jobs: Sequence[list[str]], typed: Sequence[Config]) -> tuple[list[list[str]], list[str]]:

@@ -32,7 +32,9 @@ from dpsweep.units import format_bytes
 if TYPE_CHECKING:  # Hydra, torch and the planner are imported where used: --help stays fast
     from omegaconf import DictConfig
 
+    from dpsweep.config import SweepConfig
     from dpsweep.plan import RunPlan
+    from dpsweep.privacy.tuning import Procedure
 
 CONFIG_MODULE = "dpsweep.conf"
 PROG = "dpsweep-plan"
@@ -360,13 +362,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             "its share of every Poisson batch; σ, q, steps and ε are one process's (rank 0 draws the noise)"
         )
     if tuned is not None:
-        s, cost = tuned
-        print(
-            f"private tuning: K ~ {s.tuning_distribution} with mean {s.tuning_mean_trials:g} trials drawn from these "
-            f"{len(rows)} jobs, the best released: ε = {cost.epsilon:.4g} (δ = {cost.delta:g}) for the whole "
-            f"procedure, against {cost.single_run_epsilon:.4g} for job {cost.dominant} alone (Papernot & Steinke 2022)"
-        )
+        print(tuning_line(*tuned, rows))
     return 0
+
+
+def tuning_line(s: SweepConfig, cost: Procedure, rows: Sequence[PlanRow]) -> str:
+    """The cost of a private tuning over ``rows``: the procedure's ε beside the dominant job's alone, both
+    under the procedure's accountant (RDP: dp-accounting analyses its RepeatAndSelectDpEvent by RDP alone),
+    which the line names, with the job's ε under its own accountant where the table shows another."""
+    dominant = rows[cost.dominant]
+    own = ""
+    if dominant.accountant != cost.accountant and dominant.epsilon is not None:
+        own = f"; the table's {dominant.epsilon:.4g} for it is {dominant.accountant}'s"
+    return (
+        f"private tuning: K ~ {s.tuning_distribution} with mean {s.tuning_mean_trials:g} trials drawn from these "
+        f"{len(rows)} jobs, the best released: ε = {cost.epsilon:.4g} (δ = {cost.delta:g}) for the whole procedure, "
+        f"against ε = {cost.single_run_epsilon:.4g} for job {cost.dominant} alone, both under the {cost.accountant} "
+        f"accountant (Papernot & Steinke 2022's bound is an RDP one{own})"
+    )
 
 
 def console() -> NoReturn:

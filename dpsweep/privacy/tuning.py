@@ -12,10 +12,15 @@ drawn uniformly from the grid, and only the best run released. Papernot & Steink
 - The cost is that of the candidate whose ledger dominates the others' at every RDP order (the
   mixture over candidates costs at most the pointwise maximum, by the quasi-convexity of Rényi
   divergence); a grid whose candidates' costs cross has no such bound here and is refused.
-- ε of the whole procedure: dp-accounting's ``RepeatAndSelectDpEvent`` (:func:`dpsweep.privacy.ledger.tuning_epsilon`).
+- ε of the whole procedure: dp-accounting's ``RepeatAndSelectDpEvent`` (:func:`dpsweep.privacy.ledger.tuning_epsilon`),
+  which only its RDP accountant analyses (:data:`ACCOUNTANT`): the procedure's ε is an RDP figure, and a
+  single run's ε to compare it with is the single run's RDP ε at the same orders (:func:`procedure`),
+  not its PLD one (usually lower: beside the procedure's RDP ε it would overstate what tuning costs).
 
 Only the best trial (by the task's objective) may be published; the other trials and K stay in the
-researcher's own tracking store.
+researcher's own tracking store: Papernot & Steinke's bound holds for a K that nobody outside learns
+(a published K is a fixed K, whose cost is that of composing K runs), so no released output shows the
+number of trials, the other trials, or a trial's ``train.seed``.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ from dpsweep.privacy import ledger, rdp
 from dpsweep.privacy.ledger import Ledger
 
 SEED_BITS = 31  # a trial's train.seed: secret, fresh
+# The accountant of a tuning procedure's ε: dp-accounting analyses RepeatAndSelectDpEvent with its
+# RdpAccountant only (Papernot & Steinke 2022, Thms. 2 and 6 are RDP bounds)
+ACCOUNTANT = "rdp"
 
 
 def shape(distribution: str, eta: float) -> float:
@@ -98,12 +106,13 @@ def check(distribution: str, mean: float, eta: float) -> None:
 
 @dataclass(frozen=True)
 class Procedure:
-    """The cost of a private tuning over a grid of candidate runs."""
+    """The cost of a private tuning over a grid of candidate runs: both ε under ``accountant`` (RDP)."""
 
     epsilon: float  # of the whole procedure, releasing the best trial only
     delta: float
-    single_run_epsilon: float  # of the dominant candidate alone
+    single_run_epsilon: float  # of the dominant candidate alone, under the same accountant at the same orders
     dominant: int  # the candidate whose cost bounds every other's
+    accountant: str = ACCOUNTANT
 
 
 def procedure(
@@ -111,8 +120,16 @@ def procedure(
 ) -> Procedure:
     """The tuning ε of K ~ ``distribution`` (mean ``mean_trials``, shape ``eta``) trials drawn from these
     candidates' planned ledgers (the dominant one repeated, the best released; see the module
-    docstring); InputError for what the bound does not cover."""
+    docstring), and the dominant candidate's own ε to compare it with. Both are RDP's
+    (:data:`ACCOUNTANT`), over ``how``'s orders, whatever ``how``'s accountant: the procedure's through
+    dp-accounting's ``RepeatAndSelectDpEvent`` (Papernot & Steinke 2022, Thms. 2 and 6), the single
+    run's by dpsweep's RDP accountant (the run's ``epsilon_rdp``), both converted to (ε, δ) by the improved conversion
+    (Balle et al. 2020, Prop. 12; dp-accounting's is the same bound: Canonne, Kamath & Steinke 2020,
+    Prop. 12). A single run's PLD ε is usually lower than its RDP ε, and no tuning bound starts from it: set
+    beside the procedure's RDP ε it would overstate what tuning costs. InputError for what the bound
+    does not cover."""
     check(distribution, mean_trials, eta)
     top = dominant(list(bills))
-    eps = ledger.tuning_epsilon(bills[top], delta, mean_trials, shape(distribution, eta), how.orders).epsilon
-    return Procedure(eps, delta, ledger.epsilon(bills[top], delta, how).epsilon, top)
+    eps = ledger.tuning_epsilon(bills[top], delta, mean_trials, shape(distribution, eta), how.orders)
+    alone = ledger.epsilon(bills[top], delta, ledger.Accounting(ACCOUNTANT, orders=how.orders))
+    return Procedure(eps.epsilon, delta, alone.epsilon, top)

@@ -143,6 +143,11 @@ def test_dpsweep_plan_prices_a_private_tuning_and_refuses_crossing_costs() -> No
     bill = privacy.run_ledger(privacy.poisson_schedule(1437, 64), 1.0, steps)
     expected = ledger.tuning_epsilon(bill, 1e-5, 4, float("inf")).epsilon
     assert f"ε = {expected:.4g} (δ = 1e-05) for the whole procedure" in table.stdout, table.stdout
+    # issue 54, item 3: like with like: job 0's ε alone under RDP too (the procedure's analysis), not PLD's
+    alone = ledger.epsilon(bill, 1e-5, ledger.Accounting("rdp")).epsilon
+    pld = ledger.epsilon(bill, 1e-5, ledger.Accounting("pld")).epsilon
+    assert f"against ε = {alone:.4g} for job 0 alone, both under the rdp accountant" in table.stdout, table.stdout
+    assert f"the table's {pld:.4g} for it is pld's" in table.stdout and alone > pld
     # issue 39, item 9: each trial within the budget, the procedure not: refused before launch
     single = privacy.epsilon(privacy.poisson_schedule(1437, 64), 1.0, 1e-5, epochs=10).epsilon
     budget = (single + expected) / 2
@@ -152,6 +157,20 @@ def test_dpsweep_plan_prices_a_private_tuning_and_refuses_crossing_costs() -> No
     assert f"the tuning procedure's ε={expected:.4g}" in over.stderr
     crossing = run_main(main, "sweep.private_tuning=true", "train.batch_size=16,512")
     assert crossing.returncode == 2 and "sweep.private_tuning=True is invalid" in crossing.stderr
+
+
+def test_the_procedure_and_a_single_run_are_priced_by_one_accountant_whatever_the_runs() -> None:
+    """Issue 54, item 3: dp-accounting analyses RepeatAndSelectDpEvent by RDP alone, so the single run set
+    beside the procedure is priced by RDP too (over the same orders), not by the runs' own accountant."""
+    schedule = privacy.poisson_schedule(1437, 64)
+    bills = [privacy.run_ledger(schedule, s, schedule.steps(10)) for s in (1.5, 1.0)]
+    orders = tuple(float(a) for a in range(2, 64))
+    for accountant in ("pld", "prv", "rdp"):
+        cost = tuning.procedure(bills, 1e-5, ledger.Accounting(accountant, orders=orders), "poisson", 4, 0.5)
+        assert cost.accountant == tuning.ACCOUNTANT == "rdp" and cost.dominant == 1
+        rdp = ledger.epsilon(bills[1], 1e-5, ledger.Accounting("rdp", orders=orders)).epsilon
+        assert cost.single_run_epsilon == rdp
+        assert cost.epsilon == ledger.tuning_epsilon(bills[1], 1e-5, 4, float("inf"), orders).epsilon > rdp
 
 
 def test_a_private_tuning_of_non_private_jobs_or_mixed_delta_is_refused() -> None:
