@@ -1,6 +1,6 @@
 """The store's answers about a sweep's jobs, for its driver (``launchers/``): their runs by config hash
 and status, the table of their results on the parent run, the runs a dead job left RUNNING, an Optuna
-trial's run, and private tuning's release of the best trial.
+trial's run, and private tuning's release of the best trial (and the withholding of everything else).
 
     from dpsweep.tracking.sweeps import runs_by_hash  # in a command's process, or through the service:
     service().call("runs_by_hash", uri, "demo")        # dpsweep.tracking.runs_by_hash
@@ -9,6 +9,7 @@ trial's run, and private tuning's release of the best trial.
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 import time
 from collections.abc import Mapping
@@ -112,21 +113,38 @@ def close_orphaned_runs(uri: str, experiment: str, sweep_id: str) -> list[str]:
     return sorted(orphans)
 
 
+RELEASED_TAG = "tuning.released"  # a private tuning's FINISHED trials: true for the released one only
+# on every run of a private tuning but the released trial (its other trials, whatever their status, and
+# its parent run, which holds K): what dpsweep-ui's view leaves out (dpsweep.tracking.views)
+WITHHELD_TAG = "tuning.withheld"
+ACCOUNTANT_TAG = "tuning.accountant"  # the accountant of epsilon_tuning: rdp (dpsweep.privacy.tuning.ACCOUNTANT)
+PARENT_LINKS = ("mlflow.parentRunId", "sweep.parent_run_id")  # a job's tags that name its sweep's parent run
+
+
 @op
 def release_best(
     uri: str, experiment: str, sweep_id: str, objective: str, procedure: Mapping[str, Any]
 ) -> tuple[str | None, int]:
-    """Private tuning's release (issue 33, item 1): tag the sweep's FINISHED trials ``tuning.released``
-    (true for the one best by ``objective`` only) and log ``procedure['epsilon']``, the whole
-    procedure's ε, as each one's ``epsilon_tuning``. The released trial reports the procedure: its
-    ``epsilon`` and ``epsilon_rdp`` become the procedure's (logged again at the last step, so that
-    they are the latest values), its own ε is kept as ``epsilon_single_run``, ``epsilon_pld`` and
-    ``epsilon_prv`` become NaN (not computed for the procedure), and its ``privacy_ledger.json``
-    gains the tuning event. Returns the released run id (None: none finished) and how many finished."""
+    """Private tuning's release (issue 33, item 1; issue 54, item 3): tag the sweep's FINISHED trials
+    ``tuning.released`` (true for the one best by ``objective`` only) and log ``procedure['epsilon']``,
+    the whole procedure's ε, as each one's ``epsilon_tuning``, with its accountant
+    (``procedure['accountant']``, rdp) as the tag ``tuning.accountant``. Every other run of the sweep
+    (the trials not released, finished or not) is tagged ``tuning.withheld``.
+
+    The released trial reports the procedure: its ``epsilon`` and ``epsilon_rdp`` become the
+    procedure's (logged again at the last step, so that they are the latest values), its own ε is kept
+    as ``epsilon_single_run``, ``epsilon_pld`` and ``epsilon_prv`` become NaN (not computed for the
+    procedure), and its ``privacy_ledger.json`` gains the tuning event. It stands alone: its links to
+    the parent run (which holds K, tag ``tuning.k``) are removed (the parent keeps
+    ``tuning.best_run_id``), and its name loses its secret ``train.seed`` (:func:`seedless_name`).
+    K's secrecy is what Papernot & Steinke 2022's bound needs ("Hyperparameter Tuning with Renyi
+    Differential Privacy", ICLR). Returns the released run id (None: none finished) and how many finished."""
     client = MlflowClient(uri)
-    runs = [r for r in sweep_jobs(client, experiment, sweep_id) if r.info.status == "FINISHED"]
+    jobs = sweep_jobs(client, experiment, sweep_id)
+    runs = [r for r in jobs if r.info.status == "FINISHED"]
     best = max(runs, key=lambda r: r.data.metrics.get(objective, float("-inf")), default=None)
     proc = float(procedure["epsilon"])
+    accountant = str(procedure["accountant"])
     now = int(time.time() * 1000)
     for r in runs:
         run_id = r.info.run_id
@@ -134,7 +152,7 @@ def release_best(
         step = max((m.step for m in history), default=0)
         metrics = [Metric("epsilon_tuning", proc, now, step)]
         released = r is best
-        tags = [RunTag("tuning.released", str(released).lower())]
+        tags = [RunTag(RELEASED_TAG, str(released).lower()), RunTag(ACCOUNTANT_TAG, accountant)]
         if released:
             own = r.data.metrics.get("epsilon", float("nan"))
             metrics += [Metric("epsilon_single_run", own, now, step), Metric("epsilon", proc, now, step),
@@ -143,7 +161,36 @@ def release_best(
             tags.append(RunTag("tuning.epsilon", TUNED_EPSILON_NOTE))
             _add_tuning_event(client, run_id, procedure, own)
         retry_busy(lambda run_id=run_id, m=metrics, t=tags: client.log_batch(run_id, metrics=m, tags=t))  # type: ignore[misc]
+    for r in jobs:
+        if r is not best:
+            retry_busy(lambda run_id=r.info.run_id: client.set_tag(run_id, WITHHELD_TAG, "true"))  # type: ignore[misc]
+    if best is not None:
+        _stand_alone(client, best)
     return (best.info.run_id if best is not None else None), len(runs)
+
+
+def seedless_name(name: str, seed: str | None) -> str:
+    """A run's name without its ``train.seed``: ``σ1-C1-B64-s1337566753-e1-digits-cnn`` (dpsweep.run.records'
+    names) becomes ``σ1-C1-B64-e1-digits-cnn``; a seed left anywhere else in a name reads ``seed-withheld``."""
+    if not seed:
+        return name
+    name = re.sub(rf"-s{re.escape(seed)}(?=-|$)", "", name)
+    return name.replace(seed, "seed-withheld")
+
+
+def _stand_alone(client: MlflowClient, run: Any) -> None:
+    """The released trial without what leads from it to K or its seed: the tags naming its sweep's
+    parent run (which holds ``tuning.k``) removed, its name without its seed, and in dpsweep-ui's view
+    (not ``tuning.withheld``). Its ``train.seed`` param stays in the store, which cannot delete a param:
+    the store itself is not for release."""
+    run_id = run.info.run_id
+    for key in (*PARENT_LINKS, WITHHELD_TAG):  # withheld: by dpsweep-ui while its sweep ran (views.withhold)
+        if key in run.data.tags:
+            retry_busy(lambda key=key: client.delete_tag(run_id, key))  # type: ignore[misc]
+    name = run.info.run_name or ""
+    seedless = seedless_name(name, run.data.params.get("train.seed"))
+    if seedless != name:
+        retry_busy(lambda: client.update_run(run_id, name=seedless))
 
 
 TUNED_EPSILON_NOTE = (
