@@ -15,6 +15,12 @@ From Python, e.g. in a notebook::
     report.pareto_front(r.table)       # the private rows no other row beats on both ε and accuracy
     print(report.render(r, "md"))      # or "csv", "tex", "html"
 
+Of a private tuning (``sweep.private_tuning``) a report shows the released trial alone, at the whole
+procedure's ε under the accountant that computed it (rdp): nothing in it tells the number of trials K,
+the other trials or the released trial's seed, which must stay secret for Papernot & Steinke 2022's
+bound. ``build_report(..., all_trials=True)`` (``dpsweep-report --all-trials``) is the analyst's view of
+every trial, marked not for release in the table itself (columns ``trial`` and ``release``).
+
 What a row is, and what its columns mean: :mod:`dpsweep.analysis.report.table`. A sweep without a
 non-private run of a dataset and model borrows the experiment's (:func:`build_report`), and a note
 says so. The notes under the table (:meth:`Report.notes`) add what each task's schema asks for (a
@@ -30,7 +36,15 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from dpsweep.analysis.report.cells import runs_text
-from dpsweep.analysis.report.columns import OUTCOME_ORDER, ReportError, lookup, objective_notes, run_pairs
+from dpsweep.analysis.report.columns import (
+    NOT_FOR_RELEASE,
+    OUTCOME_ORDER,
+    WITHHELD,
+    ReportError,
+    lookup,
+    objective_notes,
+    run_pairs,
+)
 from dpsweep.analysis.report.notes import check, privacy_kind_notes, score_note, task_notes
 from dpsweep.analysis.report.query import outcome_counts, parent_run_id, report_runs, search_runs
 from dpsweep.analysis.report.table import SORT_KEYS, score_metrics, shows_audits, summary_table
@@ -48,6 +62,8 @@ class Report:
     warnings: list[str] = field(default_factory=list)
     # FINISHED non-private runs from outside a sweep that has none, pooled into its baseline rows
     baseline_runs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # every trial of a private tuning (dpsweep-report --all-trials): the analyst's view, not for release
+    all_trials: bool = False
 
     @property
     def table_runs(self) -> pd.DataFrame:
@@ -75,7 +91,16 @@ class Report:
         explained = objective_notes()
         lines += [explained[m] + "." for m in score_metrics(self.table) if m in explained]
         lines += task_notes(self.table, self.table_runs)
+        if self.all_trials:
+            lines.insert(0, ALL_TRIALS_NOTE)
         return lines + [f"warning: {w}" for w in self.warnings]
+
+
+ALL_TRIALS_NOTE = (
+    f"{NOT_FOR_RELEASE.capitalize()}: every trial of each private tuning (dpsweep-report --all-trials), whose "
+    "number K and other trials must stay secret for the released trial's ε to hold (Papernot & Steinke 2022); "
+    "publish the report without --all-trials, which shows the released trial alone."
+)
 
 
 AUDIT_NOTE = (
@@ -87,25 +112,37 @@ AUDIT_NOTE = (
 )
 
 
-def build_report(uri: str, experiment: str, sweep_id: str | None = None, sort: str = "accuracy") -> Report:
-    """Read, check and tabulate a selection. Raises ReportError on an unknown experiment or sweep,
-    an unknown sort key, or a selection without FINISHED runs."""
+def build_report(
+    uri: str, experiment: str, sweep_id: str | None = None, sort: str = "accuracy", all_trials: bool = False
+) -> Report:
+    """Read, check and tabulate a selection: of a private tuning, its released trial alone, unless
+    ``all_trials`` (then every trial, and the report is marked not for release). Raises ReportError on
+    an unknown experiment or sweep, an unknown sort key, or a selection without FINISHED runs."""
     lookup(SORT_KEYS, sort, "sort")  # fail before reading anything
     raw = search_runs(uri, experiment, sweep_id)
     runs = report_runs(raw)
+    withheld = runs["tuning"] == WITHHELD
+    if not all_trials:  # counted nowhere: their number would tell K
+        runs = runs[~withheld].reset_index(drop=True)
     counts = outcome_counts(runs)
+    where = ("sweep", sweep_id) if sweep_id else ("experiment", experiment)
+    if counts["finished"] == 0 and withheld.any() and not all_trials:
+        raise ReportError(
+            *where, "a selection with a FINISHED run to release: it holds trials of a private tuning but no "
+            "released one (tag tuning.released=true), and the others are withheld (their number would tell K); "
+            "dpsweep-report --all-trials shows them, not for release",
+        )  # fmt: skip
     if counts["finished"] == 0:
-        where = ("sweep", sweep_id) if sweep_id else ("experiment", experiment)
         others = ", ".join(f"{counts[k]} {k}" for k in OUTCOME_ORDER[1:] if counts[k])
         raise ReportError(
             *where, f"0 FINISHED runs of {counts['total']}{f' ({others})' if others else ''}; nothing to report"
         )
-    report = Report(uri, experiment, sweep_id, runs, pd.DataFrame(), counts, parent_run_id(raw))
+    report = Report(uri, experiment, sweep_id, runs, pd.DataFrame(), counts, parent_run_id(raw), all_trials=all_trials)
     borrowed: list[str] = []  # notes on baseline runs taken from outside the sweep
     if sweep_id is not None:
         report.baseline_runs, borrowed = _outside_baselines(uri, experiment, runs)
     report.table = summary_table(report.table_runs, sort)
-    report.warnings = borrowed + check(report.table_runs, report.table)
+    report.warnings = borrowed + check(report.table_runs, report.table, all_trials)
     return report
 
 

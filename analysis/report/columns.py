@@ -105,6 +105,14 @@ OUTCOMES: dict[str, str] = {
 OUTCOME_ORDER = ("finished", "failed", "pruned", "running", "duplicate", "diverged")
 MISSING = "\0missing"  # stands for a param a run did not log, where missing must equal missing
 
+# A private tuning's runs (sweep.private_tuning; dpsweep.tracking.sweeps.release_best tags them): each
+# one's ``tuning`` (a report_runs column), the released trial (tag tuning.released=true) or a withheld
+# one (any other run of the tuning). A report shows the released trials only, unless asked for all
+# (build_report's all_trials): the number of trials K must stay secret (Papernot & Steinke 2022).
+RELEASED, WITHHELD = "released", "withheld"
+TUNING_ACCOUNTANT = "rdp"  # of epsilon_tuning where a run lacks the tag tuning.accountant (dpsweep.privacy.tuning)
+NOT_FOR_RELEASE = "not for release"
+
 # How labels name a hyperparameter (config labels, memory groups, plot titles); others by their key.
 SHORT_NAMES = {
     "train.batch_size": "B",

@@ -24,10 +24,13 @@ matplotlib.rc("svg", fonttype="none")
 
 @dataclass(frozen=True)
 class FigureStyle:
-    """How figures are written: ``format`` (one of ``report.FIGURE_FORMATS``) and ``dpi`` (raster resolution)."""
+    """How figures are written: ``format`` (one of ``report.FIGURE_FORMATS``), ``dpi`` (raster resolution)
+    and ``stamp``, a line written across the top of every figure (a report of all trials of a private
+    tuning: not for release)."""
 
     format: str = "png"
     dpi: int = 150
+    stamp: str | None = None
 
 
 DEFAULT_STYLE = FigureStyle()  # png at 150 dpi: every plot function's default
@@ -37,6 +40,8 @@ def save(fig: Figure, path: Path, style: FigureStyle) -> Path:
     """Write ``fig`` as ``path`` with the style's suffix; the bounding box takes in the legends outside."""
     path = path.with_suffix(f".{style.format}")
     fig.tight_layout()
+    if style.stamp:
+        fig.suptitle(style.stamp, color="tab:red", fontsize=11, fontweight="bold", y=1.02)
     fig.savefig(path, dpi=style.dpi, bbox_inches="tight")
     plt.close(fig)
     return path

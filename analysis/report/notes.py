@@ -16,6 +16,7 @@ from dpsweep.analysis.report.cells import PERCENT, param_text, percent_text, run
 from dpsweep.analysis.report.columns import (
     MISSING,
     NEIGHBOUR_NOTES,
+    RELEASED,
     column,
     mechanism_label,
     mechanism_neighbours,
@@ -40,11 +41,11 @@ from dpsweep.config import UNITS, task_objectives, task_schemas
 from dpsweep.run.divergence import REASON_TAG
 
 
-def check(runs: pd.DataFrame, table: pd.DataFrame) -> list[str]:
+def check(runs: pd.DataFrame, table: pd.DataFrame, all_trials: bool = False) -> list[str]:
     """What a reader of the table must know: a row whose runs mix accountants or δ (their ε differ
     in meaning), rows of one dataset and model under different accountants or δ (their ε are not
-    comparable on one front), FINISHED runs without accuracy or ε, and missing or mismatched
-    baselines."""
+    comparable on one front), FINISHED runs without accuracy or ε, a private tuning's released trial
+    (or, with ``all_trials``, its trials), and missing or mismatched baselines."""
     labels = config_labels(table) if not table.empty else pd.Series(dtype=str)
     done = runs[runs["outcome"] == "finished"]
     notes = _mixed_privacy_notes(done, table, labels)
@@ -55,7 +56,7 @@ def check(runs: pd.DataFrame, table: pd.DataFrame) -> list[str]:
     for (dataset, model), block in table.groupby(["dataset", "model"], sort=True):
         if block["private"].all():
             notes.append(f"{dataset}/{model}: no FINISHED non-private run; no accuracy drop can be given")
-    notes += _tuning_notes(done, table)
+    notes += _tuning_notes(done, table, all_trials)
     notes += _baseline_mismatches(table, labels)
     notes += _spread_notes(table, labels)
     return notes
@@ -166,24 +167,35 @@ def _release_notes(done: pd.DataFrame) -> list[str]:
     return notes
 
 
-def _tuning_notes(done: pd.DataFrame, table: pd.DataFrame) -> list[str]:
-    """The privacy of choosing among rows. A private tuning's runs (tag tuning.released): only the released
-    one may be published, at its parent's epsilon_tuning. Otherwise, where the table offers K > 1 private
+def _tuning_notes(done: pd.DataFrame, table: pd.DataFrame, all_trials: bool = False) -> list[str]:
+    """The privacy of choosing among rows. A private tuning's runs (column ``tuning``): only the released
+    trial may be published, at the whole procedure's ε (epsilon_tuning) under the accountant that computed
+    it (rdp). Without ``all_trials`` the report holds the released trials alone, and the note says nothing
+    of how many trials ran (K must stay secret: Papernot & Steinke 2022); with it, the note counts them and
+    names the released one. Otherwise, where the table offers K > 1 private
     rows of one dataset and model at the same ε (tuned hyperparameters: lr, C, ...), the best of them is
     picked after seeing all, and its ε is that of one run, not of the choice: the note gives the naive
     composed ε of their runs (basic composition: Dwork & Roth 2014, Thm. 3.16). Rows at different ε (a σ
     sweep) are a trade-off curve, not a choice, and get no note."""
     notes: list[str] = []
     private = done[done["private"]]
-    released = column(private, "tags.tuning.released").astype(str)
-    tuned = private[released.isin(["true", "false"])]
-    if not tuned.empty:
-        kept = tuned[released[tuned.index] == "true"]["run_id"]
+    roles = column(private, "tuning")
+    tuned = private[roles.notna()]
+    kept = tuned[roles[tuned.index] == RELEASED]
+    accountants = ", ".join(sorted({str(a) for a in table[column(table, "tuning").notna()]["accountant"]})) or "rdp"
+    if not tuned.empty and all_trials:
         notes.append(
             f"{runs_text(len(tuned))} are trials of a private tuning (sweep.private_tuning): only "
-            f"{', '.join(r[:8] for r in kept) or 'none'} (tag tuning.released=true) may be published, at the whole "
-            "procedure's ε (epsilon_tuning, RDP: the ε shown for their rows), not at one run's; the other trials and "
-            "their number stay private"
+            f"{', '.join(r[:8] for r in kept['run_id']) or 'none'} (tag tuning.released=true; trial: released) may "
+            f"be published, at the whole procedure's ε (epsilon_tuning, under the {accountants} accountant: the ε "
+            "shown for their rows), not at one run's; the other trials and their number stay private"
+        )
+    elif not kept.empty:
+        notes.append(
+            f"{'runs' if len(kept) > 1 else 'run'} {', '.join(r[:8] for r in kept['run_id'])}: the released trial "
+            f"of a private tuning (sweep.private_tuning), shown at the whole procedure's ε (epsilon_tuning, under "
+            f"the {accountants} accountant, which computed it; Papernot & Steinke 2022), not at one run's; the "
+            "tuning's other trials, if any, and their number are withheld"
         )
     plain = private.drop(tuned.index)
     rows = table[table["private"] & table["config_id"].isin(plain["config_id"]) & table["epsilon"].notna()]

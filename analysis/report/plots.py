@@ -5,7 +5,9 @@
     dpsweep-report --experiment demo --out paper/ --figure-format pdf --dpi 300   # for a paper
 
 Every legend sits outside its axes, to the right, so that it never hides data. Formats: png
-(default, 150 dpi), pdf and svg (vector; --dpi then sets only their raster parts).
+(default, 150 dpi), pdf and svg (vector; --dpi then sets only their raster parts). They draw the
+report's runs: of a private tuning, the released trial alone, and never a trial's secret seed in a
+label; a report of all trials (``--all-trials``) is stamped not for release on every figure.
 
 Files, one panel per dataset and model:
 
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +60,7 @@ from dpsweep.analysis.report.columns import (
     PRIVACY_KIND_DEFAULTS,
     PRIVACY_KINDS,
     SHORT_NAMES,
+    column,
     known_mechanisms,
     mechanism_label,
     mechanism_order,
@@ -428,13 +432,18 @@ def plot_memory(groups: pd.DataFrame, path: Path, style: FigureStyle = DEFAULT_S
 
 
 LABEL_KEYS = (*HYPERPARAMETERS.values(), *PRIVACY_KINDS.values(), "dp.enabled", "train.seed")  # label keys
+SECRET_LABEL_KEYS = ("train.seed",)  # a private tuning's trial's: secret (dpsweep.privacy.tuning.secret_seed)
+ALL_TRIALS_STAMP = "NOT FOR RELEASE: every trial of a private tuning (dpsweep-report --all-trials)"
 
 
 def run_labels(report: Report, run_ids: Sequence[str]) -> dict[str, str]:
     """Per run, what differs between ``run_ids``: ``σ=0.8, seed=1`` (short names of the differing
-    params, dataset and model included when they differ); the run id only where nothing differs."""
+    params, dataset and model included when they differ); the run id only where nothing differs.
+    Never the seed where a run is a private tuning's trial (its seed is secret)."""
     runs = report.table_runs.set_index("run_id")
-    keys = [k for k in LABEL_KEYS if f"params.{k}" in runs.columns]
+    tuned = runs.index.isin(run_ids) & column(runs, "tuning").notna().to_numpy()
+    secret = SECRET_LABEL_KEYS if tuned.any() else ()
+    keys = [k for k in LABEL_KEYS if f"params.{k}" in runs.columns and k not in secret]
     values = {k: {r: param_text(_label_value(runs, r, k)) for r in run_ids} for k in keys}
     private = {r: bool(runs.at[r, "private"]) for r in run_ids}
 
@@ -463,8 +472,11 @@ def plot_report(
     report: Report, out_dir: Path, histories: pd.DataFrame, style: FigureStyle = DEFAULT_STYLE
 ) -> list[Path]:
     """Every plot of the report into ``out_dir``; returns their paths (pareto, sweeps, curves, memory,
-    and ``<task>_samples.png`` for each task of the report whose runs log sample grids)."""
+    and ``<task>_samples.png`` for each task of the report whose runs log sample grids). A report of all
+    trials of a private tuning (``report.all_trials``) stamps each one not for release (:data:`ALL_TRIALS_STAMP`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    if report.all_trials:  # every trial of a private tuning: each figure says it is not for release
+        style = replace(style, stamp=ALL_TRIALS_STAMP)
     table = report.table
     paths = [plot_pareto(table, out_dir / "pareto.png", style), *plot_sweeps(table, out_dir, style)]
     ids = list(dict.fromkeys(histories["run_id"]))

@@ -24,7 +24,9 @@ from dpsweep.analysis.report.columns import (
     NOT_HYPERPARAMETERS,
     OUTCOME_ORDER,
     OUTCOMES,
+    RELEASED,
     REPLICATE_PARAMS,
+    WITHHELD,
     ReportError,
     column,
     param_or_tag,
@@ -115,7 +117,8 @@ def report_runs(raw: pd.DataFrame) -> pd.DataFrame:
     """The runs a report is about: ``raw`` without parent runs and memory probes, plus the columns
     ``outcome`` (finished, failed, pruned, running, duplicate, diverged), ``private`` (DP on), ``task`` (task.name),
     ``objective`` (the name of the task's objective metric; NaN for a task this dpsweep does not
-    know), ``score`` (that metric's final value) and ``config_id`` (equal for the runs of one row)."""
+    know), ``score`` (that metric's final value), ``tuning`` (:func:`tuning_roles`) and ``config_id``
+    (equal for the runs of one row; a private tuning's released trial and its withheld ones have their own)."""
     keep = (column(raw, "tags.sweep.role") != "parent") & (column(raw, "tags.probe").astype(str).str.lower() != "true")
     runs = raw[keep].reset_index(drop=True)
     outcome = runs["status"].map(OUTCOMES).fillna("running")
@@ -131,11 +134,36 @@ def report_runs(raw: pd.DataFrame) -> pd.DataFrame:
     runs["task"] = run_tasks(runs)
     runs["objective"] = runs["task"].map(task_objectives())
     runs["score"] = run_scores(runs)
+    runs["tuning"] = tuning_roles(runs)
     keys = hyperparameter_keys(runs)
     values = runs[[f"params.{k}" for k in keys]].astype(object)
     values = values.where(values.notna(), None)
     runs["config_id"] = [_config_id(keys, row) for row in values.itertuples(index=False, name=None)]
+    # a private tuning's trials are rows of their own, the released apart from the withheld: a row's runs
+    # are one release (the released trial's ε is the whole procedure's, not that of a run of its config)
+    trials = runs["tuning"].notna()
+    sweeps = column(runs, "tags.sweep.id").astype(object).fillna("")
+    runs.loc[trials, "config_id"] = [
+        _config_id(["config", "sweep", "tuning"], [config, sweep, role])
+        for config, sweep, role in zip(runs["config_id"][trials], sweeps[trials], runs["tuning"][trials], strict=True)
+    ]
     return runs
+
+
+def tuning_roles(runs: pd.DataFrame) -> pd.Series:
+    """Each run's part in a private tuning (``sweep.private_tuning``): ``released`` (tag
+    ``tuning.released=true``), ``withheld`` (any other run of the tuning: tagged ``tuning.released=false``
+    or ``tuning.withheld``, or, before the release, a trial of it), None outside one."""
+    released = column(runs, "tags.tuning.released").astype(str)
+    trial = (
+        released.isin(["true", "false"])
+        | (column(runs, "tags.sweep.private_tuning").astype(str) == "True")
+        | column(runs, "tags.tuning.withheld").notna()
+    )
+    roles = pd.Series(None, index=runs.index, dtype=object)
+    roles[trial] = WITHHELD
+    roles[trial & (released == "true")] = RELEASED
+    return roles
 
 
 def run_scores(runs: pd.DataFrame) -> pd.Series:

@@ -7,6 +7,11 @@ The rendered header names the accuracy columns by their objective ("test accurac
 or "accuracy" and a note when tasks are mixed); a table with rows of another task shows a ``task``
 column, and once a private row is not DP-SGD over examples, a ``mechanism`` and a ``unit`` column.
 Otherwise the output is as before these keys.
+
+A private tuning's released trial shows the whole procedure's ε with its accountant (rdp), which the
+LaTeX caption states. A report of all trials (``Report.all_trials``: ``dpsweep-report --all-trials``) has
+two more columns in every format: ``trial`` (released or withheld) and ``release`` (not for release, on
+every row), and its LaTeX caption starts "Not for release".
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ from dpsweep.analysis.report.build import Report
 from dpsweep.analysis.report.cells import PERCENT, epsilon_text, number_text, param_text
 from dpsweep.analysis.report.columns import (
     DEFAULT_TASK,
+    NOT_FOR_RELEASE,
     PRIVACY_KIND_DEFAULTS,
     PRIVACY_KINDS,
     SETTING_COLUMNS,
+    column,
     lookup,
     row_shares,
     row_tasks,
@@ -49,8 +56,9 @@ def _accuracy(row: pd.Series) -> str:
     return f"{mean * PERCENT:.2f}" + ("" if pd.isna(std) else f" ± {std * PERCENT:.2f}")
 
 
-def display_columns(table: pd.DataFrame) -> list[tuple[str, str, Cell]]:
-    """(header, LaTeX header, cell formatter) per column of the paper table."""
+def display_columns(table: pd.DataFrame, all_trials: bool = False) -> list[tuple[str, str, Cell]]:
+    """(header, LaTeX header, cell formatter) per column of the paper table; with ``all_trials`` (every
+    trial of a private tuning), ``trial`` and ``release`` (:data:`ALL_TRIALS_COLUMNS`) last."""
 
     def param(key: str) -> Cell:
         return lambda row: param_text(row[f"params.{key}"]) if row_applies(row, key) else "—"
@@ -91,7 +99,18 @@ def display_columns(table: pd.DataFrame) -> list[tuple[str, str, Cell]]:
         ("drop (pp)", "drop (pp)", lambda r: number_text(r["accuracy_drop"] * PERCENT, ".2f")),
         ("runs", "runs", lambda r: str(int(r["runs"]))),
     ]
+    if all_trials:
+        cols += [("trial", "trial", _trial), ("release", "release", lambda r: NOT_FOR_RELEASE)]
     return cols
+
+
+ALL_TRIALS_COLUMNS = ("trial", "release")  # a report of all trials: the table's own not-for-release mark
+
+
+def _trial(row: pd.Series) -> str:
+    """A private tuning's row: ``released`` (its released trial) or ``withheld``; a dash for any other row."""
+    value = row.get("tuning")
+    return "—" if value is None or pd.isna(value) else str(value)
 
 
 def _privacy_kind(name: str) -> Cell:
@@ -132,15 +151,16 @@ def _clip_norm(row: pd.Series) -> str:
     return "—" if row["private"] and _clipping_of(row) == "quantile" else number_text(row["max_grad_norm"], "g")
 
 
-def paper_table(table: pd.DataFrame, latex: bool = False) -> pd.DataFrame:
-    """The table as text cells, with the headers a paper shows (unicode, or LaTeX when ``latex``)."""
-    cols = display_columns(table)
+def paper_table(table: pd.DataFrame, latex: bool = False, all_trials: bool = False) -> pd.DataFrame:
+    """The table as text cells, with the headers a paper shows (unicode, or LaTeX when ``latex``);
+    ``all_trials``: a report of every trial of a private tuning (:func:`display_columns`)."""
+    cols = display_columns(table, all_trials)
     rows = [row for _, row in table.iterrows()]
     cells = {(tex if latex else plain): [fmt(row) for row in rows] for plain, tex, fmt in cols}
     return pd.DataFrame(cells, columns=[tex if latex else plain for plain, tex, _ in cols])
 
 
-TEXT_COLUMNS = ("dataset", "model", "task", "accountant", *PRIVACY_KINDS)
+TEXT_COLUMNS = ("dataset", "model", "task", "accountant", *PRIVACY_KINDS, *ALL_TRIALS_COLUMNS)
 
 
 def _right_aligned(shown: pd.DataFrame) -> list[bool]:
@@ -158,7 +178,7 @@ def _right_aligned(shown: pd.DataFrame) -> list[bool]:
 
 def to_markdown(report: Report) -> str:
     """A GitHub-flavoured markdown table (numbers right-aligned), then the notes as a list."""
-    shown = paper_table(report.table).map(lambda c: c.replace("|", r"\|"))
+    shown = paper_table(report.table, all_trials=report.all_trials).map(lambda c: c.replace("|", r"\|"))
     widths = [max(3, len(h), *(len(v) for v in shown[h])) for h in shown.columns]  # a rule needs 3 dashes
     right = _right_aligned(shown)
 
@@ -173,7 +193,9 @@ def to_markdown(report: Report) -> str:
 
 
 def to_csv(report: Report) -> str:
-    """The numbers at full precision (accuracies as fractions), one row per config, no notes."""
+    """The numbers at full precision (accuracies as fractions), one row per config, no notes; a report of
+    all trials adds ``trial`` (a private tuning's released or withheld trial) and ``release`` (not for
+    release, on every row)."""
     table = report.table
     extras = [f"params.{k}" for k in extra_columns(table)]
     kinds = ["dataset", "model", *(["task"] if shows_tasks(table) else [])]
@@ -185,6 +207,8 @@ def to_csv(report: Report) -> str:
     names += [m for m in row_shares() if m in table and table[m].notna().any()]
     out = table[names].rename(columns={e: e.removeprefix("params.") for e in extras})
     out = out.assign(run_ids=out["run_ids"].map(" ".join))
+    if report.all_trials:
+        out = out.assign(trial=table["tuning"], release=NOT_FOR_RELEASE)
     return str(out.to_csv(index=False, lineterminator="\n"))
 
 
@@ -214,8 +238,12 @@ RESULT_COLUMNS = ("ε", "drop (pp)")
 def to_latex(report: Report) -> str:
     """A booktabs ``table`` (needs ``\\usepackage{booktabs}``), the notes as ``%`` comments. Settings that
     every row shares move to the caption (``\\caption{dataset: digits; $B$: 64; ...}``), δ reads as a
-    power of ten (``$10^{-5}$``) and each ε column has one number of decimals (issue 33, item 8)."""
-    plain, shown = paper_table(report.table), paper_table(report.table, latex=True)
+    power of ten (``$10^{-5}$``) and each ε column has one number of decimals (issue 33, item 8). The
+    caption says what a private tuning's ε is (:func:`tuning_caption`), and a report of all trials is
+    captioned not for release."""
+    all_trials = report.all_trials
+    plain = paper_table(report.table, all_trials=all_trials)
+    shown = paper_table(report.table, latex=True, all_trials=all_trials)
     shown = _latex_numbers(report.table, plain, shown)
     constant = [
         c for c, p in zip(shown.columns, plain.columns, strict=True)
@@ -229,10 +257,33 @@ def to_latex(report: Report) -> str:
     lines += [" & ".join(kept) + r" \\", r"\midrule"]
     lines += [" & ".join(row) + r" \\" for row in shown[kept].itertuples(index=False, name=None)]
     lines += [r"\bottomrule", r"\end{tabular}"]
-    if constant:
-        lines.append("\\caption{" + "; ".join(f"{c}: {shown[c].iloc[0]}" for c in constant) + "}")
+    caption = [_latex_cell(c).replace("ε", r"$\varepsilon$") for c in tuning_caption(report)]
+    caption += ["; ".join(f"{c}: {shown[c].iloc[0]}" for c in constant)] if constant else []
+    if caption:
+        lines.append("\\caption{" + " ".join(caption) + "}")
     lines.append(r"\end{table}")
     return "\n".join(lines) + "\n"
+
+
+def tuning_caption(report: Report) -> list[str]:
+    """The caption's sentences on private tuning: a report of all trials is not for release; a
+    released trial's ε is the whole procedure's, under the accountant that computed it (rdp), and
+    neither the number of trials nor the others are shown (Papernot & Steinke 2022 need K secret)."""
+    table = report.table
+    rows = table[column(table, "tuning").notna()]
+    accountants = ", ".join(sorted({str(a) for a in rows["accountant"].dropna()}))
+    if report.all_trials:
+        return [
+            f"{NOT_FOR_RELEASE.capitalize()}: every trial of a private tuning; publish the released trial alone "
+            f"(ε of every trial: the whole procedure's, {accountants} accountant)." if len(rows) else
+            f"{NOT_FOR_RELEASE.capitalize()}: a report of all trials."
+        ]  # fmt: skip
+    if rows.empty:
+        return []
+    return [
+        f"ε of the released trial of a private tuning: the whole tuning procedure's, under the {accountants} "
+        "accountant (Papernot & Steinke 2022); the other trials and their number are not released."
+    ]
 
 
 def _latex_numbers(table: pd.DataFrame, plain: pd.DataFrame, shown: pd.DataFrame) -> pd.DataFrame:
@@ -264,7 +315,7 @@ def _power_of_ten(value: float) -> str:
 
 def to_html(report: Report) -> str:
     """An HTML ``<table>`` and the notes as paragraphs (no page around them)."""
-    table = paper_table(report.table).to_html(index=False, border=0, escape=True)
+    table = paper_table(report.table, all_trials=report.all_trials).to_html(index=False, border=0, escape=True)
     notes = "\n".join(f"<p>{html_escape(n)}</p>" for n in report.notes())
     return f"{table}\n{notes}\n"
 

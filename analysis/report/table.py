@@ -6,7 +6,11 @@ checkpoint directory, progress bars; and ``train.eval_batch_size``) are set asid
 fractions in [0, 1] in the DataFrames; ``test_accuracy_std`` is the sample standard deviation
 (n − 1; NaN for one run). ``epsilon`` is the final ε under the row's own accountant (``dp.accountant``)
 at its δ: the ``epsilon`` metric, the largest among the row's runs (equal across seeds); for the
-trials of a private tuning, the whole procedure's ε (``epsilon_tuning``, RDP).
+trials of a private tuning, the whole procedure's ε (``epsilon_tuning``), and the row's ``accountant``
+the one that computed it (rdp, tag ``tuning.accountant``: dp-accounting analyses the procedure by RDP
+alone), not the trial's own ``dp.accountant``. ``tuning`` says which rows are a private tuning's
+trials: ``released`` (the released trial, a row of its own) or ``withheld`` (shown only with all trials,
+:func:`dpsweep.analysis.report.build_report`'s ``all_trials``); None for other rows.
 ``accuracy_drop`` is the baseline's mean accuracy minus the row's: the non-private row of the same
 dataset and model whose other hyperparameters match the row's best.
 
@@ -39,6 +43,7 @@ from dpsweep.analysis.report.columns import (
     ROW_KIND_PARAMS,
     SETTING_COLUMNS,
     SHORT_NAMES,
+    TUNING_ACCOUNTANT,
     USER_PARAMS,
     column,
     lookup,
@@ -71,7 +76,8 @@ def summary_table(runs: pd.DataFrame, sort: str = "accuracy") -> pd.DataFrame:
 
     Columns: config_id, dataset, model, task, private, batch_size, noise_multiplier, max_grad_norm,
     lr, epochs, delta, accountant, mechanism, unit (privacy_kinds: None for a non-private row),
-    epsilon, test_accuracy_mean, test_accuracy_std, accuracy_drop, runs (FINISHED runs pooled),
+    epsilon, test_accuracy_mean, test_accuracy_std, tuning (a private tuning's ``released`` or
+    ``withheld`` trials; None), accuracy_drop, runs (FINISHED runs pooled),
     runs_without_accuracy, baseline_config_id, run_ids, audit_epsilon_lower and audit_epsilon_lower_fdp
     (the smallest one-run audit bounds of the row's runs, Steinke et al.'s and the f-DP one; NaN without
     audits), the tasks' shares (:func:`columns.row_shares`),
@@ -89,8 +95,8 @@ def summary_table(runs: pd.DataFrame, sort: str = "accuracy") -> pd.DataFrame:
     head = ["config_id", "dataset", "model", "task", *SETTING_COLUMNS, *PRIVACY_KINDS, "private", "epsilon"]
     head += ["test_accuracy_mean", "test_accuracy_std"]
     tail = [
-        "accuracy_drop", "runs", "runs_without_accuracy", "baseline_config_id", "run_ids", "audit_epsilon_lower",
-        "audit_epsilon_lower_fdp",
+        "tuning", "accuracy_drop", "runs", "runs_without_accuracy", "baseline_config_id", "run_ids",
+        "audit_epsilon_lower", "audit_epsilon_lower_fdp",
     ]  # fmt: skip
     tail += row_shares()
     table = table[head + tail + [f"params.{k}" for k in keys]]
@@ -165,6 +171,10 @@ def _with_settings(table: pd.DataFrame, done: pd.DataFrame, keys: Sequence[str])
             table.loc[own[own].index, "lr"] = param_or_tag(first, schema.learning_rate_param)[own]
     table["task"] = tasks
     table["model"] = run_models(first)
+    table["tuning"] = column(first, "tuning").astype(object)
+    tuned = column(first, "metrics.epsilon_tuning").notna()  # its ε: the procedure's, under its accountant
+    procedure = column(first, "tags.tuning.accountant").astype(object).fillna(TUNING_ACCOUNTANT)
+    table.loc[tuned[tuned].index, "accountant"] = procedure[tuned]
     for name, value in privacy_kinds(first).items():
         table[name] = value
     for name in INTEGER_COLUMNS:

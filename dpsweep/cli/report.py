@@ -4,6 +4,7 @@
     dpsweep-report --experiment demo --sweep s3d13dc24edc --format tex --out report/
     dpsweep-report --experiment demo --format csv > table.csv          # notes go to stderr
     dpsweep-report --experiment demo --out report/ --sort epsilon --runs 41b733ba 9f0c2d11
+    dpsweep-report --experiment demo --sweep s3d13dc24edc --all-trials  # a private tuning's trials: not for release
 
 One row per config (runs equal but for the seed): dataset, model, B, σ, C, lr, epochs, δ,
 accountant, ε, test accuracy mean ± std over seeds, its drop against the non-private baseline of
@@ -19,6 +20,12 @@ memory.png, and <task>_samples.png for a task whose runs log sample grids, e.g. 
 dpsweep.analysis.report.plots).
 When the sweep has a parent run (tag ``sweep.role=parent``) they are logged on it under
 ``report/``, so they appear in the MLflow UI.
+
+Of a private tuning (``sweep.private_tuning``) the table, the notes and the plots show the released
+trial alone, at the whole procedure's ε under the accountant that computed it (rdp): nothing in them
+tells how many trials ran, the other trials or the released trial's seed (Papernot & Steinke 2022's
+bound needs the number secret). ``--all-trials`` shows every trial, in a table marked not for release
+(columns ``trial`` and ``release``, in every format; the LaTeX caption and every plot say so too).
 
 Bad input exits with code 2 and names the option, its value and what is allowed, e.g.
 ``dpsweep-report: error: --format='docx' is invalid: unknown format; valid: csv, html, md, tex``.
@@ -73,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--figure-format", default="png", metavar="|".join(FIGURE_FORMAT_NAMES),
                    help="plot file format (default png)")  # fmt: skip
     p.add_argument("--dpi", type=int, default=150, metavar="N", help="plot resolution (default 150)")
+    p.add_argument("--all-trials", action="store_true",
+                   help="every trial of a private tuning, not only the released one: the analyst's view, marked "
+                   "not for release (it tells the number of trials, which must stay secret)")  # fmt: skip
     return p
 
 
@@ -160,7 +170,7 @@ def run(argv: Sequence[str] | None = None) -> rep.Report:
     try:
         for dead in reconcile(a.tracking_uri, a.experiment):  # so that no dead run counts as running
             print(f"dpsweep-report: ended run {dead.run_id} KILLED: {dead.reason}", file=sys.stderr)
-        report = rep.build_report(a.tracking_uri, a.experiment, a.sweep, a.sort)
+        report = rep.build_report(a.tracking_uri, a.experiment, a.sweep, a.sort, all_trials=a.all_trials)
     except MlflowException as err:
         raise InputError("--tracking-uri", a.tracking_uri, f"a store MLflow can read ({err.message})") from err
     chosen = _chosen_runs(report, a.runs)

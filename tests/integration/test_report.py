@@ -784,13 +784,18 @@ def test_a_best_of_k_table_warns_with_the_composed_epsilon_and_a_private_tuning_
             {"tuning.released": "false"})  # fmt: skip
     log_run(client, tuned, DP | {"train.seed": "8", "optimizer.lr": "0.2"},
             {"test_accuracy": 0.5, "epsilon": 2.5, "epsilon_tuning": 4.1}, {"tuning.released": "false"})  # fmt: skip
+    # issue 54, item 3: the report shows the released trial alone, the analyst's view all of them
     report = rep.build_report(mlflow_uri, tuned)
     text = "\n".join(report.warnings)
-    assert f"only {best[:8]} (tag tuning.released=true) may be published, at the whole procedure's ε" in text
-    assert "best of these" not in text
-    assert list(report.table["epsilon"]) == [4.1, 4.1]  # a tuned result is shown at the procedure's ε
+    assert f"run {best[:8]}: the released trial of a private tuning" in text and "best of these" not in text
+    assert list(report.table["epsilon"]) == [4.1] and list(report.table["accountant"]) == ["rdp"]
     for fmt in ("md", "csv", "tex"):
         assert "4.1" in rep.render(report, fmt) and "| 3 " not in rep.render(report, fmt)
+    everything = rep.build_report(mlflow_uri, tuned, all_trials=True)
+    text = "\n".join(everything.warnings)
+    assert f"only {best[:8]} (tag tuning.released=true; trial: released) may be published" in text
+    assert list(everything.table["epsilon"]) == [4.1, 4.1, 4.1]  # the released trial is a row of its own
+    assert list(everything.table["tuning"]) == ["released", "withheld", "withheld"]
 
 
 def test_accuracy_is_not_plotted_against_a_sigma_calibrated_per_mechanism(
