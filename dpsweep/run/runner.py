@@ -65,6 +65,7 @@ from dpsweep.tracking import (
     RunEnded,
     SilentTracker,
     Tracker,
+    close_dead_of_config,
     credentials,
     open_store,
     run_finished,
@@ -196,6 +197,9 @@ def _start(cfg: DictConfig | Config) -> _Start:
     if ranks.distributed:  # one checkpoint a run, rank 0's, holding every rank's generators: read once
         found = distributed.from_leader(found)
     assert found is not None
+    if ranks.leader and not config.train.probe:  # this config's runs left RUNNING by a killed process: KILLED
+        t, resumed = config.tracking, found.state.run_id if found.state is not None else ""
+        close_dead_of_config(t.uri, t.experiment_name, plan.config_hash, keep=resumed)
     streams = seeds.streams_of(config, plan, found.state, ranks)
     return _Start(config, device, data, plan, ckpt_dir, found, found.state, streams, ranks)
 

@@ -447,6 +447,12 @@ def reconcile(uri: str, experiment: str | None) -> list[tuple[str, str, str | No
     return list(service().call("reconcile", uri, experiment))
 
 
+def close_dead_of_config(uri: str, experiment: str, config_hash: str, keep: str = "") -> list[str]:
+    """End KILLED the dead RUNNING runs of a config but ``keep`` (the run to resume), before a run of it starts
+    (:func:`dpsweep.tracking.dead_runs.close_dead_of_config`): their ids."""
+    return list(service().call("close_dead_of_config", uri, experiment, config_hash, keep))
+
+
 def failed_by_a_rank(uri: str, experiment: str, config_hash: str, since_ms: int, exit_code: int) -> list[str]:
     """Set FAILED the runs of a config that torchrun's SIGTERM ended KILLED after another rank failed
     (:func:`dpsweep.tracking.dead_runs.failed_by_a_rank`): their ids."""

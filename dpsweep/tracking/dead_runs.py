@@ -29,8 +29,11 @@ class DeadRun:
     checkpoint_removed: str | None = None  # the checkpoint file deleted with it
 
 
-def reconcile(uri: str, experiment: str | None = None, dry_run: bool = False) -> list[DeadRun]:
-    """End KILLED every dead RUNNING run of ``experiment`` (every experiment when None); returns them."""
+def reconcile(
+    uri: str, experiment: str | None = None, dry_run: bool = False, config_hash: str | None = None, keep: str = ""
+) -> list[DeadRun]:
+    """End KILLED every dead RUNNING run of ``experiment`` (every experiment when None), of ``config_hash``
+    only where given, but the run ``keep`` (a run about to resume it); returns them."""
     client = open_client(uri)
     if experiment is None:
         ids = [e.experiment_id for e in client.search_experiments()]
@@ -39,12 +42,15 @@ def reconcile(uri: str, experiment: str | None = None, dry_run: bool = False) ->
         ids = [found.experiment_id] if found is not None else []
     if not ids:
         return []
-    running = client.search_runs(ids, filter_string="attributes.status = 'RUNNING'", max_results=50000)
+    query = "attributes.status = 'RUNNING'"
+    if config_hash is not None:
+        query += f" and tags.`config.hash` = '{config_hash}'"
+    running = client.search_runs(ids, filter_string=query, max_results=50000)
     now_s = time.time()
     dead = []
     for run in running:
         reason = why_dead(run.data.tags, now_s)
-        if reason is None:
+        if reason is None or run.info.run_id == keep:
             continue
         removed = None
         if not dry_run:
@@ -68,6 +74,14 @@ def _remove_checkpoint(run: Any) -> str | None:
         return None
     checkpoint.remove(Path(directory))
     return str(Path(directory) / checkpoint.FILENAME)
+
+
+@op
+def close_dead_of_config(uri: str, experiment: str, config_hash: str, keep: str) -> list[str]:
+    """A run of a config closes that config's dead runs first, as ``dpsweep -m`` closes its experiment's
+    (:func:`reconcile`): a run killed by SIGKILL or the OOM killer stays RUNNING in MLflow until then.
+    The run ``keep`` is the one this run resumes from its checkpoint: left to it. Returns their ids."""
+    return [dead.run_id for dead in reconcile(uri, experiment, config_hash=config_hash, keep=keep)]
 
 
 @op

@@ -229,3 +229,32 @@ def test_a_local_job_still_starting_when_its_driver_is_terminated_does_not_train
     runs = [(s, t) for s, t in statuses(tmp_path).values() if t.get("sweep.role") != "parent"]
     assert not [s for s, _ in runs if s == "RUNNING"], log_path.read_text()
     assert len([s for s, _ in runs if s == "FINISHED"]) == 1, (runs, log_path.read_text())  # the first job only
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_a_single_run_killed_by_sigkill_is_closed_or_resumed_by_the_next_run_of_its_config(
+    tmp_path: Path, checkpointed: bool
+) -> None:
+    """Issue 55, item 7: a single run (no -m) killed with SIGKILL stayed RUNNING until a sweep, a report or
+    reconcile closed it, even when the same config ran again. Now a run of a config closes that config's
+    dead runs first; the one its checkpoint resumes it continues instead."""
+    args = ["train.epochs=6", *FAST, *([f"train.checkpoint_dir={tmp_path / 'ckpt'}"] if checkpointed else [])]
+    log = (tmp_path / "run.log").open("w")
+    run = subprocess.Popen([BIN / "dpsweep", *args], cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+    try:  # killed in its second epoch, after the first epoch's checkpoint
+        wait_for(lambda: "epoch 1/6" in (tmp_path / "run.log").read_text(), 300, "the run's first epoch")
+    finally:
+        run.kill()
+        run.wait(timeout=60)
+    [(killed, (status, _))] = statuses(tmp_path).items()
+    assert status == "RUNNING", (tmp_path / "run.log").read_text()
+    proc = subprocess.run([BIN / "dpsweep", *args], cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    after = statuses(tmp_path)
+    assert not [rid for rid, (s, _) in after.items() if s == "RUNNING"]
+    if checkpointed:  # resumed: the same MLflow run, finished
+        assert list(after) == [killed] and after[killed][0] == "FINISHED"
+    else:  # closed KILLED as dead, and the new run finished beside it
+        assert after[killed][0] == "KILLED" and after[killed][1]["failure.kind"] == "dead"
+        assert sorted(s for s, _ in after.values()) == ["FINISHED", "KILLED"]
