@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -314,7 +313,7 @@ def _launch_ranks(cfg: DictConfig, hydra_cfg: Any) -> JobSummary | None:
     ended KILLED because another rank failed is set FAILED (:func:`dpsweep.tracking.failed_by_a_rank`).
     A single run exits with torchrun's code; a sweep's job returns rank 0's summary (None: skipped) or
     raises, as a job of one process."""
-    from dpsweep.distributed import torchrun_command
+    from dpsweep.distributed import run_ranks, torchrun_command
     from dpsweep.run.runner import OverBudget, check_launch
 
     sweep = hydra_cfg.mode == RunMode.MULTIRUN
@@ -334,17 +333,24 @@ def _launch_ranks(cfg: DictConfig, hydra_cfg: Any) -> JobSummary | None:
     command = torchrun_command(cfg.train.devices, overrides, str(output))
     threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # torchrun's default, said quietly
     since_ms = int(time.time() * 1000)
-    code = subprocess.run(command, env=os.environ | threads | {RANKS_ENV: "1"}, check=False).returncode
+    ranks = run_ranks(command, os.environ | threads | {RANKS_ENV: "1"}, output)
+    code = ranks.code
     if code != 0:  # a rank failed (a Ctrl-C or SIGTERM of this command itself never gets here)
         from dpsweep.tracking import failed_by_a_rank, reconcile
 
         uri, experiment = cfg.tracking.uri, cfg.tracking.experiment_name
-        # rank 0 killed outright (SIGKILL, the OOM killer) could not end its run: ended KILLED here
-        for run_id, reason, _ in reconcile(uri, experiment):
-            print(f"dpsweep: run {run_id[:8]} ended KILLED: {reason}", file=sys.stderr, flush=True)
-        # another rank failed, and torchrun's SIGTERM ended rank 0's run KILLED: a failure, FAILED
+        cause = ranks.root_cause or f"torchrun exited with {code}"
+        print(f"dpsweep: a rank of this run failed first: {cause}; torchrun's report: {ranks.report}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        # another rank failed, and torchrun's SIGTERM (or the dead rank's closed connection) ended rank 0's
+        # run KILLED (or FAILED on that exception): a failure of a rank, FAILED; its checkpoint kept
         for run_id in failed_by_a_rank(uri, experiment, config_hash, since_ms, code):
-            print(f"dpsweep: run {run_id[:8]} ended FAILED: a rank failed", file=sys.stderr, flush=True)
+            print(f"dpsweep: run {run_id[:8]} ended FAILED: a rank failed; run the same command again to resume "
+                  "it from its last checkpoint", file=sys.stderr, flush=True)  # fmt: skip
+        # rank 0 killed outright (SIGKILL, the OOM killer) could not end its run: ended KILLED here, and this
+        # config's checkpoint kept for the same command to resume
+        for run_id, reason, _ in reconcile(uri, experiment, spare=config_hash):
+            print(f"dpsweep: run {run_id[:8]} ended KILLED: {reason}", file=sys.stderr, flush=True)
     if not sweep:
         raise SystemExit(code)
     if code != 0:

@@ -3,7 +3,7 @@ sampler each rank draws its share of a step's batch with, and the ``torchrun`` c
 the ranks (:mod:`dpsweep.distributed.ranks`, :mod:`~dpsweep.distributed.sampler`,
 :mod:`~dpsweep.distributed.launch`)."""
 
-from dpsweep.distributed.launch import torchrun_command
+from dpsweep.distributed.launch import run_ranks, torchrun_command
 from dpsweep.distributed.ranks import (
     Ranks,
     current,
@@ -23,6 +23,7 @@ __all__ = [
     "gathered",
     "join",
     "leave",
+    "run_ranks",
     "torchrun_command",
     "visible_devices",
 ]  # fmt: skip

@@ -441,10 +441,10 @@ def release_best(
     return best, int(finished)
 
 
-def reconcile(uri: str, experiment: str | None) -> list[tuple[str, str, str | None]]:
-    """End KILLED the experiment's dead RUNNING runs (:func:`dpsweep.tracking.dead_runs.reconcile`): each one's
-    (run id, reason, checkpoint removed)."""
-    return list(service().call("reconcile", uri, experiment))
+def reconcile(uri: str, experiment: str | None, spare: str = "") -> list[tuple[str, str, str | None]]:
+    """End KILLED the experiment's dead RUNNING runs (:func:`dpsweep.tracking.dead_runs.reconcile`; the
+    checkpoints of config ``spare`` kept): each one's (run id, reason, checkpoint removed)."""
+    return list(service().call("reconcile", uri, experiment, spare))
 
 
 def close_dead_of_config(uri: str, experiment: str, config_hash: str, keep: str = "") -> list[str]:

@@ -20,9 +20,9 @@ if TYPE_CHECKING:
     from dpsweep.config import TrackingConfig
 
 
-def reconcile_runs(uri: str, experiment: str | None) -> list[tuple[str, str, str | None]]:
+def reconcile_runs(uri: str, experiment: str | None, spare: str = "") -> list[tuple[str, str, str | None]]:
     """:func:`dpsweep.tracking.dead_runs.reconcile` as plain data: (run id, reason, checkpoint removed)."""
-    return [(d.run_id, d.reason, d.checkpoint_removed) for d in reconcile(uri, experiment)]
+    return [(d.run_id, d.reason, d.checkpoint_removed) for d in reconcile(uri, experiment, spare=spare)]
 
 
 WARM_MODEL = __name__ == "__main__"  # the tracking process runs this module; an InProcess service warms nothing

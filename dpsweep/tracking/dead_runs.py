@@ -30,10 +30,16 @@ class DeadRun:
 
 
 def reconcile(
-    uri: str, experiment: str | None = None, dry_run: bool = False, config_hash: str | None = None, keep: str = ""
+    uri: str,
+    experiment: str | None = None,
+    dry_run: bool = False,
+    config_hash: str | None = None,
+    keep: str = "",
+    spare: str = "",
 ) -> list[DeadRun]:
     """End KILLED every dead RUNNING run of ``experiment`` (every experiment when None), of ``config_hash``
-    only where given, but the run ``keep`` (a run about to resume it); returns them."""
+    only where given, but the run ``keep`` (a run about to resume it); the checkpoint of a run of config
+    ``spare`` is kept (the command that launched its ranks is run again to resume it). Returns them."""
     client = open_client(uri)
     if experiment is None:
         ids = [e.experiment_id for e in client.search_experiments()]
@@ -56,7 +62,7 @@ def reconcile(
         if not dry_run:
             set_tags(uri, run.info.run_id, {"error": f"found dead: {reason}", "failure.kind": "dead"})
             retry_busy(lambda run=run: client.set_terminated(run.info.run_id, "KILLED"))  # type: ignore[misc]
-            removed = _remove_checkpoint(run)
+            removed = None if spare and run.data.tags.get("config.hash") == spare else _remove_checkpoint(run)
         dead.append(DeadRun(run.info.run_id, reason, removed))
     return dead
 
@@ -87,16 +93,18 @@ def close_dead_of_config(uri: str, experiment: str, config_hash: str, keep: str)
 @op
 def failed_by_a_rank(uri: str, experiment: str, config_hash: str, since_ms: int, exit_code: int) -> list[str]:
     """A run across devices whose rank failed: torchrun then ends the other ranks with SIGTERM, so rank 0
-    ends its run KILLED (interrupted) although nobody interrupted it. The runs of ``config_hash`` that an
-    interrupt ended since ``since_ms`` (this launch) are set FAILED, ``failure.kind=rank``; their
-    checkpoint is kept (the run resumes). Returns their ids."""
+    ends its run KILLED (interrupted) although nobody interrupted it, or FAILED on an exception where the
+    dead rank's closed connection reached it first. The runs of ``config_hash`` that either ended since
+    ``since_ms`` (this launch) are set FAILED, ``failure.kind=rank``; their checkpoint is kept (the run
+    resumes). Returns their ids."""
     client = open_client(uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
         return []
-    query = f"attributes.status = 'KILLED' and tags.`config.hash` = '{config_hash}'"
+    query = f"tags.`config.hash` = '{config_hash}'"  # MLflow compares a status with one value, not a list
     ended = [r for r in client.search_runs([found.experiment_id], filter_string=query)
-             if r.data.tags.get("failure.kind") == "interrupted" and (r.info.end_time or 0) >= since_ms]  # fmt: skip
+             if (r.info.status, r.data.tags.get("failure.kind")) in (("KILLED", "interrupted"), ("FAILED", "exception"))
+             and (r.info.end_time or 0) >= since_ms]  # fmt: skip
     for run in ended:
         why = f"a rank of this run failed (torchrun exited with {exit_code}; its output says which rank)"
         set_tags(uri, run.info.run_id, {"error": why, "failure.kind": "rank"})

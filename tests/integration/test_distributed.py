@@ -200,9 +200,10 @@ def test_the_clipped_update_of_two_ranks_is_one_processs_on_the_whole_batch(tmp_
     torch.testing.assert_close(two["grads"], one["grads"], rtol=1e-4, atol=1e-7)
 
 
-def _kill_rank(tmp_path: Path, args: list[str], rank: str) -> str:
+def _kill_rank(tmp_path: Path, args: list[str], rank: str) -> tuple[str, str]:
     """Start ``dpsweep *args``, SIGKILL one of its ranks after epoch 2, and check what is left: the
-    command failed, no rank runs, and its one MLflow run ended (not RUNNING); returns the run's id."""
+    command failed, no rank runs, and its one MLflow run ended (not RUNNING); returns the run's id and
+    what the command printed after the kill."""
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
     started = psutil.Popen([str(BIN / "dpsweep"), *args], cwd=tmp_path, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
@@ -223,25 +224,31 @@ def _kill_rank(tmp_path: Path, args: list[str], rank: str) -> str:
     assert not [p for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]  # no orphan rank
     runs = child_runs(tmp_path)
     assert len(runs) == 1 and runs[0].info.status in ("FAILED", "KILLED"), [r.info.status for r in runs]
-    return runs[0].info.run_id
+    return runs[0].info.run_id, rest
 
 
 @pytest.mark.slow  # about 20 s
 def test_rank_0_killed_outright_leaves_its_run_killed_not_running(tmp_path: Path) -> None:
     """SIGKILL on rank 0, the rank that writes the run: torchrun ends rank 1, and the dpsweep command
     ends the run KILLED (found dead)."""
-    _kill_rank(tmp_path, [*RUN[:2], "train.epochs=4", "train.devices=2"], rank="0")
+    ckpt = tmp_path / "ckpt"
+    _kill_rank(tmp_path, [*RUN[:2], "train.epochs=4", "train.devices=2", f"train.checkpoint_dir={ckpt}"], rank="0")
     (run,) = child_runs(tmp_path)
     assert run.data.tags["failure.kind"] == "dead", run.data.tags
+    assert (ckpt / "checkpoint.pt").exists()  # kept: the same command resumes the run from it
 
 
 @pytest.mark.slow  # about 60 s: a run whose rank 1 is killed, then the same command again
 def test_a_killed_rank_leaves_no_running_run_nor_process_and_the_run_resumes(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     args = [*RUN[:2], "train.epochs=4", "train.devices=2", f"train.checkpoint_dir={ckpt}"]
-    killed = _kill_rank(tmp_path, args, rank="1")
-    failed = child_runs(tmp_path)[0]  # a failure of rank 1, not an interrupt of the run
-    assert failed.info.status == "FAILED", (failed.info.status, failed.data.tags)
+    killed, printed = _kill_rank(tmp_path, args, rank="1")
+    failed = child_runs(tmp_path)[0]  # a failure of rank 1, not an interrupt of the run, nor rank 0's exception
+    assert failed.info.status == "FAILED" and failed.data.tags["failure.kind"] == "rank", failed.data.tags
+    # one line for torchrun's 40 (kept in the run's directory), none of its traceback
+    assert "a rank of this run failed first: rank 1 (exit code -9, SIGKILL)" in printed, printed
+    assert "ChildFailedError" not in printed and len(printed.splitlines()) <= 8, printed
+    assert "ChildFailedError" in next(tmp_path.glob("outputs/*/*/torchrun.log")).read_text()
     done = run_script("dpsweep", *args, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "epoch 3/4" in done.stdout and "epoch 1/4" not in done.stdout, done.stdout  # resumed after epoch 2
