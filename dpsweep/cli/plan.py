@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, NoReturn
 
 from dpsweep import mechanisms
 from dpsweep.cli.errors import exits_on_bad_input
+from dpsweep.cli.script import run_script
 from dpsweep.errors import InputError as ConfigError
-from dpsweep.process.shutdown import run_then_exit
 from dpsweep.units import format_bytes
 
 if TYPE_CHECKING:  # Hydra, torch and the planner are imported where used: --help stays fast
@@ -383,9 +383,9 @@ def tuning_line(s: SweepConfig, cost: Procedure, rows: Sequence[PlanRow]) -> str
 
 
 def console() -> NoReturn:
-    """The console script: ``main``, then the process ends without the interpreter's teardown
-    (``dpsweep.process.shutdown``)."""
-    run_then_exit(main, "dpsweep-plan")
+    """The console script: its secrets handed over, ``main``, then the process ends without the
+    interpreter's teardown (``dpsweep.cli.script``)."""
+    run_script(main, "dpsweep-plan")
 
 
 if __name__ == "__main__":

@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, NoReturn
 
 from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.cli.options import add_tracking_uri
+from dpsweep.cli.script import run_script
 from dpsweep.errors import InputError
-from dpsweep.process.shutdown import run_then_exit
 
 if TYPE_CHECKING:  # pandas and MLflow are imported once the arguments parse: --help stays fast
     from dpsweep.analysis import report as rep
@@ -201,9 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def console() -> NoReturn:
-    """The console script: ``main``, then the process ends without the interpreter's teardown
-    (``dpsweep.process.shutdown``)."""
-    run_then_exit(main, "dpsweep-report")
+    """The console script: its secrets handed over, ``main``, then the process ends without the
+    interpreter's teardown (``dpsweep.cli.script``)."""
+    run_script(main, "dpsweep-report")
 
 
 if __name__ == "__main__":
