@@ -79,16 +79,24 @@ def _bad(path: Path, line: int, what: str, text: str) -> InputError:
 
 
 def _lines(path: Path, separator: str, header: bool, encoding: str) -> Iterator[tuple[int, list[str], str]]:
-    """(line number, fields, the line) of each data line of ``path``."""
-    with path.open(encoding=encoding, newline="") as f:
-        if separator == ",":
-            for number, fields in enumerate(csv.reader(f), start=1):
-                if number > 1 or not header:
-                    yield number, fields, ",".join(fields)
-        else:
-            for number, text in enumerate(f, start=1):
-                if text.strip():
-                    yield number, text.rstrip("\r\n").split(separator), text
+    """(line number, fields, the line) of each data line of ``path``; InputError naming the line for bytes
+    that are not ``encoding`` or a field longer than csv's limit (131,072 characters)."""
+    number = 0
+    try:
+        with path.open(encoding=encoding, newline="") as f:
+            if separator == ",":
+                for number, fields in enumerate(csv.reader(f), start=1):
+                    if number > 1 or not header:
+                        yield number, fields, ",".join(fields)
+            else:
+                for number, text in enumerate(f, start=1):
+                    if text.strip():
+                        yield number, text.rstrip("\r\n").split(separator), text
+    except UnicodeDecodeError as err:  # decoded a buffer at a time: the line is not known
+        bad = err.object[err.start : err.start + 1]
+        raise InputError(KEY, str(path.parent), f"{path.name}: {encoding} text, got the byte {bad!r}") from None
+    except csv.Error as err:
+        raise InputError(KEY, str(path.parent), f"{path.name}:{number + 1}: a CSV line of MovieLens ({err})") from None
 
 
 def _catalogue(root: Path, layout: Layout) -> tuple[dict[int, int], np.ndarray]:

@@ -100,3 +100,28 @@ def test_missing_files_are_refused_naming_the_root_and_where_to_get_them(tmp_pat
     with pytest.raises(loaders.DatasetNotFoundError) as err:
         loaders.build(MovieLensConfig(root=str(tmp_path / "nowhere")))
     assert err.value.key == "dataset.root" and "grouplens.org" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (
+            lambda text: text + b"7,3,\xff\xfe,881250949\n",
+            r"ratings.csv: utf-8 text, got the byte b'\\xff'",
+        ),
+        (
+            lambda text: text + b'7,3,"' + b"x" * 200_000 + b'",1\n',
+            r"ratings.csv:\d+: a CSV line of MovieLens \(field larger",
+        ),
+    ],
+    ids=["invalid utf-8", "a 200,000-character field"],
+)
+def test_bytes_that_are_no_text_and_huge_fields_are_refused_naming_the_line(
+    tmp_path: Path, damage: object, message: str
+) -> None:
+    """Issue 55, item 4: a ratings.csv with invalid UTF-8 or a field over csv's limit ended on a traceback."""
+    path = fabricate_movielens(tmp_path, "ratings.csv", movielens_ratings(users=6))
+    path.write_bytes(damage(path.read_bytes()))  # type: ignore[operator]
+    with pytest.raises(InputError, match=message) as err:
+        read_movielens(tmp_path)
+    assert err.value.key == "dataset.root"
