@@ -9,6 +9,7 @@ anywhere), then ``main``, then the end of the process without the interpreter's 
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -16,13 +17,18 @@ from typing import Any, NoReturn
 from dpsweep.cli.errors import report_bad_input
 from dpsweep.errors import InputError
 from dpsweep.process.shutdown import run_then_exit
-from dpsweep.tracking import credentials
+
+URI_ENVIRONMENT = ("MLFLOW_TRACKING_URI",)  # dpsweep.tracking.credentials.URI_ENVIRONMENT (a test checks)
 
 
 def run_script(main: Callable[..., Any], prog: str) -> NoReturn:
     """``main`` as the console script ``prog`` (module docstring)."""
-    try:
-        credentials.clean_argv(sys.argv)
-    except InputError as err:
-        sys.exit(report_bad_input(prog, err))
+    if any("://" in a for a in sys.argv) or any("://" in os.environ.get(n, "") for n in URI_ENVIRONMENT):
+        # only then: dpsweep.tracking imports the config's schemas (Hydra), which dpsweep-epsilon never needs
+        from dpsweep.tracking import credentials
+
+        try:
+            credentials.clean_argv(sys.argv)
+        except InputError as err:
+            sys.exit(report_bad_input(prog, err))
     run_then_exit(main, prog)

@@ -186,7 +186,8 @@ def test_a_password_in_a_url_is_never_logged_or_printed(tmp_path: Path) -> None:
     config_yaml = Path(client.download_artifacts(run.info.run_id, "config.yaml", str(tmp_path))).read_text()
     logged = [*run.data.params.values(), *run.data.tags.values(), config_yaml, proc.stdout, proc.stderr]
     assert not [text for text in logged if "s3cret" in text]
-    assert run.data.tags["sweep.storage"] == "postgresql://alice:***@db.example:5432/optuna"
+    # the password is taken out of the URI at start-up (dpsweep.tracking.credentials), not only masked
+    assert run.data.tags["sweep.storage"] == "postgresql://alice@db.example:5432/optuna"
     # issue 33, item 11: the run says what it trains before torch and the data load, and its piped lines
     # carry no Hydra log prefix ("[2026-11-26 12:04:36,908][dpsweep][INFO] - epoch 1/1 ...")
     lines = proc.stdout.splitlines()

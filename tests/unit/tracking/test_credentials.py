@@ -103,3 +103,9 @@ def test_printed_urls_never_show_a_secret(text: str, secret: str) -> None:
     assert redact("http://127.0.0.1:5000/#/experiments/1 and sqlite:///mlflow.db") == (
         "http://127.0.0.1:5000/#/experiments/1 and sqlite:///mlflow.db"
     )
+
+
+def test_the_console_scripts_look_for_uris_where_credentials_look() -> None:
+    from dpsweep.cli import script
+
+    assert script.URI_ENVIRONMENT == credentials.URI_ENVIRONMENT
