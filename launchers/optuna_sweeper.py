@@ -14,19 +14,33 @@ epoch through the storage) is told PRUNED and keeps its partial metrics in MLflo
 the same ``study_name`` and storage resumes the study: numbering continues and earlier trials count
 toward ``n_trials``. Multi-objective studies print their Pareto set and log it to the parent run.
 
-Several drivers may share a study (each asks its own trials). A trial names its driver's process
-and the driver beats every HEARTBEAT_S while it runs (trial user attributes ``dpsweep.driver`` and
-``dpsweep.heartbeat``); a driver starting fails only the RUNNING trials whose driver is gone, by the
-rule that ends dead MLflow runs (``dpsweep.tracking.why_dead``), and ends their runs KILLED. A
-resumed study's sampler is seeded with ``seed`` plus the trials already in the study, so that it
-does not draw again what the first driver drew.
+Several drivers may share a study (each asks its own trials), and may be started at once, Optuna's
+way to run a study in parallel. A trial names its driver's process and the driver beats every
+HEARTBEAT_S while it runs (trial user attributes ``dpsweep.driver`` and ``dpsweep.heartbeat``); a
+driver fails, when it starts and before each batch it asks, only the RUNNING trials whose driver is
+gone, by the rule that ends dead MLflow runs (``dpsweep.tracking.why_dead``); when it starts it
+also ends their runs KILLED. Drivers take :func:`storage_lock` to create the storage and the study
+(Optuna's table creation is not safe against a second process doing the same: the loser would
+find the storage "invalid") and to count the study's trials and ask new ones, so that drivers
+started together keep to ``n_trials`` (every trial in the study counts, the other drivers' running
+ones included). The lock is an OS file lock: it holds for the drivers of one host, and of hosts
+that share the file system of a sqlite or journal storage; drivers on several hosts sharing a
+server's storage (PostgreSQL) may each ask a batch before they see the other's, up to ``n_jobs - 1``
+trials more than ``n_trials`` per extra driver. A driver's sampler is seeded with ``seed`` plus the
+trials already in the study plus the drivers started on it before (study user attribute
+``dpsweep.drivers``), so that no two drivers, resumed or started at once, draw the same trials.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import logging
+import os
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,6 +61,7 @@ from dpsweep.tracking import HEARTBEAT_S, HEARTBEAT_TAG, PROCESS_TAG, why_dead
 log = logging.getLogger(__name__)
 DRIVER_ATTR = "dpsweep.driver"  # the process token of the driver that asked the trial
 BEAT_ATTR = "dpsweep.heartbeat"  # when that driver last beat (seconds since the epoch)
+DRIVERS_ATTR = "dpsweep.drivers"  # study user attribute: how many drivers have started on the study
 
 
 @dataclass(frozen=True)
@@ -78,15 +93,18 @@ class OptunaSearch:
         preflight([base], [arguments])
         typed = to_config(base)
         metrics = space.objective.metric_names(typed.task.objective)
-        study = optuna.create_study(
-            study_name=c.study_name, storage=space.storage, sampler=space.sampler.build(c.seed, space.grid),
-            directions=[optuna.study.StudyDirection[d.upper()] for d in space.objective.directions],
-            load_if_exists=True,
-        )  # fmt: skip
-        if earlier := len(study.get_trials(deepcopy=False)):  # resumed: not the first driver's draws again
-            study.sampler = space.sampler.build(c.seed + earlier, space.grid)
-        for number, why in _fail_dead_trials(study):
-            print(f"dpsweep: trial {number}: FAIL ({why})", flush=True)
+        with storage_lock(c.storage):  # drivers started together: one creates the study, the others load it
+            study = optuna.create_study(
+                study_name=c.study_name, storage=space.storage, sampler=space.sampler.build(c.seed, space.grid),
+                directions=[optuna.study.StudyDirection[d.upper()] for d in space.objective.directions],
+                load_if_exists=True,
+            )  # fmt: skip
+            # resumed, or started beside another driver: not the other drivers' draws again
+            before = int(study.user_attrs.get(DRIVERS_ATTR, 0))
+            study.set_user_attr(DRIVERS_ATTR, before + 1)
+            if (offset := len(study.get_trials(deepcopy=False)) + before) and c.seed is not None:
+                study.sampler = space.sampler.build(c.seed + offset, space.grid)
+            self._fail_dead(study)
 
         session = SweepSession(typed, sweep_id)
         session.close_dead_runs()  # the runs of the dead drivers' trials
@@ -114,7 +132,6 @@ class OptunaSearch:
         from dpsweep.errors import InputError
         from dpsweep.launchers.preflight import refuse
         from dpsweep.launchers.search import OBJECTIVES, SAMPLERS, check_search_space, grid_values
-        from dpsweep.run.pruning import open_storage
 
         c = self.conf
         try:
@@ -150,7 +167,7 @@ class OptunaSearch:
             keys, launcher_name = list(flatten(typed)), typed.launcher.name
             distributions = check_search_space(c.params, keys, objective, c.sampler, launcher_name)
             grid = {name: grid_values(name, spec) for name, spec in c.params.items()} if c.sampler == "grid" else {}
-            storage = open_storage(c.storage)
+            storage = open_locked(c.storage)
         except InputError as err:
             refuse(str(err))
         return Space(objective, sampler_spec, distributions, grid, storage)
@@ -169,8 +186,7 @@ class OptunaSearch:
         if hasattr(launcher, "take_ranks"):  # Slurm: one task a rank of each trial's run
             launcher.take_ranks(session.first.train)
         failed = told = 0
-        while (remaining := c.n_trials - _counted(study)) > 0 and not _exhausted(study):
-            trials = [_ask(study, space) for _ in range(min(c.n_jobs, remaining))]
+        while trials := self._ask_batch(study, space):
             extra = space.objective.extra_overrides(c.epsilon_budget)
             jobs = [self._job(arguments, session.sweep_id, session.parent.run_id, t, extra) for t in trials]
             with _beating(trials):
@@ -184,6 +200,24 @@ class OptunaSearch:
             if (why := session.failure_rate(failed, told, "trials")) is not None:
                 return failed, f"stopping study {c.study_name}: {why}"
         return failed, None
+
+    def _ask_batch(self, study: optuna.Study, space: Space) -> list[optuna.Trial]:
+        """The next batch: up to n_jobs new trials, as many as n_trials leaves, none once the grid is
+        done. Counted and asked under :func:`storage_lock`, after the dead drivers' trials are failed,
+        with every trial in the study counted (a live driver's running trials finish, and count then):
+        two drivers that counted at once would otherwise both ask the last trials."""
+        c = self.conf
+        with storage_lock(c.storage):
+            self._fail_dead(study)
+            remaining = c.n_trials - len(study.get_trials(deepcopy=False))
+            if remaining <= 0 or _exhausted(study):
+                return []
+            return [_ask(study, space) for _ in range(min(c.n_jobs, remaining))]
+
+    @staticmethod
+    def _fail_dead(study: optuna.Study) -> None:
+        for number, why in _fail_dead_trials(study):
+            print(f"dpsweep: trial {number}: FAIL ({why})", flush=True)
 
     def _job(
         self, arguments: list[str], sweep_id: str, parent: str, trial: optuna.Trial, extra: list[str]
@@ -212,6 +246,39 @@ class OptunaSearch:
         if any(m not in run.data.metrics for m in metrics):
             return optuna.trial.TrialState.FAIL, None
         return optuna.trial.TrialState.COMPLETE, [run.data.metrics[m] for m in metrics]
+
+
+@contextmanager
+def storage_lock(url: str) -> Iterator[None]:
+    """An exclusive OS file lock (``flock``) on the Optuna storage ``url``, for what two drivers must
+    not do at once: create its tables, and count a study's trials and ask new ones. The file is
+    ``<file>.dpsweep.lock`` beside a sqlite or journal storage (so it holds across the hosts that share
+    that file system, as the storage itself does; not ``<file>.lock``, which Optuna's journal takes), and
+    for a server's storage (or where that file cannot be made) ``dpsweep-optuna-<uid>-<hash of the
+    URL>.lock`` in the user's runtime directory ($XDG_RUNTIME_DIR, else the temporary directory):
+    the drivers of one host. As :func:`dpsweep.tracking.store.store_lock` does for the MLflow store."""
+    lock = None
+    for prefix in ("sqlite:///", "journal://"):
+        path = url[len(prefix) :].partition("?")[0] if url.startswith(prefix) else ""
+        if path not in ("", ":memory:"):
+            with contextlib.suppress(OSError):  # a missing directory: open_storage refuses it, not this
+                lock = open(f"{path}.dpsweep.lock", "a")  # noqa: SIM115 (closed below)
+    if lock is None:
+        folder = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+        digest = hashlib.sha256(url.encode()).hexdigest()[:16]
+        lock = open(os.path.join(folder, f"dpsweep-optuna-{os.getuid()}-{digest}.lock"), "a")  # noqa: SIM115
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+def open_locked(url: str) -> optuna.storages.BaseStorage:
+    """The storage at ``url`` (``dpsweep.run.pruning.open_storage``), opened under :func:`storage_lock`:
+    of drivers started together on a new storage, one creates its tables and the others find them."""
+    from dpsweep.run.pruning import open_storage
+
+    with storage_lock(url):
+        return open_storage(url)
 
 
 def _ask(study: optuna.Study, space: Space) -> optuna.Trial:
@@ -273,11 +340,6 @@ def _tell(study: optuna.Study, number: int, values: list[float] | None, state: o
 def _exhausted(study: optuna.Study) -> bool:
     sampler = study.sampler
     return isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study)
-
-
-def _counted(study: optuna.Study) -> int:
-    """Trials that count toward n_trials: every finished one (complete, pruned or failed)."""
-    return sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
 
 
 def _override_value(value: Any) -> str:
