@@ -7,7 +7,8 @@
 ``reconcile`` ends KILLED every RUNNING run whose process is gone (see ``dpsweep.tracking.dead_runs``: a dead
 process on this host, or no heartbeat for 5 minutes from another host), with the reason in its
 ``error`` tag, and deletes its checkpoint. ``dpsweep -m`` and ``dpsweep-report`` do the same for
-their experiment before they start.
+their experiment before they start. A store that cannot be opened (an unknown scheme, a server that
+refuses or does not answer within seconds) exits 2 naming ``--tracking-uri``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import NoReturn
 
 from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.cli.options import add_tracking_uri
-from dpsweep.process.shutdown import run_then_exit
+from dpsweep.cli.script import run_script
+from dpsweep.errors import InputError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,7 +38,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from dpsweep.tracking.dead_runs import reconcile  # MLflow: after the arguments parse
 
-    dead = reconcile(args.tracking_uri, args.experiment, dry_run=args.dry_run)
+    try:
+        dead = reconcile(args.tracking_uri, args.experiment, dry_run=args.dry_run)
+    except InputError as err:  # the store's checks name the config key: name this command's option
+        if err.key != "tracking.uri":
+            raise
+        raise InputError("--tracking-uri", err.value, err.allowed) from err
     verb = "would end" if args.dry_run else "ended"
     for run in dead:
         removed = f"; deleted {run.checkpoint_removed}" if run.checkpoint_removed else ""
@@ -46,9 +53,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def console() -> NoReturn:
-    """The console script: ``main``, then the process ends without the interpreter's teardown
-    (``dpsweep.process.shutdown``)."""
-    run_then_exit(main, "dpsweep-runs")
+    """The console script: its secrets handed over (a store's password leaves ``--tracking-uri`` for
+    its client's setting), ``main``, then the process ends without the interpreter's teardown
+    (``dpsweep.cli.script``)."""
+    run_script(main, "dpsweep-runs")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlparse
 
 import mlflow
 from mlflow.entities import Metric, Param, RunTag
@@ -47,6 +46,7 @@ from dpsweep.tracking import (
     sqlite_path,
     why_dead,
 )
+from dpsweep.tracking.probes import probe
 
 _READY: set[str] = set()  # tracking URIs whose store this process has opened
 BUSY_RETRIES = 8  # attempts of a write that SQLite refused as "database is locked"
@@ -79,13 +79,16 @@ def store_lock(uri: str) -> Iterator[None]:
 def open_client(uri: str) -> MlflowClient:
     """A client of ``uri`` whose store exists. A new sqlite store is created (its schema and
     migrations) under :func:`store_lock`: MLflow's migrations collide when several processes open a
-    fresh database at once, and the loser can leave it broken for good. A server (http, https) must
-    answer MLflow's ``/health`` within :data:`SERVER_PROBE_S`: MLflow's own client retries an unreachable
-    one for minutes, then prints a traceback (issue 39, item 13)."""
-    if uri not in _READY and urlparse(uri).scheme in ("http", "https"):
-        _probe_server(uri)
+    fresh database at once, and the loser can leave it broken for good. A server (http, https, or a
+    database's: postgresql, mysql, mssql) must answer first (:func:`dpsweep.tracking.probes.probe`):
+    MLflow's own clients retry an unreachable one for minutes, then print a traceback (issue 39, item
+    13; issue 55, item 5). A URI MLflow cannot open (an unknown scheme, its retired file store) is
+    refused with MLflow's reason."""
+    if uri in _READY:
+        return MlflowClient(uri)
+    probe(uri)
     db = sqlite_path(uri)
-    if uri not in _READY and db is not None:
+    if db is not None:
         if not os.access(db.parent if str(db.parent) else Path("."), os.W_OK):
             raise ConfigError(
                 "tracking.uri", uri, f"a database in a directory dpsweep can write ({db.parent.absolute()})"
@@ -99,8 +102,15 @@ def open_client(uri: str) -> MlflowClient:
                 raise ConfigError(
                     "tracking.uri", uri, f"an MLflow database, or a path where one can be made: {db} is not one ({err})"
                 ) from err
+    try:
+        client = MlflowClient(uri)
+    except MlflowException as err:  # its store registries': an unknown scheme, the file store's retirement
+        raise ConfigError(
+            "tracking.uri", uri, "a tracking URI MLflow can open (sqlite:///mlflow.db, postgresql://host/db, "
+            f"http://host:5000): {str(err).strip().split('. ')[0]}",
+        ) from err  # fmt: skip
     _READY.add(uri)
-    return MlflowClient(uri)
+    return client
 
 
 @op
@@ -135,30 +145,6 @@ def _create_store(db: Path) -> None:
     finally:
         for left in db.parent.glob(f"{building.name}*"):
             left.unlink(missing_ok=True)
-
-
-SERVER_PROBE_S = 10.0  # how long a tracking server may take to answer before the run is refused
-
-
-def _probe_server(uri: str) -> None:
-    """ConfigError naming ``tracking.uri`` unless the server answers (any HTTP status is an answer)."""
-    import urllib.error
-    import urllib.request
-
-    parts = urlparse(uri)
-    server = f"{parts.hostname}" + (f":{parts.port}" if parts.port else "")  # no user or password
-    health = parts._replace(netloc=server, path=parts.path.rstrip("/") + "/health").geturl()
-    try:
-        with urllib.request.urlopen(health, timeout=SERVER_PROBE_S):
-            return
-    except urllib.error.HTTPError:  # it answered (an auth proxy, an older server): MLflow's client says the rest
-        return
-    except (urllib.error.URLError, OSError) as err:
-        reason = getattr(err, "reason", err)
-        raise ConfigError(
-            "tracking.uri", uri, f"a reachable MLflow server: no answer from {server} within "
-            f"{SERVER_PROBE_S:g} s ({reason}); start it, or use a local store (sqlite:///mlflow.db)",
-        ) from err  # fmt: skip
 
 
 def _holder(client: MlflowClient, experiment: str, claim: Claim) -> Any:
