@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -107,10 +108,10 @@ def _check(a: argparse.Namespace) -> None:
         ranges.check("steps", "--steps", a.steps)
     if a.alphas is not None:
         a.alphas = _orders(a.alphas)
-    if a.clipping == "quantile" and not a.clip_epsilon > 0:
-        raise InputError("--clip-epsilon", a.clip_epsilon, "a positive ε for the quantile release")
-    if a.tuning_trials is not None and not a.tuning_trials > 1:
-        raise InputError("--tuning-trials", a.tuning_trials, "a mean number of trials above 1")
+    if a.clipping == "quantile" and not (a.clip_epsilon > 0 and math.isfinite(a.clip_epsilon)):
+        raise InputError("--clip-epsilon", a.clip_epsilon, "a positive ε (finite) for the quantile release")
+    if a.tuning_trials is not None and not (a.tuning_trials > 1 and math.isfinite(a.tuning_trials)):
+        raise InputError("--tuning-trials", a.tuning_trials, "a finite mean number of trials above 1")
     if a.tuning_distribution == "tnb" and not (a.tuning_eta > 0 and math.isfinite(a.tuning_eta)):
         raise InputError("--tuning-eta", a.tuning_eta, "a shape η > 0 (η = 1: geometric; poisson is η -> ∞)")
     if a.target_epsilon is not None:
@@ -133,6 +134,20 @@ def _check(a: argparse.Namespace) -> None:
         raise InputError("-n/--noise-multiplier", None, "a noise multiplier σ (or --target-epsilon to calibrate it)")
     elif given == 0:
         raise InputError("-e/--epochs or --steps", None, "the training length: -e/--epochs or --steps")
+    if a.plot is not None:
+        _check_plot_dir(a.plot)
+
+
+def _check_plot_dir(folder: Path) -> None:
+    """--plot: a directory that exists, or can be made, and can be written (checked before any work;
+    what the file system refuses only when the plots are written is refused then, by :func:`_plots`)."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:  # the nearest part of it that exists
+        existing = existing.parent
+    if not existing.is_dir():
+        raise InputError("--plot", str(folder), f"a directory for the plots ({existing} is not a directory)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError("--plot", str(folder), f"a directory dpsweep-epsilon can write ({existing} is not writable)")
 
 
 def _orders(given: list[str]) -> tuple[float, ...]:
@@ -146,7 +161,15 @@ def _orders(given: list[str]) -> tuple[float, ...]:
             "--alphas", " ".join(given), f"one of {', '.join(rdp.ORDER_GRIDS.names())}, or numbers"
         ) from err
     ranges.check("rdp_orders", "--alphas", orders)
+    if max(orders) > RDP_ORDER_MAX:
+        raise InputError(
+            "--alphas", " ".join(given), f"RDP orders of at most {RDP_ORDER_MAX:g} (the default grid reaches "
+            f"{max(rdp.DEFAULT_ORDERS):g}; an integer order α sums α + 1 terms, held in memory at once)",
+        )  # fmt: skip
     return tuple(orders)
+
+
+RDP_ORDER_MAX = 10_000.0  # --alphas: the largest order (1e308 asked numpy for an array of 1e308 terms)
 
 
 def _accounting(a: argparse.Namespace) -> ledger.Accounting:
@@ -312,8 +335,11 @@ def _tuning(a: argparse.Namespace, bill: ledger.Ledger) -> dict[str, Any]:
 def _plots(a: argparse.Namespace, sigma: float, steps: int) -> list[str]:
     from dpsweep.analysis.privacy_plots import plot_all
 
-    paths = plot_all(a.plot, n=a.dataset_size, batch_size=a.batch_size, noise_multiplier=sigma, steps=steps,
-                     delta=a.delta, fmt=a.plot_format)  # fmt: skip
+    try:
+        paths = plot_all(a.plot, n=a.dataset_size, batch_size=a.batch_size, noise_multiplier=sigma, steps=steps,
+                         delta=a.delta, fmt=a.plot_format)  # fmt: skip
+    except OSError as err:  # what only writing finds: a full disk, a file system that refuses (/proc)
+        raise InputError("--plot", str(a.plot), f"a directory the plots can be written to ({err})") from err
     return [str(f) for f in paths]
 
 
