@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
 
 from dpsweep.audit.guesses import metrics, right_guesses
-from dpsweep.data.device import materialize
+from dpsweep.data.device import materialize, private_generator
 from dpsweep.privacy.ledger import Ledger
 
 Score = Callable[[Tensor, Tensor], Tensor]  # a canary's score from its (images, wrong labels)
@@ -64,7 +64,7 @@ class InputCanaries:
     """m mislabelled training examples, their inclusion bits, and their scores under a trained model."""
 
     def __init__(self, train: Dataset[Any], num_classes: int, count: int, seed: int, added: bool = False) -> None:
-        generator = torch.Generator().manual_seed(seed)
+        generator = private_generator("cpu", seed)  # every bit of the canary stream's seed
         n = len(train)  # type: ignore[arg-type]
         if count > n:
             raise ValueError(f"{count} canaries need as many training examples; there are {n}")

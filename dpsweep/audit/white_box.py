@@ -41,6 +41,7 @@ from opacus.optimizers import DPOptimizer
 from torch import Tensor
 
 from dpsweep.audit.guesses import metrics, right_guesses, split_guesses
+from dpsweep.data.device import private_generator
 from dpsweep.privacy.ledger import Ledger
 
 # The centred score reads the releases against the noise they show: σ̂ = 1.4826·median |x| of the
@@ -84,7 +85,7 @@ class DiracCanaries:
         total = sum(sizes)
         if count > total:
             raise ValueError(f"{count} canaries need as many coordinates; the model has {total}")
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = private_generator("cpu", seed)  # every bit of the canary stream's seed
         largest = max(range(len(sizes)), key=lambda i: sizes[i])
         if sizes[largest] >= count:  # the largest tensor's coordinates: the data's gradient spread thinnest there
             start = sum(sizes[:largest])

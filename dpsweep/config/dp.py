@@ -115,8 +115,8 @@ class DPConfig:
     # took 44 s and the compiled cnn pass was no faster than eager: benchmarks/throughput.py)
     compile: bool | None = None
     # Secure mode: every private stream (Poisson sampling, noise, canaries, a private clipping norm) is
-    # seeded with 128 bits of the OS's entropy, never logged (dpsweep.privacy.streams); such a run is tagged
-    # dp.release=ok and does not reproduce bit for bit. Off: the streams derive from train.seed and the
+    # seeded from 128 bits of the OS's entropy (63-bit seeds), never logged (dpsweep.privacy.streams); such
+    # a run is tagged dp.release=ok and does not reproduce bit for bit. Off: the streams derive from train.seed and the
     # config, which are logged, so the run reproduces and is tagged dp.release=not-for-release.
     secure_mode: bool = False
     # The seed of the private streams, shared by every run that sets the same value (common random

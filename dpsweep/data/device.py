@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
@@ -41,6 +42,32 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 def device_generator(device: torch.device, seed: int) -> torch.Generator:
     """A ``torch.Generator`` on ``device``, seeded with ``seed``: what :class:`PoissonBatches` needs."""
     return torch.Generator(device=device).manual_seed(seed)
+
+
+MT_WORDS = 624  # mt19937's state words (19,968 bits)
+# torch's CPU generator state (aten/src/ATen/CPUGeneratorImpl.cpp, CPUGeneratorImplState): the initial seed
+# (uint64), left and seeded (int32), next (uint64), then mt19937's 624 words, each held in a uint64
+MT_WORDS_OFFSET = 24
+
+
+def private_generator(device: torch.device | str, seed: int) -> torch.Generator:
+    """A generator on ``device`` that holds every bit of ``seed`` (a private stream's, below 2**63:
+    ``dpsweep.privacy.streams``). torch's CPU generator (mt19937) keeps only the low 32 bits of
+    ``manual_seed``'s argument, so 2**32 guesses, each checked by replaying a run, would regenerate
+    its draws: here its 624 state words are NumPy's ``SeedSequence(seed)`` instead (NumPy seeds its own
+    MT19937 so). CUDA's Philox takes the whole 64-bit seed. The state layout is checked on every call:
+    a torch that changes it fails here, not silently."""
+    generator = torch.Generator(device=device)
+    if generator.device.type != "cpu":
+        return generator.manual_seed(seed)
+    low = seed & 0xFFFFFFFF
+    generator.manual_seed(low)  # left, seeded and next as after a seeding
+    state = generator.get_state().clone()
+    words = state.numpy()[MT_WORDS_OFFSET : MT_WORDS_OFFSET + 8 * MT_WORDS].view(np.uint64)
+    if len(words) != MT_WORDS or int(words[0]) != low:
+        raise RuntimeError(f"torch {torch.__version__}'s CPU generator state is not laid out as dpsweep reads it")
+    words[:] = np.random.SeedSequence(seed).generate_state(MT_WORDS, np.uint32)
+    return generator.set_state(state)
 
 
 class Generators:

@@ -6,8 +6,8 @@ on exactly one rank, and every rank taking every step.
 
 The examples are dealt to the ranks by a permutation that depends on ``seed`` alone (not on the data):
 rank r owns every world_size-th example of it, from the r-th. At each step, each rank includes each
-example it owns with probability q, from a generator of its own: seeded by ``draw_seed`` (a run passes
-its rank's private sampling stream, ``dpsweep.privacy.streams``), or by ``seed`` and its rank.
+example it owns with probability q, from a generator of its own: ``drawn`` (a run passes its rank's
+private sampling stream, ``dpsweep.privacy.streams``), or one seeded by ``seed`` and its rank.
 The union over the ranks is then one Poisson sample of the whole training set at rate q (each
 example in independently, with probability q), which is what the accountant's amplification by
 Poisson subsampling assumes (Mironov, Talwar & Zhang 2019; the same sampling as one process's
@@ -37,7 +37,7 @@ class PoissonAcrossRanks(Sampler[list[int]]):
     """This rank's share of each step's Poisson batch (module doc): ``steps`` batches an epoch."""
 
     def __init__(
-        self, n: int, sample_rate: float, steps: int, ranks: Ranks, seed: int, draw_seed: int | None = None
+        self, n: int, sample_rate: float, steps: int, ranks: Ranks, seed: int, drawn: torch.Generator | None = None
     ) -> None:
         if not 0 < sample_rate <= 1:
             raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate}")
@@ -46,8 +46,8 @@ class PoissonAcrossRanks(Sampler[list[int]]):
         self.sample_rate, self.steps = sample_rate, steps
         dealt = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
         self.owned = dealt[ranks.rank :: ranks.world_size]
-        own = seed * RANK_STREAMS + ranks.rank if draw_seed is None else draw_seed
-        self.generator = torch.Generator().manual_seed(own)
+        own = torch.Generator().manual_seed(seed * RANK_STREAMS + ranks.rank) if drawn is None else drawn
+        self.generator = own
 
     def __len__(self) -> int:
         return self.steps

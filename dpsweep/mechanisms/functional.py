@@ -224,8 +224,8 @@ def private_generators(run: OwnRun) -> device_data.Generators:
     """The run's sampling and noise generators on its device, each seeded from its own private stream."""
     streams = run.streams
     return device_data.Generators(
-        sampling=device_data.device_generator(run.device, streams.seed(Purpose.sampling)),
-        noise=device_data.device_generator(run.device, streams.seed(Purpose.noise)),
+        sampling=device_data.private_generator(run.device, streams.seed(Purpose.sampling)),
+        noise=device_data.private_generator(run.device, streams.seed(Purpose.noise)),
     )
 
 
@@ -397,7 +397,7 @@ def ftrl_optimizer(
     """FTRLOptimizer over the trainable parameters, its tree's node noise σ·C/B (drawn from ``noise_seed``,
     the run's noise stream; the tree's state keeps the generator's), lr and momentum from optimizer.*."""
     params = [p for p in model.parameters() if p.requires_grad]
-    generator = torch.Generator(device=device).manual_seed(noise_seed)
+    generator = device_data.private_generator(device, noise_seed)
     std = sigma * cfg.dp.max_grad_norm / cfg.train.batch_size  # on the clipped sum over B (OwnSteps.step)
     tree = ftrl.TreeAggregator.for_params(
         params, std=std, generator=generator, tree_completion=cfg.dp.ftrl_tree_completion

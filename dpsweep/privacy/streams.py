@@ -18,12 +18,15 @@ draw (which examples were sampled, the noise), and two runs of a sweep never sha
     draw independent batches and noise, so no combination of their releases cancels the noise;
   - ``dp.stream_seed`` asks for shared streams explicitly: every run with the same value draws the
     same batches and noise (common random numbers, to compare σ on the same draws);
-  - ``dp.secure_mode=true``: 128 bits of the operating system's entropy (:mod:`secrets`), drawn when
-    the run starts and never logged, so nothing public regenerates the draws and the run does not
-    reproduce bit for bit. A checkpoint (a local file, not logged) keeps the generators' states, so
-    a resumed run continues its streams rather than starting them again.
+  - ``dp.secure_mode=true``: 128 bits of the operating system's entropy (:mod:`secrets`; each stream's
+    seed is 63 bits derived from them), drawn when the run starts and never logged, so nothing public
+    regenerates the draws and the run does not reproduce bit for bit. A checkpoint (a local file, not
+    logged) keeps the generators' states and the entropy, so a resumed run continues its streams rather
+    than starting them again.
 
-The seeds are integers below 2**63, which ``torch.Generator.manual_seed`` takes on every device.
+The seeds are integers below 2**63. ``dpsweep.data.device.private_generator`` puts every bit of one into a
+torch generator: CUDA's Philox takes 64 bits, but the CPU's mt19937 keeps only the low 32 bits of
+``manual_seed``'s argument, so its whole state is set from the seed instead.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class Purpose(IntEnum):
     noise = 2  # the mechanisms' Gaussian noise (DP-SGD, DP-FTRL's tree, DPALS and DPAM, the GAN's critic)
     canaries = 3  # an audit's canaries: their coordinates, inclusion and sampling
     clipping = 4  # a private clipping norm: its sample of gradient norms and its quantile's noise
+    mechanism = 5  # a private step's other draws, as many as its batch is large (the GAN critic's fakes and ρ)
 
 
 @dataclass(frozen=True)

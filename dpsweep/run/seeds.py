@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from dpsweep import distributed
-from dpsweep.config import Config
+from dpsweep.config import Config, ConfigError
 from dpsweep.plan import RunPlan
 from dpsweep.privacy.streams import Streams
 from dpsweep.run import checkpoint
@@ -31,12 +31,19 @@ def seed_everything(seed: int) -> None:
 def streams_of(
     config: Config, plan: RunPlan, resume: checkpoint.TrainingState | None, ranks: distributed.Ranks
 ) -> Streams:
-    """The run's private streams; a resumed secure run's are the entropy its checkpoint kept."""
+    """The run's private streams; a resumed secure run's are the entropy its checkpoint kept (one that kept
+    none is refused: fresh entropy would derive a second clipping norm and other canaries, charged once)."""
     dp = config.dp
     if resume is not None and dp.secure_mode:
-        kept = (resume.rng["ranks"][ranks.rank] if ranks.distributed else resume.rng).get(STREAMS_KEY)
-        if isinstance(kept, str):
+        kept: Any = (resume.rng["ranks"][ranks.rank] if ranks.distributed else resume.rng).get(STREAMS_KEY)
+        try:
             return Streams((int(kept, 16),), secure=True)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                "train.checkpoint_dir", config.train.checkpoint_dir,
+                "a secure run's checkpoint, which keeps its streams' entropy (this one keeps none): remove it to "
+                "start afresh",
+            ) from None  # fmt: skip
     return Streams.of_run(config.train.seed, plan.config_hash, dp.secure_mode, dp.stream_seed)
 
 

@@ -8,6 +8,7 @@ mechanism's first Poisson batch and first noise are compared with what that stre
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -199,3 +200,45 @@ def test_shared_streams_are_refused_in_secure_mode(
     with pytest.raises(ConfigError, match=r"dp.stream_seed=5 is invalid: null with dp.secure_mode=true"):
         train(make_cfg("dp.secure_mode=true", "dp.stream_seed=5"))
     assert runs_of(client, experiment_name) == []
+
+
+def test_the_gan_generator_steps_public_draws_do_not_follow_the_private_batch_sizes(make_cfg: Composer) -> None:
+    """The critic's fakes and ρ are as many as its Poisson batch is large: drawn from the global stream,
+    they put the generator step's z and labels at a place that told the batches' sizes. Two secure runs
+    (other batches) end an epoch with their public stream at the same place, and their private ones apart."""
+    states = []
+    for _ in "ab":
+        task_run, parts, _ = _built(make_cfg(*GAN, "dp.secure_mode=true", "train.epochs=1"))
+        task_run.train_epoch(1, _NoStages())
+        assert isinstance(parts.generator, Generators)
+        states.append({k: parts.generator[k].get_state() for k in ("public", "fakes", "sampling")})
+    a, b = states
+    assert torch.equal(a["public"], b["public"])
+    assert not torch.equal(a["fakes"], b["fakes"]) and not torch.equal(a["sampling"], b["sampling"])
+
+
+class _NoStages:
+    """The runner's memory-stage log, unused here."""
+
+    def mark(self, stage: str) -> None:
+        pass
+
+    def stepped(self) -> None:
+        pass
+
+
+def test_a_secure_checkpoint_without_its_entropy_is_refused(make_cfg: Composer) -> None:
+    """Fresh entropy for a resumed secure run would draw a second clipping norm and other canaries, which
+    the ledger charges once: a checkpoint that kept none is refused (a crafted one: dpsweep writes it)."""
+    from dpsweep.config import to_config
+    from dpsweep.run import checkpoint, seeds
+
+    cfg = to_config(make_cfg("dp.secure_mode=true", "train.checkpoint_dir=ckpt"))
+    plan: Any = runner._planned(cfg, torch.device("cpu"))[1]
+    state = checkpoint.TrainingState(plan.config_hash, "run", 1, 23, rng={"torch": torch.get_rng_state()})
+    with pytest.raises(ConfigError, match=r"train.checkpoint_dir='ckpt' is invalid: a secure run's checkpoint"):
+        seeds.streams_of(cfg, plan, state, runner.distributed.Ranks())
+    kept = seeds.streams_of(
+        cfg, plan, dataclasses.replace(state, rng={seeds.STREAMS_KEY: "ff"}), runner.distributed.Ranks()
+    )
+    assert kept.secure and kept.entropy == (255,)

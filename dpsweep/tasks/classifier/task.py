@@ -126,14 +126,15 @@ class ClassifierRun:
             self.model = DPDDP(self.model)
         self.optimizer = build_optimizer(cfg.optimizer, self.model)
         streams, rank = self.inputs.streams, self.ranks.rank
-        # without DP the shuffles are public (train.seed); with DP the batches draw from the sampling stream
-        sampling = streams.seed(Purpose.sampling, rank)
-        generator = torch.Generator().manual_seed(sampling if cfg.dp.enabled else cfg.train.seed)
+        public = torch.Generator().manual_seed(cfg.train.seed)  # without DP, the shuffles; with DP, the sampling stream
+        generator = (
+            device_data.private_generator("cpu", streams.seed(Purpose.sampling, rank)) if cfg.dp.enabled else public
+        )
         loader = gathered.loader(self.data.train, cfg.train.batch_size, shuffle=not cfg.dp.enabled, generator=generator)
         sigma = self.inputs.plan.noise_multiplier
         generators: torch.Generator | device_data.Generators = generator
         if sigma is not None:
-            noise = torch.Generator(device=device).manual_seed(streams.seed(Purpose.noise, rank))
+            noise = device_data.private_generator(device, streams.seed(Purpose.noise, rank))
             self.max_grad_norm = cfg.dp.max_grad_norm
             if cfg.dp.clipping == Clipping.quantile:
                 self.max_grad_norm = self._private_clipping_norm()
@@ -145,7 +146,7 @@ class ClassifierRun:
             )
             self.engine, self.model, self.optimizer, self.criterion, loader = made
             if self.ranks.distributed:  # this rank's share of each step; its sampler's generator is checkpointed
-                loader, generator = _across_ranks(loader, self.ranks, cfg.train.seed, sampling)
+                loader, generator = _across_ranks(loader, self.ranks, cfg.train.seed, generator)
             generators = device_data.Generators(sampling=generator, noise=noise)
             if self.input_canaries is not None:  # sampled as the plan's N examples would be (black_box)
                 assert self.engine is not None and isinstance(loader, DPDataLoader)
@@ -294,7 +295,7 @@ class ClassifierRun:
         on one Poisson sample at the run's sample rate, then their private quantile."""
         q = self.inputs.plan.privacy.poisson_rate  # type: ignore[union-attr]  # a DP run has a privacy plan
         streams = self.inputs.streams  # the sample and the quantile's noise: streams of their own
-        generator = torch.Generator().manual_seed(streams.seed(Purpose.clipping, 0))
+        generator = device_data.private_generator("cpu", streams.seed(Purpose.clipping, 0))
         n = len(self.data.train)  # type: ignore[arg-type]
         pick = torch.nonzero(torch.rand(n, generator=generator) < q).flatten().tolist()
         norms = per_example_grad_norms(self.model, self.criterion, self.data.train, pick, self.device)
@@ -463,16 +464,16 @@ def _cached_features(
 
 
 def _across_ranks(
-    loader: DataLoader[Any], ranks: Ranks, seed: int, draw_seed: int
+    loader: DataLoader[Any], ranks: Ranks, seed: int, drawn: torch.Generator
 ) -> tuple[DataLoader[Any], torch.Generator]:
     """This rank's share of every step's Poisson batch (:class:`dpsweep.distributed.PoissonAcrossRanks`)
     at Opacus's loader's rate and steps, through its collate (empty shares included), in place of
-    Opacus's distributed sampler, dealt by ``seed`` (public) and drawn from ``draw_seed`` (this rank's
+    Opacus's distributed sampler, dealt by ``seed`` (public) and drawn from ``drawn`` (this rank's
     sampling stream); and the generator it draws from (a checkpoint keeps its state, so a resumed run
     draws new batches, not the first epoch's again)."""
     assert isinstance(loader, DPDataLoader)
     n = len(loader.dataset)
-    sampler = PoissonAcrossRanks(n, loader.sample_rate, len(loader), ranks, seed, draw_seed)
+    sampler = PoissonAcrossRanks(n, loader.sample_rate, len(loader), ranks, seed, drawn)
     return DataLoader(loader.dataset, batch_sampler=sampler, collate_fn=loader.collate_fn), sampler.generator
 
 
@@ -484,8 +485,10 @@ def _device_batches(
     or shuffled batches without DP. Returns the batches and their generator (checkpointed)."""
     cfg, device = inputs.cfg, inputs.device
     x, y = device_data.materialize(data.train)
-    seed = inputs.streams.seed(Purpose.sampling, inputs.ranks.rank) if cfg.dp.enabled else cfg.train.seed
-    generator = device_data.device_generator(device, seed)
+    if cfg.dp.enabled:
+        generator = device_data.private_generator(device, inputs.streams.seed(Purpose.sampling, inputs.ranks.rank))
+    else:
+        generator = device_data.device_generator(device, cfg.train.seed)  # public shuffles
     if cfg.dp.enabled:
         q = float(loader.sample_rate)  # type: ignore[attr-defined]  # Opacus's DPDataLoader
         return device_data.PoissonBatches(x, y, sample_rate=q, device=device, generator=generator), generator

@@ -102,6 +102,8 @@ class GanRun:
         )  # fmt: skip
         self.run: Tracker | None = None
         self.noise: torch.Generator | None = None  # the critic's noise (a private stream), with DP
+        self.fakes: torch.Generator | None = None  # the critic's fakes and ρ (a private stream), with DP
+        self.public: torch.Generator | None = None  # the generator step's z and labels, with DP (else torch's)
         self.input_canaries: black_box.InputCanaries | None = None  # audit.mode=black_box
 
     def tags(self) -> dict[str, Any]:
@@ -139,11 +141,16 @@ class GanRun:
         self.train_x, self.train_y = x, y
         self.generator: torch.Generator | device_data.Generators
         self.batches: device_data.PoissonBatches | device_data.ShuffledBatches
-        if self.inputs.plan.privacy is not None:  # the critic's batches and noise: private streams of their own
+        if self.inputs.plan.privacy is not None:  # the critic's batches, noise and fakes: private streams of their own
             q, streams = self.inputs.plan.privacy.poisson_rate, self.inputs.streams
-            sampling = device_data.device_generator(device, streams.seed(Purpose.sampling))
-            self.noise = device_data.device_generator(device, streams.seed(Purpose.noise))
-            self.generator = device_data.Generators(sampling=sampling, noise=self.noise)
+            sampling = device_data.private_generator(device, streams.seed(Purpose.sampling))
+            self.noise = device_data.private_generator(device, streams.seed(Purpose.noise))
+            # as many fakes and ρ as the private batch has: drawn apart from the generator step's public draws,
+            # whose place in their stream then tells nothing of the batches' sizes
+            self.fakes = device_data.private_generator(device, streams.seed(Purpose.mechanism))
+            self.public = device_data.device_generator(device, cfg.train.seed)
+            self.generator = device_data.Generators(sampling=sampling, noise=self.noise, fakes=self.fakes,
+                                                    public=self.public)  # fmt: skip
             self.batches = device_data.PoissonBatches(x, y, sample_rate=q, device=device, generator=sampling)
         else:
             self.generator = device_data.device_generator(device, cfg.train.seed)  # public shuffles
@@ -196,8 +203,8 @@ class GanRun:
         self.optimizer.zero_grad(set_to_none=True)
         stages.mark("batch_load")
         with torch.no_grad():
-            fake = gan.generator(torch.randn(len(y), g.latent_dim, device=self.device), y)
-        rho = torch.rand(len(y), 1, 1, 1, device=self.device)
+            fake = gan.generator(torch.randn(len(y), g.latent_dim, device=self.device, generator=self.fakes), y)
+        rho = torch.rand(len(y), 1, 1, 1, device=self.device, generator=self.fakes)
         stages.mark("forward")
         if self.step is not None:
             grads, losses = self.draw(gan.critic, x, y, fake, rho, self.step)
@@ -217,8 +224,9 @@ class GanRun:
         gan, g = self.gan, self.settings
         self.optimizer.zero_grad(set_to_none=True)
         size = self.cfg.train.batch_size
-        labels = torch.randint(0, self.num_classes, (size,), device=self.device)
-        loss = -gan.critic(gan.generator(torch.randn(size, g.latent_dim, device=self.device), labels), labels).mean()
+        labels = torch.randint(0, self.num_classes, (size,), device=self.device, generator=self.public)
+        z = torch.randn(size, g.latent_dim, device=self.device, generator=self.public)
+        loss = -gan.critic(gan.generator(z, labels), labels).mean()
         loss.backward()
         for p in gan.critic.parameters():
             p.grad = None  # the critic's step is the private one only

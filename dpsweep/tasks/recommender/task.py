@@ -134,8 +134,8 @@ class RecommenderRun:
         # the aggregator's noise and DPAM's users: private streams of their own, never the init's (train.seed)
         streams = inputs.streams
         self.generator = device_data.Generators(
-            sampling=device_data.device_generator(self.device, streams.seed(Purpose.sampling)),
-            noise=device_data.device_generator(self.device, streams.seed(Purpose.noise)),
+            sampling=device_data.private_generator(self.device, streams.seed(Purpose.sampling)),
+            noise=device_data.private_generator(self.device, streams.seed(Purpose.noise)),
         )
         self.build_roles()
 

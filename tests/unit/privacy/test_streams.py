@@ -52,3 +52,27 @@ def test_secure_streams_are_fresh_every_time() -> None:
 @pytest.mark.parametrize("seed", [-1, 2**70])
 def test_any_integer_seed_gives_streams(seed: int) -> None:
     assert 0 <= Streams.of_run(seed=seed, config_hash="ab").seed(Purpose.sampling) < 2**SEED_BITS
+
+
+def test_a_cpu_generator_keeps_every_bit_of_a_private_seed() -> None:
+    """torch's CPU generator keeps the low 32 bits of manual_seed's argument: a private stream seeded so
+    would be found in 2**32 guesses. private_generator keeps the 63 bits of a stream's seed."""
+    import torch
+
+    from dpsweep.data.device import private_generator
+
+    seed = Streams.of_run(seed=0, config_hash="1111111111111111", secure=True).seed(Purpose.noise)
+    twin = seed ^ (1 << 40)  # the same low 32 bits
+    assert torch.equal(  # why: manual_seed alone cannot tell them apart
+        torch.rand(8, generator=torch.Generator().manual_seed(seed)),
+        torch.rand(8, generator=torch.Generator().manual_seed(twin)),
+    )
+    assert not torch.equal(
+        torch.rand(8, generator=private_generator("cpu", seed)), torch.rand(8, generator=private_generator("cpu", twin))
+    )
+    assert torch.equal(  # and it reproduces from its seed
+        torch.randn(8, generator=private_generator("cpu", seed)),
+        torch.randn(8, generator=private_generator("cpu", seed)),
+    )
+    drawn = torch.rand(200_000, generator=private_generator("cpu", seed))
+    assert abs(float(drawn.mean()) - 0.5) < 0.005 and abs(float(drawn.var()) - 1 / 12) < 0.002  # uniform
