@@ -131,7 +131,8 @@ class DpsweepSweeper(Sweeper):
         first = configs[0]
         tuned: PrivateTuning | None = None
         if first.sweep.private_tuning:
-            tuned = private_trials(jobs, configs)
+            assert self.config is not None
+            tuned = private_trials(jobs, configs, Path(str(self.config.hydra.sweep.dir)))
             jobs, configs = tuned.jobs, [self.typed_job(job) for job in tuned.jobs]
         todo, skipped = select_jobs(jobs, configs)
         for line in skipped:
@@ -281,8 +282,17 @@ class PrivateTuning:
         )
 
 
-def private_trials(jobs: Sequence[list[str]], typed: Sequence[Config]) -> PrivateTuning:
-    """K trials drawn from the grid's configs, with secret seeds, and the procedure's ε (``dpsweep.privacy.tuning``)."""
+def private_trials(jobs: Sequence[list[str]], typed: Sequence[Config], sweep_dir: Path) -> PrivateTuning:
+    """K trials drawn from the grid's configs, with secret seeds, and the procedure's ε (``dpsweep.privacy.tuning``).
+
+    Each trial's checkpoint directory (``train.checkpoint_dir``, logged as a tag) is named by a token of
+    its own from the operating system's entropy, given to the job as an override: a requeued job, whose
+    overrides are the same, finds its checkpoint again, and the name tells neither the trial's seed
+    (a hash of the overrides would: 31 bits are searched in minutes) nor its number among the trials
+    (a lower bound on K). ``train.checkpoint_dir`` is not part of a config's identity: the trial's config
+    hash is that of its config. A grid's own ``train.checkpoint_dir`` is the folder of its trials' own."""
+    import secrets
+
     from dpsweep.plan import FactsCache, prepare, tuning_procedure
     from dpsweep.privacy import tuning
 
@@ -296,8 +306,12 @@ def private_trials(jobs: Sequence[list[str]], typed: Sequence[Config]) -> Privat
     k = tuning.draw_k(s.tuning_distribution, s.tuning_mean_trials, s.tuning_eta, rng)
     trials = []
     for _ in range(k):  # no trial index and no output of the generator that drew K reaches a trial
-        job = [o for o in jobs[int(rng.integers(len(jobs)))] if not o.startswith("train.seed=")]
-        trials.append([*job, f"train.seed={tuning.secret_seed()}"])
+        pick = int(rng.integers(len(jobs)))
+        job = [o for o in jobs[pick] if not o.startswith(("train.seed=", "train.checkpoint_dir="))]
+        token, given = f"trial-{secrets.token_hex(8)}", typed[pick].train.checkpoint_dir
+        directory = Path(given) / token if given else sweep_dir / token / "checkpoint"
+        seed = f"train.seed={tuning.secret_seed()}"
+        trials.append([*job, seed, string_override("train.checkpoint_dir", str(directory))])
     common = set.intersection(*(set(job) for job in jobs))  # the overrides every candidate shares
     axes = " ".join(o for o in given_overrides(jobs[cost.dominant]) if o not in common) or "(every candidate)"
     return PrivateTuning(trials, cost.epsilon, cost.delta, cost.single_run_epsilon, axes, cost.accountant)

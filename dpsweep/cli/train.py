@@ -13,10 +13,10 @@ a sweep it raises instead, so that the sweeper records the job as failed and goe
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import re
+import secrets
 import sys
 import tempfile
 import time
@@ -366,11 +366,14 @@ def _launch_ranks(cfg: DictConfig, hydra_cfg: Any) -> JobSummary | None:
 
 def _own_directory(cfg: DictConfig, hydra_cfg: Any) -> Path:
     """The job's output directory; for a trial of a private tuning, a directory of the sweep named by a
-    hash of the trial's overrides (its secret seed among them), not by its number among the trials,
-    which would tell a lower bound on K wherever the path is logged (issue 33, item 1)."""
+    random token, not by its number among the trials, which would tell a lower bound on K wherever the
+    path is logged (issue 33, item 1), nor by a hash of its overrides, whose secret ``train.seed`` a search
+    of its 2**31 values would find (issue 54, item 3). The sweep's driver gives each trial its directory
+    (``train.checkpoint_dir``, :func:`dpsweep.launchers.sweeper.private_trials`), the same when a cluster
+    requeues the job; a trial without one (its driver an older dpsweep's) gets a fresh token here, which
+    a requeue does not find again: it starts afresh."""
     if cfg.sweep.private_tuning and hydra_cfg.mode == RunMode.MULTIRUN:
-        key = hashlib.sha256(" ".join(hydra_cfg.overrides.task).encode()).hexdigest()[:16]
-        return Path(hydra_cfg.sweep.dir) / f"trial-{key}"
+        return Path(hydra_cfg.sweep.dir) / f"trial-{secrets.token_hex(8)}"
     return Path(hydra_cfg.runtime.output_dir)
 
 

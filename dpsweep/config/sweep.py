@@ -46,7 +46,8 @@ class SweepConfig:
 
 
 def check(cfg: Config) -> None:
-    """The ε budget a sweep drops configs above, and when a mostly failing sweep is stopped."""
+    """The ε budget a sweep drops configs above, when a mostly failing sweep is stopped, and a private
+    tuning's independent trials."""
     s = cfg.sweep
     require(
         s.max_epsilon is None or s.max_epsilon > 0, "sweep.max_epsilon", s.max_epsilon, "a positive ε budget or null"
@@ -60,3 +61,11 @@ def check(cfg: Config) -> None:
         s.min_jobs_for_failure_rate,
         "1 or more jobs",
     )
+    # Papernot & Steinke 2022 ("Hyperparameter Tuning with Renyi Differential Privacy", ICLR) bound K
+    # independent runs of a randomized algorithm; trials that share their batches and noise are not
+    require(
+        not (s.private_tuning and cfg.dp.stream_seed is not None), "dp.stream_seed", cfg.dp.stream_seed,
+        "null with sweep.private_tuning=true: every trial of a private tuning draws its own batches and noise, "
+        "and a shared stream seed would give them all the same ones (Papernot & Steinke's bound is for "
+        "independent trials)",
+    )  # fmt: skip
