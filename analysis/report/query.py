@@ -43,7 +43,10 @@ def search_runs(
 ) -> pd.DataFrame:
     """All active runs of ``experiment`` (tagged ``sweep.id=<sweep_id>`` when given), one row each,
     in the layout of ``mlflow.search_runs``: run_id, status, start_time (ms), ``params.*``,
-    ``metrics.*`` (final values), ``tags.*``. Parent runs and probes are included; see report_runs."""
+    ``metrics.*`` (final values), ``tags.*``. Parent runs and probes are included; see report_runs.
+    A private tuning's released trial has no ``sweep.id`` (it would lead to the parent run, which holds
+    K: ``dpsweep.tracking.sweeps.release_best``): the sweep's includes it by its parent run's tag
+    ``tuning.best_run_id`` (:func:`_released_trials`)."""
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
@@ -55,6 +58,9 @@ def search_runs(
             raise ReportError("sweep", sweep_id, "a sweep id without quotes (12 characters, e.g. s3d13dc24edc)")
         filters.append(f"tags.`sweep.id` = '{sweep_id}'")
     runs = _paginate(client, str(exp.experiment_id), " and ".join(filters), page_size)
+    if sweep_id is not None:
+        runs += _released_trials(client, str(exp.experiment_id), runs, filter_string)
+        runs.sort(key=lambda r: r.info.start_time or 0)  # as the search orders them
     if sweep_id is not None and not runs:
         ids = _sweep_ids(client, str(exp.experiment_id), page_size)
         raise ReportError(
@@ -75,6 +81,22 @@ def _paginate(client: MlflowClient, experiment_id: str, filter_string: str, page
         token = page.token
         if not token:
             return runs
+
+
+def _released_trials(client: MlflowClient, experiment_id: str, runs: Sequence[Run], filter_string: str) -> list[Run]:
+    """The released trials that the sweep's parent runs among ``runs`` name (tag ``tuning.best_run_id``)
+    and ``runs`` lack, where active in the experiment and matching ``filter_string``."""
+    have = {r.info.run_id for r in runs}
+    named = {
+        r.data.tags.get("tuning.best_run_id") for r in runs if r.data.tags.get("sweep.role") == "parent"
+    } - have - {None, "none"}  # fmt: skip
+    found: list[Run] = []
+    for run_id in sorted(str(n) for n in named):
+        if not run_id.isalnum():  # a run id is hex: nothing to quote in a filter
+            continue
+        where = " and ".join(f for f in (filter_string, f"attributes.run_id = '{run_id}'") if f)
+        found += _paginate(client, experiment_id, where, 1)
+    return found
 
 
 def _sweep_ids(client: MlflowClient, experiment_id: str, page_size: int) -> str:

@@ -2,6 +2,12 @@
 
 from dpsweep.run.records import run_name
 run_name(cfg, 1.1)          # 'σ1.1-C1-B64-s0-e10-digits-cnn'
+
+A trial of a private tuning (:func:`tuning_trial`) records neither its secret ``train.seed`` (Papernot &
+Steinke 2022 need it secret; without ``dp.secure_mode`` it regenerates the trial's noise) nor the links
+to its sweep's parent run, which holds K (issue 54, item 3): not in its name, params, tags or
+``config.yaml``. Its ``sweep.id`` tag, which the sweep's driver needs until the release, is removed
+from the released trial then (``dpsweep.tracking.sweeps.release_best``).
 """
 
 from __future__ import annotations
@@ -20,6 +26,21 @@ from dpsweep.privacy import streams
 from dpsweep.tracking import Tracker
 from dpsweep.tracking.environment import environment_tags
 
+# What a trial of a private tuning keeps out of its config.yaml: its secret seed, and what names its sweep
+# and the sweep's parent run (which holds K). Its params leave out the seed (WITHHELD_PARAMS); its tags, the
+# parent run's id (sweep.id stays until the release: the driver finds the sweep's jobs by it).
+WITHHELD_KEYS = ("train.seed", "sweep.id", "sweep.parent_run_id")
+WITHHELD_PARAMS = ("train.seed",)
+WITHHELD_NOTE = (
+    "# a trial of a private tuning: train.seed, sweep.id and sweep.parent_run_id are withheld (its seed is secret,\n"
+    "# and the sweep's parent run holds the number of trials K; Papernot & Steinke 2022)\n"
+)
+
+
+def tuning_trial(cfg: Config) -> bool:
+    """Whether ``cfg`` is a trial of a private tuning (``sweep.private_tuning``, launched by a sweep)."""
+    return bool(cfg.sweep.private_tuning and cfg.sweep.id is not None)
+
 
 def log_config(config: Config, plan: RunPlan, data: datasets.DataSplits, run: Tracker) -> None:
     """A new run's params, setting tags, ``config.yaml`` and dataset splits."""
@@ -37,13 +58,14 @@ def run_name(cfg: Config, sigma: float | None) -> str:
     ``Ca0.5``: C from the private 0.5 quantile, or adaptive towards it). What a sweep varies comes first
     (σ, C, B, the seed; an Optuna trial's number before them), where MLflow's runs table, which cuts a
     name at about 20 characters, still shows it; the dataset and model, which an experiment seldom
-    varies, come last."""
+    varies, come last. A trial of a private tuning's has no seed: it is secret (:func:`tuning_trial`)."""
     dp = cfg.dp
     clip = f"C{dp.max_grad_norm:g}" if dp.clipping == "fixed" else f"C{dp.clipping.value[0]}{dp.clip_quantile:g}"
     privacy_part = f"σ{sigma:.3g}-{clip}" if sigma is not None else "nodp"
     t = cfg.train
     what = cfg.model.name if cfg.task.name == "classifier" else cfg.task.name  # the default task: its model
-    name = f"{privacy_part}-B{t.batch_size}-s{t.seed}-e{t.epochs}-{cfg.dataset.name}-{what}"
+    seed = "" if tuning_trial(cfg) else f"-s{t.seed}"
+    name = f"{privacy_part}-B{t.batch_size}{seed}-e{t.epochs}-{cfg.dataset.name}-{what}"
     return name if cfg.sweep.trial is None else f"trial{cfg.sweep.trial}-{name}"
 
 
@@ -57,9 +79,12 @@ def named(cfg: Config, plan: RunPlan) -> Any:
 
 def sweep_tags(cfg: Config) -> dict[str, Any]:
     """Tags that place a run in its sweep: the sweep id, the parent run (so MLflow shows a tree),
-    and the Optuna study and trial. (A private tuning's trials carry no index: it would reveal K.)"""
+    and the Optuna study and trial. A private tuning's trials carry no index (it would reveal K), and no
+    link to the parent run, which holds K: their sweep id alone, removed from the released trial at the
+    release (:func:`tuning_trial`)."""
     s = cfg.sweep
-    tags = {"sweep.id": s.id, "mlflow.parentRunId": s.parent_run_id, "optuna.study": s.study, "optuna.trial": s.trial}
+    parent = None if tuning_trial(cfg) else s.parent_run_id
+    tags = {"sweep.id": s.id, "mlflow.parentRunId": parent, "optuna.study": s.study, "optuna.trial": s.trial}
     return {k: v for k, v in tags.items() if v is not None}
 
 
@@ -101,8 +126,12 @@ def run_params(plan: RunPlan) -> dict[str, Any]:
     """MLflow params: what determines the run's result (:func:`dpsweep.config.identity` of the
     flattened resolved config, σ as calibrated). Without DP only ``dp.enabled`` is kept, since σ, C,
     δ and the accountant have no effect on a non-private run. Settings that do not change the
-    result (launcher, sweep, tracking, paths, progress bars) are :func:`setting_tags`."""
+    result (launcher, sweep, tracking, paths, progress bars) are :func:`setting_tags`. A trial of a private
+    tuning's leave out its secret ``train.seed`` (:data:`WITHHELD_PARAMS`): MLflow cannot delete a param,
+    and which trial is released is known only at the end (:func:`tuning_trial`)."""
     params = redacted(identity(flatten(plan.config)))
+    if tuning_trial(plan.config):
+        params = {k: v for k, v in params.items() if k not in WITHHELD_PARAMS}
     if plan.privacy is None:
         return params
     return params | {"dp.noise_multiplier": plan.privacy.noise_multiplier}
@@ -111,15 +140,27 @@ def run_params(plan: RunPlan) -> dict[str, Any]:
 def setting_tags(plan: RunPlan) -> dict[str, Any]:
     """The config's settings that do not change the result (:func:`dpsweep.config.settings`), as tags
     (same dotted keys): so that the MLflow UI's params are the hyperparameters alone. ``config.yaml``
-    holds both."""
-    return redacted(settings(flatten(plan.config)))  # a URL's password is never logged
+    holds both. A trial of a private tuning's leave out ``sweep.parent_run_id`` (:func:`tuning_trial`)."""
+    tags = redacted(settings(flatten(plan.config)))  # a URL's password is never logged
+    if tuning_trial(plan.config):
+        tags.pop("sweep.parent_run_id", None)
+    return tags
 
 
 def resolved_yaml(plan: RunPlan) -> str:
-    """The config as it ran (σ as calibrated), for the run's ``config.yaml`` artifact."""
+    """The config as it ran (σ as calibrated), for the run's ``config.yaml`` artifact; a trial of a private
+    tuning's without :data:`WITHHELD_KEYS`, which a comment at its top says."""
     config = plan.config
     if plan.privacy is not None:
         config = dataclasses.replace(
             config, dp=dataclasses.replace(config.dp, noise_multiplier=plan.privacy.noise_multiplier)
         )
-    return redact(OmegaConf.to_yaml(structured(config)))  # a URL's password is never logged
+    node = structured(config)
+    if not tuning_trial(config):
+        return redact(OmegaConf.to_yaml(node))  # a URL's password is never logged
+    tree = OmegaConf.to_container(node, enum_to_str=True)
+    assert isinstance(tree, dict)
+    for key in WITHHELD_KEYS:
+        group, _, name = key.partition(".")
+        tree[group].pop(name, None)
+    return WITHHELD_NOTE + redact(OmegaConf.to_yaml(OmegaConf.create(tree)))

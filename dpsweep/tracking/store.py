@@ -346,6 +346,25 @@ def log_file(uri: str, run_id: str, local_path: str, artifact_path: str | None) 
     retry_busy(lambda: client_of(uri).log_artifact(run_id, local_path, artifact_path))
 
 
+# a private tuning's trial's params that its logged model leaves out (dpsweep.privacy.tuning: its seed is
+# secret; dpsweep.run.records.WITHHELD_PARAMS leaves it out of the run's params too)
+TUNING_SECRET_PARAMS = ("train.seed",)
+
+
+def models_of(client: MlflowClient, experiment_id: str) -> list[Any]:
+    """Every LoggedModel of the experiment that is not deleted (all pages of ``search_logged_models``)."""
+    out: list[Any] = []
+    token = None
+    while True:
+        page = retry_busy(lambda token=token: client.search_logged_models(  # type: ignore[misc]
+            [experiment_id], max_results=1000, page_token=token
+        ))  # fmt: skip
+        out.extend(page)
+        token = page.token
+        if not token:
+            return out
+
+
 @op
 def log_model(
     uri: str, run_id: str, module: Any, input_example: Any, output: Any, artifact_path: str, torch_version: str
@@ -360,7 +379,11 @@ def log_model(
     the model under the fluent API's current experiment (Default), not the run's.
 
     Once per run: a run that already has a READY model of that name (its job logged it, then was requeued
-    before the run ended) is left as it is, not given a second LoggedModel."""
+    before the run ended) is left as it is, not given a second LoggedModel.
+
+    A trial of a private tuning's model (tag ``sweep.private_tuning=True``) carries no secret param
+    (:data:`TUNING_SECRET_PARAMS`: its ``train.seed``), whichever trial is released: the Models tab shows
+    every model's params (issue 54, item 3)."""
     client = client_of(uri)
     run = retry_busy(lambda: client.get_run(run_id))
     from mlflow.entities import LoggedModelOutput, LoggedModelStatus
@@ -386,8 +409,11 @@ def log_model(
         finally:
             quiet.setLevel(level)
         tags = {k: v for k, v in run.data.tags.items() if k.startswith("dp.")}
+        params = dict(run.data.params)
+        if run.data.tags.get("sweep.private_tuning") == "True":
+            params = {k: v for k, v in params.items() if k not in TUNING_SECRET_PARAMS}
         model = retry_busy(lambda: client.create_logged_model(
-            run.info.experiment_id, name=artifact_path, source_run_id=run_id, params=run.data.params, tags=tags,
+            run.info.experiment_id, name=artifact_path, source_run_id=run_id, params=params, tags=tags,
         ))  # fmt: skip
         try:
             retry_busy(lambda: client.log_model_artifacts(model.model_id, str(path)))

@@ -19,8 +19,8 @@ from typing import Any
 from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
 
-from dpsweep.tracking import PRIVACY_LEDGER, PROCESS_TAG
-from dpsweep.tracking.store import differing_params, op, retry_busy, set_tags
+from dpsweep.tracking import OWNER_TAG, PRIVACY_LEDGER, PROCESS_TAG
+from dpsweep.tracking.store import differing_params, models_of, op, retry_busy, set_tags
 
 
 def sweep_jobs(client: MlflowClient, experiment: str, sweep_id: str) -> list[Any]:
@@ -119,6 +119,10 @@ RELEASED_TAG = "tuning.released"  # a private tuning's FINISHED trials: true for
 WITHHELD_TAG = "tuning.withheld"
 ACCOUNTANT_TAG = "tuning.accountant"  # the accountant of epsilon_tuning: rdp (dpsweep.privacy.tuning.ACCOUNTANT)
 PARENT_LINKS = ("mlflow.parentRunId", "sweep.parent_run_id")  # a job's tags that name its sweep's parent run
+# the released trial's other tags that lead to its sweep (and so to the parent run and the other trials) or
+# to its seed: the sweep's id (dpsweep.tracking.OWNER_TAG, claim.owner, holds it too) and the config hash,
+# a hash of its config with the seed (dpsweep.plan.config_hash), which a search of 2**31 seeds would invert
+SWEEP_LINKS = ("sweep.id", OWNER_TAG, "config.hash")
 
 
 @op
@@ -132,13 +136,17 @@ def release_best(
     (the trials not released, finished or not) is tagged ``tuning.withheld``.
 
     The released trial reports the procedure: its ``epsilon`` and ``epsilon_rdp`` become the
-    procedure's (logged again at the last step, so that they are the latest values), its own ε is kept
-    as ``epsilon_single_run``, ``epsilon_pld`` and ``epsilon_prv`` become NaN (not computed for the
-    procedure), and its ``privacy_ledger.json`` gains the tuning event. It stands alone: its links to
-    the parent run (which holds K, tag ``tuning.k``) are removed (the parent keeps
-    ``tuning.best_run_id``), and its name loses its secret ``train.seed`` (:func:`seedless_name`).
-    K's secrecy is what Papernot & Steinke 2022's bound needs ("Hyperparameter Tuning with Renyi
-    Differential Privacy", ICLR). Returns the released run id (None: none finished) and how many finished."""
+    procedure's (logged again at the last step, so that they are the latest values), its own RDP ε (its
+    ``epsilon_rdp``: the procedure's accountant, at the trial's orders, like for like, whatever its
+    ``dp.accountant``) is kept as ``epsilon_single_run``, ``epsilon_pld`` and ``epsilon_prv`` become NaN
+    (not computed for the procedure), and its ``privacy_ledger.json`` gains the tuning event. It stands
+    alone (:func:`_stand_alone`): no tag leads from it to its sweep, the parent run (which holds K, tag
+    ``tuning.k``; the parent keeps ``tuning.best_run_id``) or the other trials, and no name or tag to its
+    secret ``train.seed``. The models the other trials logged (MLflow 3 LoggedModels, which the
+    experiment's Models tab lists whatever dpsweep-ui's view filters: K of them) are deleted, so that
+    the released trial's is the sweep's only one. K's secrecy is what Papernot & Steinke 2022's bound
+    needs ("Hyperparameter Tuning with Renyi Differential Privacy", ICLR). Returns the released run id
+    (None: none finished) and how many finished."""
     client = MlflowClient(uri)
     jobs = sweep_jobs(client, experiment, sweep_id)
     runs = [r for r in jobs if r.info.status == "FINISHED"]
@@ -154,19 +162,32 @@ def release_best(
         released = r is best
         tags = [RunTag(RELEASED_TAG, str(released).lower()), RunTag(ACCOUNTANT_TAG, accountant)]
         if released:
-            own = r.data.metrics.get("epsilon", float("nan"))
+            own = r.data.metrics.get("epsilon_rdp", float("nan"))  # the procedure's accountant, rdp
             metrics += [Metric("epsilon_single_run", own, now, step), Metric("epsilon", proc, now, step),
                         Metric("epsilon_rdp", proc, now, step), Metric("epsilon_pld", float("nan"), now, step),
                         Metric("epsilon_prv", float("nan"), now, step)]  # fmt: skip
             tags.append(RunTag("tuning.epsilon", TUNED_EPSILON_NOTE))
             _add_tuning_event(client, run_id, procedure, own)
         retry_busy(lambda run_id=run_id, m=metrics, t=tags: client.log_batch(run_id, metrics=m, tags=t))  # type: ignore[misc]
-    for r in jobs:
-        if r is not best:
-            retry_busy(lambda run_id=r.info.run_id: client.set_tag(run_id, WITHHELD_TAG, "true"))  # type: ignore[misc]
+    withheld = [r for r in jobs if r is not best]
+    for r in withheld:
+        retry_busy(lambda run_id=r.info.run_id: client.set_tag(run_id, WITHHELD_TAG, "true"))  # type: ignore[misc]
+    if jobs:
+        delete_models(client, jobs[0].info.experiment_id, {r.info.run_id for r in withheld})
     if best is not None:
         _stand_alone(client, best)
     return (best.info.run_id if best is not None else None), len(runs)
+
+
+def delete_models(client: MlflowClient, experiment_id: str, run_ids: set[str]) -> list[str]:
+    """Delete the LoggedModels that the runs ``run_ids`` (withheld trials of a private tuning) logged in
+    the experiment: MLflow's Models tab lists an experiment's models whatever a view of its runs filters,
+    and each names its run and carries its params. MLflow marks them deleted (searches leave them out;
+    ``mlflow gc`` removes their files). Returns the ids of the models deleted."""
+    gone = [m.model_id for m in models_of(client, experiment_id) if m.source_run_id in run_ids]
+    for model_id in gone:
+        retry_busy(lambda model_id=model_id: client.delete_logged_model(model_id))  # type: ignore[misc]
+    return gone
 
 
 def seedless_name(name: str, seed: str | None) -> str:
@@ -180,11 +201,16 @@ def seedless_name(name: str, seed: str | None) -> str:
 
 def _stand_alone(client: MlflowClient, run: Any) -> None:
     """The released trial without what leads from it to K or its seed: the tags naming its sweep's
-    parent run (which holds ``tuning.k``) removed, its name without its seed, and in dpsweep-ui's view
-    (not ``tuning.withheld``). Its ``train.seed`` param stays in the store, which cannot delete a param:
-    the store itself is not for release."""
+    parent run (which holds ``tuning.k``; :data:`PARENT_LINKS`) or its sweep, whose search lists the
+    parent and every trial, and its config hash, a hash of its seed (:data:`SWEEP_LINKS`) removed; and in
+    dpsweep-ui's view (not ``tuning.withheld``). Nothing needs them once the sweep is over: its driver
+    finds the jobs by ``sweep.id`` until the release, ``dpsweep-report --sweep`` finds the released trial
+    by the parent's ``tuning.best_run_id``, and no later sweep's config has this trial's secret seed (the
+    hash skips FINISHED configs). Its name holds no seed (``dpsweep.run.records``); a run of an older
+    dpsweep's loses it here (:func:`seedless_name`), but not its ``train.seed`` param, which MLflow cannot
+    delete: the store itself is not for release."""
     run_id = run.info.run_id
-    for key in (*PARENT_LINKS, WITHHELD_TAG):  # withheld: by dpsweep-ui while its sweep ran (views.withhold)
+    for key in (*PARENT_LINKS, *SWEEP_LINKS, WITHHELD_TAG):  # withheld: by dpsweep-ui during the sweep
         if key in run.data.tags:
             retry_busy(lambda key=key: client.delete_tag(run_id, key))  # type: ignore[misc]
     name = run.info.run_name or ""
@@ -195,27 +221,31 @@ def _stand_alone(client: MlflowClient, run: Any) -> None:
 
 TUNED_EPSILON_NOTE = (
     "epsilon and epsilon_rdp are the whole private tuning procedure's (RDP, Papernot & Steinke 2022), the "
-    "figure to publish with this model; epsilon_single_run is this trial's alone; epsilon_pld and "
-    "epsilon_prv are not computed for the procedure"
+    "figure to publish with this model; epsilon_single_run is this trial's alone, under RDP too (its "
+    "epsilon_rdp before the release); epsilon_pld and epsilon_prv are not computed for the procedure"
 )
 
 
 def _add_tuning_event(client: MlflowClient, run_id: str, procedure: Mapping[str, Any], own: float) -> None:
     """The released trial's ``privacy_ledger.json`` with the tuning as its last event, and the
-    procedure's ε as the ledger's (the trial's own kept as ``epsilon_single_run``)."""
+    procedure's ε as the ledger's, under the procedure's accountant (``procedure['accountant']``, rdp);
+    the trial's own ε, ``own``, under the same accountant, kept as ``epsilon_single_run`` (like for like:
+    ``{"rdp": ε}``, beside the ledger's ``{"rdp": ε}``)."""
+    accountant = str(procedure["accountant"])
     with tempfile.TemporaryDirectory(prefix="dpsweep-ledger-") as tmp:
         path = client.download_artifacts(run_id, PRIVACY_LEDGER, tmp)
         record = json.loads(Path(path).read_text())
-    record["epsilon_single_run"] = record.get("epsilon")
-    record["epsilon"] = {"rdp": float(procedure["epsilon"])}
-    record["accountant"] = "rdp"
+    record["epsilon_single_run"] = {accountant: own}
+    record["epsilon"] = {accountant: float(procedure["epsilon"])}
+    record["accountant"] = accountant
     record["events"] = [*record.get("events", []), {
         "name": "tuning",
         "event": f"RepeatAndSelect(the dominant candidate's ledger, K ~ {procedure['distribution']} with mean "
                  f"{procedure['mean_trials']:g})",
         "params": {k: v for k, v in procedure.items() if k != "epsilon"},
         "note": f"K trials drawn from the candidates, {procedure['selection']} released; this trial's own "
-                f"ε was {own:.6g}. {procedure['reference']}",
+                f"ε under {accountant} was {own:.6g}, the procedure's under {accountant} is "
+                f"{float(procedure['epsilon']):.6g}. {procedure['reference']}",
         "epsilon_alone": None, "share_of_rdp": None,
     }]  # fmt: skip
     client.log_text(run_id, json.dumps(record, indent=2), PRIVACY_LEDGER)

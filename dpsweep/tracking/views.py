@@ -20,7 +20,7 @@ from dpsweep.config import task_objectives
 from dpsweep.errors import InputError
 from dpsweep.tracking import VIEW_KEY, VIEW_TAG
 from dpsweep.tracking.store import differing_params, retry_busy
-from dpsweep.tracking.sweeps import RELEASED_TAG, WITHHELD_TAG
+from dpsweep.tracking.sweeps import RELEASED_TAG, WITHHELD_TAG, delete_models
 
 VIEW_RUNS = 1000  # the newest runs of an experiment whose params and metrics choose its view's columns
 # the view's runs: all but those a private tuning withholds (MLflow's search syntax, which its UI sends as is)
@@ -84,7 +84,11 @@ def withhold(client: MlflowClient, experiment_id: str) -> list[str]:
     """Tag ``tuning.withheld`` what a private tuning does not release and is not tagged so yet (a sweep
     that ended before its release, or a store from before the tag): every run of a private tuning's
     sweep (tag ``sweep.private_tuning=True``) but its released trial (``tuning.released=true``), and
-    that sweep's parent run, which holds K (tag ``tuning.k``). Returns the ids tagged now."""
+    that sweep's parent run, which holds K (tag ``tuning.k``). Of a sweep whose parent run has ended
+    (one that ended before its release), the models its trials logged are deleted
+    (:func:`dpsweep.tracking.sweeps.delete_models`: MLflow's Models tab lists them whatever the view
+    filters), as the release deletes those of the trials it withholds; while the sweep runs they stay,
+    one of them to be released. Returns the ids tagged now."""
     trials = _search(client, experiment_id, "tags.`sweep.private_tuning` = 'True'")
     sweeps = {r.data.tags["sweep.id"] for r in trials if "sweep.id" in r.data.tags}
     parents = [
@@ -97,6 +101,13 @@ def withhold(client: MlflowClient, experiment_id: str) -> list[str]:
             continue
         retry_busy(lambda run_id=r.info.run_id: client.set_tag(run_id, WITHHELD_TAG, "true"))  # type: ignore[misc]
         tagged.append(r.info.run_id)
+    ended = {r.data.tags.get("sweep.id") for r in parents if r.info.status != "RUNNING"} - {None}
+    withheld = {
+        r.info.run_id for r in trials
+        if r.data.tags.get(RELEASED_TAG) != "true" and r.data.tags.get("sweep.id") in ended
+    }  # fmt: skip
+    if withheld:
+        delete_models(client, experiment_id, withheld)
     return tagged
 
 
