@@ -114,7 +114,8 @@ def test_two_and_four_ranks_give_one_processs_epsilon_steps_and_sigma_and_an_acc
             got, one = run[key], single[0][key]  # the same to the last digits (PRV's FFT: to 1e-15)
             assert (got == one) if isinstance(got, str) else got == pytest.approx(one, rel=1e-12), (key, got, one)
         accuracies = [float(s["test_accuracy"]) for s in single]  # type: ignore[arg-type]
-        spread = max(3 * statistics.stdev(accuracies), 0.05)
+        # three seeds understate the spread: 8 seeds of this run gave 0.52 to 0.79 (2026-11-28, 2-core VM)
+        spread = max(3 * statistics.stdev(accuracies), 0.15)
         assert abs(float(run["test_accuracy"]) - statistics.fmean(accuracies)) <= spread, (run, accuracies)  # type: ignore[arg-type]
 
 
@@ -297,8 +298,8 @@ def test_a_physical_batch_split_across_ranks_trains_the_same_run(tmp_path: Path)
     (Opacus's BatchMemoryManager on each rank's share): the same ε and, up to float sums, the same model."""
     runs = {}
     for extra in ([], ["train.physical_batch_size=16"]):
-        done = run_script("dpsweep", *RUN, "train.devices=2", *extra, f"tracking.experiment_name=pb{len(extra)}",
-                          cwd=tmp_path)  # fmt: skip
+        done = run_script("dpsweep", *RUN, "train.devices=2", "dp.stream_seed=1", *extra,  # the same draws
+                          f"tracking.experiment_name=pb{len(extra)}", cwd=tmp_path)  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
         (run,) = child_runs(tmp_path, f"pb{len(extra)}")
         runs[len(extra)] = run.data

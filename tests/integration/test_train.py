@@ -107,7 +107,7 @@ def vgg_runs(tmp_path_factory: pytest.TempPathFactory) -> VggRuns:
     common = [
         "model=vgg16_frozen", "model.pretrained=false", "model.hidden_units=16", "dataset.image_size=32",
         "train.epochs=1", "train.batch_size=256", "optimizer.lr=0.05", f"model.feature_cache_dir={root / 'c'}",
-        "tracking.experiment_name=vgg",
+        "tracking.experiment_name=vgg", STREAM,  # cached and not: the same batches and noise
     ]  # fmt: skip
     uncached = train(_compose(root, *common, "model.feature_cache=false", "tracking.log_model=true"))
     cached = train(_compose(root, *common))
@@ -599,11 +599,11 @@ def test_feature_cache_trains_the_same_run_without_the_backbone_on_the_device(vg
 @pytest.mark.slow
 def test_device_resident_data_keeps_the_sample_rate_steps_and_epsilon(make_cfg: Composer) -> None:
     loader = train(make_cfg("train.epochs=2"))
-    resident = train(make_cfg("train.epochs=2", "train.device_resident=true"))
+    resident = train(make_cfg("train.epochs=2", "train.device_resident=true", STREAM))
     assert resident.accountant_history == loader.accountant_history == [(1.0, 1 / 23, 46)]
     assert resident.epsilon == loader.epsilon and resident.steps == loader.steps
     assert resident.test_accuracy > 0.5  # it learns
-    split = train(make_cfg("train.epochs=2", "train.device_resident=true", "train.physical_batch_size=16"))
+    split = train(make_cfg("train.epochs=2", "train.device_resident=true", "train.physical_batch_size=16", STREAM))
     assert split.accountant_history == resident.accountant_history
     assert split.train_loss == pytest.approx(resident.train_loss, rel=1e-3)  # same batches, in passes
     baseline = train(make_cfg("dp=off", "train.epochs=2", "train.device_resident=true"))
