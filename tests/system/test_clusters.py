@@ -182,7 +182,8 @@ def test_slurm_run_across_two_nodes_is_one_job_of_a_task_on_each_node(tmp_path: 
     """train.nodes=2 on the test cluster's partition nodes2 (two slurmd on this machine, each a node of
     its own): one job of two nodes, one task a node, each task a rank (Slurm node 0 and node 1), rank 0
     on the first node; one MLflow run with one process's ε and the model that 2 ranks on one node train."""
-    proc = sweep("launcher=slurm", "launcher.partition=nodes2", "train.nodes=2", *QUICK)
+    shared = "dp.stream_seed=3"  # two nodes and two devices: other configs, the same draws (dpsweep.privacy.streams)
+    proc = sweep("launcher=slurm", "launcher.partition=nodes2", "train.nodes=2", *QUICK, shared)
     assert proc.returncode == 0 and ": 1 finished, 0 skipped, 0 failed" in proc.stdout, proc.stdout + proc.stderr
     (run,) = finished_runs(tmp_path)
     assert run.data.params["train.nodes"] == "2" and "train.devices" not in run.data.params
@@ -193,7 +194,7 @@ def test_slurm_run_across_two_nodes_is_one_job_of_a_task_on_each_node(tmp_path: 
     assert "#SBATCH --nodes=2" in submission and "#SBATCH --ntasks-per-node=1" in submission, submission
     logs = "".join(p.read_text() for p in sorted(folder.glob("*_log.*")))  # submitit's JobEnvironment, per task
     assert "node=0(2), global_rank=0(2)" in logs and "node=1(2), global_rank=1(2)" in logs, logs
-    here = run_dpsweep("train.devices=2", *QUICK, "tracking.experiment_name=here")
+    here = run_dpsweep("train.devices=2", *QUICK, shared, "tracking.experiment_name=here")
     assert here.returncode == 0, here.stderr
     (torchrun,) = child_runs(tmp_path, "here")
     assert run.data.metrics["test_accuracy"] == torchrun.data.metrics["test_accuracy"]
