@@ -227,6 +227,24 @@ def visible_text(dom: str) -> str:
     return "\n".join(line.strip() for line in re.sub(r"<[^>]+>", "\n", text).splitlines() if line.strip())
 
 
+def dead_run(folder: Path, tags: Mapping[str, str]) -> tuple[str, MlflowClient, str]:
+    """A RUNNING run of experiment ``dead`` in a new sqlite store under ``folder``, whose process (tag
+    ``run.process``) is one of this host that has ended: what reconcile finds dead. Its store's URI, a
+    client of it, and the run's id."""
+    from dpsweep.process.liveness import ProcessId
+    from dpsweep.tracking import PROCESS_TAG
+    from dpsweep.tracking.store import open_client
+
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    client = open_client(uri)
+    experiment = client.create_experiment("dead")
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    gone = ProcessId(ProcessId.current().host, child.pid, None)
+    run = client.create_run(experiment, tags={PROCESS_TAG: gone.token, **tags})
+    return uri, client, run.info.run_id
+
+
 def fresh_store(folder: Path, experiment: str) -> tuple[str, list[str]]:
     """An sqlite MLflow store in ``folder`` with ``experiment`` created, its artifacts in ``folder``
     too (wherever the tests run from), and the overrides that track a run into it."""

@@ -15,15 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import Composer, runs_of
+from helpers import Composer, dead_run, runs_of
 from mlflow.tracking import MlflowClient
 
-from dpsweep.process.liveness import ProcessId
 from dpsweep.run import checkpoint
 from dpsweep.run.runner import train
-from dpsweep.tracking import PROCESS_TAG
 from dpsweep.tracking.dead_runs import reconcile
-from dpsweep.tracking.store import open_client
 
 
 def _fifo(path: Path) -> None:
@@ -81,19 +78,13 @@ def test_a_run_sets_such_a_path_aside_and_starts_afresh(
 def test_reconcile_does_not_hang_on_a_fifo_at_a_dead_runs_checkpoint(tmp_path: Path) -> None:
     """A dead RUNNING run whose ``train.checkpoint_dir`` tag names a directory holding a FIFO: reconcile
     ends it KILLED in seconds, in a real ``dpsweep-runs`` process (it hung there, waiting for a writer)."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = open_client(uri)
-    experiment = client.create_experiment("dead")
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    gone = ProcessId(ProcessId.current().host, child.pid, None)  # a process of this host that has ended
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     os.mkfifo(ckpt / checkpoint.FILENAME)
-    run = client.create_run(experiment, tags={PROCESS_TAG: gone.token, "train.checkpoint_dir": str(ckpt)})
+    uri, client, run_id = dead_run(tmp_path, {"train.checkpoint_dir": str(ckpt)})
     command = [str(Path(sys.executable).parent / "dpsweep-runs"), "reconcile", "--tracking-uri", uri]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert client.get_run(run.info.run_id).info.status == "KILLED"
+    assert client.get_run(run_id).info.status == "KILLED"
     assert (ckpt / checkpoint.FILENAME).exists()  # not a checkpoint of that run: left where it is
     assert reconcile(uri, "dead") == []

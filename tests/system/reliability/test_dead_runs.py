@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import run_dpsweep, run_main
+from helpers import dead_run, run_dpsweep, run_main
 
 from dpsweep.cli import runs
 from dpsweep.process.liveness import ProcessId
@@ -145,21 +145,15 @@ def test_a_dead_runs_checkpoint_is_deleted_with_it(tmp_path: Path) -> None:
     from dpsweep.run import checkpoint
     from dpsweep.tracking.dead_runs import reconcile
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = open_client(uri)
-    experiment = client.create_experiment("dead")
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    gone = ProcessId(ProcessId.current().host, child.pid, None)  # a process of this host that has ended
     ckpt = tmp_path / "ckpt"
-    run = client.create_run(experiment, tags={PROCESS_TAG: gone.token, "train.checkpoint_dir": str(ckpt)})
+    uri, client, run_id = dead_run(tmp_path, {"train.checkpoint_dir": str(ckpt)})
     model = torch.nn.Linear(2, 2)
-    state = checkpoint.TrainingState("h", run.info.run_id, 1, 1)
+    state = checkpoint.TrainingState("h", run_id, 1, 1)
     checkpoint.save(ckpt, state, model, torch.optim.SGD(model.parameters(), lr=0.1), None)
     [dead] = reconcile(uri, "dead")
-    assert dead.run_id == run.info.run_id and dead.checkpoint_removed == str(ckpt / checkpoint.FILENAME)
+    assert dead.run_id == run_id and dead.checkpoint_removed == str(ckpt / checkpoint.FILENAME)
     assert not (ckpt / checkpoint.FILENAME).exists()
-    assert client.get_run(run.info.run_id).info.status == "KILLED"
+    assert client.get_run(run_id).info.status == "KILLED"
 
 
 def test_a_zombie_is_not_alive() -> None:
