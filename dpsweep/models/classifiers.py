@@ -45,7 +45,8 @@ M = TypeVar("M", bound=nn.Module)
 # what Opacus's GradSampleModule sets on the modules it wraps (opacus/grad_sample/grad_sample_module.py:
 # add_hooks keeps the hook handles on the wrapped module, capture_activations_hook the last batch's
 # activations on each hooked layer)
-OPACUS_MODULE_ATTRIBUTES = ("autograd_grad_sample_hooks", "activations")
+# the hook handles, the last batch's activations, and functorch mode's vmapped per-layer closure
+OPACUS_MODULE_ATTRIBUTES = ("autograd_grad_sample_hooks", "activations", "ft_compute_sample_grad")
 
 
 def released_copy(module: M) -> M:
