@@ -27,6 +27,7 @@ import dataclasses
 import json
 import logging
 import math
+import signal
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -58,9 +59,11 @@ from dpsweep.plan import MemoryFiles, RunPlan, accounting, mechanism_of, prepare
 from dpsweep.privacy import ledger
 from dpsweep.privacy.ledger import Ledger
 from dpsweep.privacy.streams import Streams
+from dpsweep.process.shutdown import Terminated
 from dpsweep.run import checkpoint, divergence, records, seeds
 from dpsweep.tracking import (
     PRIVACY_LEDGER,
+    TERMINATED,
     Claim,
     RunEnded,
     SilentTracker,
@@ -133,10 +136,7 @@ def _checked_config(cfg: DictConfig | Config) -> tuple[Config, torch.device]:
     """The config checked, and its device, with as many of them as ``train.devices`` asks for."""
     config = to_config(cfg)
     validate(config)
-    # a store's secrets to its client's own variables: no param, tag or artifact of the run holds one
-    config.tracking.uri = credentials.cleaned(config.tracking.uri, "tracking.uri")
-    if config.sweep.storage is not None:
-        config.sweep.storage = credentials.cleaned(config.sweep.storage, "sweep.storage")
+    credentials.clean_stores(config)  # no param, tag or artifact of the run holds a store's secret
     device = resolve_device(config.train.device)
     devices = config.train.devices
     if devices > 1 and devices > (have := distributed.visible_devices(device.type)):
@@ -380,6 +380,8 @@ def _epochs(
     show = None if cfg.train.progress and run.writes else True  # one bar a run: rank 0's
     bar = tqdm(range(first, cfg.train.epochs + 1), desc="epochs", disable=show, file=sys.stderr)
     for epoch in bar:
+        if TERMINATED.is_set():  # a SIGTERM whose exception was ignored where it landed (a weakref callback)
+            raise Terminated(signal.SIGTERM)
         started = time.monotonic()
         metrics = task_run.train_epoch(epoch, stages)
         final = epoch == cfg.train.epochs or task_run.done()  # done: e.g. a budget spent before the last epoch

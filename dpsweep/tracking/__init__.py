@@ -331,15 +331,24 @@ def terminate_as_interrupt() -> Iterator[None]:
         return
 
     def interrupt(signum: int, frame: Any) -> None:
+        TERMINATED.set()
         raise Terminated(signum)
 
+    TERMINATED.clear()
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         if DRIVER_GONE.is_set():  # (set before its SIGTERM is sent: a later one finds the handler)
             raise KeyboardInterrupt("the sweep's driver is gone")
         yield
+        if TERMINATED.is_set():  # raised where Python ignores exceptions (a weakref callback, a __del__)
+            raise Terminated(signal.SIGTERM)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+# Set by terminate_as_interrupt's SIGTERM handler. Its Terminated may land in a weakref callback or a __del__,
+# where Python prints it and goes on: the run's next epoch (and the block's end) raise it again from here.
+TERMINATED = threading.Event()
 
 
 SQLITE_PREFIX = "sqlite:///"  # a local sqlite store's URI: the database's path follows

@@ -28,6 +28,7 @@ from collections.abc import MutableMapping, MutableSequence
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
+from dpsweep.config import Config
 from dpsweep.errors import InputError, redact
 
 SECRET_QUERY_KEYS = frozenset({"password", "passwd", "pwd", "token", "access_token", "api_key", "apikey", "secret"})
@@ -113,6 +114,14 @@ def hand_over(taken: Taken, environ: MutableMapping[str, str] | None = None) -> 
 def cleaned(uri: str, key: str = "tracking.uri", environ: MutableMapping[str, str] | None = None) -> str:
     """``uri`` without its secrets, which are handed over to their clients (:func:`take`, :func:`hand_over`)."""
     return hand_over(take(uri, key), environ)
+
+
+def clean_stores(config: Config) -> None:
+    """A run's ``tracking.uri`` and ``sweep.storage`` without their secrets, in place (:func:`cleaned`): for a
+    run started from Python, or a URI written in a config file, which no command line held."""
+    config.tracking.uri = cleaned(config.tracking.uri, "tracking.uri")
+    if config.sweep.storage is not None:
+        config.sweep.storage = cleaned(config.sweep.storage, "sweep.storage")
 
 
 def clean_argv(argv: MutableSequence[str], environ: MutableMapping[str, str] | None = None) -> None:

@@ -90,6 +90,11 @@ def close_dead_of_config(uri: str, experiment: str, config_hash: str, keep: str)
     return [dead.run_id for dead in reconcile(uri, experiment, config_hash=config_hash, keep=keep)]
 
 
+# How rank 0 ends its run when another rank fails: KILLED by torchrun's SIGTERM, or FAILED on the dead rank's
+# closed connection; either without its failure.kind where the SIGTERM came before that tag was written
+RANK_ENDS = {("KILLED", "interrupted"), ("KILLED", None), ("FAILED", "exception"), ("FAILED", None)}
+
+
 @op
 def failed_by_a_rank(uri: str, experiment: str, config_hash: str, since_ms: int, exit_code: int) -> list[str]:
     """A run across devices whose rank failed: torchrun then ends the other ranks with SIGTERM, so rank 0
@@ -102,9 +107,10 @@ def failed_by_a_rank(uri: str, experiment: str, config_hash: str, since_ms: int,
     if found is None:
         return []
     query = f"tags.`config.hash` = '{config_hash}'"  # MLflow compares a status with one value, not a list
-    ended = [r for r in client.search_runs([found.experiment_id], filter_string=query)
-             if (r.info.status, r.data.tags.get("failure.kind")) in (("KILLED", "interrupted"), ("FAILED", "exception"))
-             and (r.info.end_time or 0) >= since_ms]  # fmt: skip
+    ended = [
+        r for r in client.search_runs([found.experiment_id], filter_string=query)
+        if (r.info.status, r.data.tags.get("failure.kind")) in RANK_ENDS and (r.info.end_time or 0) >= since_ms
+    ]  # fmt: skip
     for run in ended:
         why = f"a rank of this run failed (torchrun exited with {exit_code}; its output says which rank)"
         set_tags(uri, run.info.run_id, {"error": why, "failure.kind": "rank"})

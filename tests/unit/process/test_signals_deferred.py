@@ -36,3 +36,22 @@ def test_without_a_signal_the_block_raises_nothing_and_restores_the_handlers() -
     with signals_deferred():
         pass
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_a_sigterm_whose_exception_python_ignored_still_ends_the_block() -> None:
+    """Its Terminated may land in a __del__ or a weakref callback, where Python prints it and goes on (a
+    sweep's SIGTERM was lost so, and its job trained to the end): the block raises it again as it ends,
+    and the runner at its next epoch (TERMINATED)."""
+    from dpsweep.tracking import TERMINATED, terminate_as_interrupt
+
+    class Swallowing:
+        def __del__(self) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # the handler runs here, inside __del__: its exception is ignored
+                pass
+
+    went_on = []
+    with pytest.raises(Terminated), terminate_as_interrupt():
+        Swallowing()  # deleted at once
+        went_on.append(True)
+    assert went_on == [True] and TERMINATED.is_set()
