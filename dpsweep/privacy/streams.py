@@ -2,8 +2,8 @@
 draw (which examples were sampled, the noise), and two runs of a sweep never share their noise.
 
     streams = Streams.of_run(seed=0, config_hash="0f3c…", secure=False)
-    torch.Generator().manual_seed(streams.seed(Purpose.sampling))     # the Poisson batches
-    torch.Generator().manual_seed(streams.seed(Purpose.noise, rank))  # a rank's noise
+    private_generator("cpu", streams.seed(Purpose.sampling))      # the Poisson batches (dpsweep.data.device)
+    private_generator(device, streams.seed(Purpose.noise, rank))  # a rank's noise
 
 - **Public** randomness (the model's initialisation, the non-private shuffles, a memory probe's batch)
   comes from ``train.seed`` itself, as before: DP-SGD's threat model takes the initial weights as
