@@ -46,8 +46,7 @@ class PoissonAcrossRanks(Sampler[list[int]]):
         self.sample_rate, self.steps = sample_rate, steps
         dealt = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
         self.owned = dealt[ranks.rank :: ranks.world_size]
-        own = torch.Generator().manual_seed(seed * RANK_STREAMS + ranks.rank) if drawn is None else drawn
-        self.generator = own
+        self.generator = drawn if drawn is not None else torch.Generator().manual_seed(seed * RANK_STREAMS + ranks.rank)
 
     def __len__(self) -> int:
         return self.steps
