@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from dpsweep.cli.train import start_line, summary_line
+from dpsweep.cli.lines import start_line, summary_line
 from dpsweep.config import ConfigError, to_config, validate
 from dpsweep.data import facts
 from dpsweep.errors import InputError
