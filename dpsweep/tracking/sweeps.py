@@ -8,11 +8,13 @@ trial's run, and private tuning's release of the best trial (and the withholding
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -219,6 +221,26 @@ def _stand_alone(client: MlflowClient, run: Any) -> None:
         retry_busy(lambda: client.update_run(run_id, name=seedless))
 
 
+PROGRESS_BAR_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"  # mlflow.environment_variables: tqdm bars of downloads
+
+
+@contextlib.contextmanager
+def no_download_bar() -> Iterator[None]:
+    """MLflow's artifact downloads without their tqdm bar ("Downloading artifacts: 100%|…", on stderr, drawn
+    whatever the size for a download of files: ``mlflow.utils.file_utils.ArtifactProgressBar.files``) for
+    the block: dpsweep's own downloads are a few small files, and the bar broke into the sweep's lines
+    (issue 56, item 7). MLflow reads the variable at each download; the user's setting is back afterwards."""
+    before = os.environ.get(PROGRESS_BAR_ENV)
+    os.environ[PROGRESS_BAR_ENV] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(PROGRESS_BAR_ENV, None)
+        else:
+            os.environ[PROGRESS_BAR_ENV] = before
+
+
 TUNED_EPSILON_NOTE = (
     "epsilon and epsilon_rdp are the whole private tuning procedure's (RDP, Papernot & Steinke 2022), the "
     "figure to publish with this model; epsilon_single_run is this trial's alone, under RDP too (its "
@@ -232,7 +254,7 @@ def _add_tuning_event(client: MlflowClient, run_id: str, procedure: Mapping[str,
     the trial's own ε, ``own``, under the same accountant, kept as ``epsilon_single_run`` (like for like:
     ``{"rdp": ε}``, beside the ledger's ``{"rdp": ε}``)."""
     accountant = str(procedure["accountant"])
-    with tempfile.TemporaryDirectory(prefix="dpsweep-ledger-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="dpsweep-ledger-") as tmp, no_download_bar():
         path = client.download_artifacts(run_id, PRIVACY_LEDGER, tmp)
         record = json.loads(Path(path).read_text())
     record["epsilon_single_run"] = {accountant: own}
