@@ -36,6 +36,8 @@ from typing import Any, NoReturn
 
 from dpsweep import mechanisms
 from dpsweep.cli.errors import exits_on_bad_input
+from dpsweep.cli.lines import SIGMA_DIGITS, sigma_text
+from dpsweep.cli.options import plain_text
 from dpsweep.cli.script import run_script
 from dpsweep.errors import InputError
 from dpsweep.privacy import calibrate, clipping, ledger, ranges, rdp
@@ -43,11 +45,7 @@ from dpsweep.privacy import schedule as privacy
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="dpsweep-epsilon",
-        description="Privacy cost (ε, δ) of DP-SGD with Poisson sampling (add/remove one example), "
-        "from dpsweep's privacy ledger.",
-    )
+    p = argparse.ArgumentParser(prog="dpsweep-epsilon", description=plain_text(__doc__.split("\n")[0]))
     p.add_argument("-s", "--dataset-size", type=int, required=True, metavar="N", help="training-set size N")
     p.add_argument("-b", "--batch-size", type=int, required=True, metavar="B", help="logical batch size B")
     p.add_argument("-n", "--noise-multiplier", type=float, metavar="SIGMA", help="noise multiplier σ")
@@ -75,13 +73,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tuning-eta", type=float, default=0.5, metavar="ETA",
                    help="shape η > 0 of the truncated negative binomial (default 0.5)")  # fmt: skip
     p.add_argument("--mechanism", choices=mechanisms.MECHANISMS.names(), default="dpsgd",
-                   help="; ".join(f"{n}: {mechanisms.get(n).label}, {mechanisms.get(n).note}"
-                                  for n in mechanisms.MECHANISMS.names()))  # fmt: skip
+                   help=plain_text("; ".join(f"{n}: {mechanisms.get(n).label}, {mechanisms.get(n).note}"
+                                             for n in mechanisms.MECHANISMS.names())))  # fmt: skip
     for name, option in _options():
         if option.kind is bool:
-            p.add_argument(option.flag, action="store_true", help=f"{name}: {option.help}")
+            p.add_argument(option.flag, action="store_true", help=plain_text(f"{name}: {option.help}"))
         else:
-            p.add_argument(option.flag, type=option.kind, help=f"{name}: {option.help}")
+            p.add_argument(option.flag, type=option.kind, help=plain_text(f"{name}: {option.help}"))
     p.add_argument("--convention", choices=list(privacy.CONVENTIONS), default="opacus",
                    help="how q and the steps are counted: opacus (q = 1/ceil(N/B), ceil(N/B) steps an epoch: "
                    "what dpsweep trains) or tf_privacy (q = B/N, ceil(epochs·N/B) steps: TF Privacy's "
@@ -285,7 +283,8 @@ def _price(a: argparse.Namespace, mechanism: mechanisms.Mechanism) -> dict[str, 
         "mechanism": a.mechanism, "epsilon": spent.epsilon, "delta": a.delta, "alpha": spent.order,
         "steps": mechanism.steps(s), "sample_rate": mechanism.sample_rate(s), "noise_multiplier": sigma,
         "accountant": spent.accountant, "conversion": spent.conversion, "neighbours": mechanism.neighbours,
-        "description": mechanism.describe(s, sigma),
+        # a calibrated σ described in 4 digits, rounded up (sigma_text); "noise_multiplier" keeps it whole
+        "description": mechanism.describe(s, float(sigma_text(sigma)) if calibrated == "noise_multiplier" else sigma),
     }  # fmt: skip
     out |= mechanism.details(s)
     if a.convention != "opacus":
@@ -356,6 +355,11 @@ def statement(o: dict[str, Any]) -> str:
         text += f"\nIt includes the {o['clip_epsilon']:g}-DP quantile release of the clipping norm (amplified by q)."
     if o.get("calibrated"):
         text += f"\n{o['calibrated']} was calibrated for ε <= {o['target_epsilon']:g}."
+        if o["calibrated"] == "noise_multiplier":
+            text += (
+                f" σ is shown rounded up to {SIGMA_DIGITS} significant digits (a run at the σ shown spends at most "
+                "that ε); --json gives it whole."
+            )
     if "epsilon_tuning" in o:
         text += (
             f"\nTuning: releasing the best of K runs, K ~ {o['tuning_distribution']} with mean {o['tuning_trials']:g}, "

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from dpsweep.cli.errors import exits_on_bad_input
-from dpsweep.cli.options import add_tracking_uri
+from dpsweep.cli.options import add_tracking_uri, plain_text
 from dpsweep.cli.overrides import override_value
 from dpsweep.cli.plan import CONFIG_MODULE, MemoryCheck, job_plans
 from dpsweep.cli.script import run_script
@@ -364,7 +364,7 @@ def _as_json(r: dict[str, Any]) -> dict[str, Any]:
 # command line
 # ---------------------------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dpsweep-memory", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="dpsweep-memory", description=plain_text(__doc__.split("\n")[0]))
     sub = p.add_subparsers(dest="command", required=True)
     pr = sub.add_parser("probe", help="measure the first iteration of each config of a sweep")
     pr.add_argument("--csv", type=Path, default=Path("probes.csv"), help="probe table to write (default probes.csv)")

@@ -18,13 +18,13 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from dpsweep.cli.errors import exits_on_bad_input
-from dpsweep.cli.options import add_tracking_uri
+from dpsweep.cli.options import add_tracking_uri, plain_text
 from dpsweep.cli.script import run_script
 from dpsweep.errors import InputError
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dpsweep-runs", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="dpsweep-runs", description=plain_text(__doc__.split("\n")[0]))
     sub = p.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("reconcile", help="end KILLED the RUNNING runs whose process is gone")
     rec.add_argument("--experiment", metavar="NAME", help="only this experiment (default: every experiment)")
