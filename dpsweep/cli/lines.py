@@ -2,19 +2,39 @@
 
 print(start_line(cfg, output_dir))      # dpsweep: training digits/cnn B=64 epochs=8 seed=0, ...
 print(summary_line(config, result))     # dpsweep: run 1a2b3c4d digits/cnn ... test_accuracy=0.8778 ε=...
+
+Both say how the run trains where it is not the default: on several ranks (``train.devices`` ×
+``train.nodes``), by which method of its task (``task.method``, e.g. task=recommender's als or dpam),
+and with which per-example gradients (``dp.grad_sample_mode``, e.g. the fused step). The result line of
+an audit run (``audit.mode``) adds the audit's lower bounds beside the accountant's ε, and says where
+they show the run less private than its ledger (:mod:`dpsweep.audit`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from dpsweep import units
-from dpsweep.config import Config, TaskConfig, shown_model
+from dpsweep.config import Config, GradSampleMode, TaskConfig, shown_model
 
 if TYPE_CHECKING:  # torch and MLflow are imported where a run needs them: --help stays fast
     from dpsweep.run.runner import TrainResult
+
+SIGMA_DIGITS = 4  # significant digits of a σ shown to a person (a calibrated σ has a float's 17)
+
+
+def sigma_text(sigma: float) -> str:
+    """σ for display: ``1.15410614`` -> ``1.155``, at most :data:`SIGMA_DIGITS` significant digits, rounded
+    up (``0.8`` and ``1.3`` stay as they are). Up: a run at the σ shown adds at least the noise of the
+    run it describes, so where σ was calibrated for ε <= a target, the σ shown spends at most that ε
+    too (ε falls as σ grows). Only the text is rounded: the run, its ledger and its params keep σ."""
+    if not math.isfinite(sigma) or sigma <= 0:
+        return f"{sigma:g}"
+    scale = 10.0 ** (SIGMA_DIGITS - 1 - math.floor(math.log10(sigma)))
+    return f"{math.ceil(round(sigma * scale, 6)) / scale:.{SIGMA_DIGITS}g}"  # round(): 1.3 * 1000 is 1300.0000000000002
 
 
 def start_line(cfg: DictConfig, output_dir: str) -> str:
@@ -28,12 +48,32 @@ def start_line(cfg: DictConfig, output_dir: str) -> str:
         privacy = "non-private"
     else:
         sigma = f"σ for ε<={dp.target_epsilon:g}" if dp.target_epsilon is not None else f"σ={dp.noise_multiplier:g}"
-        privacy = f"{dp.mechanism} per {dp.unit} ({sigma}" + (f", C={dp.max_grad_norm:g})" if batches else ")")
+        privacy = f"{dp.mechanism} per {dp.unit}{_step_text(dp)} ({sigma}" + (
+            f", C={dp.max_grad_norm:g})" if batches else ")"
+        )
     batch = f" B={cfg.train.batch_size}" if batches else ""
     return (
         f"dpsweep: training {cfg.dataset.name}/{what}{batch} epochs={cfg.train.epochs} "
-        f"seed={cfg.train.seed}, {privacy}; output in {output_dir}"
+        f"seed={cfg.train.seed}{_how_text(task, cfg.train)}, {privacy}; output in {output_dir}"
     )
+
+
+def _how_text(task: TaskConfig, train: Any) -> str:
+    """`` method=dpam on 4 ranks (2 nodes × 2 devices)``: the task's method (a task with ``task.method``)
+    and the ranks of a run across devices; empty for a run of one process of a task without methods."""
+    method = getattr(task, "method", None)
+    text = f" method={method}" if method is not None else ""
+    devices, nodes = int(train.devices), int(train.nodes)
+    if devices * nodes > 1:
+        text += f" on {devices * nodes} ranks" + (f" ({nodes} nodes × {devices} devices)" if nodes > 1 else "")
+    return text
+
+
+def _step_text(dp: Any) -> str:
+    """``, fused step``: how a private run's per-example gradients are taken, where it is not Opacus's
+    default hooks (``dp.grad_sample_mode``)."""
+    mode = str(dp.grad_sample_mode)
+    return "" if mode == GradSampleMode.hooks.value else f", {mode} step"
 
 
 def summary_line(cfg: Config, r: TrainResult) -> str:
@@ -54,17 +94,41 @@ def summary_line(cfg: Config, r: TrainResult) -> str:
         others = ", ".join(f"{name} {eps:.3f}" for name, eps in r.epsilons.items())
         clip = r.ledger.entries[0].params.get("max_grad_norm_chosen") if cfg.dp.clipping == "quantile" else None
         clip_text = f"C={cfg.dp.max_grad_norm:g}" if clip is None else f"C={clip:.3g} (private quantile)"
+        sigma = "σ=—" if r.noise_multiplier is None else f"σ={sigma_text(r.noise_multiplier)}"
         privacy_text = (
             f"ε={r.epsilon:.3f} ({cfg.dp.accountant.value}, δ={cfg.dp.delta:g}, {cfg.dp.mechanism} per "
-            f"{cfg.dp.unit.value}; {others})  "
-            f"σ={r.noise_multiplier:.3g}" + (f" {clip_text}" if cfg.task.reads_batches() else "")
-        )
+            f"{cfg.dp.unit.value}{_step_text(cfg.dp)}; {others})  "
+            f"{sigma}" + (f" {clip_text}" if cfg.task.reads_batches() else "")
+        ) + _audit_text(cfg, r)
     else:
         privacy_text = "non-private (no ε)"
     what = shown_model(cfg.task, cfg.model.name)
     batch = f" B={cfg.train.batch_size}" if cfg.task.reads_batches() else ""
     diverged = f"  DIVERGED: {r.diverged} (tagged run.diverged; reports leave it out)" if r.diverged else ""
     return (
-        f"dpsweep: run {r.run_id[:8]} {cfg.dataset.name}/{what}{batch} "
-        f"epochs={cfg.train.epochs} seed={cfg.train.seed}  {r.objective}={r.score:.4f}  {privacy_text}{diverged}"
+        f"dpsweep: run {r.run_id[:8]} {cfg.dataset.name}/{what}{batch} epochs={cfg.train.epochs} "
+        f"seed={cfg.train.seed}{_how_text(cfg.task, cfg.train)}  {r.objective}={r.score:.4f}  {privacy_text}{diverged}"
     )
+
+
+def _audit_text(cfg: Config, r: TrainResult) -> str:
+    """``  white_box audit: ε ≥ 1.953, f-DP ε ≥ 3.021 (95%)``: an audit run's lower bounds on ε beside the
+    accountant's upper bound (metrics ``audit.epsilon_lower``: Steinke, Nasr & Jagielski 2023, Thm. 5.2;
+    ``audit.epsilon_lower_fdp``: Mahloujifar, Melis & Chaudhuri 2025), and, where Steinke et al.'s bound
+    exceeds the run's ε or the f-DP test rejects the run's own ledger (``audit.claim_rejected``), that
+    the run is less private than its ledger says (the flag of docs/src/guides/audit.md)."""
+    last = r.epochs[-1] if r.epochs else {}
+    lower = last.get("audit.epsilon_lower")
+    if lower is None or r.epsilon is None:
+        return ""
+    fdp = last.get("audit.epsilon_lower_fdp")
+    text = f"  {cfg.audit.mode} audit: ε ≥ {lower:.3f}" + (f", f-DP ε ≥ {fdp:.3f}" if fdp is not None else "")
+    text += f" ({cfg.audit.confidence:.0%})"
+    why = []
+    if lower > r.epsilon:
+        why.append(f"its bound {lower:.3f} exceeds ε={r.epsilon:.3f}")
+    if last.get("audit.claim_rejected") == 1:
+        why.append("the f-DP test rejects its own ledger (audit.claim_rejected=1)")
+    if why:
+        text += f"  FLAGGED: less private than its ledger says: {'; '.join(why)}"
+    return text
