@@ -12,6 +12,7 @@ trial's seed is secret too).
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from mlflow.tracking import MlflowClient
@@ -19,13 +20,19 @@ from mlflow.tracking import MlflowClient
 from dpsweep.config import task_objectives
 from dpsweep.errors import InputError
 from dpsweep.tracking import VIEW_KEY, VIEW_TAG
-from dpsweep.tracking.store import differing_params, retry_busy
+from dpsweep.tracking.store import retry_busy
 from dpsweep.tracking.sweeps import RELEASED_TAG, WITHHELD_TAG, delete_models
 
 VIEW_RUNS = 1000  # the newest runs of an experiment whose params and metrics choose its view's columns
 # the view's runs: all but those a private tuning withholds (MLflow's search syntax, which its UI sends as is)
 VIEW_FILTER = f"tags.`{WITHHELD_TAG}` IS NULL"
 SECRET_PARAMS = ("train.seed",)  # no column while a released trial of a private tuning is in the view
+# the chart view's sections (MLflow's names for metrics without a prefix and for system/…; dpsweep's memory/…)
+MODEL_SECTION, SYSTEM_SECTION, MEMORY_SECTION = "Model metrics", "System metrics", "memory"
+SYSTEM_PREFIX = "system/"  # MLflow's system metrics (its System metrics section)
+SCATTER_RUNS = 100  # the runs the ε-objective scatter shows (MLflow's default for a scatter)
+DURATION_COLUMN = "duration"  # the id of the runs table's column of a run's duration, which it always shows
+EPSILON = "epsilon"  # a private run's headline ε, under dp.accountant (epsilon_<accountant>: under each)
 
 
 def latest_experiment(client: MlflowClient) -> str:
@@ -43,13 +50,14 @@ def save_view(client: MlflowClient, experiment_id: str) -> str:
     views (the experiment tag ``VIEW_TAG + VIEW_KEY``, which the UI applies for the URL parameter
     ``viewStateShareKey``), and return its key.
 
-    Its columns answer "ε against accuracy" at once: the runs' headline metrics (those MLflow does not
-    group under a prefix such as ``memory/``: the objective, ε under each accountant), then the params
-    that differ between the training runs (what was swept), then the model and the dataset. Its rows are
-    sorted by the objective of the newest run's task, best first; so sorted, the UI lists a sweep's jobs
-    as rows of their own, where in its default order (by date) it nests them under their sweep's run,
-    collapsed. A shared view sets columns and order, not which runs are expanded (MLflow leaves
-    ``runsExpanded`` out of it). The newest :data:`VIEW_RUNS` runs it shows choose the columns.
+    Its columns answer "ε against accuracy" at once, and fit a 1440 px window: the objective of the runs'
+    tasks, then ε (the headline ``epsilon``, not ``epsilon_<accountant>``), then what was swept
+    (:func:`swept_params`), and nothing else (MLflow's column selector adds more). Its rows are sorted by
+    the objective of the newest run's task, best first; so sorted, the UI lists a sweep's jobs as rows of
+    their own, where in its default order (by date) it nests them under their sweep's run, collapsed. A
+    shared view sets columns and order, not which runs are expanded (MLflow leaves ``runsExpanded`` out
+    of it). The newest :data:`VIEW_RUNS` runs it shows choose the columns. Its chart view
+    (:func:`chart_state`) opens on ε against the objective.
 
     Its filter (:data:`VIEW_FILTER`) leaves out what a private tuning withholds (:func:`withhold`): of a
     tuning, the view shows the released trial alone, and while one is among its runs, no ``train.seed``
@@ -59,25 +67,87 @@ def save_view(client: MlflowClient, experiment_id: str) -> str:
         [experiment_id], VIEW_FILTER, max_results=VIEW_RUNS, order_by=["attributes.start_time DESC"]
     ))  # fmt: skip
     trained = [r for r in runs if "task.name" in r.data.params]  # not a sweep's own run
+    metrics = {k for r in runs for k in r.data.metrics}
     objectives = task_objectives()
-    objective = next(
-        (objectives[r.data.params["task.name"]] for r in trained if r.data.params["task.name"] in objectives), None
+    # the objectives of the runs' tasks, the newest run's first: those that some run logged
+    scored = dict.fromkeys(
+        objectives[r.data.params["task.name"]] for r in trained if r.data.params["task.name"] in objectives
     )
-    headline = sorted({k for r in runs for k in r.data.metrics if "/" not in k}, key=lambda k: (k != objective, k))
-    swept = differing_params(trained)
+    headline = [k for k in [*scored, EPSILON] if k in metrics]
+    swept = swept_params(trained)
     if any(r.data.tags.get(RELEASED_TAG) == "true" for r in runs):
         swept = [k for k in swept if k not in SECRET_PARAMS]
-    state: dict[str, Any] = {
-        "selectedColumns": [
-            *(f"metrics.`{k}`" for k in headline), *(f"params.`{k}`" for k in swept),
-            "attributes.`Models`", "attributes.`Dataset`",
-        ],
-        "searchFilter": VIEW_FILTER,
-    }  # fmt: skip
-    if objective in headline:
+    columns = [*(f"metrics.`{k}`" for k in headline), *(f"params.`{k}`" for k in swept)]
+    # MLflow lays out the metrics by name (epsilon before test_accuracy) and the run's duration before
+    # them, unless a column order says otherwise
+    state: dict[str, Any] = {"selectedColumns": columns, "columnOrder": [*columns, DURATION_COLUMN]}
+    state |= {"searchFilter": VIEW_FILTER, "runsHiddenMode": "SHOW_ALL"}  # the charts show every run, not 10
+    objective = next((k for k in scored if k in metrics), None)
+    if objective is not None:
         state |= {"orderByKey": f"metrics.`{objective}`", "orderByAsc": False}
+    state |= chart_state(objective, metrics)
     retry_busy(lambda: client.set_experiment_tag(experiment_id, VIEW_TAG + VIEW_KEY, json.dumps(state)))
     return VIEW_KEY
+
+
+def swept_params(runs: Sequence[Any]) -> list[str]:
+    """The params that were swept between ``runs``, sorted: those with two values or more among the runs
+    that have them. A param some runs lack does not differ for that alone: a run without DP logs no
+    ``dp.*`` param but ``dp.enabled`` (:func:`dpsweep.run.records.run_params`), and the keys of a config
+    group's other choice are absent too. Of a group chosen per run (its ``<group>.name`` differs, as
+    ``dpsweep-plan`` shows ``model=cnn,mlp`` as one swept key), a key whose value its choice decides (one
+    value per ``<group>.name``) is left out: it differs because the choice does, not as an axis."""
+    values: dict[str, set[str]] = {}
+    for r in runs:
+        for k, v in r.data.params.items():
+            values.setdefault(k, set()).add(v)
+    swept = sorted(k for k, seen in values.items() if len(seen) > 1)
+    chosen = [k.removesuffix(".name") for k in swept if k.endswith(".name")]
+
+    def decided(key: str) -> bool:
+        """Whether ``key``'s value follows from its group's choice, in every run that has both."""
+        group = next((g for g in chosen if key.startswith(g + ".") and key != g + ".name"), None)
+        if group is None:
+            return False
+        by_choice: dict[str, set[str]] = {}
+        for r in runs:
+            if key in r.data.params and group + ".name" in r.data.params:
+                by_choice.setdefault(r.data.params[group + ".name"], set()).add(r.data.params[key])
+        return all(len(seen) == 1 for seen in by_choice.values())
+
+    return [k for k in swept if not decided(k)]
+
+
+def chart_state(objective: str | None, metrics: Collection[str]) -> dict[str, Any]:
+    """The chart view of the shared view (MLflow's ``compareRunCharts`` and ``compareRunSections``, which
+    a shared view carries: ``ExperimentPageUIState`` in MLflow's UI): first a scatter of ε against the
+    ``objective``, then the objective per epoch; MLflow adds a chart of each other metric after them
+    (a section marked ``isReordered`` gets its new charts at its end). ``memory/…`` metrics (bytes, and
+    per rank ``memory/rankN/…``) get sections of their own, last and collapsed (``display: false``);
+    ``isAccordionReordered`` keeps the sections in this order, which MLflow would otherwise sort by name
+    (``memory`` before ``Model metrics``). ``metrics``: every metric key of the view's runs."""
+    model = {"uuid": f"{VIEW_KEY}-model", "name": MODEL_SECTION, "display": True, "isReordered": True}
+    charts: list[dict[str, Any]] = []
+    card = {"deleted": False, "isGenerated": False, "metricSectionId": model["uuid"]}
+    if objective is not None and EPSILON in metrics:
+        charts.append(card | {
+            "uuid": f"{VIEW_KEY}-epsilon-objective", "type": "SCATTER", "runsCountToCompare": SCATTER_RUNS,
+            "xaxis": {"key": EPSILON, "type": "METRIC"}, "yaxis": {"key": objective, "type": "METRIC"},
+        })  # fmt: skip
+    if objective is not None:
+        charts.append(card | {
+            "uuid": f"{VIEW_KEY}-objective", "type": "LINE", "metricKey": objective, "xAxisKey": "step",
+            "scaleType": "linear", "lineSmoothness": 0, "useGlobalXaxisKey": False, "runsCountToCompare": 10,
+        })  # fmt: skip
+    names = sorted({k.rsplit("/", 1)[0] for k in metrics if "/" in k and not k.startswith(SYSTEM_PREFIX)})
+    memory = [n for n in names if n == MEMORY_SECTION or n.startswith(MEMORY_SECTION + "/")]
+    system = [SYSTEM_SECTION] if any(k.startswith(SYSTEM_PREFIX) for k in metrics) else []  # MLflow's own
+    shown = [(n, True) for n in [*(n for n in names if n not in memory), *system]]
+    sections = [model] + [
+        {"uuid": f"{VIEW_KEY}-{name}", "name": name, "display": display, "isReordered": False}
+        for name, display in [*shown, *((n, False) for n in memory)]
+    ]
+    return {"compareRunCharts": charts, "compareRunSections": sections, "isAccordionReordered": True}
 
 
 def withhold(client: MlflowClient, experiment_id: str) -> list[str]:
