@@ -32,6 +32,7 @@ MODEL_SECTION, SYSTEM_SECTION, MEMORY_SECTION = "Model metrics", "System metrics
 SYSTEM_PREFIX = "system/"  # MLflow's system metrics (its System metrics section)
 SCATTER_RUNS = 100  # the runs the ε-objective scatter shows (MLflow's default for a scatter)
 DURATION_COLUMN = "duration"  # the id of the runs table's column of a run's duration, which it always shows
+SAID_BY_EPSILON = ("dp.enabled",)  # no column of its own: a non-private run has no ε
 EPSILON = "epsilon"  # a private run's headline ε, under dp.accountant (epsilon_<accountant>: under each)
 
 
@@ -94,14 +95,15 @@ def swept_params(runs: Sequence[Any]) -> list[str]:
     """The params that were swept between ``runs``, sorted: those with two values or more among the runs
     that have them. A param some runs lack does not differ for that alone: a run without DP logs no
     ``dp.*`` param but ``dp.enabled`` (:func:`dpsweep.run.records.run_params`), and the keys of a config
-    group's other choice are absent too. Of a group chosen per run (its ``<group>.name`` differs, as
-    ``dpsweep-plan`` shows ``model=cnn,mlp`` as one swept key), a key whose value its choice decides (one
-    value per ``<group>.name``) is left out: it differs because the choice does, not as an axis."""
+    group's other choice are absent too. ``dp.enabled`` gets no column: the ε column says which runs are
+    private, as ``dpsweep-plan``'s does (:data:`SAID_BY_EPSILON`). Of a group chosen per run (its
+    ``<group>.name`` differs: ``dpsweep-plan`` shows ``model=cnn,mlp`` as one swept key), a key whose value
+    the choice decides (one value per ``<group>.name``) is left out: it differs because the choice does."""
     values: dict[str, set[str]] = {}
     for r in runs:
         for k, v in r.data.params.items():
             values.setdefault(k, set()).add(v)
-    swept = sorted(k for k, seen in values.items() if len(seen) > 1)
+    swept = sorted(k for k, seen in values.items() if len(seen) > 1 and k not in SAID_BY_EPSILON)
     chosen = [k.removesuffix(".name") for k in swept if k.endswith(".name")]
 
     def decided(key: str) -> bool:
