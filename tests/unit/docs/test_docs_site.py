@@ -1,0 +1,40 @@
+"""The docs site works opened as files, with no network (issue 56, item 10).
+
+``make docs`` says to open docs/site/index.html; from file:// a page may neither fetch the search index
+nor start a Web Worker from a file URL, so search found nothing. Material's ``offline`` plugin inlines
+the index into a script and the iframe-worker shim runs the worker; the shim ships with the site.
+tests/system/test_docs_offline.py builds the site and searches it in headless Chromium.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from helpers import REPO
+
+DOCS = REPO / "docs"
+
+
+def _config() -> dict[str, Any]:
+    config = yaml.safe_load((DOCS / "mkdocs.yml").read_text())
+    assert isinstance(config, dict)
+    return config
+
+
+def test_the_offline_plugin_is_on() -> None:
+    plugins = [p if isinstance(p, str) else next(iter(p)) for p in _config()["plugins"]]
+    assert "search" in plugins and "offline" in plugins, plugins
+
+
+def test_the_worker_shim_ships_with_the_site() -> None:
+    """The offline plugin adds the shim from unpkg.com unless a polyfill naming iframe-worker is listed:
+    the listed one is a file of the site, not a URL."""
+    polyfills: list[str] = (_config().get("extra") or {}).get("polyfills", [])
+    shims = [p for p in polyfills if "iframe-worker" in p]
+    assert shims, polyfills
+    for shim in shims:
+        assert "://" not in shim and not shim.startswith("//"), shim
+        source = Path(DOCS / "src" / shim).read_text()
+        assert "window.Worker=" in source and 'location.protocol==="file:"' in source
