@@ -94,18 +94,20 @@ class Tracker:
         Waits until it is stored: the caller may delete the file next."""
         service().call("log_file", self.uri, self.run_id, str(local_path), artifact_path)
 
-    def log_model(self, module: Any, input_example: Any, artifact_path: str = "model") -> None:
+    def log_model(self, module: Any, input_example: Any, name: str | None = None) -> None:
         """A torch module (on the CPU) as an MLflow PyTorch-flavour model (``MLmodel``, weights,
-        signature from the input example and the module's output): an MLflow 3 LoggedModel named
-        ``artifact_path``, the run's output. ``mlflow.pytorch.load_model(f"runs:/{run_id}/model")``
-        loads it (with dpsweep importable), as does ``models:/<model_id>``.
+        signature from the input example and the module's output): an MLflow 3 LoggedModel, the run's
+        output, named ``name`` or by what it is (``digits-cnn-dpsgd-eps1_83``: its dataset, model,
+        mechanism and ε; the run's tag ``model.name``), with the run's objective and ε
+        (:mod:`dpsweep.tracking.logged_models`). ``mlflow.pytorch.load_model("models:/<model_id>")`` loads
+        it (with dpsweep importable), as does ``runs:/<run_id>/<model.name>``.
         The module is pickled now (posts are), so later changes to it are not logged."""
         import torch
 
         with torch.no_grad():
             output = module(torch.as_tensor(input_example)).numpy()
         version = importlib.metadata.version("torch")
-        service().post("log_model", self.uri, self.run_id, module, input_example, output, artifact_path, version)
+        service().post("log_model", self.uri, self.run_id, module, input_example, output, name, version)
 
     def log_dataset_splits(self, description: Mapping[str, Any], sizes: Mapping[str, int]) -> str:
         """Each split of the dataset (``sizes``: split -> examples, e.g. ``{"train": 1437, "test": 360}``)
@@ -267,7 +269,7 @@ class SilentTracker(Tracker):
     def log_file(self, local_path: str | Path, artifact_path: str | None = None) -> None:
         pass
 
-    def log_model(self, module: Any, input_example: Any, artifact_path: str = "model") -> None:
+    def log_model(self, module: Any, input_example: Any, name: str | None = None) -> None:
         pass
 
     def log_dataset_splits(self, description: Mapping[str, Any], sizes: Mapping[str, int]) -> str:

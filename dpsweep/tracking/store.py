@@ -299,8 +299,16 @@ def use_uri(uri: str) -> None:
 
 @op
 def end_run(uri: str, run_id: str, status: str) -> None:
-    """End the run FINISHED, FAILED or KILLED."""
-    retry_busy(lambda: client_of(uri).set_terminated(run_id, status))
+    """End the run FINISHED, FAILED or KILLED; a FINISHED run's objective and ε linked to its model
+    first (:func:`dpsweep.tracking.logged_models.link_model_metrics`: its final metrics may come after
+    the model, or the model from an earlier job of a resumed run)."""
+    from dpsweep.tracking.logged_models import link_model_metrics  # (it imports this module)
+
+    try:
+        if status == "FINISHED":
+            link_model_metrics(client_of(uri), run_id)
+    finally:
+        retry_busy(lambda: client_of(uri).set_terminated(run_id, status))
 
 
 @op
@@ -367,19 +375,22 @@ def models_of(client: MlflowClient, experiment_id: str) -> list[Any]:
 
 @op
 def log_model(
-    uri: str, run_id: str, module: Any, input_example: Any, output: Any, artifact_path: str, torch_version: str
+    uri: str, run_id: str, module: Any, input_example: Any, output: Any, name: str | None, torch_version: str
 ) -> None:
     """A torch module as an MLflow PyTorch-flavour model (``MLmodel``, weights, and the signature of
-    ``input_example`` and the module's ``output`` on it): an MLflow 3 LoggedModel named ``artifact_path``
-    in the run's experiment, the run's output (the UI's Models column and tab), with the run's params
-    and ``dp.*`` tags (``dp.release=not-for-release`` among them). ``models:/<model_id>`` loads it, and
-    so does ``runs:/<run_id>/<artifact_path>``, which MLflow resolves to the run's model of that name.
+    ``input_example`` and the module's ``output`` on it): an MLflow 3 LoggedModel in the run's
+    experiment, the run's output (the UI's Models column and tab), with the run's params and ``dp.*``
+    tags (``dp.release=not-for-release`` among them), and the run's objective and ε so far
+    (:func:`dpsweep.tracking.logged_models.link_model_metrics`; :func:`end_run` links the rest). Its
+    ``name`` (None: :func:`dpsweep.tracking.logged_models.model_name`, e.g. ``digits-cnn-dpsgd-eps1_83``)
+    is also the run's tag ``model.name``. ``models:/<model_id>`` loads it, and so does
+    ``runs:/<run_id>/<name>``, which MLflow resolves to the run's model of that name.
 
     Through the client, not ``mlflow.pytorch.log_model(run_id=…)``: without an active run that files
     the model under the fluent API's current experiment (Default), not the run's.
 
-    Once per run: a run that already has a READY model of that name (its job logged it, then was requeued
-    before the run ended) is left as it is, not given a second LoggedModel.
+    Once per run: a run that already has a READY model (its job logged it, then was requeued before the
+    run ended) is left as it is, not given a second LoggedModel.
 
     A trial of a private tuning's model (tag ``sweep.private_tuning=True``) carries no secret param
     (:data:`TUNING_SECRET_PARAMS`: its ``train.seed``), whichever trial is released: the Models tab shows
@@ -388,17 +399,20 @@ def log_model(
     run = retry_busy(lambda: client.get_run(run_id))
     from mlflow.entities import LoggedModelOutput, LoggedModelStatus
 
-    same = f"source_run_id = '{run_id}' AND name = '{artifact_path}'"  # (a filter on status matches nothing)
+    from dpsweep.tracking.logged_models import link_model_metrics, model_name  # (it imports this module)
+
+    same = f"source_run_id = '{run_id}'"  # (a filter on status matches nothing)
     earlier = retry_busy(lambda: client.search_logged_models([run.info.experiment_id], filter_string=same))
     if any(m.status == LoggedModelStatus.READY for m in earlier):
         return
+    name = name or model_name(run)
     import mlflow.pytorch  # torch and the flavour: only for runs that log a model
     from mlflow.models import infer_signature
 
     quiet = logging.getLogger("mlflow.pytorch")  # its warning on pickle: the format is chosen knowingly
     level = quiet.level
     with tempfile.TemporaryDirectory(prefix="dpsweep-model-") as tmp:
-        path = Path(tmp) / artifact_path
+        path = Path(tmp) / name
         quiet.setLevel(logging.ERROR)
         try:
             mlflow.pytorch.save_model(
@@ -413,7 +427,7 @@ def log_model(
         if run.data.tags.get("sweep.private_tuning") == "True":
             params = {k: v for k, v in params.items() if k not in TUNING_SECRET_PARAMS}
         model = retry_busy(lambda: client.create_logged_model(
-            run.info.experiment_id, name=artifact_path, source_run_id=run_id, params=params, tags=tags,
+            run.info.experiment_id, name=name, source_run_id=run_id, params=params, tags=tags,
         ))  # fmt: skip
         try:
             retry_busy(lambda: client.log_model_artifacts(model.model_id, str(path)))
@@ -422,6 +436,8 @@ def log_model(
             raise
         retry_busy(lambda: client.finalize_logged_model(model.model_id, LoggedModelStatus.READY))
         retry_busy(lambda: client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=0)]))
+    _set_tags(client, run_id, {"model.name": name})
+    link_model_metrics(client, run_id)
 
 
 @op
