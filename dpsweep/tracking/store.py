@@ -406,22 +406,9 @@ def log_model(
     if any(m.status == LoggedModelStatus.READY for m in earlier):
         return
     name = name or model_name(run)
-    import mlflow.pytorch  # torch and the flavour: only for runs that log a model
-    from mlflow.models import infer_signature
-
-    quiet = logging.getLogger("mlflow.pytorch")  # its warning on pickle: the format is chosen knowingly
-    level = quiet.level
     with tempfile.TemporaryDirectory(prefix="dpsweep-model-") as tmp:
         path = Path(tmp) / name
-        quiet.setLevel(logging.ERROR)
-        try:
-            mlflow.pytorch.save_model(
-                module, str(path), signature=infer_signature(input_example, output), input_example=input_example,
-                pip_requirements=[f"torch=={torch_version}"],  # its classes: dpsweep's
-                serialization_format="pickle",  # the whole module (torch.save), as the Opacus examples keep it
-            )  # fmt: skip
-        finally:
-            quiet.setLevel(level)
+        _save_model(module, input_example, output, torch_version, path)
         tags = {k: v for k, v in run.data.tags.items() if k.startswith("dp.")}
         params = dict(run.data.params)
         if run.data.tags.get("sweep.private_tuning") == "True":
@@ -438,6 +425,25 @@ def log_model(
         retry_busy(lambda: client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=0)]))
     _set_tags(client, run_id, {"model.name": name})
     link_model_metrics(client, run_id)
+
+
+def _save_model(module: Any, input_example: Any, output: Any, torch_version: str, path: Path) -> None:
+    """The module saved at ``path`` in MLflow's PyTorch flavour (imported here: torch and the flavour,
+    only for runs that log a model), pickled whole as the Opacus examples keep it."""
+    import mlflow.pytorch
+    from mlflow.models import infer_signature
+
+    quiet = logging.getLogger("mlflow.pytorch")  # its warning on pickle: the format is chosen knowingly
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        mlflow.pytorch.save_model(
+            module, str(path), signature=infer_signature(input_example, output), input_example=input_example,
+            pip_requirements=[f"torch=={torch_version}"],  # its classes: dpsweep's
+            serialization_format="pickle",  # the whole module (torch.save), as the Opacus examples keep it
+        )  # fmt: skip
+    finally:
+        quiet.setLevel(level)
 
 
 @op
