@@ -227,6 +227,41 @@ def visible_text(dom: str) -> str:
     return "\n".join(line.strip() for line in re.sub(r"<[^>]+>", "\n", text).splitlines() if line.strip())
 
 
+def table_columns(dom: str) -> list[str]:
+    """The column ids of an ag-grid table (MLflow's runs table: ``metrics.`test_accuracy```...) in the
+    order a person sees them: its pinned columns, then the others by their position (the DOM's order is
+    not the screen's: ag-grid places each column with ``left``). Only the columns laid out, which are
+    those its window shows (:func:`browser_dom` with ``window``)."""
+    import re
+
+    center = dom.find('class="ag-header-viewport')
+    cells = []
+    for m in re.finditer(r'<div[^>]*class="ag-header-cell[ "][^>]*>', dom):
+        column = re.search(r'col-id="([^"]+)"', m.group(0))
+        left = re.search(r"left: (-?[0-9.]+)px", m.group(0))
+        if column and left:
+            cells.append((center >= 0 and m.start() > center, float(left.group(1)), column.group(1)))
+    return [c for *_, c in sorted(cells)]
+
+
+def chart_cards(dom: str) -> list[dict[str, Any]]:
+    """The chart cards of MLflow's chart view in the DOM's order (the screen's, section by section), each
+    as ``title``, the axis titles ``x`` and ``y`` (None where the chart has none), and whether it plots
+    ``points`` and ``lines`` (a scatter: points alone). A collapsed section's cards are not in the DOM."""
+    import re
+
+    cards = []
+    for card in dom.split('data-testid="experiment-view-compare-runs-card"')[1:]:
+        title = re.search(r'<h4[^>]*title="([^"]*)"', card)
+        x = re.search(r'class="xtitle"[^>]*>([^<]*)<', card)
+        y = re.search(r'class="ytitle"[^>]*>([^<]*)<', card)
+        cards.append({
+            "title": title.group(1) if title else None, "x": x.group(1) if x else None,
+            "y": y.group(1) if y else None, "points": 'class="point' in card, "lines": "js-line" in card,
+        })  # fmt: skip
+    return cards
+
+
 def dead_run(folder: Path, tags: Mapping[str, str]) -> tuple[str, MlflowClient, str]:
     """A RUNNING run of experiment ``dead`` in a new sqlite store under ``folder``, whose process (tag
     ``run.process``) is one of this host that has ended: what reconcile finds dead. Its store's URI, a

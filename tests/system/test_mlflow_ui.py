@@ -1,6 +1,7 @@
 """The MLflow UI in a real browser (headless Chromium): ``dpsweep-ui`` serves a store and the page it
 opens (the one a run's last line names) shows the experiment's training runs, not MLflow 3's GenAI
-overview, in dpsweep's view of them (issue 33, item 6)."""
+overview, in dpsweep's view of them (issue 33, item 6): at 1440 px, the objective, ε and the swept key
+without scrolling, and a chart view that opens on ε against the objective (issue 56, items 1 and 2)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import BIN, browser_dom, chromium_path, run_script, visible_text
+from helpers import BIN, browser_dom, chart_cards, chromium_path, run_script, table_columns, visible_text
 
 from dpsweep.config import TrackingConfig
 from dpsweep.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, next_steps, tracked_run
 from dpsweep.tracking.store import open_client
 
 pytestmark = pytest.mark.slow
+# some of the params a private run logs (dpsweep.run.records.run_params), which a non-private run lacks
+DP_KEYS = ("accountant", "clipping", "delta", "max_grad_norm", "mechanism", "noise_multiplier", "secure_mode",
+           "unit", "grad_sample_mode", "clip_quantile")  # fmt: skip
 
 
 def _free_port() -> int:
@@ -72,12 +76,20 @@ def test_the_page_dpsweep_names_opens_on_the_experiments_training_runs(tmp_path:
     chromium = chromium_path()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     with tracked_run(TrackingConfig(uri, "ui", run_name="sweep-parent")) as parent:
-        pass
+        parent.log_metrics({"sweep.finished": 2, "sweep.failed": 0, "sweep.skipped": 0})  # as a sweep's run
+    # what a private run logs: the dp.* params (that a non-private run lacks), ε under every accountant
+    private = {f"dp.{k}": "1" for k in DP_KEYS}
     for i in range(2):  # a sweep's two jobs over train.seed
         with tracked_run(TrackingConfig(uri, "ui", run_name=f"digits-cnn-seed{i}")) as run:
-            run.log_params({"task.name": "classifier", "model.name": "cnn", "train.seed": i})
+            run.log_params({"task.name": "classifier", "model.name": "cnn", "train.seed": i, **private})
             run.set_tags({"mlflow.parentRunId": parent.run_id})
-            run.log_metrics({"test_accuracy": 0.8 + i / 100, "epsilon": 2.0, "memory/model_load_bytes": 1e6}, step=1)
+            for epoch in (1, 2):
+                run.log_metrics({"test_accuracy": 0.7 + i / 100 + epoch / 20, "epsilon": 1.7 * epoch}, step=epoch)
+            run.log_metrics({"epsilon_rdp": 3.6, "epsilon_pld": 3.4, "epsilon_prv": 3.39}, step=2)
+            run.log_metrics({"memory/model_load_bytes": 1e6, "memory/backward_bytes": 2e8}, step=0)
+    with tracked_run(TrackingConfig(uri, "ui", run_name="digits-cnn-nodp")) as run:  # a non-private baseline
+        run.log_params({"task.name": "classifier", "model.name": "cnn", "train.seed": 0, "dp.enabled": False})
+        run.log_metrics({"test_accuracy": 0.9, "memory/model_load_bytes": 1e6}, step=1)
     line = next_steps(uri, "ui")
     found = re.search(
         r"dpsweep-ui --experiment ui --tracking-uri \S+, which opens (http://127\.0\.0\.1:5000/\S+)", line
@@ -87,7 +99,9 @@ def test_the_page_dpsweep_names_opens_on_the_experiments_training_runs(tmp_path:
     ui, page = _serve(uri, port, tmp_path / "ui.log")  # the latest run's experiment: the one next_steps names
     try:
         assert page == found.group(1).replace(":5000/", f":{port}/")
-        text = visible_text(browser_dom(chromium, page, window="2400,1200"))  # wide: every column laid out
+        dom = browser_dom(chromium, page, window="1440,900")  # a laptop's: only the columns it shows laid out
+        # the chart view (the page's "Chart" button); its charts load in seconds of virtual time, not 20
+        charts = browser_dom(chromium, page + "&compareRunsMode=CHART", budget_ms=60_000, window="1440,900")
     finally:
         ui.send_signal(signal.SIGINT)  # Ctrl-C: the server stops with it
         assert _ended(ui, tmp_path / "ui.log") == 0, (tmp_path / "ui.log").read_text()[-3000:]
@@ -102,15 +116,30 @@ def test_the_page_dpsweep_names_opens_on_the_experiments_training_runs(tmp_path:
     ui.terminate()
     assert _ended(ui, tmp_path / "ui2.log") == 128 + signal.SIGTERM
     assert not [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    text = visible_text(dom)
     lines = text.splitlines()
     assert lines[0] == "Runs - Experiment 1 - MLflow", text[:500]  # the runs tab, of the experiment
     assert "No data available for the selected time range" not in text  # not the GenAI overview
     # dpsweep's view (views.save_view): the jobs as rows of their own, best first, not nested under
     # the sweep's run; the objective, ε and the swept key as columns, not what is the same or memory/…
     assert "You're viewing a shared view." in " ".join(lines) and "Sort: test_accuracy" in lines, text[:2000]
-    assert lines.index("digits-cnn-seed1") < lines.index("digits-cnn-seed0") < lines.index("sweep-parent"), text[:2000]
+    named = ["digits-cnn-nodp", "digits-cnn-seed1", "digits-cnn-seed0", "sweep-parent"]
+    assert [lines.index(n) for n in named] == sorted(lines.index(n) for n in named), text[:2000]
+    # at 1440 px, without scrolling: the objective, then ε, then the swept key; not every accountant's ε,
+    # the sweep's counters, the dp.* params the baseline lacks, what is the same, or memory/… (issue 56, 1)
+    columns = [c for c in table_columns(dom) if c.startswith(("metrics.", "params."))]
+    assert columns == ["metrics.`test_accuracy`", "metrics.`epsilon`", "params.`train.seed`"], table_columns(dom)
     assert {"test_accuracy", "epsilon", "train.seed"} <= set(lines), text[:3000]
     assert "model.name" not in lines and "memory/model_load_bytes" not in lines, text[:3000]
+    # the chart view opens on a scatter of ε against the objective, then the objective per epoch; the
+    # memory section comes last, collapsed: none of its charts drawn (issue 56, item 2)
+    cards = chart_cards(charts)
+    assert cards[0] == {"title": "epsilon vs. test_accuracy", "x": "epsilon", "y": "test_accuracy",
+                        "points": True, "lines": False}, cards  # fmt: skip
+    assert (cards[1]["title"], cards[1]["x"], cards[1]["lines"]) == ("test_accuracy", "Step", True), cards
+    assert not [c for c in cards if str(c["title"]).startswith("memory/")], cards
+    shown = visible_text(charts).splitlines()
+    assert shown.index("Model metrics") < shown.index("memory"), shown
     from mlflow.tracking import MlflowClient
 
     experiment = MlflowClient(uri).get_experiment_by_name("ui")
