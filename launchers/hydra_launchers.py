@@ -4,7 +4,9 @@ They extend hydra-submitit-launcher's launchers in two ways:
 
 - a job that dies outside Python (killed, out of memory, node failure) becomes a FAILED
   ``JobReturn`` instead of an exception that would drop every other job's result;
-- on Slurm clusters without accounting (``sacct`` disabled), job states come from ``squeue``.
+- on Slurm clusters without accounting (``sacct`` disabled), job states come from ``squeue``;
+- a scheduler's sweep (Slurm, Grid Engine) prints each job's id as it is submitted and its state in the
+  queue each time it changes (:class:`QueueStates`), so a job waiting in the queue is not a silence.
 
 Select them with ``launcher=local|slurm|sge`` (conf/launcher/); the Hydra plugin shim lives in
 ``hydra_plugins.dpsweep_launchers``.
@@ -27,6 +29,7 @@ from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from omegaconf import OmegaConf
+from submitit.core.core import InfoWatcher
 from submitit.slurm.slurm import SlurmInfoWatcher
 
 from dpsweep.config import given_overrides, ranks_shape
@@ -41,6 +44,13 @@ log = logging.getLogger(__name__)
 JOB_PYTHON = f"{shlex.quote(sys.executable)} -u -m dpsweep.launchers.job"
 POLL_S = 1.0  # how often the driver looks for completed cluster jobs (submitit's watchers rate-limit sacct/qstat)
 LOCAL_POLL_S = 0.05  # ... and for local jobs (a poll of the job's process): each job's end is seen within it
+# The longest wait between two reads of the queue's states (squeue, sacct, qstat: one call for all of a launch's
+# jobs): submitit reads them 2 s, 4 s, 8 s ... after a submission, then at least this often (its own default
+# for sacct and qstat is 600 s: a job's start would be told up to 10 minutes late)
+QUEUE_POLL_MAX_S = 60
+# submitit's states of a job not ended (core.InfoWatcher.is_done), and squeue's watcher's word for a job no
+# longer listed (SqueueInfoWatcher): neither is a job's last state
+NOT_ENDED = frozenset({"READY", "PENDING", "RUNNING", "UNKNOWN", "REQUEUED", "COMPLETING", "PREEMPTED", "GONE"})
 
 
 class _DpsweepSubmititLauncher(BaseSubmititLauncher):
@@ -52,6 +62,7 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
     trials_per_device: int = 1  # K trials per job (dpsweep.launchers.packing); set by the sweeper
     devices_per_job: int = 1  # train.devices of the sweep's runs; set by take_ranks (Slurm: one task a rank)
     nodes_per_job: int = 1  # train.nodes of the sweep's runs (Slurm)
+    queue: QueueStates | None = None  # a scheduler's launcher: the jobs' ids and states, told as they change
 
     def take_ranks(self, train: Any) -> None:
         """The ranks of the sweep's runs (one ``train.devices`` and ``train.nodes`` a sweep on Slurm), which
@@ -99,6 +110,8 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
             jobs = executor.map_array(packing.PackedTrials(self, folder, cpus), packed)
             per_job = packing.groups(job_overrides, k)
         self._watch(jobs)
+        if self.queue is not None:
+            self.queue.submitted(jobs, per_job)
         return self._collect_as_done(jobs, per_job, folder)
 
     def _collect_as_done(
@@ -110,8 +123,15 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
         results: dict[int, list[JobReturn]] = {}
         while len(results) < len(jobs):
             for i, job in enumerate(jobs):
-                if i not in results and job.done():
-                    results[i] = self._collect(job, per_job[i], folder)
+                if i in results:
+                    continue
+                done = job.done()  # the result file, else the watcher's state (read at most as often as it allows)
+                if self.queue is not None:
+                    self.queue.seen(job)
+                if done:
+                    results[i], returned = self._collect(job, per_job[i], folder)
+                    if self.queue is not None:
+                        self.queue.ended(job, returned)
                     for ret in results[i]:
                         if self.on_job_done is not None:
                             self.on_job_done(ret)
@@ -123,12 +143,13 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
         """Hook for a launcher to replace submitit's state watcher."""
 
     @staticmethod
-    def _collect(job: Any, trials: Sequence[Sequence[str]], folder: str | None = None) -> list[JobReturn]:
+    def _collect(job: Any, trials: Sequence[Sequence[str]], folder: str | None = None) -> tuple[list[JobReturn], bool]:
         """The job's results: its trial's, or each of its K trials' when packed (``folder``: where a packed job
-        keeps them; the trials that returned before their job ended without a result keep theirs)."""
+        keeps them; the trials that returned before their job ended without a result keep theirs); and whether
+        the job returned (False: it raised, or ended without a result)."""
         try:
             result = job.results()[0]
-            return list(result) if isinstance(result, list) else [result]
+            return (list(result) if isinstance(result, list) else [result]), True
         except Exception as err:  # the job ended without a result: killed, OOM-killed, node failure
             kept = packing.returned(folder, trials) if folder is not None else [None] * len(trials)
             returns = []
@@ -141,7 +162,54 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
                 ret = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)
                 ret.return_value = err  # JobReturn stores it; reading return_value re-raises it
                 returns.append(ret)
-            return returns
+            return returns, False
+
+
+class QueueStates:
+    """A scheduler's jobs as the sweep's driver sees them: each job's id once submitted, with what it runs,
+    then a line each time its state in the queue changes, and its last state, e.g.::
+
+        dpsweep: job 812_0 submitted to slurm: dp.noise_multiplier=0.8
+        dpsweep: job 812_0 PENDING
+        dpsweep: job 812_0 RUNNING
+        dpsweep: job 812_0 COMPLETED
+
+    The states are those submitit's watcher last read from the scheduler (squeue, sacct, qstat; one call for
+    all the jobs, 2 s, 4 s, 8 s ... after the submission, then every :data:`QUEUE_POLL_MAX_S` at most): no
+    call of its own, and a line only when a state changes. A job's result file often shows before the queue
+    says it has ended: its last state is then COMPLETED if it returned (whatever its trials' own outcome,
+    which the progress lines tell), FAILED if not, unless the queue told its end first (CANCELLED,
+    TIMEOUT, OUT_OF_MEMORY ...)."""
+
+    def __init__(self, scheduler: str) -> None:
+        self.scheduler = scheduler
+        self.shown: dict[str, str] = {}  # job id -> the state last printed
+
+    def submitted(self, jobs: Sequence[Any], per_job: Sequence[Sequence[Sequence[str]]]) -> None:
+        """A line a job: its id and the overrides that tell its trials from the launch's others (``; `` between
+        a packed job's trials)."""
+        own = swept([o for trials in per_job for o in trials])
+        for job, trials in zip(jobs, per_job, strict=True):
+            given = "; ".join(" ".join(own(overrides)) for overrides in trials).strip("; ")
+            print(f"dpsweep: job {job.job_id} submitted to {self.scheduler}{': ' + given if given else ''}", flush=True)
+
+    def seen(self, job: Any) -> None:
+        """The job's state as the watcher last read it (``UNKNOWN``: not read yet, or not listed yet)."""
+        state = job.watcher.get_state(job.job_id, mode="cache")
+        if state not in ("UNKNOWN", "GONE"):
+            self._show(job.job_id, state)
+
+    def ended(self, job: Any, returned: bool) -> None:
+        """The job's last state; and the watcher's reads of the queue started over (0, 2, 4, 8 s ... from
+        now): a job's end is when the others' states change (the next job of a throttled array starts)."""
+        state = job.watcher.get_state(job.job_id, mode="cache")
+        self._show(job.job_id, state if state not in NOT_ENDED else "COMPLETED" if returned else "FAILED")
+        job.watcher.register_job(job.job_id)  # submitit's watcher: its reads start over at a registration
+
+    def _show(self, job_id: str, state: str) -> None:
+        if self.shown.get(job_id) != state:
+            self.shown[job_id] = state
+            print(f"dpsweep: job {job_id} {state}", flush=True)
 
 
 def ranks_resources(params: dict[str, Any], devices: int, nodes: int = 1) -> dict[str, Any]:
@@ -202,19 +270,55 @@ def sacct_works() -> bool:
     return proc.returncode == 0 and "disabled" not in (proc.stderr + proc.stdout).lower()
 
 
+def swept(trials: Sequence[Sequence[str]]) -> Callable[[Sequence[str]], list[str]]:
+    """Of a trial's overrides, those whose key takes several values (or none) among ``trials``: what tells it
+    from the others (the user's, not the sweeper's own: ``given_overrides``)."""
+    values: dict[str, set[str]] = {}
+    for overrides in trials:
+        for o in given_overrides(overrides):
+            key, _, value = o.partition("=")
+            values.setdefault(key, set()).add(value)
+    common = {
+        k for k, v in values.items() if len(v) == 1 and all(any(o.startswith(k + "=") for o in t) for t in trials)
+    }
+    return lambda overrides: [o for o in given_overrides(overrides) if o.partition("=")[0] not in common]
+
+
+def watch_with(watcher: InfoWatcher, jobs: list[Any]) -> None:
+    """``watcher`` for ``jobs`` and each of their tasks (a run across devices on Slurm: a task a rank, which a
+    task killed without a result would otherwise wait on for ever when sacct is disabled)."""
+    for job in jobs:
+        for part in {job, *(job.task(i) for i in range(job.num_tasks))}:
+            part.watcher = watcher
+        watcher.register_job(job.job_id)
+
+
 class SlurmLauncher(_DpsweepSubmititLauncher):
     _EXECUTOR = "slurm"
 
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.queue = QueueStates("slurm")
+
     def _watch(self, jobs: list[Any]) -> None:
-        if jobs and not sacct_works():
-            watcher = SqueueInfoWatcher(delay_s=60)
-            for job in jobs:
-                # and each task's (a run across devices: a task a rank), which a task killed without a
-                # result would otherwise wait on through sacct for ever
-                for part in {job, *(job.task(i) for i in range(job.num_tasks))}:
-                    part.watcher = watcher
-                watcher.register_job(job.job_id)
+        """A watcher of the launch's own that reads the queue at least every :data:`QUEUE_POLL_MAX_S`: sacct's,
+        or squeue's where accounting is disabled."""
+        if jobs:
+            watcher = SlurmInfoWatcher if sacct_works() else SqueueInfoWatcher
+            watch_with(watcher(delay_s=QUEUE_POLL_MAX_S), jobs)
 
 
 class SgeLauncher(_DpsweepSubmititLauncher):
     _EXECUTOR = "sge"
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.queue = QueueStates("sge")
+
+    def _watch(self, jobs: list[Any]) -> None:
+        """A watcher of the launch's own that reads qstat (qacct once a job has left) at least every
+        :data:`QUEUE_POLL_MAX_S`."""
+        from dpsweep.launchers.sge import SgeInfoWatcher
+
+        if jobs:
+            watch_with(SgeInfoWatcher(delay_s=QUEUE_POLL_MAX_S), jobs)
