@@ -38,3 +38,18 @@ def test_the_worker_shim_ships_with_the_site() -> None:
         assert "://" not in shim and not shim.startswith("//"), shim
         source = Path(DOCS / "src" / shim).read_text()
         assert "window.Worker=" in source and 'location.protocol==="file:"' in source
+
+
+def test_the_home_page_and_the_readme_list_every_guide() -> None:
+    """The docs home and the README's page list left out the audit, recommender and several-devices
+    guides: each guide is linked from both, and is in the site's nav."""
+    guides = sorted(p.name for p in (DOCS / "src" / "guides").glob("*.md"))
+    home = (DOCS / "src" / "index.md").read_text()
+    readme = (REPO / "README.md").read_text().split("\n## Documentation\n")[1].split("\n## ")[0]  # its page list
+    nav = str(_config()["nav"])
+    missing = {
+        "docs home": [g for g in guides if f"(guides/{g})" not in home],
+        "README": [g for g in guides if f"(docs/src/guides/{g})" not in readme],
+        "nav": [g for g in guides if f"guides/{g}" not in nav],
+    }
+    assert missing == {"docs home": [], "README": [], "nav": []}
