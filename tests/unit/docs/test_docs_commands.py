@@ -147,6 +147,13 @@ def test_the_readme_tour_and_the_guides_mark_their_figures() -> None:
             assert used <= {name for doc, name in marked if doc == page.name}, (page.name, used)
 
 
+def test_every_marker_opens_a_console_transcript() -> None:
+    """A marker before anything else (a ``bash`` block, a blank line) would test nothing: refused."""
+    for doc in doc_files():
+        markers = re.findall(r"^<!-- test\b.*$", doc.read_text(), re.MULTILINE)
+        assert len(markers) == len(MARKED.findall(doc.read_text())), (doc.name, markers)
+
+
 def test_matching_rules() -> None:
     assert matches(["a 1", "...", "z"], ["a  1", "b", "c", "z"])
     assert matches(["... ε = 0.640 ..."], ["DP-SGD ... ε = 0.640 and δ"])
