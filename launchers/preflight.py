@@ -3,8 +3,13 @@
     preflight(configs, jobs)    # each job's run plan, the launcher's resources and tools, tracking URIs
     refuse("why")               # one line on stderr, exit code 2
 
-Shared by the grid sweeper (``dpsweep.launchers.sweeper``) and the Optuna study
-(``dpsweep.launchers.optuna_sweeper``).
+    check_ranges(configs, jobs); check_launcher(configs[0].launcher)   # the checks that need no data
+    check_plans(configs, jobs)                                         # ... and those that need it
+
+Shared by the grid sweeper (``dpsweep.launchers.sweeper``), the Optuna study
+(``dpsweep.launchers.optuna_sweeper``) and the ``dpsweep`` command, which runs the same checks before it
+prints its first line, imports torch or creates a file (``dpsweep.cli.early``); each raises
+:class:`Refused` (bad input) on the first problem.
 """
 
 from __future__ import annotations
@@ -16,45 +21,92 @@ from typing import Any, NoReturn
 
 from omegaconf import DictConfig
 
-from dpsweep.config import Config, given_overrides
-from dpsweep.errors import EXIT_BAD_INPUT, InputError
+from dpsweep.config import Config, LauncherConfig, given_overrides
+from dpsweep.errors import EXIT_BAD_INPUT, InputError, redact
 
 SUBMIT_COMMANDS = {"slurm": "sbatch", "sge": "qsub"}  # launchers that need a scheduler's client tools
 
 
+class Refused(InputError):
+    """Bad input of a sweep, said in a line of its own: a job's error named by the job's overrides
+    (``job train.epochs=0: train.epochs=0 is invalid: ...``), a missing tool, an unreachable store."""
+
+    def __init__(self, message: str) -> None:
+        ValueError.__init__(self, redact(message))
+        self.key, self.value, self.allowed = "", None, message
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable, as InputError
+        return (type(self), (self.allowed,))
+
+
 def preflight(configs: Sequence[Config | DictConfig], jobs: Sequence[Sequence[str]]) -> None:
-    """Every check that can reject the sweep, before any job is launched: each job's run plan
-    (``dpsweep.plan.prepare``: ranges, B <= N and δ < 1/N with N read once per dataset, σ
-    calibration, the memory model and its physical batch), the launcher's resources and client
-    tools, and the tracking URIs. Bad input exits with code 2 (:func:`refuse`)."""
-    from dpsweep.config import to_config, validate_launcher
-    from dpsweep.plan import FactsCache, MemoryFiles, prepare
-    from dpsweep.tracking import check_reachable, ensure_experiments
+    """Every check that can reject the sweep, before any job is launched (:func:`check_ranges`,
+    :func:`check_launcher`, :func:`check_plans`), then the experiments created. Bad input exits with
+    code 2 (:func:`refuse`)."""
+    from dpsweep.config import to_config
+    from dpsweep.tracking import ensure_experiments
 
     typed = [to_config(c) for c in configs]
-    facts, memory_files = FactsCache(), MemoryFiles()
-    for cfg, job in zip(typed, jobs, strict=True):
-        try:
-            prepare(cfg, facts(cfg), memory_files.budget(cfg, job_backend(cfg)))
-        except InputError as err:
-            refuse(f"job {' '.join(given_overrides(job))}: {err}")
-    launcher = typed[0].launcher
     try:
-        validate_launcher(launcher)
+        check_ranges(typed, jobs)
+        check_launcher(typed[0].launcher)
+        check_plans(typed, jobs)
     except InputError as err:
         refuse(str(err))
+    ensure_experiments({(cfg.tracking.uri, cfg.tracking.experiment_name) for cfg in typed})
+
+
+def job_error(job: Sequence[str], err: InputError) -> Refused:
+    """``err`` of one job of a sweep, named by the job's overrides as the user gave them."""
+    return Refused(f"job {' '.join(given_overrides(job))}: {err}")
+
+
+def check_ranges(configs: Sequence[Config], jobs: Sequence[Sequence[str]]) -> None:
+    """Each job's ranges that need no data (``dpsweep.config.validate``): cheap, before a first line."""
+    from dpsweep.config import validate
+
+    for cfg, job in zip(configs, jobs, strict=True):
+        try:
+            validate(cfg)
+        except InputError as err:
+            raise job_error(job, err) from None
+
+
+def check_launcher(launcher: LauncherConfig) -> None:
+    """The launcher's resources (satisfiable) and its scheduler's client tools (on PATH)."""
+    from dpsweep.config import validate_launcher
+
+    validate_launcher(launcher)
     command = SUBMIT_COMMANDS.get(launcher.name)
     if command and shutil.which(command) is None:
-        refuse(
+        raise Refused(
             f"launcher={launcher.name} needs '{command}' on PATH, and it is not there: run dpsweep on a "
             f"{launcher.name} submit host (or load its module), or use launcher=local"
         )
-    for uri in sorted({cfg.tracking.uri for cfg in typed}):
+
+
+def check_plans(configs: Sequence[Config], jobs: Sequence[Sequence[str]], sweep: bool = True) -> None:
+    """Each job's run plan (``dpsweep.plan.prepare``: ranges, B <= N and δ < 1/N with N read once per
+    dataset, σ calibration, the memory model and its physical batch) and, for a sweep, its tracking URIs
+    reachable. A sweep's job errors name the job; a single run's (``sweep=False``) are its own."""
+    from dpsweep.plan import FactsCache, MemoryFiles, prepare
+    from dpsweep.tracking import check_reachable
+
+    facts, memory_files = FactsCache(), MemoryFiles()
+    for cfg, job in zip(configs, jobs, strict=True):
+        try:  # the backend (torch) asked only where a memory model is given
+            prepare(cfg, facts(cfg), memory_files.budget(cfg, job_backend(cfg)) if cfg.train.memory_model else None)
+        except InputError as err:
+            if not sweep:
+                raise
+            raise job_error(job, err) from None
+    if not sweep:
+        return
+    for uri in sorted({cfg.tracking.uri for cfg in configs}):
         try:
             check_reachable(uri)
         except ConnectionError as err:
-            refuse(str(err))
-    ensure_experiments({(cfg.tracking.uri, cfg.tracking.experiment_name) for cfg in typed})
+            raise Refused(str(err)) from None
 
 
 def job_backend(cfg: Any) -> str:

@@ -24,44 +24,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from dpsweep import mechanisms
+from dpsweep.cli.composing import CONFIG_MODULE
 from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.cli.script import run_script
 from dpsweep.errors import InputError as ConfigError
 from dpsweep.units import format_bytes
 
 if TYPE_CHECKING:  # Hydra, torch and the planner are imported where used: --help stays fast
-    from omegaconf import DictConfig
-
     from dpsweep.config import SweepConfig
     from dpsweep.plan import RunPlan
     from dpsweep.privacy.tuning import Procedure
 
-CONFIG_MODULE = "dpsweep.conf"
 PROG = "dpsweep-plan"
 
 
 def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
     """The override lists of the jobs ``dpsweep -m <overrides>`` launches, in launch order
-    (``dpsweep.launchers.expand``, with the composed config's ``hydra.sweeper.params``)."""
-    return _expanded(overrides)[0]
+    (``dpsweep.cli.composing.sweep_jobs``, as the sweeper expands them); needs Hydra initialised on
+    dpsweep.conf."""
+    from dpsweep.cli.composing import sweep_jobs
 
-
-def _expanded(overrides: Sequence[str]) -> tuple[list[list[str]], DictConfig]:
-    """The jobs' override lists, and the sweep's master config (its fixed overrides composed, the
-    hydra node included), as the sweeper has them."""
-    from hydra import compose
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
-
-    from dpsweep.launchers.expand import expand
-
-    parsed = OverridesParser.create().parse_overrides(list(overrides))
-    fixed = [o.input_line for o in parsed if not o.is_sweep_override() and o.input_line is not None]
-    master = compose("config", overrides=fixed, return_hydra_config=True)
-    node = master.hydra.sweeper.get("params")
-    params = OmegaConf.to_container(node, resolve=False) if node is not None else {}
-    assert isinstance(params, dict)
-    return expand(overrides, params), master
+    return sweep_jobs(overrides)[0]
 
 
 @dataclass(frozen=True)
@@ -181,6 +164,7 @@ def job_plans(overrides: Sequence[str], memory: MemoryCheck | None = None) -> li
     (planned with their official size) go to stderr."""
     from hydra.core.global_hydra import GlobalHydra
 
+    from dpsweep.cli.composing import composition_refused, sweep_jobs
     from dpsweep.launchers.composed import ComposedJobs
     from dpsweep.memory.model import load_models
     from dpsweep.plan import FactsCache, MemoryBudget, prepare
@@ -191,10 +175,11 @@ def job_plans(overrides: Sequence[str], memory: MemoryCheck | None = None) -> li
         backend = memory.backend or default_backend()
         budget = MemoryBudget(load_models(memory.model_file), backend, memory.gpu_memory, predict=True)
     out = []
-    jobs, master = _expanded(overrides)
-    composer = ComposedJobs(GlobalHydra.instance().config_loader(), keep=False)  # as the sweeper composes
-    for job in jobs:
-        cfg = composer.typed(master, job)
+    with composition_refused(overrides):
+        jobs, master = sweep_jobs(overrides)
+        composer = ComposedJobs(GlobalHydra.instance().config_loader(), keep=False)  # as the sweeper composes
+        typed = [composer.typed(master, job) for job in jobs]
+    for job, cfg in zip(jobs, typed, strict=True):
         out.append((job, prepare(cfg, facts(cfg), budget)))
     for note in dict.fromkeys(facts.notes):
         print(f"{PROG}: note: {note}", file=sys.stderr)

@@ -15,12 +15,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import secrets
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,12 +31,15 @@ from hydra.core.plugins import Plugins
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from dpsweep.cli.composing import composition_problem
+from dpsweep.cli.early import MULTIRUN_FLAGS, SCHEDULERS, Checked, check_plans, composed_and_checked, scheduler_refusal
 from dpsweep.cli.errors import bad_input_types, report_bad_input
 from dpsweep.cli.lines import start_line, summary_line
 from dpsweep.cli.overrides import override_value
 from dpsweep.cli.script import run_script
-from dpsweep.config import ConfigError, given_overrides, to_config
+from dpsweep.config import given_overrides, to_config
 from dpsweep.errors import InputError
+from dpsweep.launchers.overrides import string_override
 from dpsweep.process import RANKS_ENV, a_rank
 from dpsweep.process.liveness import die_with_driver
 from dpsweep.tracking import channel as tracking_service
@@ -88,42 +90,6 @@ def unwritable_output(argv: Sequence[str], cwd: Path | None = None) -> InputErro
         )
 
 
-def composition_problem(err: BaseException, argv: Sequence[str]) -> InputError | None:
-    """``err`` as bad input naming the key, the value and what is allowed, where it is Hydra's
-    failure to compose the run's overrides (an unknown option of a config group, a misspelt key, a
-    value of the wrong type); None for any other error, and for errors raised by the run itself."""
-    from hydra.errors import HydraException, MissingConfigException
-    from omegaconf.errors import OmegaConfBaseException
-
-    if not isinstance(err, (HydraException, OmegaConfBaseException)) or _raised_by_the_run(err):
-        return None
-    if isinstance(err, MissingConfigException):
-        group, _, name = (err.missing_cfg_file or "").rpartition("/")
-        options = [o for o in err.options or [] if not o.startswith("base_")]  # base_*: schemas, not options
-        if group and options:
-            return InputError(group, name, f"one of {', '.join(options)}")
-        return InputError("config", err.missing_cfg_file, str(err).splitlines()[0])
-    why = str(err.__cause__ or err).splitlines()[0]
-    found = re.search(r"override '?([^'=\s]+)'?", str(err))
-    key = found.group(1) if found else "overrides"
-    value = override_value(argv, key.lstrip("+~"))
-    return InputError(
-        key, value if found else " ".join(argv), f"a key and value of the config schema ({why}){_did_you_mean(key)}"
-    )
-
-
-def _did_you_mean(key: str) -> str:
-    """The closest config keys and groups to a misspelt ``key`` (``datset``: dataset)."""
-    import difflib
-    from importlib import resources
-
-    from dpsweep.config import schema
-
-    groups = [p.name for p in resources.files("dpsweep.conf").iterdir() if p.is_dir() and not p.name.startswith("_")]
-    close = difflib.get_close_matches(key.lstrip("+~"), [*groups, *schema.schema_keys()], n=3, cutoff=0.6)
-    return f"; did you mean {', '.join(close)}?" if close else ""
-
-
 def _raised_by_the_run(err: BaseException) -> bool:
     """Whether ``err`` passed through the Hydra task (:func:`app`), i.e. came after composition."""
     task = app.__wrapped__.__code__  # hydra.main keeps the task function (functools.wraps)
@@ -151,34 +117,63 @@ def composition_errors_raised() -> Iterator[None]:
 
 def main() -> None:
     """Console entry point ``dpsweep``: the Hydra app, where its output directory can be written and
-    its overrides compose (else exit 2).
+    its overrides compose and pass the checks that need no training (else exit 2).
 
-    A run's or a sweep's (-m) config is composed by Hydra: its composition errors are raised to here
-    and reported as bad input (a sweep's jobs are composed and checked by its sweeper, with the same
-    messages); errors of the run itself keep their traceback and exit 1. Hydra's own flags (--help,
-    --cfg, ...) are left to Hydra."""
+    The run's config, or every job of a sweep (-m), is composed and checked first, before any line,
+    torch, MLflow or file (``dpsweep.cli.early``): bad input is one line and exit code 2, with nothing
+    left behind. Then the first line (a run's start line; a sweep's jobs and axes), then each job's
+    plan checked, while the tracking process imports MLflow; then the app, whose composition errors
+    are reported as bad input too, while errors of the run itself keep their traceback and exit 1.
+    Hydra's own flags (--help, --cfg, ...) are left to Hydra."""
     argv = sys.argv[1:]
     problem = unwritable_output(argv)
     if problem is not None:
         raise SystemExit(report_bad_input("dpsweep", problem))
-    if not {a for a in argv if a.startswith("-")} - {"-m", "--multirun"}:  # a run or a sweep, not --help
-        if a_rank():  # torchrun ends a failed run's ranks by process group: a tracking child would die
-            tracking_service.serve_in_process()  # with rank 0 before it could end the run KILLED
-        tracking_service.start()  # MLflow imports in the tracking process while this one imports torch
-    if {a for a in argv if a.startswith("-")} - {"-m", "--multirun"}:  # Hydra's own flags: its output
+    if {a for a in argv if a.startswith("-")} - set(MULTIRUN_FLAGS):  # Hydra's own flags: its output
         app()
         return
+    STARTED.line_said = False
+    checked = None if a_rank() else _checked_or_refused(argv)  # a rank: its command checked it already
+    if checked is not None and checked.first_line is not None:
+        print(checked.first_line, flush=True)
+        if checked.run_dir is not None:  # the app's output directory, the one the line names
+            sys.argv.append(string_override("hydra.run.dir", checked.run_dir))
+            STARTED.line_said = True
+    if a_rank():  # torchrun ends a failed run's ranks by process group: a tracking child would die
+        tracking_service.serve_in_process()  # with rank 0 before it could end the run KILLED
+    tracking_service.start()  # MLflow imports in the tracking process while this one plans and imports torch
+    if checked is not None:
+        _refuse_bad_input(check_plans, checked)
     with composition_errors_raised():
         try:
             app()
         except Exception as err:
-            problem = composition_problem(err, argv)
+            problem = None if _raised_by_the_run(err) else composition_problem(err, argv)
             if problem is None:
                 raise
             raise SystemExit(report_bad_input("dpsweep", problem)) from None
 
 
-SCHEDULERS = ("slurm", "sge")  # launchers that submit to a cluster: sweeps only (a single run would train here)
+@dataclass
+class _Started:
+    """Whether :func:`main` printed the run's start line already (the app then does not)."""
+
+    line_said: bool = False
+
+
+STARTED = _Started()
+
+
+def _checked_or_refused(argv: Sequence[str]) -> Checked:
+    return _refuse_bad_input(composed_and_checked, argv)
+
+
+def _refuse_bad_input(check: Callable[[Any], Any], arg: Any) -> Any:
+    """``check(arg)``; bad input: one line on stderr and exit code 2."""
+    try:
+        return check(arg)
+    except InputError as err:
+        raise SystemExit(report_bad_input("dpsweep", err)) from None
 
 
 @dataclass(frozen=True)
@@ -196,13 +191,10 @@ def app(cfg: DictConfig) -> JobSummary | None:
     """The Hydra task: train one config; returns its summary (None: skipped)."""
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode != RunMode.MULTIRUN and cfg.launcher.name in SCHEDULERS:  # before the store or any run
-        raise SystemExit(report_bad_input("dpsweep", ConfigError(
-            "launcher", cfg.launcher.name, "inline or local for a run on this machine; a scheduler takes sweeps: "
-            f"add -m to submit this run as a sweep of one job (dpsweep -m launcher={cfg.launcher.name} ...)",
-        )))  # fmt: skip
+        raise SystemExit(report_bad_input("dpsweep", scheduler_refusal(cfg.launcher.name)))
     rank = a_rank()  # one of the processes of a run across devices (train.devices)
-    if hydra_cfg.mode != RunMode.MULTIRUN and not rank:  # a first line now: torch, the data and the store take
-        print(start_line(cfg, hydra_cfg.runtime.output_dir), flush=True)  # seconds more
+    if hydra_cfg.mode != RunMode.MULTIRUN and not rank and not STARTED.line_said:  # a first line now: torch, the
+        print(start_line(cfg, hydra_cfg.runtime.output_dir), flush=True)  # data and the store take seconds more
     tracking_service.service().post("warm_store", cfg.tracking.uri)  # opened there while torch imports here
     from dpsweep.run.runner import OverBudget, train
     from dpsweep.tracking import Claimed, next_steps

@@ -1,0 +1,98 @@
+"""Bad input refused before anything starts (issue 56, items 6 and 8): the ``dpsweep`` console script as its
+own process, from an empty directory. A bad value is one line on stderr and exit code 2, with no line on
+stdout before it, and no ``outputs/``, ``multirun/`` or ``mlflow.db`` left behind (before: the run printed
+its start line, refused half a minute later, and left ``outputs/``; a refused sweep made a 950 KB
+``mlflow.db``). A misspelt key is answered with the nearest full key, a comma list without ``-m`` with a
+hint, and ``dpsweep-plan`` answers with the very same lines as ``dpsweep``."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from helpers import run_script
+
+LEFT_BEHIND = ("outputs", "multirun", "mlflow.db")  # what Hydra and the tracking store create
+
+
+def said(proc: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+
+
+def refused(tmp_path: Path, command: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``command *args`` from the empty ``tmp_path``: exit code 2, one line on stderr, nothing left there."""
+    proc = run_script(command, *args, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2, said(proc)
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, said(proc)
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(LEFT_BEHIND))
+    assert left == [], f"left behind: {left}\n{said(proc)}"
+    return proc
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["train.epochs=0"], "train.epochs=0 is invalid: a positive integer"),
+        (["dp.noise_multiplier=-1"], "dp.noise_multiplier=-1.0 is invalid: a positive, finite noise multiplier"),
+        (["-m", "train.epochs=1,0"], "job train.epochs=0: train.epochs=0 is invalid: a positive integer"),
+        (["-m", "launcher=local", "launcher.cpus_per_job=0"], "launcher.cpus_per_job=0 is invalid: 1 or more CPUs"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
+def test_a_bad_value_is_refused_before_any_line_or_file(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = refused(tmp_path, "dpsweep", *args)
+    assert proc.stderr.startswith(f"dpsweep: error: {message}"), said(proc)
+    assert proc.stdout == "", said(proc)  # no "dpsweep: training ... epochs=0" before the refusal
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # the plan's checks need the training set's size: after the first line, before any file
+        (["train.batch_size=5000"], "train.batch_size=5000 is invalid: at most the training-set size N=1437"),
+        (["-m", "train.batch_size=64,5000"], "job train.batch_size=5000: train.batch_size=5000 is invalid: at most"),
+        (["-m", "train.seed=0,1", "dp.delta=0.5"], "job train.seed=0 dp.delta=0.5: dp.delta=0.5 is invalid: a δ below"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
+def test_a_plan_that_cannot_run_is_refused_before_any_file(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = refused(tmp_path, "dpsweep", *args)
+    assert proc.stderr.startswith(f"dpsweep: error: {message}"), said(proc)
+    assert len(proc.stdout.splitlines()) <= 1, said(proc)  # the first line at most
+
+
+MISSPELT = [
+    # the nearest full key first, not difflib's nearest leaf names (dp.unit, dp.compile, dp.mechanism)
+    (["dp.noise=1"], "dp.noise='1' is invalid: a key and value of the config schema (Key 'noise' not in 'DPConfig'); "
+     "did you mean dp.noise_multiplier, dp.clip_count_noise?"),
+    # each key once (the group dataset and the key dataset were both offered)
+    (["datset=digits"], "datset='digits' is invalid: a key and value of the config schema (Key 'datset' not in "
+     "'Config'); did you mean dataset?"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "message"), MISSPELT, ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_a_misspelt_key_is_answered_with_the_nearest_full_key(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = refused(tmp_path, "dpsweep", *args)
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("dpsweep: error: ") and line.endswith(message), said(proc)
+
+
+def test_a_comma_list_without_m_asks_for_m(tmp_path: Path) -> None:
+    proc = refused(tmp_path, "dpsweep", "dp.noise_multiplier=1,2", "train.epochs=1")
+    assert proc.stderr.startswith("dpsweep: error: dp.noise_multiplier='1,2' is invalid: one value for a single run: "
+                                  "did you mean `-m`? (a comma list is a sweep: dpsweep -m dp.noise_multiplier=1,2 "
+                                  "train.epochs=1; "), said(proc)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["dp.noise=1"], ["datset=digits"], ["dataset=imagenet"], ["train.batch_size=abc"], ["-m", "train.bach_size=3,4"]],
+    ids=" ".join,
+)
+def test_dpsweep_plan_says_what_dpsweep_says(tmp_path: Path, args: list[str]) -> None:
+    """One translation of Hydra's errors for both commands (Hydra's raw two lines from dpsweep-plan before)."""
+    run = refused(tmp_path, "dpsweep", *args)
+    plan = refused(tmp_path, "dpsweep-plan", *args)
+    assert plan.stderr.replace("dpsweep-plan: error: ", "dpsweep: error: ", 1) == run.stderr, said(plan) + said(run)
