@@ -68,4 +68,4 @@ ui: $(STAMP)
 	$(BIN)/dpsweep-ui
 
 clean:
-	rm -rf $(VENV) outputs multirun mlruns mlartifacts mlflow.db .pytest_cache .mypy_cache .ruff_cache docs/site
+	rm -rf $(VENV) outputs multirun mlruns mlartifacts mlflow.db mlflow.db.lock optuna.db optuna.db.dpsweep.lock .pytest_cache .mypy_cache .ruff_cache docs/site
