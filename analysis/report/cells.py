@@ -22,6 +22,35 @@ def param_text(value: Any) -> str:
     return f"{number:g}"
 
 
+SIGMA_KEY = "dp.noise_multiplier"  # σ: calibrated to dp.target_epsilon where that is set, a float's 17 digits
+SIGMA_DIGITS = 4  # significant digits of a σ shown (dpsweep.cli.lines.SIGMA_DIGITS: the run's own lines)
+
+
+def sigma_text(value: Any) -> str:
+    """σ as a cell or a label shows it: at most :data:`SIGMA_DIGITS` significant digits, rounded up
+    (``1.15410614`` -> ``1.155``; ``0.8`` stays ``0.8``), as the run's result line and dpsweep-epsilon show it
+    (``dpsweep.cli.lines.sigma_text``). Up: a run at the σ shown adds at least the noise of the row's runs,
+    so a σ calibrated for ε <= a target, shown, spends at most that ε too. Only the text is rounded: the
+    frames and the CSV keep σ whole. A dash where missing."""
+    if value is None or pd.isna(value):
+        return "—"
+    sigma = float(value)
+    if not math.isfinite(sigma) or sigma <= 0:
+        return f"{sigma:g}"
+    scale = 10.0 ** (SIGMA_DIGITS - 1 - math.floor(math.log10(sigma)))
+    return f"{math.ceil(round(sigma * scale, 6)) / scale:.{SIGMA_DIGITS}g}"  # round(): 1.3 * 1000 is 1300.0000000000002
+
+
+def key_text(key: str, value: Any) -> str:
+    """The param ``key``'s ``value`` as a label shows it: σ by :func:`sigma_text`, any other by :func:`param_text`."""
+    if key == SIGMA_KEY and value is not None and not pd.isna(value):
+        try:
+            return sigma_text(float(value))
+        except (TypeError, ValueError):
+            return str(value)
+    return param_text(value)
+
+
 def number_text(value: Any, spec: str) -> str:
     """``value`` formatted by ``spec`` (``"d"``, ``"g"``, ``".2f"``); a dash where missing."""
     if value is None or pd.isna(value):

@@ -15,6 +15,7 @@ have neither (None).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, TypeVar
 
 import numpy as np
@@ -124,6 +125,7 @@ SHORT_NAMES = {
     "dp.accountant": "accountant",
     "dp.mechanism": "mechanism",
     "dp.unit": "unit",
+    "task.method": "method",
 }
 KIND_OF_PARAM = {key: name for name, key in PRIVACY_KINDS.items()}  # dp.mechanism -> mechanism
 
@@ -199,6 +201,33 @@ def run_models(runs: pd.DataFrame) -> pd.Series:
     shown = [
         shown_model(schemas[task], model) if task in schemas else model
         for task, model in zip(run_tasks(runs), models, strict=True)
+    ]
+    return pd.Series(shown, index=runs.index, dtype=object)
+
+
+# A task's method (issue 56, item 9): the param of a task whose schema has a ``method`` field, e.g. the
+# ratings task's als, popularity, dpam and sgd, whose rows all show the task's name as their model.
+METHOD_PARAM = "task.method"
+
+
+def method_tasks() -> dict[str, str]:
+    """Task name -> its default method, for the tasks whose schema has a ``method`` field."""
+    out = {}
+    for name, schema in task_schemas().items():
+        found = [f for f in dataclasses.fields(schema) if f.name == METHOD_PARAM.split(".", 1)[1]]
+        if found and isinstance(found[0].default, str):
+            out[name] = found[0].default
+    return out
+
+
+def run_methods(runs: pd.DataFrame) -> pd.Series:
+    """Each run's method (param, else tag ``task.method``; a run without either, its task's default) for
+    the runs of a task with methods (:func:`method_tasks`); None for the others."""
+    defaults = method_tasks()
+    logged = param_or_tag(runs, METHOD_PARAM).astype(object)
+    shown = [
+        (defaults[task] if pd.isna(value) else str(value)) if task in defaults else None
+        for task, value in zip(run_tasks(runs), logged, strict=True)
     ]
     return pd.Series(shown, index=runs.index, dtype=object)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from dpsweep.analysis.report.cells import param_text, sort_key
+from dpsweep.analysis.report.cells import key_text, sort_key
 from dpsweep.analysis.report.columns import MEMORY_STAGES, SHORT_NAMES, column, memory_column
 from dpsweep.analysis.report.table import swept_params
 
@@ -61,9 +61,9 @@ def _group_label(group: pd.DataFrame, swept: list[str], several: bool) -> str:
         if not first["private"] and k.startswith("dp."):
             continue
         if len(values) == 1:
-            parts.append(f"{SHORT_NAMES.get(k, k)}={param_text(values[0])}")
+            parts.append(f"{SHORT_NAMES.get(k, k)}={key_text(k, values[0])}")
         elif len(values) <= 3:
-            varying.append(f"{SHORT_NAMES.get(k, k)}∈{{{', '.join(param_text(v) for v in values)}}}")
+            varying.append(f"{SHORT_NAMES.get(k, k)}∈{{{', '.join(key_text(k, v) for v in values)}}}")
     label = " ".join(parts or varying) or ("private" if first["private"] else "non-private")
     if len(group) > 1:
         label += f" ({len(group)} configs)"

@@ -30,12 +30,14 @@ from dpsweep.analysis.report.columns import (
     run_tasks,
 )
 from dpsweep.analysis.report.table import (
+    SPREAD_LIMIT,
     baseline_key,
     config_labels,
     privacy_kinds,
     privacy_names,
     score_name,
     shows_privacy_kinds,
+    unstable_rows,
 )
 from dpsweep.config import UNITS, task_objectives, task_schemas
 from dpsweep.run.divergence import REASON_TAG
@@ -134,16 +136,26 @@ def _diverged_notes(runs: pd.DataFrame) -> list[str]:
 
 
 def _spread_notes(table: pd.DataFrame, labels: pd.Series) -> list[str]:
-    """Rows whose spread across seeds exceeds their mean: an error bar that crosses zero, often a
-    run that failed to learn without being caught as diverged."""
+    """The unstable rows (:func:`dpsweep.analysis.report.table.unstable_rows`), private or not, and why: their
+    spread across seeds is above :data:`SPREAD_LIMIT` of their mean; worse, where it exceeds the mean
+    itself (an error bar that crosses zero), often a run that failed to learn without being caught as
+    diverged."""
     notes = []
-    for _, row in table.iterrows():
+    for _, row in table[unstable_rows(table)].iterrows():
         mean, std = row["test_accuracy_mean"], row["test_accuracy_std"]
-        if pd.notna(mean) and pd.notna(std) and std > mean:
+        label, runs = labels.get(row["config_id"], row["config_id"]), ", ".join(r[:8] for r in row["run_ids"])
+        if std > mean:
             notes.append(
-                f"{labels.get(row['config_id'], row['config_id'])}: the spread across seeds (± {100 * std:.2f}) "
-                f"exceeds the mean ({100 * mean:.2f}); look at its runs ({', '.join(r[:8] for r in row['run_ids'])})"
+                f"{label}: the spread across seeds (± {100 * std:.2f}) exceeds the mean ({100 * mean:.2f}); look "
+                f"at its runs ({runs})"
             )
+            continue
+        drops = "" if row["private"] else ", or a drop against it,"
+        notes.append(
+            f"{label}: unstable across seeds: the spread (± {100 * std:.2f}) is {std / mean:.0%} of the mean "
+            f"({100 * mean:.2f}); a row is flagged above {SPREAD_LIMIT:.0%} (sample std over mean). A difference "
+            f"from another row{drops} smaller than the spread may be the seeds' alone; look at its runs ({runs})"
+        )
     return notes
 
 

@@ -53,7 +53,7 @@ from matplotlib.text import Annotation
 from matplotlib.ticker import MaxNLocator
 
 from dpsweep.analysis.report.build import Report
-from dpsweep.analysis.report.cells import PERCENT, param_text
+from dpsweep.analysis.report.cells import PERCENT, key_text, param_text
 from dpsweep.analysis.report.columns import (
     DEFAULT_OF_PARAM,
     HYPERPARAMETERS,
@@ -296,7 +296,7 @@ def plot_accuracy_vs(table: pd.DataFrame, key: str, path: Path, style: FigureSty
         for group_key, line in series:
             line = line.sort_values("_x")
             private, *rest = group_key
-            name = ", ".join(f"{SHORT_NAMES.get(k, k)}={param_text(v)}" for k, v in zip(others, rest, strict=True))
+            name = ", ".join(f"{SHORT_NAMES.get(k, k)}={key_text(k, v)}" for k, v in zip(others, rest, strict=True))
             name = (name or "private") if private else f"non-private {name}".strip()
             xs = line["_x"].to_numpy()
             mean = line["test_accuracy_mean"].to_numpy() * PERCENT
@@ -444,7 +444,7 @@ def run_labels(report: Report, run_ids: Sequence[str]) -> dict[str, str]:
     tuned = runs.index.isin(run_ids) & column(runs, "tuning").notna().to_numpy()
     secret = SECRET_LABEL_KEYS if tuned.any() else ()
     keys = [k for k in LABEL_KEYS if f"params.{k}" in runs.columns and k not in secret]
-    values = {k: {r: param_text(_label_value(runs, r, k)) for r in run_ids} for k in keys}
+    values = {k: {r: key_text(k, _label_value(runs, r, k)) for r in run_ids} for k in keys}
     private = {r: bool(runs.at[r, "private"]) for r in run_ids}
 
     def named(k: str, r: str) -> bool:  # a non-private run has no mechanism or unit to tell it apart by

@@ -5,8 +5,11 @@
 
 The rendered header names the accuracy columns by their objective ("test accuracy", "TSTR accuracy",
 or "accuracy" and a note when tasks are mixed); a table with rows of another task shows a ``task``
-column, and once a private row is not DP-SGD over examples, a ``mechanism`` and a ``unit`` column.
-Otherwise the output is as before these keys.
+column, a table with rows of a task with methods (``task.method``) a ``method`` column, and once a
+private row is not DP-SGD over examples, a ``mechanism`` and a ``unit`` column. Otherwise the output is
+as before these keys. σ shows at most 4 significant digits, rounded up (a calibrated σ has a float's 17:
+:func:`dpsweep.analysis.report.cells.sigma_text`); CSV keeps every number whole, and has a column
+``unstable`` once a row's spread over seeds is flagged (:func:`dpsweep.analysis.report.table.unstable_rows`).
 
 A private tuning's released trial shows the whole procedure's ε with its accountant (rdp), which the
 LaTeX caption states. A report of all trials (``Report.all_trials``: ``dpsweep-report --all-trials``) has
@@ -25,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from dpsweep.analysis.report.build import Report
-from dpsweep.analysis.report.cells import PERCENT, epsilon_text, number_text, param_text
+from dpsweep.analysis.report.cells import PERCENT, epsilon_text, number_text, param_text, sigma_text
 from dpsweep.analysis.report.columns import (
     DEFAULT_TASK,
     NOT_FOR_RELEASE,
@@ -69,10 +72,12 @@ def display_columns(table: pd.DataFrame, all_trials: bool = False) -> list[tuple
     ]
     if shows_tasks(table):
         cols.append(("task", "task", lambda r: param_text(r["task"])))
+    if shows_methods(table):  # e.g. als or dpam: rows of one model that differ in how it trains
+        cols.append(("method", "method", lambda r: param_text(r["method"])))
     score = f"{score_name(table)} (%)"
     cols += [
         ("B", "$B$", lambda r: number_text(r["batch_size"], "d")),
-        ("σ", r"$\sigma$", lambda r: number_text(r["noise_multiplier"], "g")),
+        ("σ", r"$\sigma$", lambda r: sigma_text(r["noise_multiplier"])),  # a calibrated σ: 4 digits, rounded up
         ("C", "$C$", _clip_norm),
         ("clipping", "clipping", _clipping),
         ("lr", "lr", lambda r: number_text(r["lr"], "g")),
@@ -125,6 +130,11 @@ def _privacy_kind(name: str) -> Cell:
     return cell
 
 
+def shows_methods(table: pd.DataFrame) -> bool:
+    """A table with a row of a task with methods (``task.method``) shows the method column (and CSV has it)."""
+    return "method" in table and bool(table["method"].notna().any())
+
+
 def shows_tasks(table: pd.DataFrame) -> bool:
     """A table with rows of another task than the classifier shows the task column (and CSV has it)."""
     return bool((row_tasks(table) != DEFAULT_TASK).any())
@@ -160,7 +170,7 @@ def paper_table(table: pd.DataFrame, latex: bool = False, all_trials: bool = Fal
     return pd.DataFrame(cells, columns=[tex if latex else plain for plain, tex, _ in cols])
 
 
-TEXT_COLUMNS = ("dataset", "model", "task", "accountant", *PRIVACY_KINDS, *ALL_TRIALS_COLUMNS)
+TEXT_COLUMNS = ("dataset", "model", "task", "method", "accountant", *PRIVACY_KINDS, *ALL_TRIALS_COLUMNS)
 
 
 def _right_aligned(shown: pd.DataFrame) -> list[bool]:
@@ -198,12 +208,18 @@ def to_csv(report: Report) -> str:
     release, on every row)."""
     table = report.table
     extras = [f"params.{k}" for k in extra_columns(table)]
-    kinds = ["dataset", "model", *(["task"] if shows_tasks(table) else [])]
+    kinds = [
+        "dataset",
+        "model",
+        *(["task"] if shows_tasks(table) else []),
+        *(["method"] if shows_methods(table) else []),
+    ]
     privacy = list(PRIVACY_KINDS) if shows_privacy_kinds(table) else []
     audits = audit_columns(table)
     names = ["config_id", *kinds, *SETTING_COLUMNS, *privacy, "private", *extras, "epsilon", *audits]
     names += ["test_accuracy_mean"]
     names += ["test_accuracy_std", "accuracy_drop", "runs", "runs_without_accuracy", "run_ids"]
+    names += ["unstable"] if "unstable" in table and table["unstable"].any() else []  # the spread over seeds
     names += [m for m in row_shares() if m in table and table[m].notna().any()]
     out = table[names].rename(columns={e: e.removeprefix("params.") for e in extras})
     out = out.assign(run_ids=out["run_ids"].map(" ".join))

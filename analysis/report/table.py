@@ -30,13 +30,14 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from dpsweep.analysis.report.cells import epsilon_text, param_text
+from dpsweep.analysis.report.cells import epsilon_text, key_text
 from dpsweep.analysis.report.columns import (
     DEFAULT_OF_PARAM,
     FLOAT_COLUMNS,
     HYPERPARAMETERS,
     INTEGER_COLUMNS,
     KIND_OF_PARAM,
+    METHOD_PARAM,
     MISSING,
     PRIVACY_KIND_DEFAULTS,
     PRIVACY_KINDS,
@@ -52,6 +53,7 @@ from dpsweep.analysis.report.columns import (
     row_shares,
     row_tasks,
     row_units,
+    run_methods,
     run_models,
     run_tasks,
 )
@@ -74,13 +76,15 @@ SORT_KEYS.register("epsilon")(SortKey("epsilon", ascending=True))  # most privat
 def summary_table(runs: pd.DataFrame, sort: str = "accuracy") -> pd.DataFrame:
     """One row per config over the FINISHED runs of ``runs`` (from report_runs).
 
-    Columns: config_id, dataset, model, task, private, batch_size, noise_multiplier, max_grad_norm,
-    lr, epochs, delta, accountant, mechanism, unit (privacy_kinds: None for a non-private row),
+    Columns: config_id, dataset, model, task, method (``task.method`` of a task with methods, e.g. als or
+    dpam: :func:`columns.run_methods`; None for other tasks' rows), private, batch_size, noise_multiplier,
+    max_grad_norm, lr, epochs, delta, accountant, mechanism, unit (privacy_kinds: None for a non-private row),
     epsilon, test_accuracy_mean, test_accuracy_std, tuning (a private tuning's ``released`` or
     ``withheld`` trials; None), accuracy_drop, runs (FINISHED runs pooled),
     runs_without_accuracy, baseline_config_id, run_ids, audit_epsilon_lower and audit_epsilon_lower_fdp
     (the smallest one-run audit bounds of the row's runs, Steinke et al.'s and the f-DP one; NaN without
-    audits), the tasks' shares (:func:`columns.row_shares`),
+    audits), unstable (the spread over seeds above :data:`SPREAD_LIMIT` of the mean: :func:`unstable_rows`),
+    the tasks' shares (:func:`columns.row_shares`),
     and ``params.<key>`` for every hyperparameter (the raw strings). The accuracy columns are of
     each run's score, its task's objective metric; the ``model`` of a row of a task whose model
     group is only an evaluation model is the task's name. A task's per-run shares
@@ -92,11 +96,12 @@ def summary_table(runs: pd.DataFrame, sort: str = "accuracy") -> pd.DataFrame:
     keys = hyperparameter_keys(done)
     table = _with_settings(_pooled(done), done, keys).reset_index()
     table[["accuracy_drop", "baseline_config_id"]] = _baselines(table, keys)
-    head = ["config_id", "dataset", "model", "task", *SETTING_COLUMNS, *PRIVACY_KINDS, "private", "epsilon"]
+    table["unstable"] = unstable_rows(table)
+    head = ["config_id", "dataset", "model", "task", "method", *SETTING_COLUMNS, *PRIVACY_KINDS, "private", "epsilon"]
     head += ["test_accuracy_mean", "test_accuracy_std"]
     tail = [
         "tuning", "accuracy_drop", "runs", "runs_without_accuracy", "baseline_config_id", "run_ids",
-        "audit_epsilon_lower", "audit_epsilon_lower_fdp",
+        "audit_epsilon_lower", "audit_epsilon_lower_fdp", "unstable",
     ]  # fmt: skip
     tail += row_shares()
     table = table[head + tail + [f"params.{k}" for k in keys]]
@@ -135,6 +140,23 @@ def _pooled(done: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+# A row is unstable where the sample std of its score over seeds exceeds this share of its mean (its
+# coefficient of variation): at 82.50 ± 8.25 (10%), one seed's luck moves the row by more than most
+# differences between rows and most drops against a baseline, so the row's mean says little. The limit is
+# meant to pass the replicates of a recipe that trains to convergence and to catch one that does not
+# (too few epochs, too large a step, a run that failed without diverging). It needs no scale, so it
+# serves every task's objective (accuracy, TSTR accuracy, Recall@20) alike, private or not; a row of
+# one scored run has no spread and is never flagged. With 2 or 3 seeds the std is itself a rough estimate.
+SPREAD_LIMIT = 0.05
+
+
+def unstable_rows(table: pd.DataFrame) -> pd.Series:
+    """Which rows (of :func:`_pooled`'s or the summary table's) have a sample std of their score over
+    seeds above :data:`SPREAD_LIMIT` times its mean; False where it has no std (fewer than 2 scored runs)."""
+    mean, std = table["test_accuracy_mean"].astype(float), table["test_accuracy_std"].astype(float)
+    return (std.notna() & mean.notna() & (std > SPREAD_LIMIT * mean)).astype(bool)
+
+
 AUDIT_METRIC = "metrics.audit.epsilon_lower"  # a one-run audit's ε lower bound (dpsweep.audit)
 AUDIT_FDP_METRIC = "metrics.audit.epsilon_lower_fdp"  # ... read against the run's own ledger (dpsweep.audit.fdp)
 
@@ -170,6 +192,7 @@ def _with_settings(table: pd.DataFrame, done: pd.DataFrame, keys: Sequence[str])
             own = tasks == task
             table.loc[own[own].index, "lr"] = param_or_tag(first, schema.learning_rate_param)[own]
     table["task"] = tasks
+    table["method"] = run_methods(first)
     table["model"] = run_models(first)
     table["tuning"] = column(first, "tuning").astype(object)
     tuned = column(first, "metrics.epsilon_tuning").notna()  # its ε: the procedure's, under its accountant
@@ -302,8 +325,9 @@ def _in_task_section(key: str) -> bool:
 
 def extra_columns(table: pd.DataFrame) -> list[str]:
     """Swept hyperparameters that have no column of their own in the table (e.g. model.hidden_units;
-    not dp.mechanism and dp.unit, which have theirs once they vary: shows_privacy_kinds)."""
-    shown = set(HYPERPARAMETERS.values()) | set(PRIVACY_KINDS.values())
+    not dp.mechanism and dp.unit, which have theirs once they vary: shows_privacy_kinds; nor task.method, whose
+    column shows whenever a row has a method)."""
+    shown = set(HYPERPARAMETERS.values()) | set(PRIVACY_KINDS.values()) | {METHOD_PARAM}
     return [k for k in swept_params(table) if k not in shown]
 
 
@@ -325,7 +349,7 @@ def config_labels(table: pd.DataFrame) -> pd.Series:
                 continue  # a row of another task
             kind = KIND_OF_PARAM.get(key)  # mechanism, unit: with their defaults for runs from before them
             value = row[kind] if kind is not None and kind in row.index else row[f"params.{key}"]
-            parts.append(f"{SHORT_NAMES.get(key, key)}={param_text(value)}")
+            parts.append(f"{SHORT_NAMES.get(key, key)}={key_text(key, value)}")
         labels[row["config_id"]] = " ".join(parts) or f"{row['dataset']}/{row['model']}"
     return pd.Series(labels, name="label")
 

@@ -10,7 +10,11 @@ One row per config (runs equal but for the seed): dataset, model, B, σ, C, lr, 
 accountant, ε, test accuracy mean ± std over seeds, its drop against the non-private baseline of
 the same dataset and model, and the number of runs. A run's accuracy is its task's objective: a
 GAN run's (``task=gan``) is its TSTR accuracy, its rows show model ``gan`` (and a task column), and
-the notes give the same classifier's accuracy on real data and the memorisation share. Where a
+the notes give the same classifier's accuracy on real data and the memorisation share. Rows of a task
+with methods (``task.method``: the recommender's als, popularity, dpam, sgd) have a ``method`` column. A
+calibrated σ shows 4 significant digits, rounded up (CSV: whole). A row whose accuracy varies across
+seeds by more than 5% of its mean (sample std over mean), private or not, is flagged in the notes with
+its figures and runs, and in the CSV's ``unstable`` column. Where a
 private row is not example-level DP-SGD, the ``mechanism`` (a name of dpsweep.mechanisms) and
 ``unit`` (example, user: whom its ε protects) columns appear, with notes; the Pareto plot colours by mechanism. Only
 FINISHED runs count; the notes say how many failed, were pruned or are still running, and warn
