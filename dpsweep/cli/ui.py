@@ -4,12 +4,15 @@
     dpsweep-ui --experiment grid --port 5001    # another experiment, another port
     dpsweep-ui --tracking-uri http://mlflow:5000 --no-browser   # a server's page: printed, nothing served
 
-It serves the store with ``mlflow ui`` on 127.0.0.1 (loopback only), waits until it answers, then
-prints the experiment's page and opens it in the default browser where there is one. The page asks
-for MLflow 3's model-training view (``workflowType=machine_learning``), where the runs table is,
-instead of its GenAI overview (see ``dpsweep.tracking.ui_url``), in the view of the runs that
-dpsweep-ui saves on the experiment first: the objective and ε as columns, with the swept params, runs
-sorted by the objective (``dpsweep.tracking.views.save_view``). Ctrl-C stops the server.
+It says at once where it will serve (before MLflow, which takes seconds to import, a minute on a loaded
+machine), serves the store with MLflow's server on 127.0.0.1 (loopback only), waits until it answers,
+then prints the experiment's page, says the server is ready, and opens the page in the default browser
+where there is one. The page asks for MLflow 3's model-training view (``workflowType=machine_learning``),
+where the runs table is, instead of its GenAI overview (see ``dpsweep.tracking.ui_url``), in the view of
+the runs that dpsweep-ui saves on the experiment first: the objective and ε as columns, with the swept
+params, runs sorted by the objective (``dpsweep.tracking.views.save_view``). Every other way into the
+UI it serves (an experiment clicked in MLflow's list, the Models tab's URL) opens on model training too
+(``dpsweep.tracking.ui_server``). Ctrl-C stops the server.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from dpsweep.errors import InputError
 
 HOST = "127.0.0.1"
 START_S = 120.0  # how long `mlflow ui` may take to answer /health (it imports MLflow's server first)
+STILL_S = 15.0  # while it has not answered, a line this often
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,6 +68,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise InputError("--tracking-uri", uri, f"a store that exists ({where.absolute()} does not): run dpsweep first")
     if not 0 < args.port < 65536:
         raise InputError("--port", args.port, "a TCP port, 1 to 65535")
+    if local and not _free(args.port):
+        raise InputError("--port", args.port, f"a port nothing listens on at {HOST} (another mlflow ui?)")
+    started = time.monotonic()
+    print(_first_line(uri, local, args.port), flush=True)
     from dpsweep.tracking.store import open_client  # MLflow: after the arguments parse
     from dpsweep.tracking.views import latest_experiment, save_view  # MLflow: after the arguments parse
 
@@ -79,21 +87,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     view = save_view(client, experiment_id)
     if not local:  # a server: its UI is already served
         return _show(ui_url(uri, experiment_id, view), args.no_browser)
-    if not _free(args.port):
-        raise InputError("--port", args.port, f"a port nothing listens on at {HOST} (another mlflow ui?)")
     # Its output is the user's (the server's log, on this terminal). Its own session: MLflow starts its
     # web server and job consumers as processes of their own, and the whole group is stopped with it,
     # on Ctrl-C, on SIGTERM (kill) and on SIGHUP (the terminal closed) alike.
     for stop in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(stop, _exit_on)
     server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", HOST, "--port", str(args.port)],
+        [sys.executable, "-m", "dpsweep.tracking.ui_server", "ui", "--backend-store-uri", uri, "--host", HOST,
+         "--port", str(args.port)],
         start_new_session=True,
     )  # fmt: skip
     try:
-        _wait_for(server, args.port)
+        _wait_for(server, args.port, started)
         _show(ui_url(f"http://{HOST}:{args.port}", experiment_id, view), args.no_browser)
-        print("dpsweep-ui: Ctrl-C stops the server", flush=True)
+        print(f"dpsweep-ui: the server is ready ({time.monotonic() - started:.0f} s); Ctrl-C stops it", flush=True)
         return server.wait()
     except KeyboardInterrupt:
         return 0
@@ -138,8 +145,19 @@ def _free(port: int) -> bool:
     return True
 
 
-def _wait_for(server: subprocess.Popen[bytes], port: int) -> None:
-    deadline = time.monotonic() + START_S
+def _first_line(uri: str, local: bool, port: int) -> str:
+    """What dpsweep-ui says before it imports MLflow: where it will serve, or which server it reads."""
+    from dpsweep.errors import redact
+
+    if not local:
+        return redact(f"dpsweep-ui: reading {uri} (MLflow takes a few seconds to load)")  # never a password
+    return f"dpsweep-ui: starting MLflow's server for {uri} at http://{HOST}:{port} (the page follows once it answers)"
+
+
+def _wait_for(server: subprocess.Popen[bytes], port: int, started: float) -> None:
+    """Until the server answers /health; a line every :data:`STILL_S` while it has not."""
+    said = time.monotonic()
+    deadline = said + START_S
     while time.monotonic() < deadline:
         if server.poll() is not None:
             raise RuntimeError(f"mlflow ui ended with exit code {server.returncode} before it answered")
@@ -148,6 +166,9 @@ def _wait_for(server: subprocess.Popen[bytes], port: int) -> None:
                 return
         except OSError:
             time.sleep(0.25)
+        if time.monotonic() - said >= STILL_S:
+            said = time.monotonic()
+            print(f"dpsweep-ui: MLflow's server is still starting ({said - started:.0f} s)", flush=True)
     raise RuntimeError(f"mlflow ui did not answer on port {port} within {START_S:g} s")
 
 

@@ -18,6 +18,13 @@ PRIVATE = {"task.name": "classifier", "dataset.name": "digits", "model.name": "c
 EXAMPLE = np.zeros((1, 4), dtype=np.float32)
 
 
+def _cfg(uri: str, experiment: str) -> TrackingConfig:
+    """Without warming the model's imports in the tracking process (``log_model=False``: it warms them in a
+    thread as the run begins), which would race the import of torch that unpickling this test's model
+    starts there at once; a real run logs its model after training."""
+    return TrackingConfig(uri, experiment, log_model=False)
+
+
 def _module() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Linear(4, 2)
@@ -31,7 +38,7 @@ def _linked(client: MlflowClient, model_id: str) -> dict[str, tuple[float, str |
 def test_a_private_runs_model_is_named_and_carries_the_objective_and_every_epsilon(
     mlflow_uri: str, experiment_name: str, client: MlflowClient
 ) -> None:
-    with tracked_run(TrackingConfig(mlflow_uri, experiment_name)) as run:
+    with tracked_run(_cfg(mlflow_uri, experiment_name)) as run:
         run.log_params(PRIVATE)
         run.log_dataset_splits({"name": "digits"}, {"train": 1437, "test": 360})
         run.log_metrics({"test_accuracy": 0.5, "epsilon": 1.2, "memory/peak_bytes": 1e6}, step=1)
@@ -61,7 +68,7 @@ def test_a_private_runs_model_is_named_and_carries_the_objective_and_every_epsil
 def test_a_resumed_run_keeps_its_one_model_and_links_its_final_metrics(
     mlflow_uri: str, experiment_name: str, client: MlflowClient
 ) -> None:
-    cfg = TrackingConfig(mlflow_uri, experiment_name)
+    cfg = _cfg(mlflow_uri, experiment_name)
     with pytest.raises(KeyboardInterrupt), tracked_run(cfg) as run:  # its job logged the model, then was requeued
         run.log_params({"task.name": "classifier", "dataset.name": "digits", "model.name": "cnn", "dp.enabled": False})
         run.log_metrics({"test_accuracy": 0.5}, step=1)

@@ -1,0 +1,95 @@
+"""The MLflow server ``dpsweep-ui`` runs: MLflow's own (``mlflow ui``, its CLI, its uvicorn workers), whose
+page opens every experiment on model training rather than MLflow 3's GenAI overview (issue 56, item 4).
+
+    python -m dpsweep.tracking.ui_server ui --backend-store-uri sqlite:///mlflow.db --port 5000
+
+MLflow 3.17's UI takes the workflow type of every page (the GenAI overview: Traces, Token usage, "Agent
+versions"; or model training: Runs, Models, Charts) from the URL's ``workflowType`` where there is one,
+else from the browser's local storage (``mlflow.workflowType_v1``, written when the user flips the
+"GenAI / Model training" switch), else GenAI. Not from the experiment: its ``mlflow.experimentKind`` tag
+(:data:`dpsweep.tracking.EXPERIMENT_KIND_TAG`) is read only where the workflow switch is disabled, and
+3.17's feature flag enables it always. (Read in the built bundle, ``mlflow/server/js/build/static/js``:
+the workflow-type context's provider, ``useLocalStorage({key: "mlflow.workflowType", version: 1,
+initialValue: "genai"})``; the experiment kind, the tag's value only when the flag is off; the experiment
+page's redirect from ``#/experiments/<id>``, to Overview or Traces for a GenAI kind, else to Runs.) So a
+link without the parameter (an experiment clicked in the experiment list, the Models tab's URL, a
+bookmark) opened on the GenAI overview in a browser that had not flipped the switch.
+
+This server's page writes model training into local storage before MLflow's scripts read it (a script
+at the top of ``index.html``, which every page of the UI loads: its routes are the URL's fragment), so
+every way into the UI it serves opens on model training, and a link's own ``workflowType`` still wins.
+The user's switch works for the page they are on; the next page load of this server opens on model
+training again, as a store of dpsweep's training runs has nothing for the GenAI view.
+
+MLflow finds the app that ``--app-name`` names among its plugins' entry points (``mlflow.app``); this
+module names its own (:data:`APP`) in the process that runs MLflow's CLI, by adding it to the option's
+choices and replacing that lookup (``mlflow.server._find_app``). Where an MLflow has neither, the plain
+``mlflow ui`` runs, and links without ``workflowType`` open as MLflow decides.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+APP_NAME = "dpsweep"
+APP = "dpsweep.tracking.ui_server:app"  # a factory (uvicorn --factory): each worker makes it on start
+WORKFLOW_KEY = "mlflow.workflowType_v1"  # MLflow's useLocalStorage key: "<key>_v<version>"
+WORKFLOW = "machine_learning"  # MLflow's WorkflowType.MACHINE_LEARNING: the "Model training" view
+# before MLflow's scripts (deferred, in <head>): set while the page is parsed
+SCRIPT = f"<script>try{{localStorage.setItem({WORKFLOW_KEY!r},JSON.stringify({WORKFLOW!r}))}}catch(e){{}}</script>"
+
+
+def page(index_html: str) -> str:
+    """MLflow's ``index.html`` with :data:`SCRIPT` first in its ``<head>``."""
+    head = index_html.find("<head>")
+    if head < 0:
+        return SCRIPT + index_html
+    at = head + len("<head>")
+    return index_html[:at] + SCRIPT + index_html[at:]
+
+
+def app() -> Any:
+    """MLflow's ASGI app (``mlflow.server.fastapi_app``, which serves its Flask app), its ``index.html``
+    served as :func:`page` makes it."""
+    from flask import Response
+    from mlflow.server import app as flask_app
+    from mlflow.server.fastapi_app import app as asgi
+
+    original: Callable[[], Any] = flask_app.view_functions["serve"]
+    index = Path(str(flask_app.static_folder)) / "index.html"
+
+    def serve() -> Any:
+        if not index.exists():  # (MLflow's own answer: how to build its UI)
+            return original()
+        return Response(page(index.read_text()), mimetype="text/html", headers={"Cache-Control": "no-cache"})
+
+    flask_app.view_functions["serve"] = serve
+    return asgi
+
+
+def main(argv: Sequence[str]) -> None:
+    """MLflow's CLI on ``argv`` (``ui ...``), with this module's app where MLflow lets it be named."""
+    import click
+    import mlflow.server
+    from mlflow.cli import cli
+
+    find = getattr(mlflow.server, "_find_app", None)
+    command = cli.commands.get("server")  # (`mlflow ui` is its alias)
+    option = next((p for p in getattr(command, "params", []) if p.name == "app_name"), None)
+    args = list(argv)
+    if find is not None and isinstance(getattr(option, "type", None), click.Choice):
+
+        def found(app_name: str) -> str:
+            return APP if app_name == APP_NAME else str(find(app_name))
+
+        mlflow.server._find_app = found
+        option.type.choices = [*option.type.choices, APP_NAME]  # type: ignore[union-attr]
+        args += ["--app-name", APP_NAME]
+    cli.main(args=args, prog_name="mlflow")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
