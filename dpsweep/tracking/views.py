@@ -1,5 +1,6 @@
 """The view of an experiment that ``dpsweep-ui`` opens in MLflow's UI: ε against accuracy, what was
-swept, best first (one of MLflow's shared views, saved on the experiment). Of a private tuning
+swept, best first, and a chart view that opens on ε against accuracy (one of MLflow's shared views,
+saved on the experiment). Of a private tuning
 (``sweep.private_tuning``) it shows the released trial alone: the view filters out the runs tagged
 ``tuning.withheld`` (the other trials and the parent run, which holds K), and shows no ``train.seed``
 column while a released trial is among its runs (Papernot & Steinke 2022's bound needs K secret; a
@@ -51,9 +52,10 @@ def save_view(client: MlflowClient, experiment_id: str) -> str:
     views (the experiment tag ``VIEW_TAG + VIEW_KEY``, which the UI applies for the URL parameter
     ``viewStateShareKey``), and return its key.
 
-    Its columns answer "ε against accuracy" at once, and fit a 1440 px window: the objective of the runs'
-    tasks, then ε (the headline ``epsilon``, not ``epsilon_<accountant>``), then what was swept
-    (:func:`swept_params`), and nothing else (MLflow's column selector adds more). Its rows are sorted by
+    Its columns answer "ε against accuracy" at once: the objective of the runs' tasks, then ε (the
+    headline ``epsilon``, not ``epsilon_<accountant>``), then what was swept (:func:`swept_params`), and
+    nothing else (MLflow's column selector adds more); a 1440 px window shows them without scrolling where
+    a few keys were swept (MLflow gives each 100 px). Its rows are sorted by
     the objective of the newest run's task, best first; so sorted, the UI lists a sweep's jobs as rows of
     their own, where in its default order (by date) it nests them under their sweep's run, collapsed. A
     shared view sets columns and order, not which runs are expanded (MLflow leaves ``runsExpanded`` out
