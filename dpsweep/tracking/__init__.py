@@ -447,8 +447,11 @@ def release_best(
     uri: str, experiment: str, sweep_id: str, objective: str, procedure: Mapping[str, Any]
 ) -> tuple[str | None, int]:
     """Tag the sweep's best FINISHED trial released, the others not, and make the released one report
-    the tuning ``procedure`` (:func:`dpsweep.tracking.sweeps.release_best`); its run id and the number finished."""
+    the tuning ``procedure`` (:func:`dpsweep.tracking.sweeps.release_best`), its model too (the whole
+    tuning's ε: :func:`dpsweep.tracking.logged_models.link_model`); its run id and the number finished."""
     best, finished = service().call("release_best", uri, experiment, sweep_id, objective, dict(procedure))
+    if best is not None:
+        service().call("link_model", uri, best)
     return best, int(finished)
 
 

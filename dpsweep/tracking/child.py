@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dpsweep.tracking import dead_runs, monitors, store, sweeps  # noqa: F401  (their @store.op register on import)
+from dpsweep.tracking import dead_runs, logged_models, monitors, store, sweeps  # noqa: F401  (@store.op on import)
 from dpsweep.tracking.channel import in_background, serve
 from dpsweep.tracking.dead_runs import reconcile
 
@@ -38,8 +38,8 @@ def begin_run(cfg: TrackingConfig, *args: Any, **kwargs: Any) -> str:
     return run_id
 
 
-# every store operation (``@store.op``, in store, sweeps, monitors and dead_runs), with the two that answer
-# differently here: a run begun warms its model's imports; dead runs are told as plain data
+# every store operation (``@store.op``, in store, sweeps, monitors, dead_runs and logged_models), with the two
+# that answer differently here: a run begun warms its model's imports; dead runs are told as plain data
 OPS: dict[str, Callable[..., Any]] = {
     **store.OPS,
     "begin_run": begin_run,

@@ -12,7 +12,9 @@ inputs the run logged (:meth:`dpsweep.tracking.Tracker.log_dataset_splits`).
 
 The store's ops call these in the tracking process: :func:`dpsweep.tracking.store.log_model` names the
 model and links what the run logged before it; :func:`dpsweep.tracking.store.end_run` links the rest
-once the run has finished, whichever came first (a resumed run's model was logged by its earlier job).
+once the run has finished, whichever came first (a resumed run's model was logged by its earlier job);
+:func:`link_model` links what a private tuning's release logs on its trial after it ended
+(:func:`dpsweep.tracking.release_best`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from mlflow.entities import LoggedModelStatus, Metric
 from mlflow.tracking import MlflowClient
 
 from dpsweep.config import task_objectives
-from dpsweep.tracking.store import retry_busy
+from dpsweep.tracking.store import client_of, op, retry_busy
 
 EPSILON = "epsilon"  # a private run's headline ε (dp.accountant's); epsilon_<accountant>: under each
 OBJECTIVE_SPLIT, EPSILON_SPLIT = "test", "train"  # the dataset split each linked metric is of
@@ -101,3 +103,10 @@ def link_model_metrics(client: MlflowClient, run_id: str) -> list[Metric]:
     if out:  # the run's own rows are the ones it has (same key, value, step and time): MLflow keeps one
         retry_busy(lambda: client.log_batch(run_id, metrics=out))
     return out
+
+
+@op
+def link_model(uri: str, run_id: str) -> int:
+    """:func:`link_model_metrics` of the run ``run_id`` in the store at ``uri``, for a run's metrics logged
+    after it ended (a private tuning's release: the whole tuning's ε on the released trial); how many."""
+    return len(link_model_metrics(client_of(uri), run_id))

@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from helpers import runs_of
+from mlflow.entities import Param
 from mlflow.tracking import MlflowClient
 
 from dpsweep.config import TrackingConfig
@@ -16,6 +20,8 @@ from dpsweep.tracking.store import log_model
 PRIVATE = {"task.name": "classifier", "dataset.name": "digits", "model.name": "cnn", "dp.enabled": True,
            "dp.mechanism": "dpsgd"}  # fmt: skip
 EXAMPLE = np.zeros((1, 4), dtype=np.float32)
+PROCEDURE = {"epsilon": 2.5, "accountant": "rdp", "distribution": "poisson", "mean_trials": 3.0,
+             "selection": "the best", "reference": "Papernot & Steinke 2022"}  # fmt: skip
 
 
 def _cfg(uri: str, experiment: str) -> TrackingConfig:
@@ -103,3 +109,28 @@ def test_a_private_tuning_trials_model_gets_its_epsilon_only_once_released(
     client.set_tag(run_id, "tuning.released", "true")
     link_model_metrics(client, run_id)
     assert _linked(client, model.model_id)["epsilon"] == (3.5, None)  # (this run logged no dataset)
+
+
+def test_a_private_tunings_released_model_carries_the_whole_tunings_epsilon(tmp_path: Path) -> None:
+    from dpsweep.tracking import PRIVACY_LEDGER, release_best
+    from dpsweep.tracking.store import end_run
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("tuned", artifact_location=(tmp_path / "mlruns").as_uri())
+    for accuracy in (0.8, 0.9):  # two trials of sweep s1, each with its model
+        run_id = client.create_run(experiment, tags={"sweep.id": "s1", "sweep.private_tuning": "True"}).info.run_id
+        client.log_batch(run_id, params=[Param(k, str(v)) for k, v in PRIVATE.items()])
+        for key, value in {"test_accuracy": accuracy, "epsilon": 1.0, "epsilon_rdp": 1.0}.items():
+            client.log_metric(run_id, key, value, step=1)
+        client.log_text(run_id, json.dumps({"epsilon": {"rdp": 1.0}, "events": []}), PRIVACY_LEDGER)
+        module = _module()
+        log_model(uri, run_id, module, EXAMPLE, module(torch.as_tensor(EXAMPLE)).detach().numpy(), None, "2")
+        end_run(uri, run_id, "FINISHED")
+    released, _ = release_best(uri, "tuned", "s1", "test_accuracy", PROCEDURE)
+    [model] = client.search_logged_models([experiment])  # the other trial's is deleted by the release
+    assert model.source_run_id == released and model.name == "digits-cnn-dpsgd-tuning"
+    linked = _linked(client, model.model_id)
+    assert linked["epsilon"][0] == linked["epsilon_tuning"][0] == PROCEDURE["epsilon"], linked  # the tuning's ε
+    assert linked["epsilon_single_run"][0] == 1.0 and linked["test_accuracy"][0] == 0.9, linked
+    assert "epsilon_pld" not in linked  # NaN: not computed for the procedure
