@@ -232,8 +232,9 @@ def why_dead(tags: dict[str, str], now_s: float) -> str | None:
     return None
 
 
-# MLflow 3's UI opens an experiment by its kind; without one it guesses, and an experiment of
-# training runs can open on an empty GenAI traces page. dpsweep's are model training.
+# The kind of dpsweep's experiments for MLflow's UI: model training. MLflow 3.17's UI reads it only where its
+# GenAI / Model training switch is disabled, which it never is there: the URL's workflowType and the browser's
+# local storage decide (dpsweep.tracking.ui_server, whose server opens every way in on model training).
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 
