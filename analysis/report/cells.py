@@ -23,15 +23,15 @@ def param_text(value: Any) -> str:
 
 
 SIGMA_KEY = "dp.noise_multiplier"  # σ: calibrated to dp.target_epsilon where that is set, a float's 17 digits
-SIGMA_DIGITS = 4  # significant digits of a σ shown (dpsweep.cli.lines.SIGMA_DIGITS: the run's own lines)
+SIGMA_DIGITS = 4  # significant digits of a σ shown (as dpsweep.cli.sigma's: the run's lines, dpsweep-epsilon)
 
 
 def sigma_text(value: Any) -> str:
     """σ as a cell or a label shows it: at most :data:`SIGMA_DIGITS` significant digits, rounded up
-    (``1.15410614`` -> ``1.155``; ``0.8`` stays ``0.8``), as the run's result line and dpsweep-epsilon show it
-    (``dpsweep.cli.lines.sigma_text``). Up: a run at the σ shown adds at least the noise of the row's runs,
-    so a σ calibrated for ε <= a target, shown, spends at most that ε too. Only the text is rounded: the
-    frames and the CSV keep σ whole. A dash where missing."""
+    (``1.15410614`` -> ``1.155``; ``0.8`` stays ``0.8``), as the run's result line and dpsweep-epsilon show
+    it (``dpsweep.cli.sigma.sigma_text``, which analysis may not import). Up: a run at the σ shown adds at
+    least the noise of the row's runs, so a σ calibrated for ε <= a target, shown, spends at most that ε
+    too. Only the text is rounded: the frames and the CSV keep σ whole. A dash where missing."""
     if value is None or pd.isna(value):
         return "—"
     sigma = float(value)

@@ -36,9 +36,9 @@ from typing import Any, NoReturn
 
 from dpsweep import mechanisms
 from dpsweep.cli.errors import exits_on_bad_input
-from dpsweep.cli.lines import SIGMA_DIGITS, sigma_text
 from dpsweep.cli.options import plain_text
 from dpsweep.cli.script import run_script
+from dpsweep.cli.sigma import SIGMA_DIGITS, sigma_text
 from dpsweep.errors import InputError
 from dpsweep.privacy import calibrate, clipping, ledger, ranges, rdp
 from dpsweep.privacy import schedule as privacy

@@ -12,29 +12,16 @@ they show the run less private than its ledger (:mod:`dpsweep.audit`).
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from dpsweep import units
+from dpsweep.cli.sigma import sigma_text
 from dpsweep.config import Config, GradSampleMode, TaskConfig, shown_model
 
 if TYPE_CHECKING:  # torch and MLflow are imported where a run needs them: --help stays fast
     from dpsweep.run.runner import TrainResult
-
-SIGMA_DIGITS = 4  # significant digits of a σ shown to a person (a calibrated σ has a float's 17)
-
-
-def sigma_text(sigma: float) -> str:
-    """σ for display: ``1.15410614`` -> ``1.155``, at most :data:`SIGMA_DIGITS` significant digits, rounded
-    up (``0.8`` and ``1.3`` stay as they are). Up: a run at the σ shown adds at least the noise of the
-    run it describes, so where σ was calibrated for ε <= a target, the σ shown spends at most that ε
-    too (ε falls as σ grows). Only the text is rounded: the run, its ledger and its params keep σ."""
-    if not math.isfinite(sigma) or sigma <= 0:
-        return f"{sigma:g}"
-    scale = 10.0 ** (SIGMA_DIGITS - 1 - math.floor(math.log10(sigma)))
-    return f"{math.ceil(round(sigma * scale, 6)) / scale:.{SIGMA_DIGITS}g}"  # round(): 1.3 * 1000 is 1300.0000000000002
 
 
 def start_line(cfg: DictConfig, output_dir: str) -> str:
