@@ -7,8 +7,8 @@ MLflow 3.17's UI takes the workflow type of every page (the GenAI overview: Trac
 versions"; or model training: Runs, Models, Charts) from the URL's ``workflowType`` where there is one,
 else from the browser's local storage (``mlflow.workflowType_v1``, written when the user flips the
 "GenAI / Model training" switch), else GenAI. Not from the experiment: its ``mlflow.experimentKind`` tag
-(:data:`dpsweep.tracking.EXPERIMENT_KIND_TAG`) is read only where the workflow switch is disabled, and
-3.17's feature flag enables it always. (Read in the built bundle, ``mlflow/server/js/build/static/js``:
+(:data:`dpsweep.tracking.EXPERIMENT_KIND_TAG`) is read only where a feature flag of the UI (the workflow
+switch) is off, and 3.17 builds it on. (Read in the built bundle, ``mlflow/server/js/build/static/js``:
 the workflow-type context's provider, ``useLocalStorage({key: "mlflow.workflowType", version: 1,
 initialValue: "genai"})``; the experiment kind, the tag's value only when the flag is off; the experiment
 page's redirect from ``#/experiments/<id>``, to Overview or Traces for a GenAI kind, else to Runs.) So a
