@@ -28,9 +28,13 @@ VIEW_RUNS = 1000  # the newest runs of an experiment whose params and metrics ch
 # the view's runs: all but those a private tuning withholds (MLflow's search syntax, which its UI sends as is)
 VIEW_FILTER = f"tags.`{WITHHELD_TAG}` IS NULL"
 SECRET_PARAMS = ("train.seed",)  # no column while a released trial of a private tuning is in the view
-# the chart view's sections (MLflow's names for metrics without a prefix and for system/…; dpsweep's memory/…)
-MODEL_SECTION, SYSTEM_SECTION, MEMORY_SECTION = "Model metrics", "System metrics", "memory"
+# the chart view's sections (MLflow's names for metrics without a prefix and for system/<name>)
+MODEL_SECTION, SYSTEM_SECTION = "Model metrics", "System metrics"
 SYSTEM_PREFIX = "system/"  # MLflow's system metrics (its System metrics section)
+# the sections of dpsweep's memory figures: system/memory/…_mib (dpsweep.memory.tables.metric), and the
+# memory/…_bytes of older runs; per rank system/memory/rankN/… (MLflow names a section by the metric's
+# name up to its last "/")
+MEMORY_SECTIONS = ("system/memory", "memory")
 SCATTER_RUNS = 100  # the runs the ε-objective scatter shows (MLflow's default for a scatter)
 DURATION_COLUMN = "duration"  # the id of the runs table's column of a run's duration, which it always shows
 SAID_BY_EPSILON = ("dp.enabled",)  # no column of its own: a non-private run has no ε
@@ -126,10 +130,12 @@ def chart_state(objective: str | None, metrics: Collection[str]) -> dict[str, An
     """The chart view of the shared view (MLflow's ``compareRunCharts`` and ``compareRunSections``, which
     a shared view carries: ``ExperimentPageUIState`` in MLflow's UI): first a scatter of ε against the
     ``objective``, then the objective per epoch; MLflow adds a chart of each other metric after them
-    (a section marked ``isReordered`` gets its new charts at its end). ``memory/…`` metrics (bytes, and
-    per rank ``memory/rankN/…``) get sections of their own, last and collapsed (``display: false``);
-    ``isAccordionReordered`` keeps the sections in this order, which MLflow would otherwise sort by name
-    (``memory`` before ``Model metrics``). ``metrics``: every metric key of the view's runs."""
+    (a section marked ``isReordered`` gets its new charts at its end). The memory figures
+    (``system/memory/…_mib``, per rank ``system/memory/rankN/…``, and older runs' ``memory/…_bytes``) get
+    sections of their own (:data:`MEMORY_SECTIONS`), last, after MLflow's System metrics, and collapsed
+    (``display: false``); ``isAccordionReordered`` keeps the sections in this order, which MLflow would
+    otherwise sort by name (``memory`` and ``system/memory`` before ``Model metrics``). ``metrics``:
+    every metric key of the view's runs."""
     model = {"uuid": f"{VIEW_KEY}-model", "name": MODEL_SECTION, "display": True, "isReordered": True}
     charts: list[dict[str, Any]] = []
     card = {"deleted": False, "isGenerated": False, "metricSectionId": model["uuid"]}
@@ -143,15 +149,25 @@ def chart_state(objective: str | None, metrics: Collection[str]) -> dict[str, An
             "uuid": f"{VIEW_KEY}-objective", "type": "LINE", "metricKey": objective, "xAxisKey": "step",
             "scaleType": "linear", "lineSmoothness": 0, "useGlobalXaxisKey": False, "runsCountToCompare": 10,
         })  # fmt: skip
-    names = sorted({k.rsplit("/", 1)[0] for k in metrics if "/" in k and not k.startswith(SYSTEM_PREFIX)})
-    memory = [n for n in names if n == MEMORY_SECTION or n.startswith(MEMORY_SECTION + "/")]
-    system = [SYSTEM_SECTION] if any(k.startswith(SYSTEM_PREFIX) for k in metrics) else []  # MLflow's own
+    names = sorted({section_name(k) for k in metrics} - {MODEL_SECTION, SYSTEM_SECTION})
+    memory = [n for n in names if any(n == m or n.startswith(m + "/") for m in MEMORY_SECTIONS)]
+    system = [SYSTEM_SECTION] if any(section_name(k) == SYSTEM_SECTION for k in metrics) else []  # MLflow's own
     shown = [(n, True) for n in [*(n for n in names if n not in memory), *system]]
     sections = [model] + [
         {"uuid": f"{VIEW_KEY}-{name}", "name": name, "display": display, "isReordered": False}
         for name, display in [*shown, *((n, False) for n in memory)]
     ]
     return {"compareRunCharts": charts, "compareRunSections": sections, "isAccordionReordered": True}
+
+
+def section_name(key: str) -> str:
+    """The chart section MLflow's UI puts metric ``key`` in (``extractChartSectionName`` in MLflow 3.17's
+    bundle): its name up to the last "/", ``Model metrics`` for a name without one, ``System metrics``
+    for ``system/<name>``. ``system/memory/backward_mib`` -> ``system/memory``."""
+    section = key.rsplit("/", 1)[0] if "/" in key else ""
+    if section == "":
+        return MODEL_SECTION
+    return SYSTEM_SECTION if section + "/" == SYSTEM_PREFIX else section
 
 
 def withhold(client: MlflowClient, experiment_id: str) -> list[str]:

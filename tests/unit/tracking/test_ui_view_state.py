@@ -17,7 +17,12 @@ from dpsweep.tracking.views import save_view
 # what a private run of the classifier logs besides its params (dpsweep.run.runner), and a sweep's run
 DP_PARAMS = {f"dp.{k}": v for k, v in {"enabled": "True", "delta": "1e-05", "max_grad_norm": "1.0",
                                        "accountant": "pld", "noise_multiplier": "1.1"}.items()}  # fmt: skip
-MEMORY = {"memory/model_load_bytes": 1.5e6, "memory/backward_bytes": 2.5e8, "memory/rank1/backward_bytes": 2.4e8}
+# memory in MiB under MLflow's system/ prefix (dpsweep.memory.tables.metric), per rank too; MLflow's own
+# system metrics; and what runs logged before (bytes under memory/)
+MEMORY = {"system/memory/model_load_mib": 1.5, "system/memory/backward_mib": 250.0,
+          "system/memory/rank1/backward_mib": 240.0}  # fmt: skip
+SYSTEM = {"system/cpu_utilization_percentage": 12.0}
+OLD_MEMORY = {"memory/backward_bytes": 2.5e8}
 
 
 def _run(client: MlflowClient, exp: str, params: Mapping[str, str], metrics: Mapping[str, float]) -> str:
@@ -47,7 +52,7 @@ def _sweep(client: MlflowClient, experiment_name: str) -> str:
         _run(client, exp, task | DP_PARAMS | {"train.seed": str(seed)},
              {"test_accuracy": 0.8 + seed / 100, "epsilon": 3.453556, "epsilon_rdp": 3.6, "epsilon_prv": 3.44,
               **MEMORY})  # fmt: skip
-    _run(client, exp, task | {"dp.enabled": "False", "train.seed": "0"}, {"test_accuracy": 0.9, **MEMORY})
+    _run(client, exp, task | {"dp.enabled": "False", "train.seed": "0"}, {"test_accuracy": 0.9, **MEMORY, **SYSTEM})
     return str(exp)
 
 
@@ -90,6 +95,23 @@ def test_the_chart_view_opens_on_epsilon_against_the_objective_with_memory_last_
     first = sections[0]
     assert (first["name"], first["display"]) == ("Model metrics", True)
     assert scatter["metricSectionId"] == line["metricSectionId"] == first["uuid"]
-    # memory last, collapsed; MLflow keeps this order only where told the sections were reordered
-    assert [(s["name"], s["display"]) for s in sections[1:]] == [("memory", False), ("memory/rank1", False)]
+    # memory last, after MLflow's System metrics, collapsed; MLflow keeps this order only where told the
+    # sections were reordered (by name it puts system/memory before Model metrics)
+    assert [(s["name"], s["display"]) for s in sections[1:]] == [
+        ("System metrics", True), ("system/memory", False), ("system/memory/rank1", False)
+    ]  # fmt: skip
     assert state["isAccordionReordered"] is True
+
+
+def test_memory_a_store_logged_before_under_memory_is_collapsed_last_too(
+    client: MlflowClient, experiment_name: str
+) -> None:
+    """A store that holds runs of both namings: each memory section last and collapsed, the older first."""
+    exp = _sweep(client, experiment_name)
+    _run(client, exp, {"task.name": "classifier", "model.name": "cnn", "train.seed": "2"},
+         {"test_accuracy": 0.7, **OLD_MEMORY})  # fmt: skip
+    sections = _view(client, exp)["compareRunSections"]
+    assert [(s["name"], s["display"]) for s in sections] == [
+        ("Model metrics", True), ("System metrics", True),
+        ("memory", False), ("system/memory", False), ("system/memory/rank1", False),
+    ]  # fmt: skip
