@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 
 from omegaconf import DictConfig
 
-from dpsweep.config import Config, LauncherConfig, given_overrides
+from dpsweep.config import RANK_KEYS, Config, LauncherConfig, given_overrides, ranks_shape
 from dpsweep.errors import EXIT_BAD_INPUT, InputError, redact
 
 SUBMIT_COMMANDS = {"slurm": "sbatch", "sge": "qsub"}  # launchers that need a scheduler's client tools
@@ -83,6 +83,34 @@ def check_launcher(launcher: LauncherConfig) -> None:
             f"launcher={launcher.name} needs '{command}' on PATH, and it is not there: run dpsweep on a "
             f"{launcher.name} submit host (or load its module), or use launcher=local"
         )
+
+
+def check_search(optuna: bool, params: bool, private_tuning: bool) -> None:
+    """A sweep searches one way: grid axes (``hydra.sweeper.params``) or an Optuna study
+    (``hydra.sweeper.optuna``), and a private tuning draws from a grid only."""
+    if optuna and private_tuning:
+        raise Refused(
+            "sweep.private_tuning=true with an Optuna search: its samplers (TPE, NSGA-II) choose each trial "
+            "from the earlier trials' results, which Papernot & Steinke's bound does not cover; give grid "
+            "axes instead, from which the trials are drawn at random"
+        )
+    if optuna and params:
+        raise Refused(
+            "give either grid axes (hydra.sweeper.params) or an Optuna search (hydra.sweeper.optuna), not both"
+        )
+
+
+def check_rank_shapes(configs: Sequence[Config]) -> None:
+    """One shape of ranks (``train.devices``, ``train.nodes``) in a sweep on Slurm: a job's tasks are its ranks."""
+    if not configs or configs[0].launcher.name != "slurm":
+        return
+    for i, key in enumerate(RANK_KEYS):
+        values = sorted({ranks_shape(c.train)[i] for c in configs})
+        if len(values) > 1:
+            raise Refused(
+                f"{key}={','.join(map(str, values))} is invalid: one value in a sweep on Slurm "
+                "(a job's tasks are its ranks)"
+            )
 
 
 def check_plans(configs: Sequence[Config], jobs: Sequence[Sequence[str]], sweep: bool = True) -> None:

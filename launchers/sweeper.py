@@ -30,13 +30,13 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from dpsweep.config import RANK_KEYS, Config, given_overrides, ranks_shape
+from dpsweep.config import Config, given_overrides
 from dpsweep.errors import InputError
 from dpsweep.launchers.composed import ComposedJobs
 from dpsweep.launchers.expand import expand
 from dpsweep.launchers.nodes import OptunaSearchConf
 from dpsweep.launchers.overrides import new_sweep_id, string_override
-from dpsweep.launchers.preflight import preflight, refuse
+from dpsweep.launchers.preflight import check_rank_shapes, check_search, preflight, refuse
 from dpsweep.launchers.session import SweepOutcome, SweepSession, close_dead_runs
 from dpsweep.tracking import channel as tracking_service
 
@@ -105,17 +105,11 @@ class DpsweepSweeper(Sweeper):
         if isinstance(uri, str) and uri.startswith("sqlite:"):
             tracking_service.service().post("warm_store", uri)
         private_tuning = bool(OmegaConf.select(self.config, "sweep.private_tuning", default=False))
+        try:  # checked by the dpsweep command before its first line too (dpsweep.cli.early)
+            check_search(self.optuna is not None, bool(self.params), private_tuning)
+        except InputError as err:
+            refuse(str(err))
         if self.optuna is not None:
-            if private_tuning:
-                refuse(
-                    "sweep.private_tuning=true with an Optuna search: its samplers (TPE, NSGA-II) choose each trial "
-                    "from the earlier trials' results, which Papernot & Steinke's bound does not cover; give grid "
-                    "axes instead, from which the trials are drawn at random"
-                )  # fmt: skip
-            if self.params:
-                refuse(
-                    "give either grid axes (hydra.sweeper.params) or an Optuna search (hydra.sweeper.optuna), not both"
-                )
             from dpsweep.launchers.optuna_sweeper import OptunaSearch
 
             return OptunaSearch(self.optuna, self).run(arguments)
@@ -189,11 +183,10 @@ class DpsweepSweeper(Sweeper):
         k = k or 1
         if self.launcher is not None and hasattr(self.launcher, "trials_per_device"):
             self.launcher.trials_per_device = k
-        for i, key in enumerate(RANK_KEYS):  # one job shape a sweep on Slurm: its tasks are its ranks
-            values = sorted({ranks_shape(c.train)[i] for c in configs})
-            if len(values) > 1 and first.launcher.name == "slurm":
-                refuse(f"{key}={','.join(map(str, values))} is invalid: one value in a sweep on Slurm "
-                       "(a job's tasks are its ranks)")  # fmt: skip
+        try:  # one job shape a sweep on Slurm: its tasks are its ranks
+            check_rank_shapes(configs)
+        except InputError as err:
+            refuse(str(err))
         if self.launcher is not None and hasattr(self.launcher, "take_ranks"):
             self.launcher.take_ranks(first.train)
         if k > 1 and todo:

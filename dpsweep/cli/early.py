@@ -99,19 +99,26 @@ def _sweep(overrides: list[str]) -> Checked:
 
     from dpsweep.config import given_overrides
     from dpsweep.launchers.composed import ComposedJobs
-    from dpsweep.launchers.preflight import check_launcher, check_ranges
+    from dpsweep.launchers.preflight import check_launcher, check_ranges, check_rank_shapes, check_search
 
     jobs, master = sweep_jobs(overrides)
     composer = ComposedJobs(GlobalHydra.instance().config_loader(), keep=False)  # as the sweeper composes
     configs = [composer.typed(master, job) for job in jobs]
+    study = OmegaConf.select(master, "hydra.sweeper.optuna") is not None
+    check_search(study, bool(OmegaConf.select(master, "hydra.sweeper.params")), configs[0].sweep.private_tuning)
     check_ranges(configs, jobs)
     launcher = configs[0].launcher
     check_launcher(launcher)
+    check_rank_shapes(configs)
     given = [given_overrides(job) for job in jobs]
     keys = dict.fromkeys(o.partition("=")[0].lstrip("+~") for job in given for o in job)
     axes = [k for k in keys if len({_value_of(job, k) for job in given}) > 1]
-    study = OmegaConf.select(master, "hydra.sweeper.optuna") is not None
-    what = "an Optuna study" if study else f"a sweep of {len(jobs)} job{'s' * (len(jobs) != 1)}"
+    what = f"a sweep of {len(jobs)} job{'s' * (len(jobs) != 1)}"
+    if study:
+        optuna = master.hydra.sweeper.optuna
+        what = f"an Optuna study {optuna.study_name} of {optuna.n_trials} trials"
+    elif configs[0].sweep.private_tuning:
+        what = f"a private tuning drawn from {what}"
     over = f" over {', '.join(axes)}" if axes else ""
     line = f"dpsweep: {what}{over} (launcher={launcher.name})"
     return Checked(line, configs, jobs, sweep=True)

@@ -7,7 +7,9 @@ hint, and ``dpsweep-plan`` answers with the very same lines as ``dpsweep``."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,11 @@ def refused(tmp_path: Path, command: str, *args: str) -> subprocess.CompletedPro
         (["dp.noise_multiplier=-1"], "dp.noise_multiplier=-1.0 is invalid: a positive, finite noise multiplier"),
         (["-m", "train.epochs=1,0"], "job train.epochs=0: train.epochs=0 is invalid: a positive integer"),
         (["-m", "launcher=local", "launcher.cpus_per_job=0"], "launcher.cpus_per_job=0 is invalid: 1 or more CPUs"),
+        (
+            ["-m", "experiment=demo", "search=accuracy_tpe"],
+            "give either grid axes (hydra.sweeper.params) or an Optuna search (hydra.sweeper.optuna), not both",
+        ),
+        (["-m", "search=accuracy_tpe", "sweep.private_tuning=true"], "sweep.private_tuning=true with an Optuna search"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )
@@ -96,3 +103,18 @@ def test_dpsweep_plan_says_what_dpsweep_says(tmp_path: Path, args: list[str]) ->
     run = refused(tmp_path, "dpsweep", *args)
     plan = refused(tmp_path, "dpsweep-plan", *args)
     assert plan.stderr.replace("dpsweep-plan: error: ", "dpsweep: error: ", 1) == run.stderr, said(plan) + said(run)
+
+
+@pytest.mark.parametrize(
+    "args", [["train.epochs=0"], ["train.batch_size=5000"], ["-m", "train.batch_size=64,5000"]], ids=" ".join
+)
+def test_a_refusal_imports_no_torch(tmp_path: Path, args: list[str]) -> None:
+    """The checks need neither torch nor MLflow in the command's own process (its tracking process may
+    be importing MLflow meanwhile): before, the run imported torch, then refused."""
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    command = [sys.executable, "-X", "importtime", "-m", "dpsweep.cli.train", *args]
+    proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300, check=False)
+    imported = {line.rpartition("|")[2].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    told = "\n".join(line for line in proc.stderr.splitlines() if not line.startswith("import time:"))
+    assert proc.returncode == 2 and told.startswith("dpsweep: error: "), f"exit {proc.returncode}\n{told[-3000:]}"
+    assert "hydra" in imported and {"torch", "mlflow"} & imported == set(), told[-3000:]

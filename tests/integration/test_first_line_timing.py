@@ -51,6 +51,7 @@ def first_line(cwd: Path, *args: str) -> tuple[float, str, str]:
     [
         (["-m", "train.seed=0,1", "train.epochs=1"], "dpsweep: a sweep of 2 jobs over train.seed (launcher=inline)"),
         (["-m", "launcher=local", "dp.noise_multiplier=0.8,1.2"], "dpsweep: a sweep of 2 jobs over dp.noise"),
+        (["-m", "search=accuracy_tpe"], "dpsweep: an Optuna study digits_accuracy_tpe of 12 trials (launcher=inline)"),
         (["train.epochs=1"], "dpsweep: training digits/cnn B=64 epochs=1 seed=0"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else "",
