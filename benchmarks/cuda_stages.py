@@ -8,7 +8,7 @@ For each config (``--case``: the Opacus CNN with DP hooks and ghost clipping, an
 no feature cache, DP ghost clipping and non-private):
 
 1. ``dpsweep train.probe=true train.device=<device>`` runs the config's first training iteration in a
-   process of its own and logs the four stages (``memory.<stage>_bytes``), the iteration peak and the
+   process of its own and logs the four stages (``system/memory/<stage>_mib``), the iteration peak and the
    reserved peak to a temporary sqlite MLflow store, tagged ``memory.backend``.
 2. This script then starts itself again (``--independent``, another fresh process) and rebuilds the same
    iteration from dpsweep's building blocks (dataset, model, optimizer, ``dpsgd.make_private``), reading
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -35,6 +36,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from dpsweep.memory.tables import logged as logged_bytes
+from dpsweep.memory.tables import metric
 
 STAGES = ("model_load", "batch_load", "backward", "optimizer_step")
 # name -> dpsweep overrides of one config (digits served at 224 px: VGG16's input size)
@@ -49,7 +53,8 @@ CASES: dict[str, list[str]] = {
     "vgg16_off": ["model=vgg16_frozen", "model.pretrained=false", "model.feature_cache=false",
                   "model.hidden_units=256", "dataset.image_size=224", "train.batch_size=64", "dp=off"],
 }  # fmt: skip
-LOGGED = (*(f"memory/{s}_bytes" for s in STAGES), "memory/iteration_peak_bytes", "memory/reserved_peak_bytes")
+# the figures checked, by name in bytes (a run logs them in MiB: dpsweep.memory.tables.metric, read back by logged)
+LOGGED = (*(f"{s}_bytes" for s in STAGES), "iteration_peak_bytes", "reserved_peak_bytes")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,16 +151,17 @@ def check_case(name: str, device_type: str, tolerance: float, workdir: Path) -> 
     independent: dict[str, int] = json.loads(out.strip().splitlines()[-1])
     expected_backend = "cuda" if device_type == "cuda" else "cpu-tensors"
     problems = [f"memory.backend={backend!r}, expected {expected_backend!r}"] if backend != expected_backend else []
-    problems += [f"{key} was not logged" for key in LOGGED if key not in metrics]
+    problems += [f"{metric(name)} was not logged" for name in LOGGED if logged_bytes(metrics, name) is None]
     rows = []
     for stage in STAGES:
-        logged = metrics.get(f"memory/{stage}_bytes", float("nan"))
+        found = logged_bytes(metrics, f"{stage}_bytes")
+        logged = float("nan") if found is None else found
         ref = independent[stage]
         rel = abs(logged - ref) / max(ref, 1)
         rows.append({"stage": stage, "logged_bytes": logged, "independent_bytes": ref, "rel_difference": rel})
         if not rel <= tolerance:
             problems.append(f"{stage}: logged {logged:.0f} B vs independent {ref} B ({rel:.2%} > {tolerance:.0%})")
-    peaks = {k: metrics.get(k) for k in LOGGED[-2:]}
+    peaks = {k: logged_bytes(metrics, k) for k in LOGGED[-2:]}
     return {"case": name, "overrides": overrides, "backend": backend, "stages": rows, **peaks, "problems": problems}
 
 
@@ -181,8 +187,8 @@ def main() -> None:
         for row in r["stages"]:
             print(f"  {row['stage']:<15} logged {row['logged_bytes']:>14,.0f} B   independent "
                   f"{row['independent_bytes']:>14,} B   difference {row['rel_difference']:.3%}")  # fmt: skip
-        print(f"  iteration peak {r['memory/iteration_peak_bytes']:,.0f} B, reserved peak "
-              f"{r['memory/reserved_peak_bytes']:,.0f} B")  # fmt: skip
+        print(f"  iteration peak {r['iteration_peak_bytes'] or math.nan:,.0f} B, reserved peak "
+              f"{r['reserved_peak_bytes'] or math.nan:,.0f} B")  # fmt: skip
         for p in r["problems"]:
             print(f"  PROBLEM: {p}")
     if args.json:

@@ -31,6 +31,8 @@ import numpy as np
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from dpsweep.memory.tables import logged_values, metric, to_logged
+
 TARGET_S = 10.0
 EXPERIMENT = "bench"
 SWEEP_ID = "bench0000001"
@@ -69,16 +71,16 @@ def _metrics(rng: np.random.Generator, private: bool, sigma: float, batch_size: 
     out = []
     for epoch in range(1, EPOCHS + 1):
         acc = float(np.clip(quality * (1 - 0.5 ** (epoch + 1)) + rng.normal(0, 0.01), 0, 1))
-        values = {"test_accuracy": acc, "train_loss": 2.3 * (1 - acc), "memory/peak_bytes": 8e6 * batch_size / 64}
+        values = {"test_accuracy": acc, "train_loss": 2.3 * (1 - acc)}
+        values[metric("peak_bytes")] = to_logged(8e6 * batch_size / 64)  # in MiB, as runs log it
         if private:
             values["epsilon"] = eps_final * (epoch / EPOCHS) ** 0.5
         out += [Metric(k, v, now, epoch) for k, v in values.items()]
     scale = batch_size / 64
     stages = {"model_load": 1e5, "batch_load": 3e5 * scale, "backward": (8e6 if private else 4e5) * scale}
     stages["optimizer_step"] = peak = stages["backward"] + 2e5
-    first = {f"memory/{k}_bytes": v for k, v in stages.items()}
-    first |= {f"memory/{k}_delta_bytes": v / 2 for k, v in stages.items()}
-    first |= {"memory/iteration_peak_bytes": peak, "memory/reserved_peak_bytes": peak}
+    figures = {f"{k}_bytes": v for k, v in stages.items()} | {f"{k}_delta_bytes": v / 2 for k, v in stages.items()}
+    first = logged_values(figures | {"iteration_peak_bytes": peak, "reserved_peak_bytes": peak})  # in MiB
     out += [Metric(k, float(v), now, 0) for k, v in first.items()]
     if private:
         out += [Metric("epsilon_rdp", eps_final, now, EPOCHS), Metric("epsilon_prv", eps_final * 0.85, now, EPOCHS)]

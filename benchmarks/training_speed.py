@@ -282,7 +282,7 @@ def measure(
     x, y = next(stream)
     train_pass(trainer, (x, y), stages)
     stages.mark("optimizer_step")
-    peak_bytes = int(stages.metrics()["memory/iteration_peak_bytes"]) - start_bytes
+    peak_bytes = stages.figures()["iteration_peak_bytes"] - start_bytes
     idle = memory.StageRecorder(monitor, active=False)
     for _ in range(WARMUP_STEPS - 1):
         x, y = next(stream)

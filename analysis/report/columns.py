@@ -23,7 +23,7 @@ import pandas as pd
 
 from dpsweep.config import UNITS, ClassifierTaskConfig, DPConfig, shown_model, task_schemas
 from dpsweep.errors import InputError
-from dpsweep.memory.tables import LEGACY_PREFIX, METRIC_PREFIX
+from dpsweep.memory.tables import BYTES_PER_UNIT, LEGACY_PREFIX, OLD_PREFIX, metric
 from dpsweep.registry import Registry
 
 # Table column -> the MLflow param it shows. Every other hyperparameter that varies gets its own
@@ -81,7 +81,8 @@ NEIGHBOUR_NOTES = {
 USER_PARAMS = tuple(key for facts in UNITS.values() for key in facts.keys)
 
 # Memory of the first training iteration at each stage (levels, not increments), and the peaks: the
-# report's column -> the name it is logged under (dpsweep.memory.tables.metric, memory/<name>).
+# report's column (in bytes) -> the figure's name (dpsweep.memory.tables.metric: logged in MiB as
+# system/memory/<stage>_mib; older runs logged bytes as memory/<name> or memory.<name>).
 MEMORY_STAGES: dict[str, str] = {
     "model_load_bytes": "model_load_bytes",
     "batch_load_bytes": "batch_load_bytes",
@@ -156,10 +157,14 @@ def column(frame: pd.DataFrame, name: str) -> pd.Series:
 
 
 def memory_column(frame: pd.DataFrame, name: str) -> pd.Series:
-    """Memory metric ``name`` of each run: ``metrics.memory/<name>``, or ``metrics.memory.<name>`` where a
-    run of dpsweep <= 0.2 logged it so."""
-    current = column(frame, f"metrics.{METRIC_PREFIX}{name}")
-    return current.where(current.notna(), column(frame, f"metrics.{LEGACY_PREFIX}{name}"))
+    """Memory figure ``name`` (``backward_bytes``) of each run, in bytes: logged in MiB as
+    ``metrics.system/memory/backward_mib`` (:func:`dpsweep.memory.tables.metric`), or in bytes as
+    ``metrics.memory/backward_bytes`` (runs logged before issue 56) or ``metrics.memory.backward_bytes``
+    (dpsweep <= 0.2)."""
+    current = pd.to_numeric(column(frame, f"metrics.{metric(name)}"), errors="coerce") * BYTES_PER_UNIT
+    for prefix in (OLD_PREFIX, LEGACY_PREFIX):
+        current = current.where(current.notna(), column(frame, f"metrics.{prefix}{name}"))
+    return current
 
 
 def param_or_tag(frame: pd.DataFrame, key: str) -> pd.Series:

@@ -68,11 +68,16 @@ def summary_line(cfg: Config, r: TrainResult) -> str:
     dpsgd per example; …)``"""
     if cfg.train.probe:
         from dpsweep.memory import stages as memory
-        from dpsweep.memory.tables import metric
+        from dpsweep.memory.tables import logged
 
-        m = r.epochs[-1]
-        stages = "  ".join(f"{s}={units.format_bytes(m[metric(f'{s}_bytes')])}" for s in memory.STAGES)
-        peak = units.format_bytes(m[metric("iteration_peak_bytes")])
+        m = r.epochs[-1]  # logged in MiB: read back in bytes
+
+        def shown(name: str) -> str:
+            value = logged(m, name)
+            return "—" if value is None else units.format_bytes(value)
+
+        stages = "  ".join(f"{s}={shown(f'{s}_bytes')}" for s in memory.STAGES)
+        peak = shown("iteration_peak_bytes")
         return (
             f"dpsweep: probe {r.run_id[:8]} {cfg.dataset.name}/{cfg.model.name} B={cfg.train.batch_size} "
             f"dp={cfg.dp.enabled}  {stages}  peak={peak} ({r.memory_backend})"

@@ -12,9 +12,11 @@ process through a launcher (``launcher=local`` unless one is given; never in-pro
 allocator's cache would carry over from one config to the next), and in parallel where the device
 allows: one job per GPU, or one per CPU core on the CPU twin. Each probe is an MLflow run tagged
 ``probe=true`` holding the four stage levels and deltas, the iteration peak and the reserved peak
-(``memory/*`` metrics, read from the CUDA caching allocator, or from the ``cpu-tensors`` census on
-CPU, tagged ``memory.backend``). Every config is measured afresh, even one probed before (that probe
-may be of another device), and this invocation's probes are written as CSV. Probes take one step and
+(``system/memory/*_mib`` metrics in MiB, read from the CUDA caching allocator, or from the ``cpu-tensors``
+census on CPU, tagged ``memory.backend``; the probe table holds them in bytes, and older probes' metrics
+in bytes, ``memory/*_bytes`` and ``memory.*_bytes``, are read too). Every config is measured afresh,
+even one probed before (that probe may be of another device), and this invocation's probes are written
+as CSV. Probes take one step and
 are not results: ``sweep.max_epsilon`` does not apply to them.
 
 ``fit`` fits each stage's allocated bytes as a linear function of config features, by least squares
@@ -142,8 +144,9 @@ def probe_table(
 
 
 def _measured(metrics: dict[str, float], name: str, missing: float | None = None) -> float:
-    """Memory metric ``name`` of a probe run (under its name, or dpsweep 0.2's); ``missing`` if it was
-    not logged, or KeyError without one."""
+    """Memory figure ``name`` (``backward_bytes``) of a probe run, in bytes (logged in MiB, or in bytes
+    under an older dpsweep's name: :func:`dpsweep.memory.tables.logged`); ``missing`` if it was not
+    logged, or KeyError without one."""
     value = logged(metrics, name)
     if value is not None:
         return value

@@ -44,7 +44,7 @@ from typing import Protocol
 import torch
 
 from dpsweep.config import Config
-from dpsweep.memory.tables import metric
+from dpsweep.memory.tables import logged_values
 from dpsweep.registry import Registry
 
 STAGES: tuple[str, ...] = ("model_load", "batch_load", "backward", "optimizer_step")
@@ -311,24 +311,30 @@ class StageRecorder:
         self.reserved_peak = max(self.reserved_peak, self.monitor.reserved_peak_bytes())
         return self.run_peak
 
-    def metrics(self) -> dict[str, float]:
-        """``memory/<stage>_bytes`` levels, ``memory/<stage>_delta_bytes``, ``memory/<stage>_peak_bytes``
-        (the highest level inside the stage; ``memory/forward_peak_bytes`` for the backward stage's
-        part up to the end of the forward pass, see PEAK_SPLITS) and the first-iteration peaks."""
-        out: dict[str, float] = {}
+    def figures(self) -> dict[str, int]:
+        """In bytes: ``<stage>_bytes`` levels, ``<stage>_delta_bytes``, ``<stage>_peak_bytes`` (the
+        highest level inside the stage; ``forward_peak_bytes`` for the backward stage's part up to the
+        end of the forward pass, see PEAK_SPLITS) and the first-iteration peaks."""
+        out: dict[str, int] = {}
         previous = 0
         for stage in STAGES:
             if stage not in self.levels:
                 continue
-            out[metric(f"{stage}_bytes")] = self.levels[stage]
-            out[metric(f"{stage}_delta_bytes")] = self.levels[stage] - previous
+            out[f"{stage}_bytes"] = self.levels[stage]
+            out[f"{stage}_delta_bytes"] = self.levels[stage] - previous
             previous = self.levels[stage]
         for stage, peak in self.peaks.items():  # the highest level inside each stage: on CUDA,
-            out[metric(f"{stage}_peak_bytes")] = peak  # activations and clipping buffers freed before its end
+            out[f"{stage}_peak_bytes"] = peak  # activations and clipping buffers freed before its end
         if self.peaks:
-            out[metric("iteration_peak_bytes")] = max(self.peaks.values())
-            out[metric("reserved_peak_bytes")] = self.reserved_peak
+            out["iteration_peak_bytes"] = max(self.peaks.values())
+            out["reserved_peak_bytes"] = self.reserved_peak
         return out
+
+    def metrics(self) -> dict[str, float]:
+        """:meth:`figures` as a run logs them: in MiB, ``system/memory/backward_mib`` and the others
+        (:func:`dpsweep.memory.tables.logged_values`; :func:`dpsweep.memory.tables.logged` reads them
+        back in bytes)."""
+        return logged_values(self.figures())
 
 
 def model_key(cfg: Config) -> str:

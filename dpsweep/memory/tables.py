@@ -30,28 +30,60 @@ class MemoryModelError(InputError):
 # ---------------------------------------------------------------------------------------------
 # the names a run logs its memory under
 # ---------------------------------------------------------------------------------------------
-# MLflow's UI groups a run's metric charts by the prefix before "/" (as it does its own ``system/``):
-# ``memory/backward_bytes`` and the others get a section of their own, after the model metrics
-# (test_accuracy, epsilon) instead of 15 byte charts before them (issue 33, item 6).
-METRIC_PREFIX = "memory/"
-LEGACY_PREFIX = "memory."  # what dpsweep <= 0.2 logged: still read, so that older probes and runs count
+# Runs log their memory in MiB (bytes / 2**20: exact in a float64, so nothing is lost) under MLflow's
+# ``system/`` prefix: MLflow 3's UI shows a run's metrics whose name starts with ``system/`` on its
+# "System metrics" tab, not its "Model metrics" tab (the run page splits them by that prefix), and
+# charts cannot format units, so the name says them: ``system/memory/backward_mib`` (issue 56, item 2).
+# Inside dpsweep (memory models, probe tables, the report) memory stays in bytes, under names such as
+# ``backward_bytes``: :func:`metric` and :func:`logged_values` turn them into what a run logs, and
+# :func:`logged` reads a run's metrics back into bytes, under the names older runs used too.
+METRIC_PREFIX = "system/memory/"
+BYTES_PER_UNIT = 2**20  # a logged value is this many bytes: MiB
+UNIT_SUFFIX = "_mib"
+BYTES_SUFFIX = "_bytes"
+# what older runs logged, in bytes, still read so that older probes and runs count: runs before issue 56
+# (``memory/backward_bytes``) and dpsweep <= 0.2 (``memory.backward_bytes``)
+OLD_PREFIX = "memory/"
+LEGACY_PREFIX = "memory."
+
+
+def _unit_name(name: str) -> str:
+    """``backward_bytes`` -> ``backward_mib``; ValueError for a name not in bytes."""
+    if not name.endswith(BYTES_SUFFIX):
+        raise ValueError(f"memory figure {name!r}: a name that ends in {BYTES_SUFFIX} (e.g. backward_bytes)")
+    return name.removesuffix(BYTES_SUFFIX) + UNIT_SUFFIX
 
 
 def metric(name: str) -> str:
-    """The MLflow metric a run logs ``name`` (e.g. ``backward_bytes``) under: ``memory/backward_bytes``."""
-    return METRIC_PREFIX + name
+    """The MLflow metric a run logs memory figure ``name`` (in bytes, e.g. ``backward_bytes``) under, in
+    MiB: ``system/memory/backward_mib``."""
+    return METRIC_PREFIX + _unit_name(name)
 
 
 def per_rank(key: str, rank: int) -> str:
-    """A memory metric of one rank of a run across devices: ``memory/backward_bytes`` of rank 1 ->
-    ``memory/rank1/backward_bytes``."""
+    """A memory metric of one rank of a run across devices: ``system/memory/backward_mib`` of rank 1 ->
+    ``system/memory/rank1/backward_mib``."""
     return METRIC_PREFIX + f"rank{rank}/" + key.removeprefix(METRIC_PREFIX)
 
 
+def to_logged(value_bytes: float) -> float:
+    """A figure in bytes as a run logs it: in MiB (a division by 2**20, exact in a float64)."""
+    return float(value_bytes) / BYTES_PER_UNIT
+
+
+def logged_values(figures: Mapping[str, float]) -> dict[str, float]:
+    """Memory figures in bytes by name (``backward_bytes``) as a run logs them: by :func:`metric`, in MiB."""
+    return {metric(name): to_logged(value) for name, value in figures.items()}
+
+
 def logged(metrics: Mapping[str, float], name: str) -> float | None:
-    """The value of memory metric ``name`` in a run's ``metrics``, under its name or the one runs of
-    dpsweep <= 0.2 used (``memory.backward_bytes``); None when neither was logged."""
-    for key in (METRIC_PREFIX + name, LEGACY_PREFIX + name):
+    """Memory figure ``name`` (``backward_bytes``) of a run's ``metrics``, in bytes: logged in MiB under
+    :func:`metric` (``system/memory/backward_mib``), or in bytes under the names older runs used
+    (``memory/backward_bytes``, ``memory.backward_bytes``); None when none was logged."""
+    key = metric(name)
+    if key in metrics:
+        return metrics[key] * BYTES_PER_UNIT
+    for key in (OLD_PREFIX + name, LEGACY_PREFIX + name):
         if key in metrics:
             return metrics[key]
     return None

@@ -54,7 +54,7 @@ from dpsweep.data import loaders as datasets
 from dpsweep.data.facts import DatasetFacts
 from dpsweep.memory import stages as memory
 from dpsweep.memory.tables import metric as memory_metric
-from dpsweep.memory.tables import per_rank
+from dpsweep.memory.tables import per_rank, to_logged
 from dpsweep.plan import MemoryFiles, RunPlan, accounting, mechanism_of, prepare
 from dpsweep.privacy import ledger
 from dpsweep.privacy.ledger import Ledger
@@ -388,7 +388,7 @@ def _epochs(
         if final or epoch % cfg.train.eval_every == 0:
             metrics = task_run.evaluate(epoch, final) | metrics
         if not cfg.dp.enabled:  # with DP the peak of the Poisson batches would tell their (private) sizes
-            metrics[memory_metric("peak_bytes")] = float(stages.recorder.observe())
+            metrics[memory_metric("peak_bytes")] = to_logged(stages.recorder.observe())  # in MiB
         if cfg.dp.enabled:  # ε so far, from the same ledger and accountant as the final ε (before the
             how = accounting(cfg.dp)  # last epoch, PLD on its coarser interval: an upper bound, 7x faster)
             spent = ledger.epsilon(task_run.privacy_ledger(), cfg.dp.delta, how if final else ledger.coarse(how))
@@ -428,7 +428,7 @@ def _epochs(
 
 def _probe(task_run: tasks.TaskRun, stages: StageLog) -> dict[str, float]:
     """Memory probe: one iteration, the four stages and the peak; no evaluation, no ε."""
-    measured = task_run.probe(stages) | {memory_metric("peak_bytes"): float(stages.recorder.observe())}
+    measured = task_run.probe(stages) | {memory_metric("peak_bytes"): to_logged(stages.recorder.observe())}
     stages.run.log_metrics(measured, step=0)  # the stages were logged by stages.stepped()
     return stages.recorder.metrics() | measured
 

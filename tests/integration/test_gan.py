@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import Composer, child_runs, run_dpsweep, run_main, straight_and_resumed
+from memory_metrics import memory_bytes
 from mlflow.tracking import MlflowClient
 
 from dpsweep.config import ConfigError, flatten, identity, to_config
@@ -68,7 +69,7 @@ def test_a_private_gan_run_logs_its_epsilon_samples_and_scores(make_cfg: Compose
 
     # the memory stages of one critic step on exactly B examples
     for stage in ("model_load", "batch_load", "backward", "optimizer_step"):
-        assert m[f"memory/{stage}_bytes"] > 0
+        assert memory_bytes(m, stage) > 0
     assert tags["memory.batch"] == "exact-B"
 
     files = _artifacts(client, run.info.run_id)

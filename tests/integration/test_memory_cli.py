@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 from helpers import REPO, run_main, run_script, runs_of
+from memory_metrics import memory_bytes
 from mlflow.tracking import MlflowClient
 
 from dpsweep.cli import plan
@@ -188,7 +189,7 @@ def test_predict_gives_the_verdict_and_the_largest_batch_that_really_fits(
     with initialize_config_module("dpsweep.conf", version_base="1.3"):
         train(compose("config", overrides=["train.probe=true", f"train.batch_size={physical}", *config, *tracking]))
     [run] = runs_of(client, experiment_name)
-    assert run.data.metrics["memory/iteration_peak_bytes"] <= parse_bytes(budget)
+    assert memory_bytes(run.data.metrics, "iteration_peak") <= parse_bytes(budget)
 
 
 @pytest.mark.slow

@@ -13,32 +13,35 @@ import pytest
 import torch
 import yaml
 from helpers import REPO, Composer, runs_of
+from memory_metrics import MIB, memory_bytes, memory_metric
 from mlflow.entities import LoggedModelStatus, Run
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
+from dpsweep.cli.lines import summary_line
 from dpsweep.config import ConfigError, DigitsConfig, DPConfig, GradSampleMode, flatten, identity, to_config
 from dpsweep.data import loaders as data
 from dpsweep.data.loaders import DatasetNotFoundError
 from dpsweep.errors import InputError
 from dpsweep.mechanisms.fused import FusedStep
 from dpsweep.mechanisms.opacus_engine import make_private
-from dpsweep.memory.stages import STAGES
+from dpsweep.memory.stages import STAGES, StageRecorder
 from dpsweep.models import classifiers as models
 from dpsweep.privacy import ledger
 from dpsweep.privacy import schedule as privacy
 from dpsweep.run.runner import TrainResult, train
 from dpsweep.tracking.monitors import GPU_MEMORY_TAG
+from dpsweep.units import format_bytes
 
-MEMORY_METRICS = {
-    *(f"memory/{s}_bytes" for s in STAGES),
-    *(f"memory/{s}_delta_bytes" for s in STAGES),
-    *(f"memory/{s}_peak_bytes" for s in STAGES),
-    "memory/forward_peak_bytes",  # the backward stage up to the end of the forward pass
-    "memory/iteration_peak_bytes",
-    "memory/reserved_peak_bytes",
+MEMORY_METRICS = {  # in MiB, under MLflow's system/ prefix (off a run's Model metrics tab): no memory/…_bytes
+    *(memory_metric(s) for s in STAGES),
+    *(memory_metric(f"{s}_delta") for s in STAGES),
+    *(memory_metric(f"{s}_peak") for s in STAGES),
+    memory_metric("forward_peak"),  # the backward stage up to the end of the forward pass
+    memory_metric("iteration_peak"),
+    memory_metric("reserved_peak"),
 }
-# no memory/peak_bytes with DP: the peak over the Poisson batches would tell their (private) sizes
+# no system/memory/peak_mib with DP: the peak over the Poisson batches would tell their (private) sizes
 # no train_loss with DP: an un-noised statistic of the private examples (kept in TrainResult only)
 DP_METRICS = {"test_accuracy", "epsilon", "epsilon_rdp", "epsilon_prv", "epsilon_pld", *MEMORY_METRICS}
 OUR_TAGS = {
@@ -151,9 +154,9 @@ def test_dp_run_logs_exactly_the_documented_metrics(dp_run: tuple) -> None:  # t
     assert all(f <= e <= f * 1.001 for f, e in zip(fine, eps[:2], strict=True)), (fine, eps)
     assert run.data.tags["dp.unit"] == "example" and run.data.tags["dp.events"] == "1"
     m = run.data.metrics
-    assert m["memory/model_load_bytes"] > 0  # the CNN's weights
-    assert m["memory/backward_bytes"] > m["memory/batch_load_bytes"]  # grads and per-sample grads
-    assert m["memory/iteration_peak_bytes"] >= m["memory/optimizer_step_bytes"]
+    assert memory_bytes(m, "model_load") > 0  # the CNN's weights
+    assert memory_bytes(m, "backward") > memory_bytes(m, "batch_load")  # grads and per-sample grads
+    assert memory_bytes(m, "iteration_peak") >= memory_bytes(m, "optimizer_step")
     assert run.data.tags["memory.batch"] == "exact-B"
     assert run.data.tags["dp.secure_mode"] == "False" and run.data.tags["dp.release"] == "not-for-release"
     assert 0.5 < result.test_accuracy <= 1.0
@@ -247,9 +250,9 @@ def test_dp_memory_stages_are_of_exactly_b_not_of_a_poisson_batch(
     for seed in (3, 4):
         train(make_cfg("train.epochs=1", f"train.seed={seed}"))
     runs = runs_of(client, experiment_name)
-    levels = [[r.data.metrics[f"memory/{s}_bytes"] for s in STAGES] for r in runs]
+    levels = [[memory_bytes(r.data.metrics, s) for s in STAGES] for r in runs]
     assert len(runs) == 2 and levels[0] == levels[1]
-    assert all(r.data.tags["memory.batch"] == "exact-B" and "memory/peak_bytes" not in r.data.metrics for r in runs)
+    assert all(r.data.tags["memory.batch"] == "exact-B" and memory_metric("peak") not in r.data.metrics for r in runs)
 
 
 def test_the_memory_iteration_changes_nothing_about_training(
@@ -486,11 +489,39 @@ def test_probe_runs_one_iteration_and_records_the_stages(
     assert run.data.tags["dataset.input_shape"] == "1x28x28" and run.info.run_name.startswith("probe-")
     assert result.steps == 1 and "epsilon" not in run.data.metrics and "test_accuracy" not in run.data.metrics
     m = run.data.metrics
-    levels = [m[f"memory/{s}_bytes"] for s in STAGES]
+    levels = [memory_bytes(m, s) for s in STAGES]
     assert 0 < levels[0] < levels[1] < levels[2]
-    assert m["memory/batch_load_delta_bytes"] >= 100 * 28 * 28 * 4  # exactly B images of float32 on the device
+    assert memory_bytes(m, "batch_load_delta") >= 100 * 28 * 28 * 4  # exactly B images of float32 on the device
     params = int(run.data.tags["model.trainable_params"])
-    assert m["memory/backward_delta_bytes"] >= 100 * params * 4  # per-sample gradients: B x P floats
+    assert memory_bytes(m, "backward_delta") >= 100 * params * 4  # per-sample gradients: B x P floats
+
+
+def test_a_run_logs_its_memory_in_mib_under_the_system_prefix_and_no_bytes(
+    make_cfg: Composer, client: MlflowClient, experiment_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Memory goes to a run's System metrics tab in MLflow's UI (names under ``system/``), in MiB a person
+    can read (issue 56, item 2): each figure the recorder measured in bytes, divided by 2**20, nothing
+    rounded; and no ``memory/…_bytes`` of before."""
+    measured: list[dict[str, int]] = []
+    figures = StageRecorder.figures
+
+    def kept(self: StageRecorder) -> dict[str, int]:
+        measured.append(figures(self))
+        return measured[-1]
+
+    monkeypatch.setattr(StageRecorder, "figures", kept)
+    cfg = make_cfg("dp=off", "train.probe=true", "train.batch_size=50")
+    result = train(cfg)
+    [run] = runs_of(client, experiment_name)
+    m, stages = run.data.metrics, measured[0]
+    assert len(stages) == 15 and all(isinstance(v, int) and v > 0 for k, v in stages.items() if "delta" not in k)
+    assert {k: m[memory_metric(k.removesuffix("_bytes"))] for k in stages} == {k: v / MIB for k, v in stages.items()}
+    assert {k for k in m if "memory" in k} == {memory_metric(k.removesuffix("_bytes")) for k in stages} | {
+        memory_metric("peak")
+    }
+    assert (m[memory_metric("peak")] * MIB).is_integer() and memory_bytes(m, "peak") >= stages["iteration_peak_bytes"]
+    line = summary_line(to_config(cfg), result)  # the probe's line reads them back in bytes
+    assert f"backward={format_bytes(stages['backward_bytes'])}" in line, line
 
 
 @pytest.mark.slow
@@ -568,8 +599,8 @@ def test_memory_model_and_gpu_memory_choose_the_physical_batch(
     physical = int(runs[result.run_id].data.tags["train.physical_batch_size_used"])
     assert 1 <= physical < 256 and "train.physical_batch_size_used" not in runs[plain.run_id].data.tags
     # DP runs measure one pass of exactly the planned size (not their private Poisson batches)
-    assert runs[result.run_id].data.metrics["memory/iteration_peak_bytes"] <= 3 * 2**20  # and it did fit
-    assert runs[plain.run_id].data.metrics["memory/iteration_peak_bytes"] > 3 * 2**20  # B in one pass does not
+    assert memory_bytes(runs[result.run_id].data.metrics, "iteration_peak") <= 3 * 2**20  # and it did fit
+    assert memory_bytes(runs[plain.run_id].data.metrics, "iteration_peak") > 3 * 2**20  # B in one pass does not
     assert result.steps == plain.steps and result.epsilon == plain.epsilon
     with pytest.raises(ConfigError, match=r"launcher.gpu_memory='1KiB' is invalid: room for at least one example"):
         train(make_cfg("train.memory_model=m.json", "launcher.gpu_memory=1KiB"))
@@ -590,7 +621,7 @@ def test_feature_cache_trains_the_same_run_without_the_backbone_on_the_device(vg
     assert tags["feature_cache.map_shape"] == "512x1x1"
     assert runs[again.run_id].data.tags["feature_cache.train"] == "hit"
     assert "feature_cache.train" not in runs[uncached.run_id].data.tags
-    load = {k: runs[r.run_id].data.metrics["memory/model_load_bytes"] for k, r in (("c", cached), ("u", uncached))}
+    load = {k: memory_bytes(runs[r.run_id].data.metrics, "model_load") for k, r in (("c", cached), ("u", uncached))}
     # The 14.7 M frozen weights are gone; on CPU the census sees the cached rows instead (512 fp32
     # values and an int64 label per image of both splits), to the byte
     assert load["c"] == load["u"] - 4 * 14_714_688 + (4 * 512 + 8) * (1437 + 360)
@@ -628,7 +659,7 @@ def test_every_grad_sample_mode_trains_and_probes_through_train(
     assert probes[0].data.tags["dp.grad_sample_mode"] == mode.value
     if mode == GradSampleMode.ghost:  # no per-sample gradients held: far less memory than B x P floats
         params = int(probes[0].data.tags["model.trainable_params"])
-        assert probes[0].data.metrics["memory/backward_delta_bytes"] < 32 * params * 4 / 4
+        assert memory_bytes(probes[0].data.metrics, "backward_delta") < 32 * params * 4 / 4
 
 
 @pytest.mark.slow

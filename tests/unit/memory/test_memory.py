@@ -19,6 +19,7 @@ from dpsweep.memory.stages import (
     monitor_for,
     storages,
 )
+from dpsweep.memory.tables import logged, metric, per_rank
 from dpsweep.units import format_bytes, parse_bytes
 
 MIB = 2**20
@@ -160,11 +161,17 @@ def test_recorder_levels_deltas_and_peaks() -> None:
     for i, stage in enumerate(STAGES, start=1):
         held.append(torch.ones(250 * i))  # stage i adds 1,000 * i bytes
         rec.mark(stage)
-    m = rec.metrics()
-    assert [m[f"memory/{s}_bytes"] for s in STAGES] == [1000, 3000, 6000, 10000]
-    assert [m[f"memory/{s}_delta_bytes"] for s in STAGES] == [1000, 2000, 3000, 4000]
-    assert m["memory/iteration_peak_bytes"] == 10000
-    assert [m[f"memory/{s}_peak_bytes"] for s in STAGES] == [1000, 3000, 6000, 10000]  # the census at each end
+    m = rec.figures()  # in bytes
+    assert [m[f"{s}_bytes"] for s in STAGES] == [1000, 3000, 6000, 10000]
+    assert [m[f"{s}_delta_bytes"] for s in STAGES] == [1000, 2000, 3000, 4000]
+    assert m["iteration_peak_bytes"] == 10000
+    assert [m[f"{s}_peak_bytes"] for s in STAGES] == [1000, 3000, 6000, 10000]  # the census at each end
+    # as a run logs them: in MiB, under MLflow's system/ prefix (off the run's Model metrics tab)
+    logged_now = rec.metrics()
+    assert logged_now["system/memory/backward_mib"] == 6000 / MIB
+    assert logged_now["system/memory/optimizer_step_delta_mib"] == 4000 / MIB
+    assert logged_now.keys() == {f"system/memory/{k.removesuffix('_bytes')}_mib" for k in m}
+    assert {k: logged(logged_now, k) for k in m} == m  # read back in bytes, exactly
     assert rec.complete
     rec.mark("backward")  # later iterations do not overwrite the first one
     assert rec.levels["backward"] == 6000
@@ -184,12 +191,28 @@ def test_forward_splits_the_backward_stage_peak_without_a_level() -> None:
     grads = torch.ones(5_000)  # 20,000 bytes
     rec.mark("backward")
     rec.mark("forward")  # after its stage, or again: nothing
-    m = rec.metrics()
-    assert m["memory/forward_peak_bytes"] == 100_000
-    assert m["memory/backward_peak_bytes"] == 20_000  # only what came after the forward mark
-    assert m["memory/backward_bytes"] == 20_000 and "memory/forward_bytes" not in m  # a peak, not a level
-    assert m["memory/iteration_peak_bytes"] == 100_000
+    m = rec.figures()
+    assert m["forward_peak_bytes"] == 100_000
+    assert m["backward_peak_bytes"] == 20_000  # only what came after the forward mark
+    assert m["backward_bytes"] == 20_000 and "forward_bytes" not in m  # a peak, not a level
+    assert m["iteration_peak_bytes"] == 100_000
     del grads
+
+
+def test_memory_names_say_mib_and_reads_give_bytes_under_every_naming() -> None:
+    """Runs log MiB under system/memory/…_mib (issue 56, item 2); runs logged before logged bytes under
+    memory/…_bytes, and the oldest under memory.…_bytes: each reads back in bytes, the newest name first."""
+    assert metric("backward_bytes") == "system/memory/backward_mib"
+    assert per_rank(metric("backward_bytes"), 1) == "system/memory/rank1/backward_mib"
+    big = 80 * 2**30 + 12_345  # an 80 GiB card's figure, not a whole number of MiB: exact all the same
+    assert logged({"system/memory/backward_mib": big / MIB}, "backward_bytes") == big
+    assert logged({"memory/backward_bytes": 3e3}, "backward_bytes") == 3e3
+    assert logged({"memory.backward_bytes": 1e3}, "backward_bytes") == 1e3
+    both = {"system/memory/backward_mib": 2.0, "memory/backward_bytes": 3e3, "memory.backward_bytes": 1e3}
+    assert logged(both, "backward_bytes") == 2 * MIB
+    assert logged({"test_accuracy": 0.9}, "backward_bytes") is None
+    with pytest.raises(ValueError, match=r"backward_mib.*ends in _bytes"):
+        metric("backward_mib")
 
 
 def test_forward_mark_after_its_stage_records_nothing() -> None:
