@@ -115,21 +115,25 @@ def check_rank_shapes(configs: Sequence[Config]) -> None:
 
 def check_plans(configs: Sequence[Config], jobs: Sequence[Sequence[str]], sweep: bool = True) -> None:
     """Each job's run plan (``dpsweep.plan.prepare``: ranges, B <= N and δ < 1/N with N read once per
-    dataset, σ calibration, the memory model and its physical batch) and, for a sweep, its tracking URIs
-    reachable. A sweep's job errors name the job; a single run's (``sweep=False``) are its own."""
-    from dpsweep.plan import FactsCache, MemoryFiles, prepare
+    dataset, σ calibration, the memory model and its physical batch) and, for a sweep, a private
+    tuning's procedure (``dpsweep.plan.tuning_procedure``) and its tracking URIs reachable. A sweep's job
+    errors name the job; a single run's (``sweep=False``) are its own."""
+    from dpsweep.plan import FactsCache, MemoryFiles, prepare, tuning_procedure
     from dpsweep.tracking import check_reachable
 
-    facts, memory_files = FactsCache(), MemoryFiles()
+    facts, memory_files, plans = FactsCache(), MemoryFiles(), []
     for cfg, job in zip(configs, jobs, strict=True):
         try:  # the backend (torch) asked only where a memory model is given
-            prepare(cfg, facts(cfg), memory_files.budget(cfg, job_backend(cfg)) if cfg.train.memory_model else None)
+            budget = memory_files.budget(cfg, job_backend(cfg)) if cfg.train.memory_model else None
+            plans.append(prepare(cfg, facts(cfg), budget))
         except InputError as err:
             if not sweep:
                 raise
             raise job_error(job, err) from None
     if not sweep:
         return
+    if configs[0].sweep.private_tuning:  # the candidates as one procedure: private, one δ, within the budget
+        tuning_procedure(plans, configs[0].sweep)
     for uri in sorted({cfg.tracking.uri for cfg in configs}):
         try:
             check_reachable(uri)

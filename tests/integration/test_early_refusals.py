@@ -60,6 +60,10 @@ def test_a_bad_value_is_refused_before_any_line_or_file(tmp_path: Path, args: li
         (["train.batch_size=5000"], "train.batch_size=5000 is invalid: at most the training-set size N=1437"),
         (["-m", "train.batch_size=64,5000"], "job train.batch_size=5000: train.batch_size=5000 is invalid: at most"),
         (["-m", "train.seed=0,1", "dp.delta=0.5"], "job train.seed=0 dp.delta=0.5: dp.delta=0.5 is invalid: a δ below"),
+        (
+            ["-m", "experiment=demo", "sweep.private_tuning=true"],
+            "dp.enabled=False is invalid: true in every job of a private tuning",
+        ),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )
