@@ -33,9 +33,10 @@ from typing import NoReturn
 from urllib.parse import urlparse
 
 from dpsweep.cli.errors import exits_on_bad_input
-from dpsweep.cli.options import add_tracking_uri
+from dpsweep.cli.options import add_tracking_uri, plain_text
 from dpsweep.cli.script import run_script
 from dpsweep.errors import InputError
+from dpsweep.tracking.ui_server import APP_NAME
 
 HOST = "127.0.0.1"
 START_S = 120.0  # how long `mlflow ui` may take to answer /health (it imports MLflow's server first)
@@ -43,7 +44,7 @@ STILL_S = 15.0  # while it has not answered, a line this often
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dpsweep-ui", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="dpsweep-ui", description=plain_text(__doc__.split("\n")[0]))
     add_tracking_uri(p)
     p.add_argument("--experiment", metavar="NAME", help="the experiment to open (default: that of the latest run)")
     p.add_argument("--port", type=int, default=5000, help="the port to serve on, on 127.0.0.1 (default 5000)")
@@ -93,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for stop in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(stop, _exit_on)
     server = subprocess.Popen(
-        [sys.executable, "-m", "dpsweep.tracking.ui_server", "ui", "--backend-store-uri", uri, "--host", HOST,
+        [sys.executable, "-m", "mlflow", "ui", "--app-name", APP_NAME, "--backend-store-uri", uri, "--host", HOST,
          "--port", str(args.port)],
         start_new_session=True,
     )  # fmt: skip

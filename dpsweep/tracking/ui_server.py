@@ -1,7 +1,7 @@
 """The MLflow server ``dpsweep-ui`` runs: MLflow's own (``mlflow ui``, its CLI, its uvicorn workers), whose
 page opens every experiment on model training rather than MLflow 3's GenAI overview (issue 56, item 4).
 
-    python -m dpsweep.tracking.ui_server ui --backend-store-uri sqlite:///mlflow.db --port 5000
+    python -m mlflow ui --app-name dpsweep --backend-store-uri sqlite:///mlflow.db --port 5000
 
 MLflow 3.17's UI takes the workflow type of every page (the GenAI overview: Traces, Token usage, "Agent
 versions"; or model training: Runs, Models, Charts) from the URL's ``workflowType`` where there is one,
@@ -21,21 +21,18 @@ every way into the UI it serves opens on model training, and a link's own ``work
 The user's switch works for the page they are on; the next page load of this server opens on model
 training again, as a store of dpsweep's training runs has nothing for the GenAI view.
 
-MLflow finds the app that ``--app-name`` names among its plugins' entry points (``mlflow.app``); this
-module names its own (:data:`APP`) in the process that runs MLflow's CLI, by adding it to the option's
-choices and replacing that lookup (``mlflow.server._find_app``). Where an MLflow has neither, the plain
-``mlflow ui`` runs, and links without ``workflowType`` open as MLflow decides.
+It is MLflow's plugin for apps (the entry point ``mlflow.app`` named ``dpsweep`` in pyproject.toml), which
+``mlflow ui --app-name dpsweep`` serves with MLflow's own CLI and uvicorn workers (a factory: each worker
+makes it on start).
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 APP_NAME = "dpsweep"
-APP = "dpsweep.tracking.ui_server:app"  # a factory (uvicorn --factory): each worker makes it on start
 WORKFLOW_KEY = "mlflow.workflowType_v1"  # MLflow's useLocalStorage key: "<key>_v<version>"
 WORKFLOW = "machine_learning"  # MLflow's WorkflowType.MACHINE_LEARNING: the "Model training" view
 # before MLflow's scripts (deferred, in <head>): set while the page is parsed
@@ -68,28 +65,3 @@ def app() -> Any:
 
     flask_app.view_functions["serve"] = serve
     return asgi
-
-
-def main(argv: Sequence[str]) -> None:
-    """MLflow's CLI on ``argv`` (``ui ...``), with this module's app where MLflow lets it be named."""
-    import click
-    import mlflow.server
-    from mlflow.cli import cli
-
-    find = getattr(mlflow.server, "_find_app", None)
-    command = cli.commands.get("server")  # (`mlflow ui` is its alias)
-    option = next((p for p in getattr(command, "params", []) if p.name == "app_name"), None)
-    args = list(argv)
-    if find is not None and isinstance(getattr(option, "type", None), click.Choice):
-
-        def found(app_name: str) -> str:
-            return APP if app_name == APP_NAME else str(find(app_name))
-
-        mlflow.server._find_app = found
-        option.type.choices = [*option.type.choices, APP_NAME]  # type: ignore[union-attr]
-        args += ["--app-name", APP_NAME]
-    cli.main(args=args, prog_name="mlflow")
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
