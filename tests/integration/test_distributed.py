@@ -270,10 +270,11 @@ def test_the_one_mlflow_run_is_tracked_by_rank_0(tmp_path: Path) -> None:
     runs = child_runs(tmp_path)
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     assert runs[0].data.params["train.devices"] == "2" and "epsilon" in runs[0].data.metrics
-    memory = {k for k in runs[0].data.metrics if k.startswith("memory/")}  # each rank's stages, own names
+    memory = {k for k in runs[0].data.metrics if "memory" in k}  # each rank's stages, own names, in MiB
     for rank in (0, 1):
-        assert {f"memory/rank{rank}/backward_bytes", f"memory/rank{rank}/iteration_peak_bytes"} <= memory, memory
-    assert "memory/iteration_peak_bytes" not in memory  # not one process's at B, which memory models read
+        assert {f"system/memory/rank{rank}/backward_mib", f"system/memory/rank{rank}/iteration_peak_mib"} <= memory
+    assert "system/memory/iteration_peak_mib" not in memory  # not one process's at B, which memory models read
+    assert not [k for k in memory if not k.startswith("system/memory/rank")], memory
     artifacts = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").list_artifacts(runs[0].info.run_id)
     assert "privacy_ledger.json" in [a.path for a in artifacts]
 

@@ -253,7 +253,7 @@ def test_user_level_memory_stages_tell_nothing_of_the_users(make_cfg: Composer, 
     for extra in (["dataset.users_seed=0"], ["dataset.users_seed=1", "dataset.user_label_skew=0.1"]):
         ran = train(make_cfg(*USERS, "dp.noise_multiplier=1.5", "train.epochs=1", "dp.max_examples_per_user=4", *extra))
         metrics = client.get_run(ran.run_id).data.metrics
-        logged.append({k: v for k, v in metrics.items() if k.startswith("memory/")})
+        logged.append({k: v for k, v in metrics.items() if k.startswith("system/memory/")})
     assert logged[0] and logged[0] == logged[1]
 
 

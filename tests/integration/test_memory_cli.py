@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from helpers import REPO, run_main, run_script, runs_of
+from helpers import REPO, Composer, run_main, run_script, runs_of
 from memory_metrics import memory_bytes
 from mlflow.tracking import MlflowClient
 
@@ -75,6 +75,44 @@ def test_probe_measures_each_config_in_its_own_process_and_writes_the_table(
     assert retaken.batch_size == 16 and retaken.run_id not in set(table.run_id)
     assert retaken.backward_bytes == small.backward_bytes  # the census is exact: the same figures
     assert len([r for r in runs_of(client, experiment_name) if r.data.tags.get("sweep.role") != "parent"]) == 3
+
+
+def test_probes_logged_before_in_bytes_read_as_todays(
+    make_cfg: Composer, mlflow_uri: str, experiment_name: str, client: MlflowClient
+) -> None:
+    """Probes log MiB under ``system/memory/…_mib`` (issue 56, item 2); a store of probes logged before,
+    in bytes under ``memory/…_bytes`` or, older still, ``memory.…_bytes``, gives the same probe table
+    (in bytes), so that older probes still count in a fit."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    from dpsweep.run.runner import train
+
+    for batch in (8, 16):
+        train(make_cfg("train.probe=true", f"train.batch_size={batch}", "dataset.image_size=16"))
+    now = probe_table(mlflow_uri, experiment_name)
+    before = client.create_experiment(experiment_name + "-before")
+    for run, prefix in zip(runs_of(client, experiment_name), ("memory/", "memory."), strict=True):
+        assert any(k.startswith("system/memory/") for k in run.data.metrics), run.data.metrics
+        metrics = {  # the bytes, under the names of before; no system/memory/…
+            prefix + k.removeprefix("system/memory/").removesuffix("_mib") + "_bytes": v * 2**20
+            for k, v in run.data.metrics.items() if k.startswith("system/memory/")
+        }  # fmt: skip
+        old = client.create_run(before, tags=run.data.tags).info.run_id
+        client.log_batch(
+            old, [Metric(k, v, 0, 0) for k, v in metrics.items()], [Param(k, v) for k, v in run.data.params.items()],
+            [RunTag(k, v) for k, v in run.data.tags.items()],
+        )  # fmt: skip
+        client.set_terminated(old, "FINISHED")
+    then = probe_table(mlflow_uri, experiment_name + "-before")
+    measured = [c for c in now.columns if c.endswith("_bytes")]
+    assert len(measured) == 15 and len(now) == len(then) == 2
+    key = ["batch_size"]
+    assert (
+        then.sort_values(key)[measured]
+        .reset_index(drop=True)
+        .equals(now.sort_values(key)[measured].reset_index(drop=True))
+    )
+    assert (now["backward_bytes"] > 0).all()
 
 
 @pytest.mark.parametrize(

@@ -657,17 +657,22 @@ def test_no_point_label_of_the_pareto_plot_crosses_the_baseline_line(
     assert note.xyann != rp.LABEL_OFFSETS_PT[0]  # moved from its first place
 
 
-def test_the_memory_table_reads_runs_logged_before_the_memory_prefix(
+def test_the_memory_table_reads_runs_logged_before_in_bytes(
     mlflow_uri: str, experiment_name: str, client: MlflowClient
 ) -> None:
-    """Runs log memory/<name> (MLflow's UI charts them in a section of their own); dpsweep <= 0.2 logged
-    memory.<name>, and a store holding both still reports both."""
+    """Runs log MiB as system/memory/<figure>_mib (MLflow's UI shows them off the Model metrics tab,
+    issue 56, item 2); runs before logged bytes as memory/<figure>_bytes, and the oldest as
+    memory.<figure>_bytes. A store holding all three reports each in bytes."""
     log_run(client, experiment_name, DP, {"test_accuracy": 0.7, "epsilon": 2.0, "memory.backward_bytes": 1e3})
     log_run(client, experiment_name, DP | {"dp.noise_multiplier": "2.0"},
             {"test_accuracy": 0.6, "epsilon": 1.0, "memory/backward_bytes": 3e3})  # fmt: skip
+    log_run(client, experiment_name, DP | {"dp.noise_multiplier": "3.0"},
+            {"test_accuracy": 0.5, "epsilon": 0.5, "system/memory/backward_mib": 5e3 / 2**20,
+             "system/memory/peak_mib": 1.5})  # fmt: skip
     r = rep.build_report(mlflow_uri, experiment_name)
     memory = rep.memory_table(r.runs)
-    assert sorted(memory["backward_bytes"]) == [1e3, 3e3]
+    assert sorted(memory["backward_bytes"]) == [1e3, 3e3, 5e3]
+    assert sorted(memory["run_peak_bytes"].dropna()) == [1.5 * 2**20]
 
 
 def test_search_runs_reads_every_page(mlflow_uri: str, experiment_name: str, client: MlflowClient) -> None:

@@ -99,7 +99,7 @@ def _assert_three_finished(cwd: Path, proc: subprocess.CompletedProcess[str]) ->
     got = sorted((float(r.data.params["dp.noise_multiplier"]), int(r.data.params["train.seed"])) for r in runs)
     assert got == [(0.8, 0), (1.2, 0), (1.6, 0)]
     for r in runs:
-        assert {"test_accuracy", "epsilon", "epsilon_rdp", "epsilon_prv", "memory/iteration_peak_bytes"} <= set(
+        assert {"test_accuracy", "epsilon", "epsilon_rdp", "epsilon_prv", "system/memory/iteration_peak_mib"} <= set(
             r.data.metrics
         )
         sigma = float(r.data.params["dp.noise_multiplier"])

@@ -106,7 +106,7 @@ def test_a_dp_probe_releases_no_unnoised_loss(make_cfg: Composer, client: Mlflow
     train(make_cfg("train.probe=true", "train.batch_size=16"))
     train(make_cfg("train.probe=true", "train.batch_size=16", "dp=off"))
     metrics = {r.data.params["dp.enabled"]: r.data.metrics for r in runs_of(client, experiment_name)}
-    assert "probe.loss" not in metrics["True"] and "memory/backward_bytes" in metrics["True"]
+    assert "probe.loss" not in metrics["True"] and "system/memory/backward_mib" in metrics["True"]
     assert "probe.loss" in metrics["False"]
 
 

@@ -47,7 +47,7 @@ def test_a_private_runs_model_is_named_and_carries_the_objective_and_every_epsil
     with tracked_run(_cfg(mlflow_uri, experiment_name)) as run:
         run.log_params(PRIVATE)
         run.log_dataset_splits({"name": "digits"}, {"train": 1437, "test": 360})
-        run.log_metrics({"test_accuracy": 0.5, "epsilon": 1.2, "memory/peak_bytes": 1e6}, step=1)
+        run.log_metrics({"test_accuracy": 0.5, "epsilon": 1.2, "system/memory/peak_mib": 1.0}, step=1)
         run.log_metrics({"test_accuracy": 0.75, "epsilon": 1.83456}, step=2)
         run.log_model(_module(), EXAMPLE)
         # logged after the model: linked when the run ends
@@ -61,7 +61,7 @@ def test_a_private_runs_model_is_named_and_carries_the_objective_and_every_epsil
         "epsilon": (1.83456, "digits-train"),  # ε: a guarantee about the training split
         "epsilon_pld": (1.83456, "digits-train"),
         "epsilon_rdp": (2.3, "digits-train"),
-    }  # not memory/…, not the NaN ε
+    }  # not system/memory/…, not the NaN ε
     import mlflow.artifacts
 
     mlflow.set_tracking_uri(mlflow_uri)  # runs:/<run_id>/<model.name> resolves to it
