@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, NoReturn
 from dpsweep import mechanisms
 from dpsweep.cli.composing import CONFIG_MODULE
 from dpsweep.cli.errors import exits_on_bad_input
+from dpsweep.cli.options import plain_text
 from dpsweep.cli.script import run_script
+from dpsweep.cli.sigma import sigma_text
 from dpsweep.errors import InputError as ConfigError
 from dpsweep.units import format_bytes
 
@@ -226,7 +228,7 @@ def format_table(rows: Sequence[PlanRow]) -> str:
     lines = [(header + ("  {:>10}".format("peak") if memory else "")).rstrip()]
     for r, values in zip(rows, given, strict=True):
         dash = "—"
-        sigma = f"{r.noise_multiplier:.4g}" if r.noise_multiplier is not None else dash
+        sigma = sigma_text(r.noise_multiplier) if r.noise_multiplier is not None else dash
         clip = f"{r.max_grad_norm:g}" if r.max_grad_norm is not None else dash
         delta = f"{r.delta:.0e}" if r.delta is not None else dash
         eps = f"{r.epsilon:.4g}" if r.epsilon is not None else "non-DP"
@@ -301,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     as_json = "--json" in args
     args = [a for a in args if a not in ("--json", "-m", "--multirun")]  # -m: what dpsweep-plan always plans
     if "-h" in args or "--help" in args:
-        print(__doc__ + OPTIONS)
+        print(plain_text(__doc__ + OPTIONS))
         return 0
     warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
     model_file = _take_option(args, "--memory-model")
