@@ -12,7 +12,6 @@ the closest by spelling. A comma list given to a single run is a sweep: the answ
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -25,8 +24,6 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 CONFIG_MODULE = "dpsweep.conf"  # the config tree of every command (hydra.main's pkg://dpsweep.conf)
-HINTS = 3  # keys a did-you-mean offers at most
-MIN_FRAGMENT = 3  # a shorter misspelt name is not looked for inside the schema's names ("lr" is in too many)
 
 
 def sweep_jobs(overrides: Sequence[str]) -> tuple[list[list[str]], DictConfig]:
@@ -108,6 +105,8 @@ def composition_problem(err: BaseException, argv: Sequence[str]) -> InputError |
 def did_you_mean(key: str) -> str:
     """``; did you mean <keys>?`` with the config keys and groups nearest a misspelt ``key``, each once
     (the module doc); empty where none is near."""
+    from dpsweep.config.schema import nearest_keys
+
     close = nearest_keys(key.lstrip("+~"), known_keys())
     return f"; did you mean {', '.join(close)}?" if close else ""
 
@@ -120,23 +119,3 @@ def known_keys() -> list[str]:
 
     groups = [p.name for p in resources.files(CONFIG_MODULE).iterdir() if p.is_dir() and not p.name.startswith("_")]
     return list(dict.fromkeys([*groups, *schema.schema_keys()]))
-
-
-def nearest_keys(key: str, keys: Sequence[str], n: int = HINTS) -> list[str]:
-    """The keys nearest the misspelt ``key``, nearest first: where some key's last name starts with the
-    misspelt last name or holds it (of :data:`MIN_FRAGMENT` letters or more), those, the key's own group
-    (``dp.`` of ``dp.noise``) first, then the closest spelled of the rest; else the closest spelled keys
-    (difflib, as ``get_close_matches``)."""
-    group, _, name = key.rpartition(".")
-
-    def spelling(candidate: str) -> float:
-        return difflib.SequenceMatcher(None, key, candidate).ratio()
-
-    holding = []
-    for candidate in keys:
-        cgroup, _, cname = candidate.rpartition(".")
-        if len(name) >= MIN_FRAGMENT and candidate != key and name in cname:
-            holding.append(((cgroup != group, not cname.startswith(name), -spelling(candidate)), candidate))
-    if holding:
-        return [candidate for _, candidate in sorted(holding)[:n]]
-    return difflib.get_close_matches(key, list(dict.fromkeys(keys)), n=n, cutoff=0.6)

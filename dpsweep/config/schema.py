@@ -16,6 +16,7 @@ Here too: flattening to dotted keys, and the part of a config that determines a 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import hashlib
 import json
@@ -93,14 +94,12 @@ def _refuse_unknown_keys(given: DictConfig, typed: Config) -> None:
     """Keys the schema lacks (``+train.bach_size=32``: Hydra adds them, and the typed config would drop
     them silently) are refused, with the closest valid keys. Only the keys are compared (the given
     config's node names against the schema's fields), so no value is resolved unless one is refused."""
-    import difflib
-
     for key in _unknown_keys(given, typed):
         value = OmegaConf.select(given, key)
         if isinstance(value, DictConfig):  # name the first value under the unknown node, as a dotted key
             leaf, value = next(iter(_flatten(value).items()), ("", {}))
             key = f"{key}.{leaf}" if leaf else key
-        close = difflib.get_close_matches(key, list(flatten(typed)), n=3, cutoff=0.6)
+        close = nearest_keys(key, list(flatten(typed)))
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ConfigError(key, value, f"a key of the dpsweep config (this one is not in its schema){hint}")
 
@@ -250,3 +249,27 @@ def settings(flat: dict[str, Any]) -> dict[str, Any]:
     """The rest of a flattened config: where a run is tracked, launched or checkpointed
     (NON_IDENTITY_PREFIXES), which does not change what it computes; unset ones left out."""
     return {k: v for k, v in flat.items() if k.startswith(NON_IDENTITY_PREFIXES) and v is not None}
+
+
+HINTS = 3  # keys a did-you-mean offers at most
+MIN_FRAGMENT = 3  # a shorter misspelt name is not looked for inside the schema's names ("lr" is in too many)
+
+
+def nearest_keys(key: str, keys: Sequence[str], n: int = HINTS) -> list[str]:
+    """The keys nearest the misspelt ``key``, nearest first: where some key's last name starts with the
+    misspelt last name or holds it (of :data:`MIN_FRAGMENT` letters or more), those, the key's own group
+    (``dp.`` of ``dp.noise``) first, then the closest spelled of the rest; else the closest spelled keys
+    (difflib, as ``get_close_matches``)."""
+    group, _, name = key.rpartition(".")
+
+    def spelling(candidate: str) -> float:
+        return difflib.SequenceMatcher(None, key, candidate).ratio()
+
+    holding = []
+    for candidate in keys:
+        cgroup, _, cname = candidate.rpartition(".")
+        if len(name) >= MIN_FRAGMENT and candidate != key and name in cname:
+            holding.append(((cgroup != group, not cname.startswith(name), -spelling(candidate)), candidate))
+    if holding:
+        return [candidate for _, candidate in sorted(holding)[:n]]
+    return difflib.get_close_matches(key, list(dict.fromkeys(keys)), n=n, cutoff=0.6)

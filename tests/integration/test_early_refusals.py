@@ -80,6 +80,9 @@ MISSPELT = [
     # each key once (the group dataset and the key dataset were both offered)
     (["datset=digits"], "datset='digits' is invalid: a key and value of the config schema (Key 'datset' not in "
      "'Config'); did you mean dataset?"),
+    # a key added with + is checked against the schema (dpsweep.config.schema) with the same nearest keys
+    (["+dp.noise=1"], "dp.noise=1 is invalid: a key of the dpsweep config (this one is not in its schema); "
+     "did you mean dp.noise_multiplier, dp.clip_count_noise?"),
 ]  # fmt: skip
 
 
