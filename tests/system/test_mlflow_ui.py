@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 from helpers import BIN, browser_dom, chart_cards, chromium_path, run_script, table_columns, visible_text
+from memory_metrics import memory_metric
 
 from dpsweep.config import TrackingConfig
 from dpsweep.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, next_steps, tracked_run
@@ -86,10 +87,12 @@ def test_the_page_dpsweep_names_opens_on_the_experiments_training_runs(tmp_path:
             for epoch in (1, 2):
                 run.log_metrics({"test_accuracy": 0.7 + i / 100 + epoch / 20, "epsilon": 1.7 * epoch}, step=epoch)
             run.log_metrics({"epsilon_rdp": 3.6, "epsilon_pld": 3.4, "epsilon_prv": 3.39}, step=2)
-            run.log_metrics({"memory/model_load_bytes": 1e6, "memory/backward_bytes": 2e8}, step=0)
+            # memory in MiB under system/ (dpsweep.memory.tables.metric): 2e8 bytes, not a whole number of MiB
+            run.log_metrics({memory_metric("model_load"): 1.5, memory_metric("backward"): 2e8 / 2**20}, step=0)
     with tracked_run(TrackingConfig(uri, "ui", run_name="digits-cnn-nodp")) as run:  # a non-private baseline
         run.log_params({"task.name": "classifier", "model.name": "cnn", "train.seed": 0, "dp.enabled": False})
-        run.log_metrics({"test_accuracy": 0.9, "memory/model_load_bytes": 1e6}, step=1)
+        run.log_metrics({"test_accuracy": 0.9, memory_metric("model_load"): 1.5}, step=1)
+    baseline = run.run_id
     line = next_steps(uri, "ui")
     found = re.search(
         r"dpsweep-ui --experiment ui --tracking-uri \S+, which opens (http://127\.0\.0\.1:5000/\S+)", line
@@ -102,6 +105,13 @@ def test_the_page_dpsweep_names_opens_on_the_experiments_training_runs(tmp_path:
         dom = browser_dom(chromium, page, window="1440,900")  # a laptop's: only the columns it shows laid out
         # the chart view (the page's "Chart" button); its charts load in seconds of virtual time, not 20
         charts = browser_dom(chromium, page + "&compareRunsMode=CHART", budget_ms=60_000, window="1440,900")
+        # a run's metrics tabs: memory is among its System metrics, not its Model metrics (issue 56, 2)
+        experiment_page = re.sub(r"(#/experiments/\d+).*", r"\1", page)
+        run_page = f"{experiment_page}/runs/{baseline}"
+        model_tab, system_tab = (
+            visible_text(browser_dom(chromium, f"{run_page}/{tab}", budget_ms=30_000, window="1440,900"))
+            for tab in ("model-metrics", "system-metrics")
+        )
     finally:
         ui.send_signal(signal.SIGINT)  # Ctrl-C: the server stops with it
         assert _ended(ui, tmp_path / "ui.log") == 0, (tmp_path / "ui.log").read_text()[-3000:]
@@ -130,20 +140,30 @@ def test_the_page_dpsweep_names_opens_on_the_experiments_training_runs(tmp_path:
     columns = [c for c in table_columns(dom) if c.startswith(("metrics.", "params."))]
     assert columns == ["metrics.`test_accuracy`", "metrics.`epsilon`", "params.`train.seed`"], table_columns(dom)
     assert {"test_accuracy", "epsilon", "train.seed"} <= set(lines), text[:3000]
-    assert "model.name" not in lines and "memory/model_load_bytes" not in lines, text[:3000]
+    assert "model.name" not in lines and not [n for n in lines if "memory" in n], text[:3000]
     # the chart view opens on a scatter of ε against the objective, then the objective per epoch; the
     # memory section comes last, collapsed: none of its charts drawn (issue 56, item 2)
     cards = chart_cards(charts)
     assert cards[0] == {"title": "epsilon vs. test_accuracy", "x": "epsilon", "y": "test_accuracy",
                         "points": True, "lines": False}, cards  # fmt: skip
     assert (cards[1]["title"], cards[1]["x"], cards[1]["lines"]) == ("test_accuracy", "Step", True), cards
-    assert not [c for c in cards if str(c["title"]).startswith("memory/")], cards
+    assert not [c for c in cards if "_mib" in str(c["title"]) or "memory" in str(c["title"])], cards
     shown = visible_text(charts).splitlines()
-    assert shown.index("Model metrics") < shown.index("memory"), shown
+    assert shown.index("Model metrics") < shown.index("system/memory"), shown
+    # the run's Model metrics tab: one section, of its one model metric (the objective); its memory is a
+    # section of its System metrics tab
+    assert _sections(model_tab) == [("Model metrics", 1)], model_tab[-3000:]
+    assert ("system/memory", 1) in _sections(system_tab), system_tab[-3000:]
     from mlflow.tracking import MlflowClient
 
     experiment = MlflowClient(uri).get_experiment_by_name("ui")
     assert experiment is not None and experiment.tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+
+
+def _sections(text: str) -> list[tuple[str, int]]:
+    """The chart sections of a run's metrics tab (its visible text): each name with its number of charts."""
+    lines = text.splitlines()
+    return [(lines[i - 1], int(n.group(1))) for i, line in enumerate(lines) if (n := re.fullmatch(r"\((\d+)\)", line))]
 
 
 def test_dpsweep_ui_refuses_bad_input_before_serving(tmp_path: Path) -> None:
