@@ -131,12 +131,12 @@ def test_the_page_dpsweep_names_opens_on_the_experiments_training_runs(tmp_path:
     assert lines[0] == "Runs - Experiment 1 - MLflow", text[:500]  # the runs tab, of the experiment
     assert "No data available for the selected time range" not in text  # not the GenAI overview
     # dpsweep's view (views.save_view): the jobs as rows of their own, best first, not nested under
-    # the sweep's run; the objective, ε and the swept key as columns, not what is the same or memory/…
+    # the sweep's run; the objective, ε and the swept key as columns, not what is the same or system/memory/…
     assert "You're viewing a shared view." in " ".join(lines) and "Sort: test_accuracy" in lines, text[:2000]
     named = ["digits-cnn-nodp", "digits-cnn-seed1", "digits-cnn-seed0", "sweep-parent"]
     assert [lines.index(n) for n in named] == sorted(lines.index(n) for n in named), text[:2000]
     # at 1440 px, without scrolling: the objective, then ε, then the swept key; not every accountant's ε,
-    # the sweep's counters, the dp.* params the baseline lacks, what is the same, or memory/… (issue 56, 1)
+    # the sweep's counters, the dp.* params the baseline lacks, what is the same, or system/memory/… (issue 56, 1)
     columns = [c for c in table_columns(dom) if c.startswith(("metrics.", "params."))]
     assert columns == ["metrics.`test_accuracy`", "metrics.`epsilon`", "params.`train.seed`"], table_columns(dom)
     assert {"test_accuracy", "epsilon", "train.seed"} <= set(lines), text[:3000]
