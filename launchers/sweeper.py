@@ -151,8 +151,8 @@ class DpsweepSweeper(Sweeper):
         try:
             with session.parent_run(f"sweep-{sweep_id}", {}, params) as parent:
                 todo = [[*job, string_override("sweep.parent_run_id", parent.run_id)] for job in todo]
-                jobs = f"{len(todo)} job" + "s" * (len(todo) != 1)
-                print(f"dpsweep: {jobs} to run (sweep {sweep_id}, launcher={first.launcher.name})", flush=True)
+                count = f"{len(todo)} job" + "s" * (len(todo) != 1)
+                print(f"dpsweep: {count} to run (sweep {sweep_id}, launcher={first.launcher.name})", flush=True)
                 returns = self._launch(todo, outcome, session)
                 session.finish(outcome)
                 if tuned is not None:

@@ -163,14 +163,14 @@ def test_dp_run_logs_exactly_the_documented_metrics(dp_run: tuple) -> None:  # t
     assert sum(steps for _, _, steps in result.accountant_history) == result.steps == 3 * 23  # no extra step
 
 
-def _logged_model(client: MlflowClient, run_id: str, dst: Path) -> tuple[torch.nn.Module, dict[str, object]]:
-    """The run's model as a user loads it (``runs:/<run_id>/model`` with the store set as MLflow's tracking
+def _logged_model(client: MlflowClient, run_id: str, name: str, dst: Path) -> tuple[torch.nn.Module, dict[str, object]]:
+    """The run's model as a user loads it (``runs:/<run_id>/<name>`` with the store set as MLflow's tracking
     URI, which MLflow also reads the model's location from), and its MLmodel file."""
     import mlflow.artifacts
     import mlflow.pytorch
 
     mlflow.set_tracking_uri(client.tracking_uri)
-    local = Path(mlflow.artifacts.download_artifacts(f"runs:/{run_id}/model", dst_path=str(dst)))
+    local = Path(mlflow.artifacts.download_artifacts(f"runs:/{run_id}/{name}", dst_path=str(dst)))
     return mlflow.pytorch.load_model(str(local)), yaml.safe_load((local / "MLmodel").read_text())
 
 
@@ -182,17 +182,19 @@ def test_the_trained_model_is_returned_and_logged_with_mlflows_pytorch_flavour(
     [run] = runs_of(client, experiment_name)
     assert run.data.tags["model.logged"] == "true"
     assert int(run.data.tags["model.logged_bytes"]) == 4 * models.trainable_parameters(result.model)
-    loaded, mlmodel = _logged_model(client, run.info.run_id, tmp_path)
+    name = run.data.tags["model.name"]  # what it is: digits-cnn-dpsgd-eps…
+    assert name.startswith("digits-cnn-dpsgd-eps"), name
+    loaded, mlmodel = _logged_model(client, run.info.run_id, name, tmp_path)
     x = torch.randn(5, 1, 28, 28)
     with torch.no_grad():
         assert torch.equal(loaded(x), result.model.cpu()(x))  # the trained weights, exactly
     assert "pytorch" in mlmodel["flavors"] and "signature" in mlmodel  # type: ignore[operator]
-    example = json.loads((tmp_path / "model" / "input_example.json").read_text())
+    example = json.loads((tmp_path / name / "input_example.json").read_text())
     assert np.asarray(example).shape == (1, 1, 28, 28) and not np.any(example)  # zeros, never a training example
     # an MLflow 3 LoggedModel, the run's output (the UI's Models column and tab), in the run's experiment
     [output] = run.outputs.model_outputs
     logged = client.get_logged_model(output.model_id)
-    assert (logged.name, logged.source_run_id, logged.status) == ("model", run.info.run_id, LoggedModelStatus.READY)
+    assert (logged.name, logged.source_run_id, logged.status) == (name, run.info.run_id, LoggedModelStatus.READY)
     assert logged.experiment_id == run.info.experiment_id and logged.tags["dp.release"] == "not-for-release"
     assert logged.params["train.batch_size"] == run.data.params["train.batch_size"]
     import mlflow.pytorch
@@ -202,9 +204,7 @@ def test_the_trained_model_is_returned_and_logged_with_mlflows_pytorch_flavour(
     # logged again for the same run (a job requeued after logging it): still one model
     from dpsweep.tracking import store
 
-    store.log_model(
-        client.tracking_uri, run.info.run_id, result.model, x[:1], result.model(x[:1]).detach(), "model", "2"
-    )
+    store.log_model(client.tracking_uri, run.info.run_id, result.model, x[:1], result.model(x[:1]).detach(), name, "2")
     assert [m.model_id for m in client.search_logged_models([run.info.experiment_id])] == [output.model_id]
 
 

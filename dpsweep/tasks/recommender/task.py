@@ -173,7 +173,7 @@ class RecommenderRun:
             if self.cfg.train.probe:  # a probe logs its memory stages, which count the training users'
                 tags |= {  # ratings (the tensors' sizes): a statistic of the private data no accountant covers
                     "dp.release": "not-for-release",
-                    "dp.outside_ledger": "memory/* (they follow the number of the training users' ratings)",
+                    "dp.outside_ledger": "system/memory/* (they follow the number of the training users' ratings)",
                 }
         return tags
 
