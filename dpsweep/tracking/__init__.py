@@ -97,7 +97,7 @@ class Tracker:
     def log_model(self, module: Any, input_example: Any, name: str | None = None) -> None:
         """A torch module (on the CPU) as an MLflow PyTorch-flavour model (``MLmodel``, weights,
         signature from the input example and the module's output): an MLflow 3 LoggedModel, the run's
-        output, named ``name`` or by what it is (``digits-cnn-dpsgd-eps1_83``: its dataset, model,
+        output, named ``name`` or by what it is (``digits-cnn-dpsgd-eps1_84``: its dataset, model,
         mechanism and ε; the run's tag ``model.name``), with the run's objective and ε
         (:mod:`dpsweep.tracking.logged_models`). ``mlflow.pytorch.load_model("models:/<model_id>")`` loads
         it (with dpsweep importable), as does ``runs:/<run_id>/<model.name>``.

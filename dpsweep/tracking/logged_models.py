@@ -1,7 +1,7 @@
 """A run's trained model as MLflow 3's UI shows it (issue 56, item 3): a name that says what it is, and
 the run's objective and ε linked to it, each with the dataset split it is of.
 
-    name = model_name(run)                  # 'digits-cnn-dpsgd-eps1_83', 'digits-cnn-nonprivate'
+    name = model_name(run)                  # 'digits-cnn-dpsgd-eps1_84', 'digits-cnn-nonprivate'
     link_model_metrics(client, run_id)      # the model's page: test_accuracy, epsilon, epsilon_<accountant>
 
 MLflow 3 links a metric to a LoggedModel when the metric carries the model's id (``Metric(model_id=…)``
@@ -38,10 +38,11 @@ NOT_IN_NAMES = re.compile(r"[/:.%\"']")
 def model_name(run: Any) -> str:
     """The name of the run's model: its dataset, its model (the task's name for a task other than the
     classifier, as :func:`dpsweep.run.records.run_name` names it), and its mechanism and ε
-    (``digits-cnn-dpsgd-eps1_83``), or ``nonprivate``. ε is the run's headline ``epsilon`` to three
-    significant digits, its point written ``_``: MLflow refuses ``.`` in a LoggedModel's name. A trial of
-    a private tuning's says ``tuning`` instead of an ε: its model's ε is the whole tuning's, known only at
-    the release (:func:`dpsweep.tracking.sweeps.release_best`), and its own would understate it."""
+    (``digits-cnn-dpsgd-eps1_84``), or ``nonprivate``. ε is the run's headline ``epsilon`` to three
+    significant digits, rounded up (a name never states less than the ε spent: 1.83456 -> ``1_84``), its
+    point written ``_``: MLflow refuses ``.`` in a LoggedModel's name. A trial of a private tuning's says
+    ``tuning`` instead of an ε: its model's ε is the whole tuning's, known only at the release
+    (:func:`dpsweep.tracking.sweeps.release_best`), and its own would understate it."""
     params, tags = run.data.params, run.data.tags
     task = params.get("task.name", tags.get("task.name", "model"))
     parts = [params.get("dataset.name", "data"), params.get("model.name", task) if task == "classifier" else task]
@@ -51,8 +52,16 @@ def model_name(run: Any) -> str:
     elif tags.get("sweep.private_tuning") == "True":
         parts += [params.get("dp.mechanism", "dp"), "tuning"]
     else:
-        parts += [params.get("dp.mechanism", "dp"), *([] if math.isnan(epsilon) else [f"eps{epsilon:.3g}"])]
+        parts += [params.get("dp.mechanism", "dp"), *([] if math.isnan(epsilon) else [f"eps{_up3(epsilon)}"])]
     return NOT_IN_NAMES.sub("_", "-".join(str(p) for p in parts))
+
+
+def _up3(epsilon: float) -> str:
+    """``epsilon`` to three significant digits, rounded up: 6.483 -> ``6.49``, 0.6401 -> ``0.641``."""
+    if not math.isfinite(epsilon) or epsilon <= 0:
+        return f"{epsilon:g}"
+    scale = 10.0 ** (2 - math.floor(math.log10(epsilon)))
+    return f"{math.ceil(round(epsilon * scale, 6)) / scale:.3g}"  # round(): 1.83 * 100 is 183.00000000000003
 
 
 def linked_keys(run: Any) -> list[str]:

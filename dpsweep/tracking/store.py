@@ -382,7 +382,7 @@ def log_model(
     experiment, the run's output (the UI's Models column and tab), with the run's params and ``dp.*``
     tags (``dp.release=not-for-release`` among them), and the run's objective and ε so far
     (:func:`dpsweep.tracking.logged_models.link_model_metrics`; :func:`end_run` links the rest). Its
-    ``name`` (None: :func:`dpsweep.tracking.logged_models.model_name`, e.g. ``digits-cnn-dpsgd-eps1_83``)
+    ``name`` (None: :func:`dpsweep.tracking.logged_models.model_name`, e.g. ``digits-cnn-dpsgd-eps1_84``)
     is also the run's tag ``model.name``. ``models:/<model_id>`` loads it, and so does
     ``runs:/<run_id>/<name>``, which MLflow resolves to the run's model of that name.
 

@@ -221,7 +221,8 @@ def test_a_size_limit_skips_logging_a_model(make_cfg: Composer, client: MlflowCl
 def test_vgg16_logs_only_its_trained_head(vgg_runs: VggRuns, tmp_path: Path) -> None:
     result = vgg_runs.uncached  # the backbone ran every step; the run logged its model
     assert isinstance(result.model, models.FrozenVGG16)  # the whole model is returned
-    head, _ = _logged_model(MlflowClient(vgg_runs.store), result.run_id, tmp_path)
+    name = vgg_runs.runs[result.run_id].data.tags["model.name"]
+    head, _ = _logged_model(MlflowClient(vgg_runs.store), result.run_id, name, tmp_path)
     assert isinstance(head, torch.nn.Sequential)  # the head alone: the backbone is public ImageNet weights
     assert int(vgg_runs.runs[result.run_id].data.tags["model.logged_bytes"]) == 4 * (25088 * 16 + 16 + 16 * 10 + 10)
     with torch.no_grad():

@@ -112,7 +112,7 @@ def test_every_way_in_opens_on_model_training_and_the_models_page_shows_its_epsi
     assert models_tab[0] == f"Logged Models - Experiment {experiment.experiment_id} - MLflow", models_tab[:40]
     assert model.name in models_tab and not set(GENAI) & set(models_tab), models_tab[:80]
     # item 3: the model's page, named by what it is, shows its objective and every ε, with their datasets
-    assert model.name == "digits-cnn-dpsgd-eps1_83" and model.name in model_page, model_page[:80]
+    assert model.name == "digits-cnn-dpsgd-eps1_84" and model.name in model_page, model_page[:80]
     assert "Metrics (3)" in model_page, model_page[:120]
     metrics = model_page[model_page.index("Metrics (3)") :]
     for key, value, dataset in [("test_accuracy", "0.8125", "digits-test"), ("epsilon", "1.8343", "digits-train"),

@@ -55,7 +55,7 @@ def test_a_private_runs_model_is_named_and_carries_the_objective_and_every_epsil
     [r] = runs_of(client, experiment_name)
     [output] = r.outputs.model_outputs
     model = client.get_logged_model(output.model_id)
-    assert model.name == "digits-cnn-dpsgd-eps1_83" == r.data.tags["model.name"]
+    assert model.name == "digits-cnn-dpsgd-eps1_84" == r.data.tags["model.name"]  # ε 1.83456, rounded up
     assert _linked(client, model.model_id) == {
         "test_accuracy": (0.75, "digits-test"),  # the last epoch's, of the test split
         "epsilon": (1.83456, "digits-train"),  # ε: a guarantee about the training split
