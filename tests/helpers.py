@@ -355,3 +355,37 @@ def service(
             command = ["bash", str(SCRIPTS / script), *args]
             stop = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
             assert stop.returncode == 0, f"{down} exited {stop.returncode}:\n{stop.stdout}\n{stop.stderr[-4000:]}"
+
+
+def trained_store(
+    cwd: Path, experiment: str, common: Sequence[str], runs: Mapping[Any, Sequence[str]]
+) -> tuple[str, dict[Any, str]]:
+    """A fresh store in ``cwd`` holding one trained run of each of ``runs`` (key -> its overrides, after
+    ``common``), with one torch thread; the store's URI and each key's run id."""
+    import torch
+    from hydra import compose, initialize_config_module
+
+    from dpsweep.run.runner import train
+
+    uri, tracking = fresh_store(cwd, experiment)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with initialize_config_module("dpsweep.conf", version_base="1.3"):
+            ids = {key: train(compose("config", overrides=[*common, *tracking, *o])).run_id for key, o in runs.items()}
+    finally:
+        torch.set_num_threads(threads)
+    return uri, ids
+
+
+def row_of_run(table: Any, run_id: str) -> Any:
+    """The row of a report's table (a DataFrame) that counts the run ``run_id``."""
+    [index] = table.index[table["run_ids"].map(lambda ids: run_id in ids)]
+    return table.loc[index]
+
+
+def markdown_rows(text: str) -> list[dict[str, str]]:
+    """A markdown table's rows, each as header -> cell."""
+    lines = [x for x in text.splitlines() if x.startswith("|")]
+    cells = [[c.strip() for c in x.strip().strip("|").split("|")] for x in lines]
+    return [dict(zip(cells[0], row, strict=True)) for row in cells[2:]]

@@ -18,9 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import torch
-from helpers import fresh_store
-from hydra import compose, initialize_config_module
+from helpers import markdown_rows, row_of_run, trained_store
 from matplotlib.colors import to_hex
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
@@ -30,7 +28,6 @@ from dpsweep.analysis import report as rep
 from dpsweep.analysis.report import plots as rp
 from dpsweep.analysis.report.columns import mechanism_order
 from dpsweep.analysis.report.plots import MECHANISM_COLORS
-from dpsweep.run.runner import train
 
 TRAINED = pytest.mark.xdist_group("report_mechanisms")  # the tests of the trained runs: one worker trains them
 EXPERIMENT = "mechanisms"
@@ -54,26 +51,8 @@ class Store:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     cwd = tmp_path_factory.mktemp("report-mechanisms")
-    uri, tracking = fresh_store(cwd, EXPERIMENT)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with initialize_config_module("dpsweep.conf", version_base="1.3"):
-            ids = {key: train(compose("config", overrides=[*COMMON, *tracking, *o])).run_id for key, o in RUNS.items()}
-    finally:
-        torch.set_num_threads(threads)
+    uri, ids = trained_store(cwd, EXPERIMENT, COMMON, RUNS)
     return Store(uri, ids)
-
-
-def _by_run(table: pd.DataFrame, run_id: str) -> pd.Series:
-    [index] = table.index[table["run_ids"].map(lambda ids: run_id in ids)]
-    return table.loc[index]
-
-
-def _rows_md(text: str) -> list[dict[str, str]]:
-    lines = [x for x in text.splitlines() if x.startswith("|")]
-    cells = [[c.strip() for c in x.strip().strip("|").split("|")] for x in lines]
-    return [dict(zip(cells[0], row, strict=True)) for row in cells[2:]]
 
 
 def _legend_texts(fig: object) -> list[str]:
@@ -87,7 +66,7 @@ def test_rows_split_by_mechanism_and_unit_against_the_non_private_baseline(store
     r = rep.build_report(store.uri, EXPERIMENT)
     table = r.table
     assert len(table) == len(RUNS) and table["config_id"].is_unique  # one row per run: none pooled
-    rows = {key: _by_run(table, run_id) for key, run_id in store.run_ids.items()}
+    rows = {key: row_of_run(table, run_id) for key, run_id in store.run_ids.items()}
     for (mechanism, unit, batch), row in rows.items():
         assert row["batch_size"] == batch
         if mechanism == "off":
@@ -121,7 +100,7 @@ def test_rows_split_by_mechanism_and_unit_against_the_non_private_baseline(store
 def test_tables_show_mechanism_and_unit_and_say_whom_epsilon_protects(store: Store) -> None:
     r = rep.build_report(store.uri, EXPERIMENT, sort="epsilon")
     md = rep.render(r, "md")
-    cells = _rows_md(md)
+    cells = markdown_rows(md)
     header = list(cells[0])
     assert header.index("accountant") + 1 == header.index("mechanism") == header.index("unit") - 1
     assert header.index("unit") + 1 == header.index("ε")
@@ -167,7 +146,7 @@ def test_pareto_plot_colours_by_mechanism_and_marks_users(store: Store, tmp_path
     [ax] = fig.axes
     points = [line for line in ax.get_lines() if len(line.get_xdata()) and line.get_linestyle() in ("None", "none")]
     drawn = {(to_hex(line.get_color()), line.get_marker(), float(line.get_xdata()[0])) for line in points}
-    eps = {key: _by_run(r.table, run_id)["epsilon"] for key, run_id in store.run_ids.items() if key[0] != "off"}
+    eps = {key: row_of_run(r.table, run_id)["epsilon"] for key, run_id in store.run_ids.items() if key[0] != "off"}
     blue = to_hex("tab:blue")
     ftrl = to_hex(MECHANISM_COLORS[mechanism_order("dpftrl")[0]])  # its rank among the registered mechanisms
     assert ftrl != blue and (ftrl, "o", eps[("dpftrl", "example", 64)]) in drawn  # DP-FTRL: its own colour
@@ -217,7 +196,7 @@ def test_runs_from_before_the_keys_are_dpsgd_over_examples_and_render_as_before(
     new = DP | {"dp.noise_multiplier": "2.0", "dp.mechanism": "dpsgd", "dp.unit": "example"}
     log_run(client, experiment_name, new, {"test_accuracy": 0.5, "epsilon": 1.5}, TAGS)
     r = rep.build_report(mlflow_uri, experiment_name)
-    row = _by_run(r.table, old)
+    row = row_of_run(r.table, old)
     assert (row["mechanism"], row["unit"]) == ("dpsgd", "example")
     assert list(r.table["mechanism"]) == [None, "dpsgd", "dpsgd"] and not rep.shows_privacy_kinds(r.table)
     assert rep.swept_params(r.table) == ["dp.noise_multiplier"]  # a missing dp.mechanism is dpsgd: not swept
@@ -241,9 +220,9 @@ def test_mechanism_and_unit_fall_back_to_the_tags(mlflow_uri: str, experiment_na
         client, experiment_name, DP | {"dp.noise_multiplier": "3.0"}, {"test_accuracy": 0.5, "epsilon": 1.0}
     )
     r = rep.build_report(mlflow_uri, experiment_name)
-    assert (_by_run(r.table, tagged)["mechanism"], _by_run(r.table, tagged)["unit"]) == ("dpftrl", "user")
-    assert (_by_run(r.table, plain)["mechanism"], _by_run(r.table, plain)["unit"]) == ("dpsgd", "example")
-    cells = {(c["mechanism"], c["unit"], c["ε"]) for c in _rows_md(rep.render(r, "md"))}
+    assert (row_of_run(r.table, tagged)["mechanism"], row_of_run(r.table, tagged)["unit"]) == ("dpftrl", "user")
+    assert (row_of_run(r.table, plain)["mechanism"], row_of_run(r.table, plain)["unit"]) == ("dpsgd", "example")
+    cells = {(c["mechanism"], c["unit"], c["ε"]) for c in markdown_rows(rep.render(r, "md"))}
     assert cells == {("—", "—", "—"), ("dpftrl", "user", "6"), ("dpsgd", "example", "1")}
     assert any("dataset.num_users = 40" in n for n in r.notes())
     front = rep.pareto_front(r.table)  # ε per user and ε per example: a front each, so both are on one

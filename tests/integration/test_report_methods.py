@@ -14,14 +14,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 import pytest
-import torch
-from helpers import fresh_store
-from hydra import compose, initialize_config_module
+from helpers import markdown_rows, row_of_run, trained_store
 from mlflow.tracking import MlflowClient
 
 from dpsweep.analysis import report as rep
 from dpsweep.analysis.report.table import config_labels
-from dpsweep.run.runner import train
 
 TRAINED = pytest.mark.xdist_group("report_methods")  # one worker trains the module's runs
 EXPERIMENT = "methods"
@@ -47,26 +44,8 @@ class Store:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     cwd = tmp_path_factory.mktemp("report-methods")
-    uri, tracking = fresh_store(cwd, EXPERIMENT)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with initialize_config_module("dpsweep.conf", version_base="1.3"):
-            ids = {key: train(compose("config", overrides=[*COMMON, *tracking, *o])).run_id for key, o in RUNS.items()}
-    finally:
-        torch.set_num_threads(threads)
+    uri, ids = trained_store(cwd, EXPERIMENT, COMMON, RUNS)
     return Store(uri, ids)
-
-
-def _by_run(table: pd.DataFrame, run_id: str) -> pd.Series:
-    [index] = table.index[table["run_ids"].map(lambda ids: run_id in ids)]
-    return table.loc[index]
-
-
-def _rows_md(text: str) -> list[dict[str, str]]:
-    lines = [x for x in text.splitlines() if x.startswith("|")]
-    cells = [[c.strip() for c in x.strip().strip("|").split("|")] for x in lines]
-    return [dict(zip(cells[0], row, strict=True)) for row in cells[2:]]
 
 
 def _params(uri: str, run_id: str) -> dict[str, str]:
@@ -80,11 +59,11 @@ def test_each_row_shows_its_method_and_is_compared_with_the_same_methods_baselin
     assert len(r.table) == 4
     by_config = r.table.set_index("config_id")
     for (method, private), run_id in store.run_ids.items():
-        row = _by_run(r.table, run_id)
+        row = row_of_run(r.table, run_id)
         assert row["method"] == _params(store.uri, run_id)["task.method"] == method
         if private:  # DPALS against non-private ALS, DPAM against non-private DPAM
             assert by_config.loc[row["baseline_config_id"], "method"] == method
-    md = _rows_md(rep.render(r, "md"))
+    md = markdown_rows(rep.render(r, "md"))
     assert sorted((c["method"], c["accountant"] != "non-private") for c in md) == sorted(store.run_ids)
     assert all(c["model"] == "recommender" for c in md)
     csv = pd.read_csv(io.StringIO(rep.render(r, "csv")))
@@ -96,13 +75,13 @@ def test_each_row_shows_its_method_and_is_compared_with_the_same_methods_baselin
 @TRAINED
 def test_a_calibrated_sigma_shows_four_digits_rounded_up_in_the_table_and_the_labels(store: Store) -> None:
     r = rep.build_report(store.uri, EXPERIMENT)
-    md = _rows_md(rep.render(r, "md"))  # in the table's order
+    md = markdown_rows(rep.render(r, "md"))  # in the table's order
     labels = config_labels(r.table)
     for method in ("als", "dpam"):
         run_id = store.run_ids[(method, True)]
         sigma = float(_params(store.uri, run_id)["dp.noise_multiplier"])  # calibrated: a float's digits
         assert len(repr(sigma)) > 6
-        row = _by_run(r.table, run_id)
+        row = row_of_run(r.table, run_id)
         cell = md[int(row.name)]["σ"]
         assert len(cell.replace(".", "").lstrip("0")) <= 4, cell
         assert sigma <= float(cell) <= sigma * 1.001, (sigma, cell)
