@@ -197,8 +197,10 @@ else
     if [[ -n $(server_pid) ]]; then
         log "mlflow server (pid $(server_pid)) is running but not healthy yet; waiting for it"
     else
+        # --app-name dpsweep: MLflow's app with a page that opens every way in on model training, not
+        # MLflow 3's GenAI overview (dpsweep.tracking.ui_server, the entry point mlflow.app)
         args=(server --host "$mlflow_host" --port "$mlflow_port" --workers "$mlflow_workers"
-            --serve-artifacts --artifacts-destination "$mlflow_home/artifacts")
+            --serve-artifacts --artifacts-destination "$mlflow_home/artifacts" --app-name dpsweep)
         [[ -n ${DPSWEEP_MLFLOW_ALLOWED_HOSTS:-} ]] && args+=(--allowed-hosts "$DPSWEEP_MLFLOW_ALLOWED_HOSTS")
         log "starting mlflow server on $mlflow_host:$mlflow_port (log: $log_file)"
         printf '\n=== %s mlflow %s (backend store: %s)\n' "$(date -Is)" "${args[*]}" \

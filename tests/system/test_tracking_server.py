@@ -247,6 +247,17 @@ def test_a_single_probe_detects_an_unreachable_uri_at_once(server_uri: str) -> N
 
 
 @pytest.mark.cluster
+def test_the_servers_page_opens_every_way_in_on_model_training(server_uri: str) -> None:
+    """The cluster's server runs MLflow's app as dpsweep's (``--app-name dpsweep``): its page sets the
+    model-training view before MLflow's scripts, so an experiment clicked in its list does not open on the
+    GenAI overview (issue 56, item 4; the browser test of the same page: test_mlflow_ui_ways_in.py)."""
+    from dpsweep.tracking.ui_server import SCRIPT
+
+    page = requests.get(f"{server_uri.rstrip('/')}/", timeout=30)
+    assert page.status_code == 200 and SCRIPT in page.text, page.text[:500]
+
+
+@pytest.mark.cluster
 def test_optuna_study_on_postgresql_storage(server_uri: str) -> None:
     """Studies on clusters keep their trials in an RDB: the same PostgreSQL serves as Optuna storage."""
     import optuna
