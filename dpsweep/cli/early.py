@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from dpsweep.config import Config
 
 MULTIRUN_FLAGS = ("-m", "--multirun")
+HYDRA_RUNTIME = "${hydra:"  # Hydra's resolver of the running job's config: set only inside the app
 SCHEDULERS = ("slurm", "sge")  # launchers that submit to a cluster: sweeps only (a single run would train here)
 
 
@@ -54,15 +55,30 @@ def scheduler_refusal(launcher: str) -> ConfigError:
     )  # fmt: skip
 
 
-def composed_and_checked(argv: Sequence[str]) -> Checked:
-    """The run's config, or every job of the sweep (``-m``), composed and checked for what needs no data
-    (the ranges of ``dpsweep.config.validate``; a sweep's launcher and its scheduler's tools). Hydra's
-    composition errors are raised as InputError (``dpsweep.cli.composing``)."""
+def composed_and_checked(argv: Sequence[str]) -> Checked | None:
+    """The run's config, or every job of the sweep (``-m``, or ``hydra.mode=MULTIRUN``), composed and
+    checked for what needs no data (the ranges of ``dpsweep.config.validate``; a sweep's launcher and its
+    scheduler's tools). Hydra's composition errors are raised as InputError (``dpsweep.cli.composing``).
+    None where a key interpolates Hydra's runtime config (``${hydra:runtime.output_dir}``), which only
+    the app has: the app checks that config itself, as it did before these checks."""
     from hydra import initialize_config_module
 
+    if any(HYDRA_RUNTIME in a for a in argv):
+        return None
     overrides = [a for a in argv if a not in MULTIRUN_FLAGS]
+    sweep = len(overrides) < len(argv) or "hydra.mode=MULTIRUN" in overrides
     with initialize_config_module(CONFIG_MODULE, version_base="1.3"), composition_refused(argv):
-        return _sweep(overrides) if len(overrides) < len(argv) else _run(overrides)
+        return _sweep(overrides) if sweep else _run(overrides)
+
+
+def _needs_hydra(cfg: DictConfig) -> bool:
+    """Whether a key outside ``hydra`` interpolates Hydra's runtime config (:data:`HYDRA_RUNTIME`)."""
+    from omegaconf import OmegaConf
+
+    container = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(container, dict)
+    container.pop("hydra", None)
+    return HYDRA_RUNTIME in repr(container)
 
 
 def check_plans(checked: Checked) -> None:
@@ -73,7 +89,7 @@ def check_plans(checked: Checked) -> None:
     check(checked.configs, checked.jobs, sweep=checked.sweep)
 
 
-def _run(overrides: list[str]) -> Checked:
+def _run(overrides: list[str]) -> Checked | None:
     from hydra import compose
     from omegaconf import OmegaConf, open_dict
 
@@ -81,6 +97,8 @@ def _run(overrides: list[str]) -> Checked:
     from dpsweep.config import to_config, validate
 
     cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    if _needs_hydra(cfg):
+        return None
     run_dir = _resolved(cfg, "hydra.run.dir")
     with open_dict(cfg):
         del cfg["hydra"]
@@ -93,7 +111,7 @@ def _run(overrides: list[str]) -> Checked:
     return Checked(line, [config], [overrides], sweep=False, run_dir=run_dir)
 
 
-def _sweep(overrides: list[str]) -> Checked:
+def _sweep(overrides: list[str]) -> Checked | None:
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
@@ -102,6 +120,8 @@ def _sweep(overrides: list[str]) -> Checked:
     from dpsweep.launchers.preflight import check_launcher, check_ranges, check_rank_shapes, check_search
 
     jobs, master = sweep_jobs(overrides)
+    if _needs_hydra(master):
+        return None
     composer = ComposedJobs(GlobalHydra.instance().config_loader(), keep=False)  # as the sweeper composes
     configs = [composer.typed(master, job) for job in jobs]
     study = OmegaConf.select(master, "hydra.sweeper.optuna") is not None

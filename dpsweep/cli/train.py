@@ -164,7 +164,7 @@ class _Started:
 STARTED = _Started()
 
 
-def _checked_or_refused(argv: Sequence[str]) -> Checked:
+def _checked_or_refused(argv: Sequence[str]) -> Checked | None:
     return _refuse_bad_input(composed_and_checked, argv)
 
 

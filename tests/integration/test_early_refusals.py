@@ -125,3 +125,21 @@ def test_a_refusal_imports_no_torch(tmp_path: Path, args: list[str]) -> None:
     told = "\n".join(line for line in proc.stderr.splitlines() if not line.startswith("import time:"))
     assert proc.returncode == 2 and told.startswith("dpsweep: error: "), f"exit {proc.returncode}\n{told[-3000:]}"
     assert "hydra" in imported and {"torch", "mlflow"} & imported == set(), told[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("args", "made"),
+    [
+        # Hydra's resolver of the job's own config: only the app has it; the early checks leave it to the app
+        (["train.checkpoint_dir=${hydra:runtime.output_dir}/ck"], "outputs"),
+        (["hydra.mode=MULTIRUN", "train.seed=0,1"], "multirun"),  # Hydra's other spelling of -m: a sweep
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
+def test_what_hydra_runs_the_early_checks_do_not_refuse(tmp_path: Path, args: list[str], made: str) -> None:
+    proc = run_script("dpsweep", *args, "train.epochs=1", "dp=off", "tracking.log_model=false", cwd=tmp_path,
+                      timeout=600)  # fmt: skip
+    assert proc.returncode == 0, said(proc)
+    assert (tmp_path / made).is_dir(), said(proc)
+    runs = [line for line in proc.stdout.splitlines() if line.startswith("dpsweep: run ")]
+    assert len(runs) == (2 if made == "multirun" else 1), said(proc)
