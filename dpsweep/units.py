@@ -60,3 +60,16 @@ def format_bytes(n: float) -> str:
     if "e" in text and value >= 1:
         text = f"{value:.0f}"
     return f"{'-' if n < 0 else ''}{text} {unit}"
+
+
+def rounded_up(value: float, digits: int) -> str:
+    """``value`` to ``digits`` significant digits, never less than it: ``rounded_up(6.483, 3)`` is ``'6.49'``,
+    ``rounded_up(1.3, 4)`` ``'1.3'``. For figures whose reader must not be told less than the truth: a σ
+    (more noise than shown is never less private) and an ε in a name (never less than the ε spent)."""
+    if not math.isfinite(value) or value <= 0:
+        return f"{value:g}"
+    scale = 10.0 ** (digits - 1 - math.floor(math.log10(value)))
+    steps = math.ceil(round(value * scale, 6))  # round(): 1.3 * 1000 is 1300.0000000000002, not 1301 steps
+    while float(f"{steps / scale:.{digits}g}") < value:  # what round() took down: 1.1540000003 is 1.155
+        steps += 1
+    return f"{steps / scale:.{digits}g}"

@@ -8,6 +8,8 @@ from typing import Any
 
 import pandas as pd
 
+from dpsweep.units import rounded_up
+
 PERCENT = 100.0
 
 
@@ -34,11 +36,7 @@ def sigma_text(value: Any) -> str:
     too. Only the text is rounded: the frames and the CSV keep σ whole. A dash where missing."""
     if value is None or pd.isna(value):
         return "—"
-    sigma = float(value)
-    if not math.isfinite(sigma) or sigma <= 0:
-        return f"{sigma:g}"
-    scale = 10.0 ** (SIGMA_DIGITS - 1 - math.floor(math.log10(sigma)))
-    return f"{math.ceil(round(sigma * scale, 6)) / scale:.{SIGMA_DIGITS}g}"  # round(): 1.3 * 1000 is 1300.0000000000002
+    return rounded_up(float(value), SIGMA_DIGITS)
 
 
 def key_text(key: str, value: Any) -> str:

@@ -11,7 +11,7 @@ starts without Hydra.
 
 from __future__ import annotations
 
-import math
+from dpsweep.units import rounded_up
 
 SIGMA_DIGITS = 4  # significant digits of a σ shown to a person
 
@@ -21,7 +21,4 @@ def sigma_text(sigma: float) -> str:
     as they are). Up: a run at the σ shown adds at least the noise of the run it describes, so where σ
     was calibrated for ε <= a target, the σ shown spends at most that ε too (ε falls as σ grows). Only
     the text is rounded: the run, its ledger and its params keep σ whole."""
-    if not math.isfinite(sigma) or sigma <= 0:
-        return f"{sigma:g}"
-    scale = 10.0 ** (SIGMA_DIGITS - 1 - math.floor(math.log10(sigma)))
-    return f"{math.ceil(round(sigma * scale, 6)) / scale:.{SIGMA_DIGITS}g}"  # round(): 1.3 * 1000 is 1300.0000000000002
+    return rounded_up(sigma, SIGMA_DIGITS)

@@ -28,6 +28,7 @@ from mlflow.tracking import MlflowClient
 
 from dpsweep.config import task_objectives
 from dpsweep.tracking.store import client_of, op, retry_busy
+from dpsweep.units import rounded_up
 
 EPSILON = "epsilon"  # a private run's headline ε (dp.accountant's); epsilon_<accountant>: under each
 OBJECTIVE_SPLIT, EPSILON_SPLIT = "test", "train"  # the dataset split each linked metric is of
@@ -52,16 +53,8 @@ def model_name(run: Any) -> str:
     elif tags.get("sweep.private_tuning") == "True":
         parts += [params.get("dp.mechanism", "dp"), "tuning"]
     else:
-        parts += [params.get("dp.mechanism", "dp"), *([] if math.isnan(epsilon) else [f"eps{_up3(epsilon)}"])]
+        parts += [params.get("dp.mechanism", "dp"), *([] if math.isnan(epsilon) else [f"eps{rounded_up(epsilon, 3)}"])]
     return NOT_IN_NAMES.sub("_", "-".join(str(p) for p in parts))
-
-
-def _up3(epsilon: float) -> str:
-    """``epsilon`` to three significant digits, rounded up: 6.483 -> ``6.49``, 0.6401 -> ``0.641``."""
-    if not math.isfinite(epsilon) or epsilon <= 0:
-        return f"{epsilon:g}"
-    scale = 10.0 ** (2 - math.floor(math.log10(epsilon)))
-    return f"{math.ceil(round(epsilon * scale, 6)) / scale:.3g}"  # round(): 1.83 * 100 is 183.00000000000003
 
 
 def linked_keys(run: Any) -> list[str]:
