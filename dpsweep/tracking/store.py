@@ -299,16 +299,19 @@ def use_uri(uri: str) -> None:
 
 @op
 def end_run(uri: str, run_id: str, status: str) -> None:
-    """End the run FINISHED, FAILED or KILLED; a FINISHED run's objective and ε linked to its model
-    first (:func:`dpsweep.tracking.logged_models.link_model_metrics`: its final metrics may come after
-    the model, or the model from an earlier job of a resumed run)."""
+    """End the run FINISHED, FAILED or KILLED; a FINISHED run that logged a model (its ``outputs``) has
+    its objective and ε linked to it first (:func:`dpsweep.tracking.logged_models.link_model_metrics`:
+    its final metrics may come after the model, or the model from an earlier job of a resumed run). A
+    run without one asks nothing of the store's LoggedModels (an MLflow 2 server has none)."""
     from dpsweep.tracking.logged_models import link_model_metrics  # (it imports this module)
 
+    client = client_of(uri)
     try:
-        if status == "FINISHED":
-            link_model_metrics(client_of(uri), run_id)
+        run = retry_busy(lambda: client.get_run(run_id)) if status == "FINISHED" else None
+        if run is not None and run.outputs is not None and run.outputs.model_outputs:
+            link_model_metrics(client, run_id)
     finally:
-        retry_busy(lambda: client_of(uri).set_terminated(run_id, status))
+        retry_busy(lambda: client.set_terminated(run_id, status))
 
 
 @op
