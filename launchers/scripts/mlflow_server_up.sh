@@ -197,10 +197,16 @@ else
     if [[ -n $(server_pid) ]]; then
         log "mlflow server (pid $(server_pid)) is running but not healthy yet; waiting for it"
     else
-        # --app-name dpsweep: MLflow's app with a page that opens every way in on model training, not
-        # MLflow 3's GenAI overview (dpsweep.tracking.ui_server, the entry point mlflow.app)
         args=(server --host "$mlflow_host" --port "$mlflow_port" --workers "$mlflow_workers"
-            --serve-artifacts --artifacts-destination "$mlflow_home/artifacts" --app-name dpsweep)
+            --serve-artifacts --artifacts-destination "$mlflow_home/artifacts")
+        # --app-name dpsweep: MLflow's app with a page that opens every way in on model training, not
+        # MLflow 3's GenAI overview (dpsweep.tracking.ui_server, the entry point mlflow.app), where the
+        # venv has dpsweep; a venv of MLflow alone serves MLflow's own page
+        if "$venv/bin/python" -c 'import sys, importlib.metadata as m; sys.exit(not any(e.name == "dpsweep" for e in m.entry_points(group="mlflow.app")))' 2>/dev/null; then
+            args+=(--app-name dpsweep)
+        else
+            log "no dpsweep in $venv: MLflow's own page (links without workflowType open on its GenAI view)"
+        fi
         [[ -n ${DPSWEEP_MLFLOW_ALLOWED_HOSTS:-} ]] && args+=(--allowed-hosts "$DPSWEEP_MLFLOW_ALLOWED_HOSTS")
         log "starting mlflow server on $mlflow_host:$mlflow_port (log: $log_file)"
         printf '\n=== %s mlflow %s (backend store: %s)\n' "$(date -Is)" "${args[*]}" \
