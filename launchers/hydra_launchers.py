@@ -15,6 +15,7 @@ Select them with ``launcher=local|slurm|sge`` (conf/launcher/); the Hydra plugin
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shlex
 import subprocess
@@ -165,6 +166,9 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
             return returns, False
 
 
+RESTART_EVERY_S = 10.0  # the queue's reads started over at a job's end at most this often
+
+
 class QueueStates:
     """A scheduler's jobs as the sweep's driver sees them: each job's id once submitted, with what it runs,
     then a line each time its state in the queue changes, and its last state, e.g.::
@@ -184,6 +188,7 @@ class QueueStates:
     def __init__(self, scheduler: str) -> None:
         self.scheduler = scheduler
         self.shown: dict[str, str] = {}  # job id -> the state last printed
+        self.restarted_at = -math.inf  # when the watcher's reads were last started over (time.monotonic)
 
     def submitted(self, jobs: Sequence[Any], per_job: Sequence[Sequence[Sequence[str]]]) -> None:
         """A line a job: its id and the overrides that tell its trials from the launch's others (``; `` between
@@ -201,10 +206,15 @@ class QueueStates:
 
     def ended(self, job: Any, returned: bool) -> None:
         """The job's last state; and the watcher's reads of the queue started over (0, 2, 4, 8 s ... from
-        now): a job's end is when the others' states change (the next job of a throttled array starts)."""
+        now): a job's end is when the others' states change (the next job of a throttled array starts).
+        At most once in :data:`RESTART_EVERY_S`: jobs that end together cost one read of the queue, and an
+        array whose jobs keep ending is read every few seconds, not at each end."""
         state = job.watcher.get_state(job.job_id, mode="cache")
         self._show(job.job_id, state if state not in NOT_ENDED else "COMPLETED" if returned else "FAILED")
-        job.watcher.register_job(job.job_id)  # submitit's watcher: its reads start over at a registration
+        now = time.monotonic()
+        if now - self.restarted_at >= RESTART_EVERY_S:
+            self.restarted_at = now
+            job.watcher.register_job(job.job_id)  # submitit's watcher: its reads start over at a registration
 
     def _show(self, job_id: str, state: str) -> None:
         if self.shown.get(job_id) != state:
