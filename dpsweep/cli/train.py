@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -43,9 +43,6 @@ from dpsweep.launchers.overrides import string_override
 from dpsweep.process import RANKS_ENV, a_rank
 from dpsweep.process.liveness import die_with_driver
 from dpsweep.tracking import channel as tracking_service
-
-if TYPE_CHECKING:  # torch and MLflow are imported where a run needs them: --help stays fast
-    pass
 
 
 def register_hydra_plugins() -> None:
