@@ -34,6 +34,7 @@ from submitit.core.core import InfoWatcher
 from submitit.slurm.slurm import SlurmInfoWatcher
 
 from dpsweep.config import given_overrides, ranks_shape
+from dpsweep.config.schema import swept_keys
 from dpsweep.launchers import packing
 from dpsweep.process.liveness import driver_environment
 
@@ -282,16 +283,9 @@ def sacct_works() -> bool:
 
 def swept(trials: Sequence[Sequence[str]]) -> Callable[[Sequence[str]], list[str]]:
     """Of a trial's overrides, those whose key takes several values (or none) among ``trials``: what tells it
-    from the others (the user's, not the sweeper's own: ``given_overrides``)."""
-    values: dict[str, set[str]] = {}
-    for overrides in trials:
-        for o in given_overrides(overrides):
-            key, _, value = o.partition("=")
-            values.setdefault(key, set()).add(value)
-    common = {
-        k for k, v in values.items() if len(v) == 1 and all(any(o.startswith(k + "=") for o in t) for t in trials)
-    }
-    return lambda overrides: [o for o in given_overrides(overrides) if o.partition("=")[0] not in common]
+    from the others (the user's, not the sweeper's own: ``dpsweep.config.schema.swept_keys``)."""
+    keys = set(swept_keys(trials))
+    return lambda overrides: [o for o in given_overrides(overrides) if o.partition("=")[0].lstrip("+~") in keys]
 
 
 def watch_with(watcher: InfoWatcher, jobs: list[Any]) -> None:

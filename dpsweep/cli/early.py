@@ -115,7 +115,7 @@ def _sweep(overrides: list[str]) -> Checked | None:
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from dpsweep.config import given_overrides
+    from dpsweep.config.schema import swept_keys
     from dpsweep.launchers.composed import ComposedJobs
     from dpsweep.launchers.preflight import check_launcher, check_ranges, check_rank_shapes, check_search
 
@@ -130,9 +130,7 @@ def _sweep(overrides: list[str]) -> Checked | None:
     launcher = configs[0].launcher
     check_launcher(launcher)
     check_rank_shapes(configs)
-    given = [given_overrides(job) for job in jobs]
-    keys = dict.fromkeys(o.partition("=")[0].lstrip("+~") for job in given for o in job)
-    axes = [k for k in keys if len({_value_of(job, k) for job in given}) > 1]
+    axes = swept_keys(jobs)
     what = f"a sweep of {len(jobs)} job{'s' * (len(jobs) != 1)}"
     if study:
         optuna = master.hydra.sweeper.optuna
@@ -142,10 +140,6 @@ def _sweep(overrides: list[str]) -> Checked | None:
     over = f" over {', '.join(axes)}" if axes else ""
     line = f"dpsweep: {what}{over} (launcher={launcher.name})"
     return Checked(line, configs, jobs, sweep=True)
-
-
-def _value_of(job: Sequence[str], key: str) -> str | None:
-    return next((o.partition("=")[2] for o in job if o.partition("=")[0].lstrip("+~") == key), None)
 
 
 def _resolved(cfg: DictConfig, key: str) -> str | None:

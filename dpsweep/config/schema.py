@@ -245,6 +245,18 @@ def given_overrides(overrides: Sequence[str]) -> list[str]:
     return [o for o in overrides if o.partition("=")[0] not in SWEEPER_KEYS]
 
 
+def swept_keys(jobs: Sequence[Sequence[str]]) -> list[str]:
+    """The keys the user's overrides (:func:`given_overrides`) set to several values among ``jobs``, or in
+    some jobs only: what tells the jobs apart, in the order first given (``+``/``~`` left off)."""
+    values: dict[str, set[str | None]] = {}
+    for job in jobs:
+        for o in given_overrides(job):
+            key, _, value = o.partition("=")
+            values.setdefault(key.lstrip("+~"), set()).add(value)
+    given = [{o.partition("=")[0].lstrip("+~") for o in given_overrides(job)} for job in jobs]
+    return [k for k, v in values.items() if len(v) > 1 or not all(k in keys for keys in given)]
+
+
 def settings(flat: dict[str, Any]) -> dict[str, Any]:
     """The rest of a flattened config: where a run is tracked, launched or checkpointed
     (NON_IDENTITY_PREFIXES), which does not change what it computes; unset ones left out."""
