@@ -7,11 +7,50 @@ from typing import TYPE_CHECKING
 
 from dpsweep import units
 from dpsweep.config.checks import ConfigError, require
+from dpsweep.registry import Registry
 
 if TYPE_CHECKING:
     from dpsweep.config.schema import Config
 
 AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class LauncherSpec:
+    """What a launcher can do, declared once by its owner (``launchers/``: its Hydra plugin class, and its
+    yaml under ``conf/launcher/``); the checks and the sweepers ask it, never a launcher's name.
+
+    A new launcher is a class in ``launchers/``, a yaml and one line here::
+
+        LAUNCHERS.register("name")(LauncherSpec("name", processes=True))
+    """
+
+    name: str
+    processes: bool = False  # each job its own process: trials can share a device (launcher.trials_per_device)
+    ranks: bool = False  # a run across train.devices ranks: torchrun here, or a scheduler's tasks
+    nodes: bool = False  # a run across train.nodes nodes (one scheduler task a rank)
+    scheduler: str | None = None  # the cluster scheduler jobs are submitted to; None: they run on this machine
+    submit_command: str | None = None  # the scheduler's client tool a sweep needs on PATH
+
+    @property
+    def inline(self) -> bool:
+        """Trials run one after another in the sweep's own process."""
+        return not self.processes
+
+
+LAUNCHERS: Registry[LauncherSpec] = Registry("launcher")
+LAUNCHERS.register("inline")(LauncherSpec("inline", ranks=True))
+LAUNCHERS.register("local")(LauncherSpec("local", processes=True, ranks=True))
+LAUNCHERS.register("slurm")(
+    LauncherSpec("slurm", processes=True, ranks=True, nodes=True, scheduler="slurm", submit_command="sbatch")
+)
+LAUNCHERS.register("sge")(LauncherSpec("sge", processes=True, scheduler="sge", submit_command="qsub"))
+
+
+def spec(launcher: LauncherConfig | str) -> LauncherSpec:
+    """The spec of ``launcher.name`` (UnknownNameError naming ``launcher`` and the valid names otherwise)."""
+    name = launcher if isinstance(launcher, str) else launcher.name
+    return LAUNCHERS.get(name, key="launcher")
 
 
 @dataclass
