@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from dpsweep.config import Config, flatten, identity, settings, structured
+from dpsweep.config import Config, flatten, identity, settings, shown_model, structured
 from dpsweep.data import loaders as datasets
 from dpsweep.errors import redact, redacted
 from dpsweep.plan import RunPlan
@@ -63,7 +63,7 @@ def run_name(cfg: Config, sigma: float | None) -> str:
     clip = f"C{dp.max_grad_norm:g}" if dp.clipping == "fixed" else f"C{dp.clipping.value[0]}{dp.clip_quantile:g}"
     privacy_part = f"σ{sigma:.3g}-{clip}" if sigma is not None else "nodp"
     t = cfg.train
-    what = cfg.model.name if cfg.task.name == "classifier" else cfg.task.name  # the default task: its model
+    what = shown_model(cfg.task, cfg.model.name)  # the model, or the task where its model only evaluates
     seed = "" if tuning_trial(cfg) else f"-s{t.seed}"
     name = f"{privacy_part}-B{t.batch_size}{seed}-e{t.epochs}-{cfg.dataset.name}-{what}"
     return name if cfg.sweep.trial is None else f"trial{cfg.sweep.trial}-{name}"

@@ -26,7 +26,7 @@ from typing import Any
 from mlflow.entities import LoggedModelStatus, Metric
 from mlflow.tracking import MlflowClient
 
-from dpsweep.config import task_objectives
+from dpsweep.config import task_objectives, task_schemas
 from dpsweep.tracking.store import client_of, op, retry_busy
 from dpsweep.units import rounded_up
 
@@ -46,7 +46,9 @@ def model_name(run: Any) -> str:
     (:func:`dpsweep.tracking.sweeps.release_best`), and its own would understate it."""
     params, tags = run.data.params, run.data.tags
     task = params.get("task.name", tags.get("task.name", "model"))
-    parts = [params.get("dataset.name", "data"), params.get("model.name", task) if task == "classifier" else task]
+    schema = task_schemas().get(task)
+    shown = params.get("model.name", task) if schema is not None and schema.shows_model else task
+    parts = [params.get("dataset.name", "data"), shown]
     epsilon = run.data.metrics.get(EPSILON, math.nan)
     if params.get("dp.enabled") != "True":
         parts.append("nonprivate")
