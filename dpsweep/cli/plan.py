@@ -29,7 +29,7 @@ from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.cli.options import plain_text
 from dpsweep.cli.script import run_script
 from dpsweep.cli.sigma import sigma_text
-from dpsweep.errors import InputError as ConfigError
+from dpsweep.errors import InputError
 from dpsweep.units import format_bytes
 
 if TYPE_CHECKING:  # Hydra, torch and the planner are imported where used: --help stays fast
@@ -220,8 +220,8 @@ def format_table(rows: Sequence[PlanRow]) -> str:
     memory = any(r.peak_bytes is not None for r in rows)
     swept, given = swept_keys(rows)
     widths = [max(len(k), *(len(g.get(k, "—")) for g in given)) for k in swept]
-    # mechanism and unit columns where some job is not example-level DP-SGD (the default)
-    kinds = any((r.mechanism, r.unit) not in ((None, None), ("dpsgd", "example")) for r in rows)
+    # mechanism and unit columns where some job's differ from the defaults (example-level DP-SGD)
+    kinds = any((r.mechanism, r.unit) not in ((None, None), (mechanisms.dpsgd.DPSGD.name, "example")) for r in rows)
     header = "{:>3}  {:<10} {:<12} {:>5} {:>7} {:>6} {:>8} {:>6} {:>8} {:>9}".format(*cols)
     header += "  {:<9} {:<8}".format("mechanism", "ε per") if kinds else ""
     header += "".join(f"  {k:<{w}}" for k, w in zip(swept, widths, strict=True))
@@ -286,7 +286,7 @@ def _take_option(args: list[str], flag: str) -> str | None:
     for i, a in enumerate(args):
         if a == flag:
             if i + 1 == len(args):
-                raise ConfigError(flag, None, "a value after the flag")
+                raise InputError(flag, None, "a value after the flag")
             value = args[i + 1]
             del args[i : i + 2]
             return value
@@ -310,10 +310,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     gpu_memory = _take_option(args, "--gpu-memory")
     backend = _take_option(args, "--backend")
     if backend not in (None, "cuda", "cpu-tensors"):
-        raise ConfigError("--backend", backend, "cuda or cpu-tensors (the memory backend of the probes)")
+        raise InputError("--backend", backend, "cuda or cpu-tensors (the memory backend of the probes)")
     if model_file is None and (gpu_memory is not None or backend is not None):
         flag, value = ("--gpu-memory", gpu_memory) if gpu_memory is not None else ("--backend", backend)
-        raise ConfigError(flag, value, "used with --memory-model FILE (dpsweep-memory fit)")
+        raise InputError(flag, value, "used with --memory-model FILE (dpsweep-memory fit)")
     memory = MemoryCheck(model_file, gpu_memory, backend) if model_file is not None else None
     from hydra import initialize_config_module
 
