@@ -42,7 +42,6 @@ from dpsweep.errors import InputError
 from dpsweep.launchers.overrides import string_override
 from dpsweep.process import RANKS_ENV, a_rank
 from dpsweep.process.liveness import die_with_driver
-from dpsweep.tracking import channel as tracking_service
 
 
 def register_hydra_plugins() -> None:
@@ -119,8 +118,8 @@ def main() -> None:
     The run's config, or every job of a sweep (-m), is composed and checked first, before any line,
     torch, MLflow or file (``dpsweep.cli.early``): bad input is one line and exit code 2, with nothing
     left behind. Then the first line (a run's start line; a sweep's jobs and axes), then each job's
-    plan checked, while the tracking process imports MLflow; then the app, whose composition errors
-    are reported as bad input too, while errors of the run itself keep their traceback and exit 1.
+    plan checked; then the app, whose composition errors are reported as bad input too, while errors
+    of the run itself keep their traceback and exit 1.
     Hydra's own flags (--help, --cfg, ...) are left to Hydra."""
     argv = sys.argv[1:]
     problem = unwritable_output(argv)
@@ -136,9 +135,6 @@ def main() -> None:
         if checked.run_dir is not None:  # the app's output directory, the one the line names
             sys.argv.append(string_override("hydra.run.dir", checked.run_dir))
             STARTED.line_said = True
-    if a_rank():  # torchrun ends a failed run's ranks by process group: a tracking child would die
-        tracking_service.serve_in_process()  # with rank 0 before it could end the run KILLED
-    tracking_service.start()  # MLflow imports in the tracking process while this one plans and imports torch
     if checked is not None:
         _refuse_bad_input(check_plans, checked)
     with composition_errors_raised():
@@ -192,7 +188,6 @@ def app(cfg: DictConfig) -> JobSummary | None:
     rank = a_rank()  # one of the processes of a run across devices (train.devices)
     if hydra_cfg.mode != RunMode.MULTIRUN and not rank and not STARTED.line_said:  # a first line now: torch, the
         print(start_line(cfg, hydra_cfg.runtime.output_dir), flush=True)  # data and the store take seconds more
-    tracking_service.service().post("warm_store", cfg.tracking.uri)  # opened there while torch imports here
     from dpsweep.run.runner import OverBudget, train
     from dpsweep.tracking import Claimed, next_steps
 

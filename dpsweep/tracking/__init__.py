@@ -1,24 +1,34 @@
-"""MLflow tracking: one run per training job that always ends FINISHED, FAILED or KILLED.
+"""MLflow tracking in the run's own process, on MLflow's asynchronous logging (a child: FIGURE).
 
     with tracked_run(TrackingConfig(), tags={"dataset.name": "digits"}) as run:
         run.log_params({"train.batch_size": 64})
         run.log_metrics({"test_accuracy": 0.93}, step=1)
 
-A run that raises ends FAILED with the error in the tags ``error`` and ``error.type`` and the
-traceback as the artifact ``error.txt``; an interrupted one (Ctrl-C, SystemExit) ends KILLED.
+One run per training job, that always ends FINISHED, FAILED or KILLED. A run that raises ends FAILED
+with the error in the tags ``error`` and ``error.type`` and the traceback as the artifact
+``error.txt``; an interrupted one (Ctrl-C, SystemExit, a scheduler's SIGTERM) ends KILLED.
 Out-of-memory failures are tagged ``failure.kind=oom``, since they are data for memory models.
 
-This module does not import MLflow: what talks to the store (:mod:`dpsweep.tracking.store`) runs in the
-tracking process (:mod:`dpsweep.tracking.channel`), which imports MLflow while this one imports torch.
-A run's logging calls return at once; the run waits for them all before it ends, and ends FAILED if
-one of them failed. The functions at the end (``runs_by_hash`` ...) are the sweep driver's questions
-to the store, answered by the same process.
+Params, metrics and tags go to MLflow's asynchronous logging (``synchronous=False``): the call
+returns at once, and MLflow's own thread writes them. A run waits for them all before it ends
+(:meth:`Tracker.flush`), so its status says whether everything it logged was recorded: a write that
+MLflow's thread failed is made again, synchronously, and either is stored or raises its error, which
+ends the run FAILED. Artifacts, models and datasets are written at the call.
+
+MLflow is imported at the first call that needs it (:mod:`dpsweep.tracking.store`), not by this
+module: a command that only reads a config, or refuses bad input, starts without it. The functions at
+the end (``runs_by_hash`` ...) are the sweep driver's questions to the store.
+
+Until issue 57 a run logged through a child process that imported MLflow while the run imported
+torch (issue 19). ``benchmarks/tracking_process.py`` measured what it bought on the default
+workload (``analysis/data/tracking_process.json``): DETAILS.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import importlib.metadata
 import json
 import os
@@ -29,18 +39,17 @@ import threading
 import time
 import traceback
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from dpsweep.config import TrackingConfig
 from dpsweep.errors import redact
 from dpsweep.process.liveness import DRIVER_GONE, ProcessId, heartbeat
 from dpsweep.process.shutdown import Terminated, signals_deferred
-from dpsweep.tracking.channel import service
 
 FAILURE_TAGS = frozenset({"error", "error.type", "failure.kind"})  # set when a run fails or is interrupted
 # A RUNNING run names its process (host:pid:start, see dpsweep.process.liveness) and beats every HEARTBEAT_S,
@@ -64,35 +73,54 @@ class RunEnded(Exception):
 
 
 class Tracker:
-    """Logs to one MLflow run by id (no global 'active run' state), through the tracking process:
-    each call returns at once; :meth:`flush` waits for them all and raises the first error."""
+    """Logs to one MLflow run by id (no global 'active run' state). Params, metrics and tags return at
+    once (MLflow's asynchronous logging); :meth:`flush` waits for them and raises the first error."""
 
     writes = True  # False for a rank of a run that is not rank 0 (SilentTracker)
 
     def __init__(self, uri: str, run_id: str) -> None:
         self.uri = uri
         self.run_id = run_id
+        # each asynchronous write: MLflow's RunOperations, and the write again, synchronously (flush)
+        self._pending: list[tuple[list[Any], Callable[[], Any]]] = []
+        self._lock = threading.Lock()  # the heartbeat's thread sets tags too
+
+    def _write_async(self, write: Callable[..., list[Any]], *args: Any) -> None:
+        operations = write(self.uri, self.run_id, *args, synchronous=False)
+        with self._lock:
+            self._pending.append((operations, lambda: write(self.uri, self.run_id, *args)))
 
     def log_params(self, params: Mapping[str, Any]) -> None:
-        service().post("log_params", self.uri, self.run_id, {k: str(v) for k, v in params.items()})
+        from dpsweep.tracking import store
+
+        self._write_async(store.log_params, {k: str(v) for k, v in params.items()})
 
     def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
-        service().post("log_metrics", self.uri, self.run_id, {k: float(v) for k, v in metrics.items()}, step, _now_ms())
+        from dpsweep.tracking import store
+
+        self._write_async(store.log_metrics, {k: float(v) for k, v in metrics.items()}, step, _now_ms())
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        service().post("set_tags", self.uri, self.run_id, {k: str(v) for k, v in tags.items()})
+        from dpsweep.tracking import store
+
+        self._write_async(store.set_tags, {k: str(v) for k, v in tags.items()})
 
     def log_text(self, text: str, artifact_file: str) -> None:
-        service().post("log_text", self.uri, self.run_id, text, artifact_file)
+        from dpsweep.tracking import store
+
+        store.log_text(self.uri, self.run_id, text, artifact_file)
 
     def log_image(self, image: Any, artifact_file: str) -> None:
         """An (H, W) or (H, W, 3) uint8 array as a PNG artifact (MLflow's image viewer shows it)."""
-        service().post("log_image", self.uri, self.run_id, image, artifact_file)
+        from dpsweep.tracking import store
+
+        store.log_image(self.uri, self.run_id, image, artifact_file)
 
     def log_file(self, local_path: str | Path, artifact_path: str | None = None) -> None:
-        """A local file as an artifact, under ``artifact_path`` (a folder of the run's artifacts).
-        Waits until it is stored: the caller may delete the file next."""
-        service().call("log_file", self.uri, self.run_id, str(local_path), artifact_path)
+        """A local file as an artifact, under ``artifact_path`` (a folder of the run's artifacts)."""
+        from dpsweep.tracking import store
+
+        store.log_file(self.uri, self.run_id, str(local_path), artifact_path)
 
     def log_model(self, module: Any, input_example: Any, name: str | None = None) -> None:
         """A torch module (on the CPU) as an MLflow PyTorch-flavour model (``MLmodel``, weights,
@@ -100,14 +128,16 @@ class Tracker:
         output, named ``name`` or by what it is (``digits-cnn-dpsgd-eps1_84``: its dataset, model,
         mechanism and ε; the run's tag ``model.name``), with the run's objective and ε
         (:mod:`dpsweep.tracking.logged_models`). ``mlflow.pytorch.load_model("models:/<model_id>")`` loads
-        it (with dpsweep importable), as does ``runs:/<run_id>/<model.name>``.
-        The module is pickled now (posts are), so later changes to it are not logged."""
+        it (with dpsweep importable), as does ``runs:/<run_id>/<model.name>``."""
         import torch
 
+        from dpsweep.tracking import store
+
+        self.flush()  # the model carries the run's params and tags, and its objective and ε so far
         with torch.no_grad():
             output = module(torch.as_tensor(input_example)).numpy()
         version = importlib.metadata.version("torch")
-        service().post("log_model", self.uri, self.run_id, module, input_example, output, name, version)
+        store.log_model(self.uri, self.run_id, module, input_example, output, name, version)
 
     def log_dataset_splits(self, description: Mapping[str, Any], sizes: Mapping[str, int]) -> str:
         """Each split of the dataset (``sizes``: split -> examples, e.g. ``{"train": 1437, "test": 360}``)
@@ -117,14 +147,30 @@ class Tracker:
         The digest is of that description and the sizes, not of the examples: a hash of the private
         training data would let anyone holding a candidate dataset test whether it was used, a release
         no accountant covers. Returns the digest (12 hex digits)."""
+        from dpsweep.tracking import store
+
         public = {str(k): str(v) for k, v in description.items()} | {f"n_{k}": str(v) for k, v in sizes.items()}
         digest = hashlib.sha256(json.dumps(public, sort_keys=True).encode()).hexdigest()[:12]
-        service().post("log_dataset_splits", self.uri, self.run_id, public, digest, list(sizes))
+        store.log_dataset_splits(self.uri, self.run_id, public, digest, list(sizes))
         return digest
 
     def flush(self) -> None:
-        """Wait until everything logged so far is stored; raise the first error among it."""
-        service().flush()
+        """Wait until everything logged so far is stored. A write MLflow's thread failed (SQLite busy
+        past its timeout, a refused value) is made again, synchronously: stored, or its error raised."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        errors: list[Exception] = []
+        for operations, again in pending:  # every one waited for: a run's failure is recorded after them
+            try:
+                for operation in operations:
+                    operation.wait()
+            except Exception:  # MLflow's summary of the failures; the write made again raises the error itself
+                try:
+                    again()
+                except Exception as err:
+                    errors.append(err)
+        if errors:
+            raise errors[0]
 
 
 @contextmanager
@@ -132,18 +178,20 @@ def system_metrics(
     run_id: str, uri: str, after_s: float | None, interval_s: float = 10.0, private: bool = False
 ) -> Iterator[None]:
     """MLflow's system metrics (CPU, memory, disk, network, and GPU where pynvml finds one) logged to
-    ``run_id`` every ``interval_s``, from ``after_s`` seconds into the block (None: never), by the
-    tracking process. The delay keeps short runs (tests, probes) free of them; a run longer than it
+    ``run_id`` every ``interval_s``, from ``after_s`` seconds into the block (None: never), by MLflow's
+    monitor thread. The delay keeps short runs (tests, probes) free of them; a run longer than it
     gets them for the rest. A ``private`` (DP) run logs no GPU memory: it follows the sizes of the
     run's Poisson batches (``dpsweep.tracking.monitors.GPU_MEMORY_METRIC``)."""
     if after_s is None:
         yield
         return
-    service().post("start_system_metrics", run_id, uri, after_s, interval_s, private)
+    from dpsweep.tracking import monitors
+
+    monitors.start_system_metrics(run_id, uri, after_s, interval_s, private)
     try:
         yield
     finally:  # stop its thread, flush its last sample
-        service().post("stop_system_metrics", run_id)
+        monitors.stop_system_metrics(run_id)
 
 
 DEFAULT_URI = TrackingConfig.uri  # dpsweep's default store (sqlite:///mlflow.db), relative to where it ran
@@ -177,10 +225,9 @@ def next_steps(uri: str, experiment: str, sweep_id: str | None = None) -> str:
     if uri != DEFAULT_URI:
         report += f" --tracking-uri {uri}"
     local = urlparse(uri).scheme in ("sqlite", "file", "")
-    try:
-        found = service().call("experiment_of", uri, experiment)
-    except Exception:  # the line is a hint: a store that cannot be read now just gets no page
-        found = None
+    from dpsweep.tracking.store import experiment_of
+
+    found = experiment_of(uri, experiment)  # None where the store cannot be read now: the line is a hint
     # dpsweep-ui saves its view before it opens the page; a server's page is the plain one
     page = None if found is None else ui_url(UI_ADDRESS if local else uri, found, VIEW_KEY if local else None)
     if local:  # dpsweep-ui serves the store and opens the page; a server serves its own UI
@@ -213,9 +260,6 @@ class Claimed(Exception):
     def __init__(self, run_id: str, status: str) -> None:
         super().__init__(f"already {status} as run {run_id}")
         self.run_id, self.status = run_id, status
-
-    def __reduce__(self) -> tuple[Any, ...]:  # raised in the tracking process, re-raised in the run's
-        return (type(self), (self.run_id, self.status))
 
 
 def why_dead(tags: dict[str, str], now_s: float) -> str | None:
@@ -297,7 +341,9 @@ def tracked_run(
     process = ProcessId.current().token
     alive = {PROCESS_TAG: process, HEARTBEAT_TAG: f"{time.time():.0f}"}
     str_tags = {k: str(v) for k, v in (tags or {}).items()} | alive
-    run_id = str(service().call("begin_run", cfg, str_tags, resume_run_id, claim, process))
+    from dpsweep.tracking import store
+
+    run_id = store.begin_run(cfg, str_tags, resume_run_id, claim, process)
     tracker = Tracker(cfg.uri, run_id)
     status = "FAILED"
     try:
@@ -321,7 +367,7 @@ def tracked_run(
             if status != "FINISHED":  # (a finished run flushed above)
                 with contextlib.suppress(Exception):  # already reported (FAILED); the status must still be written
                     tracker.flush()  # what the run logged before it failed, and its failure, are stored first
-            service().call("end_run", cfg.uri, run_id, status)
+            store.end_run(cfg.uri, run_id, status)
 
 
 @contextmanager
@@ -406,42 +452,37 @@ def _record_failure(tracker: Tracker, err: BaseException, kind: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# the store's answers to a run or a sweep's driver (dpsweep.tracking.store, in the tracking process)
+# the store's answers to a run or a sweep's driver, from the modules that import MLflow, imported at
+# their first use (PEP 562: this module stays free of MLflow)
 # ---------------------------------------------------------------------------------------------
-def open_store(uri: str) -> None:
-    """Raise ConfigError unless ``uri`` is an MLflow store, or a place one can be made (then made)."""
-    service().call("open_store", uri)
+_FROM_THE_STORE = {
+    "open_store": "store",  # ConfigError unless the URI is an MLflow store, or a place one can be made (then made)
+    "run_finished": "store",
+    "ensure_experiments": "store",
+    "runs_by_hash": "sweeps",
+    "runs_of_sweep": "sweeps",
+    "close_orphaned_runs": "sweeps",
+    "log_results_table": "sweeps",
+    "close_dead_of_config": "dead_runs",
+    "failed_by_a_rank": "dead_runs",
+}
+
+if TYPE_CHECKING:
+    from dpsweep.tracking.dead_runs import close_dead_of_config as close_dead_of_config
+    from dpsweep.tracking.dead_runs import failed_by_a_rank as failed_by_a_rank
+    from dpsweep.tracking.store import ensure_experiments as ensure_experiments
+    from dpsweep.tracking.store import open_store as open_store
+    from dpsweep.tracking.store import run_finished as run_finished
+    from dpsweep.tracking.sweeps import close_orphaned_runs as close_orphaned_runs
+    from dpsweep.tracking.sweeps import log_results_table as log_results_table
+    from dpsweep.tracking.sweeps import runs_by_hash as runs_by_hash
+    from dpsweep.tracking.sweeps import runs_of_sweep as runs_of_sweep
 
 
-def run_finished(uri: str, run_id: str) -> bool:
-    """Whether the run ``run_id`` exists in the store at ``uri`` and ended FINISHED."""
-    return bool(service().call("run_finished", uri, run_id))
-
-
-def ensure_experiments(pairs: set[tuple[str, str]]) -> None:
-    """Create each (tracking URI, experiment name) once, before jobs fan out."""
-    service().call("ensure_experiments", pairs)
-
-
-def runs_by_hash(uri: str, experiment: str, status: str = "FINISHED") -> dict[str, str]:
-    """{config hash: run id} of the experiment's runs in ``status``
-    (see :func:`dpsweep.tracking.sweeps.runs_by_hash`)."""
-    return dict(service().call("runs_by_hash", uri, experiment, status))
-
-
-def runs_of_sweep(uri: str, experiment: str, sweep_id: str) -> dict[str, str]:
-    """{run id: status} of the runs of a sweep's jobs."""
-    return dict(service().call("runs_of_sweep", uri, experiment, sweep_id))
-
-
-def close_orphaned_runs(uri: str, experiment: str, sweep_id: str) -> list[str]:
-    """Mark KILLED the runs of a finished sweep still RUNNING: their job died without closing them."""
-    return list(service().call("close_orphaned_runs", uri, experiment, sweep_id))
-
-
-def log_results_table(uri: str, experiment: str, sweep_id: str, parent_run_id: str) -> int:
-    """The sweep's jobs as one table on its parent run (see :func:`dpsweep.tracking.sweeps.log_results_table`)."""
-    return int(service().call("log_results_table", uri, experiment, sweep_id, parent_run_id))
+def __getattr__(name: str) -> Any:
+    if name not in _FROM_THE_STORE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_FROM_THE_STORE[name]}"), name)
 
 
 def release_best(
@@ -450,25 +491,17 @@ def release_best(
     """Tag the sweep's best FINISHED trial released, the others not, and make the released one report
     the tuning ``procedure`` (:func:`dpsweep.tracking.sweeps.release_best`), its model too (the whole
     tuning's ε: :func:`dpsweep.tracking.logged_models.link_model`); its run id and the number finished."""
-    best, finished = service().call("release_best", uri, experiment, sweep_id, objective, dict(procedure))
+    from dpsweep.tracking import logged_models, sweeps
+
+    best, finished = sweeps.release_best(uri, experiment, sweep_id, objective, dict(procedure))
     if best is not None:
-        service().call("link_model", uri, best)
+        logged_models.link_model(uri, best)
     return best, int(finished)
 
 
 def reconcile(uri: str, experiment: str | None, spare: str = "") -> list[tuple[str, str, str | None]]:
     """End KILLED the experiment's dead RUNNING runs (:func:`dpsweep.tracking.dead_runs.reconcile`; the
     checkpoints of config ``spare`` kept): each one's (run id, reason, checkpoint removed)."""
-    return list(service().call("reconcile", uri, experiment, spare))
+    from dpsweep.tracking import dead_runs
 
-
-def close_dead_of_config(uri: str, experiment: str, config_hash: str, keep: str = "") -> list[str]:
-    """End KILLED the dead RUNNING runs of a config but ``keep`` (the run to resume), before a run of it starts
-    (:func:`dpsweep.tracking.dead_runs.close_dead_of_config`): their ids."""
-    return list(service().call("close_dead_of_config", uri, experiment, config_hash, keep))
-
-
-def failed_by_a_rank(uri: str, experiment: str, config_hash: str, since_ms: int, exit_code: int) -> list[str]:
-    """Set FAILED the runs of a config that torchrun's SIGTERM ended KILLED after another rank failed
-    (:func:`dpsweep.tracking.dead_runs.failed_by_a_rank`): their ids."""
-    return list(service().call("failed_by_a_rank", uri, experiment, config_hash, since_ms, exit_code))
+    return [(d.run_id, d.reason, d.checkpoint_removed) for d in dead_runs.reconcile(uri, experiment, spare=spare)]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dpsweep.tracking import why_dead
-from dpsweep.tracking.store import op, open_client, retry_busy, set_tags
+from dpsweep.tracking.store import open_client, retry_busy, set_tags
 
 
 @dataclass(frozen=True)
@@ -82,8 +82,7 @@ def _remove_checkpoint(run: Any) -> str | None:
     return str(Path(directory) / checkpoint.FILENAME)
 
 
-@op
-def close_dead_of_config(uri: str, experiment: str, config_hash: str, keep: str) -> list[str]:
+def close_dead_of_config(uri: str, experiment: str, config_hash: str, keep: str = "") -> list[str]:
     """A run of a config closes that config's dead runs first, as ``dpsweep -m`` closes its experiment's
     (:func:`reconcile`): a run killed by SIGKILL or the OOM killer stays RUNNING in MLflow until then.
     The run ``keep`` is the one this run resumes from its checkpoint: left to it. Returns their ids."""
@@ -95,7 +94,6 @@ def close_dead_of_config(uri: str, experiment: str, config_hash: str, keep: str)
 RANK_ENDS = {("KILLED", "interrupted"), ("KILLED", None), ("FAILED", "exception"), ("FAILED", None)}
 
 
-@op
 def failed_by_a_rank(uri: str, experiment: str, config_hash: str, since_ms: int, exit_code: int) -> list[str]:
     """A run across devices whose rank failed: torchrun then ends the other ranks with SIGTERM, so rank 0
     ends its run KILLED (interrupted) although nobody interrupted it, or FAILED on an exception where the

@@ -1,7 +1,7 @@
 """MLflow's system metrics of a run (CPU, memory, disk, network, GPU), started after a delay and
 stopped with the run; under DP without the GPU's memory, which follows the private batch sizes.
 
-    service().post("start_system_metrics", run_id, uri, 60.0, 10.0, True)  # dpsweep.tracking.system_metrics
+    start_system_metrics(run_id, uri, 60.0, 10.0, True)  # what dpsweep.tracking.system_metrics does
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from dpsweep.tracking.store import op, set_tags
+from dpsweep.tracking.store import set_tags
 
 _MONITORS: dict[str, Any] = {}  # run id -> its system metrics monitor, or the timer that starts it
 _MONITORS_LOCK = threading.Lock()
@@ -43,12 +43,11 @@ def system_metrics_monitor(run_id: str, uri: str, interval_s: float, withhold_gp
     return kind(run_id, sampling_interval=interval_s, samples_before_logging=1, tracking_uri=uri)
 
 
-@op
 def start_system_metrics(
     run_id: str, uri: str, after_s: float, interval_s: float, withhold_gpu_memory: bool = False
 ) -> None:
     """MLflow's system metrics (CPU, memory, disk, network, and GPU where pynvml finds one: the
-    machine's, so measured from this process as well as from the run's) logged to ``run_id`` every
+    machine's) logged to ``run_id`` every
     ``interval_s``, from ``after_s`` seconds on, until :func:`stop_system_metrics`. With
     ``withhold_gpu_memory`` (DP runs) the GPU memory metrics are left out, and the run is tagged so."""
     if withhold_gpu_memory:
@@ -70,7 +69,6 @@ def start_system_metrics(
     timer.start()
 
 
-@op
 def stop_system_metrics(run_id: str) -> None:
     """Stop the run's system metrics (their last sample flushed), or the timer that would start them."""
     with _MONITORS_LOCK:

@@ -1,20 +1,20 @@
 """The MLflow side of tracking: every function that talks to an MLflow store, with plain arguments.
 
-    python -m dpsweep.tracking.child <fd> ...     # runs these, for a run's process (dpsweep.tracking.channel)
-    from dpsweep.tracking.store import open_client  # or in the process of a command that reads a store
+    from dpsweep.tracking.store import open_client  # in the process of a run, or of a command that reads a store
 
-A run's process logs through :mod:`dpsweep.tracking`, which hands these functions to the tracking
-process by name, so that it never imports MLflow itself (issue 19). Commands that read or mend a
-store (``dpsweep-report``, ``dpsweep-runs``, ``dpsweep-plan``, ``dpsweep-memory``) call them directly.
+A run's process logs through :mod:`dpsweep.tracking`, which calls these functions at its first
+logging call (this module imports MLflow). Commands that read or mend a store (``dpsweep-report``,
+``dpsweep-runs``, ``dpsweep-plan``, ``dpsweep-memory``) call them directly.
 
 The run ops (:func:`begin_run` ... :func:`end_run`) take the tracking URI and the run id each time;
 one client per URI is kept. Local sqlite stores are written under :func:`store_lock` where several
-processes must not interleave, and every write retries while SQLite reports itself busy.
+processes must not interleave, and every write retries while SQLite reports itself busy. Params,
+metrics and tags can be written on MLflow's asynchronous logging (``synchronous=False``): the write
+returns MLflow's ``RunOperations`` at once, whose ``wait()`` raises its error.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import functools
 import logging
@@ -52,13 +52,10 @@ _READY: set[str] = set()  # tracking URIs whose store this process has opened
 BUSY_RETRIES = 8  # attempts of a write that SQLite refused as "database is locked"
 F = TypeVar("F", bound=Callable[..., Any])
 
-OPS: dict[str, Callable[..., Any]] = {}  # the tracking service's operations by name (dpsweep.tracking.channel)
-
 
 def op(fn: F) -> F:
-    """Declare ``fn`` an operation of the tracking service: a run's process calls it by its name,
-    ``service().call("<name>", ...)`` or ``post``, with plain (picklable) arguments and answer."""
-    OPS[fn.__name__] = fn
+    """``fn`` itself. It named a function to the tracking process, which is gone (see
+    :mod:`dpsweep.tracking`); kept while :mod:`dpsweep.tracking.logged_models` still marks one with it."""
     return fn
 
 
@@ -113,21 +110,9 @@ def open_client(uri: str) -> MlflowClient:
     return client
 
 
-@op
 def open_store(uri: str) -> None:
     """Open (or create) the store at ``uri``: ConfigError where it is not one or cannot be made."""
     open_client(uri)
-
-
-@op
-def warm_store(uri: str) -> None:
-    """Open the store at ``uri`` ahead of the run's :func:`open_store`, which reports what fails, and
-    do what the process's first run creation would otherwise wait for: MLflow's tracking URI set, and
-    the source tags resolved (GitPython imported)."""
-    with contextlib.suppress(Exception):
-        open_client(uri)
-        use_uri(uri)
-        source_tags()
 
 
 def _create_store(db: Path) -> None:
@@ -219,7 +204,6 @@ def experiment_id(client: MlflowClient, name: str) -> str:
     return str(found.experiment_id)
 
 
-@op
 def run_finished(uri: str, run_id: str) -> bool:
     """Whether the run ``run_id`` exists in the store at ``uri`` and ended FINISHED."""
     try:
@@ -228,7 +212,6 @@ def run_finished(uri: str, run_id: str) -> bool:
         return False
 
 
-@op
 def ensure_experiments(pairs: set[tuple[str, str]]) -> None:
     """Create each (tracking URI, experiment name) once, before jobs fan out."""
     for uri, name in sorted(pairs):
@@ -297,7 +280,6 @@ def use_uri(uri: str) -> None:
         mlflow.set_tracking_uri(uri)
 
 
-@op
 def end_run(uri: str, run_id: str, status: str) -> None:
     """End the run FINISHED, FAILED or KILLED; a FINISHED run that logged a model (its ``outputs``) has
     its objective and ε linked to it first (:func:`dpsweep.tracking.logged_models.link_model_metrics`:
@@ -314,45 +296,50 @@ def end_run(uri: str, run_id: str, status: str) -> None:
         retry_busy(lambda: client.set_terminated(run_id, status))
 
 
-@op
-def log_params(uri: str, run_id: str, params: Mapping[str, Any]) -> None:
-    client = client_of(uri)
+def log_params(uri: str, run_id: str, params: Mapping[str, Any], synchronous: bool = True) -> list[Any]:
+    """Returns MLflow's ``RunOperations`` of each batch (none where ``synchronous``)."""
     items = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in params.items()]
-    for i in range(0, len(items), 100):  # MLflow accepts at most 100 params per batch
-        chunk = items[i : i + 100]
-        retry_busy(lambda chunk=chunk: client.log_batch(run_id, params=chunk))  # type: ignore[misc]
+    chunks = [items[i : i + 100] for i in range(0, len(items), 100)]  # MLflow accepts at most 100 params per batch
+    return _log_batch(client_of(uri), run_id, synchronous, [{"params": chunk} for chunk in chunks])
 
 
-@op
-def log_metrics(uri: str, run_id: str, metrics: Mapping[str, float], step: int, timestamp_ms: int) -> None:
-    """``timestamp_ms``: when the run measured them (it hands them over later)."""
+def log_metrics(
+    uri: str, run_id: str, metrics: Mapping[str, float], step: int, timestamp_ms: int, synchronous: bool = True
+) -> list[Any]:
+    """``timestamp_ms``: when the run measured them. Returns MLflow's ``RunOperations`` (none where
+    ``synchronous``)."""
     items = [Metric(k, float(v), timestamp_ms, step) for k, v in metrics.items()]
-    if items:
-        retry_busy(lambda: client_of(uri).log_batch(run_id, metrics=items))
+    return _log_batch(client_of(uri), run_id, synchronous, [{"metrics": items}] if items else [])
 
 
-def _set_tags(client: MlflowClient, run_id: str, tags: Mapping[str, Any]) -> None:
+def _set_tags(client: MlflowClient, run_id: str, tags: Mapping[str, Any], synchronous: bool = True) -> list[Any]:
     items = [RunTag(k, str(v)[:MAX_TAG_CHARS]) for k, v in tags.items()]
-    if items:
-        retry_busy(lambda: client.log_batch(run_id, tags=items))
+    return _log_batch(client, run_id, synchronous, [{"tags": items}] if items else [])
 
 
-@op
-def set_tags(uri: str, run_id: str, tags: Mapping[str, Any]) -> None:
-    _set_tags(client_of(uri), run_id, tags)
+def set_tags(uri: str, run_id: str, tags: Mapping[str, Any], synchronous: bool = True) -> list[Any]:
+    """Returns MLflow's ``RunOperations`` (none where ``synchronous``)."""
+    return _set_tags(client_of(uri), run_id, tags, synchronous)
 
 
-@op
+def _log_batch(client: MlflowClient, run_id: str, synchronous: bool, batches: list[dict[str, Any]]) -> list[Any]:
+    """Each of ``batches`` (``log_batch``'s keyword arguments) written now, retried while SQLite is
+    busy; or handed to MLflow's asynchronous logging, whose ``RunOperations`` are returned."""
+    if not synchronous:
+        return [client.log_batch(run_id, synchronous=False, **batch) for batch in batches]
+    for batch in batches:
+        retry_busy(lambda batch=batch: client.log_batch(run_id, **batch))  # type: ignore[misc]
+    return []
+
+
 def log_text(uri: str, run_id: str, text: str, artifact_file: str) -> None:
     retry_busy(lambda: client_of(uri).log_text(run_id, text, artifact_file))
 
 
-@op
 def log_image(uri: str, run_id: str, image: Any, artifact_file: str) -> None:
     retry_busy(lambda: client_of(uri).log_image(run_id, image, artifact_file=artifact_file))
 
 
-@op
 def log_file(uri: str, run_id: str, local_path: str, artifact_path: str | None) -> None:
     retry_busy(lambda: client_of(uri).log_artifact(run_id, local_path, artifact_path))
 
@@ -376,7 +363,6 @@ def models_of(client: MlflowClient, experiment_id: str) -> list[Any]:
             return out
 
 
-@op
 def log_model(
     uri: str, run_id: str, module: Any, input_example: Any, output: Any, name: str | None, torch_version: str
 ) -> None:
@@ -449,7 +435,6 @@ def _save_model(module: Any, input_example: Any, output: Any, torch_version: str
         quiet.setLevel(level)
 
 
-@op
 def log_dataset_splits(uri: str, run_id: str, public: Mapping[str, str], digest: str, splits: list[str]) -> None:
     """Each split as an MLflow dataset input of the run (the UI's Dataset column), described by
     ``public`` (see :meth:`dpsweep.tracking.Tracker.log_dataset_splits`) and context-tagged."""
@@ -484,7 +469,6 @@ def _source_tags(entry_point: str) -> dict[str, str]:
     return {k: v for k, v in resolved.items() if k.startswith("mlflow.")} | {"mlflow.source.name": entry_point}
 
 
-@op
 def experiment_of(uri: str, name: str) -> str | None:
     """Id of the experiment ``name``, or None (also where the store cannot be read now)."""
     try:

@@ -2,8 +2,8 @@
 and status, the table of their results on the parent run, the runs a dead job left RUNNING, an Optuna
 trial's run, and private tuning's release of the best trial (and the withholding of everything else).
 
-    from dpsweep.tracking.sweeps import runs_by_hash  # in a command's process, or through the service:
-    service().call("runs_by_hash", uri, "demo")        # dpsweep.tracking.runs_by_hash
+    from dpsweep.tracking.sweeps import runs_by_hash  # or dpsweep.tracking.runs_by_hash, which imports
+    runs_by_hash(uri, "demo")                          # this module (and MLflow) at its first use
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
 
 from dpsweep.tracking import OWNER_TAG, PRIVACY_LEDGER, PROCESS_TAG
-from dpsweep.tracking.store import differing_params, models_of, op, retry_busy, set_tags
+from dpsweep.tracking.store import differing_params, models_of, retry_busy, set_tags
 
 
 def sweep_jobs(client: MlflowClient, experiment: str, sweep_id: str) -> list[Any]:
@@ -34,7 +34,6 @@ def sweep_jobs(client: MlflowClient, experiment: str, sweep_id: str) -> list[Any
     return [r for r in runs if r.data.tags.get("sweep.role") != "parent"]
 
 
-@op
 def runs_of_sweep(uri: str, experiment: str, sweep_id: str) -> dict[str, str]:
     """{run id: status} of the runs of a sweep's jobs."""
     return {r.info.run_id: r.info.status for r in sweep_jobs(MlflowClient(uri), experiment, sweep_id)}
@@ -43,7 +42,6 @@ def runs_of_sweep(uri: str, experiment: str, sweep_id: str) -> dict[str, str]:
 RESULTS_TABLE = "results.json"  # the sweep parent run's table of its jobs (MLflow's log_table)
 
 
-@op
 def log_results_table(uri: str, experiment: str, sweep_id: str, parent_run_id: str) -> int:
     """The sweep's jobs as one table on its parent run (``results.json``, MLflow's ``log_table``,
     shown in the run's artifacts): the run name, ``test_accuracy`` and ``epsilon`` first, the
@@ -61,7 +59,6 @@ def log_results_table(uri: str, experiment: str, sweep_id: str, parent_run_id: s
     return len(runs)
 
 
-@op
 def runs_by_hash(uri: str, experiment: str, status: str = "FINISHED") -> dict[str, str]:
     """{config hash: run id} of the experiment's runs in ``status`` (the newest run per hash). RUNNING
     runs count only when they name their process (tag run.process): older versions' runs left RUNNING
@@ -101,7 +98,6 @@ def trial_run(uri: str, experiment: str, sweep_id: str, trial: int) -> Any:
     return found[0] if found else None
 
 
-@op
 def close_orphaned_runs(uri: str, experiment: str, sweep_id: str) -> list[str]:
     """Mark KILLED the runs of a finished sweep still RUNNING: their job died without closing them."""
     client = MlflowClient(uri)
@@ -127,7 +123,6 @@ PARENT_LINKS = ("mlflow.parentRunId", "sweep.parent_run_id")  # a job's tags tha
 SWEEP_LINKS = ("sweep.id", OWNER_TAG, "config.hash")
 
 
-@op
 def release_best(
     uri: str, experiment: str, sweep_id: str, objective: str, procedure: Mapping[str, Any]
 ) -> tuple[str | None, int]:
