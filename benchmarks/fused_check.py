@@ -10,7 +10,7 @@
    must read their new values.
 2. The same at user level (``FusedUserStep``: users of at most ``M`` examples, by ``vmap`` over users), for
    a batch of users that fits one pass and one that takes two.
-3. ``dpsweep dp.grad_sample_mode=fused`` trains 2 epochs on the device, beside a hooks run of the same
+3. ``dpsweep dp.engine=fused`` trains 2 epochs on the device, beside a hooks run of the same
    settings, for the cnn and the mlp: the same ε and steps, and an accuracy well above chance; and, with
    ``dp.unit=user`` (50 users, 3 epochs), beside user-level DP-SGD's own steps.
 
@@ -110,9 +110,10 @@ def runs_end_to_end(device: torch.device, model: str, extra: tuple[str, ...] = (
 
     with tempfile.TemporaryDirectory() as tmp:
         results: dict[str, Any] = {"model": model, "overrides": list(extra)}
-        for mode in ("hooks", "fused"):
+        # the mechanism's own engine (opacus per example, own_steps per user), and the fused step
+        for mode, engine in {"hooks": [], "fused": ["dp.engine=fused"]}.items():
             overrides = [
-                f"model={model}", f"dp.grad_sample_mode={mode}", "train.progress=false", "tracking.log_model=false",
+                f"model={model}", *engine, "train.progress=false", "tracking.log_model=false",
                 f"tracking.uri=sqlite:///{tmp}/mlflow.db", f"train.device={device.type}",
                 *(extra or ["train.epochs=2"]),
             ]  # fmt: skip

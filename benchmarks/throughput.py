@@ -1,4 +1,4 @@
-"""Benchmark: the fused DP step (``dp.grad_sample_mode=fused``) against the non-private step and Opacus's hooks
+"""Benchmark: the fused DP step (``dp.engine=fused``) against the non-private step and Opacus's hooks
 and ghost clipping, in one run, for the ``cnn`` and the cached VGG16 head.
 
     .venv/bin/python benchmarks/throughput.py                         # cuda if available, else cpu
@@ -14,7 +14,7 @@ Every mode trains the same model from the same initialisation on the same batche
   task's ``train_pass``, as a run with those modes trains;
 - ``fused`` (eager) and ``fused+compile`` (``torch.compile``; mode ``reduce-overhead``, CUDA graphs, on a GPU):
   :class:`dpsweep.mechanisms.fused.FusedStep` in passes of ``default_pad_to(B)`` rows (the padding is part of
-  the cost), noise and the optimizer's step, as a run with ``dp.grad_sample_mode=fused`` trains.
+  the cost), noise and the optimizer's step, as a run with ``dp.engine=fused`` trains.
 
 After warm-up steps (compilation happens there and is reported on its own), each step is timed alone
 (``cuda.synchronize`` around it on a GPU); a mode's figure is the median. Ratios are of medians measured
@@ -114,7 +114,7 @@ def _opacus_step(model: nn.Module, mode: str, batch_size: int, device: torch.dev
 
 
 def _fused_step(model: nn.Module, batch_size: int, device: torch.device, compiled: bool) -> tuple[Step, int]:
-    """A step as a run with ``dp.grad_sample_mode=fused`` trains (``FusedPoisson`` and ``OwnSteps``)."""
+    """A step as a run with ``dp.engine=fused`` trains (``FusedPoisson`` and ``OwnSteps``)."""
     optimizer = build_optimizer(SGDConfig(), model)
     pad_to = fused.default_pad_to(batch_size)
     mode = fused.compile_mode(device, compiled)

@@ -11,9 +11,10 @@
 The trainer (``dpsweep.run.runner``), ``dpsweep-plan``, the sweeper's preflight and ``dpsweep-memory``
 all call :func:`prepare`; none of them repeats its sequence:
 
-1. the ranges that need no data (:func:`dpsweep.config.validate`) and those that need N
-   (:func:`dpsweep.config.validate_for_dataset`: B <= N, δ < 1/N); a fused step's model, whose
-   layers must treat examples apart (:func:`dpsweep.mechanisms.fused.check_planned_model`);
+1. the ranges that need no data (:func:`dpsweep.config.validate`); what the run's task, mechanism and
+   engine declare they run (:func:`dpsweep.mechanisms.engines.check`); the ranges that need N
+   (:func:`dpsweep.config.validate_for_dataset`: B <= N, δ < 1/N); the model of an engine whose steps
+   need its layers to treat examples apart (:func:`dpsweep.mechanisms.fused.check_planned_model`);
 2. σ: ``dp.noise_multiplier``, or calibrated so that ε <= ``dp.target_epsilon``, which the whole
    ledger spends: the clipping release of ``dp.clipping=quantile`` (``dpsweep.privacy.clipping``) included;
 3. the sampling schedule and steps (Opacus's Poisson-loader convention, ``dpsweep.privacy.schedule``) and the
@@ -39,7 +40,6 @@ from dpsweep.config import (
     Config,
     ConfigError,
     DPConfig,
-    GradSampleMode,
     SweepConfig,
     flatten,
     identity,
@@ -52,6 +52,7 @@ from dpsweep.config import (
 from dpsweep.data import facts as dataset_description
 from dpsweep.data.facts import DatasetFacts
 from dpsweep.errors import InputError
+from dpsweep.mechanisms import engines
 from dpsweep.memory.model import MemoryModel, load_models
 from dpsweep.privacy import calibrate, clipping, ledger, rdp, tuning
 from dpsweep.privacy import schedule as privacy
@@ -120,10 +121,11 @@ class RunPlan:
 def prepare(cfg: Config, facts: DatasetFacts, memory: MemoryBudget | None = None) -> RunPlan:
     """The plan of one run of ``cfg`` on a training set described by ``facts`` (see the module doc)."""
     validate(cfg)
+    engine = engines.check(cfg) if cfg.dp.enabled else None
     validate_for_dataset(cfg, facts.n_train)
     validate_input_shape(cfg, facts.input_shape)
-    if cfg.dp.enabled and cfg.dp.grad_sample_mode == GradSampleMode.fused:
-        from dpsweep.mechanisms.fused import check_planned_model  # torch: only for a fused step's plan
+    if engine is not None and engine.rows_apart:
+        from dpsweep.mechanisms.fused import check_planned_model  # torch: only for such an engine's plan
 
         check_planned_model(cfg.model, facts.input_shape, facts.num_classes)
     planned = _planned_privacy(cfg, facts.n_train)

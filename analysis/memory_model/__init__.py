@@ -27,7 +27,8 @@ and plots (matplotlib); the fitted model, its features and its file are :mod:`dp
 
 Probe frames have one row per probe and these columns (others are ignored): ``model``, ``dataset``,
 ``hidden_units``, ``batch_size``, ``channels``, ``height``, ``width``, ``trainable_params``, ``dp``,
-``grad_sample_mode`` (``none`` without DP), ``backend`` (``cuda`` or ``cpu-tensors``),
+``grad_sample_mode`` (the step: Opacus's mode, ``fused`` for ``dp.engine=fused``, ``none`` without DP;
+:func:`dpsweep.config.step_kind`), ``backend`` (``cuda`` or ``cpu-tensors``),
 ``device_name``, ``torch_version`` and the measured ``<target>_bytes`` of TARGETS. Only the columns
 that the chosen features and targets need are required.
 

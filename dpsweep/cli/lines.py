@@ -5,7 +5,8 @@ print(summary_line(config, result))     # dpsweep: run 1a2b3c4d digits/cnn ... t
 
 Both say how the run trains where it is not the default: on several ranks (``train.devices`` ×
 ``train.nodes``), by which method of its task (``task.method``, e.g. task=recommender's als or dpam),
-and with which per-example gradients (``dp.grad_sample_mode``, e.g. the fused step). The result line of
+and with which step (:func:`dpsweep.config.step_kind`: ``dp.grad_sample_mode``, or the fused step of
+``dp.engine=fused``). The result line of
 an audit run (``audit.mode``) adds the audit's lower bounds beside the accountant's ε, and says where
 they show the run less private than its ledger (:mod:`dpsweep.audit`).
 """
@@ -18,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpsweep import units
 from dpsweep.cli.sigma import sigma_text
-from dpsweep.config import Config, GradSampleMode, TaskConfig, shown_model
+from dpsweep.config import Config, DPConfig, GradSampleMode, TaskConfig, shown_model, step_kind
 
 if TYPE_CHECKING:  # torch and MLflow are imported where a run needs them: --help stays fast
     from dpsweep.run.runner import TrainResult
@@ -57,10 +58,12 @@ def _how_text(task: TaskConfig, train: Any) -> str:
 
 
 def _step_text(dp: Any) -> str:
-    """``, fused step``: how a private run's per-example gradients are taken, where it is not Opacus's
-    default hooks (``dp.grad_sample_mode``)."""
-    mode = str(dp.grad_sample_mode)
-    return "" if mode == GradSampleMode.hooks.value else f", {mode} step"
+    """``, fused step``: how a private run's step is taken, where it is not Opacus's default hooks
+    (:func:`dpsweep.config.step_kind`; ``dp`` a typed DPConfig or its DictConfig, the old spellings read)."""
+    typed = dp if isinstance(dp, DPConfig) else OmegaConf.to_object(dp)
+    assert isinstance(typed, DPConfig)
+    kind = step_kind(typed)
+    return "" if kind == GradSampleMode.hooks.value else f", {kind} step"
 
 
 def summary_line(cfg: Config, r: TrainResult) -> str:

@@ -24,6 +24,7 @@ from dpsweep.config.dataset import (
     validate_for_dataset,
 )
 from dpsweep.config.dp import (
+    RENAMED_MODES,
     UNITS,
     Accountant,
     Clipping,
@@ -34,6 +35,7 @@ from dpsweep.config.dp import (
     RdpOrders,
     UnitFacts,
     population,
+    step_kind,
 )
 from dpsweep.config.launcher import LauncherConfig, trials_per_device, validate_launcher
 from dpsweep.config.model import CNNConfig, MLPConfig, ModelConfig, VGG16FrozenConfig
@@ -54,7 +56,6 @@ from dpsweep.config.schema import (
 )
 from dpsweep.config.sweep import SweepConfig
 from dpsweep.config.task import (
-    GAN_GRAD_SAMPLE_MODES,
     GAN_IMAGE_SHAPE,
     ClassifierTaskConfig,
     GanTaskConfig,
@@ -70,11 +71,11 @@ from dpsweep.config.train import RANK_KEYS, Device, TrainConfig, ranks_shape, wo
 from dpsweep.config.validation import validate
 
 __all__ = [
-    "GAN_GRAD_SAMPLE_MODES",
     "GAN_IMAGE_SHAPE",
     "NATURAL_USER_DATASETS",
     "NON_IDENTITY_PREFIXES",
     "RANK_KEYS",
+    "RENAMED_MODES",
     "SWEEPER_KEYS",
     "TASK_SECTIONS",
     "UNITS",
@@ -122,6 +123,7 @@ __all__ = [
     "register_configs",
     "settings",
     "shown_model",
+    "step_kind",
     "structured",
     "task_objectives",
     "task_schemas",

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dpsweep.config.checks import require
+from dpsweep.config.checks import ConfigError, require
+from dpsweep.config.task import task_schemas
 
 if TYPE_CHECKING:
     from dpsweep.config.schema import Config
 
 MODES = ("off", "white_box", "black_box")
-OPACUS_MODES = ("hooks", "functorch", "ew")  # per-example gradients a canary row can join
 
 
 @dataclass
@@ -32,7 +32,9 @@ class AuditConfig:
 
 
 def check(cfg: Config) -> None:
-    """audit.*, and what an audit needs of the run: DP, and a mechanism and gradient mode its canaries can join."""
+    """audit.*, and what an audit needs of the run: DP, and a task that declares it (``TaskConfig.audits``);
+    whether the run's engine lets its canaries in is the engine's to say, asked where the run is planned
+    (:func:`dpsweep.mechanisms.engines.check`)."""
     a, dp = cfg.audit, cfg.dp
     require(a.mode in MODES, "audit.mode", a.mode, f"one of {', '.join(MODES)}")
     if not a.enabled:
@@ -45,14 +47,10 @@ def check(cfg: Config) -> None:
     )  # fmt: skip
     require(a.magnitude >= 1, "audit.magnitude", a.magnitude, "1 or more (times dp.max_grad_norm)")
     require(dp.enabled, "audit.mode", a.mode, "off for a non-private run (dp=off): there is no ε to audit")
-    opacus = dp.mechanism == "dpsgd" and dp.unit.value == "example" and dp.grad_sample_mode.value in OPACUS_MODES
-    own = dp.mechanism == "dpftrl" or dp.unit.value == "user" or dp.grad_sample_mode.value == "fused"
-    white = (
-        "dp.mechanism=dpsgd at example level with dp.grad_sample_mode=hooks, functorch, ew or fused, "
-        "user-level DP-SGD, or DP-FTRL; or task=gan (its critic)"
-    )
-    runs = cfg.task.name == "gan" or (cfg.task.name == "classifier" and (opacus or own))  # white and black box
-    require(runs, "audit.mode", a.mode, f"off here: {a.mode} runs with task=classifier and {white}")
+    task = type(cfg.task)
+    if a.mode not in task.audits:
+        audited = " or ".join(f"task={name}" for name, t in sorted(task_schemas().items()) if a.mode in t.audits)
+        raise ConfigError("audit.mode", a.mode, f"off with {task.label}: {a.mode} runs with {audited}")
     if a.mode == "white_box":  # canaries drawn once a step, in the units of one fixed C
         pb = cfg.train.physical_batch_size
         require(pb is None, "train.physical_batch_size", pb, "null with audit.mode=white_box: a step is one pass")

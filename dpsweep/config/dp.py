@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -90,9 +91,16 @@ class GradSampleMode(StrEnum):
     ghost = "ghost"  # ghost clipping: per-sample norms without per-sample gradients, two backward passes
     functorch = "functorch"  # torch.func vmap per-sample gradients
     ew = "ew"  # torch's ExpandedWeights
-    # not Opacus: dpsweep's fused step (dpsweep.mechanisms.fused): torch.func per-example gradients in
-    # passes of one fixed shape (dp.pad_to rows, the padding masked after clipping), compiled
+    # Deprecated: dpsweep's fused step is dp.engine=fused (an engine, not an Opacus mode); this spelling is
+    # read as that, with one warning, until the next release (DPConfig.__post_init__)
     fused = "fused"
+
+
+# Engines once spelt as a dp.grad_sample_mode value, before dp.engine existed: the old value -> the engine.
+# A config is read as the engine (DPConfig.__post_init__); a run is hashed and logged as before
+# (spelled_as_before), so that its config hash, its params and the memory model's probes keep their values.
+RENAMED_MODES: dict[str, str] = {GradSampleMode.fused.value: "fused"}
+_warned: set[str] = set()  # the old spellings warned of in this process (one line each)
 
 
 @dataclass
@@ -107,7 +115,12 @@ class DPConfig:
     rdp_orders: RdpOrders = RdpOrders.default  # default (to 1024) | opacus (Opacus's grid, to 63)
     target_epsilon: float | None = None  # when set, σ is calibrated so that ε <= target_epsilon
     allow_large_delta: bool = False  # permit δ >= 1/N, which makes the guarantee void
-    grad_sample_mode: GradSampleMode = GradSampleMode.hooks  # how per-sample gradients are computed
+    grad_sample_mode: GradSampleMode = GradSampleMode.hooks  # how Opacus computes per-sample gradients
+    # What takes the private steps (dpsweep.mechanisms.engines): opacus | own_steps | fused |
+    # sufficient_statistics; null: the mechanism's own at dp.unit (dpsgd: opacus per example, own_steps per
+    # user; dpftrl: own_steps; dpals: sufficient_statistics). fused: DP-SGD's steps in compiled passes of one
+    # fixed shape (dpsweep.mechanisms.fused), per example or per user (once dp.grad_sample_mode=fused).
+    engine: str | None = None
     # fused: the rows (users, at user level) of every pass (>= train.batch_size; null: fused.default_pad_to(B)).
     # A Poisson batch larger than that takes more passes: nothing is truncated, the accounting is DP-SGD's.
     pad_to: int | None = None
@@ -161,18 +174,58 @@ class DPConfig:
     unit: PrivacyUnit = PrivacyUnit.example
     max_examples_per_user: int = 16
 
+    def __post_init__(self) -> None:
+        """The old spelling of an engine (:data:`RENAMED_MODES`) read as the engine, with one line on stderr
+        a process: every reader then sees ``dp.engine`` and Opacus's default ``dp.grad_sample_mode``."""
+        old = str(self.grad_sample_mode)  # a GradSampleMode (a StrEnum), or its value given by hand
+        engine = RENAMED_MODES.get(old)
+        if engine is None or self.engine not in (None, engine):
+            return  # dp.engine=opacus with the old spelling: refused by the engine, which reads no such mode
+        self.engine, self.grad_sample_mode = engine, GradSampleMode.hooks
+        if old not in _warned:
+            _warned.add(old)
+            said = f"dp.grad_sample_mode={old} is now dp.engine={engine}; the old spelling goes in the next release"
+            print(f"dpsweep: {said}", file=sys.stderr)
+
+
+def step_kind(dp: DPConfig) -> str:
+    """A run's step as the memory model names it (its feature ``grad_sample_mode``, and the tag
+    ``dp.grad_sample_mode``): Opacus's ``dp.grad_sample_mode``, or an engine that was once spelt as one
+    (:data:`RENAMED_MODES`: ``fused``), so that the fits made before ``dp.engine`` still load; ``none``
+    without DP."""
+    if not dp.enabled:
+        return "none"
+    old = {engine: mode for mode, engine in RENAMED_MODES.items()}
+    return old.get(dp.engine or "", str(dp.grad_sample_mode))
+
+
+def spelled_as_before(flat: dict[str, Any]) -> dict[str, Any]:
+    """A flattened config with ``dp.engine`` as a run was hashed and logged before the key existed: left
+    out where null (every run then), and an engine that was a ``dp.grad_sample_mode`` value
+    (:data:`RENAMED_MODES`) spelt as that value. The two spellings of a run, and runs made before, share
+    one config hash (resume, skipping FINISHED runs) and one set of params."""
+    if "dp.engine" not in flat:
+        return flat
+    out = {k: v for k, v in flat.items() if k != "dp.engine"}
+    engine, old = flat["dp.engine"], {engine: mode for mode, engine in RENAMED_MODES.items()}
+    if engine in old and flat.get("dp.grad_sample_mode") == GradSampleMode.hooks.name:
+        out["dp.grad_sample_mode"] = old[engine]
+    elif engine is not None:
+        out["dp.engine"] = engine
+    return out
+
 
 def check(cfg: Config) -> None:
-    """With DP on: the privacy unit, the mechanism, the ranges of σ, C, δ and ε, clipping and secure mode."""
+    """With DP on: the privacy unit, the ranges of σ, C, δ and ε, clipping and secure mode. What the
+    mechanism and its engine need (fixed clipping, one pass a step, ...) is theirs to say, asked where the
+    run is planned (:func:`dpsweep.mechanisms.engines.check`)."""
     dp = cfg.dp
     if not dp.enabled:
         return
     _check_unit(cfg)
-    _check_user_steps(cfg)
     ranges.check("delta", "dp.delta", dp.delta)
     ranges.check("max_grad_norm", "dp.max_grad_norm", dp.max_grad_norm)
     _check_clipping(cfg)
-    _check_fused(cfg)
     if dp.target_epsilon is None:
         ranges.check("noise_multiplier", "dp.noise_multiplier", dp.noise_multiplier)
     else:
@@ -197,37 +250,6 @@ def _check_unit(cfg: Config) -> None:
     )  # fmt: skip
 
 
-def _check_user_steps(cfg: Config) -> None:
-    """dp.unit=user noises its own gradients, whatever the mechanism: what that runs with (a mechanism
-    that always trains so says the same in its own checks, ``dpsweep.mechanisms.base``)."""
-    dp, t = cfg.dp, cfg.train
-    if dp.unit != PrivacyUnit.user:
-        return
-    require(dp.clipping == Clipping.fixed, "dp.clipping", dp.clipping.value, "fixed with dp.unit=user")
-    pb = t.physical_batch_size
-    require(pb is None, "train.physical_batch_size", pb, "null with dp.unit=user: a step is one pass")
-
-
-def _check_fused(cfg: Config) -> None:
-    """dp.grad_sample_mode=fused: DP-SGD (examples or users) with a fixed clipping norm, passes of dp.pad_to >= B
-    rows (users at user level); dp.pad_to and dp.compile are the fused step's alone."""
-    dp, b = cfg.dp, cfg.train.batch_size
-    if dp.grad_sample_mode != GradSampleMode.fused:
-        require(dp.pad_to is None, "dp.pad_to", dp.pad_to, "null unless dp.grad_sample_mode=fused (its rows per pass)")
-        require(dp.compile is None, "dp.compile", dp.compile, "null unless dp.grad_sample_mode=fused")
-        return
-    what = "with dp.grad_sample_mode=fused"
-    require(dp.mechanism == "dpsgd", "dp.mechanism", dp.mechanism, f"dpsgd {what} (the fused step is DP-SGD's)")
-    require(dp.clipping == Clipping.fixed, "dp.clipping", dp.clipping.value, f"fixed {what}")
-    pb = cfg.train.physical_batch_size
-    require(pb is None, "train.physical_batch_size", pb, f"null {what}: dp.pad_to sets the rows of a pass")
-    pad = dp.pad_to
-    require(
-        pad is None or (isinstance(pad, int) and not isinstance(pad, bool) and pad >= b), "dp.pad_to", pad,
-        f"an integer at least train.batch_size={b} (the rows of every pass), or null",
-    )  # fmt: skip
-
-
 def _check_clipping(cfg: Config) -> None:
     """dp.clipping=quantile and adaptive: the quantile, its public range, and each method's own settings."""
     dp = cfg.dp
@@ -242,10 +264,6 @@ def _check_clipping(cfg: Config) -> None:
         require(dp.clip_lr > 0, "dp.clip_lr", dp.clip_lr, "a positive learning rate η of the clipping norm")
         sigma_b = dp.clip_count_noise
         require(sigma_b is None or sigma_b > 0, "dp.clip_count_noise", sigma_b, "a positive noise std σ_b, or null")
-        require(
-            dp.grad_sample_mode != GradSampleMode.ghost, "dp.grad_sample_mode", dp.grad_sample_mode.value,
-            "hooks, functorch or ew with dp.clipping=adaptive: Opacus's ghost clipping has a fixed norm",
-        )  # fmt: skip
 
 
 def _check_secure_mode(cfg: Config) -> None:

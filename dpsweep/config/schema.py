@@ -30,7 +30,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from dpsweep.config.audit import AuditConfig
 from dpsweep.config.checks import ConfigError
 from dpsweep.config.dataset import TorchvisionDatasetConfig, dataset_schemas
-from dpsweep.config.dp import DPConfig
+from dpsweep.config.dp import DPConfig, spelled_as_before
 from dpsweep.config.launcher import LauncherConfig
 from dpsweep.config.model import CNNConfig, MLPConfig, VGG16FrozenConfig
 from dpsweep.config.optimizer import AdamConfig, SGDConfig
@@ -217,8 +217,11 @@ def identity(flat: dict[str, Any]) -> dict[str, Any]:
 
     Without DP, σ, C, δ and the accountant have no effect, so only ``dp.enabled`` is kept; without an
     audit (``audit.mode=off``) none of ``audit.*`` is (a plain run's hash and params are as before audits);
-    ``train.devices`` and ``train.nodes`` only above 1 (ranks draw their batches otherwise than one process).
+    ``train.devices`` and ``train.nodes`` only above 1 (ranks draw their batches otherwise than one process);
+    ``dp.engine`` only where set, and an engine once spelt as a ``dp.grad_sample_mode`` as that
+    (:func:`dpsweep.config.dp.spelled_as_before`: both spellings, and the runs before, share one hash).
     """
+    flat = spelled_as_before(flat)
     dp_off = flat.get("dp.enabled") is False
     audit_off = flat.get("audit.mode", "off") == "off"
     return {

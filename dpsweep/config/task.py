@@ -9,12 +9,11 @@ from omegaconf import MISSING
 
 from dpsweep.config.checks import ConfigError, require
 from dpsweep.config.dataset import RatingsConfig
-from dpsweep.config.dp import Clipping, GradSampleMode
+from dpsweep.config.dp import Clipping
 
 if TYPE_CHECKING:
     from dpsweep.config.schema import Config
 
-GAN_GRAD_SAMPLE_MODES = (GradSampleMode.functorch,)  # those that can take a gradient of a gradient
 GAN_IMAGE_SHAPE = (1, 28, 28)  # what task=gan's networks are sized for
 
 
@@ -30,8 +29,14 @@ class TaskConfig:
     # Whether a row of this task shows model.name as its model (a task whose model group is only an
     # evaluation model shows the task's name instead: :func:`shown_model`).
     shows_model: ClassVar[bool] = True
+    # What it can run, asked by the checks (dpsweep.config.audit, .train, dpsweep.mechanisms.engines):
     units: ClassVar[tuple[str, ...]] = ("example", "user")  # the dp.unit values it can protect
-    trains_with: ClassVar[tuple[str, ...]] = ("opacus", "own_steps")  # how its mechanisms may train
+    engines: ClassVar[tuple[str, ...]] = ("opacus", "own_steps")  # the dp.engine values its private steps take
+    # the dp.grad_sample_mode values it takes (None: its engine's), and why no other, "{mode}" filled in
+    grad_sample_modes: ClassVar[tuple[str, ...] | None] = None
+    grad_sample_modes_why: ClassVar[str] = ""
+    audits: ClassVar[tuple[str, ...]] = ()  # the audit.mode values (besides off) it can be audited by
+    distributed: ClassVar[bool] = False  # a run can span train.devices x train.nodes ranks
     label: ClassVar[str] = ""  # the task's name in words, for messages
     # What a report says of the task's rows (dpsweep.analysis.report reads these; it names no task):
     objective_label: ClassVar[str] = ""  # the objective as a table header and an axis call it
@@ -72,6 +77,9 @@ class ClassifierTaskConfig(TaskConfig):
 
     name: str = "classifier"
     objective: ClassVar[str] = "test_accuracy"
+    engines: ClassVar[tuple[str, ...]] = ("opacus", "own_steps", "fused")
+    audits: ClassVar[tuple[str, ...]] = ("white_box", "black_box")
+    distributed: ClassVar[bool] = True  # through Opacus's distributed optimizers (dpsweep.distributed)
     at_chance_is_failure: ClassVar[bool] = True
     label: ClassVar[str] = "image classification"
     objective_label: ClassVar[str] = "test accuracy"
@@ -90,7 +98,13 @@ class GanTaskConfig(TaskConfig):
     objective: ClassVar[str] = "tstr_accuracy"  # train on synthetic, test on real (dpsweep.tasks.gan.synthetic)
     shows_model: ClassVar[bool] = False  # model.name is the TSTR classifier
     units: ClassVar[tuple[str, ...]] = ("example",)
-    trains_with: ClassVar[tuple[str, ...]] = ("opacus",)  # the critic's private step is Opacus's (torch.func grads)
+    engines: ClassVar[tuple[str, ...]] = ("opacus",)  # the critic's private step is Opacus's (torch.func grads)
+    grad_sample_modes: ClassVar[tuple[str, ...] | None] = ("functorch",)  # a gradient of a gradient
+    grad_sample_modes_why: ClassVar[str] = (
+        "the gradient penalty needs a gradient of a gradient inside each example's clipped gradient, which "
+        "Opacus's {mode} mode cannot take (Opacus #31, #548); dpsweep computes it with torch.func"
+    )
+    audits: ClassVar[tuple[str, ...]] = ("white_box", "black_box")  # its critic's steps
     label: ClassVar[str] = "task=gan"
     objective_label: ClassVar[str] = "TSTR accuracy"
     objective_note: ClassVar[str] = (
@@ -185,8 +199,9 @@ class RecommenderTaskConfig(TaskConfig):
     objective: ClassVar[str] = "recall_at_20"
     shows_model: ClassVar[bool] = False  # the model group is unused: the model is task.rank's factors
     units: ClassVar[tuple[str, ...]] = ("user",)
-    # DPALS (sufficient statistics); DPAM and the joint baseline: user-level DP-SGD's own steps
-    trains_with: ClassVar[tuple[str, ...]] = ("sufficient_statistics", "own_steps")
+    # DPALS (sufficient statistics); DPAM and the joint baseline: user-level DP-SGD's own steps. No audit:
+    # its releases (statistics, item gradients) have no canary path yet (dpsweep.audit)
+    engines: ClassVar[tuple[str, ...]] = ("sufficient_statistics", "own_steps")
     label: ClassVar[str] = "task=recommender"
     objective_label: ClassVar[str] = "Recall@20"
     objective_note: ClassVar[str] = (
@@ -221,7 +236,7 @@ class RecommenderTaskConfig(TaskConfig):
 
     def reads_batches(self) -> bool:
         """DPAM and the joint baseline sample users in batches and clip; DPALS and popularity neither."""
-        return METHODS.get(self.method) == "dpsgd"
+        return self.method in BATCHED_METHODS
 
     def check(self, cfg: Config) -> None:
         require(self.rank >= 1, "task.rank", self.rank, "a rank of 1 or more")
@@ -252,6 +267,7 @@ class RecommenderTaskConfig(TaskConfig):
 FEEDBACK = ("implicit", "explicit")
 # task=recommender's models (dpsweep.tasks.recommender.task.RUNS) and the mechanism each trains with
 METHODS = {"als": "dpals", "popularity": "dpals", "dpam": "dpsgd", "sgd": "dpsgd"}
+BATCHED_METHODS = ("dpam", "sgd")  # those that sample users in batches and clip (user-level DP-SGD's steps)
 
 
 def check(cfg: Config) -> None:
@@ -260,7 +276,26 @@ def check(cfg: Config) -> None:
     if isinstance(cfg.dataset, RatingsConfig) != task.ratings:
         wanted = "a ratings dataset (planted_ratings)" if task.ratings else "an image dataset (digits, mnist, ...)"
         raise ConfigError("dataset.name", cfg.dataset.name, f"{wanted} with {task.label or 'task=' + task.name}")
+    if cfg.dp.enabled:
+        _check_steps(cfg, type(task))
     task.check(cfg)
+
+
+def _check_steps(cfg: Config, task: type[TaskConfig]) -> None:
+    """What the task's private steps take, asked of its declarations: ``dp.engine`` (where given; null is
+    the mechanism's own, asked where the run is planned: ``dpsweep.mechanisms.engines``) and
+    ``dp.grad_sample_mode``."""
+    dp, label = cfg.dp, task.label or f"task={task.name}"
+    engine = dp.engine
+    require(engine is None or engine in task.engines, "dp.engine", engine, f"{_either(task.engines)} with {label}")
+    modes, mode = task.grad_sample_modes, dp.grad_sample_mode.value
+    if modes is not None:
+        why = task.grad_sample_modes_why.format(mode=mode)
+        require(mode in modes, "dp.grad_sample_mode", mode, f"{_either(modes)} with {label}" + (f": {why}" * bool(why)))
+
+
+def _either(names: tuple[str, ...] | list[str]) -> str:
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)
 
 
 def shown_model(task: TaskConfig | type[TaskConfig], model_name: str) -> str:
@@ -297,12 +332,6 @@ def _check_gan_settings(g: GanTaskConfig) -> None:
 def _check_gan_privacy(cfg: Config, g: GanTaskConfig) -> None:
     """task=gan with DP: what its critic's private steps run with (dp.*, train.physical_batch_size)."""
     dp = cfg.dp
-    require(
-        dp.grad_sample_mode in GAN_GRAD_SAMPLE_MODES, "dp.grad_sample_mode", dp.grad_sample_mode.value,
-        "functorch with task=gan: the gradient penalty needs a gradient of a gradient inside each example's "
-        f"clipped gradient, which Opacus's {dp.grad_sample_mode.value} mode cannot take (Opacus #31, #548); "
-        "dpsweep computes it with torch.func",
-    )  # fmt: skip
     require(dp.clipping == Clipping.fixed, "dp.clipping", dp.clipping.value, "fixed with task=gan (dp.max_grad_norm)")
     pb = cfg.train.physical_batch_size
     require(pb is None, "train.physical_batch_size", pb, "null with task=gan: a critic step is one pass")

@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dpsweep.config.checks import ConfigError, require
+from dpsweep.config.dp import Clipping
+from dpsweep.config.launcher import LAUNCHERS, spec
+from dpsweep.config.task import task_schemas
 from dpsweep.privacy import ranges
 
 if TYPE_CHECKING:
@@ -83,49 +86,40 @@ def check(cfg: Config) -> None:
     )
 
 
-# Opacus's per-sample gradients that its distributed optimizers take (DistributedDPOptimizer, and
-# DistributedDPOptimizerFastGradientClipping for ghost clipping): rank 0 adds the noise, averaged over the
-# expected batch of the whole step (opacus/optimizers/__init__.py, get_optimizer_class)
-OPACUS_DISTRIBUTED = ("hooks", "ghost", "functorch", "ew")
-# inline and local: the ranks under torchrun on this machine; slurm: one Slurm task a rank in one job
-DISTRIBUTED_LAUNCHERS = ("inline", "local", "slurm")
 # the keys that shape a run's ranks: on Slurm, its job's tasks, so one value each a sweep or study there
 RANK_KEYS = ("train.devices", "train.nodes")
 
 
 def check_devices(cfg: Config) -> None:
-    """``train.devices`` and ``train.nodes``: one rank, or several of a run that has a distributed path
-    (DP-SGD through Opacus at example level, the classifier), under torchrun here or as Slurm
-    tasks. How many devices a machine has is checked where torch is imported
-    (:func:`dpsweep.distributed.visible_devices`)."""
-    t, dp = cfg.train, cfg.dp
+    """``train.devices`` and ``train.nodes``: one rank, or several of a private run whose task has a
+    distributed path (``TaskConfig.distributed``), started by a launcher that starts ranks (and nodes)
+    (``LauncherSpec.ranks``, ``.nodes``). Whether the run's engine has one is the engine's to say, asked
+    where the run is planned (:func:`dpsweep.mechanisms.engines.check`: Opacus's, today). How many devices
+    a machine has is checked where torch is imported (:func:`dpsweep.distributed.visible_devices`)."""
+    t, dp, task = cfg.train, cfg.dp, type(cfg.task)
     require(t.devices >= 1, "train.devices", t.devices, "1 or more processes, one device each")
     require(t.nodes >= 1, "train.nodes", t.nodes, "1 or more nodes")
-    require(t.nodes == 1 or cfg.launcher.name == "slurm", "train.nodes", t.nodes,
-            "1 unless launcher=slurm (its tasks on several nodes)")  # fmt: skip
+    if t.nodes > 1 and not spec(cfg.launcher).nodes:
+        across = " or ".join(n for n in LAUNCHERS.names() if spec(n).nodes)
+        raise ConfigError("train.nodes", t.nodes, f"1 unless launcher={across} (its tasks on several nodes)")
     if world_size(t) == 1:
         return
+    ranked = [name for name, schema in sorted(task_schemas().items()) if schema.distributed]
+    starts = [n for n in LAUNCHERS.names() if spec(n).ranks]
     paths = [
-        (cfg.task.name == "classifier", "task", cfg.task.name, "classifier: the GAN and the recommender have no "
-         "distributed path (train.devices=1)"),
+        (task.distributed, "task", cfg.task.name, f"{' or '.join(ranked)} with train.devices={t.devices}: "
+         f"task={cfg.task.name} has no distributed path (train.devices=1)"),
         (dp.enabled, "dp", "off", f"a private run with train.devices={t.devices}: its distributed path is "
          "Opacus's DP-SGD (train.devices=1 for a non-private run)"),
-        (dp.mechanism == "dpsgd", "dp.mechanism", dp.mechanism, f"dpsgd with train.devices={t.devices}: "
-         f"{dp.mechanism} has no distributed path (train.devices=1)"),
-        (dp.unit.value == "example", "dp.unit", dp.unit.value, f"example with train.devices={t.devices}: "
-         "user-level DP-SGD has no distributed path (train.devices=1)"),
-        (dp.grad_sample_mode.value in OPACUS_DISTRIBUTED, "dp.grad_sample_mode", dp.grad_sample_mode.value,
-         f"{', '.join(OPACUS_DISTRIBUTED)} with train.devices={t.devices} (Opacus's distributed optimizers; "
-         "the fused step is one process's)"),
-        (dp.clipping.value == "fixed", "dp.clipping", dp.clipping.value, f"fixed with train.devices={t.devices}"),
+        (dp.clipping == Clipping.fixed, "dp.clipping", dp.clipping.value, f"fixed with train.devices={t.devices}"),
         (not cfg.audit.enabled, "audit.mode", cfg.audit.mode, f"off with train.devices={t.devices}"),
         (not t.device_resident, "train.device_resident", t.device_resident, f"false with train.devices={t.devices}: "
          "each rank reads its share through the loader"),
         (t.memory_model is None, "train.memory_model", t.memory_model, f"null with train.devices={t.devices}: "
          "give train.physical_batch_size"),
         (not t.probe, "train.probe", t.probe, f"false with train.devices={t.devices}: a probe measures one process"),
-        (cfg.launcher.name in DISTRIBUTED_LAUNCHERS, "launcher", cfg.launcher.name,
-         f"{', '.join(DISTRIBUTED_LAUNCHERS)} with train.devices={t.devices} (torchrun here, or Slurm tasks)"),
+        (cfg.launcher.name in starts, "launcher", cfg.launcher.name,
+         f"{', '.join(starts)} with train.devices={t.devices} (torchrun here, or a scheduler's tasks)"),
         (str(cfg.launcher.trials_per_device) == "1", "launcher.trials_per_device", cfg.launcher.trials_per_device,
          f"1 with train.devices={t.devices}: a run across devices holds its devices alone"),
     ]  # fmt: skip

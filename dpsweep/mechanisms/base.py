@@ -4,8 +4,8 @@ A mechanism is a ledger for a setting plus one calibration, as in dp-accounting 
 ``calibrate_dp_mechanism``): :meth:`Mechanism.ledger` maps a noise multiplier to the ledger of the
 whole run, and :meth:`Mechanism.calibrate` bisects over that map (:mod:`dpsweep.privacy.calibrate`).
 Besides, it names its neighbouring relation, whether it samples (and so is amplified), its labels and
-report note, the accountants that price it, and how it trains (``trains``: ``opacus`` or ``own_steps``,
-see :mod:`dpsweep.mechanisms.functional`).
+report note, the accountants that price it, and the engines that take its steps at each privacy unit
+(:meth:`Mechanism.engines`, asked by :mod:`dpsweep.mechanisms.engines`).
 
 A new mechanism is one module that subclasses :class:`Mechanism` and registers an instance::
 
@@ -30,6 +30,9 @@ from dpsweep.registry import Registry
 
 if TYPE_CHECKING:
     from dpsweep.config import Config
+
+
+EngineTable = Mapping[str, tuple[str, ...]]  # dp.unit -> engine names (dpsweep.mechanisms.engines)
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,8 @@ class Mechanism(ABC):
     neighbours: ClassVar[str]  # the neighbouring relation of its ε: add_or_remove_one, replace_one_with_zero
     sampled: ClassVar[bool]  # Poisson-sampled batches: amplified by sampling, and a sample rate q
     note: ClassVar[str]  # the report's one line on how it is accounted
-    trains: ClassVar[str]  # "opacus" (DP-SGD hooks) or "own_steps" (torch.func, no Opacus)
+    # dp.unit -> the engines (dpsweep.mechanisms.engines) that take its steps there, its default first
+    engines_at: ClassVar[EngineTable]
     accountants: ClassVar[tuple[str, ...]] = ("rdp", "prv", "pld")
     options: ClassVar[tuple[Option, ...]] = ()
     citation: ClassVar[str] = ""
@@ -109,35 +113,25 @@ class Mechanism(ABC):
             raise InputError("dp.accountant", s.accounting.accountant, allowed)
 
     def check_config(self, cfg: Config) -> None:
-        """What a run of this mechanism needs of the rest of its config (ConfigError names the key):
-        the accountants that price it; a mechanism that noises its own gradients runs without Opacus's
-        clipping variants, secure RNG and physical batches; and the task trains with it (``TaskConfig.trains_with``)."""
+        """What a run of this mechanism needs of the rest of its config besides its engine's requirements
+        (:func:`dpsweep.mechanisms.engines.check`): the accountants that price it (ConfigError names the key)."""
         from dpsweep.config import ConfigError  # hydra: where a run is planned, not where ε is priced
 
         dp, name = cfg.dp, str(cfg.dp.mechanism)
         if dp.accountant.value not in self.accountants:
             allowed = f"{' or '.join(self.accountants)} with dp.mechanism={name}"
             raise ConfigError("dp.accountant", dp.accountant.value, allowed)
-        task, unit = type(cfg.task), dp.unit.value
-        if self.trains_at(unit) not in task.trains_with:
-            fits = " or ".join(n for n in MECHANISMS.names() if MECHANISMS.get(n).trains_at(unit) in task.trains_with)
-            raise ConfigError(
-                "dp.mechanism", name, f"{fits} with {task.label} (it trains through {task.trains_with[0]})"
-            )
-        if self.trains != "own_steps":
-            return
-        what = f"with dp.mechanism={name}"
-        if dp.clipping.value != "fixed":
-            raise ConfigError("dp.clipping", dp.clipping.value, f"fixed {what}")
-        if cfg.train.physical_batch_size is not None:
-            raise ConfigError(
-                "train.physical_batch_size", cfg.train.physical_batch_size, f"null {what}: a step is one pass"
-            )
 
-    def trains_at(self, unit: str) -> str:
-        """How it trains at ``dp.unit`` ``unit``: ``trains``, but a mechanism that trains through Opacus
-        noises its own gradients at user level (Opacus's hooks clip examples, not users)."""
-        return "own_steps" if unit == "user" and self.trains == "opacus" else self.trains
+    def engines(self, unit: str) -> tuple[str, ...]:
+        """The engines that take its steps at ``dp.unit`` ``unit``, its default first (``dp.engine=null``);
+        (): none, it does not run at that unit."""
+        return tuple(self.engines_at.get(unit, ()))
+
+    @property
+    def trains(self) -> str:
+        """Its default engine per example (else per user). Kept for ``dpsweep.mechanisms.functional`` until
+        it asks :func:`dpsweep.mechanisms.engines.engine_of`; it goes then."""
+        return (self.engines("example") or self.engines("user"))[0]
 
     def describe(self, s: Setting, noise_multiplier: float) -> str:
         """One sentence on what ran, for ``dpsweep-epsilon``'s statement."""
@@ -156,7 +150,7 @@ class Mechanism(ABC):
         return Ledger() if steps == 0 else self.ledger(replace(s, steps=steps, extra=Ledger()), noise_multiplier)
 
     def own_steps(self) -> Any:
-        """How it trains when it noises its own gradients (``trains = "own_steps"``, or at user level):
+        """How it trains when its engine is dpsweep's own steps (``own_steps``: :mod:`dpsweep.mechanisms.engines`):
         a ``dpsweep.mechanisms.functional.OwnRule``; imported here, where a run trains (torch)."""
         raise NotImplementedError(f"{self.label} has no rule for its own steps")
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 from dp_accounting import dp_event
 
-from dpsweep.mechanisms.base import MECHANISMS, Mechanism, Setting
+from dpsweep.mechanisms.base import MECHANISMS, EngineTable, Mechanism, Setting
 from dpsweep.privacy import ledger
 from dpsweep.privacy.ledger import Ledger
 
@@ -74,7 +75,8 @@ class DPALS(Mechanism):
     neighbours = ledger.NEIGHBOURS  # add or remove one user, with all their ratings
     sampled = False
     note = "a Gaussian release of the item side's sufficient statistics per round, every user in it, no amplification"
-    trains = "sufficient_statistics"  # task=recommender's ALS rounds (dpsweep.tasks.recommender.als)
+    # task=recommender's ALS rounds (dpsweep.tasks.recommender.als): a user's ratings bound each round
+    engines_at: ClassVar[EngineTable] = {"user": ("sufficient_statistics",)}
     citation = "Chien et al. 2021 (ICML), Alg. 1; google-research dp_alternating_minimization (DPALSAccountant)"
 
     def steps(self, s: Setting) -> int:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from dpsweep.errors import InputError
 from dpsweep.mechanisms import dpftrl_accounting as tree
-from dpsweep.mechanisms.base import MECHANISMS, Mechanism, Option, Setting
+from dpsweep.mechanisms.base import MECHANISMS, EngineTable, Mechanism, Option, Setting
 from dpsweep.privacy.ledger import Ledger
 
 if TYPE_CHECKING:
@@ -29,7 +29,8 @@ class DPFTRL(Mechanism):
     neighbours = "replace_one_with_zero"  # the paper's Def. 1.1; dp-accounting's REPLACE_SPECIAL
     sampled = False
     note = "tree aggregation over batches in a fixed order, no sampling and no amplification"
-    trains = "own_steps"
+    # torch.func steps (dpsweep.mechanisms.functional), the tree's noise on their prefix sums
+    engines_at: ClassVar[EngineTable] = {"example": ("own_steps",), "user": ("own_steps",)}
     accountants = tree.ACCOUNTANTS
     options = (
         Option("ftrl_restart_every", "--restart-every", "restart the tree every this many epochs (default: never)"),

@@ -1,6 +1,7 @@
 """``dp.mechanism=dpsgd``: DP-SGD with Poisson sampling (Abadi et al. 2016, "Deep Learning with
 Differential Privacy"), one Poisson-subsampled Gaussian mechanism per step; trained through Opacus
-(:mod:`dpsweep.mechanisms.opacus_engine`), or by :mod:`dpsweep.mechanisms.functional` at user level.
+(:mod:`dpsweep.mechanisms.opacus_engine`), or by :mod:`dpsweep.mechanisms.functional` at user level, or by
+the fused step at either (``dp.engine=fused``; :mod:`dpsweep.mechanisms.engines`).
 
     dpsweep dp.mechanism=dpsgd dp.noise_multiplier=1.1   # the default mechanism
     dpsweep-epsilon -s 60000 -b 256 -n 1.1 -e 10
@@ -8,9 +9,9 @@ Differential Privacy"), one Poisson-subsampled Gaussian mechanism per step; trai
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
-from dpsweep.mechanisms.base import MECHANISMS, Mechanism, Setting
+from dpsweep.mechanisms.base import MECHANISMS, EngineTable, Mechanism, Setting
 from dpsweep.privacy import ledger
 from dpsweep.privacy import schedule as poisson
 from dpsweep.privacy.ledger import Ledger
@@ -22,7 +23,9 @@ class DPSGD(Mechanism):
     neighbours = ledger.NEIGHBOURS  # add or remove one example (or user)
     sampled = True
     note = "Poisson-sampled batches, amplified by sampling"
-    trains = "opacus"
+    # per example through Opacus, per user by its own steps (Opacus's hooks clip examples, not users);
+    # either by the fused step
+    engines_at: ClassVar[EngineTable] = {"example": ("opacus", "fused"), "user": ("own_steps", "fused")}
     citation = "Abadi et al. 2016; Mironov, Talwar & Zhang 2019 (the subsampled Gaussian's RDP)"
 
     def schedule(self, s: Setting) -> poisson.PoissonSchedule:

@@ -78,7 +78,10 @@ def _dp(table: Table) -> np.ndarray:
 
 
 FEATURES.register("grad_sample_mode")(
-    Feature("Opacus grad-sample mode (hooks, ghost, functorch, ew; none without DP)", ("grad_sample_mode",))
+    Feature(
+        "the step: Opacus's grad-sample mode (hooks, ghost, functorch, ew), fused (dp.engine=fused); none without DP",
+        ("grad_sample_mode",),
+    )
 )
 
 _LEVEL = re.compile(r"^(?P<feature>[^\[\]:]+)\[(?P<level>[^\[\]]*)\]$")

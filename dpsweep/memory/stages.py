@@ -43,7 +43,7 @@ from typing import Protocol
 
 import torch
 
-from dpsweep.config import Config
+from dpsweep.config import Config, step_kind
 from dpsweep.memory.tables import logged_values
 from dpsweep.registry import Registry
 
@@ -143,7 +143,7 @@ def storages(tensors: Iterable[torch.Tensor], device: torch.device) -> dict[int,
                 storage = tensor.untyped_storage()
                 pointer = storage.data_ptr()
             except (RuntimeError, NotImplementedError):  # the fake and batched tensors that torch.compile
-                return  # and vmap keep (dp.grad_sample_mode=fused): they hold no memory of their own
+                return  # and vmap keep (dp.engine=fused): they hold no memory of their own
             seen[pointer] = storage.nbytes()
 
     for tensor in tensors:
@@ -356,5 +356,5 @@ def config_features(cfg: Config, input_shape: tuple[int, int, int], trainable_pa
         "width": width,
         "trainable_params": trainable_params,
         "dp": bool(cfg.dp.enabled),
-        "grad_sample_mode": cfg.dp.grad_sample_mode.value if cfg.dp.enabled else "none",
+        "grad_sample_mode": step_kind(cfg.dp),  # Opacus's mode, fused, or none without DP
     }
