@@ -3,8 +3,8 @@
 
     canaries = InputCanaries(data.train, num_classes=10, count=1000, seed=0)
     train_set = canaries.training_set()          # the other examples, and the included canaries
-    ... train on train_set, at the plan's sample rate and steps (keep_planned_sampling) ...
-    right = canaries.right_guesses(model, 100)   # the 50 lowest losses guessed in, the 50 highest out
+    ... train on train_set, at the plan's sample rate and steps (PrivateRun.wrap_training_set) ...
+    right = canaries.right_guesses(canaries.scores(run.example_score(), device), 100)
 
 **Canaries.** m training examples, drawn with the audit's own seeded generator, each given a wrong
 label (its class shifted by a seeded offset of 1 to K − 1) and then kept in training with probability
@@ -15,13 +15,15 @@ labelled copy held by a user of its own: the worlds differ by one user. Only the
 looked at: the auditor sees no step's release.
 
 **The same sampling as planned.** Leaving canaries out makes the training set smaller than the N the
-plan priced, and Opacus's loader would sample at 1/ceil(N'/B), a rate the ledger would then record.
-:func:`keep_planned_sampling` sets the loader back to the plan's rate and steps and records those, so
-each example is sampled exactly as a plain run's would be and the ledger is the plain run's.
+plan priced, and a loader would sample at 1/ceil(N'/B), a rate the ledger would then record. A private
+run whose training set is wrapped (:meth:`dpsweep.mechanisms.private_step.PrivateRun.wrap_training_set`)
+samples at the plan's rate and steps and records those, so each example is sampled exactly as a plain
+run's would be and the ledger is the plain run's.
 
-**Scores.** A canary's score is minus the trained model's cross-entropy on its (image, wrong label):
-a model that trained on it fits the wrong label better; for a conditional GAN, its critic's D(x, y).
-The highest scores are guessed included, the lowest excluded.
+**Scores.** A canary's score is the run's own per-example score of its final model
+(:meth:`~dpsweep.mechanisms.private_step.PrivateRun.example_score`) on its (image, wrong label): for a
+classifier, minus its cross-entropy (a model that trained on it fits the wrong label better); for a
+conditional GAN, its critic's D(x, y). The highest scores are guessed included, the lowest excluded.
 
 The canaries are mislabelled training examples: the run's model is not a plain run's, so an audit run
 is not for release.
@@ -29,35 +31,16 @@ is not for release.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
-from opacus import PrivacyEngine
-from opacus.data_loader import DPDataLoader
-from opacus.optimizers import DPOptimizer
-from torch import Tensor, nn
+from torch import Tensor
 from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
 
 from dpsweep.audit.guesses import metrics, right_guesses
 from dpsweep.data.device import materialize, private_generator
+from dpsweep.mechanisms.private_step import Score
 from dpsweep.privacy.ledger import Ledger
-
-Score = Callable[[Tensor, Tensor], Tensor]  # a canary's score from its (images, wrong labels)
-
-
-def minus_loss(model: nn.Module) -> Score:
-    """A classifier's score: minus its cross-entropy on the wrong label (a model that trained on the
-    canary fits its wrong label better)."""
-    model.eval()
-    return lambda x, y: -nn.functional.cross_entropy(model(x), y, reduction="none")
-
-
-def critic_output(critic: nn.Module) -> Score:
-    """A conditional GAN's score: its critic's D(x, y), which training raises on the real examples it
-    saw (Steinke et al.'s black box, on the critic the ledger covers rather than the generator)."""
-    critic.eval()
-    return lambda x, y: critic(x, y).flatten()
 
 
 class InputCanaries:
@@ -91,8 +74,8 @@ class InputCanaries:
 
     @torch.no_grad()
     def scores(self, score: Score, device: torch.device) -> Tensor:
-        """Each canary's ``score`` (:func:`minus_loss` of a classifier, :func:`critic_output` of a GAN's
-        critic) on its (image, wrong label): higher, more likely trained on."""
+        """Each canary's ``score`` (the run's ``example_score``: minus a classifier's loss, a GAN critic's
+        D(x, y)) on its (image, wrong label): higher, more likely trained on."""
         parts = [
             score(x.to(device), y.to(device)).cpu()
             for x, y in zip(self.x.split(256), self.labels.split(256), strict=True)
@@ -126,20 +109,3 @@ def result(
     every = canaries.count - canaries.count % 2
     tests = {f"audit.correct_loss_{r}": (r, canaries.right_guesses(scores, r)) for r in dict.fromkeys((guesses, every))}
     return metrics(tests, canaries.count, guesses, delta, confidence, claim)
-
-
-def keep_planned_sampling(
-    engine: PrivacyEngine,
-    optimizer: DPOptimizer,
-    loader: DPDataLoader,
-    sample_rate: float,
-    steps_per_epoch: int,
-    n_train: int,
-) -> None:
-    """Sample the (smaller) canary'd training set at the plan's rate and steps per epoch, record that rate
-    in the accountant, and divide the noisy sum by the plan's expected batch, as for ``n_train`` examples."""
-    sampler: Any = loader.batch_sampler
-    sampler.sample_rate, sampler.steps = sample_rate, steps_per_epoch
-    loader.sample_rate = sample_rate
-    optimizer.attach_step_hook(engine.accountant.get_optimizer_hook_fn(sample_rate=sample_rate))
-    optimizer.expected_batch_size = int(n_train * sample_rate)  # Opacus's own expected batch of N examples

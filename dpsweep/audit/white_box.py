@@ -1,10 +1,11 @@
-"""White-box one-run audit of DP-SGD through Opacus: Dirac gradient canaries inserted as per-example
-gradients, scored on every step's released noisy gradient (Steinke, Nasr & Jagielski 2023, §6, their
-white-box setting with Dirac canaries), in our own code.
+"""White-box one-run audit of DP-SGD: Dirac gradient canaries inserted as per-example (per-unit)
+gradients of the run's own step (:mod:`dpsweep.mechanisms.private_step`: Opacus's DP optimizer, the fused
+step, user-level DP-SGD, a GAN's critic), scored on every step's released noisy gradient (Steinke, Nasr
+& Jagielski 2023, §6, their white-box setting with Dirac canaries), in our own code.
 
-    canaries = DiracCanaries(list(model.parameters()), count=1000, max_grad_norm=1.0, claimed=(q, sigma),
+    canaries = DiracCanaries(list(step.params.values()), count=1000, max_grad_norm=1.0, claimed=(q, sigma),
                              magnitude=100.0, seed=0)
-    attach(optimizer, canaries, sample_rate=lambda: loader.batch_sampler.sample_rate)
+    step.wrappers.append(PoissonCanaries(canaries, list(step.params), step.sample_rate))  # a PrivateStep
     canaries.active = True                      # while training: not during a memory probe
     ... train ...
     right = canaries.right_guesses(100, centred=False)  # the 50 highest scores guessed in, the 50 lowest out
@@ -17,9 +18,9 @@ least (on digits' cnn, fc1's 16,384 weights: a correct run's mean bound at ε = 
 2.035 over 20 seeds, against coordinates drawn from every parameter; benchmarks/audit.py). An
 included canary is a training example like the others: at each step it is in the batch independently
 with the run's Poisson sample rate, and then its per-example gradient, ``magnitude`` at its
-coordinate and 0 elsewhere, goes through Opacus's own clipping with the real examples'. Correct
-clipping brings it to norm C, the worst case an example can be; broken clipping lets ``magnitude``
-through.
+coordinate and 0 elsewhere, goes through the step's own clipping and noise with the real units'
+(:meth:`PoissonCanaries.units`). Correct clipping brings it to norm C, the worst case an example can be;
+broken clipping lets ``magnitude`` through.
 
 **Scores.** The auditor sees every step's release: the clipped sum plus its noise, where an included
 canary adds C at its coordinate each time it is sampled. A canary's score sums each step's
@@ -37,11 +38,11 @@ import math
 from collections.abc import Callable, Sequence
 
 import torch
-from opacus.optimizers import DPOptimizer
 from torch import Tensor
 
 from dpsweep.audit.guesses import metrics, right_guesses, split_guesses
 from dpsweep.data.device import private_generator
+from dpsweep.mechanisms.private_step import Release, StepWrapper
 from dpsweep.privacy.ledger import Ledger
 
 # The centred score reads the releases against the noise they show: σ̂ = 1.4826·median |x| of the
@@ -186,26 +187,25 @@ def deactivate(canaries: DiracCanaries, optimizer: torch.optim.Optimizer) -> Non
     optimizer.param_groups[0][STATE_KEY] = canaries.state()
 
 
-def attach(optimizer: DPOptimizer, canaries: DiracCanaries, sample_rate: Callable[[], float]) -> None:
-    """Insert ``canaries`` into ``optimizer``'s steps through its public methods: before
-    ``clip_and_accumulate``, the sampled canaries' rows are appended to the per-example gradients; after
-    ``add_noise``, the noisy sums are recorded. ``sample_rate`` is the loader's real rate."""
-    clip_and_accumulate, add_noise = optimizer.clip_and_accumulate, optimizer.add_noise
+class PoissonCanaries(StepWrapper):
+    """Dirac canaries in a Poisson-sampled private step (:class:`dpsweep.mechanisms.private_step.StepWrapper`):
+    before each step, the sampled canaries' rows join the step's per-unit gradients, which the step clips,
+    sums and noises as its own; after it, the noisy sum is recorded at the canaries' coordinates."""
 
-    def clip_with_canaries() -> None:
-        if canaries.active:
-            sampled = canaries.sample(sample_rate())
-            for p, row in zip(optimizer.params, canaries.rows(sampled), strict=True):
-                p.grad_sample = torch.cat([p.grad_sample, row])
-        clip_and_accumulate()
+    def __init__(self, canaries: DiracCanaries, names: Sequence[str], sample_rate: Callable[[], float]) -> None:
+        """``names``: the trainable parameters' names, in the order of ``canaries.params``; ``sample_rate``:
+        the step's real rate (a canary is in a step as often as a unit of the run is)."""
+        self.canaries, self.names, self.sample_rate = canaries, list(names), sample_rate
 
-    def noise_and_record() -> None:
-        add_noise()
-        if canaries.active:
-            canaries.record([p.grad for p in optimizer.params])
+    def units(self, step: int) -> dict[str, Tensor] | None:
+        c = self.canaries
+        if not c.active:
+            return None
+        return dict(zip(self.names, c.rows(c.sample(self.sample_rate())), strict=True))
 
-    optimizer.clip_and_accumulate = clip_with_canaries
-    optimizer.add_noise = noise_and_record
+    def released(self, release: Release) -> None:
+        if self.canaries.active:
+            self.canaries.record([release.noisy[name] * release.divisor for name in self.names])
 
 
 def planned_tests(guesses: int, canaries: int) -> list[tuple[str, bool, int]]:

@@ -364,20 +364,28 @@ def user_contributions(
     max_grad_norm: float,
     *,
     chunk_size: int | None = None,
+    extra: dict[str, Tensor] | None = None,
 ) -> dict[str, Tensor]:
     """Each user's clipped contribution ``{name: (num_segments, *shape)}``: the mean Δ_u of the
     per-example gradients of the examples with ``segment == u`` (ids 0..num_segments−1), scaled by
     min(1, C / (‖Δ_u‖ + 1e-6)), the norm flat over all trainable parameters. A segment id with no
-    example contributes zeros."""
+    example contributes zeros. ``extra``: more units' contributions before clipping, ``{name: (k, *shape)}``
+    (a white-box audit's canaries, ``dpsweep.mechanisms.private_step``), clipped as the users' are and
+    returned after them (num_segments + k rows)."""
     _check_segments(x, y, segment, num_segments, max_grad_norm)
     params = {k: p for k, p in model.named_parameters() if p.requires_grad}
-    if len(x) == 0:
+    if len(x) == 0 and extra is None:
         return {k: p.new_zeros((num_segments, *p.shape)) for k, p in params.items()}
-    per_example = per_example_gradients(model, loss_fn, x, y, chunk_size=chunk_size)
-    if num_segments == len(x) and bool((segment == torch.arange(len(x), device=segment.device)).all()):
-        means = per_example  # one example per segment (example-level DP-FTRL): each is its own mean
+    if len(x) == 0:
+        means = {k: p.new_zeros((num_segments, *p.shape)) for k, p in params.items()}
+    elif num_segments == len(x) and bool((segment == torch.arange(len(x), device=segment.device)).all()):
+        # one example per segment (example-level DP-FTRL): each is its own mean
+        means = per_example_gradients(model, loss_fn, x, y, chunk_size=chunk_size)
     else:
-        means = _segment_means(per_example, segment, num_segments)
+        means = _segment_means(per_example_gradients(model, loss_fn, x, y, chunk_size=chunk_size), segment,
+                               num_segments)  # fmt: skip
+    if extra is not None:
+        means = {k: torch.cat([m, extra[k].to(m.device, m.dtype)]) for k, m in means.items()}
     norms = torch.stack([m.flatten(1).norm(2, dim=1) for m in means.values()], dim=1).norm(2, dim=1)
     factor = clip_factors(norms, max_grad_norm)
     return {k: m * factor.to(m.dtype).view(-1, *([1] * (m.ndim - 1))) for k, m in means.items()}
@@ -412,17 +420,42 @@ def user_level_gradient(
     (:func:`user_contributions`) summed, N(0, σ²C²) added per coordinate, divided by the expected
     number of users q·U. An empty batch (no user sampled) gets the noise alone. ``generator``, on the
     parameters' device, draws the noise (the default generator when ``None``)."""
+    return user_level_release(
+        model, loss_fn, x, y, segment, num_segments, max_grad_norm, noise_multiplier, expected_users, generator,
+        chunk_size=chunk_size,
+    )[1]  # fmt: skip
+
+
+def user_level_release(
+    model: nn.Module,
+    loss_fn: LossFn,
+    x: Tensor,
+    y: Tensor,
+    segment: Tensor,
+    num_segments: int,
+    max_grad_norm: float,
+    noise_multiplier: float,
+    expected_users: float,
+    generator: torch.Generator | None = None,
+    *,
+    chunk_size: int | None = None,
+    extra: dict[str, Tensor] | None = None,
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """:func:`user_level_gradient` and the clipped sum it noised, both over q·U: ``(clipped, noisy)``.
+    ``extra``: more units' contributions, clipped and summed with the users' before the noise
+    (:func:`user_contributions`)."""
     if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
         raise ValueError(f"noise_multiplier={noise_multiplier}: expected a finite σ >= 0")
     if not (math.isfinite(expected_users) and expected_users > 0):
         raise ValueError(f"expected_users={expected_users}: expected the positive, public q·U")
     contributions = user_contributions(
-        model, loss_fn, x, y, segment, num_segments, max_grad_norm, chunk_size=chunk_size
+        model, loss_fn, x, y, segment, num_segments, max_grad_norm, chunk_size=chunk_size, extra=extra
     )
     std = noise_multiplier * max_grad_norm
-    noisy = {}
+    clipped, noisy = {}, {}
     for k, c in contributions.items():
         summed = c.sum(dim=0)
         noise = torch.randn(summed.shape, generator=generator, device=summed.device, dtype=summed.dtype)
+        clipped[k] = summed / expected_users
         noisy[k] = (summed + std * noise) / expected_users
-    return noisy
+    return clipped, noisy

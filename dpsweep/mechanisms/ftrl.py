@@ -222,6 +222,9 @@ class FTRLOptimizer(torch.optim.Optimizer):
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
         super().__init__(params, {"lr": lr, "momentum": momentum})
         self.noise = noise
+        # shown each step's prefix sum of gradients and its noisy release, in the parameters' order, before
+        # θ moves (``dpsweep.mechanisms.private_step``: what wraps the step reads or changes the release there)
+        self.on_release: Callable[[list[torch.Tensor], list[torch.Tensor]], None] | None = None
         if noise is not None:
             shapes = [p.shape for group in self.param_groups for p in group["params"]]
             if shapes != noise.shapes:
@@ -234,19 +237,26 @@ class FTRLOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         noise = self.noise.advance() if self.noise is not None else None
+        params = [p for group in self.param_groups for p in group["params"]]
+        prefix, released = [], []
+        for i, p in enumerate(params):
+            state = self.state[p]
+            if not state:
+                state["initial"] = p.detach().clone(memory_format=torch.preserve_format)
+                state["grad_sum"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            if p.grad is not None:
+                if p.grad.is_sparse:
+                    raise RuntimeError("FTRLOptimizer does not support sparse gradients")
+                state["grad_sum"].add_(p.grad)
+            prefix.append(state["grad_sum"])
+            released.append(state["grad_sum"] if noise is None else state["grad_sum"] + noise[i])
+        if self.on_release is not None and noise is not None:
+            self.on_release(prefix, released)  # which may change the noisy prefix sums in place
         i = 0
         for group in self.param_groups:
             lr, gamma = group["lr"], group["momentum"]
             for p in group["params"]:
-                state = self.state[p]
-                if not state:
-                    state["initial"] = p.detach().clone(memory_format=torch.preserve_format)
-                    state["grad_sum"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                if p.grad is not None:
-                    if p.grad.is_sparse:
-                        raise RuntimeError("FTRLOptimizer does not support sparse gradients")
-                    state["grad_sum"].add_(p.grad)
-                noisy = state["grad_sum"] if noise is None else state["grad_sum"] + noise[i]
+                state, noisy = self.state[p], released[i]
                 if gamma != 0:
                     if "momentum_buffer" not in state:
                         state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)

@@ -36,7 +36,7 @@ import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -45,7 +45,8 @@ from dpsweep.config import Config, GradSampleMode, PrivacyUnit
 from dpsweep.data import device as device_data
 from dpsweep.data import users
 from dpsweep.mechanisms import dpftrl_accounting as ftrl_accounting
-from dpsweep.mechanisms import ftrl, fused, get
+from dpsweep.mechanisms import ftrl, fused, get, private_step
+from dpsweep.mechanisms.private_step import PrivateStep, Release, StepWrapper
 from dpsweep.models.optimizers import build_optimizer
 from dpsweep.privacy.schedule import poisson_schedule
 from dpsweep.privacy.streams import Purpose, Streams
@@ -182,9 +183,21 @@ class OwnRule(ABC):
     def setup(self, run: OwnRun) -> OwnSetup:
         """The optimizer, generator and batches of a run."""
 
+    noised_by_optimizer = False  # its optimizer adds the noise (DP-FTRL's tree), which shows its own release
+
     @abstractmethod
     def gradient(self, run: OwnRun, batch: users.UserBatch, expected_units: float) -> dict[str, Tensor]:
         """The gradient the optimizer steps with, by parameter name (noised here or by the optimizer)."""
+
+    def release(
+        self, run: OwnRun, batch: users.UserBatch, expected_units: float, extra: dict[str, Tensor] | None, step: int
+    ) -> Release:
+        """Step ``step``'s release (:class:`dpsweep.mechanisms.private_step.Release`), ``extra`` units (a
+        white-box audit's canaries) clipped and noised with the batch's own. A rule that says only its
+        gradient takes no extra units."""
+        if extra is not None:
+            raise ValueError(f"{type(self).__name__} takes no units from outside its batch (a white-box audit's)")
+        return Release(step, None, self.gradient(run, batch, expected_units), expected_units)
 
     def end_epoch(self, run: OwnRun, optimizer: torch.optim.Optimizer, epoch: int) -> None:
         """After epoch ``epoch`` (1-based): nothing, unless the rule says otherwise."""
@@ -212,12 +225,19 @@ class PoissonUnits(OwnRule):
         return OwnSetup(build_optimizer(cfg.optimizer, run.model), generators, sampled, sampled.expected_users)
 
     def gradient(self, run: OwnRun, batch: users.UserBatch, expected_units: float) -> dict[str, Tensor]:
+        return self.release(run, batch, expected_units, None, 0).noisy
+
+    def release(
+        self, run: OwnRun, batch: users.UserBatch, expected_units: float, extra: dict[str, Tensor] | None, step: int
+    ) -> Release:
         assert self.noise is not None, "setup() first"
         x, y, segment = batch
         c, n_seg = run.cfg.dp.max_grad_norm, users.segment_count(segment)
-        return users.user_level_gradient(
-            run.model, run.loss_fn, x, y, segment, n_seg, c, run.sigma, expected_units, generator=self.noise
-        )
+        clipped, noisy = users.user_level_release(
+            run.model, run.loss_fn, x, y, segment, n_seg, c, run.sigma, expected_units, generator=self.noise,
+            extra=extra,
+        )  # fmt: skip
+        return Release(step, clipped, noisy, expected_units)
 
 
 def private_generators(run: OwnRun) -> device_data.Generators:
@@ -259,6 +279,14 @@ class FusedPoisson(OwnRule):
             batch.x, batch.y, noise_multiplier=run.sigma, divisor=expected_units, generator=self.generator
         )
 
+    def release(
+        self, run: OwnRun, batch: users.UserBatch, expected_units: float, extra: dict[str, Tensor] | None, step: int
+    ) -> Release:
+        assert self.step is not None, "setup() first"
+        clipped, noisy = self.step.release(batch.x, batch.y, noise_multiplier=run.sigma, divisor=expected_units,
+                                           generator=self.generator, extra=extra)  # fmt: skip
+        return Release(step, clipped, noisy, expected_units)
+
 
 class FusedUsers(OwnRule):
     """User-level DP-SGD by the fused step (:class:`dpsweep.mechanisms.fused.FusedUserStep`): users Poisson-sampled
@@ -286,6 +314,14 @@ class FusedUsers(OwnRule):
         return self.step.gradient(batch.x, batch.y, noise_multiplier=run.sigma, divisor=expected_units,
                                   generator=self.generator, segment=batch.segment)  # fmt: skip
 
+    def release(
+        self, run: OwnRun, batch: users.UserBatch, expected_units: float, extra: dict[str, Tensor] | None, step: int
+    ) -> Release:
+        assert self.step is not None, "setup() first"
+        clipped, noisy = self.step.release(batch.x, batch.y, noise_multiplier=run.sigma, divisor=expected_units,
+                                           generator=self.generator, segment=batch.segment, extra=extra)  # fmt: skip
+        return Release(step, clipped, noisy, expected_units)
+
 
 def _fused_settings(run: OwnRun) -> tuple[int, fused.CompileMode]:
     """The fused step's rows (or users) per pass, ``dp.pad_to`` or its default, and its compile mode
@@ -309,7 +345,7 @@ class _AsUnits:
         return self.batches.sample_rate
 
     @sample_rate.setter
-    def sample_rate(self, rate: float) -> None:  # a test's planted bug (dpsweep.audit.planted)
+    def sample_rate(self, rate: float) -> None:  # a black-box audit's run samples at the plan's rate
         self.batches.sample_rate = rate
 
     def __iter__(self) -> Iterator[users.UserBatch]:
@@ -329,13 +365,23 @@ class TreeAggregation(OwnRule):
         restarts = tuple(e for e in range(1, epochs + 1) if ftrl_accounting.restart_after_epoch(e, epochs, every))
         return OwnSetup(optimizer, generator, run.exact, float(cfg.train.batch_size), restarts)
 
+    noised_by_optimizer = True  # the tree's noise: the FTRL optimizer shows the noisy prefix sums
+
     def gradient(self, run: OwnRun, batch: users.UserBatch, expected_units: float) -> dict[str, Tensor]:
+        return self.release(run, batch, expected_units, None, 0).noisy
+
+    def release(
+        self, run: OwnRun, batch: users.UserBatch, expected_units: float, extra: dict[str, Tensor] | None, step: int
+    ) -> Release:
+        """The clipped sum over B (noised by the optimizer's tree, not here), ``extra`` units among the batch's."""
         x, y, segment = batch
-        if not len(y):
-            return {k: torch.zeros_like(p) for k, p in run.model.named_parameters() if p.requires_grad}
+        if not len(y) and extra is None:
+            zeros = {k: torch.zeros_like(p) for k, p in run.model.named_parameters() if p.requires_grad}
+            return Release(step, zeros, zeros, expected_units)
         n_seg, c = users.segment_count(segment), run.cfg.dp.max_grad_norm
-        parts = users.user_contributions(run.model, run.loss_fn, x, y, segment, n_seg, c)
-        return {k: g.sum(dim=0) / expected_units for k, g in parts.items()}
+        parts = users.user_contributions(run.model, run.loss_fn, x, y, segment, n_seg, c, extra=extra)
+        summed = {k: g.sum(dim=0) / expected_units for k, g in parts.items()}
+        return Release(step, summed, summed, expected_units)
 
     def end_epoch(self, run: OwnRun, optimizer: torch.optim.Optimizer, epoch: int) -> None:
         cfg = run.cfg
@@ -344,25 +390,20 @@ class TreeAggregation(OwnRule):
             optimizer.restart()
 
 
-class StepHook(Protocol):
-    """What looks into a run's own steps (a white-box audit's canaries, ``dpsweep.audit.own_steps``)."""
-
-    def gradient(self, grads: dict[str, Tensor], divisor: float, step: int) -> None:
-        """Before step ``step`` (0-based in the run): the rule's gradient by parameter name (its noisy sum
-        over ``divisor``, or for DP-FTRL its clipped sum over B), which the hook may change in place."""
-
-    def stepped(self, step: int) -> None:
-        """After the optimizer's step ``step``."""
-
-
 class OwnSteps:
-    """One DP step of a unit batch: the rule's noised gradient, then the optimizer's step (``hooks``
-    see both)."""
+    """One DP step of a unit batch: the rule's noised gradient, then the optimizer's step; the wrappers of
+    its private step (:mod:`dpsweep.mechanisms.private_step`) add their units before the rule clips, see
+    its release before the optimizer steps with it (DP-FTRL: the tree's noisy prefix sums, shown by the
+    optimizer), and are told after the step."""
 
     def __init__(self, run: OwnRun, optimizer: torch.optim.Optimizer, rule: OwnRule) -> None:
         self.run, self.optimizer, self.rule = run, optimizer, rule
         self.optimizer.param_groups[0].setdefault(STEPS_KEY, 0)
-        self.hooks: list[StepHook] = []
+        self.wrappers: list[StepWrapper] = []
+        self.names = [k for k, p in run.model.named_parameters() if p.requires_grad]
+        self.divisor = 1.0  # the last step's
+        if isinstance(optimizer, ftrl.FTRLOptimizer):
+            optimizer.on_release = self._prefix_released
 
     @property
     def steps(self) -> int:
@@ -374,21 +415,44 @@ class OwnSteps:
         stages.mark("batch_load")
         self.optimizer.zero_grad(set_to_none=True)
         params = {k: p for k, p in self.run.model.named_parameters() if p.requires_grad}
-        grads = self.rule.gradient(self.run, batch, expected_units)
         step = self.steps
-        for hook in self.hooks:
-            hook.gradient(grads, expected_units, step)
+        extra = private_step.extra_units(self.wrappers, step)
+        release = self.rule.release(self.run, batch, expected_units, extra, step)
+        if not self.rule.noised_by_optimizer:
+            private_step.show(self.wrappers, release)
         stages.mark("backward")
         for name, p in params.items():
-            p.grad = grads[name].detach()
+            p.grad = release.noisy[name].detach()
+        self.divisor = expected_units
         self.optimizer.step()
         self.optimizer.param_groups[0][STEPS_KEY] += 1
-        for hook in self.hooks:
-            hook.stepped(step)
+        private_step.stepped(self.wrappers, step)
         stages.mark("optimizer_step")
+
+    def _prefix_released(self, prefix: list[Tensor], noisy: list[Tensor]) -> None:
+        """DP-FTRL's release at this step: the prefix sum of the clipped sums over B, and its noisy release."""
+        if self.wrappers:
+            release = Release(self.steps, dict(zip(self.names, prefix, strict=True)),
+                              dict(zip(self.names, noisy, strict=True)), self.divisor)  # fmt: skip
+            private_step.show(self.wrappers, release)
 
     def end_epoch(self, epoch: int) -> None:
         self.rule.end_epoch(self.run, self.optimizer, epoch)
+
+    def private_step(self, setup: OwnSetup) -> PrivateStep:
+        """The step as what is attached to the run sees it (:class:`dpsweep.mechanisms.private_step.PrivateStep`):
+        its Poisson batches' real rate, or, for batches that sample nothing (DP-FTRL's), its fixed order."""
+        cfg, batches = self.run.cfg, setup.batches
+        params = {k: p for k, p in self.run.model.named_parameters() if p.requires_grad}
+        if hasattr(batches, "sample_rate"):
+            sampled: Any = batches
+            return PrivateStep(params, cfg.dp.max_grad_norm, lambda: float(sampled.sample_rate), None, self.wrappers)
+        b = len(self.run.exact)
+        order = private_step.FixedOrder(
+            b, (0, *(e * b for e in setup.tree_restarts)), cfg.dp.ftrl_tree_completion, cfg.optimizer.lr,
+            getattr(cfg.optimizer, "momentum", 0.0), setup.expected_units,
+        )  # fmt: skip
+        return PrivateStep(params, cfg.dp.max_grad_norm, None, order, self.wrappers)
 
 
 def ftrl_optimizer(

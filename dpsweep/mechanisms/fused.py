@@ -223,18 +223,19 @@ class FusedStep:
             return self.linear.clipped_sum(*inputs)
         return self._pass(self.params, self.buffers, *inputs)
 
-    def clipped_sum(self, x: Tensor, y: Tensor, segment: Tensor | None = None) -> Tensor:
+    def clipped_sum(
+        self, x: Tensor, y: Tensor, segment: Tensor | None = None, extra: dict[str, Tensor] | None = None
+    ) -> Tensor:
         """The sum of the batch's clipped per-unit gradients, flat; valid until the next call (a compiled pass's
         output buffer is reused). ``segment``: each row's user (``UserBatch``), at user level
         (:class:`FusedUserStep`). An empty batch (Poisson sampling draws none with probability (1 − q)^N) sums to
         zeros: a padded pass of weight-0 rows where passes have a fixed shape, else no pass at all (``vmap``
         over no rows fails), so that its step releases the noise alone, N(0, σ²C²) over the divisor
         (Abadi et al. 2016, "Deep Learning with Differential Privacy", Algorithm 1: the noised sum of the
-        lot's clipped gradients, of which there are none)."""
+        lot's clipped gradients, of which there are none). ``extra``: more units' gradients
+        ``{name: (k, *shape)}`` (a white-box audit's canaries, ``dpsweep.mechanisms.private_step``), clipped by
+        the step's own clipping (:meth:`_clipped`, every pass's but the book-keeping one's) and summed with them."""
         passes = list(self._passes(x, y, segment))
-        if not passes:
-            first = next(iter(self.params.values()))
-            return torch.zeros(sum(p.numel() for p in self.params.values()), device=first.device, dtype=first.dtype)
         total: Tensor | None = None
         for i, inputs in enumerate(passes):
             part = self._run(*inputs)
@@ -242,7 +243,14 @@ class FusedStep:
             last = i == len(passes) - 1
             total = (part if last else part.clone()) if total is None else total + part
             self.passes += 1
-        assert total is not None
+        if extra is not None:
+            rows = {k: extra[k].to(self.params[k].device, self.params[k].dtype) for k in self.names}
+            first = rows[self.names[0]]
+            part = self._clipped(rows, torch.ones(len(first), device=first.device, dtype=first.dtype))
+            total = part if total is None else total + part
+        if total is None:
+            first = next(iter(self.params.values()))
+            return torch.zeros(sum(p.numel() for p in self.params.values()), device=first.device, dtype=first.dtype)
         return total
 
     def gradient(
@@ -254,6 +262,18 @@ class FusedStep:
         std = noise_multiplier * self.max_grad_norm / divisor  # N(0, σ²C²)/d = N(0, (σC/d)²): two passes, not three
         noisy = torch.normal(0.0, std, summed.shape, generator=generator, device=summed.device, dtype=summed.dtype)
         return self.unflatten(noisy.add_(summed, alpha=1.0 / divisor))
+
+    def release(
+        self, x: Tensor, y: Tensor, *, noise_multiplier: float, divisor: float, generator: torch.Generator,
+        segment: Tensor | None = None, extra: dict[str, Tensor] | None = None,
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:  # fmt: skip
+        """:meth:`gradient` with ``extra`` units (:meth:`clipped_sum`), and the clipped sum it noised, both over
+        the divisor: ``(clipped, noisy)`` by parameter name (the same noise drawn, from the same generator)."""
+        summed = self.clipped_sum(x, y, segment, extra)
+        std = noise_multiplier * self.max_grad_norm / divisor
+        noisy = torch.normal(0.0, std, summed.shape, generator=generator, device=summed.device, dtype=summed.dtype)
+        clipped = summed / divisor
+        return self.unflatten(clipped), self.unflatten(noisy.add_(summed, alpha=1.0 / divisor))
 
     def unflatten(self, flat: Tensor) -> dict[str, Tensor]:
         """A flat vector in the parameters' order, as ``{name: tensor of the parameter's shape}``."""

@@ -30,7 +30,7 @@ import math
 import signal
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ from omegaconf import DictConfig
 from torch import nn
 from tqdm.auto import tqdm
 
-from dpsweep import distributed, tasks, units
+from dpsweep import distributed, tasks
 from dpsweep.config import (
     Config,
     ConfigError,
@@ -52,6 +52,7 @@ from dpsweep.config import (
 )
 from dpsweep.data import loaders as datasets
 from dpsweep.data.facts import DatasetFacts
+from dpsweep.mechanisms.private_step import Attachment
 from dpsweep.memory import stages as memory
 from dpsweep.memory.tables import metric as memory_metric
 from dpsweep.memory.tables import per_rank, to_logged
@@ -60,7 +61,8 @@ from dpsweep.privacy import ledger
 from dpsweep.privacy.ledger import Ledger
 from dpsweep.privacy.streams import Streams
 from dpsweep.process.shutdown import Terminated
-from dpsweep.run import checkpoint, divergence, records, seeds
+from dpsweep.run import checkpoint, divergence, records, reporting, seeds
+from dpsweep.run.attached import Attached
 from dpsweep.tracking import (
     PRIVACY_LEDGER,
     TERMINATED,
@@ -112,12 +114,14 @@ def resolve_device(requested: Device) -> torch.device:
     return torch.device(requested.value)
 
 
-def train(cfg: DictConfig | Config) -> TrainResult:
-    """Train one config and log it to MLflow; returns the final metrics and privacy cost."""
+def train(cfg: DictConfig | Config, attach: Sequence[Attachment] = ()) -> TrainResult:
+    """Train one config and log it to MLflow; returns the final metrics and privacy cost. ``attach``: what
+    is attached to the private run before it trains, through its private step
+    (:mod:`dpsweep.mechanisms.private_step`), ahead of the audit ``audit.mode`` asks for (which then sees it)."""
     start = _start(cfg)
     monitor = memory.monitor_for(start.device)  # baseline before the model exists
     try:
-        return _tracked(start, monitor)
+        return _tracked(start, monitor, attach)
     finally:
         monitor.close()  # the CPU twin's frozen baseline (dpsweep.memory.stages)
         if start.ranks.distributed:
@@ -242,13 +246,14 @@ def _rank_run(
         yield SilentTracker(tracking.uri, shared)
 
 
-def _tracked(start: _Start, monitor: memory.MemoryMonitor) -> TrainResult:
+def _tracked(start: _Start, monitor: memory.MemoryMonitor, attach: Sequence[Attachment] = ()) -> TrainResult:
     """The task built, then its MLflow run (new or resumed): the first iteration's memory stages, and
     a probe's end or the whole training; the checkpoint is removed once the run is complete."""
     config, plan, data, resume, ckpt_dir = start.config, start.plan, start.data, start.resume, start.ckpt_dir
     inputs = tasks.RunInputs(config, plan, data, start.device, start.streams, start.ranks)
     task_run = tasks.get(config.task.name).build(inputs)
-    tags = records.run_tags(plan, data, start.device, monitor.backend) | task_run.tags()
+    attached = Attached.of(inputs, task_run, attach)  # the audit, attached once, before training
+    tags = records.run_tags(plan, data, start.device, monitor.backend) | task_run.tags() | attached.tags()
     if start.found.set_aside is not None:  # the run starts afresh; the file is kept for inspection
         tags["checkpoint.set_aside"] = str(start.found.set_aside)
         log.warning("checkpoint set aside as %s (unreadable, of another config, or out of range): starting afresh",
@@ -260,7 +265,9 @@ def _tracked(start: _Start, monitor: memory.MemoryMonitor) -> TrainResult:
     ):
         if resume is None:
             records.log_config(config, plan, data, run)
+        attached.before_start()
         parts = task_run.start(run)
+        attached.after_start()
         if resume is None:
             run.log_params(task_run.params())
         result = TrainResult(run.run_id, float("nan"), float("nan"), data.n_train, 0, memory_backend=monitor.backend)
@@ -279,7 +286,7 @@ def _tracked(start: _Start, monitor: memory.MemoryMonitor) -> TrainResult:
         if config.train.probe:
             result.epochs.append(_probe(task_run, stages))
             return result
-        ckpts = Checkpoints(ckpt_dir, plan.config_hash, state, start.streams, start.ranks)
+        ckpts = Checkpoints(ckpt_dir, plan.config_hash, state, start.streams, start.ranks, attached)
         _train_all(config, plan, task_run, stages, parts, ckpts, n_test=len(data.test))  # type: ignore[arg-type]
     if ckpt_dir is not None and start.ranks.leader:
         checkpoint.remove(ckpt_dir)  # the run is complete; a rerun starts afresh
@@ -317,7 +324,7 @@ def _train_all(
     if result.diverged is not None:
         run.set_tags({divergence.DIVERGED_TAG: "true", divergence.REASON_TAG: result.diverged})
     if config.tracking.log_model:
-        _log_model(config, task_run, run)
+        reporting.log_model(config, task_run, run)
 
 
 class StageLog:
@@ -364,6 +371,7 @@ class Checkpoints:
     restored: checkpoint.TrainingState | None
     streams: Streams
     ranks: distributed.Ranks = field(default_factory=distributed.Ranks)
+    attached: Attached | None = None  # what is attached to the run (its audit): told of each epoch
 
 
 def _epochs(
@@ -383,10 +391,7 @@ def _epochs(
         if TERMINATED.is_set():  # a SIGTERM whose exception was ignored where it landed (a weakref callback)
             raise Terminated(signal.SIGTERM)
         started = time.monotonic()
-        metrics = task_run.train_epoch(epoch, stages)
-        final = epoch == cfg.train.epochs or task_run.done()  # done: e.g. a budget spent before the last epoch
-        if final or epoch % cfg.train.eval_every == 0:
-            metrics = task_run.evaluate(epoch, final) | metrics
+        metrics, final = _epoch(cfg, task_run, stages, parts, ckpt.attached or Attached(task_run, ()), epoch)
         if not cfg.dp.enabled:  # with DP the peak of the Poisson batches would tell their (private) sizes
             metrics[memory_metric("peak_bytes")] = to_logged(stages.recorder.observe())  # in MiB
         if cfg.dp.enabled:  # ε so far, from the same ledger and accountant as the final ε (before the
@@ -400,7 +405,7 @@ def _epochs(
         run.log_metrics(released, step=epoch)
         result.epochs.append({"epoch": float(epoch), **metrics})
         if run.writes:  # one line an epoch: rank 0's
-            _report_epoch(f"epoch {epoch}/{cfg.train.epochs}", released, time.monotonic() - started, bar)
+            reporting.report_epoch(f"epoch {epoch}/{cfg.train.epochs}", released, time.monotonic() - started, bar)
         objective = cfg.task.objective
         if reporter is not None and objective in metrics and reporter.should_prune(epoch, metrics[objective]):
             raise RunEnded(
@@ -426,6 +431,22 @@ def _epochs(
     result.score = last.get(result.objective, math.nan)
 
 
+def _epoch(
+    cfg: Config, task_run: tasks.TaskRun, stages: StageLog, parts: tasks.Checkpointed, attached: Attached, epoch: int
+) -> tuple[dict[str, float], bool]:
+    """One epoch trained (what is attached to the run told before and after it) and evaluated, and whether
+    it is the final one; after the final one, what is attached adds its metrics (the audit's bounds)."""
+    attached.begin_epoch(parts.optimizer)
+    metrics = task_run.train_epoch(epoch, stages)
+    attached.end_epoch(parts.optimizer)
+    final = epoch == cfg.train.epochs or task_run.done()  # done: e.g. a budget spent before the last epoch
+    if final or epoch % cfg.train.eval_every == 0:
+        metrics = task_run.evaluate(epoch, final) | metrics
+    if final:
+        metrics |= attached.result(task_run)
+    return metrics, final
+
+
 def _probe(task_run: tasks.TaskRun, stages: StageLog) -> dict[str, float]:
     """Memory probe: one iteration, the four stages and the peak; no evaluation, no ε."""
     measured = task_run.probe(stages) | {memory_metric("peak_bytes"): to_logged(stages.recorder.observe())}
@@ -433,42 +454,7 @@ def _probe(task_run: tasks.TaskRun, stages: StageLog) -> dict[str, float]:
     return stages.recorder.metrics() | measured
 
 
-EPOCH_FIGURES = {
-    "train_loss": "train_loss={:.4f}", "test_accuracy": "test_accuracy={:.4f}", "critic_loss": "critic_loss={:.3f}",
-    "generator_loss": "generator_loss={:.3f}", "tstr_accuracy": "tstr_accuracy={:.4f}", "epsilon": "ε={:.3f}",
-}  # fmt: skip
 log = logging.getLogger("dpsweep")
-
-
-def _report_epoch(label: str, metrics: dict[str, float], seconds: float, bar: Any) -> None:
-    """An epoch's figures: a line on the console when no progress bar is shown (piped output, CI,
-    nohup; Hydra's logging also writes it to the job's ``<name>.log``), else the bar's postfix and
-    the line in the log file only."""
-    figures = "  ".join(form.format(metrics[k]) for k, form in EPOCH_FIGURES.items() if k in metrics)
-    line = f"{label}  {figures}  ({seconds:.1f} s)"
-    if bar.disable:
-        log.info(line)
-        return
-    bar.set_postfix_str(figures)
-    record = log.makeRecord(log.name, logging.INFO, __file__, 0, line, (), None)
-    for handler in logging.getLogger().handlers:  # Hydra's job log file, not the console under the bar
-        if isinstance(handler, logging.FileHandler):
-            handler.handle(record)
-
-
-def _log_model(cfg: Config, task_run: tasks.TaskRun, run: Tracker) -> None:
-    """The released model as the run's ``model`` artifact, or a tag saying why it was not logged."""
-    module, example = task_run.released_model()
-    size_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
-    limit_bytes = cfg.tracking.log_model_max_mib * 2**20
-    if size_bytes > limit_bytes:
-        why = (
-            f"skipped: {units.format_bytes(size_bytes)} > tracking.log_model_max_mib={cfg.tracking.log_model_max_mib:g}"
-        )
-        run.set_tags({"model.logged": why})
-        return
-    run.log_model(module, example)
-    run.set_tags({"model.logged": "true", "model.logged_bytes": size_bytes})
 
 
 def _finish_privacy(cfg: Config, plan: RunPlan, task_run: tasks.TaskRun, result: TrainResult, run: Tracker) -> None:

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import planted
 import pytest
 import torch
 from helpers import Composer, run_dpsweep, runs_of, straight_and_resumed
 from mlflow.tracking import MlflowClient
 
 from dpsweep.analysis import report as rep
-from dpsweep.audit import planted
 from dpsweep.config import ConfigError, flatten, identity, to_config, validate, validate_for_dataset
+from dpsweep.mechanisms import fused
 from dpsweep.run.runner import train
 from dpsweep.tasks.classifier import task as classifier
 
@@ -97,8 +98,7 @@ def test_a_bug_planted_in_dp_sgd_is_caught_by_one_audit_run(
     make_cfg: Composer, client: MlflowClient, monkeypatch: pytest.MonkeyPatch, bug: str
 ) -> None:
     """The accountant claims ε = 1 (its ledger does not know the bug); the audit's bound exceeds it."""
-    monkeypatch.setenv(planted.PLANTED_BUG_ENV, bug)
-    result = train(make_cfg(*AUDIT))
+    result = train(make_cfg(*AUDIT), attach=[planted.bug(bug, monkeypatch)])
     m = _audit(client, result.run_id)
     assert m["epsilon"] == pytest.approx(1.0, abs=1e-3)
     assert _flagged(m), m
@@ -112,8 +112,8 @@ def test_a_bug_is_caught_at_a_claimed_epsilon_of_8_by_the_f_dp_bound(
     """At ε = 8, 1,000 canaries can show Steinke et al.'s bound no more than about 5.4; read against the
     run's own ledger, the same guesses show the bug (reused noise: on the centred score, read against
     the noise the releases show)."""
-    monkeypatch.setenv(planted.PLANTED_BUG_ENV, bug)
-    m = _audit(client, train(make_cfg("audit.mode=white_box", "dp.target_epsilon=8", "train.epochs=10")).run_id)
+    cfg = make_cfg("audit.mode=white_box", "dp.target_epsilon=8", "train.epochs=10")
+    m = _audit(client, train(cfg, attach=[planted.bug(bug, monkeypatch)]).run_id)
     assert m["audit.epsilon_lower"] < m["epsilon"] < m["audit.epsilon_lower_fdp"], m
 
 
@@ -165,8 +165,21 @@ def test_an_audit_of_steps_outside_opacus_logs_its_bound_beside_an_unchanged_eps
 def test_a_bug_planted_in_steps_outside_opacus_is_caught_by_one_audit_run(
     make_cfg: Composer, client: MlflowClient, monkeypatch: pytest.MonkeyPatch, bug: str, own: str
 ) -> None:
-    monkeypatch.setenv(planted.PLANTED_BUG_ENV, bug)
-    m = _audit(client, train(make_cfg(*AUDIT, *OWN_STEPS[own])).run_id)
+    m = _audit(client, train(make_cfg(*AUDIT, *OWN_STEPS[own]), attach=[planted.bug(bug, monkeypatch)]).run_id)
+    assert m["epsilon"] == pytest.approx(1.0, abs=1e-3)
+    assert _flagged(m), m
+
+
+@pytest.mark.parametrize("own", ["fused", "fused_user"])
+def test_a_bug_in_the_fused_steps_own_clipping_is_caught_by_one_audit_run(
+    make_cfg: Composer, client: MlflowClient, monkeypatch: pytest.MonkeyPatch, own: str
+) -> None:
+    """The fused step clips nothing (its own clipping factor 1 for every row), its noise and the ledger's σC
+    unchanged: the canaries go through that clipping too, so their releases show it. (When the canaries
+    were clipped apart from the step and added after its noise, this run was not flagged.)"""
+    monkeypatch.setattr(fused, "clip_factors", planted.clips_nothing)
+    args = OWN_STEPS["fused"] + (USER_LEVEL if own == "fused_user" else [])
+    m = _audit(client, train(make_cfg(*AUDIT, *args)).run_id)
     assert m["epsilon"] == pytest.approx(1.0, abs=1e-3)
     assert _flagged(m), m
 
@@ -216,8 +229,7 @@ def test_a_black_box_audit_of_the_gans_critic_samples_as_planned(make_cfg: Compo
 def test_a_bug_planted_in_the_gans_critic_is_caught_by_one_audit_run(
     make_cfg: Composer, client: MlflowClient, monkeypatch: pytest.MonkeyPatch, bug: str
 ) -> None:
-    monkeypatch.setenv(planted.PLANTED_BUG_ENV, bug)
-    m = _audit(client, train(make_cfg(*AUDIT, *GAN, "train.epochs=10")).run_id)
+    m = _audit(client, train(make_cfg(*AUDIT, *GAN, "train.epochs=10"), attach=[planted.bug(bug, monkeypatch)]).run_id)
     assert _flagged(m) and m["epsilon"] == pytest.approx(1.0, abs=1e-3), m
 
 

@@ -9,11 +9,11 @@ import math
 import re
 from pathlib import Path
 
+import planted
 import pytest
 from helpers import Composer, child_runs, run_dpsweep, run_script
 from mlflow.tracking import MlflowClient
 
-from dpsweep.audit import planted
 from dpsweep.cli.lines import start_line, summary_line
 from dpsweep.config import to_config
 from dpsweep.run.runner import train
@@ -56,11 +56,10 @@ def test_an_audit_runs_result_line_shows_its_lower_bounds_beside_epsilon(
 def test_an_audit_run_that_catches_a_bug_is_flagged_on_its_result_line(
     make_cfg: Composer, client: MlflowClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A tenth of the noise the ledger claims (dpsweep.audit.planted): the line says the run is less private
+    """A tenth of the noise the ledger claims (tests/planted.py): the line says the run is less private
     than its ledger says, and why, as the audit guide defines the flag."""
-    monkeypatch.setenv(planted.PLANTED_BUG_ENV, "noise_tenth")
     cfg = make_cfg(*AUDIT)
-    result = train(cfg)
+    result = train(cfg, attach=[planted.bug("noise_tenth", monkeypatch)])
     line = summary_line(to_config(cfg), result)
     m = client.get_run(result.run_id).data.metrics
     assert "FLAGGED: less private than its ledger says" in line, line

@@ -7,7 +7,7 @@ gradient norms (the private clipping norm's input).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,12 +25,15 @@ from dpsweep.tasks import Marks
 
 @dataclass(frozen=True)
 class Trainer:
-    """What one training pass needs: the (private) model, its optimizer and loss, and the device."""
+    """What one training pass needs: the (private) model, its optimizer and loss, and the device; and what
+    runs after the backward pass of a step's last pass, before the optimizer steps (a DP run's
+    ``OpacusStep.before_step``: what wraps its private step adds its rows to the per-sample gradients)."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
     criterion: nn.Module
     device: torch.device
+    before_step: Callable[[], None] | None = None
 
 
 def train_pass(
@@ -61,6 +64,8 @@ def train_pass(
     stages.mark("backward")
     if not last:
         return loss.detach(), False
+    if trainer.before_step is not None:
+        trainer.before_step()
     optimizer.step()  # with DP: clip per sample, add noise, account for the step
     stepped = not getattr(optimizer, "_is_last_step_skipped", False)
     if stepped:  # the level right after the step, while the batch is still on the device

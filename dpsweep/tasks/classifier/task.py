@@ -32,8 +32,6 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from tqdm.auto import tqdm
 
-from dpsweep.audit import black_box, own_steps, planted, white_box
-from dpsweep.audit.guesses import tags as audit_tags
 from dpsweep.config import Clipping, ConfigError, population
 from dpsweep.data import device as device_data
 from dpsweep.data import gathered, users
@@ -42,6 +40,7 @@ from dpsweep.distributed import PoissonAcrossRanks, Ranks
 from dpsweep.mechanisms import functional as func_dp
 from dpsweep.mechanisms import opacus_engine as dpsgd
 from dpsweep.mechanisms.batches import Batch, physical_batches
+from dpsweep.mechanisms.private_step import PrivateStep, Score, TrainingSet
 from dpsweep.models import classifiers as model_zoo
 from dpsweep.models import feature_cache
 from dpsweep.models.optimizers import build_optimizer
@@ -51,6 +50,7 @@ from dpsweep.privacy.schedule import poisson_schedule
 from dpsweep.privacy.streams import Purpose
 from dpsweep.tasks import TASKS, Checkpointed, Marks, RunInputs, Stages
 from dpsweep.tasks.classifier.passes import Trainer, evaluate, per_example_grad_norms, train_pass
+from dpsweep.tasks.classifier.private import OpacusStep, keep_planned_sampling, minus_loss
 from dpsweep.tracking import Tracker
 
 EXTRACT_BATCH_SIZE = 64  # images per forward pass of the frozen backbone when the feature cache is built
@@ -96,8 +96,8 @@ class ClassifierRun:
         self.criterion: nn.Module = nn.CrossEntropyLoss()
         self.released: ledger.Entry | None = None  # the private clipping-norm release (dp.clipping=quantile)
         self.max_grad_norm: float | None = None
-        self.canaries: white_box.DiracCanaries | None = None  # audit.mode=white_box
-        self.input_canaries: black_box.InputCanaries | None = None  # audit.mode=black_box
+        self.wrapper: TrainingSet | None = None  # what the training set is replaced by (a black-box audit's)
+        self.step: PrivateStep | None = None  # the DP step, as what is attached to the run sees it
         self.own: func_dp.OwnSteps | None = (
             None  # DP-FTRL and user-level DP (dpsweep.mechanisms.functional): not Opacus
         )
@@ -106,19 +106,25 @@ class ClassifierRun:
         self.physical_batch_size = None if pb is None else pb // self.ranks.world_size  # a pass of this rank
 
     def tags(self) -> dict[str, Any]:
-        tags: dict[str, Any] = {"model.trainable_params": model_zoo.trainable_parameters(self.model)}
-        a = self.cfg.audit
-        if a.enabled:  # the canaries are extra training examples: the model is not a plain run's
-            tags |= audit_tags(a.mode, a.canaries)
-        return tags
+        return {"model.trainable_params": model_zoo.trainable_parameters(self.model)}
+
+    def wrap_training_set(self, wrapper: TrainingSet) -> None:
+        self.wrapper = wrapper
+
+    def private_step(self) -> PrivateStep:
+        assert self.step is not None, "a DP run, started"
+        return self.step
+
+    def example_score(self) -> Score:
+        return minus_loss(self.plain_model)
 
     def start(self, run: Tracker) -> Checkpointed:
         cfg, device = self.cfg, self.device
         if isinstance(self.model, model_zoo.FrozenVGG16) and getattr(cfg.model, "feature_cache", False):
             self.model, self.data = _cached_features(self.inputs, self.model, run)  # the backbone is dropped
         self.test = self.data.test
-        if cfg.audit.mode == "black_box":  # the canaries in, the excluded ones out, before any loader
-            self._add_input_canaries()
+        if self.wrapper is not None:  # e.g. a black-box audit's canaries in and out, before any loader
+            self.data = dataclasses.replace(self.data, train=self.wrapper.training_set(self.data.train))
         self.model = self.model.to(device)
         if func_dp.uses_own_steps(cfg):
             return self._start_own_steps()
@@ -148,53 +154,28 @@ class ClassifierRun:
             if self.ranks.distributed:  # this rank's share of each step; its sampler's generator is checkpointed
                 loader, generator = _across_ranks(loader, self.ranks, cfg.train.seed, generator)
             generators = device_data.Generators(sampling=generator, noise=noise)
-            if self.input_canaries is not None:  # sampled as the plan's N examples would be (black_box)
+            if self.wrapper is not None:  # another training set: sampled as the plan's N examples would be
                 assert self.engine is not None and isinstance(loader, DPDataLoader)
                 schedule = poisson_schedule(self.inputs.plan.facts.n_train, cfg.train.batch_size)
-                black_box.keep_planned_sampling(
+                keep_planned_sampling(
                     self.engine, self.optimizer, loader, schedule.inclusion_probability, schedule.steps_per_epoch,
                     self.inputs.plan.facts.n_train,
                 )  # fmt: skip
         self.loader, self.generator = loader, generators
-        bug = planted.planted_bug() if cfg.audit.enabled else None
-        if bug is not None:  # a test breaks the run (dpsweep.audit.planted), under the audit's canaries
-            assert isinstance(self.optimizer, DPOptimizer) and isinstance(loader, DPDataLoader)
-            planted.plant(bug, self.optimizer, loader)
-        if cfg.audit.mode == "white_box":
-            self.canaries = self._attach_audit(loader)
-        self.trainer = Trainer(self.model, self.optimizer, self.criterion, device)
+        before_step = None
+        if sigma is not None and not self.ranks.distributed:  # the step at the loader's own rate
+            assert isinstance(self.optimizer, DPOptimizer) and self.max_grad_norm is not None
+            sampler: Any = loader.batch_sampler
+            rate = lambda: float(sampler.sample_rate)  # noqa: E731
+            opacus = OpacusStep(self.optimizer, self.plain_model, self.max_grad_norm, rate)
+            self.step, before_step = opacus.step, opacus.before_step
+        self.trainer = Trainer(self.model, self.optimizer, self.criterion, device, before_step)
         self.batches = loader
         if cfg.train.device_resident and not cfg.train.probe:
             self.batches, generator = _device_batches(self.inputs, self.data, loader)
             self.generator = generator if sigma is None else device_data.Generators(sampling=generator, noise=noise)
             self.test = TensorDataset(*(t.to(device) for t in device_data.materialize(self.data.test)))  # once
         return Checkpointed(self.model, self.optimizer, self.engine, self.generator)
-
-    def _add_input_canaries(self) -> None:
-        """The black-box audit's canaries in the training split, drawn from the run's canary stream."""
-        a, seed = self.cfg.audit, self.inputs.streams.seed(Purpose.canaries, self.cfg.audit.seed)
-        added = self.cfg.dp.unit.value == "user"
-        self.input_canaries = black_box.InputCanaries(
-            self.data.train, self.data.num_classes, a.canaries, seed, added=added
-        )
-        self.data = dataclasses.replace(self.data, train=self.input_canaries.training_set())
-
-    def _attach_audit(self, loader: DataLoader[Any]) -> white_box.DiracCanaries:
-        """The white-box one-run audit's canaries in the DP optimizer's steps (``dpsweep.audit``), sampled
-        at the loader's own rate."""
-        a, optimizer = self.cfg.audit, self.optimizer
-        assert isinstance(optimizer, DPOptimizer) and self.max_grad_norm is not None
-        sampler: Any = loader.batch_sampler
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        privacy = self.inputs.plan.privacy
-        assert privacy is not None and privacy.poisson_rate is not None  # DP-SGD: Poisson-sampled
-        claimed = (privacy.poisson_rate, privacy.noise_multiplier)  # what the ledger accounts
-        seed = self.inputs.streams.seed(Purpose.canaries, a.seed)
-        canaries = white_box.DiracCanaries(
-            trainable, a.canaries, self.max_grad_norm, claimed, a.magnitude * self.max_grad_norm, seed
-        )
-        white_box.attach(optimizer, canaries, lambda: float(sampler.sample_rate))
-        return canaries
 
     def _start_own_steps(self) -> Checkpointed:
         """A mechanism that noises its own gradients, or any at user level (``dpsweep.mechanisms.functional``):
@@ -203,81 +184,38 @@ class ClassifierRun:
         sigma = self.inputs.plan.noise_multiplier
         assert sigma is not None  # a DP run
         x, y = device_data.materialize(self.data.train)
-        n_train, canaries = self.inputs.plan.facts.n_train, self.input_canaries
-        unit = func_dp.unit_ids(cfg, y if canaries is None else y[:n_train])  # the plan's users
-        if canaries is not None and unit is not None:  # a black-box audit at user level: a user a canary
-            unit = canaries.as_users(unit)
+        n_train, wrapper = self.inputs.plan.facts.n_train, self.wrapper
+        unit = func_dp.unit_ids(cfg, y if wrapper is None else y[:n_train])  # the plan's users
+        if wrapper is not None and unit is not None:  # another training set at user level: its own users
+            unit = wrapper.units(unit)
         m = cfg.dp.max_examples_per_user if unit is not None else 1
         self.unit_examples = m  # the most examples of one unit in a step: public
         b, priced = cfg.train.batch_size, population(cfg, n_train)  # examples, or users
-        # a black-box audit's split, in the plan's batches per epoch (DP-FTRL's ε depends on them)
-        batches = -(-priced // b) if canaries is not None else None
+        # another training set (a black-box audit's), in the plan's batches per epoch (DP-FTRL's ε depends on them)
+        batches = -(-priced // b) if wrapper is not None else None
         self.exact = func_dp.FixedOrderBatches(x, y, unit, b, m, cfg.train.seed, device, batches)
         rule = func_dp.rule_of(cfg)
         run = func_dp.OwnRun(
             cfg, self.model, self.criterion, (x, y, unit), self.exact, sigma, device, self.inputs.streams, priced
         )
-        bug = planted.planted_bug() if cfg.audit.enabled else None
-        if bug is not None:  # a test breaks the run (dpsweep.audit.planted), under the audit's canaries
-            run = planted.plant_own_run(bug, run)
         own = rule.setup(run)
-        if bug is not None:
-            planted.plant_own_steps(bug, rule, own)
         self.optimizer, self.generator = own.optimizer, own.generator
         self.unit_batches: Iterable[users.UserBatch] = own.batches
         self.expected_units = own.expected_units
         self.own = func_dp.OwnSteps(run, self.optimizer, rule)
         self.max_grad_norm = cfg.dp.max_grad_norm
-        if cfg.audit.mode == "white_box":
-            self.canaries = self._attach_own_audit(run, own)
+        self.step = self.own.private_step(own)
         return Checkpointed(self.model, self.optimizer, None, self.generator)
-
-    def _attach_own_audit(self, run: func_dp.OwnRun, own: func_dp.OwnSetup) -> white_box.DiracCanaries:
-        """The white-box audit's canaries in the run's own steps (``dpsweep.audit.own_steps``): one more
-        unit each, in Poisson-sampled batches at the batches' real rate, or at a seeded place of
-        DP-FTRL's fixed order; clipped at the C the steps clip with, scored in units of the claimed C."""
-        cfg, a, privacy = self.cfg, self.cfg.audit, self.inputs.plan.privacy
-        assert self.own is not None and privacy is not None
-        named = [(k, p) for k, p in self.model.named_parameters() if p.requires_grad]
-        names, trainable = [k for k, _ in named], [p for _, p in named]
-        c, clip, magnitude = cfg.dp.max_grad_norm, run.cfg.dp.max_grad_norm, a.magnitude * cfg.dp.max_grad_norm
-        seed = self.inputs.streams.seed(Purpose.canaries, a.seed)
-        if privacy.sample_rate is None:  # the fixed order, noised through a tree, one per restart (DP-FTRL)
-            b = len(self.exact)
-            tree = own_steps.TreeCanaries(
-                trainable, a.canaries, c, privacy.noise_multiplier, magnitude, seed, names=names, clip=clip,
-                steps_per_epoch=b, tree_starts=[0, *(e * b for e in own.tree_restarts)],
-                completion=cfg.dp.ftrl_tree_completion,
-                lr=cfg.optimizer.lr, momentum=getattr(cfg.optimizer, "momentum", 0.0), divisor=own.expected_units,
-            )  # fmt: skip
-            self.own.hooks.append(tree)
-            return tree
-        batches: Any = own.batches
-        canaries = white_box.DiracCanaries(
-            trainable, a.canaries, c, (privacy.poisson_rate, privacy.noise_multiplier), magnitude, seed
-        )
-        self.own.hooks.append(own_steps.PoissonCanaries(canaries, names, clip, lambda: float(batches.sample_rate)))
-        return canaries
 
     def _own_epoch(self, epoch: int, stages: Stages) -> dict[str, float]:
         """An epoch of DP-FTRL or user-level DP-SGD; no train_loss (never released with DP: not computed)."""
         assert self.own is not None
         self.model.train()
-        self._audit_on()
         for batch in self.unit_batches:
             self.own.step(batch, self.expected_units, stages)
             stages.stepped()
         self.own.end_epoch(epoch)
-        self._audit_off()
         return {}
-
-    def _audit_on(self) -> None:
-        if self.canaries is not None:  # on training steps only, resumed with the optimizer
-            white_box.activate(self.canaries, self.optimizer)
-
-    def _audit_off(self) -> None:
-        if self.canaries is not None:
-            white_box.deactivate(self.canaries, self.optimizer)
 
     def _own_exact_step(self, stages: Marks) -> None:
         """One DP step (memory stages, probes) on a batch of a public shape: B units of m examples each
@@ -307,7 +245,6 @@ class ClassifierRun:
         if self.own is not None:
             return self._own_epoch(epoch, stages)
         self.model.train()
-        self._audit_on()
         loss_sum, seen = torch.zeros((), device=self.device), 0  # summed on the device: no wait per step
         show = None if self.cfg.train.progress and self.ranks.leader else True  # one bar a run: rank 0's
         with physical_batches(self.batches, self.physical_batch_size, self.optimizer) as passes:
@@ -323,7 +260,6 @@ class ClassifierRun:
                     loss_sum += loss * len(y)
                     seen += len(y)
         self.optimizer.zero_grad(set_to_none=True)  # gradients and per-sample gradients are not needed now
-        self._audit_off()
         metrics = {"train_loss": float(loss_sum) / max(seen, 1)}
         if self.cfg.dp.enabled and self.cfg.dp.clipping == Clipping.adaptive:
             optimizer: DPOptimizer = self.optimizer
@@ -333,16 +269,7 @@ class ClassifierRun:
     def evaluate(self, epoch: int, final: bool) -> dict[str, float]:
         plain = self.plain_model
         t = self.cfg.train
-        scores = {"test_accuracy": evaluate(plain, self.test, t.eval_batch_size, self.device, t.device_resident)}
-        canaries = self.canaries
-        a, delta = self.cfg.audit, self.cfg.dp.delta
-        if final and canaries is not None:  # the audit's bounds at the run's δ, against its ledger
-            scores |= white_box.result(canaries, a.guesses, delta, a.confidence, self.privacy_ledger())
-        if final and self.input_canaries is not None:
-            score = black_box.minus_loss(plain)
-            claim = self.privacy_ledger()
-            scores |= black_box.result(self.input_canaries, score, self.device, a.guesses, delta, a.confidence, claim)
-        return scores
+        return {"test_accuracy": evaluate(plain, self.test, t.eval_batch_size, self.device, t.device_resident)}
 
     def done(self) -> bool:
         return False  # every epoch of train.epochs

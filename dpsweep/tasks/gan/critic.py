@@ -101,19 +101,42 @@ def private_critic_gradient(
     summed, N(0, σ²C²) added per coordinate, over the expected batch size; and the examples' losses
     ℓ_i (un-noised: not for release). An empty Poisson batch still gets its noise (the accountant
     counts the step)."""
+    _, noisy, losses = private_critic_release(critic, real_x, labels, fake_x, rho, step, generator)
+    return noisy, losses
+
+
+def private_critic_release(
+    critic: nn.Module,
+    real_x: torch.Tensor,
+    labels: torch.Tensor,
+    fake_x: torch.Tensor,
+    rho: torch.Tensor,
+    step: CriticStep,
+    generator: torch.Generator | None = None,
+    extra: dict[str, torch.Tensor] | None = None,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
+    """:func:`private_critic_gradient` with ``extra`` per-example rows ``{name: (k, *shape)}`` (a white-box
+    audit's canaries, ``dpsweep.mechanisms.private_step``) clipped and summed with the examples' before the
+    noise: the clipped sum and the noisy one, both over the expected batch size, and the losses."""
     params = {k: p for k, p in critic.named_parameters() if p.requires_grad}
     if len(real_x):
         per_example, losses = critic_gradients_and_losses(critic, real_x, labels, fake_x, rho, step.gp_weight)
+    else:
+        per_example, losses = {k: p.new_zeros((0, *p.shape)) for k, p in params.items()}, real_x.new_zeros(0)
+    if extra is not None:
+        per_example = {k: torch.cat([g, extra[k].to(g.device, g.dtype)]) for k, g in per_example.items()}
+    if len(next(iter(per_example.values()))):
         summed = clip_and_sum(per_example, step.max_grad_norm)
     else:
-        summed, losses = {k: torch.zeros_like(p) for k, p in params.items()}, real_x.new_zeros(0)
+        summed = {k: torch.zeros_like(p) for k, p in params.items()}
     std = step.noise_multiplier * step.max_grad_norm
     noisy = {
         k: (g + std * torch.randn(g.shape, generator=generator, device=g.device, dtype=g.dtype))
         / step.expected_batch_size
         for k, g in summed.items()
     }
-    return noisy, losses
+    clipped = {k: g / step.expected_batch_size for k, g in summed.items()}
+    return clipped, noisy, losses
 
 
 def critic_gradient(

@@ -43,11 +43,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpsweep.audit import black_box, own_steps, planted, white_box
-from dpsweep.audit.guesses import tags as audit_tags
 from dpsweep.config import GanTaskConfig
 from dpsweep.data import device as device_data
 from dpsweep.data import loaders as datasets
+from dpsweep.mechanisms import private_step
+from dpsweep.mechanisms.private_step import PrivateStep, Score, TrainingSet
 from dpsweep.models import classifiers as model_zoo
 from dpsweep.privacy import ledger
 from dpsweep.privacy.streams import Purpose
@@ -104,7 +104,8 @@ class GanRun:
         self.noise: torch.Generator | None = None  # the critic's noise (a private stream), with DP
         self.fakes: torch.Generator | None = None  # the critic's fakes and ρ (a private stream), with DP
         self.public: torch.Generator | None = None  # the generator step's z and labels, with DP (else torch's)
-        self.input_canaries: black_box.InputCanaries | None = None  # audit.mode=black_box
+        self.wrapper: TrainingSet | None = None  # what the training set is replaced by (a black-box audit's)
+        self.wrappers: list[private_step.StepWrapper] = []  # what wraps the critic's private step
 
     def tags(self) -> dict[str, Any]:
         tags: dict[str, Any] = {
@@ -115,10 +116,23 @@ class GanRun:
         if self.cfg.dp.enabled and self.settings.checks_memorisation(private=True):
             # memorisation_share reads the training images without noise: a release ε does not cover
             tags |= {"dp.release": "not-for-release", "dp.outside_ledger": "memorisation_share"}
-        a = self.cfg.audit
-        if a.enabled:  # the canaries are extra training examples of the critic
-            tags |= audit_tags(a.mode, a.canaries)
         return tags
+
+    def wrap_training_set(self, wrapper: TrainingSet) -> None:
+        self.wrapper = wrapper
+
+    def private_step(self) -> PrivateStep:
+        """The critic's private step: its trainable parameters, at the rate of its Poisson batches."""
+        batches = self.batches
+        assert self.step is not None and isinstance(batches, device_data.PoissonBatches), "a DP run, started"
+        params = {k: p for k, p in self.gan.critic.named_parameters() if p.requires_grad}
+        return PrivateStep(params, self.step.max_grad_norm, lambda: batches.sample_rate, None, self.wrappers)
+
+    def example_score(self) -> Score:
+        """The final critic's D(x, y), which training raises on the real examples it saw (on the critic the
+        ledger covers, not the generator)."""
+        critic = self.gan.critic.eval()
+        return lambda x, y: critic(x, y).flatten()
 
     def start(self, run: Tracker) -> Checkpointed:
         cfg, device, g = self.cfg, self.device, self.settings
@@ -132,11 +146,8 @@ class GanRun:
             betas=(float(g.betas[0]), float(g.betas[1])),
         )
         train = self.inputs.data.train
-        if cfg.audit.mode == "black_box":  # the canaries in, the excluded ones out; sampled at the plan's q
-            a = cfg.audit
-            seed = self.inputs.streams.seed(Purpose.canaries, a.seed)
-            self.input_canaries = black_box.InputCanaries(train, self.num_classes, a.canaries, seed)
-            train = self.input_canaries.training_set()
+        if self.wrapper is not None:  # e.g. a black-box audit's canaries in and out; sampled at the plan's q
+            train = self.wrapper.training_set(train)
         x, y = (t.to(device) for t in device_data.materialize(train))
         self.train_x, self.train_y = x, y
         self.generator: torch.Generator | device_data.Generators
@@ -157,36 +168,15 @@ class GanRun:
             self.batches = device_data.ShuffledBatches(
                 x, y, batch_size=cfg.train.batch_size, device=device, generator=self.generator
             )
-        self.draw: Callable[..., tuple[dict[str, torch.Tensor], torch.Tensor]] = functools.partial(
-            dpgan.private_critic_gradient, generator=self.noise
+        self.draw: Callable[..., tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]] = (
+            functools.partial(dpgan.private_critic_release, generator=self.noise)
         )
         privacy = self.inputs.plan.privacy
         self.step = None if privacy is None else dpgan.CriticStep(
             g.gp_weight, cfg.dp.max_grad_norm, privacy.noise_multiplier,
             privacy.poisson_rate * self.inputs.plan.facts.n_train,
         )  # fmt: skip
-        bug = planted.planted_bug() if cfg.audit.enabled else None
-        if self.step is not None and self.noise is not None and bug is not None:  # a test breaks the run
-            self.step, self.draw = planted.plant_critic(bug, self.step, self.draw, self.batches, self.noise)
-        self.audit = self._attach_audit() if cfg.audit.mode == "white_box" else None
         return Checkpointed(self.gan, self.optimizer, None, self.generator)
-
-    def _attach_audit(self) -> own_steps.PoissonCanaries:
-        """The white-box one-run audit's Dirac canaries in the critic's private steps (``dpsweep.audit``):
-        one more example each, Poisson-sampled at the batches' real rate, clipped at the C the step clips
-        with, scored on every step's noisy critic gradient in units of the claimed C."""
-        a, privacy, step = self.cfg.audit, self.inputs.plan.privacy, self.step
-        assert privacy is not None and step is not None
-        named = [(k, p) for k, p in self.gan.critic.named_parameters() if p.requires_grad]
-        c = self.cfg.dp.max_grad_norm
-        canaries = white_box.DiracCanaries(
-            [p for _, p in named], a.canaries, c, (privacy.poisson_rate, privacy.noise_multiplier),
-            a.magnitude * c, self.inputs.streams.seed(Purpose.canaries, a.seed),
-        )  # fmt: skip
-        batches = self.batches
-        assert isinstance(batches, device_data.PoissonBatches)
-        names = [k for k, _ in named]
-        return own_steps.PoissonCanaries(canaries, names, step.max_grad_norm, lambda: batches.sample_rate)
 
     @property
     def critic_steps(self) -> int:
@@ -206,16 +196,18 @@ class GanRun:
             fake = gan.generator(torch.randn(len(y), g.latent_dim, device=self.device, generator=self.fakes), y)
         rho = torch.rand(len(y), 1, 1, 1, device=self.device, generator=self.fakes)
         stages.mark("forward")
-        if self.step is not None:
-            grads, losses = self.draw(gan.critic, x, y, fake, rho, self.step)
-            if self.audit is not None:
-                self.audit.gradient(grads, self.step.expected_batch_size, self.critic_steps)
+        if self.step is not None:  # the wrappers' rows clipped and noised with the examples'
+            extra = private_step.extra_units(self.wrappers, self.critic_steps)
+            clipped, grads, losses = self.draw(gan.critic, x, y, fake, rho, self.step, extra=extra)
+            release = private_step.Release(self.critic_steps, clipped, grads, self.step.expected_batch_size)
+            private_step.show(self.wrappers, release)
         else:
             grads, losses = dpgan.critic_gradient(gan.critic, x, y, fake, rho, g.gp_weight)
         stages.mark("backward")
         for name, p in gan.critic.named_parameters():
             p.grad = grads[name]
         self.optimizer.step()  # Adam skips the generator: its gradients are None
+        private_step.stepped(self.wrappers, self.critic_steps)
         stages.mark("optimizer_step")
         return losses
 
@@ -237,9 +229,6 @@ class GanRun:
 
     def train_epoch(self, epoch: int, stages: Stages) -> dict[str, float]:
         critic_sum, seen, generator_losses = torch.zeros((), device=self.device), 0, []
-        canaries = self.audit.canaries if self.audit is not None else None
-        if canaries is not None:  # on training steps only, resumed with the optimizer
-            white_box.activate(canaries, self.optimizer)
         for x, y in self.batches:
             if self.done():
                 break
@@ -250,8 +239,6 @@ class GanRun:
             seen += len(losses)
             if self.critic_steps % self.settings.n_critic == 0:
                 generator_losses.append(self._generator_step())
-        if canaries is not None:
-            white_box.deactivate(canaries, self.optimizer)
         if epoch % self.settings.snapshot_every == 0 or self.done():  # the last epoch's generator always joins
             self.gan.take_snapshot()
         metrics = {"critic_loss": float(critic_sum) / max(seen, 1), "critic_steps": float(self.critic_steps)}
@@ -300,13 +287,6 @@ class GanRun:
                 _progress("real-data baseline", recipe.epochs),
             ).accuracy  # fmt: skip
         self._log_artifacts(x, y)
-        a, claim = cfg.audit, self.privacy_ledger()  # the audit's bound at the run's δ, against its ledger
-        if self.audit is not None:
-            scores |= white_box.result(self.audit.canaries, a.guesses, cfg.dp.delta, a.confidence, claim)
-        if self.input_canaries is not None:  # the final critic's D(x, y) on each canary
-            score = black_box.critic_output(self.gan.critic)
-            scores |= black_box.result(self.input_canaries, score, self.device, a.guesses, cfg.dp.delta, a.confidence,
-                                       claim)  # fmt: skip
         return scores
 
     def _log_artifacts(self, x: torch.Tensor, y: torch.Tensor) -> None:

@@ -9,6 +9,7 @@ from torch.utils.data import TensorDataset
 
 from dpsweep.audit import black_box
 from dpsweep.data.device import materialize
+from dpsweep.tasks.classifier.private import minus_loss
 
 
 def _train(n: int = 200) -> TensorDataset:
@@ -43,9 +44,9 @@ def test_a_model_that_fits_the_included_canaries_is_guessed_right() -> None:
                     logits[i, canaries.labels[hit][0]] = 10.0
             return logits
 
-    scores = canaries.scores(black_box.minus_loss(Memory()), torch.device("cpu"))
+    scores = canaries.scores(minus_loss(Memory()), torch.device("cpu"))
     assert canaries.right_guesses(scores, 20) == 20
-    metrics = black_box.result(canaries, black_box.minus_loss(Memory()), torch.device("cpu"), 20, 0.0, 0.95)
+    metrics = black_box.result(canaries, minus_loss(Memory()), torch.device("cpu"), 20, 0.0, 0.95)
     assert metrics["audit.tests"] == 2 and metrics["audit.correct_loss_20"] == 20 and metrics["audit.epsilon_lower"] > 1
 
 

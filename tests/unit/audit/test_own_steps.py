@@ -1,53 +1,54 @@
-"""The white-box audit of the steps that noise their own gradients (dpsweep.audit.own_steps): canaries
-clipped by the run's clipping factor and added to a step's gradient, the releases recorded, DP-FTRL's
-tree nodes recovered from the model after every step, and the bugs planted there."""
+"""The white-box audit's canaries in a private step (dpsweep.audit.white_box.PoissonCanaries,
+dpsweep.audit.own_steps.TreeCanaries): rows that join the step's units, which the step clips with its own
+clipping, the releases recorded, DP-FTRL's tree nodes recovered from the model after every step."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
-from helpers import Composer
 
-from dpsweep.audit import own_steps, planted, white_box
-from dpsweep.config import Config, to_config
-from dpsweep.data.users import UserBatches
-from dpsweep.mechanisms import functional
+from dpsweep.audit import own_steps, white_box
+from dpsweep.data import users
+from dpsweep.data.users import clip_factors
 from dpsweep.mechanisms.dpftrl_accounting import restart_after_epoch
 from dpsweep.mechanisms.ftrl import FTRLOptimizer, TreeAggregator
-from dpsweep.privacy.streams import Streams
+from dpsweep.mechanisms.private_step import FixedOrder, Release
 
 
-def _poisson(clip: float = 1.0, count: int = 30) -> tuple[dict[str, torch.Tensor], own_steps.PoissonCanaries]:
+def _poisson(count: int = 30) -> tuple[dict[str, torch.Tensor], white_box.PoissonCanaries]:
     params = {"a": torch.zeros(4), "b": torch.zeros(8, 8)}
     canaries = white_box.DiracCanaries(list(params.values()), count, 1.0, (0.5, 1.0), magnitude=100.0, seed=0)
-    return params, own_steps.PoissonCanaries(canaries, list(params), clip, lambda: 0.5)
+    return params, white_box.PoissonCanaries(canaries, list(params), lambda: 0.5)
 
 
-def test_a_sampled_canary_adds_its_clipped_contribution_over_the_divisor_and_the_release_is_recorded() -> None:
+def test_the_sampled_canaries_rows_join_the_step_and_its_release_is_recorded_in_units_of_c() -> None:
     params, hook = _poisson()
-    grads = {k: torch.full_like(p, 0.25) for k, p in params.items()}
-    hook.gradient(grads, 4.0, 0)  # inactive: nothing changes, nothing recorded
-    assert all(bool((g == 0.25).all()) for g in grads.values()) and not hook.canaries.releases
+    assert hook.units(0) is None  # inactive: no row, nothing recorded
+    hook.released(Release(0, None, {k: torch.ones_like(p) for k, p in params.items()}, 4.0))
+    assert not hook.canaries.releases
     hook.canaries.active = True
-    hook.gradient(grads, 4.0, 0)
-    flat = torch.cat([g.reshape(-1) for g in grads.values()])
+    rows = hook.units(0)
+    assert rows is not None and set(rows) == {"a", "b"}
+    flat = torch.cat([rows[k].reshape(len(rows[k]), -1) for k in params], dim=1)  # a row per sampled canary
     c = hook.canaries
-    assert torch.all(c.coordinates >= 4)  # the 64 weights are the largest tensor
-    spiked = torch.nonzero(flat != 0.25).flatten()
-    assert len(spiked) > 0 and bool(c.included[torch.isin(c.coordinates, spiked)].all())
-    # 100·C clipped to C = 1 by Opacus's factor C/(‖g‖ + 1e-6), over the divisor 4
-    assert flat[spiked] == pytest.approx(torch.full((len(spiked),), 0.25 + 100 * (1 / (100 + 1e-6)) / 4))
-    assert c.releases[0][torch.isin(c.coordinates, spiked)] == pytest.approx(1.0 + 1.0 * (100 / (100 + 1e-6)))
+    assert len(flat) > 0 and torch.all(c.coordinates >= 4)  # the 64 weights are the largest tensor
+    for row in flat:  # the canary's magnitude at its coordinate, 0 elsewhere, unclipped: the step clips it
+        [where] = torch.nonzero(row).flatten().tolist()
+        assert row[where] == 100.0 and bool(c.included[c.coordinates == where].all())
+    noisy = {k: torch.full_like(p, 0.25) for k, p in params.items()}
+    hook.released(Release(0, None, noisy, 4.0))
+    assert torch.allclose(c.releases[0], torch.full((c.count,), 1.0, dtype=torch.float64))  # 0.25 · 4 / C
 
 
-def test_without_clipping_a_canary_goes_through_at_its_magnitude() -> None:
-    params, hook = _poisson(clip=1e6)
-    grads = {k: torch.zeros_like(p) for k, p in params.items()}
-    hook.canaries.active = True
-    hook.gradient(grads, 1.0, 0)
-    assert float(grads["b"].max()) == pytest.approx(100.0)
+def test_a_canary_row_is_clipped_by_the_steps_own_clipping() -> None:
+    """user_contributions clips the extra rows as the users' (DP-FTRL's and user-level DP-SGD's steps)."""
+    model = torch.nn.Linear(3, 2)
+    x, y, segment = torch.randn(4, 3), torch.tensor([0, 1, 0, 1]), torch.tensor([0, 0, 1, 1])
+    extra = {k: torch.zeros(1, *p.shape) for k, p in model.named_parameters()}
+    extra["weight"][0, 1, 2] = 100.0
+    parts = users.user_contributions(model, torch.nn.CrossEntropyLoss(), x, y, segment, 2, 1.0, extra=extra)
+    assert parts["weight"].shape == (3, 2, 3)  # the two users, then the canary
+    assert float(parts["weight"][2, 1, 2]) == pytest.approx(100 / (100 + 1e-6))  # clipped to C = 1
 
 
 def _ftrl(
@@ -62,18 +63,17 @@ def _ftrl(
     )  # σC/B with C = 1 and B = 2
     optimizer = FTRLOptimizer([weight], lr=0.1, momentum=0.9, noise=tree)
     restarts = [e for e in range(1, epochs + 1) if restart_after_epoch(e, epochs, restart_every)]
-    canaries = own_steps.TreeCanaries(
-        [weight], 300, 1.0, sigma, 100.0, seed, names=["w"], clip=1.0, steps_per_epoch=b,
-        tree_starts=[0, *(e * b for e in restarts)], completion=completion, lr=0.1, momentum=0.9, divisor=2.0,
-    )  # fmt: skip
+    order = FixedOrder(b, (0, *(e * b for e in restarts)), completion, lr=0.1, momentum=0.9, divisor=2.0)
+    canaries = own_steps.TreeCanaries([weight], 300, 1.0, sigma, 100.0, seed, names=["w"], order=order)
     canaries.active = True
     truth = []
     step = 0
     for epoch in range(1, epochs + 1 if trained else 1):
         for _ in range(b):
-            grads = {"w": torch.zeros(400)}
-            canaries.gradient(grads, 2.0, step)
-            weight.grad = grads["w"]
+            rows = canaries.units(step)
+            assert rows is not None
+            clipped = rows["w"] * clip_factors(rows["w"].norm(dim=1), 1.0)[:, None]  # the step's clipping at C = 1
+            weight.grad = clipped.sum(dim=0) / 2.0  # the clipped sum over B
             optimizer.step()
             canaries.stepped(step)
             p = optimizer.state[weight]["grad_sum"] + tree.noise[0]
@@ -124,51 +124,3 @@ def test_a_tree_canarys_checkpoint_keeps_its_initial_model_and_releases() -> Non
     fresh, _ = _ftrl(1.0, 2, True, trained=False)
     fresh.load(canaries.state())
     assert torch.equal(fresh.scores(centred=False), canaries.scores(centred=False))
-
-
-def _own_run(cfg: Config) -> functional.OwnRun:
-    x, y = torch.randn(40, 3), torch.randint(0, 2, (40,))
-    exact = functional.FixedOrderBatches(x, y, None, 4, 1, 0, torch.device("cpu"))
-    return functional.OwnRun(
-        cfg,
-        torch.nn.Linear(3, 2),
-        torch.nn.CrossEntropyLoss(),
-        (x, y, None),
-        exact,
-        2.0,
-        exact.device,
-        Streams.of_run(seed=0, config_hash="0"),
-    )
-
-
-def test_planted_runs_keep_the_noise_the_ledger_sees_but_not_what_it_assumes(make_cfg: Composer) -> None:
-    cfg = to_config(make_cfg())
-    run = _own_run(cfg)
-    assert planted.plant_own_run("noise_tenth", run).sigma == pytest.approx(0.2)
-    unclipped = planted.plant_own_run("no_clipping", run)
-    c = cfg.dp.max_grad_norm
-    assert unclipped.cfg.dp.max_grad_norm == c * planted.UNCLIPPED
-    assert unclipped.sigma * unclipped.cfg.dp.max_grad_norm == pytest.approx(run.sigma * c)  # σC unchanged
-    assert planted.plant_own_run("half_sample_rate", run) is run
-
-
-def test_a_doubled_sample_rate_and_reused_noise_are_planted_in_the_steps(make_cfg: Composer) -> None:
-    x, y, users = torch.randn(40, 3), torch.randint(0, 2, (40,)), torch.arange(40) % 10
-    batches = UserBatches(x, y, users, expected_users_per_step=2, max_examples_per_user=4, device="cpu",
-                          generator=torch.Generator().manual_seed(0))  # fmt: skip
-    setup = functional.OwnSetup(torch.optim.SGD([torch.zeros(1)], lr=0.1), batches.generator, batches, 2.0)
-    planted.plant_own_steps("half_sample_rate", functional.PoissonUnits(), setup)
-    assert batches.sample_rate == pytest.approx(0.4) and len(batches) == 5  # the steps the ledger counts
-
-    class Noisy(functional.PoissonUnits):
-        def gradient(self, run: functional.OwnRun, batch: object, expected_units: float) -> dict[str, torch.Tensor]:
-            return {"w": torch.randn(3, generator=batches.generator)}
-
-    rule = Noisy()
-    planted.plant_own_steps("reused_noise", rule, setup)
-    run = _own_run(to_config(make_cfg()))
-    first, second = rule.gradient(run, None, 1.0), rule.gradient(run, None, 1.0)  # type: ignore[arg-type]
-    assert torch.equal(first["w"], second["w"])
-    fixed = dataclasses.replace(setup, batches=functional.FixedOrderBatches(x, y, None, 4, 1, 0, torch.device("cpu")))
-    with pytest.raises(ValueError, match="samples nothing"):
-        planted.plant_own_steps("half_sample_rate", functional.TreeAggregation(), fixed)

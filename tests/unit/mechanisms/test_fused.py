@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from dpsweep.config import CNNConfig, DPConfig, MLPConfig, SGDConfig, VGG16FrozenConfig, to_config
 from dpsweep.data import gathered
+from dpsweep.data.users import clip_factors
 from dpsweep.errors import InputError
 from dpsweep.mechanisms import fused
 from dpsweep.mechanisms.opacus_engine import make_private
@@ -272,3 +273,31 @@ def test_a_user_level_step_without_users_or_over_its_examples_is_an_error() -> N
         step.clipped_sum(x, y)
     empty = step.clipped_sum(pool[:0], torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
     assert torch.count_nonzero(empty) == 0  # no user sampled: only the noise will be added
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_extra_units_go_through_the_steps_own_clipping_before_its_noise(name: str) -> None:
+    """A white-box canary's row (dpsweep.mechanisms.private_step) joins the batch's: clipped by the step's own
+    clipping to C, summed with the rows' clipped sum, then noised by the same draw as a plain step's."""
+    torch.manual_seed(5)
+    model, x = MODELS[name]()
+    y = torch.randint(0, 10, (len(x),))
+    step = fused.FusedStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=32, mode=None)
+    extra = {k: torch.zeros(1, *p.shape) for k, p in step.params.items()}
+    name0 = step.names[0]
+    extra[name0].view(1, -1)[0, 0] = 100.0 * C  # a Dirac row of norm 100·C
+    plain = step.clipped_sum(x, y).clone()
+    clipped, noisy = step.release(x, y, noise_multiplier=1.0, divisor=2.0, generator=torch.Generator().manual_seed(3),
+                                  extra=extra)  # fmt: skip
+    flat = torch.cat([clipped[k].flatten() for k in step.names]) * 2.0
+    spike = torch.zeros_like(plain)
+    spike[0] = 100.0 * C * float(clip_factors(torch.tensor(100.0 * C), C))  # clipped to C
+    torch.testing.assert_close(flat, plain + spike, rtol=1e-4, atol=1e-5)
+    alone = step.gradient(x, y, noise_multiplier=1.0, divisor=2.0, generator=torch.Generator().manual_seed(3))
+    for k in step.names:  # the same noise: the noisy release is the clipped one plus the plain step's noise
+        torch.testing.assert_close(noisy[k] - clipped[k], alone[k] - plain_part(step, plain)[k], rtol=1e-4, atol=1e-5)
+
+
+def plain_part(step: fused.FusedStep, summed: Tensor) -> dict[str, Tensor]:
+    """The plain clipped sum over the divisor 2, by parameter name."""
+    return step.unflatten(summed / 2.0)

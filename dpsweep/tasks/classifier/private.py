@@ -1,0 +1,101 @@
+"""The classifier's private step through Opacus, as what is attached to the run sees it
+(:mod:`dpsweep.mechanisms.private_step`), its sampling kept to the plan's when its training set is another,
+and the final model's per-example score.
+
+    opacus = OpacusStep(optimizer, model, max_grad_norm, sample_rate=lambda: loader.sample_rate)
+    trainer = Trainer(model, optimizer, criterion, device, before_step=opacus.before_step)
+    step = opacus.step                                 # a PrivateStep: wrappers are appended to it
+
+Through Opacus's documented extension points only, no method of the optimizer replaced: the wrappers'
+rows join the per-sample gradients Opacus's hooks left in each parameter's ``grad_sample`` after the
+backward pass, before ``optimizer.step()`` (so Opacus's own ``clip_and_accumulate`` clips them with the
+real examples', and its ``add_noise`` noises their sum); the release is read by a step hook
+(``DPOptimizer.attach_step_hook``, after the noise and the division by the expected batch), chained
+after the accountant's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from opacus import PrivacyEngine
+from opacus.data_loader import DPDataLoader
+from opacus.optimizers import DPOptimizer
+from torch import Tensor, nn
+
+from dpsweep.mechanisms.private_step import PrivateStep, Release, Score, extra_units, show
+
+
+class OpacusStep:
+    """Opacus's DP optimizer as a :class:`dpsweep.mechanisms.private_step.PrivateStep` (module doc)."""
+
+    def __init__(
+        self, optimizer: DPOptimizer, model: nn.Module, max_grad_norm: float, sample_rate: Callable[[], float]
+    ) -> None:
+        """``model``: the module whose parameters ``optimizer`` steps (their names); ``max_grad_norm``: the C
+        it clips at; ``sample_rate``: its loader's real rate."""
+        names = {id(p): k for k, p in model.named_parameters()}
+        self.optimizer, self.steps = optimizer, 0
+        self.names = [names[id(p)] for p in optimizer.params]
+        self.step = PrivateStep(dict(zip(self.names, optimizer.params, strict=True)), max_grad_norm, sample_rate)
+        accountant = optimizer.step_hook
+
+        def hook(opacus: DPOptimizer) -> None:
+            if accountant is not None:
+                accountant(opacus)
+            self._released()
+
+        optimizer.attach_step_hook(hook)
+
+    def before_step(self) -> None:
+        """After the backward pass, before ``optimizer.step()``: the wrappers' rows join the per-sample gradients."""
+        rows = extra_units(self.step.wrappers, self.steps) if self.step.wrappers else None
+        if rows is None:
+            return
+        for name, p in zip(self.names, self.optimizer.params, strict=True):
+            grad_sample: Any = p.grad_sample  # set by Opacus's hooks
+            p.grad_sample = torch.cat([grad_sample, rows[name].to(grad_sample.device, grad_sample.dtype)])
+
+    def _released(self) -> None:
+        """Opacus's step hook, after ``add_noise`` and ``scale_grad``: each ``p.grad`` is the noisy sum over the
+        expected batch (``loss_reduction="mean"``), ``p.summed_grad`` the clipped sum."""
+        steps, self.steps = self.steps, self.steps + 1
+        if not self.step.wrappers:
+            return
+        opacus = self.optimizer
+        divisor = float(opacus.expected_batch_size * opacus.accumulated_iterations)
+        if opacus.loss_reduction != "mean":
+            divisor = 1.0
+        params = list(zip(self.names, opacus.params, strict=True))
+        clipped = {k: p.summed_grad / divisor for k, p in params}
+        noisy: dict[str, Tensor] = {k: p.grad for k, p in params if p.grad is not None}
+        units = dict(zip(self.names, opacus.grad_samples, strict=True))
+        show(self.step.wrappers, Release(steps, clipped, noisy, divisor, units))
+
+
+def keep_planned_sampling(
+    engine: PrivacyEngine,
+    optimizer: DPOptimizer,
+    loader: DPDataLoader,
+    sample_rate: float,
+    steps_per_epoch: int,
+    n_train: int,
+) -> None:
+    """Sample a training set other than the plan's (a black-box audit's, with canaries in and out) at the
+    plan's rate and steps per epoch, record that rate in the accountant, and divide the noisy sum by the
+    plan's expected batch, as for ``n_train`` examples: each example is then sampled as a plain run's
+    would be, and the ledger is the plain run's."""
+    sampler: Any = loader.batch_sampler
+    sampler.sample_rate, sampler.steps = sample_rate, steps_per_epoch
+    loader.sample_rate = sample_rate
+    optimizer.attach_step_hook(engine.accountant.get_optimizer_hook_fn(sample_rate=sample_rate))
+    optimizer.expected_batch_size = int(n_train * sample_rate)  # Opacus's own expected batch of N examples
+
+
+def minus_loss(model: nn.Module) -> Score:
+    """The classifier's per-example score: minus its cross-entropy (a model that trained on an example fits
+    its label better, a wrong one included)."""
+    model.eval()
+    return lambda x, y: -nn.functional.cross_entropy(model(x), y, reduction="none")

@@ -1,0 +1,88 @@
+"""Bugs users have met in DP-SGD, planted by tests to check that an audit sees them: attachments of the
+private-step protocol (dpsweep.mechanisms.private_step), passed to the runner as the audit is.
+
+    result = train(cfg, attach=[planted.bug("noise_tenth", monkeypatch)])
+
+The run's ledger does not know the bug, so it claims the ε of a correct run; an audit (white or black
+box) should find more. Attached before the audit, so that the audit sees the broken release:
+
+- ``noise_tenth``: the noise of each release is a tenth of σC (the ledger's σ unchanged);
+- ``reused_noise``: the first release's noise is added again at every step (DP-FTRL: every prefix sum's);
+- ``no_clipping``: per-unit gradients are summed unclipped. Where the step holds them (Opacus's
+  ``grad_sample``, :attr:`Release.units`), the release is their unclipped sum plus its noise; the steps that
+  never hold them (the fused step, and with it dpsweep's own steps and the GAN's critic) get their own
+  clipping function replaced by one that clips nothing, through ``monkeypatch`` (undone after the test).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+
+from dpsweep.data import users
+from dpsweep.mechanisms import fused
+from dpsweep.mechanisms.private_step import Attachment, PrivateRun, PrivateStep, Release, StepWrapper
+from dpsweep.tasks.gan import critic
+
+BUGS = ("noise_tenth", "no_clipping", "reused_noise")
+
+
+class NoiseTenth(StepWrapper):
+    def released(self, release: Release) -> None:
+        assert release.clipped is not None
+        for k, noisy in release.noisy.items():
+            clipped = release.clipped[k]
+            noisy.copy_(clipped + (noisy - clipped) / 10)
+
+
+class ReusedNoise(StepWrapper):
+    def __init__(self) -> None:
+        self.first: dict[str, Tensor] | None = None
+
+    def released(self, release: Release) -> None:
+        assert release.clipped is not None
+        clipped = release.clipped
+        if self.first is None:
+            self.first = {k: (noisy - clipped[k]).clone() for k, noisy in release.noisy.items()}
+        for k, noisy in release.noisy.items():
+            noisy.copy_(clipped[k] + self.first[k])
+
+
+class UnclippedSum(StepWrapper):
+    """Where the step shows its per-unit gradients: the release is their unclipped sum plus the step's noise."""
+
+    def released(self, release: Release) -> None:
+        if release.units is None:
+            return
+        assert release.clipped is not None
+        for k, noisy in release.noisy.items():
+            noisy.add_(release.units[k].sum(dim=0) / release.divisor - release.clipped[k])
+
+
+def clips_nothing(norms: Tensor, max_grad_norm: float) -> Tensor:
+    """A clipping factor of 1 for every row: no clipping."""
+    return torch.ones_like(norms)
+
+
+class Planted(Attachment):
+    """One bug, planted in the run's private step before training."""
+
+    def __init__(self, wrapper: StepWrapper) -> None:
+        self.wrapper = wrapper
+
+    def after_start(self, run: PrivateRun, step: PrivateStep) -> None:
+        step.wrappers.append(self.wrapper)
+
+
+def bug(name: str, monkeypatch: pytest.MonkeyPatch) -> Planted:
+    """The attachment that plants ``name`` (one of :data:`BUGS`)."""
+    if name == "noise_tenth":
+        return Planted(NoiseTenth())
+    if name == "reused_noise":
+        return Planted(ReusedNoise())
+    if name == "no_clipping":
+        for module in (users, fused, critic):  # the steps that clip units they never show
+            monkeypatch.setattr(module, "clip_factors", clips_nothing)
+        return Planted(UnclippedSum())
+    raise ValueError(f"{name}: one of {', '.join(BUGS)}")
