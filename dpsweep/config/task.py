@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from omegaconf import MISSING
 
+from dpsweep.config import audit
 from dpsweep.config.checks import ConfigError, require
 from dpsweep.config.dataset import RatingsConfig
 from dpsweep.config.dp import Clipping
@@ -283,9 +284,12 @@ def check(cfg: Config) -> None:
 
 def _check_steps(cfg: Config, task: type[TaskConfig]) -> None:
     """What the task's private steps take, asked of its declarations: ``dp.engine`` (where given; null is
-    the mechanism's own, asked where the run is planned: ``dpsweep.mechanisms.engines``) and
-    ``dp.grad_sample_mode``."""
-    dp, label = cfg.dp, task.label or f"task={task.name}"
+    the mechanism's own, asked where the run is planned: ``dpsweep.mechanisms.engines``),
+    ``dp.grad_sample_mode``, and the audit."""
+    dp, label, mode = cfg.dp, task.label or f"task={task.name}", cfg.audit.mode
+    if mode in audit.MODES and cfg.audit.enabled and mode not in task.audits:
+        audited = " or ".join(f"task={name}" for name, t in sorted(task_schemas().items()) if mode in t.audits)
+        raise ConfigError("audit.mode", mode, f"off with {label}: {mode} runs with {audited}")
     engine = dp.engine
     require(engine is None or engine in task.engines, "dp.engine", engine, f"{_either(task.engines)} with {label}")
     modes, mode = task.grad_sample_modes, dp.grad_sample_mode.value
