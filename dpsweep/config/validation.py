@@ -54,12 +54,14 @@ CHECKS: tuple[Callable[[Config], None], ...] = (
     sweep.check,
     tracking.check,
     dataset.check_images,  # image_size, flowers102's downscale and train_splits
-    task.check,  # task.*, and what the task needs of model.* and dp.*
+    task.check,  # task.*, what the task needs of model.* and dp.*, and the engine and audit it takes
     dataset.check_users,
-    dp.check,  # dp.* with DP on: unit, mechanism, ranges, clipping, secure mode
+    dp.check,  # dp.* with DP on: unit, ranges, clipping, secure mode
     launcher.check,  # launcher.trials_per_device, and what auto needs
-    audit.check,  # audit.*, and what an audit needs of dp.* and the task
+    audit.check,  # audit.*, and what an audit needs of dp.*
 )
+# What the run's mechanism and engine need (dpsweep.mechanisms.engines.check) is asked where the run is
+# planned (dpsweep.plan.prepare): the config sits below the mechanisms (the import layers of pyproject.toml).
 
 
 def validate(cfg: Config) -> None:
