@@ -287,3 +287,22 @@ def test_every_privacy_unit_says_whom_it_protects_and_its_n(make_cfg: Composer) 
     users = to_config(make_cfg("dp.unit=user", "dataset.users=partition", "dataset.num_users=50"))
     assert population(users, 1437) == 50 and UNITS["user"].population_key == "dataset.num_users"
     assert population(to_config(make_cfg("dp=off", "dataset.num_users=50")), 1437) == 1437  # no DP: no unit
+
+
+def test_the_config_checks_ask_a_tasks_declarations_not_its_name(
+    make_cfg: Composer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several devices, an audit, an engine: the task's ClassVars decide (TaskConfig.distributed, audits,
+    engines), so a task that declares more is let through without a line of the checks changing."""
+    cases = [
+        (C.GanTaskConfig, "distributed", True, ["task=gan", "train.devices=2"], "task"),
+        (C.RecommenderTaskConfig, "audits", ("black_box",), ["task=recommender", "audit.mode=black_box"], "audit.mode"),
+        (C.GanTaskConfig, "engines", ("opacus", "fused"), ["task=gan", "dp.engine=fused"], "dp.engine"),
+    ]
+    for schema_class, name, declared, overrides, key in cases:
+        cfg = to_config(make_cfg(*overrides))
+        with pytest.raises(ConfigError) as err:
+            validate(cfg)
+        assert err.value.key == key, str(err.value)
+        monkeypatch.setattr(schema_class, name, declared)
+        validate(cfg)
