@@ -18,9 +18,10 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from dpsweep.config import Config, flatten, identity, settings, shown_model, structured
+from dpsweep.config import Config, flatten, identity, settings, shown_model, step_kind, structured
 from dpsweep.data import loaders as datasets
 from dpsweep.errors import redact, redacted
+from dpsweep.mechanisms import engines
 from dpsweep.plan import RunPlan
 from dpsweep.privacy import streams
 from dpsweep.tracking import Tracker
@@ -115,7 +116,8 @@ def run_tags(plan: RunPlan, data: datasets.DataSplits, device: torch.device, bac
             # with it they come from the OS's entropy, never logged (dpsweep.privacy.streams)
             "dp.release": "ok" if cfg.dp.secure_mode else "not-for-release",
             "dp.streams": streams.described(cfg.dp.secure_mode, cfg.dp.stream_seed),
-            "dp.grad_sample_mode": cfg.dp.grad_sample_mode.value,
+            "dp.grad_sample_mode": step_kind(cfg.dp),  # fused for the fused step, as logged before dp.engine
+            "dp.engine": engines.engine_of(cfg).name,
         }  # fmt: skip
         if plan.privacy.calibrated:
             tags["dp.noise_multiplier_calibrated"] = plan.privacy.noise_multiplier
