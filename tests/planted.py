@@ -7,7 +7,7 @@ The run's ledger does not know the bug, so it claims the ε of a correct run; an
 box) should find more. Attached before the audit, so that the audit sees the broken release:
 
 - ``noise_tenth``: the noise of each release is a tenth of σC (the ledger's σ unchanged);
-- ``reused_noise``: the first release's noise is added again at every step (DP-FTRL: every prefix sum's);
+- ``reused_noise``: the first release's noise is added again at every step (DP-FTRL: in every node of its tree);
 - ``no_clipping``: per-unit gradients are summed unclipped. Where the step holds them (Opacus's
   ``grad_sample``, :attr:`Release.units`), the release is their unclipped sum plus its noise; the steps that
   never hold them (the fused step, and with it dpsweep's own steps and the GAN's critic) get their own
@@ -22,7 +22,7 @@ from torch import Tensor
 
 from dpsweep.data import users
 from dpsweep.mechanisms import fused
-from dpsweep.mechanisms.private_step import Attachment, PrivateRun, PrivateStep, Release, StepWrapper
+from dpsweep.mechanisms.private_step import Attachment, FixedOrder, PrivateRun, PrivateStep, Release, StepWrapper
 from dpsweep.tasks.gan import critic
 
 BUGS = ("noise_tenth", "no_clipping", "reused_noise")
@@ -37,16 +37,25 @@ class NoiseTenth(StepWrapper):
 
 
 class ReusedNoise(StepWrapper):
+    """Noise drawn once and added again: each step's release gets the first step's noise; DP-FTRL's (whose
+    release is the prefix sum of a tree) gets the first node's noise in every node of its tree, so that the
+    prefix sum of local step t holds it popcount(t) times (t's binary decomposition into nodes)."""
+
     def __init__(self) -> None:
         self.first: dict[str, Tensor] | None = None
+        self.order: FixedOrder | None = None  # DP-FTRL's, where the step has one
 
     def released(self, release: Release) -> None:
         assert release.clipped is not None
         clipped = release.clipped
         if self.first is None:
             self.first = {k: (noisy - clipped[k]).clone() for k, noisy in release.noisy.items()}
+        times = 1
+        if self.order is not None:  # the nodes of the prefix sum at this step of its tree
+            local = release.step - max(s for s in self.order.tree_starts if s <= release.step) + 1
+            times = bin(local).count("1")
         for k, noisy in release.noisy.items():
-            noisy.copy_(clipped[k] + self.first[k])
+            noisy.copy_(clipped[k] + times * self.first[k])
 
 
 class UnclippedSum(StepWrapper):
@@ -72,6 +81,8 @@ class Planted(Attachment):
         self.wrapper = wrapper
 
     def after_start(self, run: PrivateRun, step: PrivateStep) -> None:
+        if isinstance(self.wrapper, ReusedNoise):
+            self.wrapper.order = step.fixed_order
         step.wrappers.append(self.wrapper)
 
 
