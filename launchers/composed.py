@@ -45,9 +45,6 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-# No public Hydra API applies value overrides to a composed config, or names a job's override_dirname:
-# these are Hydra 1.3's own two steps of composition; the tests check the result against Hydra's.
-from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
 from hydra.core.config_loader import ConfigLoader
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.core.object_type import ObjectType
@@ -58,6 +55,7 @@ from hydra.types import RunMode
 from omegaconf import Container, DictConfig, ListConfig, OmegaConf, open_dict
 
 from dpsweep.config import Config, to_config
+from dpsweep.interop import hydra_private
 
 Leaf = tuple[list[str], Any]  # a leaf's path in the typed config and its typed value
 SCALARS = (str, int, float, bool, type(None))
@@ -228,7 +226,7 @@ class ComposedJobs(ConfigLoader):
             return None  # a config group or hydra.*: the composition itself changes
         cfg: DictConfig = pickle.loads(base)
         try:
-            ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+            hydra_private.apply_value_overrides(values, cfg)  # Hydra's own step (no public API)
         except Exception:  # a fresh composition raises Hydra's own error for it
             return None
         if "hydra" not in cfg:  # a bare skeleton's copy: no overrides to record
@@ -237,11 +235,8 @@ class ComposedJobs(ConfigLoader):
         dirname = cfg.hydra.job.config.override_dirname
         with open_dict(cfg.hydra):
             cfg.hydra.overrides.task = [o.input_line for o in task]
-            cfg.hydra.job.override_dirname = get_overrides_dirname(
-                overrides=task,
-                kv_sep=dirname.kv_sep,
-                item_sep=dirname.item_sep,
-                exclude_keys=dirname.exclude_keys,
+            cfg.hydra.job.override_dirname = hydra_private.override_dirname(
+                task, kv_sep=dirname.kv_sep, item_sep=dirname.item_sep, exclude_keys=list(dirname.exclude_keys)
             )
         return cfg
 
@@ -279,14 +274,18 @@ class ComposedJobs(ConfigLoader):
 
 
 def _interpolations(cfg: DictConfig | ListConfig) -> Iterator[str]:
-    """The text of every interpolation in ``cfg`` (``${train.seed}``, ``${dpsweep.gpus_or_one:}``)."""
-    keys: Iterator[Any] = iter(cfg) if isinstance(cfg, DictConfig) else iter(range(len(cfg)))
-    for key in keys:
-        node = cfg._get_node(key)
-        if OmegaConf.is_interpolation(cfg, key):
-            yield str(node._value())  # type: ignore[union-attr]
-        elif isinstance(node, DictConfig | ListConfig):
-            yield from _interpolations(node)
+    """The text of every interpolation in ``cfg`` (``${train.seed}``, ``${dpsweep.gpus_or_one:}``): each
+    string of its unresolved container that holds one (an escaped ``\\${`` too, which only costs a
+    composition)."""
+    yield from _strings_with("${", OmegaConf.to_container(cfg, resolve=False))
+
+
+def _strings_with(text: str, value: Any) -> Iterator[str]:
+    if isinstance(value, str) and text in value:
+        yield value
+    elif isinstance(value, dict | list):
+        for item in value.values() if isinstance(value, dict) else value:
+            yield from _strings_with(text, item)
 
 
 def _replaced(obj: Any, path: list[str], value: Any) -> Any:

@@ -24,12 +24,10 @@ def expand(
     product of the sweep axes (``a,b``, ``range()``, ``choice()``; ``glob()`` needs ``config_loader``),
     the last one varying fastest. ``params`` (``hydra.sweeper.params``) come first; the command line
     overrides a key they share."""
-    # imported here, after Hydra's plugin scan, which re-executes basic_sweeper.py
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from dpsweep.interop import hydra_private
 
     parser = OverridesParser.create(config_loader=config_loader)
     lines = [f"{key}={value}" for key, value in (params or {}).items()] + list(overrides)
-    # No public Hydra API expands sweep overrides into jobs: this is the basic sweeper's own expansion.
-    [jobs] = BasicSweeper.split_arguments(parser.parse_overrides(lines), max_batch_size=None)
-    return jobs
+    return hydra_private.sweep_jobs(parser.parse_overrides(lines))  # the basic sweeper's own expansion

@@ -16,10 +16,11 @@ import os
 import sys
 from typing import NoReturn
 
+from dpsweep.interop import submitit_private
 from dpsweep.process import RANKS_ENV
 from dpsweep.process.shutdown import run_then_exit
 
-SUBMITIT_ARGS = ["-u", "-m", "submitit.core._submit"]  # what submitit appends to the python command
+SUBMITIT_ARGS = ["-u", "-m", submitit_private.SUBMIT_MODULE]  # what submitit appends to the python command
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

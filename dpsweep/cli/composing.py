@@ -32,17 +32,15 @@ def sweep_jobs(overrides: Sequence[str]) -> tuple[list[list[str]], DictConfig]:
     sweep's master config (its fixed overrides composed, the hydra node included), as the sweeper has
     them. Needs Hydra initialised on dpsweep.conf; Hydra's errors are raised as they are."""
     from hydra import compose
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.types import RunMode
     from omegaconf import OmegaConf
 
+    from dpsweep.interop import hydra_private
     from dpsweep.launchers.expand import expand
 
     parsed = OverridesParser.create().parse_overrides(list(overrides))
-    # what Hydra refuses of a multirun's overrides before it composes (a sweep over hydra.*); no public API
-    ConfigLoaderImpl.validate_sweep_overrides_legal(parsed, RunMode.MULTIRUN, from_shell=True)
+    hydra_private.check_multirun_overrides(parsed)  # what Hydra refuses of a multirun (a sweep over hydra.*)
     fixed = [o.input_line for o in parsed if not o.is_sweep_override() and o.input_line is not None]
     master = compose("config", overrides=fixed, return_hydra_config=True)
     node = master.hydra.sweeper.get("params")

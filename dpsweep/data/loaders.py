@@ -35,6 +35,7 @@ from dpsweep.data.facts import flowers102_image_size
 from dpsweep.data.movielens import MovieLensNotFound, read_movielens
 from dpsweep.data.ratings import HeldOut, PlantedSpec, Ratings, planted_ratings, split_users
 from dpsweep.errors import InputError
+from dpsweep.interop import torchvision_private
 from dpsweep.registry import Registry
 
 if TYPE_CHECKING:  # torchvision is imported by the loaders that use it: digits runs never load it
@@ -305,7 +306,7 @@ def load_flowers102(cfg: Flowers102Config) -> DataSplits:
         train: Dataset[Any] = parts[0] if len(parts) == 1 else ConcatDataset(parts)
         test = tvd.Flowers102(str(root), split="test", transform=tf, download=cfg.download)
         # torchvision opens each JPEG only when it is read: check them all now, not mid-training.
-        missing = [f for ds in [*parts, test] for f in getattr(ds, "_image_files", []) if not Path(f).is_file()]
+        missing = [f for ds in [*parts, test] for f in torchvision_private.image_files(ds) if not f.is_file()]
         if missing:
             raise FileNotFoundError(f"{len(missing)} images listed in setid.mat are missing, e.g. {missing[0]}")
         return _splits(train, test, num_classes=102)

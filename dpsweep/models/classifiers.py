@@ -22,6 +22,7 @@ from torch.nn import functional as F
 
 from dpsweep.config import CNNConfig, ConfigError, MLPConfig, ModelConfig, VGG16FrozenConfig
 from dpsweep.errors import InputError
+from dpsweep.interop import torch_private
 from dpsweep.registry import Registry
 
 if TYPE_CHECKING:  # torchvision is imported where VGG16 is built: cnn runs never load it
@@ -72,7 +73,7 @@ def released_copy(module: M) -> M:
     for sub in copied.modules():
         for name in OPACUS_MODULE_ATTRIBUTES:
             vars(sub).pop(name, None)
-        sub._is_full_backward_hook = None  # as a module without backward hooks has it
+        torch_private.forget_full_backward_hooks(sub)  # as a module without backward hooks has it
     return copied.to("cpu").eval()
 
 

@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 import optuna
 
 from dpsweep.config import ConfigError, SweepConfig
+from dpsweep.interop import optuna_private
 from dpsweep.registry import Registry
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -72,8 +73,7 @@ class TrialReporter:
         assert sweep.study and sweep.storage and sweep.trial is not None and sweep.pruner
         pruner = PRUNERS.get(sweep.pruner, key="sweep.pruner")(sweep)
         self.study = optuna.load_study(study_name=sweep.study, storage=open_storage(sweep.storage), pruner=pruner)
-        trial_id = self.study._storage.get_trial_id_from_study_id_trial_number(self.study._study_id, sweep.trial)
-        self.trial = optuna.Trial(self.study, trial_id)
+        self.trial = optuna_private.trial(self.study, sweep.trial)
 
     def should_prune(self, epoch: int, test_accuracy: float) -> bool:
         self.trial.report(test_accuracy, step=epoch)

@@ -22,6 +22,8 @@ from pathlib import Path
 
 from submitit.core import core, job_environment, logger, utils
 
+from dpsweep.interop import submitit_private
+
 QSTAT_PENDING = ("qw", "hqw", "hRwq", "h", "w")
 
 
@@ -334,7 +336,7 @@ class SgeExecutor(core.PicklingExecutor):
 
     @property
     def _submitit_command_str(self) -> str:
-        return " ".join([self.python, "-u -m submitit.core._submit", shlex.quote(str(self.folder))])
+        return " ".join([self.python, f"-u -m {submitit_private.SUBMIT_MODULE}", shlex.quote(str(self.folder))])
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
         return make_qsub_script(command, self.folder, QsubOptions(**self._script_parameters(self.parameters)))
