@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -77,10 +78,33 @@ def make_private(
         private_model, private_optimizer, criterion, private_loader = made
     else:
         private_model, private_optimizer, private_loader = made
-    if isinstance(private_optimizer, AdaClipDPOptimizer):
-        private_optimizer.__class__ = ExpectedBatchAdaClip  # the same object, with dpsweep's sound update
-        private_optimizer.normalize = dp.clip_normalize
+    if adaptive:  # Opacus's own AdaClipDPOptimizer replaced by dpsweep's subclass, built as Opacus builds it
+        private_optimizer = adaptive_clipping(engine, private_optimizer, private_loader, adaptive, dp.clip_normalize)
     return engine, private_model, private_optimizer, criterion, private_loader
+
+
+def adaptive_clipping(
+    engine: PrivacyEngine, made: DPOptimizer, loader: DataLoader[Any], adaptive: dict[str, Any], normalize: bool
+) -> ExpectedBatchAdaClip:
+    """dpsweep's adaptive-clipping optimizer in place of the one ``engine.make_private`` made (``made``):
+    built from the same optimizer, σ, C, expected batch size, loss reduction and noise generator, with
+    the same adaptive-clipping arguments, and the engine's accountant hook attached at the loader's
+    sample rate, as ``make_private`` does for its own (Opacus's public constructor and
+    ``attach_step_hook``; PrivacyEngine has no public way to choose the optimizer's class)."""
+    options = {k: v for k, v in adaptive.items() if k != "clipping"}
+    optimizer = ExpectedBatchAdaClip(
+        made.original_optimizer,
+        noise_multiplier=made.noise_multiplier,
+        max_grad_norm=made.max_grad_norm,
+        expected_batch_size=made.expected_batch_size,
+        loss_reduction=made.loss_reduction,
+        generator=made.generator,
+        secure_mode=made.secure_mode,
+        normalize=normalize,
+        **options,
+    )
+    optimizer.attach_step_hook(engine.accountant.get_optimizer_hook_fn(sample_rate=1 / len(loader)))
+    return optimizer
 
 
 STATE_KEY = "dpsweep.max_grad_norm"  # adaptive clipping's current C in the optimizer's state_dict
@@ -97,7 +121,17 @@ class ExpectedBatchAdaClip(AdaClipDPOptimizer):
     clipped at, so the step does not grow with C. C is part of the optimizer's state_dict (checkpoints,
     and the memory iteration that is undone)."""
 
-    normalize = False
+    def __init__(self, *args: Any, normalize: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.normalize = normalize
+        self.passes_go_on = False  # the last step only accumulated: a logical batch's passes go on
+
+    def pre_step(self, closure: Callable[[], float] | None = None) -> bool | None:
+        """Opacus's step; whether it only accumulated is kept for :meth:`zero_grad` (``pre_step`` answers
+        False for a step skipped between the passes of a logical batch)."""
+        stepped = super().pre_step(closure)
+        self.passes_go_on = stepped is False
+        return stepped
 
     def add_noise(self) -> None:
         super().add_noise()
@@ -110,9 +144,8 @@ class ExpectedBatchAdaClip(AdaClipDPOptimizer):
         """Opacus's AdaClip resets its counts at every ``zero_grad``, so that with physical batches
         (``train.physical_batch_size``: a logical batch in several passes, each step but the last
         skipped) the update saw the last pass's count only, over the whole expected batch: C barely
-        moved. The counts are kept across the passes of one logical batch. Opacus exposes no public
-        flag for a skipped step; its own ``DPOptimizer.zero_grad`` reads this one."""
-        passes_go_on = self._is_last_step_skipped
+        moved. The counts are kept across the passes of one logical batch (``pre_step``'s answer)."""
+        passes_go_on = self.passes_go_on
         sample_size: int = self.sample_size  # type: ignore[has-type]  # (Opacus's untyped attributes)
         unclipped: Any = self.unclipped_num  # type: ignore[has-type]  # a tensor once counted
         super().zero_grad(set_to_none)
