@@ -82,11 +82,11 @@ def epsilon_interval(ledger: Ledger, delta: float, rtol: float = INTERVAL_RTOL) 
        entry, the noise floor of masses that are 0, times the number of entries; at least
        :data:`ROUNDOFF_FLOOR`).
 
-    The step's rounded distribution is integrated by 8-point Gauss-Legendre quadrature on each grid
-    interval, where the loss varies by at most Δ: the one ingredient not bounded rigorously, as the
-    FFT's round-off is not in dp-accounting or in Gopi et al.'s code. ``rtol`` sets Δ so that
-    t = rtol · upper. 0 is the lower end where the PLD is not computed (ε = inf beyond
-    :data:`dpsweep.privacy.ledger.DISCRETISED_MAX_EPSILON`)."""
+    Not bounded rigorously: the Gauss-Legendre quadrature (8 points) of each grid interval's mean loss,
+    on intervals where the loss varies by at most Δ, and the FFT's round-off, which is measured, not
+    bounded (as in dp-accounting and Gopi et al.'s code). ``rtol`` sets Δ so that t = rtol · upper, or
+    coarser where a step's grid would pass :data:`MAX_BINS` points. 0 is the lower end where the PLD is
+    not computed (ε = inf beyond :data:`dpsweep.privacy.ledger.DISCRETISED_MAX_EPSILON`)."""
     upper = epsilon(ledger, delta, Accounting("pld")).epsilon
     if upper == 0.0 or not math.isfinite(upper):
         return Interval(0.0, upper)
@@ -94,8 +94,17 @@ def epsilon_interval(ledger: Ledger, delta: float, rtol: float = INTERVAL_RTOL) 
     steps = sum(leaf.count for leaf in parts)
     eta = ETA_FRACTION * delta
     spacing = rtol * upper / math.sqrt(steps * math.log(1 / eta) / 2)
-    lower = max(_lower_one_direction(parts, delta, eta, spacing, remove) for remove in (True, False))
-    return Interval(min(max(lower, 0.0), upper), upper)
+    while True:  # a grid too fine for MAX_BINS is coarsened: a looser lower bound, as sound
+        try:
+            lower = max(_lower_one_direction(parts, delta, eta, spacing, remove) for remove in (True, False))
+        except _TooFine:
+            spacing *= 2
+            continue
+        return Interval(min(max(lower, 0.0), upper), upper)
+
+
+class _TooFine(ValueError):
+    """A step's grid would have more than :data:`MAX_BINS` points."""
 
 
 def rounding_allowance(steps: int, spacing: float, eta: float) -> float:
@@ -165,7 +174,7 @@ def _rounded_gaussian(sigma: float, q: float, spacing: float, remove: bool) -> t
     l_ends = np.sort(loss(ends))
     j_lo, j_hi = math.floor(l_ends[0] / spacing), math.ceil(l_ends[1] / spacing)
     if j_hi - j_lo > MAX_BINS:
-        raise ValueError(f"a grid of {j_hi - j_lo} points for σ={sigma}, q={q}: above {MAX_BINS}")
+        raise _TooFine(f"a grid of {j_hi - j_lo} points for σ={sigma}, q={q}: above {MAX_BINS}")
     inner = np.arange(j_lo + 1, j_hi) * spacing
     x_inner = x_of(inner) if remove else x_of(inner)[::-1]
     x = np.concatenate([ends[:1], x_inner, ends[1:]])
