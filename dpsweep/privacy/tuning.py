@@ -204,10 +204,13 @@ def repeat_and_select(
     """(ε, optimal order) at δ of repeating a mechanism with RDP ``curve`` K times (K of mean
     ``mean_trials`` and shape ``k_shape``, :func:`shape`) and releasing the best run: Papernot & Steinke
     2022, Thms. 2 and 6, as dp-accounting's RDP accountant computes them for a ``RepeatAndSelectDpEvent``
-    (the same function, here given the curve directly), converted by dp-accounting's ``compute_epsilon``."""
+    (the same function, here given the curve directly: :mod:`dpsweep.interop.dp_accounting_private`),
+    converted by dp-accounting's ``compute_epsilon``."""
     from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp
 
-    total = dp_rdp._compute_rdp_repeat_and_select(list(orders), list(curve), float(mean_trials), float(k_shape))
+    from dpsweep.interop import dp_accounting_private
+
+    total = dp_accounting_private.repeat_and_select_rdp(list(orders), list(curve), float(mean_trials), float(k_shape))
     eps, order = dp_rdp.compute_epsilon(list(orders), total, delta)
     return ledger.sound_epsilon(float(eps)), float(order)
 

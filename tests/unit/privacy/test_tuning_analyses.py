@@ -4,6 +4,7 @@ dp-accounting's event, and the mixture analysis beside Papernot–Steinke's on t
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import numpy as np
@@ -38,6 +39,13 @@ def test_the_mixtures_rdp_is_the_renyi_divergence_of_a_trials_output(alpha: floa
     curves = np.array([[a / (2 * s**2) for a in (1.0, alpha)] for s in sigmas])
     assert tuning.mixture_rdp(curves, (1.0, alpha))[1] == pytest.approx(numeric, rel=1e-8)
     assert tuning.mixture_rdp(curves, (1.0, alpha))[0] == pytest.approx(np.mean(curves[:, 0]))  # KL at α = 1
+
+
+def test_dp_accountings_private_repeat_and_select_is_still_there() -> None:
+    from dpsweep.interop import dp_accounting_private
+
+    for module, name in dp_accounting_private.PRIVATE_NAMES:
+        assert callable(getattr(importlib.import_module(module), name)), f"{module}.{name} moved"
 
 
 def test_repeat_and_select_is_dp_accountings_event_given_the_same_curve() -> None:
