@@ -1,6 +1,9 @@
-"""Hydra launchers for dpsweep: local processes, Slurm and Grid Engine, all through submitit.
+"""Hydra launchers for dpsweep: in this process (inline), and local processes, Slurm and Grid Engine, all
+three through submitit.
 
-They extend hydra-submitit-launcher's launchers in two ways:
+Each is a :class:`~dpsweep.launchers.base.DpsweepLauncher` that names its spec
+(``dpsweep.config.launcher.LAUNCHERS``): what it can do, which the checks and the sweepers ask. The
+submitit ones extend hydra-submitit-launcher's launchers in two ways:
 
 - a job that dies outside Python (killed, out of memory, node failure) becomes a FAILED
   ``JobReturn`` instead of an exception that would drop every other job's result;
@@ -8,7 +11,7 @@ They extend hydra-submitit-launcher's launchers in two ways:
 - a scheduler's sweep (Slurm, Grid Engine) prints each job's id as it is submitted and its state in the
   queue each time it changes (:class:`QueueStates`), so a job waiting in the queue is not a silence.
 
-Select them with ``launcher=local|slurm|sge`` (conf/launcher/); the Hydra plugin shim lives in
+Select them with ``launcher=inline|local|slurm|sge`` (conf/launcher/); the Hydra plugin shim lives in
 ``hydra_plugins.dpsweep_launchers``.
 """
 
@@ -26,16 +29,19 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
+from hydra.types import HydraContext, TaskFunction
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from submitit.core.core import InfoWatcher
 from submitit.slurm.slurm import SlurmInfoWatcher
 
 from dpsweep.config import given_overrides, ranks_shape
+from dpsweep.config.launcher import LAUNCHERS
 from dpsweep.config.schema import swept_keys
 from dpsweep.launchers import packing
+from dpsweep.launchers.base import DpsweepLauncher
 from dpsweep.process.liveness import driver_environment
 
 log = logging.getLogger(__name__)
@@ -55,20 +61,59 @@ QUEUE_POLL_MAX_S = 60
 NOT_ENDED = frozenset({"READY", "PENDING", "RUNNING", "UNKNOWN", "REQUEUED", "COMPLETING", "PREEMPTED", "GONE"})
 
 
-class _DpsweepSubmititLauncher(BaseSubmititLauncher):
-    """Same executor set-up as hydra-submitit-launcher; results are collected job by job."""
+class InlineLauncher(DpsweepLauncher):
+    """Jobs one after another in this process, each on the config the sweeper composed for it (Hydra's
+    basic launcher's loop, on Hydra's public API). Its jobs' results come when its batch returns."""
+
+    spec = LAUNCHERS.get("inline")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.task_function: TaskFunction | None = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        runs = []
+        for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
+            log.debug(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+            job = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(job):
+                job.hydra.job.id = idx
+                job.hydra.job.num = idx
+            context, task = self.hydra_context, self.task_function
+            ret = run_job(task, job, "hydra.sweep.dir", "hydra.sweep.subdir", hydra_context=context)
+            runs.append(ret)
+            configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        return runs
+
+
+class _DpsweepSubmititLauncher(DpsweepLauncher, BaseSubmititLauncher):
+    """Same executor set-up as hydra-submitit-launcher; results are collected job by job, each told to
+    ``on_job_done`` as it completes."""
 
     _INIT_KEYS = frozenset({"max_num_timeout"})
-    on_job_done: Callable[[JobReturn], None] | None = None  # told of each job as it completes
     poll_s: float = POLL_S  # how often the driver looks for completed jobs
-    trials_per_device: int = 1  # K trials per job (dpsweep.launchers.packing); set by the sweeper
-    devices_per_job: int = 1  # train.devices of the sweep's runs; set by take_ranks (Slurm: one task a rank)
-    nodes_per_job: int = 1  # train.nodes of the sweep's runs (Slurm)
+    devices_per_job: int = 1  # train.devices of the sweep's runs; set by take_ranks (spec.rank_tasks: a task a rank)
+    nodes_per_job: int = 1  # train.nodes of the sweep's runs (spec.rank_tasks)
     queue: QueueStates | None = None  # a scheduler's launcher: the jobs' ids and states, told as they change
 
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        if self.spec.scheduler is not None:
+            self.queue = QueueStates(self.spec.scheduler)
+
     def take_ranks(self, train: Any) -> None:
-        """The ranks of the sweep's runs (one ``train.devices`` and ``train.nodes`` a sweep on Slurm), which
-        shape each job's tasks; the sweeper and the Optuna study call it with their first run's config."""
+        """The ranks of the sweep's runs (one ``train.devices`` and ``train.nodes`` a sweep where they are a
+        job's tasks), which shape each job's tasks; the sweeper and the Optuna study call it with their first
+        run's config."""
         self.devices_per_job, self.nodes_per_job = ranks_shape(train)
 
     def _executor(self, trials: int = 1) -> Any:
@@ -84,7 +129,7 @@ class _DpsweepSubmititLauncher(BaseSubmititLauncher):
             for k, v in packing.job_resources(dict(self.params), trials).items()
             if k not in self._INIT_KEYS | {"submitit_folder"}
         }
-        if self._EXECUTOR == "slurm" and self.devices_per_job * self.nodes_per_job > 1:
+        if self.spec.rank_tasks and self.devices_per_job * self.nodes_per_job > 1:
             params |= ranks_resources(params, self.devices_per_job, self.nodes_per_job)
         executor.update_parameters(**params)
         return executor
@@ -240,7 +285,8 @@ class LocalLauncher(_DpsweepSubmititLauncher):
     (``dpsweep.process.liveness.die_with_driver``) and ends its run KILLED when the driver is gone, instead of
     training on and racing a re-run of the sweep."""
 
-    _EXECUTOR = "local"
+    _EXECUTOR = "local"  # submitit's executor
+    spec = LAUNCHERS.get("local")
     poll_s = LOCAL_POLL_S  # a local sweep on a CPU runs one job at a time: a second's wait after each adds up
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
@@ -299,10 +345,7 @@ def watch_with(watcher: InfoWatcher, jobs: list[Any]) -> None:
 
 class SlurmLauncher(_DpsweepSubmititLauncher):
     _EXECUTOR = "slurm"
-
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
-        self.queue = QueueStates("slurm")
+    spec = LAUNCHERS.get("slurm")
 
     def _watch(self, jobs: list[Any]) -> None:
         """A watcher of the launch's own that reads the queue at least every :data:`QUEUE_POLL_MAX_S`: sacct's,
@@ -314,10 +357,7 @@ class SlurmLauncher(_DpsweepSubmititLauncher):
 
 class SgeLauncher(_DpsweepSubmititLauncher):
     _EXECUTOR = "sge"
-
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
-        self.queue = QueueStates("sge")
+    spec = LAUNCHERS.get("sge")
 
     def _watch(self, jobs: list[Any]) -> None:
         """A watcher of the launch's own that reads qstat (qacct once a job has left) at least every

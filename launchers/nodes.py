@@ -1,9 +1,9 @@
 """Hydra config nodes of dpsweep's launchers and sweeper, and their registration in the ConfigStore.
 
 Deliberately light (no import of the rest of dpsweep): the config package ``dpsweep.conf`` calls
-:func:`register` so that ``hydra/launcher=dpsweep_*`` and ``hydra/sweeper=dpsweep`` exist whenever a
-config is composed, and a submitit job that unpickles a launcher imports it without pulling in the
-training code.
+:func:`register` so that ``hydra/launcher=dpsweep_*`` (one a launcher, which its yaml under
+``conf/launcher/`` selects) and ``hydra/sweeper=dpsweep`` exist whenever a config is composed, and a
+submitit job that unpickles a launcher imports it without pulling in the training code.
 """
 
 from __future__ import annotations
@@ -54,6 +54,13 @@ class DpsweepSweeperConf:
 
 
 @dataclass
+class DpsweepInlineConf:
+    """launcher=inline: jobs one after another in the sweep's process (no parameters)."""
+
+    _target_: str = f"{PLUGIN_MODULE}.InlineLauncher"
+
+
+@dataclass
 class DpsweepLocalConf(LocalQueueConf):
     _target_: str = f"{PLUGIN_MODULE}.LocalLauncher"
 
@@ -82,6 +89,7 @@ class DpsweepSgeConf(BaseQueueConf):
 def register() -> None:
     cs = ConfigStore.instance()
     cs.store(group="hydra/sweeper", name="dpsweep", node=DpsweepSweeperConf, provider="dpsweep")
+    cs.store(group="hydra/launcher", name="dpsweep_inline", node=DpsweepInlineConf(), provider="dpsweep")
     cs.store(group="hydra/launcher", name="dpsweep_local", node=DpsweepLocalConf(), provider="dpsweep")
     cs.store(group="hydra/launcher", name="dpsweep_slurm", node=DpsweepSlurmConf(), provider="dpsweep")
     cs.store(group="hydra/launcher", name="dpsweep_sge", node=DpsweepSgeConf(), provider="dpsweep")

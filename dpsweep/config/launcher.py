@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -20,9 +21,15 @@ class LauncherSpec:
     """What a launcher can do, declared once by its owner (``launchers/``: its Hydra plugin class, and its
     yaml under ``conf/launcher/``); the checks and the sweepers ask it, never a launcher's name.
 
-    A new launcher is a class in ``launchers/``, a yaml and one line here::
+    A new launcher is a class, a spec and a yaml (docs: guides/extending.md)::
 
-        LAUNCHERS.register("name")(LauncherSpec("name", processes=True))
+        LAUNCHERS.register("name")(LauncherSpec("name", processes=True))  # the spec, here or in its module
+
+        class NameLauncher(DpsweepLauncher):  # dpsweep.launchers.base; a Hydra plugin under hydra_plugins
+            spec = LAUNCHERS.get("name")
+
+    and ``conf/launcher/name.yaml`` sets ``launcher.name: name`` and selects the class
+    (``override /hydra/launcher: ...``, a node whose ``_target_`` is the class).
     """
 
     name: str
@@ -31,20 +38,45 @@ class LauncherSpec:
     nodes: bool = False  # a run across train.nodes nodes (one scheduler task a rank)
     scheduler: str | None = None  # the cluster scheduler jobs are submitted to; None: they run on this machine
     submit_command: str | None = None  # the scheduler's client tool a sweep needs on PATH
+    # each rank of a run a task of its scheduler's job: a job array's tasks are one shape, so one
+    # train.devices and train.nodes a sweep
+    rank_tasks: bool = False
+    title: str | None = None  # how messages name where jobs run ("Slurm"); None: launcher=<name>
 
     @property
     def inline(self) -> bool:
         """Trials run one after another in the sweep's own process."""
         return not self.processes
 
+    @property
+    def said(self) -> str:
+        """The launcher as a message names it: ``on {said}``."""
+        return self.title or f"launcher={self.name}"
+
+    @property
+    def remote(self) -> bool:
+        """Jobs run on a scheduler's hosts, not this machine (its GPUs and cores say nothing of theirs)."""
+        return self.scheduler is not None
+
 
 LAUNCHERS: Registry[LauncherSpec] = Registry("launcher")
 LAUNCHERS.register("inline")(LauncherSpec("inline", ranks=True))
 LAUNCHERS.register("local")(LauncherSpec("local", processes=True, ranks=True))
 LAUNCHERS.register("slurm")(
-    LauncherSpec("slurm", processes=True, ranks=True, nodes=True, scheduler="slurm", submit_command="sbatch")
+    LauncherSpec(
+        "slurm",
+        processes=True,
+        ranks=True,
+        nodes=True,
+        scheduler="slurm",
+        submit_command="sbatch",
+        rank_tasks=True,
+        title="Slurm",
+    )
 )
-LAUNCHERS.register("sge")(LauncherSpec("sge", processes=True, scheduler="sge", submit_command="qsub"))
+LAUNCHERS.register("sge")(
+    LauncherSpec("sge", processes=True, scheduler="sge", submit_command="qsub", title="Grid Engine")
+)
 
 
 def spec(launcher: LauncherConfig | str) -> LauncherSpec:
@@ -53,11 +85,23 @@ def spec(launcher: LauncherConfig | str) -> LauncherSpec:
     return LAUNCHERS.get(name, key="launcher")
 
 
+def launchers_where(capability: Callable[[LauncherSpec], bool]) -> list[str]:
+    """The names of the launchers whose spec has ``capability``, e.g. ``launchers_where(lambda s: s.processes)``:
+    what an error lists as allowed."""
+    return [name for name in LAUNCHERS if capability(LAUNCHERS.get(name))]
+
+
+def either(names: list[str]) -> str:
+    """``a, b or c``: the names an error allows."""
+    return " or ".join(filter(None, [", ".join(names[:-1]), names[-1]])) if names else "(none)"
+
+
 @dataclass
 class LauncherConfig:
     """Resources, said once; each launcher maps them to its scheduler (conf/launcher/*.yaml)."""
 
-    name: str = "inline"  # inline (in-process, one after another) | local | slurm | sge
+    # a registered launcher (LAUNCHERS): inline (in-process, one after another) | local | slurm | sge
+    name: str = "inline"
     gpus_per_job: int = 0
     cpus_per_job: int = 1
     mem_gb: int = 4  # memory per job, GiB
@@ -93,10 +137,11 @@ def trials_per_device(launcher: LauncherConfig) -> int | None:
 
 
 def check(cfg: Config) -> None:
-    """launcher.trials_per_device: a number or auto; auto needs a memory model and a GPU budget to
-    pick K from; more than one trial per device needs a launcher that starts processes, and one device
-    (``launcher.gpus_per_job`` 0 or 1)."""
+    """launcher.name: a registered launcher; launcher.trials_per_device: a number or auto; auto needs a
+    memory model and a GPU budget to pick K from; more than one trial per device needs a launcher that
+    starts processes (its spec's ``processes``), and one device (``launcher.gpus_per_job`` 0 or 1)."""
     launcher = cfg.launcher
+    inline = spec(launcher).inline  # an unknown launcher.name: refused, with the valid names
     k = trials_per_device(launcher)
     if k is None:
         require(
@@ -112,11 +157,11 @@ def check(cfg: Config) -> None:
             "a number of trials, or auto with launcher.gpu_memory (e.g. 80GB) for the trials to fit in together",
         )
     require(
-        (k == 1) or launcher.name != "inline",
+        (k == 1) or not inline,
         "launcher.trials_per_device",
         launcher.trials_per_device,
-        "1 with launcher=inline (its trials run one after another in this process); pack trials with "
-        "launcher=local, slurm or sge and -m",
+        f"1 with launcher={launcher.name} (its trials run one after another in this process); pack trials with "
+        f"launcher={either(launchers_where(lambda s: s.processes))} and -m",
     )
     require(
         (k == 1) or launcher.gpus_per_job <= 1,

@@ -1,11 +1,16 @@
 """Hydra plugin shim: Hydra instantiates plugins only from classes defined under ``hydra_plugins``.
 
 The code lives in ``dpsweep.launchers``; these subclasses give it the module path Hydra requires
-(``_target_: hydra_plugins.dpsweep_launchers.<Class>``). A wheel install is found by Hydra's plugin
-scan; ``dpsweep.config`` also registers them, for editable installs the scan cannot see.
+(``_target_: hydra_plugins.dpsweep_launchers.<Class>``), and each launcher keeps the spec of the class it
+derives from (``spec``: what it can do, ``dpsweep.config.launcher.LAUNCHERS``). A wheel install is found
+by Hydra's plugin scan; ``dpsweep.config`` also registers them, for editable installs the scan cannot see.
 """
 
 from dpsweep.launchers import hydra_launchers, sweeper
+
+
+class InlineLauncher(hydra_launchers.InlineLauncher):
+    """Sweep jobs one after another in the sweep's process."""
 
 
 class LocalLauncher(hydra_launchers.LocalLauncher):
@@ -24,4 +29,4 @@ class DpsweepSweeper(sweeper.DpsweepSweeper):
     """Grid sweeps and Optuna studies that record failures, go on, and summarise."""
 
 
-PLUGINS = (LocalLauncher, SlurmLauncher, SgeLauncher, DpsweepSweeper)
+PLUGINS = (InlineLauncher, LocalLauncher, SlurmLauncher, SgeLauncher, DpsweepSweeper)
