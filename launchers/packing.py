@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from hydra.core.utils import JobReturn, JobStatus
 
+from dpsweep.config.launcher import spec
 from dpsweep.process import cpu_cores
 from dpsweep.process.liveness import ENV_DRIVER, ProcessId, die_with_driver
 from dpsweep.process.shutdown import Terminated
@@ -72,8 +73,8 @@ def device_sharing(trials: int) -> str:
 def resolve(typed: Sequence[Config], n_trials: int, backend: str) -> int:
     """K for ``launcher.trials_per_device=auto``: the largest number of these trials whose predicted
     peaks fit ``launcher.gpu_memory`` together (:func:`dpsweep.memory.packing.trials_that_fit`, the
-    largest trial's peak planned alone), at most the trials to run and, on this machine
-    (``launcher=local``), its CPU cores over ``launcher.cpus_per_job``."""
+    largest trial's peak planned alone), at most the trials to run and, on this machine (a launcher
+    whose spec is not ``remote``: local), its CPU cores over ``launcher.cpus_per_job``."""
     from dpsweep.memory import packing
     from dpsweep.memory.predict import headroom, model_for
     from dpsweep.memory.stages import model_key
@@ -92,7 +93,7 @@ def resolve(typed: Sequence[Config], n_trials: int, backend: str) -> int:
         needs.append(plan.memory.peak_bytes + plan.memory.resident_bytes)
         share = headroom(model_for(budget.models, model_key(cfg), backend))
     cap = n_trials
-    if first.launcher.name == "local":
+    if not spec(first.launcher).remote:  # the trials of a job share this machine's cores
         cap = min(cap, max(1, cpu_cores() // first.launcher.cpus_per_job))
     assert first.launcher.gpu_memory is not None  # auto needs it (config check)
     gpu_memory = parse_bytes(first.launcher.gpu_memory, key="launcher.gpu_memory")

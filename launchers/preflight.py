@@ -22,9 +22,8 @@ from typing import Any, NoReturn
 from omegaconf import DictConfig
 
 from dpsweep.config import RANK_KEYS, Config, LauncherConfig, given_overrides, ranks_shape
+from dpsweep.config.launcher import launchers_where, spec
 from dpsweep.errors import EXIT_BAD_INPUT, InputError, redact
-
-SUBMIT_COMMANDS = {"slurm": "sbatch", "sge": "qsub"}  # launchers that need a scheduler's client tools
 
 
 class Refused(InputError):
@@ -73,15 +72,17 @@ def check_ranges(configs: Sequence[Config], jobs: Sequence[Sequence[str]]) -> No
 
 
 def check_launcher(launcher: LauncherConfig) -> None:
-    """The launcher's resources (satisfiable) and its scheduler's client tools (on PATH)."""
+    """The launcher's resources (satisfiable) and its scheduler's client tools (on PATH: its spec's
+    ``submit_command``)."""
     from dpsweep.config import validate_launcher
 
     validate_launcher(launcher)
-    command = SUBMIT_COMMANDS.get(launcher.name)
+    command = spec(launcher).submit_command
     if command and shutil.which(command) is None:
+        here = " or ".join(f"launcher={name}" for name in launchers_where(lambda s: s.processes and not s.remote))
         raise Refused(
             f"launcher={launcher.name} needs '{command}' on PATH, and it is not there: run dpsweep on a "
-            f"{launcher.name} submit host (or load its module), or use launcher=local"
+            f"{launcher.name} submit host (or load its module), or use {here}"
         )
 
 
@@ -101,15 +102,16 @@ def check_search(optuna: bool, params: bool, private_tuning: bool) -> None:
 
 
 def check_rank_shapes(configs: Sequence[Config]) -> None:
-    """One shape of ranks (``train.devices``, ``train.nodes``) in a sweep on Slurm: a job's tasks are its ranks."""
-    if not configs or configs[0].launcher.name != "slurm":
+    """One shape of ranks (``train.devices``, ``train.nodes``) in a sweep whose jobs' tasks are its ranks
+    (the launcher's spec's ``rank_tasks``: Slurm)."""
+    if not configs or not spec(configs[0].launcher).rank_tasks:
         return
     for i, key in enumerate(RANK_KEYS):
         values = sorted({ranks_shape(c.train)[i] for c in configs})
         if len(values) > 1:
             raise Refused(
-                f"{key}={','.join(map(str, values))} is invalid: one value in a sweep on Slurm "
-                "(a job's tasks are its ranks)"
+                f"{key}={','.join(map(str, values))} is invalid: one value in a sweep on "
+                f"{spec(configs[0].launcher).said} (a job's tasks are its ranks)"
             )
 
 
@@ -147,8 +149,7 @@ def job_backend(cfg: Any) -> str:
 
     device = cfg.train.device.value
     if device == "auto":
-        remote = cfg.launcher.name in ("slurm", "sge")
-        on_gpu = cfg.launcher.gpus_per_job > 0 if remote else torch.cuda.is_available()
+        on_gpu = cfg.launcher.gpus_per_job > 0 if spec(cfg.launcher).remote else torch.cuda.is_available()
         device = "cuda" if on_gpu else "cpu"
     return "cuda" if device == "cuda" else "cpu-tensors"
 

@@ -19,6 +19,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
 from dpsweep.config import RANK_KEYS, ConfigError
+from dpsweep.config.launcher import LAUNCHERS
 from dpsweep.launchers.nodes import ParamSpec
 from dpsweep.registry import Registry
 
@@ -112,15 +113,17 @@ def check_search_space(
     params: Mapping[str, ParamSpec], known_keys: Sequence[str], objective: Objective, sampler: str, launcher: str
 ) -> dict[str, BaseDistribution]:
     """Distributions for the search space; a clear error for an unknown key or empty range, or for a
-    run's ranks searched on Slurm (every trial's job is submitted with the first one's tasks)."""
+    run's ranks searched where they are a job's tasks (``launcher``'s spec's ``rank_tasks``, Slurm: every
+    trial's job is submitted with the first one's tasks)."""
     if not params:
         raise ConfigError("hydra.sweeper.optuna.params", {}, "at least one parameter to search")
     known = set(known_keys)
+    runs_on = LAUNCHERS.get(launcher, key="launcher")
     out = {}
     for name, spec in params.items():
-        if name in RANK_KEYS and launcher == "slurm":
-            raise ConfigError("hydra.sweeper.optuna.params", name, f"a key other than {name} on Slurm, where a "
-                              f"job's tasks are its ranks: set {name} as an override, one value a study")  # fmt: skip
+        if name in RANK_KEYS and runs_on.rank_tasks:
+            raise ConfigError("hydra.sweeper.optuna.params", name, f"a key other than {name} on {runs_on.said}, where "
+                              f"a job's tasks are its ranks: set {name} as an override, one value a study")  # fmt: skip
         if name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.8)
             hint = f"; did you mean {', '.join(close)}?" if close else ""

@@ -29,7 +29,9 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
 
 from dpsweep.config import given_overrides
+from dpsweep.config.launcher import spec
 from dpsweep.errors import redact, redacted
+from dpsweep.launchers.base import DpsweepLauncher
 
 if TYPE_CHECKING:
     from dpsweep.config import Config
@@ -123,7 +125,8 @@ class SweepSession:
 
     @property
     def inline(self) -> bool:
-        return self.first.launcher.name == "inline"
+        """Jobs run one after another in this process (the launcher's spec)."""
+        return spec(self.first.launcher).inline
 
     @contextlib.contextmanager
     def parent_run(self, name: str, tags: Mapping[str, str], params: Mapping[str, Any]) -> Iterator[Tracker]:
@@ -153,7 +156,7 @@ class SweepSession:
     def progress(self, launcher: Launcher, total: int) -> Progress:
         """Progress lines of ``total`` jobs; dpsweep's submitit launchers report each job as it completes."""
         progress = Progress(total, echoed=self.inline)
-        if hasattr(launcher, "on_job_done"):
+        if isinstance(launcher, DpsweepLauncher):  # those that see each job end; the sweeper tells the others
             launcher.on_job_done = progress.job_done
         return progress
 

@@ -31,7 +31,9 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from dpsweep.config import Config, given_overrides
+from dpsweep.config.launcher import spec
 from dpsweep.errors import InputError
+from dpsweep.launchers.base import DpsweepLauncher
 from dpsweep.launchers.composed import ComposedJobs
 from dpsweep.launchers.expand import expand
 from dpsweep.launchers.nodes import OptunaSearchConf
@@ -72,8 +74,11 @@ class DpsweepSweeper(Sweeper):
         with open_dict(config):
             config.hydra.sweep.dir = str(Path(str(config.hydra.sweep.dir)).absolute())
         self.config, self.hydra_context = config, hydra_context
-        # the inline launcher (Hydra's basic one, in this process) runs each job on the config composed here
-        inline = OmegaConf.select(config, "launcher.name") == "inline"
+        # an inline launcher (in this process) runs each job on the config composed here
+        try:
+            inline = spec(str(OmegaConf.select(config, "launcher.name"))).inline
+        except InputError as err:  # an unknown launcher.name, before Hydra instantiates anything
+            refuse(str(err))
         self.composer = ComposedJobs(hydra_context.config_loader, keep=inline)
         launcher_context = HydraContext(self.composer, hydra_context.callbacks) if inline else hydra_context
         self.launcher = Plugins.instance().instantiate_launcher(
@@ -180,13 +185,12 @@ class DpsweepSweeper(Sweeper):
             print(f"dpsweep: launcher.trials_per_device=auto: {k} trials fit {first.launcher.gpu_memory} together "
                   f"({first.train.memory_model})", flush=True)  # fmt: skip
         k = k or 1
-        if self.launcher is not None and hasattr(self.launcher, "trials_per_device"):
-            self.launcher.trials_per_device = k
-        try:  # one job shape a sweep on Slurm: its tasks are its ranks
+        try:  # one job shape a sweep whose jobs' tasks are its ranks (the launcher's spec.rank_tasks)
             check_rank_shapes(configs)
         except InputError as err:
             refuse(str(err))
-        if self.launcher is not None and hasattr(self.launcher, "take_ranks"):
+        if isinstance(self.launcher, DpsweepLauncher):  # not a Hydra launcher a user chose (hydra/launcher=...)
+            self.launcher.trials_per_device = k
             self.launcher.take_ranks(first.train)
         if k > 1 and todo:
             n_jobs = -(-len(todo) // k)
@@ -199,7 +203,7 @@ class DpsweepSweeper(Sweeper):
         """Launch in batches; stop once the share of failed jobs exceeds sweep.max_failure_rate."""
         assert self.launcher is not None
         # inline jobs run one at a time anyway: batches of one let the failure policy act early
-        k = getattr(self.launcher, "trials_per_device", 1)
+        k = self.launcher.trials_per_device if isinstance(self.launcher, DpsweepLauncher) else 1
         size = self.max_batch_size * k if self.max_batch_size else (1 if session.inline else max(1, len(jobs)))
         returns: list[Sequence[JobReturn]] = []
         progress = session.progress(self.launcher, len(jobs))

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from dpsweep.cli.composing import CONFIG_MODULE, composition_refused, sweep_jobs
 from dpsweep.config import ConfigError
+from dpsweep.config.launcher import LAUNCHERS, either, launchers_where, spec
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -33,7 +34,22 @@ if TYPE_CHECKING:
 
 MULTIRUN_FLAGS = ("-m", "--multirun")
 HYDRA_RUNTIME = "${hydra:"  # Hydra's resolver of the running job's config: set only inside the app
-SCHEDULERS = ("slurm", "sge")  # launchers that submit to a cluster: sweeps only (a single run would train here)
+
+
+def submits(launcher: str) -> bool:
+    """Whether ``launcher`` submits its jobs to a cluster's scheduler (its spec's): sweeps only, as a single
+    run would train here."""
+    return spec(launcher).scheduler is not None
+
+
+class _Schedulers:
+    """``name in SCHEDULERS``: :func:`submits`, for ``dpsweep.cli.train`` until it asks the spec itself."""
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in LAUNCHERS and submits(name)
+
+
+SCHEDULERS = _Schedulers()
 
 
 @dataclass(frozen=True)
@@ -49,8 +65,9 @@ class Checked:
 
 def scheduler_refusal(launcher: str) -> ConfigError:
     """A single run given a scheduler's launcher: it would train here; a scheduler takes sweeps."""
+    here = either(launchers_where(lambda s: not s.remote))
     return ConfigError(
-        "launcher", launcher, "inline or local for a run on this machine; a scheduler takes sweeps: "
+        "launcher", launcher, f"{here} for a run on this machine; a scheduler takes sweeps: "
         f"add -m to submit this run as a sweep of one job (dpsweep -m launcher={launcher} ...)",
     )  # fmt: skip
 
@@ -102,8 +119,8 @@ def _run(overrides: list[str]) -> Checked | None:
     run_dir = _resolved(cfg, "hydra.run.dir")
     with open_dict(cfg):
         del cfg["hydra"]
-    launcher = OmegaConf.select(cfg, "launcher.name")
-    if launcher in SCHEDULERS:
+    launcher = str(OmegaConf.select(cfg, "launcher.name"))
+    if submits(launcher):  # an unknown name: refused, with the valid ones
         raise scheduler_refusal(launcher)
     config = to_config(cfg)
     validate(config)

@@ -46,6 +46,7 @@ from dpsweep.cli.overrides import override_value
 from dpsweep.cli.plan import CONFIG_MODULE, MemoryCheck, job_plans
 from dpsweep.cli.script import run_script
 from dpsweep.config import Config
+from dpsweep.config.launcher import LAUNCHERS, launchers_where, spec
 from dpsweep.errors import InputError
 from dpsweep.memory.model import PEAK_TARGET, STAGE_PEAK_TARGETS
 from dpsweep.memory.tables import logged, metric
@@ -55,7 +56,7 @@ if TYPE_CHECKING:  # pandas, torch, Hydra and MLflow are imported where used: --
     import pandas as pd
 
 
-PROBE_LAUNCHERS = ("local", "slurm", "sge")  # a fresh process per config
+PROBE_LAUNCHER = "local"  # unless the user names another whose spec starts a fresh process per config
 # What every probe sweep sets: probe mode; a fresh measurement even of a config probed before (maybe
 # on another device); no ε budget (a probe takes one step and reports no ε).
 FORCED_VALUES = ("train.probe=true", "sweep.force=true", "sweep.max_epsilon=null")
@@ -78,9 +79,10 @@ MEASURED = (
 def probe_overrides(overrides: Sequence[str]) -> list[str]:
     """The ``dpsweep -m`` overrides of a probe sweep: probe mode, a fresh process per config, and
     as many at once as the device allows, unless the user said otherwise."""
-    launcher = override_value(overrides, "launcher") or "local"
-    if launcher not in PROBE_LAUNCHERS:
-        raise InputError("launcher", launcher, f"one of {', '.join(PROBE_LAUNCHERS)}: each probe needs a fresh process")
+    launcher = override_value(overrides, "launcher") or PROBE_LAUNCHER
+    if launcher not in LAUNCHERS or not spec(launcher).processes:
+        fresh = launchers_where(lambda s: s.processes)
+        raise InputError("launcher", launcher, f"one of {', '.join(fresh)}: each probe needs a fresh process")
     for key in FORCED:
         value = override_value(overrides, key)
         if value is not None:
@@ -90,10 +92,10 @@ def probe_overrides(overrides: Sequence[str]) -> list[str]:
         extra.append(f"tracking.experiment_name={PROBE_EXPERIMENT}")
     import torch
 
-    gpus = torch.cuda.device_count()
-    if launcher == "local" and override_value(overrides, "launcher.max_parallel") is None:
+    gpus, remote = torch.cuda.device_count(), spec(launcher).remote  # remote: this machine's GPUs are not its
+    if not remote and override_value(overrides, "launcher.max_parallel") is None:
         extra.append(f"launcher.max_parallel={gpus or os.cpu_count() or 1}")  # one per GPU, or per core
-    if (gpus or launcher != "local") and override_value(overrides, "launcher.gpus_per_job") is None:
+    if (gpus or remote) and override_value(overrides, "launcher.gpus_per_job") is None:
         extra.append("launcher.gpus_per_job=1")  # probes are of GPU memory wherever GPUs are
     # last, so that no experiment preset changes them
     return [*extra, *[o for o in overrides if not o.startswith("launcher=")], *FORCED_VALUES]
