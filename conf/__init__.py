@@ -26,4 +26,4 @@ def gpus_or_one() -> int:
 
 OmegaConf.register_new_resolver("dpsweep.gpus_or_one", gpus_or_one, replace=True)
 register_configs()
-nodes.register()  # hydra/sweeper=dpsweep, hydra/launcher=dpsweep_local|slurm|sge
+nodes.register()  # hydra/sweeper=dpsweep, hydra/launcher=dpsweep_inline|local|slurm|sge

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from dpsweep.cli.composing import CONFIG_MODULE, composition_refused, sweep_jobs
 from dpsweep.config import ConfigError
-from dpsweep.config.launcher import LAUNCHERS, either, launchers_where, spec
+from dpsweep.config.launcher import either, launchers_where, spec
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -40,16 +40,6 @@ def submits(launcher: str) -> bool:
     """Whether ``launcher`` submits its jobs to a cluster's scheduler (its spec's): sweeps only, as a single
     run would train here."""
     return spec(launcher).scheduler is not None
-
-
-class _Schedulers:
-    """``name in SCHEDULERS``: :func:`submits`, for ``dpsweep.cli.train`` until it asks the spec itself."""
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name in LAUNCHERS and submits(name)
-
-
-SCHEDULERS = _Schedulers()
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument(option.flag, action="store_true", help=plain_text(f"{name}: {option.help}"))
         else:
             p.add_argument(option.flag, type=option.kind, help=plain_text(f"{name}: {option.help}"))
-    p.add_argument("--convention", choices=list(privacy.CONVENTIONS), default="opacus",
+    p.add_argument("--convention", choices=list(privacy.CONVENTIONS), default=privacy.TRAINED,
                    help="how q and the steps are counted: opacus (q = 1/ceil(N/B), ceil(N/B) steps an epoch: "
                    "what dpsweep trains) or tf_privacy (q = B/N, ceil(epochs·N/B) steps: TF Privacy's "
                    "compute_dp_sgd_privacy, to reproduce its published figures)")  # fmt: skip
@@ -230,13 +230,14 @@ def _setting(a: argparse.Namespace, mechanism: mechanisms.Mechanism) -> mechanis
         if value not in (None, False) and option not in mechanism.options:
             raise InputError(option.flag, value, f"used with --mechanism {name} only")
     options = {o.key: getattr(a, _dest(o)) for o in mechanism.options}
-    if a.convention != "opacus" and a.mechanism != "dpsgd":
-        raise InputError("--convention", a.convention, "opacus with --mechanism other than dpsgd")
+    if a.convention not in mechanism.conventions:
+        allowed = " or ".join(mechanism.conventions)
+        raise InputError("--convention", a.convention, f"{allowed} with --mechanism {a.mechanism}")
     base = mechanisms.Setting(a.dataset_size, a.batch_size, a.epochs, a.delta, _accounting(a), a.steps,
                               options=options, convention=a.convention)  # fmt: skip
     if a.clipping != "fixed" and not mechanism.sampled:
         raise InputError("--clipping", a.clipping, f"fixed with --mechanism {a.mechanism} (it samples nothing)")
-    if a.plot is not None and a.convention != "opacus":
+    if a.plot is not None and a.convention != privacy.TRAINED:
         raise InputError("--plot", str(a.plot), "left out with --convention tf_privacy (the plots use dpsweep's)")
     if a.plot is not None and not mechanism.sampled:
         raise InputError("--plot", str(a.plot), f"left out with --mechanism {a.mechanism}: the plots vary q")
@@ -287,7 +288,7 @@ def _price(a: argparse.Namespace, mechanism: mechanisms.Mechanism) -> dict[str, 
         "description": mechanism.describe(s, float(sigma_text(sigma)) if calibrated == "noise_multiplier" else sigma),
     }  # fmt: skip
     out |= mechanism.details(s)
-    if a.convention != "opacus":
+    if a.convention != privacy.TRAINED:
         out["convention"] = a.convention
     if s.epochs is not None:
         out["epochs"] = s.epochs

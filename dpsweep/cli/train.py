@@ -32,7 +32,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from dpsweep.cli.composing import composition_problem
-from dpsweep.cli.early import MULTIRUN_FLAGS, SCHEDULERS, Checked, check_plans, composed_and_checked, scheduler_refusal
+from dpsweep.cli.early import MULTIRUN_FLAGS, Checked, check_plans, composed_and_checked, scheduler_refusal, submits
 from dpsweep.cli.errors import bad_input_types, report_bad_input
 from dpsweep.cli.lines import start_line, summary_line
 from dpsweep.cli.overrides import override_value
@@ -183,7 +183,7 @@ class JobSummary:
 def app(cfg: DictConfig) -> JobSummary | None:
     """The Hydra task: train one config; returns its summary (None: skipped)."""
     hydra_cfg = HydraConfig.get()
-    if hydra_cfg.mode != RunMode.MULTIRUN and cfg.launcher.name in SCHEDULERS:  # before the store or any run
+    if hydra_cfg.mode != RunMode.MULTIRUN and submits(cfg.launcher.name):  # before the store or any run
         raise SystemExit(report_bad_input("dpsweep", scheduler_refusal(cfg.launcher.name)))
     rank = a_rank()  # one of the processes of a run across devices (train.devices)
     if hydra_cfg.mode != RunMode.MULTIRUN and not rank and not STARTED.line_said:  # a first line now: torch, the

@@ -81,6 +81,8 @@ class Mechanism(ABC):
     # dp.unit -> the engines (dpsweep.mechanisms.engines) that take its steps there, its default first
     engines_at: ClassVar[EngineTable]
     accountants: ClassVar[tuple[str, ...]] = ("rdp", "prv", "pld")
+    # how it counts q and steps (Setting.convention): dpsweep's as runs train, and for DP-SGD TF Privacy's too
+    conventions: ClassVar[tuple[str, ...]] = ("opacus",)
     options: ClassVar[tuple[Option, ...]] = ()
     citation: ClassVar[str] = ""
 

@@ -27,6 +27,7 @@ class DPSGD(Mechanism):
     # either by the fused step
     engines_at: ClassVar[EngineTable] = {"example": ("opacus", "fused"), "user": ("own_steps", "fused")}
     citation = "Abadi et al. 2016; Mironov, Talwar & Zhang 2019 (the subsampled Gaussian's RDP)"
+    conventions = tuple(poisson.CONVENTIONS)  # Opacus's, as runs train, and TF Privacy's (its published ε)
 
     def schedule(self, s: Setting) -> poisson.PoissonSchedule:
         return poisson.CONVENTIONS[s.convention](s.population, s.batch_size)

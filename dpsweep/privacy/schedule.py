@@ -83,9 +83,10 @@ def tf_privacy_schedule(n: int, batch_size: int) -> PoissonSchedule:
     return TfPrivacySchedule(n, batch_size, q, math.ceil(n / batch_size), q)
 
 
-# step conventions by name: Opacus's trains; TF Privacy's reproduces its published figures
+# step conventions by name: Opacus's, as runs train (TRAINED); TF Privacy's reproduces its published figures
+TRAINED = "opacus"
 CONVENTIONS: dict[str, Callable[[int, int], PoissonSchedule]] = {
-    "opacus": poisson_schedule,
+    TRAINED: poisson_schedule,
     "tf_privacy": tf_privacy_schedule,
 }
 

@@ -118,7 +118,7 @@ def test_probes_logged_before_in_bytes_read_as_todays(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["probe", "launcher=inline"], "launcher='inline' is invalid: one of local, slurm, sge"),
+        (["probe", "launcher=inline"], "launcher='inline' is invalid: one of local, sge, slurm"),
         (["probe", "train.batch_size=0"], "train.batch_size=0 is invalid"),
         (["probe", "train.batch_size=5000"], "at most the training-set size N=1437"),
         (["probe", "train.physical_batch_size=8"], "train.physical_batch_size=8 is invalid"),

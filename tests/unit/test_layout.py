@@ -64,3 +64,63 @@ def test_mechanism_names_appear_only_in_the_mechanisms_and_the_config_schema() -
 def test_no_task_is_named_by_the_runner_planning_launchers_or_reports(root: str) -> None:
     """``grep -rniw gan``: the GAN is one task among others, a module of ``dpsweep/tasks/``."""
     assert not hits(r"\bgan\b", [REPO / root], re.IGNORECASE)
+
+
+def registered_names() -> dict[str, tuple[set[str], tuple[str, ...]]]:
+    """Kind -> (its registered names, the paths that own them): a task's schema and package, a
+    mechanism's or engine's module, a launcher's spec and plugin classes."""
+    from dpsweep.config import task_schemas
+    from dpsweep.config.launcher import LAUNCHERS
+    from dpsweep.mechanisms import MECHANISMS
+    from dpsweep.mechanisms.engines import ENGINES
+
+    return {
+        "task": (set(task_schemas()), ("dpsweep/tasks/", "dpsweep/config/task.py")),
+        "mechanism": (set(MECHANISMS.names()), ("dpsweep/mechanisms/",)),
+        "engine": (set(ENGINES.names()), ("dpsweep/mechanisms/",)),
+        "launcher": (
+            set(LAUNCHERS.names()),
+            ("dpsweep/config/launcher.py", "launchers/hydra_launchers.py", "launchers/sge/", "launchers/hydra_plugins/"),
+        ),
+    }
+
+
+def literal_names(node: ast.AST) -> list[str]:
+    """The string constants of a comparison's operand, a collection of them, or a table's keys."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return [n for elt in node.elts for n in literal_names(elt)]
+    if isinstance(node, ast.Dict):
+        return [n for key in node.keys if key is not None for n in literal_names(key)]
+    return []
+
+
+def compared_names(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, name) of every string compared (``==``, ``!=``, ``in``), or kept in a table of two or more
+    names (a tuple, list, set or dict of them assigned at module level)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            for operand in [node.left, *node.comparators]:
+                found += [(node.lineno, name) for name in literal_names(operand)]
+    for node in getattr(tree, "body", []):
+        value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
+        if value is not None and not isinstance(value, ast.Constant):
+            found += [(node.lineno, name) for name in literal_names(value)]
+    return found
+
+
+def test_no_task_mechanism_engine_or_launcher_name_is_compared_outside_its_owner() -> None:
+    """Which combinations run is declared by the owners (a task's schema, a mechanism, an engine, a
+    launcher's spec) and asked; nothing else compares their names with literals or keeps a table of them
+    (issue 57). ``config/`` is covered too."""
+    kinds = registered_names()
+    outside = []
+    for path in python_files(CORE, REPO / "launchers", REPO / "analysis"):
+        where = str(path.relative_to(REPO))
+        for line, name in compared_names(ast.parse(path.read_text())):
+            for kind, (names, owners) in kinds.items():
+                if name in names and not where.startswith(owners):
+                    outside.append(f"{where}:{line}: {kind} {name!r}")
+    assert not outside, "ask the owner's declaration instead:\n" + "\n".join(sorted(set(outside)))
