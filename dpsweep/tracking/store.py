@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 import mlflow
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.environment_variables import MLFLOW_ASYNC_LOGGING_THREADPOOL_SIZE
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
@@ -47,6 +48,10 @@ from dpsweep.tracking import (
     why_dead,
 )
 from dpsweep.tracking.probes import probe
+
+# MLflow's asynchronous logging writes its batches from a pool of threads, 10 by default, in whatever order
+# they finish: one thread writes them in the order logged (a param keeps its first value, a tag its last)
+MLFLOW_ASYNC_LOGGING_THREADPOOL_SIZE.set(1)
 
 _READY: set[str] = set()  # tracking URIs whose store this process has opened
 BUSY_RETRIES = 8  # attempts of a write that SQLite refused as "database is locked"

@@ -53,6 +53,15 @@ def test_a_logging_call_that_failed_ends_the_run_failed_with_mlflows_error(
     assert r.data.metrics["after"] == 1.0  # the writes after the failed one were stored
 
 
+def test_writes_are_stored_in_the_order_logged(mlflow_uri: str, experiment_name: str, client: MlflowClient) -> None:
+    """MLflow's asynchronous logging writes from a pool of threads, in any order unless it has one: a
+    tag set again and again keeps its last value."""
+    with tracked_run(TrackingConfig(uri=mlflow_uri, experiment_name=experiment_name)) as run:
+        for i in range(40):
+            run.set_tags({"stage": i})
+    assert client.get_run(run.run_id).data.tags["stage"] == "39"
+
+
 def test_dpsweeps_own_errors_surface_as_themselves(tmp_path: Path, mlflow_uri: str, experiment_name: str) -> None:
     not_a_db = tmp_path / "notes.db"
     not_a_db.write_text("not a database")
