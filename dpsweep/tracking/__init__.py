@@ -9,24 +9,18 @@ with the error in the tags ``error`` and ``error.type`` and the traceback as the
 ``error.txt``; an interrupted one (Ctrl-C, SystemExit, a scheduler's SIGTERM) ends KILLED.
 Out-of-memory failures are tagged ``failure.kind=oom``, since they are data for memory models.
 
-Params, metrics and tags go to MLflow's asynchronous logging (``synchronous=False``): the call
-returns at once, and MLflow's own thread writes them. A run waits for them all before it ends
-(:meth:`Tracker.flush`), so its status says whether everything it logged was recorded: a write that
-MLflow's thread failed is made again, synchronously, and either is stored or raises its error, which
-ends the run FAILED. Artifacts, models and datasets are written at the call.
+Params, metrics and tags go to MLflow's asynchronous logging (``synchronous=False``): the call returns
+at once. A run waits for them before it ends (:meth:`Tracker.flush`), so its status says whether all
+it logged was recorded. Artifacts, models and datasets are written at the call.
 
-MLflow is imported at the first call that needs it (:mod:`dpsweep.tracking.store`), not by this
-module: a command that only reads a config, or refuses bad input, starts without it. The functions at
-the end (``runs_by_hash`` ...) are the sweep driver's questions to the store.
+MLflow is imported at the first call that needs it (:mod:`dpsweep.tracking.store`; 1.3 CPU-s), not by
+this module. The functions at the end (``runs_by_hash`` ...) are a sweep driver's questions to the store.
 
-Until issue 57 a run logged through a child process that imported MLflow while the run imported
-torch (issue 19), with a protocol of its own to hand the calls over and replay them. What it bought
-on the default workload, measured by ``benchmarks/tracking_process.py`` on the 2-core development VM
-(``analysis/data/tracking_process.json``; the load average was 10-11, other sessions' tests): a sweep
-of 8 one-epoch jobs on the local launcher (``launcher.max_parallel=2``) took 221 s with the child and
-199 s in process; a job's start to its first step, 36.4 s and 38.2 s (the overlapped imports saved
-5% of it); a single run, 26.0 s and 26.8 s. Nothing near the 10% of a sweep's wall time a user would
-notice, in the child's favour: with two jobs on two cores, its imports took the other job's core.
+Until issue 57 a run logged through a child process that imported MLflow while the run imported torch
+(issue 19). ``benchmarks/tracking_process.py`` on the 2-core development VM, load average 10-11
+(``analysis/data/tracking_process.json``): 8 one-epoch jobs on the local launcher took 221 s with the
+child, 199 s in process; a job's start to its first step 36.4 s and 38.2 s; a single run 26.0 s and
+26.8 s. No 10% of a sweep's wall time in the child's favour: its imports took the other job's core.
 """
 
 from __future__ import annotations
@@ -460,16 +454,10 @@ def _record_failure(tracker: Tracker, err: BaseException, kind: str) -> None:
 # the store's answers to a run or a sweep's driver, from the modules that import MLflow, imported at
 # their first use (PEP 562: this module stays free of MLflow)
 # ---------------------------------------------------------------------------------------------
-_FROM_THE_STORE = {
-    "open_store": "store",  # ConfigError unless the URI is an MLflow store, or a place one can be made (then made)
-    "run_finished": "store",
-    "ensure_experiments": "store",
-    "runs_by_hash": "sweeps",
-    "runs_of_sweep": "sweeps",
-    "close_orphaned_runs": "sweeps",
-    "log_results_table": "sweeps",
-    "close_dead_of_config": "dead_runs",
-    "failed_by_a_rank": "dead_runs",
+_FROM_THE_STORE = {  # name -> its module (open_store: ConfigError unless the URI is a store, or can be made one)
+    **dict.fromkeys(("open_store", "run_finished", "ensure_experiments"), "store"),
+    **dict.fromkeys(("runs_by_hash", "runs_of_sweep", "close_orphaned_runs", "log_results_table"), "sweeps"),
+    **dict.fromkeys(("close_dead_of_config", "failed_by_a_rank"), "dead_runs"),
 }
 
 if TYPE_CHECKING:
