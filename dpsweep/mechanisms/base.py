@@ -129,12 +129,6 @@ class Mechanism(ABC):
         (): none, it does not run at that unit."""
         return tuple(self.engines_at.get(unit, ()))
 
-    @property
-    def trains(self) -> str:
-        """Its default engine per example (else per user). Kept for ``dpsweep.mechanisms.functional`` until
-        it asks :func:`dpsweep.mechanisms.engines.engine_of`; it goes then."""
-        return (self.engines("example") or self.engines("user"))[0]
-
     def describe(self, s: Setting, noise_multiplier: float) -> str:
         """One sentence on what ran, for ``dpsweep-epsilon``'s statement."""
         q = self.sample_rate(s)

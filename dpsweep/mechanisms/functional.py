@@ -1,13 +1,13 @@
 """DP steps that noise their own gradients (per-example gradients from ``torch.func``, no Opacus):
 DP-FTRL at example or user level, user-level DP-SGD, and the fused step of example-level DP-SGD
-(``dp.grad_sample_mode=fused``, :mod:`dpsweep.mechanisms.fused`). ``task=classifier`` uses them for every
+(``dp.engine=fused``, :mod:`dpsweep.mechanisms.fused`). ``task=classifier`` uses them for every
 DP run but example-level DP-SGD through Opacus's hooks, ghost, functorch or ew modes.
 
     dpsweep dp.mechanism=dpftrl optimizer.momentum=0.9 dp.ftrl_restart_every=5     # example-level DP-FTRL
     dpsweep dp.unit=user dataset.users=partition dataset.num_users=50 train.batch_size=10   # user-level DP-SGD
     dpsweep dp.mechanism=dpftrl dp.unit=user dataset.users=partition dataset.num_users=50 train.batch_size=5
-    dpsweep dp.grad_sample_mode=fused                                              # example-level, fused
-    dpsweep dp.grad_sample_mode=fused dp.unit=user dataset.users=partition dataset.num_users=50 train.batch_size=10
+    dpsweep dp.engine=fused                                                        # example-level, fused
+    dpsweep dp.engine=fused dp.unit=user dataset.users=partition dataset.num_users=50 train.batch_size=10
 
 A **unit** is an example (``dp.unit=example``) or a user (``dp.unit=user``: all of one user's
 examples, at most ``dp.max_examples_per_user`` of them per step). Each unit's contribution is its
@@ -41,11 +41,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from dpsweep.config import Config, GradSampleMode, PrivacyUnit
+from dpsweep.config import Config, PrivacyUnit
 from dpsweep.data import device as device_data
 from dpsweep.data import users
 from dpsweep.mechanisms import dpftrl_accounting as ftrl_accounting
-from dpsweep.mechanisms import ftrl, fused, get, private_step
+from dpsweep.mechanisms import engines, ftrl, fused, private_step
 from dpsweep.mechanisms.private_step import PrivateStep, Release, StepWrapper
 from dpsweep.models.optimizers import build_optimizer
 from dpsweep.privacy.schedule import poisson_schedule
@@ -56,20 +56,14 @@ ORDER_SEED_OFFSET = 4_243  # the fixed order's permutation: its own generator, s
 
 
 def uses_own_steps(cfg: Config) -> bool:
-    """A DP run whose steps are this module's: a mechanism that trains so (``trains = "own_steps"``), any
-    at user level (Opacus's hooks clip examples, not users), or the fused step."""
-    dp = cfg.dp
-    mechanism = get(dp.mechanism)
-    own = mechanism.trains == "own_steps" or dp.unit != PrivacyUnit.example
-    return dp.enabled and (own or dp.grad_sample_mode == GradSampleMode.fused)
+    """A DP run whose steps are this module's: its engine's (``Engine.functional``: own_steps, fused;
+    :func:`dpsweep.mechanisms.engines.engine_of`)."""
+    return cfg.dp.enabled and engines.engine_of(cfg).functional
 
 
 def rule_of(cfg: Config) -> OwnRule:
-    """How the run takes its own steps: the fused step (example-level DP-SGD, ``dp.grad_sample_mode=fused``),
-    else the mechanism's rule (``Mechanism.own_steps``)."""
-    if cfg.dp.grad_sample_mode == GradSampleMode.fused:
-        return FusedUsers() if cfg.dp.unit == PrivacyUnit.user else FusedPoisson()
-    rule: OwnRule = get(cfg.dp.mechanism).own_steps()
+    """How the run takes its own steps: its engine's rule (the fused step's, or the mechanism's own)."""
+    rule: OwnRule = engines.engine_of(cfg).rule(cfg)
     return rule
 
 

@@ -115,9 +115,9 @@ def check_model(model: nn.Module) -> None:
     for name, module in model.named_modules():
         if isinstance(module, MIXING_LAYERS):
             raise InputError(
-                "dp.grad_sample_mode",
+                "dp.engine",
                 "fused",
-                f"hooks, ghost, functorch or ew for this model: its layer {name!r} ({type(module).__name__}) "
+                f"opacus or own_steps for this model: its layer {name!r} ({type(module).__name__}) "
                 "mixes the examples of a batch, so per-example gradients are not defined",
             )
 

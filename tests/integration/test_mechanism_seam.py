@@ -11,8 +11,9 @@ their RDP). Its ε is checked against dp-accounting's own accountants on the sam
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -28,6 +29,7 @@ from dpsweep.config import to_config
 from dpsweep.data import users
 from dpsweep.data.facts import DatasetFacts
 from dpsweep.mechanisms import MECHANISMS, Mechanism, Setting
+from dpsweep.mechanisms.base import EngineTable
 from dpsweep.mechanisms.functional import FixedOrderBatches, OwnRule, OwnRun, OwnSetup
 from dpsweep.models.optimizers import build_optimizer
 from dpsweep.plan import prepare
@@ -59,7 +61,7 @@ class FullBatchGaussian(Mechanism):
     neighbours = "add_or_remove_one"
     sampled = False
     note = "the whole training set every step, no sampling and no amplification"
-    trains = "own_steps"
+    engines_at: ClassVar[EngineTable] = {"example": ("own_steps",)}  # its steps: an OwnRule
 
     def steps(self, s: Setting) -> int:
         return s.steps if s.steps is not None else s.epochs or 0
@@ -74,9 +76,12 @@ class FullBatchGaussian(Mechanism):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def registered() -> None:
+def registered() -> Iterator[None]:
+    """The toy registered for this module's tests only (other modules list the registry's names)."""
     if NAME not in MECHANISMS:
         MECHANISMS.register(NAME)(FullBatchGaussian())
+    yield
+    MECHANISMS._entries.pop(NAME, None)
 
 
 def reference_epsilon(sigma: float, steps: int, delta: float) -> float:

@@ -167,7 +167,7 @@ def test_a_bound_below_b_and_a_model_that_mixes_rows_are_refused() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
     with pytest.raises(InputError) as err:
         fused.FusedStep(model, nn.CrossEntropyLoss(), max_grad_norm=1.0, pad_to=8, mode=None)
-    assert err.value.key == "dp.grad_sample_mode" and "'1' (BatchNorm1d)" in str(err.value)
+    assert err.value.key == "dp.engine" and "'1' (BatchNorm1d)" in str(err.value)
 
 
 def test_a_model_that_mixes_rows_is_refused_before_a_sweep_launches_any_job(
@@ -187,13 +187,13 @@ def test_a_model_that_mixes_rows_is_refused_before_a_sweep_launches_any_job(
 
     monkeypatch.setitem(model_zoo.MODELS._entries, "mlp", mlp_with_batchnorm)
     monkeypatch.setattr(fused, "_PLANNED", set())  # the real mlp may have passed in this process
-    job = ["model=mlp", "dp.grad_sample_mode=fused", "launcher=local"]
+    job = ["model=mlp", "dp.engine=fused", "launcher=local"]
     cfg = make_cfg(*job)
     with pytest.raises(SystemExit) as ended:
         preflight([cfg], [job])
     assert ended.value.code == 2
     err = capsys.readouterr().err
-    assert "dp.grad_sample_mode='fused' is invalid" in err and "'2' (BatchNorm1d)" in err, err
+    assert "dp.engine='fused' is invalid" in err and "'2' (BatchNorm1d)" in err, err
     assert client.get_experiment_by_name(experiment_name) is None  # not even its experiment: no run
     typed = to_config(make_cfg("model=mlp", "dp.grad_sample_mode=hooks"))
     prepare(typed, dataset_facts(typed)[0])  # the check is the fused step's alone
