@@ -102,6 +102,7 @@ def _run(overrides: list[str]) -> Checked | None:
 
     from dpsweep.cli.lines import start_line
     from dpsweep.config import to_config, validate
+    from dpsweep.mechanisms import engines
 
     cfg = compose("config", overrides=overrides, return_hydra_config=True)
     if _needs_hydra(cfg):
@@ -114,6 +115,8 @@ def _run(overrides: list[str]) -> Checked | None:
         raise scheduler_refusal(launcher)
     config = to_config(cfg)
     validate(config)
+    if config.dp.enabled:  # the task's, mechanism's and engine's declarations (no torch)
+        engines.check(config)
     line = start_line(cfg, str(Path(run_dir).absolute())) if run_dir is not None else None
     return Checked(line, [config], [overrides], sweep=False, run_dir=run_dir)
 

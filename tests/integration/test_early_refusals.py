@@ -44,6 +44,12 @@ def refused(tmp_path: Path, command: str, *args: str) -> subprocess.CompletedPro
             "give either grid axes (hydra.sweeper.params) or an Optuna search (hydra.sweeper.optuna), not both",
         ),
         (["-m", "search=accuracy_tpe", "sweep.private_tuning=true"], "sweep.private_tuning=true with an Optuna search"),
+        # what the mechanism and engine declare, asked before any line too
+        (["dp.mechanism=dpftrl", "train.devices=2"], "train.devices=2 is invalid: 1 with dp.mechanism=dpftrl"),
+        (
+            ["-m", "dp.engine=opacus,fused", "dp.clipping=adaptive"],
+            "job dp.engine=fused dp.clipping=adaptive: dp.clipping='adaptive' is invalid: fixed with dp.engine=fused",
+        ),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )
