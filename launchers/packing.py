@@ -211,11 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     """A trial's process: run the pickled one-trial callable and write its JobReturn beside the file."""
     import cloudpickle
 
-    from dpsweep.tracking import channel as tracking_service
-
     (arg,) = sys.argv[1:] if argv is None else argv
     path = Path(arg)
-    tracking_service.start()  # MLflow imports in the tracking process while this one imports torch
     trial, args = cloudpickle.loads(path.read_bytes())
     result = trial(*args)
     tmp = path.with_suffix(".result.tmp")

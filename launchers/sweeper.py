@@ -40,7 +40,6 @@ from dpsweep.launchers.nodes import OptunaSearchConf
 from dpsweep.launchers.overrides import new_sweep_id, string_override
 from dpsweep.launchers.preflight import check_rank_shapes, check_search, preflight, refuse
 from dpsweep.launchers.session import SweepOutcome, SweepSession, close_dead_runs
-from dpsweep.tracking import channel as tracking_service
 
 log = logging.getLogger(__name__)
 
@@ -104,11 +103,6 @@ class DpsweepSweeper(Sweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         assert self.config is not None and self.launcher is not None
-        uri = OmegaConf.select(self.config, "tracking.uri", default=None)
-        # A local store opens in the tracking process while this one composes the jobs and imports torch.
-        # Not a server's: a refused sweep's exit waits for the warm-up, which could wait on the network.
-        if isinstance(uri, str) and uri.startswith("sqlite:"):
-            tracking_service.service().post("warm_store", uri)
         private_tuning = bool(OmegaConf.select(self.config, "sweep.private_tuning", default=False))
         try:  # checked by the dpsweep command before its first line too (dpsweep.cli.early)
             check_search(self.optuna is not None, bool(self.params), private_tuning)

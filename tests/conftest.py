@@ -14,12 +14,6 @@ from hydra import compose, initialize_config_module
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from dpsweep.tracking import channel as tracking_service
-
-# The tests import MLflow themselves (a client checks every run): dpsweep's tracking ops run in this
-# process; the tests of the tracking process start their own (test_tracking_service.py).
-tracking_service.serve_in_process()
-
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -19,8 +19,6 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from dpsweep.tracking import channel as tracking_service
-
 # Settings that keep a training test to a few seconds on 2 CPU cores.
 # tracking.log_model=false: saving the model takes seconds; tests/integration/test_train.py checks it on its own
 FAST = ["train.epochs=2", "train.progress=false", "tracking.log_model=false"]
@@ -76,9 +74,7 @@ def forkserver() -> ForkServerContext:
 
 
 def in_process_then(target: Callable[..., None], *args: Any) -> None:
-    """``target(*args)`` in a forked job, whose tracking ops run in its own process as the test
-    session's do (conftest: the job imports MLflow itself, through the forkserver's preload)."""
-    tracking_service.serve_in_process()
+    """``target(*args)`` in a forked job (which imports MLflow through the forkserver's preload)."""
     target(*args)
 
 
@@ -176,11 +172,6 @@ def run_dpsweep(*args: str, env: Mapping[str, str] | None = None) -> subprocess.
             if code is not None and not isinstance(code, int):
                 print(code, file=sys.stderr)  # what the interpreter does with a message: print it, exit 1
                 code = 1
-        finally:
-            # What the command's exit waits for: the tracking process's work (a sweep's warm-up opens,
-            # or creates, the store while it composes its jobs; a refused sweep must not leave the
-            # store half-made for the test that reads it next).
-            tracking_service.service().flush()
     return subprocess.CompletedProcess(["dpsweep", *args], code or 0, out.getvalue(), err.getvalue())
 
 
