@@ -1,6 +1,10 @@
 """Each sweep job's config composed at most once, and most of them not at all: the sweeper's
 composition is served to the launcher, and jobs that differ only in values share one composition.
 
+Figure (issue 57, ``benchmarks/startup_machinery.py``, 2-core VM shared with other work): a 16-job local
+sweep in 136 s against 191 s with Hydra composing every job (CPU 192 s against 209 s), and ``dpsweep-plan``
+of 200 jobs in 3.5 s against 32.7 s. It builds on Hydra's private steps, behind ``dpsweep.interop.hydra_private``.
+
     loader = ComposedJobs(hydra_context.config_loader)
     job_cfg = loader.compose(master, job)               # the sweeper: preflight, hashes, claims
     loader.load_sweep_config(master, [*job, "sweep.parent_run_id=..."])   # the inline launcher

@@ -1,4 +1,4 @@
-"""A sweep job's process: submitit's job runner, ended without the interpreter's teardown.
+"""A sweep job's process: submitit's job runner, with a rank's environment where a job has several tasks.
 
     <interpreter> -u -m dpsweep.launchers.job -u -m submitit.core._submit <folder>
 
@@ -6,8 +6,8 @@ submitit's executors start each job as ``{python} -u -m submitit.core._submit <f
 launchers (local, Slurm, Grid Engine) set ``python`` to ``<interpreter> -u -m dpsweep.launchers.job``,
 so this module receives ``-u -m submitit.core._submit <folder>``. It runs submitit's own job runner
 (``submitit.core.submission.submitit_main``: the job's pickled function, its result or error written
-back, requeue on timeout) under :func:`dpsweep.process.shutdown.run_then_exit`, which spares each job the
-interpreter's teardown (about 2 s with torch, MLflow and Hydra loaded).
+back, requeue on timeout), after exporting, in a Slurm job of several tasks, each task's rank for
+torch.distributed (:func:`ranks_from_slurm`).
 """
 
 from __future__ import annotations
@@ -29,12 +29,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         raise SystemExit(f"usage: python -u -m dpsweep.launchers.job {' '.join(SUBMITIT_ARGS)} FOLDER (got {args})")
     from submitit.core.submission import submitit_main
 
-    from dpsweep.tracking import channel as tracking_service
-
-    if ranks_from_slurm():  # a rank ends its run itself when its job is signalled: no tracking child to lose
-        tracking_service.serve_in_process()
-    tracking_service.start()  # MLflow imports in the tracking process while the job imports torch
-
+    ranks_from_slurm()
     sys.argv = [sys.argv[0], args[3]]  # submitit_main parses the job folder from sys.argv
     run_then_exit(submitit_main)
 

@@ -11,6 +11,6 @@ these doors have an upper bound in ``pyproject.toml``. No module outside this fo
 project's private name (``tests/unit/interop/test_private_names.py`` scans ``dpsweep/`` and
 ``launchers/``).
 
-This package imports nothing; each module imports only its own library, so that a light module
-(``dpsweep.process``) may use ``python_private`` without pulling in torch.
+This package imports nothing, and each module only its own library: a module that needs Hydra's door
+does not pull in torch.
 """

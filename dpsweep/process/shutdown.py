@@ -1,31 +1,23 @@
-"""Ending a command's or a sweep job's process: the interpreter's own shutdown steps, without its teardown.
+"""Ending a command's or a sweep job's process: Python's own exit, after a one-line report of an interrupt.
 
     [project.scripts]
     dpsweep = "dpsweep.cli.train:console"     # console() is run_then_exit(main)
     <interpreter> -u -m dpsweep.launchers.job -u -m submitit.core._submit <folder>   # a sweep job
 
-When a program returns, CPython's ``Py_FinalizeEx`` shuts down in two parts. First what programs
-rely on: threading's exit callbacks and the join of non-daemon threads (``threading._shutdown``),
-then the atexit handlers (logging's flush, MLflow's, temporary directories' clean-up). Then the
-teardown: every module and object freed one by one, and the C libraries' exit handlers. With
-torch, MLflow and Hydra loaded, the teardown alone takes about 2 s on the 2-core development VM
-(torch's share is about 1 s), which a process with nothing left to do pays for nothing, once per
-command and once per sweep job.
+Figure (issue 57, ``benchmarks/startup_machinery.py``, 2-core VM): ending each process without the
+interpreter's teardown (CPython's private ``threading._shutdown`` and ``atexit._run_exitfuncs``, then
+``os._exit``) saved 33 CPU s of a 16-job local sweep's 192 but no wall time (145 s with it, 136 s
+without, on a shared machine), so it was removed: a process ends as Python ends it.
 
-:func:`run_then_exit` runs the first part as ``Py_FinalizeEx`` does, flushes Python's and C's
-standard streams, and ends the process with ``os._exit(code)``, the code Python would have exited
-with. An uncaught exception other than SystemExit is left to Python (its traceback, its shutdown),
-except, for a command (``prog``), an interrupt: Ctrl-C, or SIGTERM as :class:`Terminated`. That is
-one line on stderr and the shell's code for the signal (130, 143), not a traceback of every frame
-the interrupt went through.
+:func:`run_then_exit` runs ``main`` and exits with the code Python would exit with. An uncaught
+exception other than SystemExit is left to Python (its traceback), except, for a command (``prog``),
+an interrupt: Ctrl-C, or SIGTERM as :class:`Terminated`. That is one line on stderr and the shell's
+code for the signal (130, 143), not a traceback of every frame the interrupt went through.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import ctypes
-import os
 import signal
 import sys
 import threading
@@ -83,8 +75,7 @@ def interrupted(prog: str, stop: KeyboardInterrupt) -> int:
 
 
 def run_then_exit(main: Callable[[], int | None], prog: str | None = None) -> NoReturn:
-    """Run ``main`` (its return value is the exit code, as in ``sys.exit(main())``), then end the
-    process after the interpreter's shutdown steps that programs rely on, without its teardown.
+    """Run ``main`` (its return value is the exit code, as in ``sys.exit(main())``), then exit.
     ``prog``: a command's name, for its one line on an interrupt (None: left to Python)."""
     try:
         code = exit_code(SystemExit(main()))
@@ -94,15 +85,4 @@ def run_then_exit(main: Callable[[], int | None], prog: str | None = None) -> No
         if prog is None:
             raise
         code = interrupted(prog, stop)
-    # No public API runs these two steps without the teardown after them (os._exit skips both): they
-    # are CPython's own, looked up so that another interpreter falls back to its plain exit.
-    steps = getattr(threading, "_shutdown", None), getattr(atexit, "_run_exitfuncs", None)
-    if None in steps:  # an interpreter without CPython's shutdown steps: its own exit, teardown and all
-        sys.exit(code)
-    for step in steps:  # threading's exit callbacks and the join of non-daemon threads; the atexit handlers
-        step()  # type: ignore[misc]
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nothing more to write
-            stream.flush()
-    ctypes.CDLL(None).fflush(None)  # what C code buffered in its stdio (NULL: every stream)
-    os._exit(code)
+    sys.exit(code)

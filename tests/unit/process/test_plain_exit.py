@@ -1,0 +1,49 @@
+"""A command's process ends as Python ends it: threads joined, atexit handlers run, streams flushed, and
+the interpreter's teardown too (issue 57: the exit that skipped it bought no wall time on a sweep)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = """
+import atexit, sys, threading, time
+from pathlib import Path
+from dpsweep.process.shutdown import run_then_exit
+
+out = Path(sys.argv[1])
+
+class Teardown:  # freed by the interpreter's teardown
+    def __del__(self) -> None:
+        (out / "teardown").write_text("ran")
+
+KEPT = Teardown()
+
+def main() -> int:
+    atexit.register(lambda: (out / "atexit").write_text("ran"))
+    def late() -> None:
+        time.sleep(0.2)
+        (out / "thread").write_text("joined")
+    threading.Thread(target=late).start()  # not a daemon: joined before the process ends
+    sys.stdout.write("no newline;")  # buffered: stdout is a pipe
+    if sys.argv[2] == "message":
+        raise SystemExit("a message instead of a code")
+    return int(sys.argv[2])
+
+run_then_exit(main)
+"""
+
+
+@pytest.mark.parametrize(("how", "code"), [("0", 0), ("3", 3), ("message", 1)])
+def test_a_command_ends_as_python_ends_it_teardown_included(tmp_path: Path, how: str, code: int) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path), how], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == code, done.stderr
+    assert done.stdout == "no newline;", done.stderr
+    assert done.stderr == ("a message instead of a code\n" if how == "message" else "")
+    ran = {path.name: path.read_text() for path in tmp_path.iterdir()}
+    assert ran == {"atexit": "ran", "thread": "joined", "teardown": "ran"}
