@@ -19,6 +19,7 @@ from opacus.optimizers import DPOptimizer
 from torch import nn
 
 from dpsweep.interop import (
+    dp_accounting_private,
     hydra_private,
     hydra_submitit_private,
     opacus_private,
@@ -28,7 +29,7 @@ from dpsweep.interop import (
     torchvision_private,
 )
 
-DOORS = [hydra_private, opacus_private, optuna_private, torch_private, torchvision_private]
+DOORS = [dp_accounting_private, hydra_private, opacus_private, optuna_private, torch_private, torchvision_private]
 
 
 def resolve(module: str, path: str) -> object:
