@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from dpsweep.analysis import report as rep
 from dpsweep.config import ConfigError, flatten, identity, to_config, validate, validate_for_dataset
-from dpsweep.mechanisms import fused
+from dpsweep.mechanisms import engines, fused
 from dpsweep.run.runner import train
 from dpsweep.tasks.classifier import task as classifier
 
@@ -257,7 +257,12 @@ def test_an_interrupted_audit_run_resumes_to_the_same_bound(
         (["audit.guesses=7"], "audit.guesses", "an even number of guesses"),
         (["audit.mode=grey_box"], "audit.mode", "one of off, white_box, black_box"),
         (["dp=off"], "audit.mode", "off for a non-private run"),
-        (["dp.grad_sample_mode=ghost"], "audit.mode", "grad_sample_mode=hooks, functorch, ew or fused, user-level"),
+        (
+            ["dp.grad_sample_mode=ghost"],
+            "audit.mode",
+            "white_box runs with dp.engine=opacus with dp.grad_sample_mode=hooks, functorch or ew, "
+            "dp.engine=own_steps or dp.engine=fused",
+        ),
         (
             ["task=recommender", "dp.unit=user", "dataset=movielens"],
             "audit.mode",
@@ -268,8 +273,11 @@ def test_an_interrupted_audit_run_resumes_to_the_same_bound(
     ],
 )
 def test_bad_audit_settings_are_refused(make_cfg: Composer, overrides: list[str], key: str, allowed: str) -> None:
+    """Refused by the audit's checks, or by what the task and engine declare (both before any line)."""
     with pytest.raises(ConfigError) as err:
-        validate(to_config(make_cfg("audit.mode=white_box", *overrides)))
+        cfg = to_config(make_cfg("audit.mode=white_box", *overrides))
+        validate(cfg)
+        engines.check(cfg)
     assert err.value.key == key and allowed in str(err.value), str(err.value)
 
 

@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from dpsweep.config import ConfigError, DPConfig, GradSampleMode, to_config, validate
 from dpsweep.distributed import PoissonAcrossRanks, Ranks
-from dpsweep.mechanisms import opacus_engine
+from dpsweep.mechanisms import engines, opacus_engine
 
 RUN = ["train.progress=false", "tracking.log_model=false", "train.epochs=2"]
 
@@ -43,10 +43,18 @@ def _free_port() -> int:
 @pytest.mark.parametrize(
     ("overrides", "key", "allowed"),
     [
-        (["task=gan"], "task", "the GAN and the recommender have no distributed path"),
-        (["dp.mechanism=dpftrl"], "dp.mechanism", "dpftrl has no distributed path"),
-        (["dp.unit=user", "dataset.users=partition"], "dp.unit", "user-level DP-SGD has no distributed path"),
-        (["dp.grad_sample_mode=fused"], "dp.grad_sample_mode", "hooks, ghost, functorch, ew with train.devices=2"),
+        (["task=gan"], "task", "classifier with train.devices=2: task=gan has no distributed path"),
+        (
+            ["dp.mechanism=dpftrl"],
+            "train.devices",
+            "1 with dp.mechanism=dpftrl at dp.unit=example (its engine: own_steps)",
+        ),
+        (
+            ["dp.unit=user", "dataset.users=partition"],
+            "train.devices",
+            "1 with dp.mechanism=dpsgd at dp.unit=user (its engine: own_steps)",
+        ),
+        (["dp.engine=fused"], "train.devices", "1 with dp.engine=fused: its steps are one process's"),
         (["dp=off"], "dp", "a private run with train.devices=2"),
         (["audit.mode=white_box"], "audit.mode", "off with train.devices=2"),
         (["train.physical_batch_size=33"], "train.physical_batch_size", "a multiple of train.devices=2"),
@@ -65,8 +73,12 @@ def _free_port() -> int:
 def test_settings_without_a_distributed_path_are_refused(
     make_cfg: Composer, overrides: list[str], key: str, allowed: str
 ) -> None:
+    """Refused by the config's own checks, or by what the task, mechanism and engine declare (both before
+    any line: ``dpsweep.cli.early``)."""
     with pytest.raises(ConfigError) as err:
-        validate(to_config(make_cfg("train.devices=2", *overrides)))
+        cfg = to_config(make_cfg("train.devices=2", *overrides))
+        validate(cfg)
+        engines.check(cfg)
     assert err.value.key == key and allowed in str(err.value), str(err.value)
 
 

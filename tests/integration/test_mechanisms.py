@@ -35,7 +35,7 @@ STREAMS = Streams.of_run(seed=0, config_hash="0")  # the private streams of a ha
 DIGITS = DatasetFacts(1437, (1, 28, 28), 10)
 USERS = ["dp.unit=user", "dataset.users=partition", "dataset.num_users=50", "train.batch_size=10"]
 FTRL = ["dp.mechanism=dpftrl", "optimizer.momentum=0.9"]
-FUSED = ["dp.grad_sample_mode=fused"]
+FUSED = ["dp.engine=fused"]
 
 
 def _event_types(event: dp_event.DpEvent) -> set[type]:
@@ -90,10 +90,10 @@ def test_user_level_plans_over_users(make_cfg: Composer) -> None:
         ([*FTRL, "dp.ftrl_restart_every=20"], "dp.ftrl_restart_every", "from 1 to train.epochs=2"),
         ([*FTRL, "dp.clipping=quantile"], "dp.clipping", "fixed with dp.mechanism=dpftrl"),
         ([*FUSED, "dp.pad_to=63"], "dp.pad_to", "at least train.batch_size=64"),
-        ([*FUSED, *FTRL], "dp.mechanism", "dpsgd with dp.grad_sample_mode=fused"),
-        ([*FUSED, "dp.clipping=adaptive"], "dp.clipping", "fixed with dp.grad_sample_mode=fused"),
+        ([*FUSED, *FTRL], "dp.mechanism", "dpsgd with dp.engine=fused"),
+        ([*FUSED, "dp.clipping=adaptive"], "dp.clipping", "fixed with dp.engine=fused"),
         ([*FUSED, "train.physical_batch_size=16"], "train.physical_batch_size", "dp.pad_to sets the rows"),
-        (["dp.pad_to=96"], "dp.pad_to", "null unless dp.grad_sample_mode=fused"),
+        (["dp.pad_to=96"], "dp.pad_to", "null unless dp.engine=fused"),
     ],
 )
 def test_bad_mechanism_and_unit_input_is_refused_before_training(
