@@ -37,6 +37,7 @@ class TaskConfig:
     grad_sample_modes: ClassVar[tuple[str, ...] | None] = None
     grad_sample_modes_why: ClassVar[str] = ""
     audits: ClassVar[tuple[str, ...]] = ()  # the audit.mode values (besides off) it can be audited by
+    unaudited_why: ClassVar[str] = ""  # a task with no audits: why, for the refusal
     distributed: ClassVar[bool] = False  # a run can span train.devices x train.nodes ranks
     label: ClassVar[str] = ""  # the task's name in words, for messages
     # What a report says of the task's rows (dpsweep.analysis.report reads these; it names no task):
@@ -200,9 +201,12 @@ class RecommenderTaskConfig(TaskConfig):
     objective: ClassVar[str] = "recall_at_20"
     shows_model: ClassVar[bool] = False  # the model group is unused: the model is task.rank's factors
     units: ClassVar[tuple[str, ...]] = ("user",)
-    # DPALS (sufficient statistics); DPAM and the joint baseline: user-level DP-SGD's own steps. No audit:
-    # its releases (statistics, item gradients) have no canary path yet (dpsweep.audit)
+    # DPALS (sufficient statistics); DPAM and the joint baseline: user-level DP-SGD's own steps
     engines: ClassVar[tuple[str, ...]] = ("sufficient_statistics", "own_steps")
+    unaudited_why: ClassVar[str] = (
+        "DP-ALS releases noised item-side sufficient statistics, not clipped per-unit gradients a canary could "
+        "join, and a user's embedding, which a black-box score needs, is never released (docs: guides/audit.md)"
+    )
     label: ClassVar[str] = "task=recommender"
     objective_label: ClassVar[str] = "Recall@20"
     objective_note: ClassVar[str] = (
@@ -289,7 +293,8 @@ def _check_steps(cfg: Config, task: type[TaskConfig]) -> None:
     dp, label, mode = cfg.dp, task.label or f"task={task.name}", cfg.audit.mode
     if mode in audit.MODES and cfg.audit.enabled and mode not in task.audits:
         audited = " or ".join(f"task={name}" for name, t in sorted(task_schemas().items()) if mode in t.audits)
-        raise ConfigError("audit.mode", mode, f"off with {label}: {mode} runs with {audited}")
+        why = f"{label} is not audited: {task.unaudited_why}" if task.unaudited_why else f"{mode} runs with {audited}"
+        raise ConfigError("audit.mode", mode, f"off with {label}: {why}")
     engine = dp.engine
     require(engine is None or engine in task.engines, "dp.engine", engine, f"{_either(task.engines)} with {label}")
     modes, mode = task.grad_sample_modes, dp.grad_sample_mode.value

@@ -266,7 +266,7 @@ def test_an_interrupted_audit_run_resumes_to_the_same_bound(
         (
             ["task=recommender", "dp.unit=user", "dataset=movielens"],
             "audit.mode",
-            "white_box runs with task=classifier",
+            "off with task=recommender: task=recommender is not audited: DP-ALS releases noised item-side",
         ),
         (["dp.clipping=adaptive"], "dp.clipping", "fixed or quantile with audit.mode=white_box"),
         (["train.physical_batch_size=16"], "train.physical_batch_size", "null with audit.mode=white_box"),
