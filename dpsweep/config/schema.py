@@ -113,8 +113,13 @@ def _unknown_keys(given: DictConfig, typed: object, prefix: str = "") -> Iterato
     for name in map(str, given):
         if name not in names:
             yield prefix + name
-        elif isinstance(node := given._get_node(name), DictConfig):  # the node: nothing resolved
+        elif isinstance(node := _unresolved_child(given, name), DictConfig):
             yield from _unknown_keys(node, getattr(typed, name), f"{prefix}{name}.")
+
+
+def _unresolved_child(cfg: DictConfig, key: str) -> Any:
+    """``cfg[key]``, or None where reading it would resolve an interpolation or a missing value."""
+    return None if OmegaConf.is_interpolation(cfg, key) or OmegaConf.is_missing(cfg, key) else cfg[key]
 
 
 def flatten(cfg: DictConfig | Config) -> dict[str, Any]:

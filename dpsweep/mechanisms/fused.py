@@ -67,7 +67,11 @@ if TYPE_CHECKING:
 
 MAX_SECOND_PASS = 0.05  # the default bound: at most this share of steps take a second pass
 ROW_MULTIPLE = 8  # the default bound is rounded up to a multiple of 8 rows (tensor-core friendly)
-MIXING_LAYERS = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)  # layers whose output mixes a batch's rows
+# layers whose output mixes a batch's rows: torch's batch norms, every subclass of its private _BatchNorm
+MIXING_LAYERS = (
+    nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LazyBatchNorm1d, nn.LazyBatchNorm2d, nn.LazyBatchNorm3d,
+    nn.SyncBatchNorm,
+)  # fmt: skip
 CompileMode = str | None  # torch.compile's mode; None: not compiled
 CUDA_GRAPHS = "reduce-overhead"  # torch.compile's mode that replays CUDA graphs (compile_mode's choice on a GPU)
 

@@ -445,14 +445,14 @@ def log_dataset_splits(uri: str, run_id: str, public: Mapping[str, str], digest:
     ``public`` (see :meth:`dpsweep.tracking.Tracker.log_dataset_splits`) and context-tagged."""
     from mlflow.data.code_dataset_source import CodeDatasetSource
     from mlflow.data.meta_dataset import MetaDataset
-    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.entities import Dataset, DatasetInput, InputTag
 
     name = str(public.get("name", "dataset"))
     inputs = []
     for split in splits:
         source = CodeDatasetSource(dict(public) | {"split": split})
         meta = MetaDataset(source, name=f"{name}-{split}", digest=digest)  # type: ignore[abstract]
-        inputs.append(DatasetInput(meta._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", split)]))
+        inputs.append(DatasetInput(Dataset(**meta.to_dict()), tags=[InputTag("mlflow.data.context", split)]))
     # a dataset of the experiment is stored once: two jobs may insert it at once, and the later one
     # then links the stored dataset on its retry (issue 39, item 1)
     retry_busy(lambda: client_of(uri).log_inputs(run_id, datasets=inputs), conflicts=True)

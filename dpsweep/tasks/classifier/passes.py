@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from dpsweep.data import device as device_data
 from dpsweep.data import users
+from dpsweep.interop import opacus_private
 from dpsweep.mechanisms.batches import Batch
 from dpsweep.tasks import Marks
 
@@ -67,7 +68,7 @@ def train_pass(
     if trainer.before_step is not None:
         trainer.before_step()
     optimizer.step()  # with DP: clip per sample, add noise, account for the step
-    stepped = not getattr(optimizer, "_is_last_step_skipped", False)
+    stepped = not opacus_private.last_step_skipped(optimizer)
     if stepped:  # the level right after the step, while the batch is still on the device
         stages.mark("optimizer_step")
     return loss.detach(), stepped

@@ -37,6 +37,7 @@ from dpsweep.data import device as device_data
 from dpsweep.data import gathered, users
 from dpsweep.data import loaders as datasets
 from dpsweep.distributed import PoissonAcrossRanks, Ranks
+from dpsweep.interop import opacus_private
 from dpsweep.mechanisms import functional as func_dp
 from dpsweep.mechanisms import opacus_engine as dpsgd
 from dpsweep.mechanisms.batches import Batch, physical_batches
@@ -334,7 +335,7 @@ class ClassifierRun:
     @property
     def plain_model(self) -> nn.Module:
         """The model without Opacus's wrapper and its per-sample machinery."""
-        plain: nn.Module = getattr(self.model, "_module", self.model)
+        plain: nn.Module = opacus_private.wrapped_module(self.model)
         return plain.module if isinstance(plain, DPDDP) else plain
 
     def released_model(self) -> tuple[nn.Module, np.ndarray]:

@@ -21,6 +21,8 @@ import copy
 import torch
 from torch import nn
 
+from dpsweep.interop import torch_private
+
 SIDE = 28  # pixels: 7 -> 14 -> 28 through two stride-2 layers
 BASE = 7
 
@@ -144,7 +146,7 @@ class ConditionalGan(nn.Module):
         if self.average is None:
             return
         decay = min(self.ema, (1 + t) / (10 + t))
-        torch._foreach_lerp_(list(self.average.parameters()), list(self.generator.parameters()), 1 - decay)
+        torch_private.lerp_all_(list(self.average.parameters()), list(self.generator.parameters()), 1 - decay)
 
 
 class CodeGenerator(nn.Module):

@@ -43,14 +43,7 @@ PRIVATE_PATH = re.compile(r"^[a-z]\w*(\.\w+)*\._[a-z]\w*(\.\w+)*$")
 # Uses in modules whose owners are changing them as this is written (issue 57's other parts): each is
 # to be replaced by a call into dpsweep/interop or a public way (the report of issue 57, item 3 gives each
 # line). The test below fails once one is gone, so that it leaves this list.
-PENDING = {
-    ("dpsweep/config/schema.py", "_get_node"),
-    ("dpsweep/mechanisms/fused.py", "_BatchNorm"),
-    ("dpsweep/tasks/gan/models.py", "_foreach_lerp_"),
-    ("dpsweep/tasks/classifier/task.py", "_module"),
-    ("dpsweep/tasks/classifier/passes.py", "_is_last_step_skipped"),
-    ("dpsweep/tracking/store.py", "_to_mlflow_entity"),
-}
+PENDING: set[tuple[str, str]] = set()
 
 
 def modules() -> Iterator[tuple[str, ast.Module]]:
