@@ -1,4 +1,4 @@
-"""dpsweep.process.shutdown: a command ends with the interpreter's shutdown steps but not its teardown."""
+"""dpsweep.process.shutdown: an interrupted command says so in one line; a sweep job runs submitit's runner."""
 
 from __future__ import annotations
 
@@ -8,49 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-SCRIPT = """
-import atexit, ctypes, sys, threading, time
-from pathlib import Path
-from dpsweep.process.shutdown import run_then_exit
-
-out = Path(sys.argv[1])
-
-class Teardown:  # freed only by the interpreter's teardown, which a command's process skips
-    def __del__(self) -> None:
-        (out / "teardown").write_text("ran")
-
-KEPT = Teardown()
-
-def main() -> int:
-    atexit.register(lambda: (out / "atexit").write_text("ran"))
-    def late() -> None:
-        time.sleep(0.3)
-        (out / "thread").write_text("joined")
-    threading.Thread(target=late).start()  # not a daemon: joined before the process ends
-    sys.stdout.write("from Python, no newline;")  # buffered: stdout is a pipe
-    ctypes.CDLL(None).printf(b"from C, no newline")  # buffered in C's stdio
-    if sys.argv[2] == "message":
-        raise SystemExit("a message instead of a code")
-    return int(sys.argv[2])
-
-run_then_exit(main)
-"""
-
-
-@pytest.mark.parametrize(("how", "code"), [("0", 0), ("3", 3), ("message", 1)])
-def test_a_command_exits_with_its_code_after_threads_atexit_and_flushes_but_no_teardown(
-    tmp_path: Path, how: str, code: int
-) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path), how], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert done.returncode == code, done.stderr
-    assert done.stdout == "from Python, no newline;from C, no newline", done.stderr
-    assert (tmp_path / "atexit").read_text() == "ran" and (tmp_path / "thread").read_text() == "joined"
-    assert not (tmp_path / "teardown").exists()  # the teardown was skipped
-    assert done.stderr == ("a message instead of a code\n" if how == "message" else "")
-
 
 INTERRUPTED = """
 import sys
