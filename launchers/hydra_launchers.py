@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 
 # The command submitit's executors start each job with, before "-u -m submitit.core._submit <folder>":
-# dpsweep.launchers.job runs submitit's job runner and ends the process without the teardown.
+# dpsweep.launchers.job runs submitit's job runner (a rank's environment set first).
 JOB_PYTHON = f"{shlex.quote(sys.executable)} -u -m dpsweep.launchers.job"
 POLL_S = 1.0  # how often the driver looks for completed cluster jobs (submitit's watchers rate-limit sacct/qstat)
 LOCAL_POLL_S = 0.05  # ... and for local jobs (a poll of the job's process): each job's end is seen within it
@@ -121,7 +121,7 @@ class _DpsweepSubmititLauncher(DpsweepLauncher, BaseSubmititLauncher):
 
         init = {"folder": self.params["submitit_folder"]}
         init |= {f"{self._EXECUTOR}_{k}": v for k, v in self.params.items() if k in self._INIT_KEYS}
-        init[f"{self._EXECUTOR}_python"] = JOB_PYTHON  # each job ends without the interpreter's teardown
+        init[f"{self._EXECUTOR}_python"] = JOB_PYTHON  # each job's bootstrap: dpsweep.launchers.job
         executor = submitit.AutoExecutor(cluster=self._EXECUTOR, **init)
         generic = set(OmegaConf.structured(BaseQueueConf).keys())
         params = {

@@ -370,8 +370,7 @@ def tuning_line(s: SweepConfig, cost: Procedure, rows: Sequence[PlanRow]) -> str
 
 
 def console() -> NoReturn:
-    """The console script: its secrets handed over, ``main``, then the process ends without the
-    interpreter's teardown (``dpsweep.cli.script``)."""
+    """The console script: its secrets handed over, ``main``, then its exit (``dpsweep.cli.script``)."""
     run_script(main, "dpsweep-plan")
 
 

@@ -205,8 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def console() -> NoReturn:
-    """The console script: its secrets handed over, ``main``, then the process ends without the
-    interpreter's teardown (``dpsweep.cli.script``)."""
+    """The console script: its secrets handed over, ``main``, then its exit (``dpsweep.cli.script``)."""
     run_script(main, "dpsweep-report")
 
 

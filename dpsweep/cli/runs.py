@@ -54,8 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console() -> NoReturn:
     """The console script: its secrets handed over (a store's password leaves ``--tracking-uri`` for
-    its client's setting), ``main``, then the process ends without the interpreter's teardown
-    (``dpsweep.cli.script``)."""
+    its client's setting), ``main``, then its exit (``dpsweep.cli.script``)."""
     run_script(main, "dpsweep-runs")
 
 

@@ -1,7 +1,6 @@
 """What every console script does around its ``main``: the command line's secrets handed over first
 (``dpsweep.tracking.credentials``: before Hydra or argparse reads it, so that neither writes a password
-anywhere), then ``main``, then the end of the process without the interpreter's teardown
-(``dpsweep.process.shutdown``).
+anywhere), then ``main``, then its exit, an interrupt said in one line (``dpsweep.process.shutdown``).
 
     def console() -> NoReturn:
         run_script(main, "dpsweep-report")

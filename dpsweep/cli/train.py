@@ -309,8 +309,7 @@ def _own_directory(cfg: DictConfig, hydra_cfg: Any) -> Path:
 
 
 def console() -> NoReturn:
-    """The console script: its secrets handed over, ``main``, then the process ends without the
-    interpreter's teardown (``dpsweep.cli.script``)."""
+    """The console script: its secrets handed over, ``main``, then its exit (``dpsweep.cli.script``)."""
     run_script(main, "dpsweep")
 
 

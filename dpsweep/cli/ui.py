@@ -174,8 +174,7 @@ def _wait_for(server: subprocess.Popen[bytes], port: int, started: float) -> Non
 
 
 def console() -> NoReturn:
-    """The console script: its secrets handed over, ``main``, then the process ends without the
-    interpreter's teardown (``dpsweep.cli.script``)."""
+    """The console script: its secrets handed over, ``main``, then its exit (``dpsweep.cli.script``)."""
     run_script(main, "dpsweep-ui")
 
 
