@@ -83,16 +83,24 @@ class Ledger:
     def empty(self) -> bool:
         return all(_is_noop(e.event) for e in self.entries)
 
+    def dpsgd_segments(self) -> list[tuple[float, float, int]]:
+        """(σ, q, steps) of each DP-SGD entry (:func:`dpsgd`), as an Opacus accountant's history lists them."""
+        keys = ("noise_multiplier", "sample_rate", "steps")
+        return [tuple(e.params[k] for k in keys) for e in self.entries if e.name == DPSGD]
+
     def event(self) -> dp_event.DpEvent:
         """The whole run as one dp-accounting event."""
         return dp_event.ComposedDpEvent([e.event for e in self.entries])
+
+
+DPSGD = "dpsgd"  # the name of DP-SGD's entries
 
 
 def dpsgd(noise_multiplier: float, sample_rate: float, steps: int) -> Entry:
     """``steps`` DP-SGD steps with Poisson sampling at rate q and noise multiplier σ."""
     step = dp_event.PoissonSampledDpEvent(sample_rate, dp_event.GaussianDpEvent(noise_multiplier))
     return Entry(
-        "dpsgd",
+        DPSGD,
         dp_event.SelfComposedDpEvent(step, int(steps)),
         {"noise_multiplier": noise_multiplier, "sample_rate": sample_rate, "steps": int(steps)},
         "Poisson-subsampled Gaussian mechanism (Abadi et al. 2016), one event per optimizer step",

@@ -466,11 +466,7 @@ def _finish_privacy(cfg: Config, plan: RunPlan, task_run: tasks.TaskRun, result:
     how = accounting(cfg.dp)
     delta = cfg.dp.delta
     result.ledger = bill
-    result.accountant_history = [
-        (e.params["noise_multiplier"], e.params["sample_rate"], e.params["steps"])
-        for e in bill.entries
-        if e.name == "dpsgd"
-    ]
+    result.accountant_history = bill.dpsgd_segments()
     result.epsilons = ledger.epsilons(bill, delta, how.orders)
     result.epsilon = result.epsilons[cfg.dp.accountant.value]
     result.delta, result.noise_multiplier = delta, plan.privacy.noise_multiplier
