@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dpsweep.mechanisms.base import MECHANISMS, get
 from dpsweep.registry import Registry
@@ -90,14 +90,9 @@ class Engine:
     # its steps need a model whose layers treat the rows of a batch apart, checked before any job starts
     # (dpsweep.mechanisms.fused.check_planned_model)
     rows_apart: bool = False
-    # its steps are dpsweep.mechanisms.functional's (an OwnRule, :meth:`rule`): not Opacus's make_private,
+    # its steps are dpsweep.mechanisms.functional's (an OwnRule, its RULES): not Opacus's make_private,
     # not a task's own rounds
     functional: bool = False
-
-    def rule(self, cfg: Config) -> Any:
-        """How :mod:`dpsweep.mechanisms.functional` takes its steps (an ``OwnRule``; torch, imported
-        where a run trains)."""
-        raise NotImplementedError(f"dp.engine={self.name}: its steps are not dpsweep.mechanisms.functional's")
 
     def clipping_for(self, mode: str) -> tuple[str, ...]:
         limit = self.limits.get(mode)
@@ -150,27 +145,10 @@ class Engine:
 
 
 @dataclass(frozen=True)
-class OwnStepsEngine(Engine):
-    """dpsweep's per-unit steps: the mechanism's own rule (``Mechanism.own_steps``)."""
-
-    functional: bool = True
-
-    def rule(self, cfg: Config) -> Any:
-        return get(cfg.dp.mechanism).own_steps()
-
-
-@dataclass(frozen=True)
 class FusedEngine(Engine):
     """The fused step: its passes are ``dp.pad_to`` rows, at least B (:func:`dpsweep.mechanisms.fused.pad_bound`)."""
 
     functional: bool = True
-
-    def rule(self, cfg: Config) -> Any:
-        """DP-SGD's Poisson steps, per example or per user, in fused passes."""
-        from dpsweep.config import PrivacyUnit
-        from dpsweep.mechanisms.functional import FusedPoisson, FusedUsers  # torch: where a run trains
-
-        return FusedUsers() if cfg.dp.unit == PrivacyUnit.user else FusedPoisson()
 
     def check_own(self, cfg: Config) -> None:
         from dpsweep.config import ConfigError
@@ -191,7 +169,11 @@ ENGINES.register("opacus")(
         limits={"ghost": Limit(clipping=("fixed", "quantile"), audits=(), why=GHOST)},
     )
 )  # fmt: skip
-ENGINES.register("own_steps")(OwnStepsEngine("own_steps", "dpsweep's per-unit steps from torch.func gradients"))
+ENGINES.register("own_steps")(
+    Engine(
+        "own_steps", "dpsweep's per-unit steps from torch.func gradients (the mechanism's own rule)", functional=True
+    )
+)
 ENGINES.register("fused")(
     FusedEngine(
         "fused", "dpsweep's fused step, passes of one fixed shape", one_pass="dp.pad_to sets the rows of a pass",

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,11 +45,12 @@ from dpsweep.config import Config, PrivacyUnit
 from dpsweep.data import device as device_data
 from dpsweep.data import users
 from dpsweep.mechanisms import dpftrl_accounting as ftrl_accounting
-from dpsweep.mechanisms import engines, ftrl, fused, private_step
+from dpsweep.mechanisms import engines, ftrl, fused, get, private_step
 from dpsweep.mechanisms.private_step import PrivateStep, Release, StepWrapper
 from dpsweep.models.optimizers import build_optimizer
 from dpsweep.privacy.schedule import poisson_schedule
 from dpsweep.privacy.streams import Purpose, Streams
+from dpsweep.registry import Registry
 
 STEPS_KEY = "dp_steps"  # the optimizer param-group entry counting DP steps (saved with its state_dict)
 ORDER_SEED_OFFSET = 4_243  # the fixed order's permutation: its own generator, seeded from train.seed
@@ -63,7 +64,7 @@ def uses_own_steps(cfg: Config) -> bool:
 
 def rule_of(cfg: Config) -> OwnRule:
     """How the run takes its own steps: its engine's rule (the fused step's, or the mechanism's own)."""
-    rule: OwnRule = engines.engine_of(cfg).rule(cfg)
+    rule: OwnRule = RULES.get(engines.engine_of(cfg).name, key="dp.engine")(cfg)
     return rule
 
 
@@ -461,3 +462,10 @@ def ftrl_optimizer(
         params, std=std, generator=generator, tree_completion=cfg.dp.ftrl_tree_completion
     )
     return ftrl.FTRLOptimizer(params, lr=cfg.optimizer.lr, momentum=getattr(cfg.optimizer, "momentum", 0.0), noise=tree)
+
+
+# How each engine whose steps are this module's (``Engine.functional``) takes them: the mechanism's own
+# rule (``Mechanism.own_steps``), or DP-SGD's Poisson steps in fused passes, per example or per user.
+RULES: Registry[Callable[[Config], OwnRule]] = Registry("engine with its own steps")
+RULES.register("own_steps")(lambda cfg: get(cfg.dp.mechanism).own_steps())
+RULES.register("fused")(lambda cfg: FusedUsers() if cfg.dp.unit == PrivacyUnit.user else FusedPoisson())

@@ -27,7 +27,7 @@ from mlflow.entities import LoggedModelStatus, Metric
 from mlflow.tracking import MlflowClient
 
 from dpsweep.config import task_objectives, task_schemas
-from dpsweep.tracking.store import client_of, op, retry_busy
+from dpsweep.tracking.store import client_of, retry_busy
 from dpsweep.units import rounded_up
 
 EPSILON = "epsilon"  # a private run's headline ε (dp.accountant's); epsilon_<accountant>: under each
@@ -109,7 +109,6 @@ def link_model_metrics(client: MlflowClient, run_id: str) -> list[Metric]:
     return out
 
 
-@op
 def link_model(uri: str, run_id: str) -> int:
     """:func:`link_model_metrics` of the run ``run_id`` in the store at ``uri``, for a run's metrics logged
     after it ended (a private tuning's release: the whole tuning's ε on the released trial); how many."""

@@ -58,12 +58,6 @@ BUSY_RETRIES = 8  # attempts of a write that SQLite refused as "database is lock
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def op(fn: F) -> F:
-    """``fn`` itself. It named a function to the tracking process, which is gone (see
-    :mod:`dpsweep.tracking`); kept while :mod:`dpsweep.tracking.logged_models` still marks one with it."""
-    return fn
-
-
 @contextmanager
 def store_lock(uri: str) -> Iterator[None]:
     """An exclusive lock on a local sqlite store (a file ``<db>.lock`` beside it), for what must not

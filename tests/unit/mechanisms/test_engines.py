@@ -100,7 +100,7 @@ def test_each_engine_refuses_what_it_cannot_run_naming_key_value_and_engine(
          "sufficient_statistics or own_steps with task=recommender"),
         # an audit the task does not declare, a distributed path it lacks
         (["task=recommender", "audit.mode=black_box"], "audit.mode", "black_box",
-         "off with task=recommender: black_box runs with task=classifier or task=gan"),
+         "off with task=recommender: task=recommender is not audited: DP-ALS releases"),
         (["task=gan", "train.devices=2"], "task", "gan", "classifier with train.devices=2: task=gan has no"),
     ],
 )  # fmt: skip
