@@ -80,7 +80,7 @@ def registered_names() -> dict[str, tuple[set[str], tuple[str, ...]]]:
         "engine": (set(ENGINES.names()), ("dpsweep/mechanisms/",)),
         "launcher": (
             set(LAUNCHERS.names()),
-            ("dpsweep/config/launcher.py", "launchers/hydra_launchers.py", "launchers/sge/", "launchers/hydra_plugins/"),
+            ("dpsweep/config/launcher.py", "launchers/base.py", "launchers/hydra_launchers.py", "launchers/sge/"),
         ),
     }
 
