@@ -18,7 +18,7 @@ import numpy as np
 from matplotlib.ticker import NullFormatter
 
 from dpsweep.analysis.report.figures import FigureStyle, save  # Agg, and fonts a publisher accepts
-from dpsweep.privacy import schedule as privacy
+from dpsweep.privacy.schedule import PoissonSchedule, epsilon, epsilon_curve, poisson_schedule
 
 PRINT_DPI = 300  # PNG at print resolution
 
@@ -31,16 +31,14 @@ def plot_all(
 ) -> list[Path]:
     """Write the five plots to ``out_dir`` as ``fmt`` (png, pdf or svg); returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    schedule = privacy.poisson_schedule(n, batch_size)
+    schedule = poisson_schedule(n, batch_size)
     epochs = steps / schedule.steps_per_epoch  # may be fractional when --steps was given
 
     def eps(
         *, n_: int = n, b: int = batch_size, s: float = noise_multiplier, e: float = epochs, d: float = delta
     ) -> float:
-        sched = privacy.poisson_schedule(n_, b)
-        return privacy.epsilon(
-            sched, noise_multiplier=s, delta=d, steps=max(1, round(e * sched.steps_per_epoch))
-        ).epsilon
+        sched = poisson_schedule(n_, b)
+        return epsilon(sched, noise_multiplier=s, delta=d, steps=max(1, round(e * sched.steps_per_epoch))).epsilon
 
     specs = _specs(
         schedule, eps, n=n, batch_size=batch_size, noise_multiplier=noise_multiplier, epochs=epochs, delta=delta
@@ -51,7 +49,7 @@ def plot_all(
 
 
 def _specs(
-    schedule: privacy.PoissonSchedule,
+    schedule: PoissonSchedule,
     eps: Callable[..., float],
     *,
     n: int,
@@ -62,7 +60,7 @@ def _specs(
 ) -> list[Spec]:
     """The five plots around the configuration: ε against epochs, σ, B, N and δ, each over its range."""
     max_epochs = max(2, int(np.ceil(2 * epochs)))
-    curve = privacy.epsilon_curve(schedule, noise_multiplier=noise_multiplier, delta=delta, epochs=max_epochs)
+    curve = epsilon_curve(schedule, noise_multiplier=noise_multiplier, delta=delta, epochs=max_epochs)
     sigmas = np.geomspace(noise_multiplier / 3, noise_multiplier * 3, 25)
     batches = np.unique(np.clip(np.geomspace(max(1, batch_size // 16), batch_size * 16, 25).astype(int), 1, n))
     sizes = np.unique(np.geomspace(max(batch_size, n // 10), n * 10, 25).astype(int))

@@ -84,24 +84,24 @@ def independent_levels(overrides: list[str], device_type: str) -> dict[str, int]
     from torch.utils.data import DataLoader, Subset
 
     from dpsweep.config import to_config
-    from dpsweep.data import loaders as datasets
-    from dpsweep.mechanisms import opacus_engine as dpsgd
-    from dpsweep.models import classifiers as model_zoo
+    from dpsweep.data import loaders
+    from dpsweep.mechanisms import opacus_engine
+    from dpsweep.models import classifiers
     from dpsweep.models.optimizers import build_optimizer
 
     with initialize_config_module("dpsweep.conf", version_base="1.3"):
         cfg = to_config(compose("config", overrides=overrides))
     torch.manual_seed(cfg.train.seed)
     device = torch.device(device_type)
-    data = datasets.build(cfg.dataset)
+    data = loaders.build(cfg.dataset)
     read = _reader(device_type)  # after the data are built, as dpsweep's monitor is
-    model = model_zoo.build(cfg.model, data.input_shape, data.num_classes).to(device)
+    model = classifiers.build(cfg.model, data.input_shape, data.num_classes).to(device)
     optimizer = build_optimizer(cfg.optimizer, model)
     criterion: torch.nn.Module = torch.nn.CrossEntropyLoss()
     loader: DataLoader[Any] = DataLoader(data.train, batch_size=cfg.train.batch_size)
     if cfg.dp.enabled:
         assert cfg.dp.noise_multiplier is not None, "give the cases an explicit dp.noise_multiplier"
-        _, model, optimizer, criterion, _ = dpsgd.make_private(
+        _, model, optimizer, criterion, _ = opacus_engine.make_private(
             cfg.dp, cfg.dp.noise_multiplier, cfg.dp.max_grad_norm, model, optimizer, loader, criterion
         )
     levels = {"model_load": read()}

@@ -32,7 +32,7 @@ from torch import nn
 
 from dpsweep.config import CNNConfig, MLPConfig
 from dpsweep.mechanisms import fused
-from dpsweep.models import classifiers as model_zoo
+from dpsweep.models import classifiers
 from dpsweep.tracking.environment import device_name
 
 C, PAD_TO, SEED = 0.5, 40, 0
@@ -45,7 +45,7 @@ def _models(device: torch.device) -> Iterator[tuple[str, nn.Module]]:
     """The cnn (the vmap way) and the mlp (the linear way), each from the same seed, on ``device``."""
     for name, config in (("cnn", CNNConfig()), ("mlp", MLPConfig())):
         torch.manual_seed(SEED)
-        yield name, model_zoo.build(config, (1, 28, 28), 10).to(device)
+        yield name, classifiers.build(config, (1, 28, 28), 10).to(device)
 
 
 def compiled_equals_eager(device: torch.device) -> list[dict[str, Any]]:

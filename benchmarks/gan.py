@@ -116,15 +116,14 @@ def private_gaussian(target_epsilon: float, norm: float, seeds: int, tstr: dict[
     import torch
 
     from dpsweep.config import CNNConfig, DigitsConfig
-    from dpsweep.data import device as device_data
-    from dpsweep.data import loaders as datasets
-    from dpsweep.models import classifiers as model_zoo
+    from dpsweep.data import loaders, resident
+    from dpsweep.models import classifiers
     from dpsweep.tasks.gan import synthetic
 
-    splits = datasets.build(DigitsConfig())
-    x, y = device_data.materialize(splits.train)
-    test = device_data.materialize(splits.test)
-    low, high = datasets.value_range("digits")
+    splits = loaders.build(DigitsConfig())
+    x, y = resident.materialize(splits.train)
+    test = resident.materialize(splits.test)
+    low, high = loaders.value_range("digits")
     sigma = gaussian_sigma(target_epsilon)
     row = Row(f"private Gaussian ε≈{target_epsilon:g}", epsilon=target_epsilon)
     u = ((x - low) / (high - low)).flatten(1)
@@ -146,7 +145,7 @@ def private_gaussian(target_epsilon: float, norm: float, seeds: int, tstr: dict[
         recipe = synthetic.Recipe(tstr["epochs"], tstr["lr"], tstr["batch_size"], tstr["val_fraction"])
 
         def classifier() -> torch.nn.Module:
-            return model_zoo.build(CNNConfig(), splits.input_shape, splits.num_classes)
+            return classifiers.build(CNNConfig(), splits.input_shape, splits.num_classes)
 
         result = synthetic.tstr_accuracy(
             classifier, (torch.cat(images), torch.cat(labels)), test, recipe, seed, torch.device("cpu")

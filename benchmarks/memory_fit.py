@@ -38,14 +38,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dpsweep.analysis import memory_model as mm
-from dpsweep.memory import model as core
+from dpsweep.analysis import memory_model
+from dpsweep.memory.model import PEAK_TARGET, TARGETS, MemoryModelError
 
 REFERENCE = Path(__file__).resolve().parents[1] / "analysis" / "data" / "cpu_probes_digits.csv"
 MAX_PROBES = 24  # fitted per model
 MAX_MEAN_REL_ERROR = 0.05
 MAX_UNDER_PREDICTION = 0.02
-PEAK = core.PEAK_TARGET  # allocated bytes: the figure the goals are about
+PEAK = PEAK_TARGET  # allocated bytes: the figure the goals are about
 
 
 CORNER_COLUMNS = ("batch_size", "hidden_units")  # the grid's numeric axes (image sizes: all kept)
@@ -79,9 +79,9 @@ def evaluate(
         if held_out.empty:
             raise SystemExit(f"model {name}: {len(block)} probes leave none held out beyond the {max_probes} fitted")
         try:
-            model = mm.fit(fitted_rows)
+            model = memory_model.fit(fitted_rows)
             predicted = model.predict_peak(held_out)
-        except core.MemoryModelError as err:  # e.g. a held-out probe of a level no fitted probe had
+        except MemoryModelError as err:  # e.g. a held-out probe of a level no fitted probe had
             raise SystemExit(f"model {name}: {err}") from None
         observed = held_out[PEAK].to_numpy(dtype=float)
         rel = (predicted - observed) / observed
@@ -108,7 +108,7 @@ def main() -> None:
     args = parser.parse_args()
     if not args.csv.is_file():
         raise SystemExit(f"--csv={args.csv}: no such probe table (dpsweep-memory probe --csv writes one)")
-    results = evaluate(mm.read_probes(args.csv), args.max_probes, args.seed, args.design)
+    results = evaluate(memory_model.read_probes(args.csv), args.max_probes, args.seed, args.design)
     print(f"memory-model accuracy on held-out probes ({args.csv}, {args.design} design); goals: mean |error| <= "
           f"{MAX_MEAN_REL_ERROR:.0%}, under-prediction <= {MAX_UNDER_PREDICTION:.0%}")  # fmt: skip
     for r in results:
@@ -117,7 +117,7 @@ def main() -> None:
             f"held out {r['probes_held_out']:>3}: "
             f"mean |error| {r['mean_rel_error']:.3%}, max |error| {r['max_rel_error']:.3%}, "
             f"largest under-prediction {r['max_under_prediction']:.3%}  {'PASS' if r['passed'] else 'FAIL'}"
-            f"  (peak: the largest of {', '.join(core.TARGETS[t] for t in r['peak_from'])})"
+            f"  (peak: the largest of {', '.join(TARGETS[t] for t in r['peak_from'])})"
         )
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")

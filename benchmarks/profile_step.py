@@ -53,12 +53,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import training_speed as ts
 
 from dpsweep.config import CNNConfig, DigitsConfig, DPConfig, GradSampleMode, SGDConfig, VGG16FrozenConfig
-from dpsweep.data import device as device_data
-from dpsweep.data import loaders as datasets
+from dpsweep.data import loaders, resident
 from dpsweep.mechanisms.opacus_engine import make_private
-from dpsweep.memory import stages as memory
-from dpsweep.models import classifiers as model_zoo
-from dpsweep.models import feature_cache
+from dpsweep.memory import stages
+from dpsweep.models import classifiers, feature_cache
 from dpsweep.models.optimizers import build_optimizer
 from dpsweep.tasks.classifier.passes import Trainer, train_pass
 from dpsweep.tasks.classifier.task import EXTRACT_BATCH_SIZE
@@ -89,20 +87,20 @@ SETTINGS: dict[str, Setting] = {
 
 def _datasets(device: torch.device, work: Path) -> dict[str, tuple[Callable[[], nn.Module], TensorDataset]]:
     """model -> (a factory of it, its training data): the cnn on 28 px digits, the head on cached maps."""
-    digits28 = datasets.build(DigitsConfig(image_size=28))
+    digits28 = loaders.build(DigitsConfig(image_size=28))
     assert isinstance(digits28.train, TensorDataset)
-    small = datasets.build(DigitsConfig(image_size=ts.CACHE_IMAGE_SIZE))
+    small = loaders.build(DigitsConfig(image_size=ts.CACHE_IMAGE_SIZE))
     torch.manual_seed(ts.SEED)
-    vgg = model_zoo.build(VGG16FrozenConfig(hidden_units=HEAD_UNITS, pretrained=False), small.input_shape,
+    vgg = classifiers.build(VGG16FrozenConfig(hidden_units=HEAD_UNITS, pretrained=False), small.input_shape,
                           small.num_classes)  # fmt: skip
-    assert isinstance(vgg, model_zoo.FrozenVGG16)
+    assert isinstance(vgg, classifiers.FrozenVGG16)
     cached = feature_cache.cached_splits(
         vgg, small, {"profile": ts.CACHE_IMAGE_SIZE}, root=work, batch_size=EXTRACT_BATCH_SIZE, device=device
     )
     head = cached.head(vgg).cpu()
     assert isinstance(cached.train, TensorDataset)
     return {
-        "cnn": (lambda: model_zoo.build(CNNConfig(), digits28.input_shape, digits28.num_classes), digits28.train),
+        "cnn": (lambda: classifiers.build(CNNConfig(), digits28.input_shape, digits28.num_classes), digits28.train),
         "head": (lambda: copy.deepcopy(head), cached.train),
     }
 
@@ -128,9 +126,9 @@ def build(setting: Setting, factory: Callable[[], nn.Module], dataset: TensorDat
         x, y = dataset.tensors[0].to(device), dataset.tensors[1].to(device)
         stream: Iterator[Batch] = iter(ts.FixedBatches(x, y, setting.batch_size, device))
     elif setting.data == "resident":
-        x, y = device_data.materialize(dataset)
-        batches = device_data.PoissonBatches(x, y, sample_rate=float(loader.sample_rate), device=device,  # type: ignore[attr-defined]
-                                             generator=device_data.device_generator(device, ts.SEED))  # fmt: skip
+        x, y = resident.materialize(dataset)
+        batches = resident.PoissonBatches(x, y, sample_rate=float(loader.sample_rate), device=device,  # type: ignore[attr-defined]
+                                             generator=resident.device_generator(device, ts.SEED))  # fmt: skip
         stream = ts._cycle(batches)
     else:
         stream = ts._cycle(loader)
@@ -149,7 +147,7 @@ def _package(filename: str) -> str:
 def profile_setting(name: str, setting: Setting, model: tuple[Callable[[], nn.Module], TensorDataset],
                     device: torch.device, steps: int, trace_dir: Path | None) -> dict[str, Any]:  # fmt: skip
     trainer, stream = build(setting, *model, device)
-    idle = memory.StageRecorder(memory.monitor_for(device), active=False)
+    idle = stages.StageRecorder(stages.monitor_for(device), active=False)
 
     def run(n: int) -> None:
         for _ in range(n):

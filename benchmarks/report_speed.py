@@ -124,20 +124,20 @@ def log_runs(uri: str, artifacts: Path) -> int:
 
 def time_stages(uri: str, out: Path) -> dict[str, float]:
     """Each stage of the report in this process, in seconds (imports excluded)."""
-    from dpsweep.analysis import report as rep
-    from dpsweep.analysis.report import plots as report_plots
+    from dpsweep.analysis import report
+    from dpsweep.analysis.report import plots
 
     stages: dict[str, float] = {}
     start = time.perf_counter()
-    r = rep.build_report(uri, EXPERIMENT, SWEEP_ID)
+    r = report.build_report(uri, EXPERIMENT, SWEEP_ID)
     stages["read + table + checks"] = time.perf_counter() - start
     start = time.perf_counter()
-    for fmt in rep.FORMATS:
-        rep.render(r, fmt)
+    for fmt in report.FORMATS:
+        report.render(r, fmt)
     stages["render md, csv, tex, html"] = time.perf_counter() - start
     start = time.perf_counter()
-    histories = rep.metric_histories(uri, rep.best_runs(r.runs))
-    paths = report_plots.plot_report(r, out, histories)
+    histories = report.metric_histories(uri, report.best_runs(r.runs))
+    paths = plots.plot_report(r, out, histories)
     stages[f"{len(paths)} plots (+ 3 metric histories)"] = time.perf_counter() - start
     assert r.counts["total"] == 1000 and r.counts["pruned"] == N_PRUNED, r.counts
     return stages

@@ -56,12 +56,11 @@ from torch import Tensor, nn
 from torch.utils.data import TensorDataset
 
 from dpsweep.config import CNNConfig, DPConfig, GradSampleMode, SGDConfig, VGG16FrozenConfig
-from dpsweep.data import device as device_data
-from dpsweep.data import gathered
+from dpsweep.data import gathered, resident
 from dpsweep.mechanisms import fused
 from dpsweep.mechanisms.opacus_engine import make_private
-from dpsweep.memory import stages as memory
-from dpsweep.models import classifiers as model_zoo
+from dpsweep.memory import stages
+from dpsweep.models import classifiers
 from dpsweep.models.optimizers import build_optimizer
 from dpsweep.tasks.classifier.passes import Trainer, train_pass
 from dpsweep.tracking.environment import device_name
@@ -105,7 +104,7 @@ def _opacus_step(model: nn.Module, mode: str, batch_size: int, device: torch.dev
         dp = DPConfig(noise_multiplier=SIGMA, max_grad_norm=MAX_GRAD_NORM, grad_sample_mode=GradSampleMode(mode))
         _, model, optimizer, criterion, _ = make_private(dp, SIGMA, MAX_GRAD_NORM, model, optimizer, loader, criterion)
     trainer = Trainer(model, optimizer, criterion, device)
-    idle = memory.StageRecorder(memory.monitor_for(device), active=False)
+    idle = stages.StageRecorder(stages.monitor_for(device), active=False)
 
     def step(x: Tensor, y: Tensor) -> None:
         train_pass(trainer, (x, y), idle)
@@ -119,7 +118,7 @@ def _fused_step(model: nn.Module, batch_size: int, device: torch.device, compile
     pad_to = fused.default_pad_to(batch_size)
     mode = fused.compile_mode(device, compiled)
     one = fused.FusedStep(model, nn.CrossEntropyLoss(), max_grad_norm=MAX_GRAD_NORM, pad_to=pad_to, mode=mode)
-    generator = device_data.device_generator(device, SEED)
+    generator = resident.device_generator(device, SEED)
     params = {k: p for k, p in model.named_parameters() if p.requires_grad}
 
     def step(x: Tensor, y: Tensor) -> None:
@@ -142,7 +141,7 @@ def build(setting: str, make: Callable[[], nn.Module], x_pool: Tensor, mode: str
         step, pad_to = _fused_step(model, b, device, compiled=mode == "fused+compile")
     else:
         step = _opacus_step(model, mode, b, device)
-    g = device_data.device_generator(device, SEED)
+    g = resident.device_generator(device, SEED)
     y_pool = torch.randint(0, 10 if setting == "cnn" else HEAD_CLASSES, (len(x_pool),), generator=g, device=device)
 
     def batch() -> tuple[Tensor, Tensor]:
@@ -209,12 +208,12 @@ def settings(device: torch.device) -> Makers:
     g = torch.Generator().manual_seed(SEED)
     cnn_pool = torch.randn((POOL_ROWS, 1, 28, 28), generator=g).to(device)
     head_pool = torch.randn((POOL_ROWS, HEAD_MAP[0] * HEAD_MAP[1] * HEAD_MAP[2]), generator=g).to(device)
-    vgg = model_zoo.build(VGG16FrozenConfig(hidden_units=HEAD_UNITS, pretrained=False), (3, 224, 224), HEAD_CLASSES)
-    assert isinstance(vgg, model_zoo.FrozenVGG16)
+    vgg = classifiers.build(VGG16FrozenConfig(hidden_units=HEAD_UNITS, pretrained=False), (3, 224, 224), HEAD_CLASSES)
+    assert isinstance(vgg, classifiers.FrozenVGG16)
     head_template = vgg.cached_head(HEAD_MAP).cpu()
     del vgg
     makers: dict[str, tuple[Callable[[], nn.Module], Tensor]] = {
-        "cnn": (lambda: model_zoo.build(CNNConfig(), (1, 28, 28), 10), cnn_pool),
+        "cnn": (lambda: classifiers.build(CNNConfig(), (1, 28, 28), 10), cnn_pool),
         "head": (lambda: copy.deepcopy(head_template), head_pool),
     }
     return makers

@@ -88,13 +88,10 @@ from torch.utils.data import TensorDataset
 
 from dpsweep import units
 from dpsweep.config import CNNConfig, DigitsConfig, DPConfig, GradSampleMode, SGDConfig, VGG16FrozenConfig
-from dpsweep.data import device as device_data
-from dpsweep.data import gathered
-from dpsweep.data import loaders as datasets
+from dpsweep.data import gathered, loaders, resident
 from dpsweep.mechanisms.opacus_engine import make_private
-from dpsweep.memory import stages as memory
-from dpsweep.models import classifiers as model_zoo
-from dpsweep.models import feature_cache
+from dpsweep.memory.stages import StageRecorder, backend_for, monitor_for
+from dpsweep.models import classifiers, feature_cache
 from dpsweep.models.optimizers import build_optimizer
 from dpsweep.run.runner import train
 from dpsweep.tasks.classifier.passes import Trainer, train_pass
@@ -198,7 +195,7 @@ class FixedBatches:
 
     def __init__(self, x: Tensor, y: Tensor, batch_size: int, device: torch.device) -> None:
         self.x, self.y, self.batch_size, self.device = x, y, batch_size, device
-        self.generator = device_data.device_generator(device, SEED)
+        self.generator = resident.device_generator(device, SEED)
 
     def __iter__(self) -> Iterator[Batch]:
         while True:
@@ -245,7 +242,7 @@ def measure(
     if data == "fixed":  # on the device before the baseline: the same for every mode, not part of the peak
         fixed_xy = (dataset.tensors[0].to(device), dataset.tensors[1].to(device))
     torch.manual_seed(SEED)
-    monitor = memory.monitor_for(device)
+    monitor = monitor_for(device)
     start_bytes = monitor.allocated_bytes()
     model = make_model().to(device)
     optimizer = build_optimizer(SGDConfig(), model)
@@ -262,28 +259,28 @@ def measure(
         batches = FixedBatches(*fixed_xy, batch_size, device)
         steps_per_epoch = len(loader)
     elif data == "resident":
-        x, y = device_data.materialize(dataset)
-        gen = device_data.device_generator(device, SEED)
+        x, y = resident.materialize(dataset)
+        gen = resident.device_generator(device, SEED)
         if dp != "off":
             q = float(loader.sample_rate)  # type: ignore[attr-defined]  # Opacus's DPDataLoader
-            resident = device_data.PoissonBatches(x, y, sample_rate=q, device=device, generator=gen)
-            batches, steps_per_epoch = resident, len(resident)
+            poisson = resident.PoissonBatches(x, y, sample_rate=q, device=device, generator=gen)
+            batches, steps_per_epoch = poisson, len(poisson)
         else:
-            shuffled = device_data.ShuffledBatches(x, y, batch_size=batch_size, device=device, generator=gen)
+            shuffled = resident.ShuffledBatches(x, y, batch_size=batch_size, device=device, generator=gen)
             batches, steps_per_epoch = shuffled, len(shuffled)
     else:
         batches, steps_per_epoch = loader, len(loader)
 
     model.train()
     trainer = Trainer(model, optimizer, criterion, device)
-    stages = memory.StageRecorder(monitor)
+    stages = StageRecorder(monitor)
     stages.mark("model_load")
     stream = _cycle(batches)
     x, y = next(stream)
     train_pass(trainer, (x, y), stages)
     stages.mark("optimizer_step")
     peak_bytes = stages.figures()["iteration_peak_bytes"] - start_bytes
-    idle = memory.StageRecorder(monitor, active=False)
+    idle = StageRecorder(monitor, active=False)
     for _ in range(WARMUP_STEPS - 1):
         x, y = next(stream)
         train_pass(trainer, (x, y), idle)
@@ -349,7 +346,7 @@ def _ratio(a: float | None, b: float | None) -> float:
 
 
 def run_device(device: torch.device, plan: Plan, work: Path) -> DeviceReport:
-    report = DeviceReport(str(device), device_name(device), memory.backend_for(device))
+    report = DeviceReport(str(device), device_name(device), backend_for(device))
     print(f"\n== device {device}: {report.device_name}; memory backend {report.memory_backend}", flush=True)
     print(HEADER, flush=True)
     if {"head", "cache"} & set(plan.sections):
@@ -368,11 +365,11 @@ def vgg16_sections(device: torch.device, plan: Plan, work: Path, report: DeviceR
     ms = report.measurements
     size = plan.cache_image_size
     # vgg16_frozen on the small digits: the model, and its cached maps (the one-off extraction, timed)
-    digits_small = datasets.build(DigitsConfig(image_size=size))
+    digits_small = loaders.build(DigitsConfig(image_size=size))
     vgg_cfg = VGG16FrozenConfig(hidden_units=plan.hidden_units, pretrained=False)
     torch.manual_seed(SEED)
-    vgg = model_zoo.build(vgg_cfg, digits_small.input_shape, digits_small.num_classes)
-    assert isinstance(vgg, model_zoo.FrozenVGG16)
+    vgg = classifiers.build(vgg_cfg, digits_small.input_shape, digits_small.num_classes)
+    assert isinstance(vgg, classifiers.FrozenVGG16)
     _sync(device)
     start = time.perf_counter()
     cached = feature_cache.cached_splits(
@@ -382,7 +379,7 @@ def vgg16_sections(device: torch.device, plan: Plan, work: Path, report: DeviceR
     _sync(device)
     extraction_s = time.perf_counter() - start
     head_template = cached.head(vgg).cpu()
-    head_params = model_zoo.trainable_parameters(head_template)
+    head_params = classifiers.trainable_parameters(head_template)
     report.extras |= {
         "extraction_s": extraction_s, "extraction_images": cached.n_train + len(cached.test),
         "feature_dim": cached.feature_dim, "head_trainable_params": head_params, "n_train_digits": cached.n_train,
@@ -440,13 +437,13 @@ def vgg16_sections(device: torch.device, plan: Plan, work: Path, report: DeviceR
 def cnn_sections(device: torch.device, plan: Plan, report: DeviceReport) -> None:
     """cnn (informational DP overheads) and resident (the device-resident goal), cnn on digits and MNIST-sized."""
     ms = report.measurements
-    digits28 = datasets.build(DigitsConfig(image_size=28))
+    digits28 = loaders.build(DigitsConfig(image_size=28))
     cnn_cfg = CNNConfig()
     train28 = digits28.train
     assert isinstance(train28, TensorDataset)
 
     def cnn() -> nn.Module:
-        return model_zoo.build(cnn_cfg, digits28.input_shape, digits28.num_classes)
+        return classifiers.build(cnn_cfg, digits28.input_shape, digits28.num_classes)
 
     for b in plan.cnn_batch_sizes if "cnn" in plan.sections else ():
         for mode in MODES:
@@ -548,10 +545,10 @@ def evaluate_goals(report: DeviceReport, sections: tuple[str, ...] = SECTIONS) -
         r["cache.speedup_resident"] = _ratio(uncached.epoch_s, cached_resident.epoch_s)
     for setting, name in (("cnn DP, digits 28 px", "digits"), ("cnn DP, MNIST-sized random", "mnist")):
         loader = _find(ms, section="resident", setting=setting, data="loader")
-        resident = _find(ms, section="resident", setting=setting, data="resident")
-        if loader and resident:
-            r[f"resident.{name}.epoch_speedup"] = _ratio(loader.epoch_s, resident.epoch_s)
-            r[f"resident.{name}.data_epoch_speedup"] = _ratio(loader.data_epoch_s, resident.data_epoch_s)
+        on_device = _find(ms, section="resident", setting=setting, data="resident")
+        if loader and on_device:
+            r[f"resident.{name}.epoch_speedup"] = _ratio(loader.epoch_s, on_device.epoch_s)
+            r[f"resident.{name}.data_epoch_speedup"] = _ratio(loader.data_epoch_s, on_device.data_epoch_s)
 
     if "cache" in sections:
         goals.append(_cache_goal(report))

@@ -49,13 +49,11 @@ from dpsweep.config import (
     validate_for_dataset,
     validate_input_shape,
 )
-from dpsweep.data import facts as dataset_description
-from dpsweep.data.facts import DatasetFacts
+from dpsweep.data.facts import OFFICIAL_N_TRAIN, DatasetFacts, described, official_facts
 from dpsweep.errors import InputError
 from dpsweep.mechanisms import engines
 from dpsweep.memory.model import MemoryModel, load_models
-from dpsweep.privacy import calibrate, clipping, ledger, rdp, tuning
-from dpsweep.privacy import schedule as privacy
+from dpsweep.privacy import calibrate, clipping, ledger, rdp, schedule, tuning
 from dpsweep.privacy.ledger import Accounting, Ledger
 
 if TYPE_CHECKING:  # torch: imported by the plans that use a memory model, not by every plan
@@ -203,7 +201,7 @@ def tuning_procedure(plans: Sequence[RunPlan], sweep: SweepConfig) -> tuning.Pro
 
 def _scheduled_steps(cfg: Config, n_train: int) -> int:
     """Steps of train.epochs epochs of ceil(N/B) steps (Opacus's Poisson-loader convention)."""
-    return privacy.poisson_schedule(n_train, cfg.train.batch_size).steps(cfg.train.epochs)
+    return schedule.poisson_schedule(n_train, cfg.train.batch_size).steps(cfg.train.epochs)
 
 
 def stops_at_budget(cfg: Config) -> bool:
@@ -339,18 +337,18 @@ def dataset_facts(cfg: Config) -> tuple[DatasetFacts, str | None]:
     """N, input shape and classes from the dataset's description (digits, no files needed), its files
     or, when they are not downloaded yet, its official description; the second value is a note saying
     so (None when the facts are exact)."""
-    described = dataset_description.described(cfg.dataset)
-    if described is not None:
-        return described, None
-    from dpsweep.data import loaders as datasets  # torch and torchvision: only to read a dataset's files
+    known = described(cfg.dataset)
+    if known is not None:
+        return known, None
+    from dpsweep.data import loaders  # torch and torchvision: only to read a dataset's files
 
     try:
-        splits = datasets.build(cfg.dataset)
+        splits = loaders.build(cfg.dataset)
         return DatasetFacts(splits.n_train, splits.input_shape, splits.num_classes), None
-    except datasets.DatasetNotFoundError:
-        if cfg.dataset.name not in dataset_description.OFFICIAL_N_TRAIN:
+    except loaders.DatasetNotFoundError:
+        if cfg.dataset.name not in OFFICIAL_N_TRAIN:
             raise
-        facts = dataset_description.official_facts(cfg.dataset)
+        facts = official_facts(cfg.dataset)
         return facts, f"{cfg.dataset.name} files not found; using its official training-set size N={facts.n_train}"
 
 

@@ -14,14 +14,13 @@ Each fit is scored by k-fold held-out error (k = min(5, probes)). This package f
 and plots (matplotlib); the fitted model, its features and its file are :mod:`dpsweep.memory.model`
 (numpy only), which runs load and predict from. From Python::
 
-    from dpsweep.memory import model as core
-    from dpsweep.analysis import memory_model as mm
-    models = mm.fit_all(probes)                         # one core.MemoryModel per model in the frame
+    from dpsweep.analysis import memory_model
+    models = memory_model.fit_all(probes)               # one dpsweep.memory.model.MemoryModel per model
     m = models["vgg16_frozen"]
-    mm.cv_frame(m)                                      # held-out error per target and fit
-    print(mm.formula(m, "iteration_peak"))             # iteration_peak ≈ 1.92 MiB + 4 B × batch_params + …
-    mm.save_models("memory_model.json", models, meta={"experiment": "probes"})
-    mm.residual_plot(mm.cv_predictions_table(models), "residuals.png")
+    memory_model.cv_frame(m)                            # held-out error per target and fit
+    print(memory_model.formula(m, "iteration_peak"))   # iteration_peak ≈ 1.92 MiB + 4 B × batch_params + …
+    memory_model.save_models("memory_model.json", models, meta={"experiment": "probes"})
+    memory_model.residual_plot(memory_model.cv_predictions_table(models), "residuals.png")
     loaded = core.load_models("memory_model.json")      # what a run does
     loaded["vgg16_frozen"].predict(configs)             # {target column: predicted bytes} (envelope fit)
 

@@ -38,7 +38,7 @@ from torch import Tensor
 from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
 
 from dpsweep.audit.guesses import metrics, right_guesses
-from dpsweep.data.device import materialize, private_generator
+from dpsweep.data.resident import materialize, private_generator
 from dpsweep.mechanisms.private_step import Score
 from dpsweep.privacy.ledger import Ledger
 

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from dpsweep.privacy import ledger as ledgers
+from dpsweep.privacy import ledger
 
 # The ε at which the privacy profile is read: every 0.025 up to 10, every 0.1 beyond. With PLD_INTERVAL
 # and BISECTIONS, a bound takes about 0.2 s on digits' DP-SGD (230 steps) on the 2-core VM, against 4 s
@@ -72,9 +72,9 @@ def tradeoff(epsilons: np.ndarray, deltas: np.ndarray) -> TradeOff:
     return f
 
 
-def claimed_tradeoff(claim: ledgers.Ledger) -> TradeOff:
+def claimed_tradeoff(claim: ledger.Ledger) -> TradeOff:
     """f of a ledger: its privacy profile from its PLD (dp-accounting, pessimistic, on :data:`PLD_INTERVAL`)."""
-    return _tradeoff_of(ledgers.pld_of(claim, PLD_INTERVAL))
+    return _tradeoff_of(ledger.pld_of(claim, PLD_INTERVAL))
 
 
 def _tradeoff_of(pld: Any) -> TradeOff:
@@ -96,9 +96,7 @@ def rejects(f: TradeOff, canaries: int, guesses: int, correct: int, significance
     return right + wrong > guesses / canaries
 
 
-def rejects_claim(
-    claim: ledgers.Ledger, tests: Mapping[str, tuple[int, int]], canaries: int, confidence: float
-) -> bool:
+def rejects_claim(claim: ledger.Ledger, tests: Mapping[str, tuple[int, int]], canaries: int, confidence: float) -> bool:
     """Whether one of the ``tests`` (each at level (1 − ``confidence``)/k) rejects the run's own claim,
     its ledger's f: the run is then not as private as its ledger says. Where it does, the bound of
     :func:`epsilon_lower` is at least the claim's ε, and can equal it (the least private claim rejected
@@ -113,7 +111,7 @@ def _any_rejects(f: TradeOff, tests: Mapping[str, tuple[int, int]], canaries: in
 
 
 def epsilon_lower(
-    claim: ledgers.Ledger, tests: Mapping[str, tuple[int, int]], canaries: int, delta: float, confidence: float
+    claim: ledger.Ledger, tests: Mapping[str, tuple[int, int]], canaries: int, delta: float, confidence: float
 ) -> float:
     """The ε at ``delta`` of the least private claim along the run's noise (module doc) that one of the
     ``tests`` (``{name: (guesses, right)}``, each at level (1 − ``confidence``)/k for k tests) rejects."""
@@ -121,14 +119,14 @@ def epsilon_lower(
 
 
 def read(
-    claim: ledgers.Ledger, tests: Mapping[str, tuple[int, int]], canaries: int, delta: float, confidence: float
+    claim: ledger.Ledger, tests: Mapping[str, tuple[int, int]], canaries: int, delta: float, confidence: float
 ) -> tuple[float, bool]:
     """:func:`epsilon_lower` and :func:`rejects_claim` from one search: the search starts at the run's own
     claim (t = 1), so whether it is rejected comes with the bound, its PLD built once."""
 
     @functools.cache
     def pld(t: float) -> Any:  # built once per claim: the bound's ε reads the last one rejected
-        return ledgers.pld_of(ledgers.scaled_noise(claim, t), PLD_INTERVAL)
+        return ledger.pld_of(ledger.scaled_noise(claim, t), PLD_INTERVAL)
 
     def rejected(t: float) -> bool:
         return _any_rejects(_tradeoff_of(pld(t)), tests, canaries, confidence)

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from dpsweep.audit.guesses import metrics, right_guesses, split_guesses
-from dpsweep.data.device import private_generator
+from dpsweep.data.resident import private_generator
 from dpsweep.mechanisms.private_step import Release, StepWrapper
 from dpsweep.privacy.ledger import Ledger
 

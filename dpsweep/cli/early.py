@@ -91,9 +91,9 @@ def _needs_hydra(cfg: DictConfig) -> bool:
 def check_plans(checked: Checked) -> None:
     """Each job's run plan (``dpsweep.plan.prepare``) and, for a sweep, its tracking URIs reachable
     (``dpsweep.launchers.preflight.check_plans``)."""
-    from dpsweep.launchers.preflight import check_plans as check
+    from dpsweep.launchers import preflight
 
-    check(checked.configs, checked.jobs, sweep=checked.sweep)
+    preflight.check_plans(checked.configs, checked.jobs, sweep=checked.sweep)
 
 
 def _run(overrides: list[str]) -> Checked | None:

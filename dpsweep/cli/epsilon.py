@@ -40,8 +40,7 @@ from dpsweep.cli.options import plain_text
 from dpsweep.cli.script import run_script
 from dpsweep.cli.sigma import SIGMA_DIGITS, sigma_text
 from dpsweep.errors import InputError
-from dpsweep.privacy import calibrate, clipping, ledger, ranges, rdp
-from dpsweep.privacy import schedule as privacy
+from dpsweep.privacy import calibrate, clipping, ledger, ranges, rdp, schedule
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -80,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument(option.flag, action="store_true", help=plain_text(f"{name}: {option.help}"))
         else:
             p.add_argument(option.flag, type=option.kind, help=plain_text(f"{name}: {option.help}"))
-    p.add_argument("--convention", choices=list(privacy.CONVENTIONS), default=privacy.TRAINED,
+    p.add_argument("--convention", choices=list(schedule.CONVENTIONS), default=schedule.TRAINED,
                    help="how q and the steps are counted: opacus (q = 1/ceil(N/B), ceil(N/B) steps an epoch: "
                    "what dpsweep trains) or tf_privacy (q = B/N, ceil(epochs·N/B) steps: TF Privacy's "
                    "compute_dp_sgd_privacy, to reproduce its published figures)")  # fmt: skip
@@ -181,8 +180,8 @@ def _extra(a: argparse.Namespace) -> ledger.Ledger:
     return ledger.Ledger((clipping.release(a.clip_epsilon, _schedule(a).sample_rate, "histogram"),))
 
 
-def _result(a: argparse.Namespace, sigma: float, epochs: int | None, steps: int | None) -> privacy.EpsilonResult:
-    return privacy.epsilon(
+def _result(a: argparse.Namespace, sigma: float, epochs: int | None, steps: int | None) -> schedule.EpsilonResult:
+    return schedule.epsilon(
         _schedule(a), noise_multiplier=sigma, delta=a.delta, epochs=epochs, steps=steps, accounting=_accounting(a),
         extra=_extra(a),
     )  # fmt: skip
@@ -192,8 +191,8 @@ def _tuning_shape(a: argparse.Namespace) -> float:
     return a.tuning_eta if a.tuning_distribution == "tnb" else ledger.TUNING_SHAPES.get(a.tuning_distribution)
 
 
-def _schedule(a: argparse.Namespace) -> privacy.PoissonSchedule:
-    return privacy.poisson_schedule(a.dataset_size, a.batch_size)
+def _schedule(a: argparse.Namespace) -> schedule.PoissonSchedule:
+    return schedule.poisson_schedule(a.dataset_size, a.batch_size)
 
 
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -237,7 +236,7 @@ def _setting(a: argparse.Namespace, mechanism: mechanisms.Mechanism) -> mechanis
                               options=options, convention=a.convention)  # fmt: skip
     if a.clipping != "fixed" and not mechanism.sampled:
         raise InputError("--clipping", a.clipping, f"fixed with --mechanism {a.mechanism} (it samples nothing)")
-    if a.plot is not None and a.convention != privacy.TRAINED:
+    if a.plot is not None and a.convention != schedule.TRAINED:
         raise InputError("--plot", str(a.plot), "left out with --convention tf_privacy (the plots use dpsweep's)")
     if a.plot is not None and not mechanism.sampled:
         raise InputError("--plot", str(a.plot), f"left out with --mechanism {a.mechanism}: the plots vary q")
@@ -288,7 +287,7 @@ def _price(a: argparse.Namespace, mechanism: mechanisms.Mechanism) -> dict[str, 
         "description": mechanism.describe(s, float(sigma_text(sigma)) if calibrated == "noise_multiplier" else sigma),
     }  # fmt: skip
     out |= mechanism.details(s)
-    if a.convention != privacy.TRAINED:
+    if a.convention != schedule.TRAINED:
         out["convention"] = a.convention
     if s.epochs is not None:
         out["epochs"] = s.epochs

@@ -70,7 +70,7 @@ def summary_line(cfg: Config, r: TrainResult) -> str:
     """``dpsweep: run 1a2b3c4d digits/cnn B=64 epochs=8 seed=0  test_accuracy=0.8778  ε=7.414 (rdp, δ=1e-05,
     dpsgd per example; …)``"""
     if cfg.train.probe:
-        from dpsweep.memory import stages as memory
+        from dpsweep.memory import stages
         from dpsweep.memory.tables import logged
 
         m = r.epochs[-1]  # logged in MiB: read back in bytes
@@ -79,11 +79,11 @@ def summary_line(cfg: Config, r: TrainResult) -> str:
             value = logged(m, name)
             return "—" if value is None else units.format_bytes(value)
 
-        stages = "  ".join(f"{s}={shown(f'{s}_bytes')}" for s in memory.STAGES)
+        figures = "  ".join(f"{s}={shown(f'{s}_bytes')}" for s in stages.STAGES)
         peak = shown("iteration_peak_bytes")
         return (
             f"dpsweep: probe {r.run_id[:8]} {cfg.dataset.name}/{cfg.model.name} B={cfg.train.batch_size} "
-            f"dp={cfg.dp.enabled}  {stages}  peak={peak} ({r.memory_backend})"
+            f"dp={cfg.dp.enabled}  {figures}  peak={peak} ({r.memory_backend})"
         )
     if r.epsilon is not None:
         others = ", ".join(f"{name} {eps:.3f}" for name, eps in r.epsilons.items())

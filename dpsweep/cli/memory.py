@@ -259,11 +259,11 @@ def _one_device_per_model(probes: pd.DataFrame, device: str | None) -> pd.DataFr
 
 
 def run_fit(args: argparse.Namespace) -> dict[str, Any]:
-    from dpsweep.analysis import memory_model as mm  # scipy and matplotlib: only here
+    from dpsweep.analysis import memory_model  # scipy and matplotlib: only here
 
     features = [f.strip() for f in args.features.split(",") if f.strip()] if args.features else None
     probes, source = load_probes(args)
-    probes = mm.clean_probes(probes)
+    probes = memory_model.clean_probes(probes)
     if args.model is not None and "model" in probes.columns:
         present = sorted(probes["model"].unique())
         if args.model not in present:
@@ -273,24 +273,24 @@ def run_fit(args: argparse.Namespace) -> dict[str, Any]:
     targets = None
     if args.targets:  # the iteration peak is what plans use: always fitted
         targets = list(dict.fromkeys([*(t.strip() for t in args.targets.split(",") if t.strip()), PEAK_TARGET]))
-    models = mm.fit_all(probes, args.model, features, targets=targets, folds=args.folds)
+    models = memory_model.fit_all(probes, args.model, features, targets=targets, folds=args.folds)
     import pandas as pd
 
     meta = {"source": source, "created": pd.Timestamp.now(tz="UTC").isoformat(timespec="seconds")}
-    out = mm.save_models(args.out, models, meta)
+    out = memory_model.save_models(args.out, models, meta)
     plot = args.plot or out.with_name(out.stem + "_residuals.png")
-    mm.residual_plot(mm.cv_predictions_table(models), plot)
+    memory_model.residual_plot(memory_model.cv_predictions_table(models), plot)
     for name, m in models.items():
         devices = ", ".join(m.provenance.get("device_name", [])) or "?"
         print(f"\n{name}: {m.n_probes} probes, backend {m.backend} ({devices})")
         for target, tf in m.targets.items():
             for fit_name in ("envelope", "least_squares"):
-                print(f"  {fit_name:<13} {mm.formula(m, target, fit_name)}")
+                print(f"  {fit_name:<13} {memory_model.formula(m, target, fit_name)}")
             if tf.dropped:
                 print(f"  {'':<13} not identifiable from these probes: {', '.join(tf.dropped)}")
-    table = mm.cv_table(models)
-    shown = table[["model", "target", "fit", "n_probes", *mm.CV_METRICS]].copy()
-    for column in mm.CV_METRICS:
+    table = memory_model.cv_table(models)
+    shown = table[["model", "target", "fit", "n_probes", *memory_model.CV_METRICS]].copy()
+    for column in memory_model.CV_METRICS:
         shown[column] = (100 * shown[column]).map("{:.2f}%".format)
     used = ", ".join(f"{m}: {k}" for m, k in table.groupby("model", sort=False)["folds"].max().items())
     print(f"\nk-fold held-out error (folds: {used}; relative to the observed bytes):")

@@ -51,7 +51,7 @@ from dpsweep.cli.script import run_script
 from dpsweep.errors import InputError
 
 if TYPE_CHECKING:  # pandas and MLflow are imported once the arguments parse: --help stays fast
-    from dpsweep.analysis import report as rep
+    from dpsweep.analysis import report
 
 # The names of analysis.report's FORMATS, SORT_KEYS and FIGURE_FORMATS, for --help (a test keeps them equal)
 FORMAT_NAMES, SORT_NAMES, FIGURE_FORMAT_NAMES = (
@@ -118,54 +118,56 @@ def _check_uri(uri: str) -> None:
             raise InputError("--tracking-uri", uri, f"a reachable MLflow server ({err})") from err
 
 
-def _chosen_runs(report: rep.Report, wanted: Sequence[str] | None) -> list[str]:
-    from dpsweep.analysis import report as rep
+def _chosen_runs(built: report.Report, wanted: Sequence[str] | None) -> list[str]:
+    from dpsweep.analysis import report
 
     if not wanted:
-        return rep.best_runs(report.runs, DEFAULT_CURVES) or rep.best_runs(report.runs, DEFAULT_CURVES, private=None)
-    known = list(report.table_runs["run_id"])
+        return report.best_runs(built.runs, DEFAULT_CURVES) or report.best_runs(
+            built.runs, DEFAULT_CURVES, private=None
+        )
+    known = list(built.table_runs["run_id"])
     chosen = []
     for prefix in wanted:
         matches = [r for r in known if r.startswith(prefix)]
         if len(matches) != 1:
             why = "matches no run" if not matches else f"matches {len(matches)} runs"
-            raise InputError("--runs", prefix, f"a run id (or a unique prefix) of the {report.selection}; it {why}")
+            raise InputError("--runs", prefix, f"a run id (or a unique prefix) of the {built.selection}; it {why}")
         chosen.append(matches[0])
     return chosen
 
 
-def _log_on_parent(report: rep.Report, paths: Sequence[Path]) -> None:
+def _log_on_parent(built: report.Report, paths: Sequence[Path]) -> None:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    if report.sweep_id is None:
+    if built.sweep_id is None:
         return
-    if report.parent_run_id is None:
-        print(f"dpsweep-report: sweep {report.sweep_id} has no parent run; the files are only on disk", file=sys.stderr)
+    if built.parent_run_id is None:
+        print(f"dpsweep-report: sweep {built.sweep_id} has no parent run; the files are only on disk", file=sys.stderr)
         return
-    client = MlflowClient(report.uri)
+    client = MlflowClient(built.uri)
     try:
         for path in paths:
-            client.log_artifact(report.parent_run_id, str(path), artifact_path=ARTIFACT_DIR)
+            client.log_artifact(built.parent_run_id, str(path), artifact_path=ARTIFACT_DIR)
     except (MlflowException, OSError) as err:
-        print(f"dpsweep-report: warning: could not log the files on run {report.parent_run_id}: {err}", file=sys.stderr)
+        print(f"dpsweep-report: warning: could not log the files on run {built.parent_run_id}: {err}", file=sys.stderr)
         return
-    print(f"dpsweep-report: logged {len(paths)} files on the parent run {report.parent_run_id} under {ARTIFACT_DIR}/",
+    print(f"dpsweep-report: logged {len(paths)} files on the parent run {built.parent_run_id} under {ARTIFACT_DIR}/",
           file=sys.stderr)  # fmt: skip
 
 
-def run(argv: Sequence[str] | None = None) -> rep.Report:
-    """Parse, check, report; returns the report (the table is also printed)."""
+def run(argv: Sequence[str] | None = None) -> report.Report:
+    """Parse, check, report; returns the report built (the table is also printed)."""
     a = _parser().parse_args(argv)
     from mlflow.exceptions import MlflowException
 
-    from dpsweep.analysis import report as rep
+    from dpsweep.analysis import report
     from dpsweep.tracking.dead_runs import reconcile
 
-    rep.lookup(rep.FORMATS, a.format, "format")
-    rep.lookup(rep.SORT_KEYS, a.sort, "sort")
-    if a.figure_format not in rep.FIGURE_FORMATS:
-        raise InputError("--figure-format", a.figure_format, f"one of {', '.join(rep.FIGURE_FORMATS)}")
+    report.lookup(report.FORMATS, a.format, "format")
+    report.lookup(report.SORT_KEYS, a.sort, "sort")
+    if a.figure_format not in report.FIGURE_FORMATS:
+        raise InputError("--figure-format", a.figure_format, f"one of {', '.join(report.FIGURE_FORMATS)}")
     if a.dpi <= 0:
         raise InputError("--dpi", a.dpi, "a positive number of dots per inch")
     if a.out is not None:
@@ -174,28 +176,28 @@ def run(argv: Sequence[str] | None = None) -> rep.Report:
     try:
         for dead in reconcile(a.tracking_uri, a.experiment):  # so that no dead run counts as running
             print(f"dpsweep-report: ended run {dead.run_id} KILLED: {dead.reason}", file=sys.stderr)
-        report = rep.build_report(a.tracking_uri, a.experiment, a.sweep, a.sort, all_trials=a.all_trials)
+        built = report.build_report(a.tracking_uri, a.experiment, a.sweep, a.sort, all_trials=a.all_trials)
     except MlflowException as err:
         raise InputError("--tracking-uri", a.tracking_uri, f"a store MLflow can read ({err.message})") from err
-    chosen = _chosen_runs(report, a.runs)
-    text = rep.render(report, a.format)
+    chosen = _chosen_runs(built, a.runs)
+    text = report.render(built, a.format)
     sys.stdout.write(text)
     sys.stdout.flush()  # before the notes and file lines on stderr
     if a.format == "csv":  # the CSV itself stays pure
-        for note in report.notes():
+        for note in built.notes():
             print(f"dpsweep-report: {note}", file=sys.stderr)
     if a.out is None:
-        return report
+        return built
     from dpsweep.analysis.report import FigureStyle, plot_report  # matplotlib only when plotting
 
-    histories = rep.metric_histories(report.uri, chosen, rep.history_metrics(report.table_runs, chosen))
-    figures = plot_report(report, a.out, histories, FigureStyle(a.figure_format, a.dpi))
-    paths = [rep.write(report, a.format, a.out, figures), *figures]
+    histories = report.metric_histories(built.uri, chosen, report.history_metrics(built.table_runs, chosen))
+    figures = plot_report(built, a.out, histories, FigureStyle(a.figure_format, a.dpi))
+    paths = [report.write(built, a.format, a.out, figures), *figures]
     for path in paths:
         print(f"dpsweep-report: wrote {path}", file=sys.stderr)
     if not a.no_log:
-        _log_on_parent(report, paths)
-    return report
+        _log_on_parent(built, paths)
+    return built
 
 
 @exits_on_bad_input("dpsweep-report")

@@ -47,7 +47,7 @@ class TrainConfig:
     # Memory probe: run only the first iteration on a batch of exactly batch_size examples, record the
     # four memory stages (tag probe=true), and stop; no evaluation, no ε. See dpsweep-memory probe.
     probe: bool = False
-    # Hold the training split on the device and draw Poisson batches there (dpsweep.data.device):
+    # Hold the training split on the device and draw Poisson batches there (dpsweep.data.resident):
     # same sample rate and steps as Opacus's loader, without per-example loader overhead. For
     # datasets that fit in device memory (digits, MNIST, CIFAR-10, cached VGG16 features).
     device_resident: bool = False

@@ -223,7 +223,7 @@ def segment_count(segment: Tensor) -> int:
 
 class UserBatches:
     """Poisson-sampled users of device-resident ``x``, ``y`` (the user-level analogue of
-    :class:`dpsweep.data.device.PoissonBatches`).
+    :class:`dpsweep.data.resident.PoissonBatches`).
 
     ``users`` numbers each example's user 0..U−1 (every user non-empty). Each step includes every user
     independently with probability q = ``schedule.inclusion_probability`` = 1/⌈U/B⌉, B =

@@ -6,7 +6,7 @@ privacy accounting stay those of the logical batch.
 
 With DP and a DataLoader this is Opacus's ``BatchMemoryManager``: the DPOptimizer clips and
 accumulates each pass and steps (adds noise, accounts one step) only at the end of the logical
-batch. Device-resident batches (``dpsweep.data.device``) are split the same way, signalling the
+batch. Device-resident batches (``dpsweep.data.resident``) are split the same way, signalling the
 DPOptimizer as Opacus's ``BatchSplittingSampler`` does. Without DP the loss of each pass is weighted
 by its share of the examples (``first``: zero the gradients; ``last``: step).
 """

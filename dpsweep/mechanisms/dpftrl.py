@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from dpsweep.errors import InputError
-from dpsweep.mechanisms import dpftrl_accounting as tree
+from dpsweep.mechanisms import dpftrl_accounting
 from dpsweep.mechanisms.base import MECHANISMS, EngineTable, Mechanism, Option, Setting
 from dpsweep.privacy.ledger import Ledger
 
@@ -31,7 +31,7 @@ class DPFTRL(Mechanism):
     note = "tree aggregation over batches in a fixed order, no sampling and no amplification"
     # torch.func steps (dpsweep.mechanisms.functional), the tree's noise on their prefix sums
     engines_at: ClassVar[EngineTable] = {"example": ("own_steps",), "user": ("own_steps",)}
-    accountants = tree.ACCOUNTANTS
+    accountants = dpftrl_accounting.ACCOUNTANTS
     options = (
         Option("ftrl_restart_every", "--restart-every", "restart the tree every this many epochs (default: never)"),
         Option("ftrl_tree_completion", "--tree-completion", "complete each tree with virtual steps before a restart",
@@ -46,7 +46,7 @@ class DPFTRL(Mechanism):
         )  # fmt: skip
 
     def ledger(self, s: Setting, noise_multiplier: float) -> Ledger:
-        return s.extra + Ledger((tree.ftrl_entry(noise_multiplier, *self._shape(s)),))
+        return s.extra + Ledger((dpftrl_accounting.ftrl_entry(noise_multiplier, *self._shape(s)),))
 
     def check(self, s: Setting) -> None:
         super().check(s)
@@ -54,7 +54,7 @@ class DPFTRL(Mechanism):
             raise InputError("train.steps", s.steps, "left out with DP-FTRL: whole epochs (its tree covers each epoch)")
         if s.extra.entries:
             raise InputError("dp.clipping", s.extra.entries[0].name, "fixed with DP-FTRL (no release besides the tree)")
-        tree.ftrl_sensitivity_squared(*self._shape(s))  # checks the restart period against the run
+        dpftrl_accounting.ftrl_sensitivity_squared(*self._shape(s))  # checks the restart period against the run
 
     def check_config(self, cfg: Config) -> None:
         """SGD only (its tree noises a fixed linear workload: the prefix sums), and a restart period
@@ -76,7 +76,9 @@ class DPFTRL(Mechanism):
             )  # fmt: skip
 
     def guess(self, s: Setting, target_epsilon: float) -> float:
-        return tree.zcdp_sigma(tree.ftrl_sensitivity_squared(*self._shape(s)), target_epsilon, s.delta)
+        return dpftrl_accounting.zcdp_sigma(
+            dpftrl_accounting.ftrl_sensitivity_squared(*self._shape(s)), target_epsilon, s.delta
+        )
 
     def ledger_taken(self, s: Setting, noise_multiplier: float, steps: int) -> Ledger:
         """Over the epochs begun (a unit's sensitivity only grows with steps), and a restart only where
@@ -100,14 +102,14 @@ class DPFTRL(Mechanism):
         steps_per_epoch, _, restart_every, completion = self._shape(s)
         return {
             "steps_per_epoch": steps_per_epoch, "restart_every": restart_every, "tree_completion": completion,
-            "sensitivity_squared": tree.ftrl_sensitivity_squared(*self._shape(s)),
+            "sensitivity_squared": dpftrl_accounting.ftrl_sensitivity_squared(*self._shape(s)),
         }  # fmt: skip
 
     def describe(self, s: Setting, noise_multiplier: float) -> str:
         steps_per_epoch, epochs, restart_every, completion = self._shape(s)
         restarts = f", the tree restarted every {restart_every} epochs" if restart_every else ""
         completed = " with tree completion" if completion and restart_every else ""
-        s2 = tree.ftrl_sensitivity_squared(*self._shape(s))
+        s2 = dpftrl_accounting.ftrl_sensitivity_squared(*self._shape(s))
         return (
             f"DP-FTRL with noise multiplier σ = {noise_multiplier:.6g} over {self.steps(s)} steps ({epochs} epochs "
             f"of {steps_per_epoch} batches in a fixed order{restarts}{completed}; no sampling, no amplification; "

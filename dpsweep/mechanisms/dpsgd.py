@@ -13,8 +13,8 @@ from typing import Any, ClassVar
 
 from dpsweep.mechanisms.base import MECHANISMS, EngineTable, Mechanism, Setting
 from dpsweep.privacy import ledger
-from dpsweep.privacy import schedule as poisson
 from dpsweep.privacy.ledger import Ledger
+from dpsweep.privacy.schedule import CONVENTIONS, PoissonSchedule, run_ledger
 
 
 class DPSGD(Mechanism):
@@ -27,10 +27,10 @@ class DPSGD(Mechanism):
     # either by the fused step
     engines_at: ClassVar[EngineTable] = {"example": ("opacus", "fused"), "user": ("own_steps", "fused")}
     citation = "Abadi et al. 2016; Mironov, Talwar & Zhang 2019 (the subsampled Gaussian's RDP)"
-    conventions = tuple(poisson.CONVENTIONS)  # Opacus's, as runs train, and TF Privacy's (its published ε)
+    conventions = tuple(CONVENTIONS)  # Opacus's, as runs train, and TF Privacy's (its published ε)
 
-    def schedule(self, s: Setting) -> poisson.PoissonSchedule:
-        return poisson.CONVENTIONS[s.convention](s.population, s.batch_size)
+    def schedule(self, s: Setting) -> PoissonSchedule:
+        return CONVENTIONS[s.convention](s.population, s.batch_size)
 
     def sample_rate(self, s: Setting) -> float:
         return self.schedule(s).sample_rate
@@ -39,7 +39,7 @@ class DPSGD(Mechanism):
         return s.steps if s.steps is not None else self.schedule(s).steps(s.epochs or 0)
 
     def ledger(self, s: Setting, noise_multiplier: float) -> Ledger:
-        return poisson.run_ledger(self.schedule(s), noise_multiplier, self.steps(s), s.extra)
+        return run_ledger(self.schedule(s), noise_multiplier, self.steps(s), s.extra)
 
     def own_steps(self) -> Any:
         """At user level: users Poisson-sampled, noise on the sum of their clipped contributions."""

@@ -42,10 +42,8 @@ import torch
 from torch import Tensor, nn
 
 from dpsweep.config import Config, PrivacyUnit
-from dpsweep.data import device as device_data
-from dpsweep.data import users
-from dpsweep.mechanisms import dpftrl_accounting as ftrl_accounting
-from dpsweep.mechanisms import engines, ftrl, fused, get, private_step
+from dpsweep.data import resident, users
+from dpsweep.mechanisms import dpftrl_accounting, engines, ftrl, fused, get, private_step
 from dpsweep.mechanisms.private_step import PrivateStep, Release, StepWrapper
 from dpsweep.models.optimizers import build_optimizer
 from dpsweep.privacy.schedule import poisson_schedule
@@ -144,7 +142,7 @@ class OwnSetup:
     through a tree (DP-FTRL), the epochs after which the tree restarts (a white-box audit follows them)."""
 
     optimizer: torch.optim.Optimizer
-    generator: torch.Generator | device_data.Generators
+    generator: torch.Generator | resident.Generators
     batches: Iterable[users.UserBatch]
     expected_units: float
     tree_restarts: tuple[int, ...] = ()
@@ -235,12 +233,12 @@ class PoissonUnits(OwnRule):
         return Release(step, clipped, noisy, expected_units)
 
 
-def private_generators(run: OwnRun) -> device_data.Generators:
+def private_generators(run: OwnRun) -> resident.Generators:
     """The run's sampling and noise generators on its device, each seeded from its own private stream."""
     streams = run.streams
-    return device_data.Generators(
-        sampling=device_data.private_generator(run.device, streams.seed(Purpose.sampling)),
-        noise=device_data.private_generator(run.device, streams.seed(Purpose.noise)),
+    return resident.Generators(
+        sampling=resident.private_generator(run.device, streams.seed(Purpose.sampling)),
+        noise=resident.private_generator(run.device, streams.seed(Purpose.noise)),
     )
 
 
@@ -257,7 +255,7 @@ class FusedPoisson(OwnRule):
         n = run.priced or len(y)  # the plan's N, whose rate and expected batch the ledger prices
         schedule = poisson_schedule(n, cfg.train.batch_size)  # q = 1/ceil(N/B), as Opacus's loader
         generators = private_generators(run)
-        sampled = device_data.PoissonBatches(
+        sampled = resident.PoissonBatches(
             x, y, sample_rate=schedule.inclusion_probability, device=run.device, generator=generators["sampling"]
         )
         self.generator = generators["noise"]
@@ -300,7 +298,7 @@ class FusedUsers(OwnRule):
             run.model, run.loss_fn, max_grad_norm=dp.max_grad_norm, pad_to=pad_to,
             max_examples=dp.max_examples_per_user, mode=mode,
         )  # fmt: skip
-        assert isinstance(own.generator, device_data.Generators)
+        assert isinstance(own.generator, resident.Generators)
         self.generator = own.generator["noise"]
         return own
 
@@ -329,7 +327,7 @@ def _fused_settings(run: OwnRun) -> tuple[int, fused.CompileMode]:
 class _AsUnits:
     """Example batches as unit batches (each example its own unit; the fused step needs no segments)."""
 
-    def __init__(self, batches: device_data.PoissonBatches) -> None:
+    def __init__(self, batches: resident.PoissonBatches) -> None:
         self.batches = batches
 
     def __len__(self) -> int:
@@ -357,7 +355,7 @@ class TreeAggregation(OwnRule):
         generator = torch.Generator().manual_seed(cfg.train.seed)  # the order is fixed: nothing to draw
         optimizer = ftrl_optimizer(cfg, run.model, run.sigma, run.device, run.streams.seed(Purpose.noise))
         epochs, every = cfg.train.epochs, cfg.dp.ftrl_restart_every
-        restarts = tuple(e for e in range(1, epochs + 1) if ftrl_accounting.restart_after_epoch(e, epochs, every))
+        restarts = tuple(e for e in range(1, epochs + 1) if dpftrl_accounting.restart_after_epoch(e, epochs, every))
         return OwnSetup(optimizer, generator, run.exact, float(cfg.train.batch_size), restarts)
 
     noised_by_optimizer = True  # the tree's noise: the FTRL optimizer shows the noisy prefix sums
@@ -380,7 +378,7 @@ class TreeAggregation(OwnRule):
 
     def end_epoch(self, run: OwnRun, optimizer: torch.optim.Optimizer, epoch: int) -> None:
         cfg = run.cfg
-        restart = ftrl_accounting.restart_after_epoch(epoch, cfg.train.epochs, cfg.dp.ftrl_restart_every)
+        restart = dpftrl_accounting.restart_after_epoch(epoch, cfg.train.epochs, cfg.dp.ftrl_restart_every)
         if isinstance(optimizer, ftrl.FTRLOptimizer) and restart:
             optimizer.restart()
 
@@ -456,7 +454,7 @@ def ftrl_optimizer(
     """FTRLOptimizer over the trainable parameters, its tree's node noise σ·C/B (drawn from ``noise_seed``,
     the run's noise stream; the tree's state keeps the generator's), lr and momentum from optimizer.*."""
     params = [p for p in model.parameters() if p.requires_grad]
-    generator = device_data.private_generator(device, noise_seed)
+    generator = resident.private_generator(device, noise_seed)
     std = sigma * cfg.dp.max_grad_norm / cfg.train.batch_size  # on the clipped sum over B (OwnSteps.step)
     tree = ftrl.TreeAggregator.for_params(
         params, std=std, generator=generator, tree_completion=cfg.dp.ftrl_tree_completion

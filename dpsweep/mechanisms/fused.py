@@ -12,7 +12,7 @@ Private Deep Learning", arXiv:2406.17298; jax_privacy's padded batches): Poisson
 exactly, and the shape that varies with it is hidden by padding.
 
 1. **Sampling**: each of the N examples is in the step with probability q, drawn on the device
-   (:class:`dpsweep.data.device.PoissonBatches`: the distribution of Opacus's ``DPDataLoader``, the same
+   (:class:`dpsweep.data.resident.PoissonBatches`: the distribution of Opacus's ``DPDataLoader``, the same
    q = 1/⌈N/B⌉ and ``int(1/q)`` steps per epoch as ``dp.grad_sample_mode=hooks``).
 2. **Passes of P rows**, P = ``dp.pad_to`` (≥ B; by default, of the multiples of 8 that a batch exceeds
    in at most 5% of the steps, the one with the fewest rows per step on average,

@@ -8,8 +8,8 @@ DP on/off, the grad-sample mode, … (the feature registry, FEATURES). This modu
 predicts from them with numpy only: fitting, cross-validation and plots (pandas, scipy, matplotlib)
 are in :mod:`dpsweep.analysis.memory_model`. ::
 
-    from dpsweep.memory import model as mm
-    models = mm.load_models("memory_model.json")
+    from dpsweep.memory import model
+    models = model.load_models("memory_model.json")
     m = models["cnn"]
     m.predict({"trainable_params": np.array([26010]), ...})   # {target column: predicted bytes}
     m.outside_probed(rows)                                      # where rows leave the probed ranges

@@ -4,10 +4,9 @@ A fitted :class:`~dpsweep.memory.model.MemoryModel` (``dpsweep-memory fit``) pre
 config's features; this module turns a composed config into those features (one-row tables of numpy
 columns) and applies it::
 
-    from dpsweep.memory import model as mm
-    from dpsweep.memory import predict as mp
-    model = mp.model_for(mm.load_models("memory_model.json"), "cnn", backend="cpu-tensors")
-    p = mp.predict_config(model, cfg, facts, budget_bytes=16 * 2**30)   # cfg: dpsweep.config.Config
+    from dpsweep.memory import model, predict
+    fitted = predict.model_for(model.load_models("memory_model.json"), "cnn", backend="cpu-tensors")
+    p = predict.predict_config(fitted, cfg, facts, budget_bytes=16 * 2**30)   # cfg: dpsweep.config.Config
     p.fits, p.peak_bytes, p.largest_batch_size, p.largest_hidden_units
 
 The batch a pass holds is not always B. With DP, Poisson sampling makes every batch random, so the
@@ -34,9 +33,9 @@ import torch
 from dpsweep import units
 from dpsweep.config import Config, ConfigError, trials_per_device
 from dpsweep.memory import packing
-from dpsweep.memory import stages as memory
 from dpsweep.memory.model import PEAK_TARGET, MemoryModel, MemoryModelError
-from dpsweep.models import classifiers as model_zoo
+from dpsweep.memory.stages import config_features
+from dpsweep.models import classifiers
 
 if TYPE_CHECKING:  # dpsweep.data.loaders imports scikit-learn (and with it pandas and scipy)
     from dpsweep.data.facts import DatasetFacts
@@ -83,16 +82,16 @@ def trainable_parameters(cfg: Config, facts: DatasetFacts, hidden_units: int | N
     if hasattr(model_cfg, "pretrained"):
         model_cfg = dataclasses.replace(model_cfg, pretrained=False)  # same shapes, nothing to load
     with torch.device("meta"):
-        return model_zoo.trainable_parameters(model_zoo.build(model_cfg, facts.input_shape, facts.num_classes))
+        return classifiers.trainable_parameters(classifiers.build(model_cfg, facts.input_shape, facts.num_classes))
 
 
 def pass_batch_sizes(cfg: Config, n_train: int, batch_sizes: np.ndarray) -> np.ndarray:
     """Examples in the largest pass a run of each logical batch size makes (see the module doc)."""
     b = np.asarray(batch_sizes, dtype=np.int64)
     if cfg.dp.enabled:
-        from dpsweep.privacy import schedule as privacy  # Opacus and scipy: only for DP runs
+        from dpsweep.privacy import schedule  # Opacus and scipy: only for DP runs
 
-        b = privacy.max_poisson_batch(n_train, b, cfg.train.epochs, POISSON_TAIL)
+        b = schedule.max_poisson_batch(n_train, b, cfg.train.epochs, POISSON_TAIL)
     physical = cfg.train.physical_batch_size
     if physical is not None:
         b = np.minimum(b, physical)
@@ -203,7 +202,7 @@ class MemoryPrediction:
 
 
 def config_row(cfg: Config, facts: DatasetFacts) -> dict[str, Any]:
-    return memory.config_features(cfg, facts.input_shape, trainable_parameters(cfg, facts))
+    return config_features(cfg, facts.input_shape, trainable_parameters(cfg, facts))
 
 
 def planned_peak(fitted: MemoryModel, predicted: dict[str, float]) -> float:

@@ -40,8 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpsweep.errors import InputError
-from dpsweep.privacy import ledger
-from dpsweep.privacy import stats as mechanisms
+from dpsweep.privacy import ledger, stats
 
 if TYPE_CHECKING:  # the config module registers Hydra schemas: dpsweep-epsilon prices a release without it
     from dpsweep.config import DPConfig
@@ -124,12 +123,12 @@ def choose(norms: np.ndarray, dp: DPConfig, seed: int) -> float:
     drawn from ``seed`` (a run's clipping stream, ``dpsweep.privacy.streams``)."""
     rng = np.random.default_rng(seed)
     if dp.clip_quantile_method == "exponential":
-        c = mechanisms.exponential_quantile(
+        c = stats.exponential_quantile(
             norms, dp.clip_quantile, low=dp.clip_low, high=dp.clip_high, epsilon=dp.clip_epsilon, rng=rng
         )
     else:
         c = float(
-            mechanisms.histogram_quantiles(
+            stats.histogram_quantiles(
                 norms, [dp.clip_quantile], low=dp.clip_low, high=dp.clip_high, steps=dp.clip_steps,
                 epsilon=dp.clip_epsilon, rng=rng,
             )[0]

@@ -2,7 +2,7 @@
 draw (which examples were sampled, the noise), and two runs of a sweep never share their noise.
 
     streams = Streams.of_run(seed=0, config_hash="0f3c…", secure=False)
-    private_generator("cpu", streams.seed(Purpose.sampling))      # the Poisson batches (dpsweep.data.device)
+    private_generator("cpu", streams.seed(Purpose.sampling))      # the Poisson batches (dpsweep.data.resident)
     private_generator(device, streams.seed(Purpose.noise, rank))  # a rank's noise
 
 - **Public** randomness (the model's initialisation, the non-private shuffles, a memory probe's batch)
@@ -24,7 +24,7 @@ draw (which examples were sampled, the noise), and two runs of a sweep never sha
     logged) keeps the generators' states and the entropy, so a resumed run continues its streams rather
     than starting them again.
 
-The seeds are integers below 2**63. ``dpsweep.data.device.private_generator`` puts every bit of one into a
+The seeds are integers below 2**63. ``dpsweep.data.resident.private_generator`` puts every bit of one into a
 torch generator: CUDA's Philox takes 64 bits, but the CPU's mt19937 keeps only the low 32 bits of
 ``manual_seed``'s argument, so its whole state is set from the seed instead.
 """

@@ -50,7 +50,7 @@ from opacus import PrivacyEngine
 from torch import nn
 
 from dpsweep.config import ConfigError
-from dpsweep.data.device import Generators
+from dpsweep.data.resident import Generators
 from dpsweep.plan import RunPlan, mechanism_of, setting
 from dpsweep.privacy import ledger
 from dpsweep.privacy.ledger import Ledger

@@ -19,7 +19,7 @@ import torch
 from omegaconf import OmegaConf
 
 from dpsweep.config import Config, flatten, identity, settings, shown_model, step_kind, structured
-from dpsweep.data import loaders as datasets
+from dpsweep.data import loaders
 from dpsweep.errors import redact, redacted
 from dpsweep.mechanisms import engines
 from dpsweep.plan import RunPlan
@@ -43,7 +43,7 @@ def tuning_trial(cfg: Config) -> bool:
     return bool(cfg.sweep.private_tuning and cfg.sweep.id is not None)
 
 
-def log_config(config: Config, plan: RunPlan, data: datasets.DataSplits, run: Tracker) -> None:
+def log_config(config: Config, plan: RunPlan, data: loaders.DataSplits, run: Tracker) -> None:
     """A new run's params, setting tags, ``config.yaml`` and dataset splits."""
     run.log_params(run_params(plan))
     run.set_tags(setting_tags(plan))
@@ -89,7 +89,7 @@ def sweep_tags(cfg: Config) -> dict[str, Any]:
     return {k: v for k, v in tags.items() if v is not None}
 
 
-def run_tags(plan: RunPlan, data: datasets.DataSplits, device: torch.device, backend: str) -> dict[str, Any]:
+def run_tags(plan: RunPlan, data: loaders.DataSplits, device: torch.device, backend: str) -> dict[str, Any]:
     cfg = plan.config
     tags: dict[str, Any] = {
         **environment_tags(device),

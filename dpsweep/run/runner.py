@@ -50,10 +50,10 @@ from dpsweep.config import (
     validate,
     world_size,
 )
-from dpsweep.data import loaders as datasets
+from dpsweep.data import loaders
 from dpsweep.data.facts import DatasetFacts
 from dpsweep.mechanisms.private_step import Attachment
-from dpsweep.memory import stages as memory
+from dpsweep.memory.stages import MemoryMonitor, StageRecorder, backend_for, monitor_for
 from dpsweep.memory.tables import metric as memory_metric
 from dpsweep.memory.tables import per_rank, to_logged
 from dpsweep.plan import MemoryFiles, RunPlan, accounting, mechanism_of, prepare
@@ -119,7 +119,7 @@ def train(cfg: DictConfig | Config, attach: Sequence[Attachment] = ()) -> TrainR
     is attached to the private run before it trains, through its private step
     (:mod:`dpsweep.mechanisms.private_step`), ahead of the audit ``audit.mode`` asks for (which then sees it)."""
     start = _start(cfg)
-    monitor = memory.monitor_for(start.device)  # baseline before the model exists
+    monitor = monitor_for(start.device)  # baseline before the model exists
     try:
         return _tracked(start, monitor, attach)
     finally:
@@ -150,11 +150,11 @@ def _checked_config(cfg: DictConfig | Config) -> tuple[Config, torch.device]:
     return config, device
 
 
-def _planned(config: Config, device: torch.device) -> tuple[datasets.DataSplits, RunPlan]:
+def _planned(config: Config, device: torch.device) -> tuple[loaders.DataSplits, RunPlan]:
     """The dataset and the plan (OverBudget over ``sweep.max_epsilon``); the tracking store opened."""
-    data = datasets.build(config.dataset)
+    data = loaders.build(config.dataset)
     facts = DatasetFacts(data.n_train, data.input_shape, data.num_classes)
-    plan = prepare(config, facts, MemoryFiles().budget(config, memory.backend_for(device)))
+    plan = prepare(config, facts, MemoryFiles().budget(config, backend_for(device)))
     if plan.over_budget is not None:
         raise OverBudget(plan.over_budget)
     open_store(config.tracking.uri)  # a store that is not one, or cannot be written, is bad input here
@@ -177,7 +177,7 @@ class _Start:
 
     config: Config
     device: torch.device
-    data: datasets.DataSplits
+    data: loaders.DataSplits
     plan: RunPlan
     ckpt_dir: Path | None
     found: checkpoint.Found
@@ -246,7 +246,7 @@ def _rank_run(
         yield SilentTracker(tracking.uri, shared)
 
 
-def _tracked(start: _Start, monitor: memory.MemoryMonitor, attach: Sequence[Attachment] = ()) -> TrainResult:
+def _tracked(start: _Start, monitor: MemoryMonitor, attach: Sequence[Attachment] = ()) -> TrainResult:
     """The task built, then its MLflow run (new or resumed): the first iteration's memory stages, and
     a probe's end or the whole training; the checkpoint is removed once the run is complete."""
     config, plan, data, resume, ckpt_dir = start.config, start.plan, start.data, start.resume, start.ckpt_dir
@@ -277,7 +277,7 @@ def _tracked(start: _Start, monitor: memory.MemoryMonitor, attach: Sequence[Atta
             # its steps and the ledger it restored must be the plan's: else set aside, and this run fails
             checkpoint.check_resumed(ckpt_dir, plan, state, task_run.privacy_ledger(), start.ranks.leader)
         # a resumed run's stages were recorded before it was interrupted
-        stages = StageLog(memory.StageRecorder(monitor, active=state is None), run, result, start.ranks)
+        stages = StageLog(StageRecorder(monitor, active=state is None), run, result, start.ranks)
         if state is not None:  # a rank of a run across devices: its own generators, of the run's one checkpoint
             rng = state.rng["ranks"][start.ranks.rank] if start.ranks.distributed else state.rng
             checkpoint.restore_rng(rng, parts.generator)
@@ -330,9 +330,7 @@ def _train_all(
 class StageLog:
     """The memory stages of the first iteration, logged once complete; counts the optimizer steps."""
 
-    def __init__(
-        self, recorder: memory.StageRecorder, run: Tracker, result: TrainResult, ranks: distributed.Ranks
-    ) -> None:
+    def __init__(self, recorder: StageRecorder, run: Tracker, result: TrainResult, ranks: distributed.Ranks) -> None:
         self.recorder, self.run, self.result, self.ranks = recorder, run, result, ranks
         self.logged = not recorder.active  # a resumed run logged its stages before
 

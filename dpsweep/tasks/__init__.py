@@ -38,8 +38,8 @@ from opacus import PrivacyEngine
 from torch import nn
 
 from dpsweep.config import Config
-from dpsweep.data.device import Generators
 from dpsweep.data.loaders import DataSplits
+from dpsweep.data.resident import Generators
 from dpsweep.distributed import Ranks
 from dpsweep.plan import RunPlan
 from dpsweep.privacy import ledger

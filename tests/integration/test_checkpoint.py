@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 from dpsweep.config import to_config
 from dpsweep.data.facts import DatasetFacts
 from dpsweep.plan import prepare
-from dpsweep.privacy import schedule as privacy
+from dpsweep.privacy import schedule
 from dpsweep.privacy.ledger import Accounting
 from dpsweep.run import checkpoint
 from dpsweep.run.runner import train
@@ -75,7 +75,7 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(
     assert plan.privacy is not None
     assert resumed.data.metrics["epsilon"] == plan.privacy.epsilon  # the release and every step, exactly once
     pld = Accounting("pld")  # the default accountant
-    without_release = privacy.epsilon(privacy.poisson_schedule(1437, 64), 1.0, 1e-5, epochs=EPOCHS, accounting=pld)
+    without_release = schedule.epsilon(schedule.poisson_schedule(1437, 64), 1.0, 1e-5, epochs=EPOCHS, accounting=pld)
     assert plan.privacy.epsilon > without_release.epsilon
 
     straight = train(cfg)
@@ -103,11 +103,11 @@ def test_a_checkpoint_of_another_config_is_never_loaded_and_the_run_starts_afres
 
 def test_checkpointed_rng_replays_device_resident_poisson_batches() -> None:
     """A resumed device-resident run draws the batches the interrupted one would have drawn."""
-    from dpsweep.data import device as device_data
+    from dpsweep.data import resident
 
     x, y = torch.arange(500.0).unsqueeze(1), torch.arange(500) % 10
-    generator = device_data.device_generator(torch.device("cpu"), seed=3)
-    batches = device_data.PoissonBatches(x, y, sample_rate=0.05, device=torch.device("cpu"), generator=generator)
+    generator = resident.device_generator(torch.device("cpu"), seed=3)
+    batches = resident.PoissonBatches(x, y, sample_rate=0.05, device=torch.device("cpu"), generator=generator)
     list(batches)  # epoch 1
     saved = checkpoint.capture_rng(generator)
     epoch2 = [b.clone() for b, _ in batches]

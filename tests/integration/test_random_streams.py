@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from dpsweep import tasks
 from dpsweep.config import ConfigError
-from dpsweep.data.device import Generators
+from dpsweep.data.resident import Generators
 from dpsweep.run import runner
 from dpsweep.run.runner import train
 from dpsweep.tasks.classifier.task import ClassifierRun

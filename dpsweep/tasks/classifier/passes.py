@@ -17,8 +17,7 @@ from opacus.grad_sample.gsm_exp_weights import GradSampleModuleExpandedWeights
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from dpsweep.data import device as device_data
-from dpsweep.data import users
+from dpsweep.data import resident, users
 from dpsweep.interop import opacus_private
 from dpsweep.mechanisms.batches import Batch
 from dpsweep.tasks import Marks
@@ -76,13 +75,13 @@ def train_pass(
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, dataset: Dataset[Any], batch_size: int, device: torch.device, resident: bool = False
+    model: nn.Module, dataset: Dataset[Any], batch_size: int, device: torch.device, device_resident: bool = False
 ) -> float:
-    """Top-1 accuracy on ``dataset`` (``resident``: copied to the device once and batched there)."""
+    """Top-1 accuracy on ``dataset`` (``device_resident``: copied to the device once and batched there)."""
     model.eval()
     correct = total = 0
-    if resident:
-        xs, ys = (t.to(device) for t in device_data.materialize(dataset))
+    if device_resident:
+        xs, ys = (t.to(device) for t in resident.materialize(dataset))
         batches: Iterable[Batch] = (
             (xs[i : i + batch_size], ys[i : i + batch_size]) for i in range(0, len(ys), batch_size)
         )

@@ -33,17 +33,13 @@ from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from tqdm.auto import tqdm
 
 from dpsweep.config import Clipping, ConfigError, population
-from dpsweep.data import device as device_data
-from dpsweep.data import gathered, users
-from dpsweep.data import loaders as datasets
+from dpsweep.data import gathered, loaders, resident, users
 from dpsweep.distributed import PoissonAcrossRanks, Ranks
 from dpsweep.interop import opacus_private
-from dpsweep.mechanisms import functional as func_dp
-from dpsweep.mechanisms import opacus_engine as dpsgd
+from dpsweep.mechanisms import functional, opacus_engine
 from dpsweep.mechanisms.batches import Batch, physical_batches
 from dpsweep.mechanisms.private_step import PrivateStep, Score, TrainingSet
-from dpsweep.models import classifiers as model_zoo
-from dpsweep.models import feature_cache
+from dpsweep.models import classifiers, feature_cache
 from dpsweep.models.optimizers import build_optimizer
 from dpsweep.plan import mechanism_of, setting
 from dpsweep.privacy import clipping, ledger
@@ -62,7 +58,7 @@ class ClassifierTask:
         model_cfg = inputs.cfg.model
         if getattr(model_cfg, "feature_cache", False):
             check_writable(Path(model_cfg.feature_cache_dir), "model.feature_cache_dir")
-        model = model_zoo.build(model_cfg, inputs.data.input_shape, inputs.data.num_classes)
+        model = classifiers.build(model_cfg, inputs.data.input_shape, inputs.data.num_classes)
         return ClassifierRun(inputs, model)
 
 
@@ -99,7 +95,7 @@ class ClassifierRun:
         self.max_grad_norm: float | None = None
         self.wrapper: TrainingSet | None = None  # what the training set is replaced by (a black-box audit's)
         self.step: PrivateStep | None = None  # the DP step, as what is attached to the run sees it
-        self.own: func_dp.OwnSteps | None = (
+        self.own: functional.OwnSteps | None = (
             None  # DP-FTRL and user-level DP (dpsweep.mechanisms.functional): not Opacus
         )
         self.ranks: Ranks = inputs.ranks  # train.devices > 1: this process's share of each step
@@ -107,7 +103,7 @@ class ClassifierRun:
         self.physical_batch_size = None if pb is None else pb // self.ranks.world_size  # a pass of this rank
 
     def tags(self) -> dict[str, Any]:
-        return {"model.trainable_params": model_zoo.trainable_parameters(self.model)}
+        return {"model.trainable_params": classifiers.trainable_parameters(self.model)}
 
     def wrap_training_set(self, wrapper: TrainingSet) -> None:
         self.wrapper = wrapper
@@ -121,13 +117,13 @@ class ClassifierRun:
 
     def start(self, run: Tracker) -> Checkpointed:
         cfg, device = self.cfg, self.device
-        if isinstance(self.model, model_zoo.FrozenVGG16) and getattr(cfg.model, "feature_cache", False):
+        if isinstance(self.model, classifiers.FrozenVGG16) and getattr(cfg.model, "feature_cache", False):
             self.model, self.data = _cached_features(self.inputs, self.model, run)  # the backbone is dropped
         self.test = self.data.test
         if self.wrapper is not None:  # e.g. a black-box audit's canaries in and out, before any loader
             self.data = dataclasses.replace(self.data, train=self.wrapper.training_set(self.data.train))
         self.model = self.model.to(device)
-        if func_dp.uses_own_steps(cfg):
+        if functional.uses_own_steps(cfg):
             return self._start_own_steps()
         if self.ranks.distributed:  # Opacus's DDP: rank 0's parameters broadcast; make_private goes distributed
             self.model = DPDDP(self.model)
@@ -135,26 +131,26 @@ class ClassifierRun:
         streams, rank = self.inputs.streams, self.ranks.rank
         public = torch.Generator().manual_seed(cfg.train.seed)  # without DP, the shuffles; with DP, the sampling stream
         generator = (
-            device_data.private_generator("cpu", streams.seed(Purpose.sampling, rank)) if cfg.dp.enabled else public
+            resident.private_generator("cpu", streams.seed(Purpose.sampling, rank)) if cfg.dp.enabled else public
         )
         loader = gathered.loader(self.data.train, cfg.train.batch_size, shuffle=not cfg.dp.enabled, generator=generator)
         sigma = self.inputs.plan.noise_multiplier
-        generators: torch.Generator | device_data.Generators = generator
+        generators: torch.Generator | resident.Generators = generator
         if sigma is not None:
-            noise = device_data.private_generator(device, streams.seed(Purpose.noise, rank))
+            noise = resident.private_generator(device, streams.seed(Purpose.noise, rank))
             self.max_grad_norm = cfg.dp.max_grad_norm
             if cfg.dp.clipping == Clipping.quantile:
                 self.max_grad_norm = self._private_clipping_norm()
                 if cfg.dp.clip_normalize:  # the step per unit of C (post-processing of the release)
                     for group in self.optimizer.param_groups:
                         group["lr"] = cfg.optimizer.lr / self.max_grad_norm
-            made = dpsgd.make_private(
+            made = opacus_engine.make_private(
                 cfg.dp, sigma, self.max_grad_norm, self.model, self.optimizer, loader, self.criterion, noise
             )
             self.engine, self.model, self.optimizer, self.criterion, loader = made
             if self.ranks.distributed:  # this rank's share of each step; its sampler's generator is checkpointed
                 loader, generator = _across_ranks(loader, self.ranks, cfg.train.seed, generator)
-            generators = device_data.Generators(sampling=generator, noise=noise)
+            generators = resident.Generators(sampling=generator, noise=noise)
             if self.wrapper is not None:  # another training set: sampled as the plan's N examples would be
                 assert self.engine is not None and isinstance(loader, DPDataLoader)
                 schedule = poisson_schedule(self.inputs.plan.facts.n_train, cfg.train.batch_size)
@@ -174,8 +170,8 @@ class ClassifierRun:
         self.batches = loader
         if cfg.train.device_resident and not cfg.train.probe:
             self.batches, generator = _device_batches(self.inputs, self.data, loader)
-            self.generator = generator if sigma is None else device_data.Generators(sampling=generator, noise=noise)
-            self.test = TensorDataset(*(t.to(device) for t in device_data.materialize(self.data.test)))  # once
+            self.generator = generator if sigma is None else resident.Generators(sampling=generator, noise=noise)
+            self.test = TensorDataset(*(t.to(device) for t in resident.materialize(self.data.test)))  # once
         return Checkpointed(self.model, self.optimizer, self.engine, self.generator)
 
     def _start_own_steps(self) -> Checkpointed:
@@ -184,9 +180,9 @@ class ClassifierRun:
         cfg, device = self.cfg, self.device
         sigma = self.inputs.plan.noise_multiplier
         assert sigma is not None  # a DP run
-        x, y = device_data.materialize(self.data.train)
+        x, y = resident.materialize(self.data.train)
         n_train, wrapper = self.inputs.plan.facts.n_train, self.wrapper
-        unit = func_dp.unit_ids(cfg, y if wrapper is None else y[:n_train])  # the plan's users
+        unit = functional.unit_ids(cfg, y if wrapper is None else y[:n_train])  # the plan's users
         if wrapper is not None and unit is not None:  # another training set at user level: its own users
             unit = wrapper.units(unit)
         m = cfg.dp.max_examples_per_user if unit is not None else 1
@@ -194,16 +190,16 @@ class ClassifierRun:
         b, priced = cfg.train.batch_size, population(cfg, n_train)  # examples, or users
         # another training set (a black-box audit's), in the plan's batches per epoch (DP-FTRL's ε depends on them)
         batches = -(-priced // b) if wrapper is not None else None
-        self.exact = func_dp.FixedOrderBatches(x, y, unit, b, m, cfg.train.seed, device, batches)
-        rule = func_dp.rule_of(cfg)
-        run = func_dp.OwnRun(
+        self.exact = functional.FixedOrderBatches(x, y, unit, b, m, cfg.train.seed, device, batches)
+        rule = functional.rule_of(cfg)
+        run = functional.OwnRun(
             cfg, self.model, self.criterion, (x, y, unit), self.exact, sigma, device, self.inputs.streams, priced
         )
         own = rule.setup(run)
         self.optimizer, self.generator = own.optimizer, own.generator
         self.unit_batches: Iterable[users.UserBatch] = own.batches
         self.expected_units = own.expected_units
-        self.own = func_dp.OwnSteps(run, self.optimizer, rule)
+        self.own = functional.OwnSteps(run, self.optimizer, rule)
         self.max_grad_norm = cfg.dp.max_grad_norm
         self.step = self.own.private_step(own)
         return Checkpointed(self.model, self.optimizer, None, self.generator)
@@ -234,7 +230,7 @@ class ClassifierRun:
         on one Poisson sample at the run's sample rate, then their private quantile."""
         q = self.inputs.plan.privacy.poisson_rate  # type: ignore[union-attr]  # a DP run has a privacy plan
         streams = self.inputs.streams  # the sample and the quantile's noise: streams of their own
-        generator = device_data.private_generator("cpu", streams.seed(Purpose.clipping, 0))
+        generator = resident.private_generator("cpu", streams.seed(Purpose.clipping, 0))
         n = len(self.data.train)  # type: ignore[arg-type]
         pick = torch.nonzero(torch.rand(n, generator=generator) < q).flatten().tolist()
         norms = per_example_grad_norms(self.model, self.criterion, self.data.train, pick, self.device)
@@ -342,9 +338,9 @@ class ClassifierRun:
         plain = self.plain_model
         shape: tuple[int, ...] = self.data.input_shape
         # vgg16_frozen, whole or trained on cached maps: only its head (ImageNet's backbone is public)
-        if isinstance(plain, (model_zoo.FrozenVGG16, model_zoo.PooledHead)):
-            plain, shape = plain.head, (model_zoo.VGG16_FEATURES,)
-        return model_zoo.released_copy(plain), np.zeros((1, *shape), dtype=np.float32)
+        if isinstance(plain, (classifiers.FrozenVGG16, classifiers.PooledHead)):
+            plain, shape = plain.head, (classifiers.VGG16_FEATURES,)
+        return classifiers.released_copy(plain), np.zeros((1, *shape), dtype=np.float32)
 
     def trained_model(self) -> nn.Module:
         return self.plain_model.eval()
@@ -375,8 +371,8 @@ class ClassifierRun:
 
 
 def _cached_features(
-    inputs: RunInputs, model: model_zoo.FrozenVGG16, run: Tracker
-) -> tuple[nn.Module, datasets.DataSplits]:
+    inputs: RunInputs, model: classifiers.FrozenVGG16, run: Tracker
+) -> tuple[nn.Module, loaders.DataSplits]:
     """The frozen features of both splits from the cache (built on the device when missing), and the
     module to train on them: the pool and head (see dpsweep.models.feature_cache). N is unchanged."""
     cfg, data = inputs.cfg, inputs.data
@@ -388,7 +384,7 @@ def _cached_features(
         "feature_cache.train": cached.status["train"], "feature_cache.test": cached.status["test"],
         "feature_cache.key": cached.keys["train"], "feature_cache.map_shape": "x".join(map(str, cached.map_shape)),
     })  # fmt: skip
-    return cached.head(model), datasets.DataSplits(cached.train, cached.test, cached.num_classes, data.input_shape)
+    return cached.head(model), loaders.DataSplits(cached.train, cached.test, cached.num_classes, data.input_shape)
 
 
 def _across_ranks(
@@ -406,19 +402,19 @@ def _across_ranks(
 
 
 def _device_batches(
-    inputs: RunInputs, data: datasets.DataSplits, loader: DataLoader[Any]
+    inputs: RunInputs, data: loaders.DataSplits, loader: DataLoader[Any]
 ) -> tuple[Iterable[Batch], torch.Generator]:
     """The training split on the device, batched there: Poisson batches at the sample rate of the
     DP loader Opacus made (so the accountant's q and the steps per epoch are those of the loader),
     or shuffled batches without DP. Returns the batches and their generator (checkpointed)."""
     cfg, device = inputs.cfg, inputs.device
-    x, y = device_data.materialize(data.train)
+    x, y = resident.materialize(data.train)
     if cfg.dp.enabled:
-        generator = device_data.private_generator(device, inputs.streams.seed(Purpose.sampling, inputs.ranks.rank))
+        generator = resident.private_generator(device, inputs.streams.seed(Purpose.sampling, inputs.ranks.rank))
     else:
-        generator = device_data.device_generator(device, cfg.train.seed)  # public shuffles
+        generator = resident.device_generator(device, cfg.train.seed)  # public shuffles
     if cfg.dp.enabled:
         q = float(loader.sample_rate)  # type: ignore[attr-defined]  # Opacus's DPDataLoader
-        return device_data.PoissonBatches(x, y, sample_rate=q, device=device, generator=generator), generator
+        return resident.PoissonBatches(x, y, sample_rate=q, device=device, generator=generator), generator
     size = cfg.train.batch_size
-    return device_data.ShuffledBatches(x, y, batch_size=size, device=device, generator=generator), generator
+    return resident.ShuffledBatches(x, y, batch_size=size, device=device, generator=generator), generator

@@ -44,16 +44,15 @@ import numpy as np
 import torch
 
 from dpsweep.config import GanTaskConfig
-from dpsweep.data import device as device_data
-from dpsweep.data import loaders as datasets
+from dpsweep.data import loaders, resident
 from dpsweep.mechanisms import private_step
 from dpsweep.mechanisms.private_step import PrivateStep, Score, TrainingSet
-from dpsweep.models import classifiers as model_zoo
+from dpsweep.models import classifiers
 from dpsweep.privacy import ledger
 from dpsweep.privacy.streams import Purpose
 from dpsweep.tasks import TASKS, Checkpointed, Marks, RunInputs, Stages
-from dpsweep.tasks.gan import critic as dpgan
 from dpsweep.tasks.gan import synthetic
+from dpsweep.tasks.gan.critic import CriticStep, critic_gradient, private_critic_release
 from dpsweep.tasks.gan.models import CodeGenerator, ConditionalGan
 from dpsweep.tracking import Tracker
 
@@ -98,7 +97,7 @@ class GanRun:
         self.num_classes = inputs.data.num_classes
         self.gan = ConditionalGan(
             g.latent_dim, g.generator_width, g.critic_width, self.num_classes,
-            datasets.value_range(self.cfg.dataset.name), g.generator_ema, g.snapshots,
+            loaders.value_range(self.cfg.dataset.name), g.generator_ema, g.snapshots,
         )  # fmt: skip
         self.run: Tracker | None = None
         self.noise: torch.Generator | None = None  # the critic's noise (a private stream), with DP
@@ -109,9 +108,9 @@ class GanRun:
 
     def tags(self) -> dict[str, Any]:
         tags: dict[str, Any] = {
-            "gan.generator_params": model_zoo.trainable_parameters(self.gan.generator),
-            "gan.critic_params": model_zoo.trainable_parameters(self.gan.critic),
-            "model.trainable_params": model_zoo.trainable_parameters(self.gan),
+            "gan.generator_params": classifiers.trainable_parameters(self.gan.generator),
+            "gan.critic_params": classifiers.trainable_parameters(self.gan.critic),
+            "model.trainable_params": classifiers.trainable_parameters(self.gan),
         }
         if self.cfg.dp.enabled and self.settings.checks_memorisation(private=True):
             # memorisation_share reads the training images without noise: a release ε does not cover
@@ -124,7 +123,7 @@ class GanRun:
     def private_step(self) -> PrivateStep:
         """The critic's private step: its trainable parameters, at the rate of its Poisson batches."""
         batches = self.batches
-        assert self.step is not None and isinstance(batches, device_data.PoissonBatches), "a DP run, started"
+        assert self.step is not None and isinstance(batches, resident.PoissonBatches), "a DP run, started"
         params = {k: p for k, p in self.gan.critic.named_parameters() if p.requires_grad}
         return PrivateStep(params, self.step.max_grad_norm, lambda: batches.sample_rate, None, self.wrappers)
 
@@ -148,31 +147,31 @@ class GanRun:
         train = self.inputs.data.train
         if self.wrapper is not None:  # e.g. a black-box audit's canaries in and out; sampled at the plan's q
             train = self.wrapper.training_set(train)
-        x, y = (t.to(device) for t in device_data.materialize(train))
+        x, y = (t.to(device) for t in resident.materialize(train))
         self.train_x, self.train_y = x, y
-        self.generator: torch.Generator | device_data.Generators
-        self.batches: device_data.PoissonBatches | device_data.ShuffledBatches
+        self.generator: torch.Generator | resident.Generators
+        self.batches: resident.PoissonBatches | resident.ShuffledBatches
         if self.inputs.plan.privacy is not None:  # the critic's batches, noise and fakes: private streams of their own
             q, streams = self.inputs.plan.privacy.poisson_rate, self.inputs.streams
-            sampling = device_data.private_generator(device, streams.seed(Purpose.sampling))
-            self.noise = device_data.private_generator(device, streams.seed(Purpose.noise))
+            sampling = resident.private_generator(device, streams.seed(Purpose.sampling))
+            self.noise = resident.private_generator(device, streams.seed(Purpose.noise))
             # as many fakes and ρ as the private batch has: drawn apart from the generator step's public draws,
             # whose place in their stream then tells nothing of the batches' sizes
-            self.fakes = device_data.private_generator(device, streams.seed(Purpose.mechanism))
-            self.public = device_data.device_generator(device, cfg.train.seed)
-            self.generator = device_data.Generators(sampling=sampling, noise=self.noise, fakes=self.fakes,
+            self.fakes = resident.private_generator(device, streams.seed(Purpose.mechanism))
+            self.public = resident.device_generator(device, cfg.train.seed)
+            self.generator = resident.Generators(sampling=sampling, noise=self.noise, fakes=self.fakes,
                                                     public=self.public)  # fmt: skip
-            self.batches = device_data.PoissonBatches(x, y, sample_rate=q, device=device, generator=sampling)
+            self.batches = resident.PoissonBatches(x, y, sample_rate=q, device=device, generator=sampling)
         else:
-            self.generator = device_data.device_generator(device, cfg.train.seed)  # public shuffles
-            self.batches = device_data.ShuffledBatches(
+            self.generator = resident.device_generator(device, cfg.train.seed)  # public shuffles
+            self.batches = resident.ShuffledBatches(
                 x, y, batch_size=cfg.train.batch_size, device=device, generator=self.generator
             )
         self.draw: Callable[..., tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]] = (
-            functools.partial(dpgan.private_critic_release, generator=self.noise)
+            functools.partial(private_critic_release, generator=self.noise)
         )
         privacy = self.inputs.plan.privacy
-        self.step = None if privacy is None else dpgan.CriticStep(
+        self.step = None if privacy is None else CriticStep(
             g.gp_weight, cfg.dp.max_grad_norm, privacy.noise_multiplier,
             privacy.poisson_rate * self.inputs.plan.facts.n_train,
         )  # fmt: skip
@@ -202,7 +201,7 @@ class GanRun:
             release = private_step.Release(self.critic_steps, clipped, grads, self.step.expected_batch_size)
             private_step.show(self.wrappers, release)
         else:
-            grads, losses = dpgan.critic_gradient(gan.critic, x, y, fake, rho, g.gp_weight)
+            grads, losses = critic_gradient(gan.critic, x, y, fake, rho, g.gp_weight)
         stages.mark("backward")
         for name, p in gan.critic.named_parameters():
             p.grad = grads[name]
@@ -265,11 +264,11 @@ class GanRun:
         cfg, g, data = self.cfg, self.settings, self.inputs.data
         n = data.n_train
         x, y = synthetic.sample(self.gan.mixture, n, self.num_classes, self._rng(-1), self.device)
-        test = device_data.materialize(data.test)
+        test = resident.materialize(data.test)
         recipe = synthetic.Recipe(g.tstr_epochs, g.tstr_lr, g.tstr_batch_size, g.tstr_val_fraction)
 
         def classifier() -> torch.nn.Module:
-            return model_zoo.build(cfg.model, data.input_shape, self.num_classes)
+            return classifiers.build(cfg.model, data.input_shape, self.num_classes)
 
         tstr = synthetic.tstr_accuracy(
             classifier, (x, y), test, recipe, cfg.train.seed, self.device, _progress("TSTR classifier", recipe.epochs)
@@ -332,7 +331,7 @@ class GanRun:
     def released_model(self) -> tuple[torch.nn.Module, np.ndarray]:
         """The generator, or the mixture that made the synthetic set (the critic, trained on data, is
         not released), as a one-input module: a row is [z | class] (a mixture: [z | class | member])."""
-        released = CodeGenerator([model_zoo.released_copy(g) for g in self.gan.mixture])
+        released = CodeGenerator([classifiers.released_copy(g) for g in self.gan.mixture])
         return released, np.zeros((1, released.code_width), dtype=np.float32)
 
     def trained_model(self) -> torch.nn.Module:

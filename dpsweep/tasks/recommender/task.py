@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from dpsweep.config import RecommenderTaskConfig
-from dpsweep.data import device as device_data
+from dpsweep.data import resident
 from dpsweep.data.loaders import RatingsUsers
 from dpsweep.errors import InputError
 from dpsweep.mechanisms import dpals
@@ -133,9 +133,9 @@ class RecommenderRun:
         )
         # the aggregator's noise and DPAM's users: private streams of their own, never the init's (train.seed)
         streams = inputs.streams
-        self.generator = device_data.Generators(
-            sampling=device_data.private_generator(self.device, streams.seed(Purpose.sampling)),
-            noise=device_data.private_generator(self.device, streams.seed(Purpose.noise)),
+        self.generator = resident.Generators(
+            sampling=resident.private_generator(self.device, streams.seed(Purpose.sampling)),
+            noise=resident.private_generator(self.device, streams.seed(Purpose.noise)),
         )
         self.build_roles()
 

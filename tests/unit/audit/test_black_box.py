@@ -8,7 +8,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from dpsweep.audit import black_box
-from dpsweep.data.device import materialize
+from dpsweep.data.resident import materialize
 from dpsweep.tasks.classifier.private import minus_loss
 
 

@@ -190,4 +190,4 @@ def test_plan_shows_the_ranks_of_a_run_across_devices_and_its_single_process_eps
     nodes = run_main(main, "--json", "launcher=slurm", "train.devices=2", "train.nodes=3")
     assert nodes.returncode == 0 and json.loads(nodes.stdout)[0]["world_size"] == 6, nodes.stderr
     refused = run_main(main, "train.devices=2", "dp.mechanism=dpftrl")
-    assert refused.returncode == 2 and "dp.mechanism='dpftrl' is invalid" in refused.stderr, refused.stderr
+    assert refused.returncode == 2 and "train.devices=2 is invalid: 1 with dp.mechanism=dpftrl" in refused.stderr, refused.stderr

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dpsweep.config import DigitsConfig
-from dpsweep.data import loaders as data
-from dpsweep.data.device import device_generator, materialize
+from dpsweep.data import loaders
+from dpsweep.data.resident import device_generator, materialize
 from dpsweep.data.users import (
     UserBatch,
     UserBatches,
@@ -36,7 +36,7 @@ DEVICES = [CPU] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
 @pytest.fixture(scope="module")
 def digits() -> tuple[Tensor, Tensor]:
     """The digits training split as float64 features (N, 64) in [-1, 1] and labels (N,)."""
-    x, y = materialize(data.build(DigitsConfig(image_size=8)).train)
+    x, y = materialize(loaders.build(DigitsConfig(image_size=8)).train)
     return x.flatten(1).double(), y
 
 

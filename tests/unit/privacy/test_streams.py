@@ -59,7 +59,7 @@ def test_a_cpu_generator_keeps_every_bit_of_a_private_seed() -> None:
     would be found in 2**32 guesses. private_generator keeps the 63 bits of a stream's seed."""
     import torch
 
-    from dpsweep.data.device import private_generator
+    from dpsweep.data.resident import private_generator
 
     seed = Streams.of_run(seed=0, config_hash="1111111111111111", secure=True).seed(Purpose.noise)
     twin = seed ^ (1 << 40)  # the same low 32 bits

@@ -12,7 +12,7 @@ from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from dpsweep.data.device import PoissonBatches, device_generator, materialize
+from dpsweep.data.resident import PoissonBatches, device_generator, materialize
 from dpsweep.privacy.schedule import poisson_schedule
 
 CPU = torch.device("cpu")
