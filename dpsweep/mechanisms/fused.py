@@ -1,11 +1,11 @@
-"""The fused DP-SGD step (``dp.grad_sample_mode=fused``): DP-SGD with every pass of one fixed shape,
+"""The fused DP-SGD step (``dp.engine=fused``): DP-SGD with every pass of one fixed shape,
 per-example (or per-user) gradients from ``torch.func``, and the pass compiled (``torch.compile``; CUDA
 graphs on a GPU). No Opacus hooks. At user level (``dp.unit=user``) see :class:`FusedUserStep`; what
 follows describes the example level.
 
-    dpsweep dp.grad_sample_mode=fused                   # the cnn on digits, DP-SGD at σ=1.0, C=1.0
-    dpsweep dp.grad_sample_mode=fused dp.pad_to=96      # every pass 96 rows
-    dpsweep dp.grad_sample_mode=fused dp.compile=false  # the same step, not compiled (eager)
+    dpsweep dp.engine=fused                   # the cnn on digits, DP-SGD at σ=1.0, C=1.0
+    dpsweep dp.engine=fused dp.pad_to=96      # every pass 96 rows
+    dpsweep dp.engine=fused dp.compile=false  # the same step, not compiled (eager)
 
 After masked DP-SGD (Beltran et al. 2024, "Towards Efficient and Scalable Training of Differentially
 Private Deep Learning", arXiv:2406.17298; jax_privacy's padded batches): Poisson sampling is kept

@@ -10,7 +10,7 @@ what the model's page lists as the datasets it was evaluated on. The objective i
 ``test`` split, ε with its ``train`` split (ε is a guarantee about the training examples): the dataset
 inputs the run logged (:meth:`dpsweep.tracking.Tracker.log_dataset_splits`).
 
-The store's ops call these in the tracking process: :func:`dpsweep.tracking.store.log_model` names the
+The store calls these in the run's process: :func:`dpsweep.tracking.store.log_model` names the
 model and links what the run logged before it; :func:`dpsweep.tracking.store.end_run` links the rest
 once the run has finished, whichever came first (a resumed run's model was logged by its earlier job);
 :func:`link_model` links what a private tuning's release logs on its trial after it ended

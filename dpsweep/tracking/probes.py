@@ -9,7 +9,7 @@ creating its engine while a database server refuses, each attempt waiting up to 
 connect timeout (psycopg's 130 s) on one that never answers (issue 55, item 5). :func:`probe`
 refuses such a store within :data:`SERVER_PROBE_S` or :data:`DATABASE_PROBE_S` instead, and
 remembers the refusal for :data:`REFUSAL_MEMORY_S`, so that a process that opens the store again
-(the tracking process of a run: its warm-up, then its opening) does not wait again. Errors name
+(a sweep's jobs, each opening it) does not wait again. Errors name
 the server as host and port, never its user or password.
 """
 
