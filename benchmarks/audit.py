@@ -83,7 +83,7 @@ MECHANISMS = {  # what each run adds to the default digits/cnn DP-SGD run throug
         "dp.ftrl_restart_every=2",
         "dp.ftrl_tree_completion=true",
     ],
-    "fused": ["dp.grad_sample_mode=fused"],
+    "fused": ["dp.engine=fused"],
     "user": ["dp.unit=user", "dataset.users=partition", "dataset.num_users=1000", "train.batch_size=50"],
     "gan": ["task=gan", "task.tstr_epochs=1", "task.critic_width=8", "task.generator_width=16"],
 }
