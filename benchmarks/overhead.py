@@ -6,6 +6,10 @@
     .venv/bin/python benchmarks/overhead.py --cpus 0         # every process pinned to core 0 (taskset), as a
                                                              # one-CPU cluster job or a packed trial runs
 
+    .venv/bin/python benchmarks/overhead.py --vs-script      # issue 57: against a hand-written Opacus + MLflow
+                                                             # script, one core (3 rounds; about 12 min here)
+    .venv/bin/python benchmarks/overhead.py --quick          # the same, 1 round of 1-epoch runs (no JSON)
+
 Run it on an otherwise idle machine: both sides are timed as wall-clock seconds of whole processes.
 
 The yardstick, bare Opacus, is written below (:func:`bare`): scikit-learn's digits upsampled to 28x28 and
@@ -29,6 +33,12 @@ Measurements (each side run in turn, A then B, ``--pairs`` times; figures are me
   eight bare runs in one process (goal: at most 1.1x);
 - local sweep: the same with ``launcher=local`` (a process per job, one at a time on a CPU) against
   eight bare processes one after another (recorded, no goal; ``--local-pairs`` times, default once).
+
+Issue 57 (``--vs-script``, :func:`vs_script`) changes the yardstick: ``benchmarks/overhead_script.py``, the
+same training with the MLflow logging a user would write by hand (params, per-epoch loss, accuracy and ε,
+the state dict as an artifact, into a sqlite store), against ``dpsweep`` on its default config, both pinned
+to one core, for 1 and 8 epochs, with the bare script beside them. Goal: dpsweep's CPU time at most 1.15x
+the script's at 1 epoch and 1.10x at 8 epochs. It writes ``analysis/data/overhead_vs_script.json``.
 
 Sweeps train ``--sweep-epochs`` epochs per job (default 2), with ``sweep.force=true`` so that every
 pair trains. All dpsweep runs share one MLflow store (``sqlite:///mlflow.db`` in a temporary directory)
@@ -57,7 +67,7 @@ SIGMA, MAX_GRAD_NORM, BATCH_SIZE, DELTA, LR, MOMENTUM = 0.8, 1.0, 64, 1e-5, 0.05
 # ---------------------------------------------------------------------------------------------
 # the yardstick: bare Opacus, as a user would write it (imports inside, so that a process pays them)
 # ---------------------------------------------------------------------------------------------
-def bare(epochs: int, eval_every_epoch: bool, runs: int) -> None:
+def bare(epochs: int, eval_every_epoch: bool, runs: int, sigma: float = SIGMA) -> None:
     """Train ``runs`` models one after another in this process; print each one's accuracy and ε."""
     import numpy as np
     import torch
@@ -98,7 +108,7 @@ def bare(epochs: int, eval_every_epoch: bool, runs: int) -> None:
         engine = PrivacyEngine(accountant="rdp")
         model, optimizer, loader = engine.make_private(
             module=model, optimizer=optimizer, data_loader=DataLoader(train_set, batch_size=BATCH_SIZE),
-            noise_multiplier=SIGMA, max_grad_norm=MAX_GRAD_NORM, poisson_sampling=True,
+            noise_multiplier=sigma, max_grad_norm=MAX_GRAD_NORM, poisson_sampling=True,
         )  # fmt: skip
         for epoch in range(1, epochs + 1):
             model.train()
@@ -155,8 +165,8 @@ def one_after_another(argv: list[str], cwd: Path, times: int) -> Timed:
     return Timed(sum(t.wall_s for t in runs), sum(t.cpu_s for t in runs))
 
 
-def bare_argv(epochs: int, eval_every_epoch: bool, runs: int = 1) -> list[str]:
-    argv = [sys.executable, __file__, "--bare", "--epochs", str(epochs), "--runs", str(runs)]
+def bare_argv(epochs: int, eval_every_epoch: bool, runs: int = 1, sigma: float = SIGMA) -> list[str]:
+    argv = [sys.executable, __file__, "--bare", "--epochs", str(epochs), "--runs", str(runs), "--sigma", str(sigma)]
     return argv + (["--eval-every-epoch"] if eval_every_epoch else [])
 
 
@@ -189,6 +199,154 @@ def pairs(a: list[str], b: list[str], cwd: Path, n: int, label: str) -> Pairs:
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# issue 57: dpsweep against the same run written by hand with Opacus and MLflow, on one core
+# ---------------------------------------------------------------------------------------------
+SCRIPT = Path(__file__).with_name("overhead_script.py")  # the hand-written yardstick
+VS_SCRIPT_JSON = Path(__file__).parent.parent / "analysis" / "data" / "overhead_vs_script.json"
+GOALS = {1: 1.15, 8: 1.10}  # issue 57: dpsweep's CPU time at most this times the script's, by epochs
+DEFAULT_SIGMA = 1.0  # dpsweep's default dp.noise_multiplier, which the script and the bare side use here
+
+
+def versions_and_cpu() -> dict[str, str]:
+    """The CPU model and the versions of the packages both sides import (for the JSON)."""
+    import os
+    import platform
+    from importlib.metadata import version
+
+    cpuinfo = Path("/proc/cpuinfo")
+    models = [ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines() if ln.startswith("model name")]
+    return {
+        "machine": f"2-core development VM ({platform.machine()}, {os.cpu_count()} cores)",
+        "cpu_model": models[0] if models else platform.processor(),
+        "python": platform.python_version(),
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            check=False,
+        ).stdout.strip(),
+        "working_tree": "the checkout as it stood, other sessions' uncommitted changes included",
+        **{name: version(name) for name in ("torch", "opacus", "mlflow", "hydra-core")},
+    }
+
+
+def cprofile_top(argv: list[str], cwd: Path, top: int = 15) -> list[dict[str, object]]:
+    """The ``top`` entries by cumulative time of ``argv`` (a Python program and its arguments) run under
+    cProfile, pinned as the timed runs are (cProfile's own cost inflates every figure)."""
+    import pstats
+
+    out = cwd / "profile.out"
+    timed([sys.executable, "-m", "cProfile", "-o", str(out), *argv], cwd)
+    stats = pstats.Stats(str(out))
+    rows = sorted(stats.stats.items(), key=lambda kv: kv[1][3], reverse=True)[:top]  # type: ignore[attr-defined]
+    return [
+        {"function": f"{Path(f).name}:{line}({name})", "ncalls": nc, "tottime_s": round(tt, 3),
+         "cumtime_s": round(ct, 3)}
+        for (f, line, name), (_cc, nc, tt, ct, _callers) in rows
+    ]  # fmt: skip
+
+
+def vs_script(args: argparse.Namespace) -> None:
+    """``--vs-script``: dpsweep on its default config (``train.epochs=E``) against
+    ``overhead_script.py --epochs E`` and, beside them, the bare Opacus script with no MLflow (σ=1.0,
+    evaluation and ε every epoch), each pinned to ``--cpus`` (default core 0), run in turn (A B C A B C,
+    ``--repeats`` rounds) for 1 and for 8 epochs. CPU time is user + system of the child processes
+    (``RUSAGE_CHILDREN`` deltas); figures are medians. Exit status 1 if a goal of :data:`GOALS` is missed."""
+    import os
+
+    quick = args.quick
+    n, epochs_list = (1, [1]) if quick else (args.repeats, [1, 8])
+    PIN[:] = ["taskset", "-c", args.cpus or "0"]
+    load_start = os.getloadavg()
+    print(f"every timed process pinned: {' '.join(PIN)}; load average {load_start}", flush=True)
+
+    def sides(epochs: int) -> dict[str, list[str]]:
+        return {
+            "dpsweep": [str(BIN / "dpsweep"), f"train.epochs={epochs}", "train.progress=false", *args.dpsweep_args],
+            "script": [sys.executable, str(SCRIPT), "--epochs", str(epochs)],
+            "bare": bare_argv(epochs, eval_every_epoch=True, sigma=DEFAULT_SIGMA),
+        }
+
+    raw: dict[int, dict[str, list[Timed]]] = {}
+    profile: dict[str, object] = {}
+    with tempfile.TemporaryDirectory(prefix="dpsweep-vs-script-") as tmp:
+        cwd = Path(tmp)  # one sqlite store, mlflow.db, which both sides' warm-up runs create
+        print(f"warm-up (untimed) in {cwd}", flush=True)
+        for argv in sides(1).values():
+            timed(argv, cwd)
+        for epochs in epochs_list:
+            raw[epochs] = {side: [] for side in sides(epochs)}
+            for i in range(n):
+                for side, argv in sides(epochs).items():
+                    raw[epochs][side].append(timed(argv, cwd))
+                got = ", ".join(f"{s} {t[-1].cpu_s:.2f} CPU-s / {t[-1].wall_s:.2f} s" for s, t in raw[epochs].items())
+                print(f"  {epochs} epoch(s), round {i + 1}/{n}: {got}", flush=True)
+        rows = vs_script_rows(raw)
+        if any(not r["goal_met"] for r in rows) and not quick:
+            print("a goal is missed: profiling one pinned 1-epoch run of each side (cProfile)", flush=True)
+            profile = {
+                "how": "python -m cProfile, pinned to the same core, one 1-epoch run of each side, top 15 by "
+                "cumulative time (cProfile's own cost inflates the figures)",
+                "dpsweep": cprofile_top(sides(1)["dpsweep"], cwd),
+                "script": cprofile_top(sides(1)["script"][1:], cwd),
+            }
+    load_end = os.getloadavg()
+    print_vs_script(rows, n)
+    figures = {
+        "issue": 57, "repeats": n, "quick": quick, "pinned": " ".join(PIN), "dpsweep_args": args.dpsweep_args,
+        **versions_and_cpu(),
+        "note": args.note,
+        "load_average_start": load_start, "load_average_end": load_end,
+        "load_note": "other sessions' work (a slow test run among it) ran on this 2-core VM at the same time",
+        "sides": {"dpsweep": "dpsweep train.epochs=E train.progress=false (the default config)",
+                  "script": "benchmarks/overhead_script.py --epochs E (Opacus + MLflow by hand, sqlite store)",
+                  "bare": "benchmarks/overhead.py --bare (Opacus alone, no MLflow, σ=1.0, eval and ε every epoch)"},
+        "rows": rows, "profile": profile,
+        "raw": {str(e): {s: [asdict(t) for t in ts] for s, ts in by_side.items()} for e, by_side in raw.items()},
+    }  # fmt: skip
+    path = args.json if args.json is not None else (None if quick else VS_SCRIPT_JSON)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(figures, indent=2, ensure_ascii=False) + "\n")
+        print(f"wrote {path}")
+    sys.exit(0 if all(r["goal_met"] for r in rows) else 1)
+
+
+def vs_script_rows(raw: dict[int, dict[str, list[Timed]]]) -> list[dict[str, object]]:
+    """Medians of each side by epochs, the ratios dpsweep / script, and the goal of :data:`GOALS`."""
+    rows: list[dict[str, object]] = []
+    for epochs, by_side in raw.items():
+        rounds = zip(by_side["dpsweep"], by_side["script"], strict=True)
+        med = {s: {w: statistics.median(getattr(t, w) for t in ts) for w in ("cpu_s", "wall_s")}
+               for s, ts in by_side.items()}  # fmt: skip
+        cpu_ratio = med["dpsweep"]["cpu_s"] / med["script"]["cpu_s"]
+        rows.append({
+            "epochs": epochs, "median": med,
+            "cpu_ratio_dpsweep_over_script": cpu_ratio,
+            "wall_ratio_dpsweep_over_script": med["dpsweep"]["wall_s"] / med["script"]["wall_s"],
+            "cpu_ratio_script_over_bare": med["script"]["cpu_s"] / med["bare"]["cpu_s"],
+            "cpu_ratios_of_each_round": [a.cpu_s / b.cpu_s for a, b in rounds],
+            "goal_cpu_ratio": GOALS[epochs], "goal_met": cpu_ratio <= GOALS[epochs],
+        })  # fmt: skip
+    return rows
+
+
+def print_vs_script(rows: list[dict[str, object]], n: int) -> None:
+    print(f"\n| median of {n}, one core | dpsweep | script (Opacus + MLflow) | bare Opacus | dpsweep / script | goal |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        med: dict[str, dict[str, float]] = r["median"]  # type: ignore[assignment]
+        for what, key in (("CPU", "cpu_s"), ("wall", "wall_s")):
+            ratio = med["dpsweep"][key] / med["script"][key]
+            goal = f"<= {r['goal_cpu_ratio']}x: {'met' if r['goal_met'] else 'MISSED'}" if key == "cpu_s" else ""
+            print(
+                f"| {what}, {r['epochs']} epoch(s) | {med['dpsweep'][key]:.2f} s | {med['script'][key]:.2f} s "
+                f"| {med['bare'][key]:.2f} s | {ratio:.3f}x | {goal} |"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=3, help="runs of each side per measurement (default 3)")
@@ -203,9 +361,26 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=8, help=argparse.SUPPRESS)
     parser.add_argument("--runs", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--eval-every-epoch", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--sigma", type=float, default=SIGMA, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--vs-script",
+        action="store_true",
+        help="issue 57: dpsweep's CPU time against a hand-written Opacus + MLflow script "
+        "(benchmarks/overhead_script.py), pinned to --cpus (default 0), 1 and 8 epochs",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="--vs-script: A B C rounds of each (default 3)")
+    parser.add_argument("--note", default="", help="--vs-script: a note for the JSON (e.g. which checkout ran)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="--vs-script with 1 repetition of the 1-epoch runs only (writes only to --json)",
+    )
     args = parser.parse_args()
     if args.bare:
-        bare(args.epochs, args.eval_every_epoch, args.runs)
+        bare(args.epochs, args.eval_every_epoch, args.runs, args.sigma)
+        return
+    if args.vs_script or args.quick:
+        vs_script(args)
         return
 
     n, e = args.pairs, args.sweep_epochs
