@@ -56,7 +56,6 @@ if TYPE_CHECKING:  # pandas, torch, Hydra and MLflow are imported where used: --
     import pandas as pd
 
 
-PROBE_LAUNCHER = "local"  # unless the user names another whose spec starts a fresh process per config
 # What every probe sweep sets: probe mode; a fresh measurement even of a config probed before (maybe
 # on another device); no ε budget (a probe takes one step and reports no ε).
 FORCED_VALUES = ("train.probe=true", "sweep.force=true", "sweep.max_epsilon=null")
@@ -76,10 +75,16 @@ MEASURED = (
 # ---------------------------------------------------------------------------------------------
 # probe
 # ---------------------------------------------------------------------------------------------
+def probe_launcher() -> str:
+    """The launcher a probe sweep takes unless the user names another: the first whose spec starts a fresh
+    process per config on this machine (a probe measures this machine's device)."""
+    return launchers_where(lambda s: s.processes and not s.remote)[0]
+
+
 def probe_overrides(overrides: Sequence[str]) -> list[str]:
     """The ``dpsweep -m`` overrides of a probe sweep: probe mode, a fresh process per config, and
     as many at once as the device allows, unless the user said otherwise."""
-    launcher = override_value(overrides, "launcher") or PROBE_LAUNCHER
+    launcher = override_value(overrides, "launcher") or probe_launcher()
     if launcher not in LAUNCHERS or not spec(launcher).processes:
         fresh = launchers_where(lambda s: s.processes)
         raise InputError("launcher", launcher, f"one of {', '.join(fresh)}: each probe needs a fresh process")

@@ -86,29 +86,40 @@ def registered_names() -> dict[str, tuple[set[str], tuple[str, ...]]]:
 
 
 def literal_names(node: ast.AST) -> list[str]:
-    """The string constants of a comparison's operand, a collection of them, or a table's keys."""
+    """The string constants of a comparison's operand, a collection of them, or a table's keys and values."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return [node.value]
     if isinstance(node, ast.Tuple | ast.List | ast.Set):
         return [n for elt in node.elts for n in literal_names(elt)]
     if isinstance(node, ast.Dict):
-        return [n for key in node.keys if key is not None for n in literal_names(key)]
+        entries = [key for key in node.keys if key is not None] + node.values
+        return [n for entry in entries for n in literal_names(entry)]
     return []
 
 
-def compared_names(tree: ast.AST) -> list[tuple[int, str]]:
+def compared_names(tree: ast.AST) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
     """(line, name) of every string compared (``==``, ``!=``, ``in``), or kept in a table of two or more
-    names (a tuple, list, set or dict of them assigned at module level)."""
+    names (a tuple, list, set or dict of them, keys or values, assigned at module level); then of every
+    module-level constant that is one string (``PROBE_LAUNCHER = "local"``)."""
     found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare):
             for operand in [node.left, *node.comparators]:
                 found += [(node.lineno, name) for name in literal_names(operand)]
+    constants: list[tuple[int, str]] = []
     for node in getattr(tree, "body", []):
         value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
-        if value is not None and not isinstance(value, ast.Constant):
+        if isinstance(value, ast.Constant):
+            constants += [(node.lineno, name) for name in literal_names(value)]
+        elif value is not None:
             found += [(node.lineno, name) for name in literal_names(value)]
-    return found
+    return found, constants
+
+
+# Known and pending (file, kind, name), each to be asked of its owner: config/dp.py's RENAMED_MODES maps the
+# old spelling dp.grad_sample_mode=fused to the engine's name (kept one release); the engine could declare
+# the old spelling it answers to instead.
+PENDING = {("dpsweep/config/dp.py", "engine", "fused")}
 
 
 def test_no_task_mechanism_engine_or_launcher_name_is_compared_outside_its_owner() -> None:
@@ -119,8 +130,67 @@ def test_no_task_mechanism_engine_or_launcher_name_is_compared_outside_its_owner
     outside = []
     for path in python_files(CORE, REPO / "launchers", REPO / "analysis"):
         where = str(path.relative_to(REPO))
-        for line, name in compared_names(ast.parse(path.read_text())):
+        compared, constants = compared_names(ast.parse(path.read_text()))
+        for line, name in compared:
             for kind, (names, owners) in kinds.items():
-                if name in names and not where.startswith(owners):
+                if name in names and not where.startswith(owners) and (where, kind, name) not in PENDING:
                     outside.append(f"{where}:{line}: {kind} {name!r}")
+        launchers, owners = kinds["launcher"]  # a default launcher is asked of the specs (what it must do)
+        if not where.startswith(owners):
+            outside += [f"{where}:{line}: launcher {name!r}" for line, name in constants if name in launchers]
     assert not outside, "ask the owner's declaration instead:\n" + "\n".join(sorted(set(outside)))
+
+
+PROJECT_PACKAGES = ("dpsweep",)
+ALIAS_ROOTS = ("dpsweep", "launchers", "analysis", "benchmarks", "tests")
+
+
+def renamed_imports(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, import) of every ``from dpsweep... import x as y`` and ``import dpsweep.x as y`` with y not x
+    (``x as x``, a re-export, is allowed)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module is not None:
+            if node.module.split(".")[0] in PROJECT_PACKAGES:
+                found += [
+                    (node.lineno, f"from {node.module} import {a.name} as {a.asname}")
+                    for a in node.names
+                    if a.asname is not None and a.asname != a.name
+                ]
+        elif isinstance(node, ast.Import):
+            found += [
+                (node.lineno, f"import {a.name} as {a.asname}")
+                for a in node.names
+                if a.name.split(".")[0] in PROJECT_PACKAGES and a.asname is not None and a.asname != a.name
+            ]
+    return found
+
+
+# Pending, in files other changes of issue 57 hold now (path, the import): each to be imported by its own name.
+PENDING_ALIASES = {
+    ("dpsweep/run/runner.py", "from dpsweep.memory.tables import metric as memory_metric"),
+    ("tests/integration/test_gan.py", "from dpsweep.privacy import schedule as privacy"),
+    ("tests/integration/test_gan.py", "from dpsweep.tasks.gan import task as gan_task"),
+    ("tests/integration/test_gan.py", "from dpsweep.cli import plan as plan_cli"),
+    ("tests/integration/test_mechanisms.py", "from dpsweep.mechanisms import dpftrl_accounting as ftrl_accounting"),
+    ("tests/integration/test_mechanisms.py", "from dpsweep.mechanisms import functional as func_dp"),
+    ("tests/integration/test_mechanisms.py", "from dpsweep.privacy import schedule as privacy"),
+    ("tests/integration/test_mechanisms.py", "from dpsweep.tasks.classifier import task as classifier"),
+    ("tests/unit/config/test_config.py", "from dpsweep import config as C"),
+    ("tests/unit/config/test_input_hygiene.py", "from dpsweep.privacy import schedule as privacy"),
+    ("tests/unit/config/test_input_hygiene.py", "from dpsweep.data import loaders as data"),
+    ("tests/unit/mechanisms/test_engines.py", "from dpsweep.config import dp as dp_config"),
+    ("tests/unit/mechanisms/test_fused.py", "from dpsweep.models import classifiers as model_zoo"),
+}
+
+
+def test_no_module_of_the_project_is_imported_under_another_name() -> None:
+    """Issue 57: modules are imported by their own names (``schedule as privacy`` named one package of the
+    project after another); in the core, launchers, reports, benchmarks and tests alike."""
+    renamed = [
+        f"{path.relative_to(REPO)}:{line}: {text}"
+        for path in python_files(*(REPO / root for root in ALIAS_ROOTS))
+        for line, text in renamed_imports(ast.parse(path.read_text()))
+        if (str(path.relative_to(REPO)), text) not in PENDING_ALIASES
+    ]
+    assert not renamed, "import it by its own name:\n" + "\n".join(renamed)
