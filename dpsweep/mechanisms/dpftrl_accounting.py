@@ -1,10 +1,11 @@
 """Planning DP-FTRL's privacy: the L2 sensitivity of its tree-aggregation noise to one example (or one
 user), its ε at δ, and calibration of σ to a target ε. Pure NumPy and dp-accounting: no torch.
 
-    >>> from dpsweep import ftrl_accounting as fa
-    >>> fa.ftrl_epsilon(46.3, steps_per_epoch=100, epochs=100, delta=1e-5, restart_every=20, tree_completion=True)
-    >>> fa.calibrate_ftrl_noise(8.0, steps_per_epoch=100, epochs=100, delta=1e-5, restart_every=20,
-    ...                         tree_completion=True)
+    >>> from dpsweep.mechanisms import dpftrl_accounting
+    >>> dpftrl_accounting.ftrl_epsilon(46.3, steps_per_epoch=100, epochs=100, delta=1e-5, restart_every=20,
+    ...                                tree_completion=True)
+    >>> dpftrl_accounting.calibrate_ftrl_noise(8.0, steps_per_epoch=100, epochs=100, delta=1e-5,
+    ...                                        restart_every=20, tree_completion=True)
 
 DP-FTRL (Kairouz, McMahan, Song, Thakkar, Thakurta & Xu, ICML 2021, "Practical and Private (Deep)
 Learning without Sampling or Shuffling", arXiv:2103.00039) releases the prefix sums of the clipped
