@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dpsweep.memory.tables import logged as logged_bytes
+from dpsweep.memory import tables
 from dpsweep.memory.tables import metric
 
 STAGES = ("model_load", "batch_load", "backward", "optimizer_step")
@@ -151,17 +151,17 @@ def check_case(name: str, device_type: str, tolerance: float, workdir: Path) -> 
     independent: dict[str, int] = json.loads(out.strip().splitlines()[-1])
     expected_backend = "cuda" if device_type == "cuda" else "cpu-tensors"
     problems = [f"memory.backend={backend!r}, expected {expected_backend!r}"] if backend != expected_backend else []
-    problems += [f"{metric(name)} was not logged" for name in LOGGED if logged_bytes(metrics, name) is None]
+    problems += [f"{metric(name)} was not logged" for name in LOGGED if tables.logged(metrics, name) is None]
     rows = []
     for stage in STAGES:
-        found = logged_bytes(metrics, f"{stage}_bytes")
+        found = tables.logged(metrics, f"{stage}_bytes")
         logged = float("nan") if found is None else found
         ref = independent[stage]
         rel = abs(logged - ref) / max(ref, 1)
         rows.append({"stage": stage, "logged_bytes": logged, "independent_bytes": ref, "rel_difference": rel})
         if not rel <= tolerance:
             problems.append(f"{stage}: logged {logged:.0f} B vs independent {ref} B ({rel:.2%} > {tolerance:.0%})")
-    peaks = {k: logged_bytes(metrics, k) for k in LOGGED[-2:]}
+    peaks = {k: tables.logged(metrics, k) for k in LOGGED[-2:]}
     return {"case": name, "overrides": overrides, "backend": backend, "stages": rows, **peaks, "problems": problems}
 
 

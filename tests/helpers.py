@@ -153,7 +153,7 @@ def run_dpsweep(*args: str, env: Mapping[str, str] | None = None) -> subprocess.
     The default ``tracking.uri=sqlite:///mlflow.db`` is given as the same file's absolute path: MLflow
     caches one store per URI for the life of the process, so a relative one would stay the store of
     the first directory it was used in."""
-    from dpsweep.cli import train as cli
+    from dpsweep.cli.train import main
 
     if not any(a.startswith("tracking.uri=") for a in args):
         args = (*args, f"tracking.uri=sqlite:///{Path.cwd() / 'mlflow.db'}")
@@ -166,7 +166,7 @@ def run_dpsweep(*args: str, env: Mapping[str, str] | None = None) -> subprocess.
     ):
         sys.argv[:] = ["dpsweep", *args]
         try:
-            cli.main()
+            main()
         except SystemExit as exit_:
             code = exit_.code
             if code is not None and not isinstance(code, int):

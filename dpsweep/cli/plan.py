@@ -88,7 +88,7 @@ def skip_reasons(plans: Sequence[RunPlan]) -> list[str | None]:
     its config already FINISHED in its experiment (unless ``sweep.force``), or the same config as an
     earlier job. None: it runs. (Jobs running now in live processes are skipped too; that is known
     only when the sweep starts.)"""
-    from dpsweep.plan import skip_reasons as reasons
+    from dpsweep import plan
 
     done: dict[str, str] = {}
     stores = {(p.config.tracking.uri, p.config.tracking.experiment_name) for p in plans if not p.config.sweep.force}
@@ -102,7 +102,7 @@ def skip_reasons(plans: Sequence[RunPlan]) -> list[str | None]:
         except Exception as err:  # an unreachable server: the plan stands, without this column
             print(f"{PROG}: note: could not read {uri} ({type(err).__name__}); FINISHED configs are not marked",
                   file=sys.stderr)  # fmt: skip
-    return reasons([p.config_hash for p in plans], done)
+    return plan.skip_reasons([p.config_hash for p in plans], done)
 
 
 def plan_row(job: int, overrides: list[str], plan: RunPlan, skipped: str | None = None) -> PlanRow:

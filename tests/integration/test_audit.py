@@ -12,11 +12,11 @@ import torch
 from helpers import Composer, run_dpsweep, runs_of, straight_and_resumed
 from mlflow.tracking import MlflowClient
 
-from dpsweep.analysis import report as rep
+from dpsweep.analysis.report import build_report, render
 from dpsweep.config import ConfigError, flatten, identity, to_config, validate, validate_for_dataset
 from dpsweep.mechanisms import engines, fused
 from dpsweep.run.runner import train
-from dpsweep.tasks.classifier import task as classifier
+from dpsweep.tasks.classifier import task
 
 AUDIT = ["audit.mode=white_box", "dp.target_epsilon=1", "train.epochs=3"]
 USER_LEVEL = ["dp.unit=user", "dataset.users=partition", "dataset.num_users=1000", "train.batch_size=50"]
@@ -65,8 +65,8 @@ def test_the_report_shows_both_audit_bounds_beside_epsilon(
 ) -> None:
     audited = train(make_cfg(*AUDIT))
     m = _audit(client, audited.run_id)
-    report = rep.build_report(mlflow_uri, experiment_name)
-    shown = rep.render(report, "md")
+    report = build_report(mlflow_uri, experiment_name)
+    shown = render(report, "md")
     assert "| audit ε ≥ |" in shown and "| audit ε ≥ (f-DP) |" in shown, shown
     row = report.table.iloc[0]
     assert row["audit_epsilon_lower"] == m["audit.epsilon_lower"]
@@ -240,7 +240,7 @@ def test_an_interrupted_audit_run_resumes_to_the_same_bound(
 ) -> None:
     args = [*AUDIT, *own, "dp.target_epsilon=8"]
     straight, resumed = straight_and_resumed(
-        make_cfg, client, experiment_name, args, classifier.ClassifierRun, 2, tmp_path / "ckpt"
+        make_cfg, client, experiment_name, args, task.ClassifierRun, 2, tmp_path / "ckpt"
     )
     a, b = _audit(client, straight.run_id), _audit(client, resumed.run_id)
     assert a == b and a["audit.epsilon_lower"] > 0, (a, b)
@@ -315,11 +315,11 @@ def test_a_white_box_audit_refuses_a_plan_that_splits_steps_into_passes(
     canary drawn at each pass would enter one release several times."""
     import pandas as pd
 
-    from dpsweep.analysis import memory_model as mm
+    from dpsweep.analysis import memory_model
 
     monkeypatch.chdir(tmp_path)
     reference = Path(__file__).resolve().parents[2] / "analysis" / "data" / "cpu_probes_digits.csv"
-    mm.save_models(tmp_path / "m.json", mm.fit_all(pd.read_csv(reference), "cnn"), meta={})
+    memory_model.save_models(tmp_path / "m.json", memory_model.fit_all(pd.read_csv(reference), "cnn"), meta={})
     chosen = ["train.memory_model=m.json", "launcher.gpu_memory=3MiB", "train.batch_size=256"]
     with pytest.raises(ConfigError) as err:
         train(make_cfg(*chosen, "audit.mode=white_box"))

@@ -23,8 +23,8 @@ from helpers import Composer, runs_of
 from mlflow.tracking import MlflowClient
 from torch import Tensor
 
-from dpsweep.analysis import report as rep
-from dpsweep.cli.epsilon import run as epsilon_cli
+from dpsweep.analysis.report import build_report, render
+from dpsweep.cli import epsilon
 from dpsweep.config import to_config
 from dpsweep.data import users
 from dpsweep.data.facts import DatasetFacts
@@ -102,12 +102,12 @@ def test_the_toy_is_planned_and_calibrated_by_its_own_ledger(make_cfg: Composer)
 
 
 def test_the_toy_is_priced_by_dpsweep_epsilon(capsys: pytest.CaptureFixture[str]) -> None:
-    out = epsilon_cli(["--mechanism", NAME, "-s", "1437", "-b", "64", "-n", "20", "-e", "5", "--json"])
+    out = epsilon.run(["--mechanism", NAME, "-s", "1437", "-b", "64", "-n", "20", "-e", "5", "--json"])
     assert out["mechanism"] == NAME and out["steps"] == 5 and out["sample_rate"] is None
     assert out["epsilon"] == pytest.approx(reference_epsilon(20.0, 5, 1e-5), rel=1e-3)
     assert out["neighbours"] == "add_or_remove_one"
     capsys.readouterr()
-    epsilon_cli(["--mechanism", NAME, "-s", "1437", "-b", "64", "-n", "20", "-e", "5"])
+    epsilon.run(["--mechanism", NAME, "-s", "1437", "-b", "64", "-n", "20", "-e", "5"])
     assert capsys.readouterr().out.startswith("Full-batch DP-GD with noise multiplier σ = 20")
 
 
@@ -121,8 +121,8 @@ def test_the_toy_trains_logs_its_ledger_and_is_reported(
     assert run.info.status == "FINISHED" and 0 <= float(run.data.metrics["test_accuracy"]) <= 1
     record = json.loads(Path(client.download_artifacts(run.info.run_id, "privacy_ledger.json")).read_text())
     assert [e["name"] for e in record["events"]] == [NAME] and record["neighbours"] == "add_or_remove_one"
-    report = rep.build_report(client.tracking_uri, experiment_name)
+    report = build_report(client.tracking_uri, experiment_name)
     [row] = report.table.to_dict("records")
     assert row["mechanism"] == NAME
-    text = rep.render(report, "md")
+    text = render(report, "md")
     assert "Full-batch DP-GD, the whole training set every step, no sampling and no amplification" in text

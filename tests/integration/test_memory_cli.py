@@ -165,7 +165,7 @@ def fitted(probed: tuple[str, Path]) -> Path:
 @pytest.mark.slow
 @PROBED
 def test_fit_prints_formulas_and_held_out_error_and_saves_the_model(probed: tuple[str, Path], tmp_path: Path) -> None:
-    from dpsweep.analysis import memory_model as mm
+    from dpsweep.analysis import memory_model
 
     uri, _ = probed
     done = memory_cli("fit", "--experiment", "probes", "--tracking-uri", uri, "--out", "models/m.json")
@@ -175,7 +175,7 @@ def test_fit_prints_formulas_and_held_out_error_and_saves_the_model(probed: tupl
     assert (tmp_path / "models" / "m_residuals.png").read_bytes().startswith(b"\x89PNG")
     [model] = load_models(tmp_path / "models" / "m.json").values()
     assert model.model == "cnn" and model.backend == "cpu-tensors" and model.n_probes == 12
-    peak = mm.cv_frame(model).query("target == 'iteration_peak_bytes' and fit == 'envelope'").iloc[0]
+    peak = memory_model.cv_frame(model).query("target == 'iteration_peak_bytes' and fit == 'envelope'").iloc[0]
     assert peak.mean_abs_rel_error < 0.05  # the census is close to linear in B and P
 
 

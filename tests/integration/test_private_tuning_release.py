@@ -33,8 +33,8 @@ from helpers import fresh_store, run_dpsweep, run_main
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from dpsweep.analysis import report as rep
-from dpsweep.cli.report import main as report_main
+from dpsweep.analysis import report
+from dpsweep.cli.report import main
 from dpsweep.privacy import tuning
 from dpsweep.tracking import VIEW_KEY, VIEW_TAG
 from dpsweep.tracking.views import save_view
@@ -119,13 +119,13 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuned]:
 
 
 def _report(tuned: Tuned, *args: str) -> str:
-    done = run_main(report_main, "--experiment", EXPERIMENT, "--tracking-uri", tuned.uri, "--no-log", *args)
+    done = run_main(main, "--experiment", EXPERIMENT, "--tracking-uri", tuned.uri, "--no-log", *args)
     assert done.returncode == 0, done.stderr
     return done.stdout + done.stderr  # the notes of csv go to stderr
 
 
 def _csv(tuned: Tuned, *args: str) -> pd.DataFrame:
-    done = run_main(report_main, "--experiment", EXPERIMENT, "--tracking-uri", tuned.uri, "--format", "csv", *args)
+    done = run_main(main, "--experiment", EXPERIMENT, "--tracking-uri", tuned.uri, "--format", "csv", *args)
     assert done.returncode == 0, done.stderr
     return pd.read_csv(io.StringIO(done.stdout), dtype={"run_ids": str})
 
@@ -141,7 +141,7 @@ def test_the_released_outputs_show_the_released_trial_alone_at_the_procedures_rd
 ) -> None:
     procedure = tuned.parent.data.metrics["epsilon_tuning"]
     for scope in ([], ["--sweep", tuned.sweep_id]):
-        r = rep.build_report(tuned.uri, EXPERIMENT, scope[1] if scope else None)
+        r = report.build_report(tuned.uri, EXPERIMENT, scope[1] if scope else None)
         private = r.table[r.table["private"]]
         # one row, of the released trial alone: the number of rows and of runs would tell K
         assert list(private["run_ids"]) == [(tuned.released.info.run_id,)] and list(private["runs"]) == [1]
@@ -171,7 +171,7 @@ def test_the_released_outputs_show_the_released_trial_alone_at_the_procedures_rd
 
 
 def test_all_trials_is_the_analysts_view_marked_not_for_release_in_every_format(tuned: Tuned, tmp_path: Path) -> None:
-    r = rep.build_report(tuned.uri, EXPERIMENT, tuned.sweep_id, all_trials=True)
+    r = report.build_report(tuned.uri, EXPERIMENT, tuned.sweep_id, all_trials=True)
     trials = r.table[r.table["tuning"].notna()]  # and the baseline the sweep borrows
     assert r.all_trials and int(trials["runs"].sum()) == K and (~r.table["private"]).sum() == 1  # every trial: K
     released = r.table[r.table["tuning"] == "released"]

@@ -22,7 +22,7 @@ from dpsweep.data import facts
 from dpsweep.errors import InputError
 from dpsweep.plan import prepare
 from dpsweep.run.runner import train
-from dpsweep.tasks.recommender import task as recommender
+from dpsweep.tasks.recommender import task
 
 SMALL = [
     "task=recommender", "dataset.num_users=400", "dataset.held_out_users=60", "dataset.items=150",
@@ -73,7 +73,7 @@ def test_an_interrupted_dpals_run_resumes_exactly(
 ) -> None:
     args = [*SMALL, "dp.noise_multiplier=3", "train.epochs=4"]
     straight, resumed = straight_and_resumed(
-        make_cfg, client, experiment_name, args, recommender.RecommenderRun, 3, tmp_path / "ckpt"
+        make_cfg, client, experiment_name, args, task.RecommenderRun, 3, tmp_path / "ckpt"
     )
     assert resumed.steps == straight.steps == 4 and resumed.epsilons == straight.epsilons
     assert resumed.epsilon == pytest.approx(_exact_epsilon(3.0, 4, 1e-5), rel=0.01)
@@ -120,7 +120,7 @@ def test_an_interrupted_user_level_dp_sgd_run_resumes_exactly(
     """The joint baseline's users' embeddings (its simulated devices' state) come back with the
     checkpoint, as the items, Adam's moments and the generator of the samples and the noise do."""
     args = [*DPAM, f"task.method={method}", "dp.noise_multiplier=2", "train.epochs=3"]
-    run = recommender.JointSGDRun if method == "sgd" else recommender.DPAMRun
+    run = task.JointSGDRun if method == "sgd" else task.DPAMRun
     straight, resumed = straight_and_resumed(make_cfg, client, experiment_name, args, run, 2, tmp_path / "ckpt")
     assert resumed.steps == straight.steps == 12 and resumed.epsilons == straight.epsilons
     assert resumed.epsilon == pytest.approx(_poisson_epsilon(0.25, 2.0, 12, 1e-5), rel=1e-3)

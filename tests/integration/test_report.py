@@ -31,7 +31,20 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
-from dpsweep.analysis import report as rep
+from dpsweep.analysis.report import (
+    MEMORY_STAGES,
+    best_runs,
+    build_report,
+    memory_groups,
+    memory_table,
+    metric_histories,
+    pareto_front,
+    render,
+    report_runs,
+    search_runs,
+    summary_table,
+    swept_params,
+)
 from dpsweep.analysis.report.table import SPREAD_LIMIT
 from dpsweep.cli.report import main, run
 from dpsweep.run.runner import train
@@ -131,14 +144,14 @@ def _row(table: pd.DataFrame, sigma: float | None) -> pd.Series:
 def test_report_says_which_private_runs_are_not_for_release(sweep: Sweep) -> None:
     """The 4 DP runs ran without dp.secure_mode (train.seed regenerates their noise); the 2 non-private
     runs release nothing private and are not counted."""
-    text = "\n".join(rep.build_report(sweep.uri, EXPERIMENT).warnings)
+    text = "\n".join(build_report(sweep.uri, EXPERIMENT).warnings)
     assert "4 runs ran without dp.secure_mode: their noise and Poisson sampling can be regenerated" in text
 
 
 @pytest.mark.slow
 @SWEEP
 def test_table_equals_aggregates_computed_independently(sweep: Sweep) -> None:
-    r = rep.build_report(sweep.uri, EXPERIMENT)
+    r = build_report(sweep.uri, EXPERIMENT)
     expected = independent_aggregates(sweep.uri)
     assert len(r.table) == 3 and r.counts == {
         "total": 6,
@@ -200,7 +213,7 @@ def test_sweep_report_writes_valid_pngs_and_logs_them_on_the_parent_run(
     client = MlflowClient(sweep.uri)
     logged = {a.path for a in client.list_artifacts(sweep.parent_run_id, "report")}
     assert logged == {f"report/{n}" for n in PLOTS | {"report.md"}}
-    groups = rep.memory_groups(rep.memory_table(r.table_runs), r.table)  # the bars of memory.png
+    groups = memory_groups(memory_table(r.table_runs), r.table)  # the bars of memory.png
     assert groups["configs"].sum() == 3 and (groups["iteration_peak_bytes"] > 0).all()
     # only the non-private group has a run peak: a DP run's peak over its Poisson batches would tell their sizes
     assert groups["run_peak_bytes"].notna().sum() == 1 and (groups["run_peak_bytes"].dropna() > 0).all()
@@ -209,7 +222,7 @@ def test_sweep_report_writes_valid_pngs_and_logs_them_on_the_parent_run(
     # the sweep holds no baseline: it comes from the experiment's non-private runs, and says so
     assert len(r.table) == 3 and (~r.table["private"]).sum() == 1
     assert any("the sweep has no non-private run" in w for w in r.warnings)
-    whole = rep.build_report(sweep.uri, EXPERIMENT)
+    whole = build_report(sweep.uri, EXPERIMENT)
     columns = ["config_id", "epsilon", "test_accuracy_mean", "test_accuracy_std", "accuracy_drop", "runs"]
     pd.testing.assert_frame_equal(
         r.table[columns].sort_values("config_id", ignore_index=True),
@@ -220,12 +233,12 @@ def test_sweep_report_writes_valid_pngs_and_logs_them_on_the_parent_run(
 @pytest.mark.slow
 @SWEEP
 def test_curves_show_the_chosen_runs(sweep: Sweep, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    r = rep.build_report(sweep.uri, EXPERIMENT)
-    best = rep.best_runs(r.runs)
+    r = build_report(sweep.uri, EXPERIMENT)
+    best = best_runs(r.runs)
     accuracies = r.runs.set_index("run_id").loc[best, "metrics.test_accuracy"]
     assert len(best) == 3 and list(accuracies) == sorted(accuracies, reverse=True)
     assert set(best) <= set(r.runs.loc[r.runs["private"], "run_id"])
-    history = rep.metric_histories(sweep.uri, best[:1])
+    history = metric_histories(sweep.uri, best[:1])
     assert list(history["metric"]) == ["epsilon", "test_accuracy"] and set(history["step"]) == {1}
     chosen = r.runs.loc[~r.runs["private"], "run_id"].iloc[0]
     run(["--experiment", EXPERIMENT, "--out", str(tmp_path), "--tracking-uri", sweep.uri, "--runs", chosen[:10]])
@@ -293,14 +306,14 @@ def test_html_report_is_one_self_contained_page_and_figures_take_a_format_and_dp
 @pytest.mark.slow
 @SWEEP
 def test_curves_are_labelled_by_what_differs_with_legends_outside_the_data(sweep: Sweep) -> None:
-    from dpsweep.analysis.report import plots as rp
+    from dpsweep.analysis.report import plots
 
-    r = rep.build_report(sweep.uri, EXPERIMENT)
+    r = build_report(sweep.uri, EXPERIMENT)
     private = r.runs[r.runs["private"]]
     pair = list(private.sort_values(["params.dp.noise_multiplier", "params.train.seed"])["run_id"][:2])  # σ=1, 2 seeds
-    labels = rp.run_labels(r, pair)
+    labels = plots.run_labels(r, pair)
     assert sorted(labels.values()) == ["seed=0", "seed=1"]  # only what differs: no σ, no run id
-    fig = rp.curves_figure(rep.metric_histories(sweep.uri, pair), labels)
+    fig = plots.curves_figure(metric_histories(sweep.uri, pair), labels)
     accuracy, eps = fig.axes  # two panels, no twin axis
     assert sorted(str(line.get_label()) for line in accuracy.get_lines()) == ["seed=0", "seed=1"]
     [shared] = eps.get_lines()  # same σ, q and steps: one ε line, named for both runs
@@ -311,7 +324,7 @@ def test_curves_are_labelled_by_what_differs_with_legends_outside_the_data(sweep
         assert legend is not None
         assert legend.get_window_extent().x0 >= ax.get_window_extent().x1  # right of the data, not on it
     sigmas = list(private.drop_duplicates("params.dp.noise_multiplier")["run_id"][:2])
-    assert sorted(rp.run_labels(r, sigmas).values())[0].startswith("σ=")
+    assert sorted(plots.run_labels(r, sigmas).values())[0].startswith("σ=")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -405,8 +418,8 @@ HEADER = [
 def test_text_formats_parse_back_to_the_same_numbers(
     sweep: Sweep, fmt: str, rows: Callable[[str], list[list[str]]]
 ) -> None:
-    r = rep.build_report(sweep.uri, EXPERIMENT, sort="epsilon")
-    parsed = rows(rep.render(r, fmt))
+    r = build_report(sweep.uri, EXPERIMENT, sort="epsilon")
+    parsed = rows(render(r, fmt))
     assert len(parsed[0]) == len(HEADER) and parsed[0][10] in ("ε", r"$\varepsilon$")
     _check_text_rows(parsed[2:] if fmt == "md" else parsed[1:], r.table, HEADER)  # md: a rule under the header
 
@@ -416,8 +429,8 @@ def test_text_formats_parse_back_to_the_same_numbers(
 def test_tex_is_a_paper_table_with_shared_settings_in_its_caption(sweep: Sweep) -> None:
     """Issue 33, item 8: booktabs; what every row shares (dataset, model, B, lr, epochs, runs) moves to
     the caption; δ reads as a power of ten; ε has one number of decimals; the numbers parse back."""
-    r = rep.build_report(sweep.uri, EXPERIMENT, sort="epsilon")
-    text = rep.render(r, "tex")
+    r = build_report(sweep.uri, EXPERIMENT, sort="epsilon")
+    text = render(r, "tex")
     assert r"\begin{table}" in text and r"\toprule" in text and r"\bottomrule" in text
     caption = re.search(r"\\caption\{(.*)\}", text)
     assert caption is not None, text
@@ -445,8 +458,8 @@ def test_tex_is_a_paper_table_with_shared_settings_in_its_caption(sweep: Sweep) 
 @pytest.mark.slow
 @SWEEP
 def test_csv_parses_back_to_the_same_numbers_exactly(sweep: Sweep) -> None:
-    r = rep.build_report(sweep.uri, EXPERIMENT)
-    back = pd.read_csv(io.StringIO(rep.render(r, "csv")), float_precision="round_trip")
+    r = build_report(sweep.uri, EXPERIMENT)
+    back = pd.read_csv(io.StringIO(render(r, "csv")), float_precision="round_trip")
     numbers = ["epsilon", "test_accuracy_mean", "test_accuracy_std", "accuracy_drop", "noise_multiplier", "delta"]
     pd.testing.assert_frame_equal(back[numbers], r.table[numbers].reset_index(drop=True))
     assert list(back["runs"]) == list(r.table["runs"]) and list(back["private"]) == list(r.table["private"])
@@ -456,8 +469,8 @@ def test_csv_parses_back_to_the_same_numbers_exactly(sweep: Sweep) -> None:
 @pytest.mark.slow
 @SWEEP
 def test_sort_keys_order_rows_within_the_block(sweep: Sweep) -> None:
-    by_eps = rep.build_report(sweep.uri, EXPERIMENT, sort="epsilon").table
-    by_acc = rep.build_report(sweep.uri, EXPERIMENT, sort="accuracy").table
+    by_eps = build_report(sweep.uri, EXPERIMENT, sort="epsilon").table
+    by_acc = build_report(sweep.uri, EXPERIMENT, sort="accuracy").table
     for table in (by_eps, by_acc):
         assert list(table["private"]) == [False, True, True]  # the baseline leads
     assert by_eps["epsilon"].iloc[1] < by_eps["epsilon"].iloc[2]
@@ -504,7 +517,7 @@ def test_a_run_with_a_missing_metric_is_reported_not_crashed_on(
     no_accuracy = log_run(client, experiment_name, DP | {"train.seed": "1"}, {"epsilon": 3.0})
     no_epsilon = log_run(client, experiment_name, DP | {"dp.noise_multiplier": "2.0"}, {"test_accuracy": 0.5})
     nothing = log_run(client, experiment_name, DP | {"dp.noise_multiplier": "4.0"}, {})
-    r = rep.build_report(mlflow_uri, experiment_name)
+    r = build_report(mlflow_uri, experiment_name)
     one = _row(r.table, 1.0)
     assert (one["runs"], one["runs_without_accuracy"], one["test_accuracy_mean"]) == (2, 1, 0.6)
     assert pd.isna(one["test_accuracy_std"]) and one["accuracy_drop"] == pytest.approx(0.3)
@@ -514,10 +527,10 @@ def test_a_run_with_a_missing_metric_is_reported_not_crashed_on(
     assert f"run {no_epsilon} (σ=2) is FINISHED but has no epsilon metric" in text
     assert f"run {nothing} (σ=4)" in text
     for fmt in ("md", "tex", "html"):  # the notes under the table name the run
-        assert f"run {no_accuracy} (σ=1) is FINISHED but has no test_accuracy metric" in rep.render(r, fmt)
-    cells = {row[3]: row[-3] for row in _rows_md(rep.render(r, "md"))[2:]}  # σ -> test accuracy
+        assert f"run {no_accuracy} (σ=1) is FINISHED but has no test_accuracy metric" in render(r, fmt)
+    cells = {row[3]: row[-3] for row in _rows_md(render(r, "md"))[2:]}  # σ -> test accuracy
     assert cells == {"—": "90.00", "1": "60.00", "2": "50.00", "4": "—"}  # one run: no ±; none: a dash
-    assert len(pd.read_csv(io.StringIO(rep.render(r, "csv")))) == 4
+    assert len(pd.read_csv(io.StringIO(render(r, "csv")))) == 4
     run(["--experiment", experiment_name, "--tracking-uri", mlflow_uri, "--out", str(tmp_path)])  # no memory metrics
     assert {p.name for p in tmp_path.iterdir()} == PLOTS | {"report.md"} and "wrote" in capsys.readouterr().err
 
@@ -535,7 +548,7 @@ def test_counts_failed_pruned_and_running_and_ignores_probes_and_the_parent(
     parent = log_run(client, experiment_name, {}, {}, sweep | {"sweep.role": "parent"})
     run(["--experiment", experiment_name, "--sweep", "abc123def456", "--tracking-uri", mlflow_uri, "--format", "csv"])
     captured = capsys.readouterr()
-    r = rep.build_report(mlflow_uri, experiment_name, "abc123def456")
+    r = build_report(mlflow_uri, experiment_name, "abc123def456")
     assert r.counts == {
         "total": 5,
         "finished": 1,
@@ -564,7 +577,7 @@ def test_a_diverged_run_is_no_baseline_and_a_spread_above_the_mean_is_flagged(
     log_run(client, experiment_name, DP | {"dp.noise_multiplier": "2.0"}, {"test_accuracy": 0.9, "epsilon": 1.0})
     log_run(client, experiment_name, DP | {"dp.noise_multiplier": "2.0", "train.seed": "1"},
             {"test_accuracy": 0.05, "epsilon": 1.0})  # fmt: skip
-    r = rep.build_report(mlflow_uri, experiment_name)
+    r = build_report(mlflow_uri, experiment_name)
     assert r.counts["diverged"] == 1 and r.counts["finished"] == 5
     baseline = _row(r.table, None)
     assert (baseline["runs"], baseline["test_accuracy_mean"]) == (1, 0.97)
@@ -587,7 +600,7 @@ def test_mixed_accountants_and_delta_are_warned(mlflow_uri: str, experiment_name
     log_run(client, experiment_name, DP | {"dp.noise_multiplier": "2.0"}, {"test_accuracy": 0.5, "epsilon": 1.0})
     log_run(client, experiment_name, DP | {"dp.noise_multiplier": "2.0", "dp.accountant": "prv"},
             {"test_accuracy": 0.5, "epsilon": 0.9})  # fmt: skip
-    r = rep.build_report(mlflow_uri, experiment_name)
+    r = build_report(mlflow_uri, experiment_name)
     text = "\n".join(r.warnings)
     assert "mixes accountants (prv, rdp) across its runs" in text and "mixes δ (1e-05, 1e-06)" in text
     assert "digits/cnn: the rows use different accountants (prv, rdp)" in text
@@ -605,7 +618,7 @@ def test_each_row_is_compared_with_the_best_matching_baseline(
     log_run(client, experiment_name, DP | {"train.epochs": "5", "optimizer.lr": "0.1"},
             {"test_accuracy": 0.75, "epsilon": 5.0})  # fmt: skip
     log_run(client, experiment_name, DP | {"model.hidden_units": "64"}, {"test_accuracy": 0.65, "epsilon": 3.0})
-    r = rep.build_report(mlflow_uri, experiment_name)
+    r = build_report(mlflow_uri, experiment_name)
     t = r.table.set_index("config_id")
     dp = t[t["private"]]
     drops = {
@@ -616,9 +629,9 @@ def test_each_row_is_compared_with_the_best_matching_baseline(
     assert drops == pytest.approx(expected)  # epochs 5 rows against the epochs 5 baseline, the rest against 2
     text = "\n".join(r.warnings)
     assert "differs in optimizer.lr 0.1 vs 0.05" in text and "differs in model.hidden_units 64 vs 32" in text
-    md = rep.render(r, "md")
+    md = render(r, "md")
     assert "model.hidden_units" in md.splitlines()[0]  # a swept hyperparameter gets its own column
-    assert "model.hidden\\_units" in rep.render(r, "tex")
+    assert "model.hidden\\_units" in render(r, "tex")
 
 
 def test_pareto_front_keeps_only_undominated_private_rows(
@@ -628,11 +641,11 @@ def test_pareto_front_keeps_only_undominated_private_rows(
     for sigma, (eps, acc) in points.items():
         log_run(client, experiment_name, DP | {"dp.noise_multiplier": sigma}, {"test_accuracy": acc, "epsilon": eps})
     log_run(client, experiment_name, OFF, {"test_accuracy": 0.99})
-    r = rep.build_report(mlflow_uri, experiment_name)
-    front = rep.pareto_front(r.table)
+    r = build_report(mlflow_uri, experiment_name)
+    front = pareto_front(r.table)
     assert list(front["noise_multiplier"]) == [0.5, 1.0, 2.0] and list(front["epsilon"]) == [1.0, 2.0, 3.0]
-    memory = rep.memory_table(r.runs)
-    assert list(memory.columns[1:7]) == list(rep.MEMORY_STAGES) and len(memory) == 6
+    memory = memory_table(r.runs)
+    assert list(memory.columns[1:7]) == list(MEMORY_STAGES) and len(memory) == 6
 
 
 def test_no_point_label_of_the_pareto_plot_crosses_the_baseline_line(
@@ -641,20 +654,20 @@ def test_no_point_label_of_the_pareto_plot_crosses_the_baseline_line(
     """Issue 33, item 8: points just under the non-private line had their labels drawn over it."""
     from matplotlib.text import Annotation
 
-    from dpsweep.analysis.report import plots as rp
+    from dpsweep.analysis.report import plots
 
     # the front is σ=1 alone, 1 point under the line at 80%: the label's first place (6 pt above) crosses it
     for sigma, (eps, acc) in {"1.0": (1.0, 0.79), "2.0": (2.0, 0.50)}.items():
         log_run(client, experiment_name, DP | {"dp.noise_multiplier": sigma}, {"test_accuracy": acc, "epsilon": eps})
     log_run(client, experiment_name, OFF, {"test_accuracy": 0.80})
-    fig = rp.pareto_figure(rep.build_report(mlflow_uri, experiment_name).table)
+    fig = plots.pareto_figure(build_report(mlflow_uri, experiment_name).table)
     [ax] = fig.axes
     renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
     line = float(ax.transData.transform((0.0, 80.0))[1])
     [note] = [t for t in ax.texts if isinstance(t, Annotation)]  # one label per point of the front
     box = note.get_window_extent(renderer)
     assert not box.y0 <= line <= box.y1, (note.get_text(), box, line)
-    assert note.xyann != rp.LABEL_OFFSETS_PT[0]  # moved from its first place
+    assert note.xyann != plots.LABEL_OFFSETS_PT[0]  # moved from its first place
 
 
 def test_the_memory_table_reads_runs_logged_before_in_bytes(
@@ -669,8 +682,8 @@ def test_the_memory_table_reads_runs_logged_before_in_bytes(
     log_run(client, experiment_name, DP | {"dp.noise_multiplier": "3.0"},
             {"test_accuracy": 0.5, "epsilon": 0.5, "system/memory/backward_mib": 5e3 / 2**20,
              "system/memory/peak_mib": 1.5})  # fmt: skip
-    r = rep.build_report(mlflow_uri, experiment_name)
-    memory = rep.memory_table(r.runs)
+    r = build_report(mlflow_uri, experiment_name)
+    memory = memory_table(r.runs)
     assert sorted(memory["backward_bytes"]) == [1e3, 3e3, 5e3]
     assert sorted(memory["run_peak_bytes"].dropna()) == [1.5 * 2**20]
 
@@ -678,10 +691,10 @@ def test_the_memory_table_reads_runs_logged_before_in_bytes(
 def test_search_runs_reads_every_page(mlflow_uri: str, experiment_name: str, client: MlflowClient) -> None:
     for seed in range(5):
         log_run(client, experiment_name, DP | {"train.seed": str(seed)}, {"test_accuracy": 0.5 + seed / 100})
-    paged = rep.search_runs(mlflow_uri, experiment_name, page_size=2)
-    whole = rep.search_runs(mlflow_uri, experiment_name)
+    paged = search_runs(mlflow_uri, experiment_name, page_size=2)
+    whole = search_runs(mlflow_uri, experiment_name)
     assert len(paged) == 5 and set(paged["run_id"]) == set(whole["run_id"])
-    assert rep.summary_table(rep.report_runs(paged))["runs"].tolist() == [5]
+    assert summary_table(report_runs(paged))["runs"].tolist() == [5]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -773,8 +786,8 @@ def test_clipping_is_a_column_and_a_quantile_runs_c_is_not_pooled_apart(
     log_run(client, experiment_name, DP | {"dp.clipping": "adaptive", "dp.clip_quantile": "0.7"},
             {"test_accuracy": 0.5, "epsilon": 3})  # fmt: skip
     log_run(client, experiment_name, DP, {"test_accuracy": 0.4, "epsilon": 3})  # before dp.clipping existed
-    r = rep.build_report(mlflow_uri, experiment_name)
-    rows = _rows_md(rep.render(r, "md"))
+    r = build_report(mlflow_uri, experiment_name)
+    rows = _rows_md(render(r, "md"))
     header = [c.split(" (")[0] for c in rows[0]]
     cells = {row[header.index("clipping")]: (row[header.index("C")], row[header.index("runs")]) for row in rows[2:]}
     assert cells == {"quantile γ=0.5": ("—", "2"), "adaptive γ=0.7": ("1", "1"), "fixed": ("1", "1")}
@@ -786,7 +799,7 @@ def test_a_best_of_k_table_warns_with_the_composed_epsilon_and_a_private_tuning_
     log_run(client, experiment_name, DP, {"test_accuracy": 0.6, "epsilon": 3.0})
     log_run(client, experiment_name, DP | {"optimizer.lr": "0.1"}, {"test_accuracy": 0.7, "epsilon": 3.0})
     log_run(client, experiment_name, DP | {"optimizer.lr": "0.2"}, {"test_accuracy": 0.65, "epsilon": 2.5})
-    text = "\n".join(rep.build_report(mlflow_uri, experiment_name).warnings)
+    text = "\n".join(build_report(mlflow_uri, experiment_name).warnings)
     assert "digits/cnn at ε=3: the best of these 2 private rows is picked after seeing them all" in text
     assert "ε = 6 at δ = 2e-05 (basic composition" in text and "sweep.private_tuning=true" in text
     assert "at ε=2.5" not in text  # a row alone at its ε is a point of the trade-off, not a choice
@@ -799,13 +812,13 @@ def test_a_best_of_k_table_warns_with_the_composed_epsilon_and_a_private_tuning_
     log_run(client, tuned, DP | {"train.seed": "8", "optimizer.lr": "0.2"},
             {"test_accuracy": 0.5, "epsilon": 2.5, "epsilon_tuning": 4.1}, {"tuning.released": "false"})  # fmt: skip
     # issue 54, item 3: the report shows the released trial alone, the analyst's view all of them
-    report = rep.build_report(mlflow_uri, tuned)
+    report = build_report(mlflow_uri, tuned)
     text = "\n".join(report.warnings)
     assert f"run {best[:8]}: the released trial of a private tuning" in text and "best of these" not in text
     assert list(report.table["epsilon"]) == [4.1] and list(report.table["accountant"]) == ["rdp"]
     for fmt in ("md", "csv", "tex"):
-        assert "4.1" in rep.render(report, fmt) and "| 3 " not in rep.render(report, fmt)
-    everything = rep.build_report(mlflow_uri, tuned, all_trials=True)
+        assert "4.1" in render(report, fmt) and "| 3 " not in render(report, fmt)
+    everything = build_report(mlflow_uri, tuned, all_trials=True)
     text = "\n".join(everything.warnings)
     assert f"only {best[:8]} (tag tuning.released=true; trial: released) may be published" in text
     assert list(everything.table["epsilon"]) == [4.1, 4.1, 4.1]  # the released trial is a row of its own
@@ -817,7 +830,7 @@ def test_accuracy_is_not_plotted_against_a_sigma_calibrated_per_mechanism(
 ) -> None:
     """Issue 33, item 8: runs calibrated to a target ε each ran their mechanism's own σ (DP-FTRL's at
     an ε is not DP-SGD's). σ is plotted only over the runs that set it; the rest against their target."""
-    from dpsweep.analysis.report import plots as rp
+    from dpsweep.analysis.report import plots
 
     calibrated = {("dpsgd", "1.0"): ("1.1", 0.60), ("dpsgd", "3.0"): ("0.6", 0.75),
                   ("dpftrl", "1.0"): ("3.2", 0.55), ("dpftrl", "3.0"): ("1.4", 0.70)}  # fmt: skip
@@ -825,17 +838,17 @@ def test_accuracy_is_not_plotted_against_a_sigma_calibrated_per_mechanism(
         params = DP | {"dp.mechanism": mechanism, "dp.target_epsilon": target, "dp.noise_multiplier": sigma}
         log_run(client, experiment_name, params, {"test_accuracy": acc, "epsilon": float(target)})
     log_run(client, experiment_name, OFF | {"dp.target_epsilon": "None"}, {"test_accuracy": 0.9})
-    table = rep.build_report(mlflow_uri, experiment_name).table
-    assert "dp.noise_multiplier" in rep.swept_params(table)  # the calibrated σ differ ...
-    axes = dict(rp.sweep_axes(table))
+    table = build_report(mlflow_uri, experiment_name).table
+    assert "dp.noise_multiplier" in swept_params(table)  # the calibrated σ differ ...
+    axes = dict(plots.sweep_axes(table))
     assert "dp.noise_multiplier" not in axes and {"dp.target_epsilon", "dp.mechanism"} <= set(axes)  # ... unplotted
-    written = {p.name for p in rp.plot_sweeps(table, tmp_path)}
+    written = {p.name for p in plots.plot_sweeps(table, tmp_path)}
     assert "accuracy_vs_dp.noise_multiplier.png" not in written and "accuracy_vs_dp.target_epsilon.png" in written
 
     for sigma, acc in (("0.8", 0.62), ("1.2", 0.58)):  # σ set by the user: plotted, over these runs alone
         params = DP | {"dp.mechanism": "dpsgd", "dp.target_epsilon": "None", "dp.noise_multiplier": sigma}
         log_run(client, experiment_name, params, {"test_accuracy": acc, "epsilon": 2.0})
-    table = rep.build_report(mlflow_uri, experiment_name).table
-    rows = dict(rp.sweep_axes(table))["dp.noise_multiplier"]
+    table = build_report(mlflow_uri, experiment_name).table
+    rows = dict(plots.sweep_axes(table))["dp.noise_multiplier"]
     private = rows[rows["private"].astype(bool)]
     assert sorted(private["noise_multiplier"]) == [0.8, 1.2] and (~rows["private"].astype(bool)).sum() == 1

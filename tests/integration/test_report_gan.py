@@ -23,7 +23,7 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
-from dpsweep.analysis import report as rep
+from dpsweep.analysis import report
 from dpsweep.analysis.report import samples
 from dpsweep.analysis.report.cells import epsilon_text
 from dpsweep.cli.report import run
@@ -78,7 +78,7 @@ def _rows_md(text: str) -> list[list[str]]:
 @pytest.mark.slow
 @GAN_RUNS
 def test_gan_rows_score_tstr_and_drop_against_the_non_private_gan(gan_store: GanStore) -> None:
-    r = rep.build_report(gan_store.uri, EXPERIMENT)
+    r = report.build_report(gan_store.uri, EXPERIMENT)
     t = r.table
     assert len(t) == 2 and list(t["model"]) == ["gan", "gan"] and list(t["task"]) == ["gan", "gan"]
     assert not t.iloc[0]["private"]  # the non-private GAN leads its block
@@ -99,7 +99,7 @@ def test_gan_rows_score_tstr_and_drop_against_the_non_private_gan(gan_store: Gan
 
     # the reference: the same classifier trained on real data, over the non-private GAN runs
     real = gan_store.metric(gan_store.public, "real_accuracy")
-    [ref] = rep.reference_accuracies(r.table_runs).to_dict("records")
+    [ref] = report.reference_accuracies(r.table_runs).to_dict("records")
     assert (ref["dataset"], ref["model"], ref["classifier"], ref["runs"]) == ("digits", "gan", "cnn", 2)
     assert ref["real_accuracy_mean"] == pytest.approx(mean(real), rel=1e-12)
     assert ref["real_accuracy_std"] == pytest.approx(stdev(real), rel=1e-12)
@@ -116,7 +116,7 @@ def test_gan_rows_score_tstr_and_drop_against_the_non_private_gan(gan_store: Gan
     )
 
     # the rendered table says what its accuracy is
-    md = rep.render(r, "md")
+    md = report.render(r, "md")
     rows = _rows_md(md)
     header = rows[0]
     assert "TSTR accuracy (%)" in header and not any("test accuracy" in h for h in header)
@@ -124,8 +124,8 @@ def test_gan_rows_score_tstr_and_drop_against_the_non_private_gan(gan_store: Gan
     assert [(c["model"], c["task"]) for c in cells] == [("gan", "gan"), ("gan", "gan")]
     assert float(cells[1]["TSTR accuracy (%)"].split(" ± ")[0]) == pytest.approx(mean(tstr_private) * 100, abs=0.0051)
     assert float(cells[1]["drop (pp)"]) == pytest.approx(private["accuracy_drop"] * 100, abs=0.0051)
-    assert r"TSTR accuracy (\%)" in rep.render(r, "tex")
-    csv = pd.read_csv(io.StringIO(rep.render(r, "csv")), float_precision="round_trip")
+    assert r"TSTR accuracy (\%)" in report.render(r, "tex")
+    csv = pd.read_csv(io.StringIO(report.render(r, "csv")), float_precision="round_trip")
     assert list(csv["task"]) == ["gan", "gan"] and list(csv["model"]) == ["gan", "gan"]
     assert csv["test_accuracy_mean"].tolist() == t["test_accuracy_mean"].tolist()
 
@@ -152,9 +152,9 @@ def test_report_out_draws_the_final_sample_grids_by_epsilon(
     epoch, grid = samples.final_sample_grid(client, order.iloc[0]["run_ids"][0], tmp_path / "grid") or (0, None)
     assert epoch == 1 and grid is not None and grid.name == "epoch_001.png"
     # curves.png read the chosen runs' TSTR accuracy (their objective), not test_accuracy
-    chosen = rep.best_runs(r.runs)
+    chosen = report.best_runs(r.runs)
     assert set(chosen) == set(gan_store.private)
-    assert rep.history_metrics(r.runs, chosen) == ["tstr_accuracy", "epsilon"]
+    assert report.history_metrics(r.runs, chosen) == ["tstr_accuracy", "epsilon"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,15 +207,15 @@ def test_mixed_tasks_keep_their_blocks_and_the_table_says_which_accuracy_is_whos
     log_run(client, experiment_name, BASE | OFF | GAN | {"train.seed": "1"},
             {"tstr_accuracy": 0.60, "real_accuracy": 0.91}, {})  # fmt: skip
     log_run(client, experiment_name, BASE | DP | GAN, {"tstr_accuracy": 0.40, "epsilon": 2.0}, {})
-    r = rep.build_report(mlflow_uri, experiment_name)
+    r = report.build_report(mlflow_uri, experiment_name)
     t = r.table.set_index(["model", "private"])
     assert list(r.table["model"]) == ["cnn", "cnn", "gan", "gan"]
     assert t.loc[("cnn", True), "task"] == "classifier" and t.loc[("gan", True), "task"] == "gan"
     assert t.loc[("cnn", True), "accuracy_drop"] == pytest.approx(0.15)  # against the classifier baseline
     assert t.loc[("gan", False), "test_accuracy_mean"] == pytest.approx(0.65)
     assert t.loc[("gan", True), "accuracy_drop"] == pytest.approx(0.25)  # against the non-private GAN
-    assert rep.swept_params(r.table) == []  # task.* differ from the classifier's (absent) only: not swept
-    md = rep.render(r, "md")
+    assert report.swept_params(r.table) == []  # task.* differ from the classifier's (absent) only: not swept
+    md = report.render(r, "md")
     header = _rows_md(md)[0]
     assert "accuracy (%)" in header and "task" in header and not any(h.startswith("task.") for h in header)
     assert "Accuracy: each row's task objective (classifier rows: test accuracy; gan rows: TSTR accuracy)" in md
@@ -232,10 +232,10 @@ def test_a_classifier_only_report_has_no_task_column_and_no_sample_figure(
 ) -> None:
     log_run(client, experiment_name, BASE | OFF | {"task.name": "classifier"}, {"test_accuracy": 0.95}, {})
     log_run(client, experiment_name, BASE | DP | {"task.name": "classifier"}, {"test_accuracy": 0.8, "epsilon": 2}, {})
-    r = rep.build_report(mlflow_uri, experiment_name)
-    header = _rows_md(rep.render(r, "md"))[0]
+    r = report.build_report(mlflow_uri, experiment_name)
+    header = _rows_md(report.render(r, "md"))[0]
     assert "test accuracy (%)" in header and "task" not in header
-    assert "task" not in pd.read_csv(io.StringIO(rep.render(r, "csv"))).columns
+    assert "task" not in pd.read_csv(io.StringIO(report.render(r, "csv"))).columns
     assert list(r.table["task"]) == ["classifier", "classifier"] and list(r.table["model"]) == ["cnn", "cnn"]
     assert samples.plot_task_samples(r, "gan", tmp_path / "gan_samples.png") is None
     assert samples.plot_samples(r, tmp_path) == []

@@ -24,8 +24,8 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
-from dpsweep.analysis import report as rep
-from dpsweep.analysis.report import plots as rp
+from dpsweep.analysis import report
+from dpsweep.analysis.report import plots
 from dpsweep.analysis.report.columns import mechanism_order
 from dpsweep.analysis.report.plots import MECHANISM_COLORS
 
@@ -63,7 +63,7 @@ def _legend_texts(fig: object) -> list[str]:
 @pytest.mark.slow
 @TRAINED
 def test_rows_split_by_mechanism_and_unit_against_the_non_private_baseline(store: Store) -> None:
-    r = rep.build_report(store.uri, EXPERIMENT)
+    r = report.build_report(store.uri, EXPERIMENT)
     table = r.table
     assert len(table) == len(RUNS) and table["config_id"].is_unique  # one row per run: none pooled
     rows = {key: row_of_run(table, run_id) for key, run_id in store.run_ids.items()}
@@ -98,8 +98,8 @@ def test_rows_split_by_mechanism_and_unit_against_the_non_private_baseline(store
 @pytest.mark.slow
 @TRAINED
 def test_tables_show_mechanism_and_unit_and_say_whom_epsilon_protects(store: Store) -> None:
-    r = rep.build_report(store.uri, EXPERIMENT, sort="epsilon")
-    md = rep.render(r, "md")
+    r = report.build_report(store.uri, EXPERIMENT, sort="epsilon")
+    md = report.render(r, "md")
     cells = markdown_rows(md)
     header = list(cells[0])
     assert header.index("accountant") + 1 == header.index("mechanism") == header.index("unit") - 1
@@ -116,13 +116,13 @@ def test_tables_show_mechanism_and_unit_and_say_whom_epsilon_protects(store: Sto
     assert "dpftrl = DP-FTRL" in mechanism_note and "replaced by a zero record" in mechanism_note  # its tag
     assert "dpsgd = DP-SGD" in mechanism_note and "added or removed" in mechanism_note
     for fmt in ("md", "tex", "html"):
-        text = rep.render(r, fmt)
+        text = report.render(r, fmt)
         assert "mechanism" in text and "unit" in text and "ε per user" in text
-    tex = rep.render(r, "tex")
+    tex = report.render(r, "tex")
     assert "dpftrl & example" in tex and "dpsgd & user" in tex
-    html = rep.render(r, "html")
+    html = report.render(r, "html")
     assert "<th>mechanism</th>" in html and "<th>unit</th>" in html and "<td>dpftrl</td>" in html
-    csv = pd.read_csv(io.StringIO(rep.render(r, "csv")))
+    csv = pd.read_csv(io.StringIO(report.render(r, "csv")))
     assert list(csv.columns[csv.columns.get_loc("accountant") + 1 :][:3]) == ["mechanism", "unit", "private"]
     public = csv[~csv["private"]]
     assert public["mechanism"].isna().all() and public["unit"].isna().all()
@@ -134,8 +134,8 @@ def test_tables_show_mechanism_and_unit_and_say_whom_epsilon_protects(store: Sto
 @pytest.mark.slow
 @TRAINED
 def test_pareto_plot_colours_by_mechanism_and_marks_users(store: Store, tmp_path: Path) -> None:
-    r = rep.build_report(store.uri, EXPERIMENT)
-    fig = rp.pareto_figure(r.table)
+    r = report.build_report(store.uri, EXPERIMENT)
+    fig = plots.pareto_figure(r.table)
     texts = _legend_texts(fig)
     assert texts[:4] == [
         "DP-SGD configs (mean ± std over seeds)", "DP-FTRL configs (mean ± std over seeds)",
@@ -154,11 +154,11 @@ def test_pareto_plot_colours_by_mechanism_and_marks_users(store: Store, tmp_path
     assert (blue, "s", eps[("dpsgd", "user", 10)]) in drawn  # user level: a square
     assert sum(marker == "s" for _, marker, _ in drawn) == 1
     ids = store.run_ids
-    labels = rp.run_labels(r, [ids[("off", "", 64)], ids[("dpsgd", "example", 64)], ids[("dpftrl", "example", 64)]])
+    labels = plots.run_labels(r, [ids[("off", "", 64)], ids[("dpsgd", "example", 64)], ids[("dpftrl", "example", 64)]])
     assert "mechanism=dpftrl" in labels[ids[("dpftrl", "example", 64)]]  # curves.png names the mechanism
     assert "mechanism=dpsgd" in labels[ids[("dpsgd", "example", 64)]]
     assert "mechanism" not in labels[ids[("off", "", 64)]] and "non-private" in labels[ids[("off", "", 64)]]
-    path = rp.plot_pareto(r.table, tmp_path / "pareto.png")
+    path = plots.plot_pareto(r.table, tmp_path / "pareto.png")
     with Image.open(path) as img:
         assert img.format == "PNG" and img.size[0] >= 400 and img.size[1] >= 300
         img.verify()
@@ -195,15 +195,15 @@ def test_runs_from_before_the_keys_are_dpsgd_over_examples_and_render_as_before(
     old = log_run(client, experiment_name, DP, {"test_accuracy": 0.6, "epsilon": 3.0})
     new = DP | {"dp.noise_multiplier": "2.0", "dp.mechanism": "dpsgd", "dp.unit": "example"}
     log_run(client, experiment_name, new, {"test_accuracy": 0.5, "epsilon": 1.5}, TAGS)
-    r = rep.build_report(mlflow_uri, experiment_name)
+    r = report.build_report(mlflow_uri, experiment_name)
     row = row_of_run(r.table, old)
     assert (row["mechanism"], row["unit"]) == ("dpsgd", "example")
-    assert list(r.table["mechanism"]) == [None, "dpsgd", "dpsgd"] and not rep.shows_privacy_kinds(r.table)
-    assert rep.swept_params(r.table) == ["dp.noise_multiplier"]  # a missing dp.mechanism is dpsgd: not swept
-    md = rep.render(r, "md")
+    assert list(r.table["mechanism"]) == [None, "dpsgd", "dpsgd"] and not report.shows_privacy_kinds(r.table)
+    assert report.swept_params(r.table) == ["dp.noise_multiplier"]  # a missing dp.mechanism is dpsgd: not swept
+    md = report.render(r, "md")
     assert "mechanism" not in md and "unit" not in md and "Unit:" not in md  # as before these keys
-    assert "mechanism" not in rep.render(r, "csv").splitlines()[0]
-    fig = rp.pareto_figure(r.table)
+    assert "mechanism" not in report.render(r, "csv").splitlines()[0]
+    fig = plots.pareto_figure(r.table)
     assert _legend_texts(fig) == ["Pareto front", "non-private: 90.0%", "configs (mean ± std over seeds)"]
     [ax] = fig.axes
     [configs] = ax.containers  # one errorbar of every private config, in the blue of before
@@ -219,13 +219,13 @@ def test_mechanism_and_unit_fall_back_to_the_tags(mlflow_uri: str, experiment_na
     plain = log_run(
         client, experiment_name, DP | {"dp.noise_multiplier": "3.0"}, {"test_accuracy": 0.5, "epsilon": 1.0}
     )
-    r = rep.build_report(mlflow_uri, experiment_name)
+    r = report.build_report(mlflow_uri, experiment_name)
     assert (row_of_run(r.table, tagged)["mechanism"], row_of_run(r.table, tagged)["unit"]) == ("dpftrl", "user")
     assert (row_of_run(r.table, plain)["mechanism"], row_of_run(r.table, plain)["unit"]) == ("dpsgd", "example")
-    cells = {(c["mechanism"], c["unit"], c["ε"]) for c in markdown_rows(rep.render(r, "md"))}
+    cells = {(c["mechanism"], c["unit"], c["ε"]) for c in markdown_rows(report.render(r, "md"))}
     assert cells == {("—", "—", "—"), ("dpftrl", "user", "6"), ("dpsgd", "example", "1")}
     assert any("dataset.num_users = 40" in n for n in r.notes())
-    front = rep.pareto_front(r.table)  # ε per user and ε per example: a front each, so both are on one
+    front = report.pareto_front(r.table)  # ε per user and ε per example: a front each, so both are on one
     assert sorted(front["unit"]) == ["example", "user"]
-    texts = _legend_texts(rp.pareto_figure(r.table))
+    texts = _legend_texts(plots.pareto_figure(r.table))
     assert "DP-FTRL configs (mean ± std over seeds)" in texts and "ε per user (N = users)" in texts

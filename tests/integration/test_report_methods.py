@@ -17,7 +17,7 @@ import pytest
 from helpers import markdown_rows, row_of_run, trained_store
 from mlflow.tracking import MlflowClient
 
-from dpsweep.analysis import report as rep
+from dpsweep.analysis import report
 from dpsweep.analysis.report.table import config_labels
 
 TRAINED = pytest.mark.xdist_group("report_methods")  # one worker trains the module's runs
@@ -55,7 +55,7 @@ def _params(uri: str, run_id: str) -> dict[str, str]:
 @pytest.mark.slow
 @TRAINED
 def test_each_row_shows_its_method_and_is_compared_with_the_same_methods_baseline(store: Store) -> None:
-    r = rep.build_report(store.uri, EXPERIMENT)
+    r = report.build_report(store.uri, EXPERIMENT)
     assert len(r.table) == 4
     by_config = r.table.set_index("config_id")
     for (method, private), run_id in store.run_ids.items():
@@ -63,19 +63,19 @@ def test_each_row_shows_its_method_and_is_compared_with_the_same_methods_baselin
         assert row["method"] == _params(store.uri, run_id)["task.method"] == method
         if private:  # DPALS against non-private ALS, DPAM against non-private DPAM
             assert by_config.loc[row["baseline_config_id"], "method"] == method
-    md = markdown_rows(rep.render(r, "md"))
+    md = markdown_rows(report.render(r, "md"))
     assert sorted((c["method"], c["accountant"] != "non-private") for c in md) == sorted(store.run_ids)
     assert all(c["model"] == "recommender" for c in md)
-    csv = pd.read_csv(io.StringIO(rep.render(r, "csv")))
+    csv = pd.read_csv(io.StringIO(report.render(r, "csv")))
     assert sorted(csv["method"]) == sorted(m for m, _ in store.run_ids)
-    assert "method" in rep.render(r, "tex") and "<th>method</th>" in rep.render(r, "html")
+    assert "method" in report.render(r, "tex") and "<th>method</th>" in report.render(r, "html")
 
 
 @pytest.mark.slow
 @TRAINED
 def test_a_calibrated_sigma_shows_four_digits_rounded_up_in_the_table_and_the_labels(store: Store) -> None:
-    r = rep.build_report(store.uri, EXPERIMENT)
-    md = markdown_rows(rep.render(r, "md"))  # in the table's order
+    r = report.build_report(store.uri, EXPERIMENT)
+    md = markdown_rows(report.render(r, "md"))  # in the table's order
     labels = config_labels(r.table)
     for method in ("als", "dpam"):
         run_id = store.run_ids[(method, True)]
@@ -87,6 +87,6 @@ def test_a_calibrated_sigma_shows_four_digits_rounded_up_in_the_table_and_the_la
         assert sigma <= float(cell) <= sigma * 1.001, (sigma, cell)
         shown = re.search(r"σ=(\S+)", str(labels[row["config_id"]]))
         assert shown is not None and shown.group(1) == cell, labels  # the same σ in the labels of notes and plots
-    back = pd.read_csv(io.StringIO(rep.render(r, "csv")), float_precision="round_trip")
+    back = pd.read_csv(io.StringIO(report.render(r, "csv")), float_precision="round_trip")
     logged = [float(_params(store.uri, store.run_ids[(m, True)])["dp.noise_multiplier"]) for m in ("als", "dpam")]
     assert sorted(back[back["private"]]["noise_multiplier"]) == sorted(logged)  # CSV: the numbers whole

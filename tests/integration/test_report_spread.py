@@ -13,7 +13,7 @@ import pytest
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-from dpsweep.analysis import report as rep
+from dpsweep.analysis import report
 from dpsweep.analysis.report.table import SPREAD_LIMIT, config_labels
 from dpsweep.cli.report import run
 
@@ -59,7 +59,7 @@ def test_rows_unstable_across_seeds_are_flagged_private_or_not_with_why(
             _log(
                 client, experiment_name, params, {"test_accuracy": score} | ({} if sigma == "off" else {"epsilon": 3.0})
             )
-    r = rep.build_report(mlflow_uri, experiment_name)
+    r = report.build_report(mlflow_uri, experiment_name)
     labels = config_labels(r.table)
     notes = "\n".join(r.notes())
     for sigma, scores in SCORES.items():
@@ -80,8 +80,8 @@ def test_rows_unstable_across_seeds_are_flagged_private_or_not_with_why(
         for run_id in row["run_ids"]:
             assert run_id[:8] in notes.split(why)[1].split("\n")[0]
     for fmt in ("md", "html", "tex"):  # under the table in every format
-        assert f"{labels[_row(r.table, 'off')['config_id']]}: unstable across seeds" in rep.render(r, fmt)
-    csv = pd.read_csv(io.StringIO(rep.render(r, "csv")))
+        assert f"{labels[_row(r.table, 'off')['config_id']]}: unstable across seeds" in report.render(r, fmt)
+    csv = pd.read_csv(io.StringIO(report.render(r, "csv")))
     assert sorted(csv["unstable"]) == sorted(bool(_row(r.table, s)["unstable"]) for s in SCORES)
     run(["--experiment", experiment_name, "--tracking-uri", mlflow_uri, "--format", "csv"])
     assert "unstable across seeds" in capsys.readouterr().err  # CSV: the notes on stderr
@@ -93,6 +93,6 @@ def test_a_table_without_unstable_rows_has_no_flag_column_in_csv(
     """The CSV is as before where no row is flagged; the frame says False for every row."""
     for seed, score in enumerate(SCORES["1.0"]):
         _log(client, experiment_name, DP | {"train.seed": str(seed)}, {"test_accuracy": score, "epsilon": 3.0})
-    r = rep.build_report(mlflow_uri, experiment_name)
+    r = report.build_report(mlflow_uri, experiment_name)
     assert list(r.table["unstable"]) == [False]
-    assert "unstable" not in pd.read_csv(io.StringIO(rep.render(r, "csv"))).columns
+    assert "unstable" not in pd.read_csv(io.StringIO(report.render(r, "csv"))).columns

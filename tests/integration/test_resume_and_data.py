@@ -20,7 +20,7 @@ from torch import nn
 
 from dpsweep.config import CNNConfig, ConfigError, to_config
 from dpsweep.mechanisms import fused
-from dpsweep.models import classifiers as model_zoo
+from dpsweep.models import classifiers
 from dpsweep.plan import config_hash, dataset_facts, prepare
 from dpsweep.run import checkpoint
 from dpsweep.run.runner import train
@@ -186,7 +186,7 @@ C, SIGMA, DIVISOR = 0.5, 1.5, 4.0
 def _steps() -> dict[str, fused.FusedStep]:
     """The example-level and the user-level fused step of the cnn (the vmap way), eager (as on a CPU)."""
     torch.manual_seed(0)
-    model = model_zoo.build(CNNConfig(hidden_units=16), (1, 28, 28), 10)
+    model = classifiers.build(CNNConfig(hidden_units=16), (1, 28, 28), 10)
     loss = nn.CrossEntropyLoss()
     return {
         "example": fused.FusedStep(model, loss, max_grad_norm=C, pad_to=8, mode=None),

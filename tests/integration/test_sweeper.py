@@ -291,11 +291,11 @@ def test_the_failure_policy_waits_for_min_jobs_then_names_the_rate() -> None:
 def test_memory_model_problems_stop_a_sweep_before_any_job(tmp_path: Path) -> None:
     import pandas as pd
 
-    from dpsweep.analysis import memory_model as mm
+    from dpsweep.analysis import memory_model
 
     probes = pd.read_csv(REPO / "analysis" / "data" / "cpu_probes_digits.csv")
-    mm.save_models(tmp_path / "cpu.json", mm.fit_all(probes, "cnn"), meta={})
-    mm.save_models(tmp_path / "gpu.json", mm.fit_all(probes.assign(backend="cuda"), "cnn"), meta={})
+    memory_model.save_models(tmp_path / "cpu.json", memory_model.fit_all(probes, "cnn"), meta={})
+    memory_model.save_models(tmp_path / "gpu.json", memory_model.fit_all(probes.assign(backend="cuda"), "cnn"), meta={})
     cases = [
         (["train.memory_model=cpu.json", "launcher.gpu_memory=1KiB"], "room for at least one example"),
         (["train.memory_model=gpu.json", "launcher.gpu_memory=1GiB"], "the fit of cnn is of cuda probes"),

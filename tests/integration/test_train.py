@@ -20,15 +20,15 @@ from omegaconf import DictConfig
 
 from dpsweep.cli.lines import summary_line
 from dpsweep.config import ConfigError, DigitsConfig, DPConfig, GradSampleMode, flatten, identity, to_config
-from dpsweep.data import loaders as data
+from dpsweep.data import loaders
 from dpsweep.data.loaders import DatasetNotFoundError
 from dpsweep.errors import InputError
 from dpsweep.mechanisms.fused import FusedStep
 from dpsweep.mechanisms.opacus_engine import make_private
 from dpsweep.memory.stages import STAGES, StageRecorder
-from dpsweep.models import classifiers as models
+from dpsweep.models import classifiers
 from dpsweep.privacy import ledger
-from dpsweep.privacy import schedule as privacy
+from dpsweep.privacy.schedule import epsilon, poisson_schedule
 from dpsweep.run.runner import TrainResult, train
 from dpsweep.tracking.monitors import GPU_MEMORY_TAG
 from dpsweep.units import format_bytes
@@ -149,8 +149,8 @@ def test_dp_run_logs_exactly_the_documented_metrics(dp_run: tuple) -> None:  # t
     assert 0 < run.data.metrics["epsilon_prv"] <= run.data.metrics["epsilon_rdp"]
     assert 0 < run.data.metrics["epsilon_pld"] <= run.data.metrics["epsilon_rdp"]
     # before the last epoch, PLD on its coarser grid (an upper bound), within 1e-3 of the run's own
-    schedule, pld = privacy.poisson_schedule(1437, 64), ledger.Accounting("pld")
-    fine = [privacy.epsilon(schedule, result.noise_multiplier, 1e-5, epochs=e, accounting=pld).epsilon for e in (1, 2)]
+    schedule, pld = poisson_schedule(1437, 64), ledger.Accounting("pld")
+    fine = [epsilon(schedule, result.noise_multiplier, 1e-5, epochs=e, accounting=pld).epsilon for e in (1, 2)]
     assert all(f <= e <= f * 1.001 for f, e in zip(fine, eps[:2], strict=True)), (fine, eps)
     assert run.data.tags["dp.unit"] == "example" and run.data.tags["dp.events"] == "1"
     m = run.data.metrics
@@ -178,10 +178,10 @@ def test_the_trained_model_is_returned_and_logged_with_mlflows_pytorch_flavour(
     make_cfg: Composer, client: MlflowClient, experiment_name: str, tmp_path: Path
 ) -> None:
     result = train(make_cfg("train.epochs=1", "tracking.log_model=true"))
-    assert isinstance(result.model, models.OpacusCNN)  # the plain module, not Opacus's wrapper
+    assert isinstance(result.model, classifiers.OpacusCNN)  # the plain module, not Opacus's wrapper
     [run] = runs_of(client, experiment_name)
     assert run.data.tags["model.logged"] == "true"
-    assert int(run.data.tags["model.logged_bytes"]) == 4 * models.trainable_parameters(result.model)
+    assert int(run.data.tags["model.logged_bytes"]) == 4 * classifiers.trainable_parameters(result.model)
     name = run.data.tags["model.name"]  # what it is: digits-cnn-dpsgd-eps…
     assert name.startswith("digits-cnn-dpsgd-eps"), name
     loaded, mlmodel = _logged_model(client, run.info.run_id, name, tmp_path)
@@ -220,7 +220,7 @@ def test_a_size_limit_skips_logging_a_model(make_cfg: Composer, client: MlflowCl
 @VGG
 def test_vgg16_logs_only_its_trained_head(vgg_runs: VggRuns, tmp_path: Path) -> None:
     result = vgg_runs.uncached  # the backbone ran every step; the run logged its model
-    assert isinstance(result.model, models.FrozenVGG16)  # the whole model is returned
+    assert isinstance(result.model, classifiers.FrozenVGG16)  # the whole model is returned
     name = vgg_runs.runs[result.run_id].data.tags["model.name"]
     head, _ = _logged_model(MlflowClient(vgg_runs.store), result.run_id, name, tmp_path)
     assert isinstance(head, torch.nn.Sequential)  # the head alone: the backbone is public ImageNet weights
@@ -337,9 +337,7 @@ def test_system_metrics_are_logged_from_the_configured_delay(
 def test_planner_epsilon_equals_trainer_epsilon(dp_run: tuple) -> None:  # type: ignore[type-arg]
     result, *_ = dp_run
     for accountant in ("rdp", "prv", "pld"):
-        planned = privacy.epsilon(
-            privacy.poisson_schedule(1437, 64), 1.1, 1e-5, epochs=3, accounting=ledger.Accounting(accountant)
-        )
+        planned = epsilon(poisson_schedule(1437, 64), 1.1, 1e-5, epochs=3, accounting=ledger.Accounting(accountant))
         assert planned.epsilon == result.epsilons[accountant]  # exactly: same convention, same maths
         assert planned.steps == result.steps
     assert result.accountant_history == [(1.1, planned.sample_rate, planned.steps)]
@@ -394,8 +392,8 @@ def test_same_seed_same_result(make_cfg: Composer, seed2_run: TrainResult) -> No
 def test_per_sample_clipping_bounds_each_gradient() -> None:
     """Each clipped per-sample gradient has norm <= C, and a batch's summed gradient is the sum of them."""
     torch.manual_seed(0)
-    splits = data.build(DigitsConfig())
-    model = models.build(models.CNNConfig(), splits.input_shape, 10)
+    splits = loaders.build(DigitsConfig())
+    model = classifiers.build(classifiers.CNNConfig(), splits.input_shape, 10)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = torch.utils.data.DataLoader(splits.train, batch_size=64)
     c = 0.05  # small, so that clipping is active for most samples
@@ -430,9 +428,9 @@ def test_every_grad_sample_mode_clips_per_sample_gradients_to_c(mode: GradSample
     """With σ=0 the DP gradient is exactly sum_i min(1, C/|g_i|) g_i / E[B], g_i each sample's own
     gradient by plain autograd (Abadi et al. 2016, Algorithm 1), whichever way Opacus gets |g_i|."""
     torch.manual_seed(0)
-    splits = data.build(DigitsConfig(image_size=16))
-    reference = models.build(models.CNNConfig(hidden_units=16), splits.input_shape, 10)
-    model = models.build(models.CNNConfig(hidden_units=16), splits.input_shape, 10)
+    splits = loaders.build(DigitsConfig(image_size=16))
+    reference = classifiers.build(classifiers.CNNConfig(hidden_units=16), splits.input_shape, 10)
+    model = classifiers.build(classifiers.CNNConfig(hidden_units=16), splits.input_shape, 10)
     model.load_state_dict(reference.state_dict())
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     loader = torch.utils.data.DataLoader(splits.train, batch_size=64)
@@ -589,10 +587,10 @@ def test_memory_model_and_gpu_memory_choose_the_physical_batch(
     """The largest pass predicted to fit the budget; the privacy batch stays B (same steps, same ε)."""
     import pandas as pd
 
-    from dpsweep.analysis import memory_model as mm
+    from dpsweep.analysis import memory_model
 
     reference = REPO / "analysis" / "data" / "cpu_probes_digits.csv"
-    mm.save_models(tmp_path / "m.json", mm.fit_all(pd.read_csv(reference), "cnn"), meta={})
+    memory_model.save_models(tmp_path / "m.json", memory_model.fit_all(pd.read_csv(reference), "cnn"), meta={})
     chosen = ["train.memory_model=m.json", "launcher.gpu_memory=3MiB", "train.batch_size=256", "train.epochs=1"]
     result = train(make_cfg(*chosen))
     plain = train(make_cfg("train.batch_size=256", "train.epochs=1"))

@@ -26,7 +26,7 @@ from helpers import child_runs, process_running, run_dpsweep, service
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from dpsweep.privacy import schedule as privacy
+from dpsweep.privacy import schedule
 from dpsweep.run import checkpoint
 
 SGE_ENV = {"SGE_ROOT": "/var/lib/gridengine", "SGE_CELL": "default"}
@@ -103,7 +103,7 @@ def _assert_three_finished(cwd: Path, proc: subprocess.CompletedProcess[str]) ->
             r.data.metrics
         )
         sigma = float(r.data.params["dp.noise_multiplier"])
-        planned = privacy.epsilon(privacy.poisson_schedule(1437, 64), sigma, 1e-5, epochs=1).epsilon
+        planned = schedule.epsilon(schedule.poisson_schedule(1437, 64), sigma, 1e-5, epochs=1).epsilon
         assert r.data.metrics["epsilon_rdp"] == planned
     # launcher.max_parallel=2: never three runs at once (the scheduler's own view of two at a time is
     # checked by the tests: a loaded machine can start a job's run after the other's has ended)
@@ -154,7 +154,7 @@ def test_slurm_run_across_two_devices_is_one_job_of_two_tasks(tmp_path: Path, sl
     assert proc.returncode == 0 and ": 1 finished, 0 skipped, 0 failed" in proc.stdout, proc.stdout + proc.stderr
     (run,) = finished_runs(tmp_path)
     assert run.info.status == "FINISHED" and run.data.params["train.devices"] == "2"
-    planned = privacy.epsilon(privacy.poisson_schedule(1437, 64), 1.0, 1e-5, epochs=1).epsilon
+    planned = schedule.epsilon(schedule.poisson_schedule(1437, 64), 1.0, 1e-5, epochs=1).epsilon
     assert run.data.metrics["epsilon_rdp"] == planned
     folder = next((tmp_path / "multirun").rglob("*_submission.sh")).parent
     submission = next(folder.glob("*_submission.sh")).read_text()
@@ -187,7 +187,7 @@ def test_slurm_run_across_two_nodes_is_one_job_of_a_task_on_each_node(tmp_path: 
     assert proc.returncode == 0 and ": 1 finished, 0 skipped, 0 failed" in proc.stdout, proc.stdout + proc.stderr
     (run,) = finished_runs(tmp_path)
     assert run.data.params["train.nodes"] == "2" and "train.devices" not in run.data.params
-    planned = privacy.epsilon(privacy.poisson_schedule(1437, 64), 1.0, 1e-5, epochs=1).epsilon
+    planned = schedule.epsilon(schedule.poisson_schedule(1437, 64), 1.0, 1e-5, epochs=1).epsilon
     assert run.data.metrics["epsilon_rdp"] == planned
     folder = next((tmp_path / "multirun").rglob("*_submission.sh")).parent
     submission = next(folder.glob("*_submission.sh")).read_text()
@@ -316,7 +316,7 @@ def test_slurm_requeue_resumes_with_the_same_epsilon(tmp_path: Path, slurm: None
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [run] = finished_runs(tmp_path)
     assert run.info.status == "FINISHED" and int(run.data.tags["resume.count"]) >= 1
-    planned = privacy.epsilon(privacy.poisson_schedule(1437, 64), 1.0, 1e-5, epochs=epochs).epsilon
+    planned = schedule.epsilon(schedule.poisson_schedule(1437, 64), 1.0, 1e-5, epochs=epochs).epsilon
     assert run.data.metrics["epsilon_rdp"] == planned  # the ε of an uninterrupted run of this config
     steps = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_metric_history(run.info.run_id, "epsilon")
     assert sorted({m.step for m in steps}) == list(range(1, epochs + 1))
@@ -362,7 +362,7 @@ def test_a_requeued_packed_job_keeps_its_returned_trial_and_resumes_the_other(tm
     assert sorted(runs) == [1, epochs] and {r.info.status for r in runs.values()} == {"FINISHED"}
     assert "resume.count" not in runs[1].data.tags  # returned before the requeue: not started again
     assert int(runs[epochs].data.tags["resume.count"]) >= 1
-    planned = privacy.epsilon(privacy.poisson_schedule(1437, 64), 1.0, 1e-5, epochs=epochs).epsilon
+    planned = schedule.epsilon(schedule.poisson_schedule(1437, 64), 1.0, 1e-5, epochs=epochs).epsilon
     assert runs[epochs].data.metrics["epsilon_rdp"] == planned  # the ε of an uninterrupted run of this config
 
 

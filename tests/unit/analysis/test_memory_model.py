@@ -23,9 +23,22 @@ import pandas as pd
 import pytest
 from helpers import REPO
 
-from dpsweep.analysis import memory_model as mm
+from dpsweep.analysis import memory_model
 from dpsweep.errors import InputError
-from dpsweep.memory import model as core
+from dpsweep.memory.model import (
+    FEATURES,
+    FORMAT,
+    STAGE_PEAK_TARGETS,
+    TARGETS,
+    MemoryModel,
+    MemoryModelError,
+    expand_columns,
+    feature_help,
+    load_meta,
+    load_models,
+    parse_features,
+    required_columns,
+)
 
 MIB = 2**20
 BASE_BYTES = 12 * MIB
@@ -124,17 +137,17 @@ def assert_same_predictions(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) 
 
 
 @pytest.fixture(scope="module")
-def exact() -> core.MemoryModel:
-    return mm.fit(probes())
+def exact() -> MemoryModel:
+    return memory_model.fit(probes())
 
 
 @pytest.fixture(scope="module")
-def noisy() -> tuple[pd.DataFrame, core.MemoryModel]:
+def noisy() -> tuple[pd.DataFrame, MemoryModel]:
     frame = probes(noise=0.02, seed=1)
-    return frame, mm.fit(frame)
+    return frame, memory_model.fit(frame)
 
 
-def test_least_squares_recovers_the_law(exact: core.MemoryModel) -> None:
+def test_least_squares_recovers_the_law(exact: MemoryModel) -> None:
     coef = exact.coefficients("backward", "least_squares")
     assert set(coef) == set(BACKWARD_LAW) | {"dp:trainable_params"}  # a default feature the law lacks
     assert coef["dp:trainable_params"] == pytest.approx(0.0, abs=1e-6)
@@ -149,12 +162,12 @@ def test_least_squares_recovers_the_law(exact: core.MemoryModel) -> None:
     # exact data: both fits agree, and the held-out error is nil
     envelope = exact.coefficients("backward", "envelope")
     assert envelope == pytest.approx(BACKWARD_LAW | {"dp:trainable_params": 0.0}, rel=1e-6, abs=1e-3)
-    cv = mm.cv_frame(exact)
+    cv = memory_model.cv_frame(exact)
     stages = cv[cv["target"] != "reserved_peak_bytes"]
     assert (stages["max_abs_rel_error"] < 1e-6).all()
 
 
-def test_unidentifiable_columns_are_dropped_and_reported(exact: core.MemoryModel) -> None:
+def test_unidentifiable_columns_are_dropped_and_reported(exact: MemoryModel) -> None:
     # P is linear in hidden_units here, so hidden_units adds nothing to model_load
     dropped = exact.targets["model_load_bytes"].dropped
     assert list(dropped) == ["hidden_units"]
@@ -169,13 +182,13 @@ def test_unidentifiable_columns_are_dropped_and_reported(exact: core.MemoryModel
     # a constant column: every probe with DP off
     off = probes()
     off = off[~off["dp"]]
-    model = mm.fit(off, ["batch_size", "dp", "dp:batch_params"], targets=["backward"])
+    model = memory_model.fit(off, ["batch_size", "dp", "dp:batch_params"], targets=["backward"])
     assert model.targets["backward_bytes"].dropped.keys() == {"dp", "dp:batch_params"}
     assert "constant (0) in every probe" in model.targets["backward_bytes"].dropped["dp"]
     assert model.targets["backward_bytes"].columns == ["const", "batch_size"]
     assert model.targets["backward_bytes"].fixed == {"dp": 0.0, "dp:batch_params": 0.0}
     # the model knows nothing of DP: it refuses to predict DP rows unless told to
-    with pytest.raises(core.MemoryModelError, match=r"dp='1' is invalid: every probe of 'vgg16_frozen' had dp=0"):
+    with pytest.raises(MemoryModelError, match=r"dp='1' is invalid: every probe of 'vgg16_frozen' had dp=0"):
         model.predict(probes())
     assert len(model.predict(probes(), allow_unprobed=True)["backward_bytes"]) == 90
 
@@ -184,7 +197,7 @@ def test_categorical_main_effect_drops_the_most_common_level() -> None:
     frame = probes()
     frame = frame[frame["grad_sample_mode"] != "ghost"]
     frame = pd.concat([frame, frame[frame["dp"]]])  # hooks now the most common level
-    columns = core.expand_columns(frame, ["grad_sample_mode", "grad_sample_mode:batch_params"])
+    columns = expand_columns(frame, ["grad_sample_mode", "grad_sample_mode:batch_params"])
     assert columns == [
         "const",
         "grad_sample_mode[none]",
@@ -193,11 +206,11 @@ def test_categorical_main_effect_drops_the_most_common_level() -> None:
     ]
 
 
-def test_envelope_covers_every_probe_with_least_over_prediction(noisy: tuple[pd.DataFrame, core.MemoryModel]) -> None:
+def test_envelope_covers_every_probe_with_least_over_prediction(noisy: tuple[pd.DataFrame, MemoryModel]) -> None:
     frame, model = noisy
     envelope = model.predict(frame)
     least = model.predict(frame, fit="least_squares")
-    for target in core.TARGETS:
+    for target in TARGETS:
         observed = frame[target].to_numpy()
         assert (envelope[target] >= observed).all(), target
         shifted = least[target] + np.max(observed - least[target])
@@ -207,49 +220,49 @@ def test_envelope_covers_every_probe_with_least_over_prediction(noisy: tuple[pd.
         assert over_envelope < over_shifted  # noisy data: LS shifted is not the optimum
 
 
-def test_held_out_error_with_noise(noisy: tuple[pd.DataFrame, core.MemoryModel]) -> None:
+def test_held_out_error_with_noise(noisy: tuple[pd.DataFrame, MemoryModel]) -> None:
     _, model = noisy
-    frame = mm.cv_frame(model)
+    frame = memory_model.cv_frame(model)
     cv = frame.set_index(["target", "fit"])
     assert list(frame.columns) == [
         "model", "backend", "target", "fit", "n_probes", "folds",
         "mean_abs_rel_error", "max_abs_rel_error", "share_under_predicted", "max_under_fraction",
     ]  # fmt: skip
-    assert len(frame) == len(model.cv_records) == 2 * len(core.TARGETS)
+    assert len(frame) == len(model.cv_records) == 2 * len(TARGETS)
     assert (frame["folds"] == 5).all() and (frame["n_probes"] == 90).all()
-    for target in core.TARGETS:
+    for target in TARGETS:
         assert cv.loc[(target, "least_squares"), "mean_abs_rel_error"] < 0.04, target
         assert cv.loc[(target, "envelope"), "share_under_predicted"] <= 0.2, target
         assert cv.loc[(target, "envelope"), "max_under_fraction"] < 0.05, target
         # LS under-predicts about half the held-out probes; the envelope far fewer
         assert cv.loc[(target, "least_squares"), "share_under_predicted"] > 0.3, target
     preds = model.cv_predictions
-    assert preds is not None and list(preds) == mm.PREDICTION_COLUMNS
-    assert len(preds["fold"]) == 90 * 2 * len(core.TARGETS)
+    assert preds is not None and list(preds) == memory_model.PREDICTION_COLUMNS
+    assert len(preds["fold"]) == 90 * 2 * len(TARGETS)
     assert sorted(np.unique(preds["fold"]).tolist()) == [0, 1, 2, 3, 4]
     # deterministic folds
-    again = mm.fit(noisy[0])
-    pd.testing.assert_frame_equal(mm.cv_frame(again), frame)
+    again = memory_model.fit(noisy[0])
+    pd.testing.assert_frame_equal(memory_model.cv_frame(again), frame)
 
 
 def test_fit_all_fits_each_model_and_names_a_missing_one() -> None:
     vgg = probes()
     cnn = probes(noise=0.01).assign(model="cnn", trainable_params=26010, hidden_units=0)
     both = pd.concat([vgg, cnn], ignore_index=True)
-    models = mm.fit_all(both)
+    models = memory_model.fit_all(both)
     assert sorted(models) == ["cnn", "vgg16_frozen"]
     assert models["cnn"].n_probes == models["vgg16_frozen"].n_probes == 90
     assert "trainable_params" in models["cnn"].targets["model_load_bytes"].dropped  # one P for cnn
-    assert list(mm.fit_all(both, "cnn")) == ["cnn"]
-    assert set(mm.cv_table(models)["model"]) == {"cnn", "vgg16_frozen"}
+    assert list(memory_model.fit_all(both, "cnn")) == ["cnn"]
+    assert set(memory_model.cv_table(models)["model"]) == {"cnn", "vgg16_frozen"}
     with pytest.raises(
-        core.MemoryModelError, match=r"model='resnet' is invalid: no probes.*models probed: cnn, vgg16_frozen"
+        MemoryModelError, match=r"model='resnet' is invalid: no probes.*models probed: cnn, vgg16_frozen"
     ):
-        mm.fit_all(both, "resnet")
+        memory_model.fit_all(both, "resnet")
     with pytest.raises(
-        core.MemoryModelError, match=r"model='cnn, vgg16_frozen' is invalid: fit\(\) takes the probes of one model"
+        MemoryModelError, match=r"model='cnn, vgg16_frozen' is invalid: fit\(\) takes the probes of one model"
     ):
-        mm.fit(both)
+        memory_model.fit(both)
 
 
 def test_each_model_is_checked_on_its_own_probes_before_any_is_fitted() -> None:
@@ -257,19 +270,17 @@ def test_each_model_is_checked_on_its_own_probes_before_any_is_fitted() -> None:
     cnn = probes().assign(model="cnn", backend="cpu-tensors")
     cnn.loc[:2, "backend"] = "cuda"  # the CNN's probes mix backends; the VGG's do not
     both = pd.concat([vgg, cnn], ignore_index=True)
-    assert list(mm.fit_all(both, "vgg16_frozen")) == ["vgg16_frozen"]
-    with pytest.raises(
-        core.MemoryModelError, match=r"backend='cpu-tensors \(87 probes\), cuda \(3 probes\)' is invalid"
-    ):
-        mm.fit_all(both)
+    assert list(memory_model.fit_all(both, "vgg16_frozen")) == ["vgg16_frozen"]
+    with pytest.raises(MemoryModelError, match=r"backend='cpu-tensors \(87 probes\), cuda \(3 probes\)' is invalid"):
+        memory_model.fit_all(both)
     few = pd.concat([vgg, probes().sample(8, random_state=0).assign(model="zz_small")], ignore_index=True)
-    with pytest.raises(core.MemoryModelError, match=r"8 probes of model 'zz_small' are too few"):
-        mm.fit_all(few)  # checked before vgg16_frozen (sorted first) is fitted
+    with pytest.raises(MemoryModelError, match=r"8 probes of model 'zz_small' are too few"):
+        memory_model.fit_all(few)  # checked before vgg16_frozen (sorted first) is fitted
     bad = probes()
     bad.loc[3, "reserved_peak_bytes"] = np.nan
     nan_row = r"reserved_peak_bytes='nan' is invalid: 1 row\(s\).*\(probes of model 'vgg16_frozen'\)"
-    with pytest.raises(core.MemoryModelError, match=nan_row):
-        mm.fit_all(bad)
+    with pytest.raises(MemoryModelError, match=nan_row):
+        memory_model.fit_all(bad)
 
 
 def test_probe_tables_with_empty_text_cells_read_fit_and_save(tmp_path: Path) -> None:
@@ -278,16 +289,16 @@ def test_probe_tables_with_empty_text_cells_read_fit_and_save(tmp_path: Path) ->
     frame["torch_version"] = ""
     frame["grad_sample_mode"] = frame["grad_sample_mode"].replace("hooks", "None")  # pandas' default NA word
     frame.to_csv(tmp_path / "p.csv", index=False)
-    read = mm.read_probes(tmp_path / "p.csv")
+    read = memory_model.read_probes(tmp_path / "p.csv")
     assert set(read["grad_sample_mode"]) == {"none", "None", "ghost"} and set(read["torch_version"]) == {""}
     assert read["dp"].dtype == bool and read["batch_size"].dtype.kind == "i"
-    models = mm.fit_all(read)
+    models = memory_model.fit_all(read)
     assert models["vgg16_frozen"].provenance["device_name"] == ["", "NVIDIA H100"]
-    saved = core.load_models(mm.save_models(tmp_path / "m.json", models, {}))["vgg16_frozen"]
+    saved = load_models(memory_model.save_models(tmp_path / "m.json", models, {}))["vgg16_frozen"]
     assert saved.levels["grad_sample_mode"] == ["None", "ghost", "none"]
 
 
-def test_predictions_outside_the_probes_are_flagged(exact: core.MemoryModel) -> None:
+def test_predictions_outside_the_probes_are_flagged(exact: MemoryModel) -> None:
     inside = configs().iloc[[0]]
     assert exact.ranges["batch_size"] == [16.0, 128.0] and exact.ranges["dp"] == [0.0, 1.0]
     assert exact.outside_probed(inside) == []
@@ -299,61 +310,59 @@ def test_predictions_outside_the_probes_are_flagged(exact: core.MemoryModel) -> 
     ]
     # a flag that is not a feature is still recorded: a DP-only fit knows nothing of non-DP runs
     frame = probes()
-    dp_only = mm.fit(frame[frame["dp"]], ["trainable_params", "batch_params", "input_pixels", "batch_size"])
+    dp_only = memory_model.fit(frame[frame["dp"]], ["trainable_params", "batch_params", "input_pixels", "batch_size"])
     assert dp_only.outside_probed(inside.assign(dp=False, grad_sample_mode="none")) == [
         "dp=0 is outside the probed 1",
         "grad_sample_mode=none was never probed (probed: ghost, hooks)",
     ]
-    again = core.MemoryModel.from_json(json.loads(json.dumps(dp_only.to_json())))
+    again = MemoryModel.from_json(json.loads(json.dumps(dp_only.to_json())))
     assert again.ranges == dp_only.ranges
 
 
 def test_too_few_probes_says_how_many_are_needed() -> None:
     frame = probes().sample(8, random_state=0)
-    with pytest.raises(core.MemoryModelError) as err:
-        mm.fit(frame)
+    with pytest.raises(MemoryModelError) as err:
+        memory_model.fit(frame)
     message = str(err.value)
     assert "8 probes of model 'vgg16_frozen' are too few" in message
     assert "7 feature(s) (trainable_params, dp:trainable_params, input_pixels, batch_size, dp:batch_params" in message
     assert "at least 13 probes" in message  # 10 columns (3 grad-sample-mode levels): 13 − ⌈13/5⌉ = 10
-    assert mm.min_probes(7) == 9 and mm.min_probes(1) == 2 and mm.min_probes(3) == 4
-    ok = mm.fit(probes().iloc[::10], targets=["model_load"])  # 9 probes, 2 columns
+    assert memory_model.min_probes(7) == 9 and memory_model.min_probes(1) == 2 and memory_model.min_probes(3) == 4
+    ok = memory_model.fit(probes().iloc[::10], targets=["model_load"])  # 9 probes, 2 columns
     assert ok.n_probes == 9
 
 
 def test_validation_errors_name_the_problem() -> None:
     frame = probes()
     with pytest.raises(
-        core.MemoryModelError, match=r"features='batch_sise' is invalid: unknown memory feature; valid: .*batch_size"
+        MemoryModelError, match=r"features='batch_sise' is invalid: unknown memory feature; valid: .*batch_size"
     ):
-        mm.fit(frame, ["batch_sise"])
-    with pytest.raises(core.MemoryModelError, match=r"features='nope' is invalid: unknown memory feature in 'dp:nope'"):
-        mm.fit(frame, ["dp:nope"])
-    assert issubclass(core.MemoryModelError, InputError) and issubclass(core.MemoryModelError, ValueError)
+        memory_model.fit(frame, ["batch_sise"])
+    with pytest.raises(MemoryModelError, match=r"features='nope' is invalid: unknown memory feature in 'dp:nope'"):
+        memory_model.fit(frame, ["dp:nope"])
+    assert issubclass(MemoryModelError, InputError) and issubclass(MemoryModelError, ValueError)
     mixed = frame.copy()
     mixed.loc[:9, "backend"] = "cpu-tensors"
-    with pytest.raises(core.MemoryModelError, match=r"cpu-tensors \(10 probes\), cuda \(80 probes\).*separately"):
-        mm.fit(mixed)
-    with pytest.raises(core.MemoryModelError, match=r"separately"):
-        mm.fit_all(mixed)
+    with pytest.raises(MemoryModelError, match=r"cpu-tensors \(10 probes\), cuda \(80 probes\).*separately"):
+        memory_model.fit(mixed)
+    with pytest.raises(MemoryModelError, match=r"separately"):
+        memory_model.fit_all(mixed)
     with pytest.raises(
-        core.MemoryModelError, match=r"probes='trainable_params, reserved_peak_bytes' is invalid: missing column"
+        MemoryModelError, match=r"probes='trainable_params, reserved_peak_bytes' is invalid: missing column"
     ):
-        mm.fit(frame.drop(columns=["trainable_params", "reserved_peak_bytes"]))
+        memory_model.fit(frame.drop(columns=["trainable_params", "reserved_peak_bytes"]))
     gap = frame.copy()
     gap.loc[3, "backward_bytes"] = np.nan
-    with pytest.raises(core.MemoryModelError, match=r"backward_bytes='nan' is invalid: 1 row\(s\) are not finite"):
-        mm.fit(gap)
+    with pytest.raises(MemoryModelError, match=r"backward_bytes='nan' is invalid: 1 row\(s\) are not finite"):
+        memory_model.fit(gap)
     flags = frame.assign(dp=frame["dp"].map({True: "yes", False: "no"}))
-    with pytest.raises(core.MemoryModelError, match=r"dp='no, yes' is invalid: must be a flag"):
-        mm.fit(flags)
-    with pytest.raises(
-        core.MemoryModelError, match=r"target='peak' is invalid: unknown memory target; valid: model_load"
-    ):
-        mm.fit(frame, targets=["peak"])
+    with pytest.raises(MemoryModelError, match=r"dp='no, yes' is invalid: must be a flag"):
+        memory_model.fit(flags)
+    with pytest.raises(MemoryModelError, match=r"target='peak' is invalid: unknown memory target; valid: model_load"):
+        memory_model.fit(frame, targets=["peak"])
 
 
-def test_dp_given_as_strings_or_numbers(exact: core.MemoryModel) -> None:
+def test_dp_given_as_strings_or_numbers(exact: MemoryModel) -> None:
     frame = probes()
     as_text = frame.assign(dp=frame["dp"].map({True: "True", False: "False"}))
     as_int = frame.assign(dp=frame["dp"].astype(int))
@@ -361,102 +370,105 @@ def test_dp_given_as_strings_or_numbers(exact: core.MemoryModel) -> None:
         assert_same_predictions(exact.predict(other), exact.predict(frame))
 
 
-def test_predict_checks_its_rows(exact: core.MemoryModel) -> None:
+def test_predict_checks_its_rows(exact: MemoryModel) -> None:
     rows = configs()
     unseen = rows.assign(grad_sample_mode=rows["grad_sample_mode"].replace("ghost", "ew"))
-    with pytest.raises(
-        core.MemoryModelError, match=r"grad_sample_mode='ew' is invalid: no probe of 'vgg16_frozen' had it"
-    ):
+    with pytest.raises(MemoryModelError, match=r"grad_sample_mode='ew' is invalid: no probe of 'vgg16_frozen' had it"):
         exact.predict(unseen)
-    with pytest.raises(
-        core.MemoryModelError, match=r"model='cnn' is invalid: these rows are not of model 'vgg16_frozen'"
-    ):
+    with pytest.raises(MemoryModelError, match=r"model='cnn' is invalid: these rows are not of model 'vgg16_frozen'"):
         exact.predict(rows.assign(model="cnn"))
-    with pytest.raises(core.MemoryModelError, match=r"probes='width' is invalid: missing column"):
+    with pytest.raises(MemoryModelError, match=r"probes='width' is invalid: missing column"):
         exact.predict(rows.drop(columns=["width"]))
     with pytest.raises(
-        core.MemoryModelError, match=r"fit='median' is invalid: unknown memory fit; valid: envelope, least_squares"
+        MemoryModelError, match=r"fit='median' is invalid: unknown memory fit; valid: envelope, least_squares"
     ):
         exact.predict(rows, fit="median")
     # model_load needs only P: a table (here a dict of numpy columns) with P alone will do
     only = exact.predict({"trainable_params": np.array([head_params(100)])}, targets=["model_load"])
     assert only["model_load_bytes"][0] == pytest.approx(BASE_BYTES + 4 * head_params(100), rel=1e-9)
-    with pytest.raises(core.MemoryModelError, match=r"columns of equal length"):
+    with pytest.raises(MemoryModelError, match=r"columns of equal length"):
         exact.predict({"trainable_params": np.array([1, 2]), "batch_size": np.array([1])}, targets=["model_load"])
 
 
-def test_json_round_trip_predicts_identically(noisy: tuple[pd.DataFrame, core.MemoryModel], tmp_path: Path) -> None:
+def test_json_round_trip_predicts_identically(noisy: tuple[pd.DataFrame, MemoryModel], tmp_path: Path) -> None:
     frame, model = noisy
-    other = mm.fit(probes(noise=0.01).assign(model="cnn", trainable_params=26010))
-    path = mm.save_models(tmp_path / "models" / "memory.json", {"vgg16_frozen": model, "cnn": other}, {"git": "abc"})
-    loaded = core.load_models(path)
+    other = memory_model.fit(probes(noise=0.01).assign(model="cnn", trainable_params=26010))
+    path = memory_model.save_models(
+        tmp_path / "models" / "memory.json", {"vgg16_frozen": model, "cnn": other}, {"git": "abc"}
+    )
+    loaded = load_models(path)
     assert sorted(loaded) == ["cnn", "vgg16_frozen"]
-    assert core.load_meta(path) == {"git": "abc"}
+    assert load_meta(path) == {"git": "abc"}
     again = loaded["vgg16_frozen"]
-    for fit in mm.FITS:
+    for fit in memory_model.FITS:
         assert_same_predictions(again.predict(frame, fit=fit), model.predict(frame, fit=fit))
-    pd.testing.assert_frame_equal(mm.cv_frame(again), mm.cv_frame(model))
+    pd.testing.assert_frame_equal(memory_model.cv_frame(again), memory_model.cv_frame(model))
     assert again.cv_records == model.cv_records and again.cv_predictions is None  # predictions are not saved
     assert again.targets == model.targets and again.levels == model.levels
     assert again.provenance["device_name"] == ["NVIDIA H100"]
     assert json.loads(path.read_text())["format"] == "dpsweep-memory-model/1"
-    assert core.MemoryModel.from_json(model.to_json()).targets == model.targets
+    assert MemoryModel.from_json(model.to_json()).targets == model.targets
 
 
 def test_model_files_fail_clearly(tmp_path: Path) -> None:
-    with pytest.raises(core.MemoryModelError, match=r"path='.*absent.json' is invalid: no such file"):
-        core.load_models(tmp_path / "absent.json")
+    with pytest.raises(MemoryModelError, match=r"path='.*absent.json' is invalid: no such file"):
+        load_models(tmp_path / "absent.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(core.MemoryModelError, match=r"bad.json' is invalid: not JSON"):
-        core.load_models(bad)
+    with pytest.raises(MemoryModelError, match=r"bad.json' is invalid: not JSON"):
+        load_models(bad)
     wrong = tmp_path / "wrong.json"
     wrong.write_text(json.dumps({"format": "something-else/2", "models": {}}))
-    with pytest.raises(core.MemoryModelError, match=r"format 'something-else/2' is not a memory model file"):
-        core.load_models(wrong)
-    with pytest.raises(core.MemoryModelError, match=r"format=None is invalid: not a memory model"):
-        core.MemoryModel.from_json({"model": "cnn"})
+    with pytest.raises(MemoryModelError, match=r"format 'something-else/2' is not a memory model file"):
+        load_models(wrong)
+    with pytest.raises(MemoryModelError, match=r"format=None is invalid: not a memory model"):
+        MemoryModel.from_json({"model": "cnn"})
     broken = tmp_path / "broken.json"
-    broken.write_text(json.dumps({"format": core.FORMAT, "models": {"cnn": {"format": core.FORMAT, "model": "cnn"}}}))
-    with pytest.raises(core.MemoryModelError, match=r"malformed memory model: KeyError"):
-        core.load_models(broken)
+    broken.write_text(json.dumps({"format": FORMAT, "models": {"cnn": {"format": FORMAT, "model": "cnn"}}}))
+    with pytest.raises(MemoryModelError, match=r"malformed memory model: KeyError"):
+        load_models(broken)
 
 
-def test_formula_shows_units(exact: core.MemoryModel) -> None:
-    text = mm.formula(exact, "backward", "least_squares")
+def test_formula_shows_units(exact: MemoryModel) -> None:
+    text = memory_model.formula(exact, "backward", "least_squares")
     assert text.startswith("backward ≈ 12 MiB + 8 B × trainable_params + 4 B × input_pixels + 2 KiB × batch_size")
     assert "+ 4 B × dp:batch_params" in text
     assert "- 3 B × grad_sample_mode[ghost]:batch_params" in text
-    assert mm.formula(exact, "model_load_bytes", "least_squares") == "model_load ≈ 12 MiB + 4 B × trainable_params"
+    assert (
+        memory_model.formula(exact, "model_load_bytes", "least_squares")
+        == "model_load ≈ 12 MiB + 4 B × trainable_params"
+    )
 
 
 @pytest.mark.slow
-def test_residual_plot_writes_a_png(noisy: tuple[pd.DataFrame, core.MemoryModel], tmp_path: Path) -> None:
+def test_residual_plot_writes_a_png(noisy: tuple[pd.DataFrame, MemoryModel], tmp_path: Path) -> None:
     _, model = noisy
     assert model.cv_predictions is not None
-    path = mm.residual_plot(model.cv_predictions, tmp_path / "plots" / "residuals.png")
+    path = memory_model.residual_plot(model.cv_predictions, tmp_path / "plots" / "residuals.png")
     data = path.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
-    several = mm.residual_plot(mm.cv_predictions_table({"a": model, "b": model}), tmp_path / "several.png")
+    several = memory_model.residual_plot(
+        memory_model.cv_predictions_table({"a": model, "b": model}), tmp_path / "several.png"
+    )
     assert several.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
-    with pytest.raises(core.MemoryModelError, match="no held-out predictions"):
-        mm.residual_plot({k: v[:0] for k, v in model.cv_predictions.items()}, tmp_path / "empty.png")
+    with pytest.raises(MemoryModelError, match="no held-out predictions"):
+        memory_model.residual_plot({k: v[:0] for k, v in model.cv_predictions.items()}, tmp_path / "empty.png")
 
 
 def test_feature_registry_and_help() -> None:
-    assert core.FEATURES.names() == [
+    assert FEATURES.names() == [
         "batch_params", "batch_size", "dp", "grad_sample_mode", "hidden_units", "input_pixels", "trainable_params"
     ]  # fmt: skip
-    assert "a:b" in core.feature_help()
-    assert core.parse_features(["const", "dp : batch_params", "dp:batch_params", "batch_size"]) == [
+    assert "a:b" in feature_help()
+    assert parse_features(["const", "dp : batch_params", "dp:batch_params", "batch_size"]) == [
         "dp:batch_params",
         "batch_size",
     ]
-    assert core.required_columns(["input_pixels", "grad_sample_mode[ghost]:batch_params"]) == [
+    assert required_columns(["input_pixels", "grad_sample_mode[ghost]:batch_params"]) == [
         "batch_size", "channels", "height", "width", "grad_sample_mode", "trainable_params"
     ]  # fmt: skip
-    with pytest.raises(core.MemoryModelError, match="empty feature name"):
-        core.parse_features(["dp:"])
+    with pytest.raises(MemoryModelError, match="empty feature name"):
+        parse_features(["dp:"])
 
 
 REFERENCE = REPO / "analysis" / "data" / "cpu_probes_digits.csv"
@@ -467,7 +479,7 @@ def test_reference_probes_fit_the_physics_of_fp32_training() -> None:
     load; weights, gradients and momentum (12 B per parameter) after the step, plus DP-SGD's
     per-sample gradients (4 B per example and parameter) and its summed gradient (4 B per parameter)."""
     probes = pd.read_csv(REFERENCE)
-    models = mm.fit_all(probes)
+    models = memory_model.fit_all(probes)
     assert set(models) == {"cnn", "vgg16_frozen"}
     for model in models.values():
         load = model.coefficients("model_load", "least_squares")
@@ -497,7 +509,7 @@ def test_gpu_reference_probes_fit_the_physics_of_fp32_dp_sgd() -> None:
     per-sample gradients) that ghost clipping never materialises."""
     probes = pd.read_csv(GPU_REFERENCE)
     assert set(probes["backend"]) == {"cuda"} and set(probes["device_name"]) == {"NVIDIA H100 80GB HBM3"}
-    models = mm.fit_all(probes, targets=LEVELS)
+    models = memory_model.fit_all(probes, targets=LEVELS)
     assert set(models) == {"cnn", "vgg16_frozen"}
     for model in models.values():
         assert model.coefficients("model_load", "least_squares")["trainable_params"] == pytest.approx(4.0, rel=0.02)
@@ -516,7 +528,7 @@ def test_gpu_stage_levels_are_predicted_within_2_percent_from_24_probes() -> Non
         chosen = bench.fitted_positions(block, 24, 0, "corners")
         fitted, held_out = block.iloc[chosen], block.drop(block.index[chosen])
         assert len(fitted) == 24 and len(held_out) == len(block) - 24
-        predicted = mm.fit(fitted, targets=LEVELS).predict(held_out, targets=LEVELS)
+        predicted = memory_model.fit(fitted, targets=LEVELS).predict(held_out, targets=LEVELS)
         for target in LEVELS:
             observed = held_out[target].to_numpy(dtype=float)
             rel = (predicted[target] - observed) / observed
@@ -538,39 +550,39 @@ def test_gpu_peak_goals_are_met_from_24_corner_probes_with_stage_peaks() -> None
     by more than 2%. Planning from the in-stage peaks is what meets them: a linear fit of the iteration
     peak itself (a maximum of transients) misses on the cnn."""
     bench = _memory_fit_benchmark()
-    probes = mm.read_probes(GPU_REFERENCE)
+    probes = memory_model.read_probes(GPU_REFERENCE)
     results = {r["model"]: r for r in bench.evaluate(probes)}
     assert set(results) == {"cnn", "vgg16_frozen"}
     for r in results.values():
         assert r["probes_fitted"] == 24 and r["probes_held_out"] == 30, r
-        assert r["peak_from"] == list(core.STAGE_PEAK_TARGETS), r
+        assert r["peak_from"] == list(STAGE_PEAK_TARGETS), r
         assert r["passed"] and r["mean_rel_error"] <= 0.05 and r["max_under_prediction"] <= 0.02, r
-    whole_peak = {r["model"]: r for r in bench.evaluate(probes.drop(columns=list(core.STAGE_PEAK_TARGETS)))}
+    whole_peak = {r["model"]: r for r in bench.evaluate(probes.drop(columns=list(STAGE_PEAK_TARGETS)))}
     assert whole_peak["cnn"]["peak_from"] == ["iteration_peak_bytes"]
     assert not whole_peak["cnn"]["passed"], whole_peak["cnn"]
 
 
-def test_plans_use_the_allocated_peaks_not_the_reserved_one(exact: core.MemoryModel) -> None:
+def test_plans_use_the_allocated_peaks_not_the_reserved_one(exact: MemoryModel) -> None:
     """The caching allocator gives cached segments back and retries before it runs out, so the
     reserved peak is reported but not planned with; the CUDA plan keeps a headroom instead."""
-    from dpsweep.memory import predict as mp
+    from dpsweep.memory import predict
 
     stages = {t: float(v[0]) for t, v in exact.predict(configs().iloc[[0]]).items()}
     assert stages["reserved_peak_bytes"] > stages["iteration_peak_bytes"]  # the allocator keeps whole segments
     assert "reserved_peak_bytes" not in exact.peak_targets()
-    assert mp.planned_peak(exact, stages) == max(stages[t] for t in exact.peak_targets())
-    allocated_only = mm.fit(probes(), targets=["iteration_peak"])
-    assert mp.planned_peak(allocated_only, stages) == stages["iteration_peak_bytes"]
+    assert predict.planned_peak(exact, stages) == max(stages[t] for t in exact.peak_targets())
+    allocated_only = memory_model.fit(probes(), targets=["iteration_peak"])
+    assert predict.planned_peak(allocated_only, stages) == stages["iteration_peak_bytes"]
 
 
-def test_cuda_plans_keep_a_headroom_for_the_allocator_and_the_cpu_twin_none(exact: core.MemoryModel) -> None:
-    from dpsweep.memory import predict as mp
+def test_cuda_plans_keep_a_headroom_for_the_allocator_and_the_cpu_twin_none(exact: MemoryModel) -> None:
+    from dpsweep.memory import predict
 
     assert exact.backend == "cuda"
-    assert mp.usable_bytes(exact, 1_000_000) == pytest.approx(1_000_000 * (1 - mp.ALLOCATOR_HEADROOM["cuda"]))
-    assert mp.ALLOCATOR_HEADROOM["cuda"] > 0
+    assert predict.usable_bytes(exact, 1_000_000) == pytest.approx(1_000_000 * (1 - predict.ALLOCATOR_HEADROOM["cuda"]))
+    assert predict.ALLOCATOR_HEADROOM["cuda"] > 0
     twin = dataclasses.replace(exact, backend="cpu-tensors")
-    assert mp.usable_bytes(twin, 1_000_000) == 1_000_000
+    assert predict.usable_bytes(twin, 1_000_000) == 1_000_000
 
 
 # What a run does with a model file, in a fresh interpreter: load it and predict one config's row.
@@ -590,14 +602,12 @@ print(json.dumps({"stages": stages, "typical": typical, "peak": memory_predict.p
 """
 
 
-def test_a_run_loads_and_predicts_with_numpy_alone(
-    noisy: tuple[pd.DataFrame, core.MemoryModel], tmp_path: Path
-) -> None:
+def test_a_run_loads_and_predicts_with_numpy_alone(noisy: tuple[pd.DataFrame, MemoryModel], tmp_path: Path) -> None:
     """A model fitted and saved by analysis, loaded by the core in a fresh process that imports
     neither pandas nor scipy (nor anything of dpsweep.analysis), predicts the bytes its fitted
     coefficients give by hand, and exactly what the freshly fitted model predicts."""
     _, model = noisy
-    path = mm.save_models(tmp_path / "m.json", {"vgg16_frozen": model}, {})
+    path = memory_model.save_models(tmp_path / "m.json", {"vgg16_frozen": model}, {})
     b, p, h = 64, head_params(128), 128
     row = {"model": "vgg16_frozen", "hidden_units": h, "batch_size": b, "channels": 1, "height": 28, "width": 28,
            "trainable_params": p, "dp": True, "grad_sample_mode": "ghost"}  # fmt: skip
@@ -611,14 +621,14 @@ def test_a_run_loads_and_predicts_with_numpy_alone(
         "batch_size": b, "dp:batch_params": b * p, "batch_params": b * p, "grad_sample_mode[ghost]:batch_params": b * p,
         "dp:input_pixels": b * 28 * 28,
     }  # fmt: skip
-    fresh = {fit: model.predict({c: np.array([v]) for c, v in row.items()}, fit=fit) for fit in mm.FITS}
+    fresh = {fit: model.predict({c: np.array([v]) for c, v in row.items()}, fit=fit) for fit in memory_model.FITS}
     for fit, predicted in (("envelope", out["stages"]), ("least_squares", out["typical"])):
-        assert list(predicted) == list(core.TARGETS)
+        assert list(predicted) == list(TARGETS)
         for target, got in predicted.items():
             coefs = model.coefficients(target, fit)
             assert got == pytest.approx(sum(w * by_hand[c] for c, w in coefs.items()), rel=1e-12), (fit, target)
             assert got == fresh[fit][target][0], (fit, target)
-    planned = core.STAGE_PEAK_TARGETS  # the stage peaks replace the iteration peak; the reserved one is not planned
+    planned = STAGE_PEAK_TARGETS  # the stage peaks replace the iteration peak; the reserved one is not planned
     assert out["peak"] == max(out["stages"][t] for t in planned)
 
 
@@ -639,22 +649,22 @@ def test_a_peak_that_is_a_maximum_is_planned_from_the_stage_peaks() -> None:
     laws = law(frame)
     pixels = (frame["batch_size"] * frame["channels"] * frame["height"] * frame["width"]).to_numpy(float)
     laws["forward_peak_bytes"] = laws["batch_load_bytes"] + 6000 * pixels  # a frozen backbone's maps
-    laws["iteration_peak_bytes"] = np.max(np.stack([laws[t] for t in core.STAGE_PEAK_TARGETS]), axis=0)
+    laws["iteration_peak_bytes"] = np.max(np.stack([laws[t] for t in STAGE_PEAK_TARGETS]), axis=0)
     for column, values in laws.items():
         frame[column] = values
-    winners = np.argmax(np.stack([laws[t] for t in core.STAGE_PEAK_TARGETS]), axis=0)
+    winners = np.argmax(np.stack([laws[t] for t in STAGE_PEAK_TARGETS]), axis=0)
     assert len(set(winners.tolist())) >= 2  # the maximum changes hands inside the grid
     order = np.random.default_rng(0).permutation(len(frame))
     fitted, held_out = frame.iloc[order[:24]], frame.iloc[order[24:]]
     observed = held_out["iteration_peak_bytes"].to_numpy()
 
-    staged = mm.fit(fitted)
-    assert staged.peak_targets() == list(core.STAGE_PEAK_TARGETS)
+    staged = memory_model.fit(fitted)
+    assert staged.peak_targets() == list(STAGE_PEAK_TARGETS)
     rel = staged.predict_peak(held_out) / observed - 1
     assert np.abs(rel).max() < 1e-6
 
-    old = mm.fit(fitted.drop(columns=list(core.STAGE_PEAK_TARGETS)))  # probes from before stage peaks
+    old = memory_model.fit(fitted.drop(columns=list(STAGE_PEAK_TARGETS)))  # probes from before stage peaks
     assert old.peak_targets() == ["iteration_peak_bytes"]
-    assert sorted(old.targets) == sorted(set(core.TARGETS) - set(core.STAGE_PEAK_TARGETS))
+    assert sorted(old.targets) == sorted(set(TARGETS) - set(STAGE_PEAK_TARGETS))
     rel_old = old.predict_peak(held_out) / observed - 1
     assert np.abs(rel_old).max() > 0.05  # the linear fit of a maximum misses

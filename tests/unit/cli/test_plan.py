@@ -12,7 +12,7 @@ from hydra import initialize_config_module
 
 from dpsweep.cli.plan import expand_sweep, format_table, main, plan
 from dpsweep.launchers.expand import expand
-from dpsweep.privacy import schedule as privacy
+from dpsweep.privacy import schedule
 from dpsweep.privacy.ledger import Accounting
 
 
@@ -77,8 +77,8 @@ def test_rows_carry_the_trainers_epsilon_and_budget(hydra_ctx: None) -> None:
     assert len(off) == 2 and all(r.noise_multiplier is None and not r.over_budget for r in off)
     pld = Accounting("pld")  # the default accountant
     for r in dp:
-        expected = privacy.epsilon(
-            privacy.poisson_schedule(1437, 64), r.noise_multiplier, 1e-5, epochs=4, accounting=pld
+        expected = schedule.epsilon(
+            schedule.poisson_schedule(1437, 64), r.noise_multiplier, 1e-5, epochs=4, accounting=pld
         )
         assert r.epsilon == expected.epsilon and r.steps == expected.steps == 4 * 23
         assert r.over_budget == (r.epsilon > 5)
@@ -190,4 +190,6 @@ def test_plan_shows_the_ranks_of_a_run_across_devices_and_its_single_process_eps
     nodes = run_main(main, "--json", "launcher=slurm", "train.devices=2", "train.nodes=3")
     assert nodes.returncode == 0 and json.loads(nodes.stdout)[0]["world_size"] == 6, nodes.stderr
     refused = run_main(main, "train.devices=2", "dp.mechanism=dpftrl")
-    assert refused.returncode == 2 and "train.devices=2 is invalid: 1 with dp.mechanism=dpftrl" in refused.stderr, refused.stderr
+    assert refused.returncode == 2 and "train.devices=2 is invalid: 1 with dp.mechanism=dpftrl" in refused.stderr, (
+        refused.stderr
+    )

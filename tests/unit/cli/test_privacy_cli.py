@@ -11,8 +11,7 @@ from PIL import Image
 
 from dpsweep.cli.epsilon import main, run
 from dpsweep.errors import InputError
-from dpsweep.privacy import ledger, rdp
-from dpsweep.privacy import schedule as privacy
+from dpsweep.privacy import ledger, rdp, schedule
 
 JSON_KEYS = {
     "mechanism", "epsilon", "delta", "alpha", "steps", "sample_rate", "noise_multiplier", "accountant", "conversion",
@@ -121,8 +120,8 @@ def test_target_epsilon_calibrates_sigma(capsys: pytest.CaptureFixture[str]) -> 
     out = json.loads(capsys.readouterr().out)
     assert out["calibrated"] == "noise_multiplier" and 1.49 <= out["epsilon"] <= 1.5
     pld = ledger.Accounting("pld")  # the default accountant
-    again = privacy.epsilon(
-        privacy.poisson_schedule(60000, 256), out["noise_multiplier"], 1e-5, epochs=10, accounting=pld
+    again = schedule.epsilon(
+        schedule.poisson_schedule(60000, 256), out["noise_multiplier"], 1e-5, epochs=10, accounting=pld
     )
     assert again.epsilon == out["epsilon"]
 
@@ -132,7 +131,7 @@ def test_target_epsilon_calibrates_epochs(capsys: pytest.CaptureFixture[str]) ->
     out = json.loads(capsys.readouterr().out)
     e = out["epochs"]
     assert out["calibrated"] == "epochs" and out["epsilon"] <= 4
-    assert privacy.epsilon(privacy.poisson_schedule(1437, 64), 1.0, 1e-5, epochs=e + 1).epsilon > 4
+    assert schedule.epsilon(schedule.poisson_schedule(1437, 64), 1.0, 1e-5, epochs=e + 1).epsilon > 4
 
 
 def test_plots_are_valid_pngs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -334,30 +333,30 @@ def test_an_epsilon_query_and_a_plan_of_digits_import_no_torch(call: str) -> Non
 
 def test_report_help_names_the_formats_and_sort_keys_it_accepts() -> None:
     """dpsweep-report --help lists them without importing the report module: the same names."""
-    from dpsweep.analysis import report as rep
-    from dpsweep.cli import report as cli
+    from dpsweep.analysis.report import FIGURE_FORMATS, FORMATS, SORT_KEYS
+    from dpsweep.cli.report import FIGURE_FORMAT_NAMES, FORMAT_NAMES, SORT_NAMES
 
-    assert sorted(cli.FORMAT_NAMES) == sorted(rep.FORMATS.names())
-    assert sorted(cli.SORT_NAMES) == sorted(rep.SORT_KEYS.names())
-    assert cli.FIGURE_FORMAT_NAMES == rep.FIGURE_FORMATS
+    assert sorted(FORMAT_NAMES) == sorted(FORMATS.names())
+    assert sorted(SORT_NAMES) == sorted(SORT_KEYS.names())
+    assert FIGURE_FORMAT_NAMES == FIGURE_FORMATS
 
 
 def test_dpftrl_is_priced_without_sampling_and_calibrated(capsys: pytest.CaptureFixture[str]) -> None:
     """DP-FTRL: ceil(N/B) batches per epoch, the tree's sensitivity, no sample rate; --target-epsilon calibrates σ."""
-    from dpsweep.mechanisms import dpftrl_accounting as ftrl_accounting
+    from dpsweep.mechanisms import dpftrl_accounting
 
     argv = ["--mechanism", "dpftrl", "-s", "1437", "-b", "64", "-e", "6", "--restart-every", "2", "--json"]
     out = run([*argv, "-n", "4", "--tree-completion"])
     assert out["sample_rate"] is None and out["steps_per_epoch"] == 23 and out["steps"] == 138
-    assert out["sensitivity_squared"] == ftrl_accounting.ftrl_sensitivity_squared(23, 6, 2, True)
-    expected = ftrl_accounting.ftrl_epsilon(4.0, 23, 6, 1e-5, 2, True, accountant="pld")  # the default
+    assert out["sensitivity_squared"] == dpftrl_accounting.ftrl_sensitivity_squared(23, 6, 2, True)
+    expected = dpftrl_accounting.ftrl_epsilon(4.0, 23, 6, 1e-5, 2, True, accountant="pld")  # the default
     assert out["epsilon"] == pytest.approx(expected, rel=1e-12)
     pld = ledger.Accounting("pld")
-    sgd = privacy.epsilon(privacy.poisson_schedule(1437, 64), 4.0, 1e-5, epochs=6, accounting=pld).epsilon
+    sgd = schedule.epsilon(schedule.poisson_schedule(1437, 64), 4.0, 1e-5, epochs=6, accounting=pld).epsilon
     assert out["epsilon"] > sgd  # no amplification by sampling
     calibrated = run([*argv, "--target-epsilon", "3", "--accountant", "pld"])
     assert calibrated["epsilon"] <= 3 and calibrated["calibrated"] == "noise_multiplier"
-    assert ftrl_accounting.ftrl_epsilon(0.99 * calibrated["noise_multiplier"], 23, 6, 1e-5, 2, accountant="pld") > 3
+    assert dpftrl_accounting.ftrl_epsilon(0.99 * calibrated["noise_multiplier"], 23, 6, 1e-5, 2, accountant="pld") > 3
     capsys.readouterr()
     run([*argv[:-1], "-n", "4"])
     text = capsys.readouterr().out

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dpsweep.analysis.report.cells import sigma_text as cell_text
+from dpsweep.analysis.report import cells
 from dpsweep.cli.sigma import sigma_text
 from dpsweep.units import rounded_up
 
@@ -28,4 +28,4 @@ def test_what_is_shown_is_never_below_the_value() -> None:
     for value in values.tolist():
         for digits in (3, 4):
             assert float(rounded_up(value, digits)) >= value, (value, digits)
-        assert float(sigma_text(value)) >= value and float(cell_text(value)) >= value, value
+        assert float(sigma_text(value)) >= value and float(cells.sigma_text(value)) >= value, value

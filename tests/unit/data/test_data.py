@@ -10,13 +10,13 @@ import torch
 from fabricate import fabricate_mnist
 
 from dpsweep.config import DigitsConfig, TorchvisionDatasetConfig
-from dpsweep.data import loaders as data
+from dpsweep.data import loaders
 from dpsweep.data.loaders import DatasetNotFoundError
 from dpsweep.registry import UnknownNameError
 
 
 def test_digits_split_is_fixed_stratified_and_28px() -> None:
-    splits = data.build(DigitsConfig())
+    splits = loaders.build(DigitsConfig())
     assert (splits.n_train, len(splits.test)) == (1437, 360)  # type: ignore[arg-type]
     assert splits.input_shape == (1, 28, 28) and splits.num_classes == 10
     y_train = splits.train.tensors[1].numpy()  # type: ignore[attr-defined]
@@ -24,12 +24,12 @@ def test_digits_split_is_fixed_stratified_and_28px() -> None:
     train_share = np.bincount(y_train) / len(y_train)
     test_share = np.bincount(y_test) / len(y_test)
     assert np.abs(train_share - test_share).max() < 0.01  # stratified
-    again = data.build(DigitsConfig())
+    again = loaders.build(DigitsConfig())
     assert torch.equal(again.train.tensors[0], splits.train.tensors[0])  # type: ignore[attr-defined]
 
 
 def test_digits_native_size_and_data_independent_scaling() -> None:
-    splits = data.build(DigitsConfig(image_size=8))
+    splits = loaders.build(DigitsConfig(image_size=8))
     x = splits.train.tensors[0]  # type: ignore[attr-defined]
     assert x.shape == (1437, 1, 8, 8)
     assert float(x.min()) == -1.0 and float(x.max()) == 1.0  # 0 -> -1, 16 -> 1: no statistics of the data
@@ -38,14 +38,14 @@ def test_digits_native_size_and_data_independent_scaling() -> None:
 
 
 def test_split_seed_changes_the_split() -> None:
-    a = data.build(DigitsConfig(split_seed=0)).test.tensors[1]  # type: ignore[attr-defined]
-    b = data.build(DigitsConfig(split_seed=1)).test.tensors[1]  # type: ignore[attr-defined]
+    a = loaders.build(DigitsConfig(split_seed=0)).test.tensors[1]  # type: ignore[attr-defined]
+    b = loaders.build(DigitsConfig(split_seed=1)).test.tensors[1]  # type: ignore[attr-defined]
     assert not torch.equal(a, b)
 
 
 def test_unknown_dataset_names_the_key_and_the_valid_ones() -> None:
     with pytest.raises(UnknownNameError) as info:
-        data.build(DigitsConfig(name="imagenet"))
+        loaders.build(DigitsConfig(name="imagenet"))
     assert str(info.value) == (
         "dataset.name='imagenet' is invalid: unknown dataset 'imagenet'; "
         "valid: cifar10, digits, flowers102, mnist, movielens, planted_ratings"
@@ -57,21 +57,21 @@ def test_digits_facts_need_no_files_and_equal_the_loaded_splits(fraction: float,
     from dpsweep.data import facts
 
     cfg = DigitsConfig(test_fraction=fraction, image_size=size)
-    splits = data.build(cfg)
+    splits = loaders.build(cfg)
     assert facts.described(cfg) == facts.DatasetFacts(splits.n_train, splits.input_shape, splits.num_classes)
 
 
 def test_a_dataset_is_loaded_once_per_process_for_the_same_config_and_files(tmp_path: Path) -> None:
     """The jobs of an inline sweep share the splits; another config, or changed files under
     dataset.root, load them again."""
-    first = data.build(DigitsConfig())
-    assert data.build(DigitsConfig()) is first
-    other = data.build(DigitsConfig(split_seed=1))
-    assert other is not first and data.build(DigitsConfig()) is not other
+    first = loaders.build(DigitsConfig())
+    assert loaders.build(DigitsConfig()) is first
+    other = loaders.build(DigitsConfig(split_seed=1))
+    assert other is not first and loaders.build(DigitsConfig()) is not other
     mnist = fabricate_mnist(tmp_path, n_train=6, n_test=4)
     cfg = TorchvisionDatasetConfig(name="mnist", root=str(tmp_path), download=False)
-    loaded = data.build(cfg)
-    assert data.build(cfg) is loaded
+    loaded = loaders.build(cfg)
+    assert loaders.build(cfg) is loaded
     (mnist.raw / "t10k-labels-idx1-ubyte").write_bytes((mnist.raw / "t10k-labels-idx1-ubyte").read_bytes()[:-1])
     with pytest.raises(DatasetNotFoundError, match="corrupt"):  # read again: the change is seen
-        data.build(cfg)
+        loaders.build(cfg)

@@ -22,10 +22,10 @@ from scipy import optimize
 from scipy.stats import norm
 
 from dpsweep.errors import InputError
-from dpsweep.mechanisms import dpftrl_accounting as fa
+from dpsweep.mechanisms import dpftrl_accounting
 from dpsweep.mechanisms.ftrl import FTRLOptimizer, TreeAggregator
 from dpsweep.privacy import ledger, rdp
-from dpsweep.privacy import schedule as privacy
+from dpsweep.privacy.schedule import epsilon, poisson_schedule
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,7 +251,9 @@ def _train(
         ((model(x) - y) ** 2).sum().backward()
         opt.step()
         trace.append([p.detach().clone() for p in model.parameters()] + [t.clone() for t in opt.noise.noise])
-        if (k + 1) % steps_per_epoch == 0 and fa.restart_after_epoch((k + 1) // steps_per_epoch, epochs, restart_every):
+        if (k + 1) % steps_per_epoch == 0 and dpftrl_accounting.restart_after_epoch(
+            (k + 1) // steps_per_epoch, epochs, restart_every
+        ):
             opt.restart()
     return trace
 
@@ -293,10 +295,12 @@ def test_sensitivity_matches_brute_force_over_explicit_trees() -> None:
         if restart_every is not None and restart_every > epochs:
             continue
         expected = brute_force_sensitivity_squared(b, epochs, restart_every, completion)
-        got = fa.ftrl_sensitivity_squared(b, epochs, restart_every, completion)
+        got = dpftrl_accounting.ftrl_sensitivity_squared(b, epochs, restart_every, completion)
         assert got == expected, (b, epochs, restart_every, completion)
     # a larger tree, one example per batch
-    assert fa.ftrl_sensitivity_squared(20, 6, 4, True) == brute_force_sensitivity_squared(20, 6, 4, True, per_batch=1)
+    assert dpftrl_accounting.ftrl_sensitivity_squared(20, 6, 4, True) == brute_force_sensitivity_squared(
+        20, 6, 4, True, per_batch=1
+    )
 
 
 def test_one_epoch_per_tree_is_dp_accountings_single_epoch_tree() -> None:
@@ -305,10 +309,12 @@ def test_one_epoch_per_tree_is_dp_accountings_single_epoch_tree() -> None:
     accounts only for replace-special neighbours, the paper's Definition 1.1)."""
     sigma, delta = 3.0, 1e-5
     for b, epochs in ((1, 3), (7, 4), (100, 10), (128, 2)):
-        assert fa.ftrl_sensitivity_squared(b, epochs, 1) == epochs * (int(math.log2(b)) + 1)
+        assert dpftrl_accounting.ftrl_sensitivity_squared(b, epochs, 1) == epochs * (int(math.log2(b)) + 1)
         acc = dp_rdp.RdpAccountant(list(rdp.DEFAULT_ORDERS), NeighboringRelation.REPLACE_SPECIAL)
         acc.compose(dp_event.SelfComposedDpEvent(dp_event.SingleEpochTreeAggregationDpEvent(sigma, b), epochs))
-        assert fa.ftrl_epsilon(sigma, b, epochs, delta, 1) == pytest.approx(acc.get_epsilon(delta), rel=1e-12)
+        assert dpftrl_accounting.ftrl_epsilon(sigma, b, epochs, delta, 1) == pytest.approx(
+            acc.get_epsilon(delta), rel=1e-12
+        )
 
 
 CONFIGS = [  # (σ, b, E, restart_every, tree_completion, δ)
@@ -326,8 +332,8 @@ def test_epsilon_is_the_gaussian_mechanism_of_the_brute_force_sensitivity(
     s2 = brute_force_sensitivity_squared(b, epochs, restart_every, completion, per_batch=1)
     mu = math.sqrt(s2) / sigma
     exact = analytic_gaussian_epsilon(mu, delta)
-    eps_rdp = fa.ftrl_epsilon(sigma, b, epochs, delta, restart_every, completion)
-    eps_pld = fa.ftrl_epsilon(sigma, b, epochs, delta, restart_every, completion, accountant="pld")
+    eps_rdp = dpftrl_accounting.ftrl_epsilon(sigma, b, epochs, delta, restart_every, completion)
+    eps_pld = dpftrl_accounting.ftrl_epsilon(sigma, b, epochs, delta, restart_every, completion, accountant="pld")
     # RDP: exactly the Gaussian's α·μ²/2 on dpsweep's orders, improved conversion; an upper bound of the exact ε
     assert eps_rdp == pytest.approx(rdp_gaussian_epsilon(mu, delta, rdp.DEFAULT_ORDERS), rel=1e-9)
     assert exact < eps_rdp < 1.5 * exact
@@ -335,7 +341,7 @@ def test_epsilon_is_the_gaussian_mechanism_of_the_brute_force_sensitivity(
     assert eps_pld == pytest.approx(exact, rel=0.01, abs=1e-3)
     assert eps_pld >= exact - 1e-6
     # the project's ledger holds the same event and gets the same ε
-    entry = fa.ftrl_entry(sigma, b, epochs, restart_every, completion)
+    entry = dpftrl_accounting.ftrl_entry(sigma, b, epochs, restart_every, completion)
     assert entry.params["sensitivity_squared"] == s2
     spent = ledger.epsilon(ledger.Ledger((entry,)), delta)
     assert spent.epsilon == pytest.approx(eps_rdp, rel=1e-9)
@@ -343,17 +349,19 @@ def test_epsilon_is_the_gaussian_mechanism_of_the_brute_force_sensitivity(
 
 def test_no_poisson_event_and_more_epsilon_than_amplified_dpsgd() -> None:
     n, batch, sigma, epochs, delta = 1000, 100, 1.0, 5, 1e-5
-    schedule = privacy.poisson_schedule(n, batch)
+    schedule = poisson_schedule(n, batch)
     b = schedule.steps_per_epoch
     for restart_every, completion in ((None, False), (1, False), (2, True)):
-        event = fa.ftrl_event(sigma, b, epochs, restart_every, completion)
-        types = event_types(event) | event_types(fa.ftrl_entry(sigma, b, epochs, restart_every, completion).event)
+        event = dpftrl_accounting.ftrl_event(sigma, b, epochs, restart_every, completion)
+        types = event_types(event) | event_types(
+            dpftrl_accounting.ftrl_entry(sigma, b, epochs, restart_every, completion).event
+        )
         assert dp_event.PoissonSampledDpEvent not in types
         assert types == {dp_event.GaussianDpEvent}
-        eps_ftrl = fa.ftrl_epsilon(sigma, b, epochs, delta, restart_every, completion)
-        eps_dpsgd = privacy.epsilon(schedule, sigma, delta, epochs=epochs).epsilon
+        eps_ftrl = dpftrl_accounting.ftrl_epsilon(sigma, b, epochs, delta, restart_every, completion)
+        eps_dpsgd = epsilon(schedule, sigma, delta, epochs=epochs).epsilon
         assert eps_ftrl > eps_dpsgd
-    assert fa.ftrl_epsilon(0.0, b, epochs, delta) == math.inf
+    assert dpftrl_accounting.ftrl_epsilon(0.0, b, epochs, delta) == math.inf
 
 
 @pytest.mark.parametrize(
@@ -363,22 +371,44 @@ def test_no_poisson_event_and_more_epsilon_than_amplified_dpsgd() -> None:
 def test_calibration_lands_just_under_the_target(
     target: float, b: int, epochs: int, restart_every: int | None, completion: bool, accountant: str
 ) -> None:
-    sigma = fa.calibrate_ftrl_noise(target, b, epochs, 1e-5, restart_every, completion, accountant=accountant)
-    assert fa.ftrl_epsilon(sigma, b, epochs, 1e-5, restart_every, completion, accountant=accountant) <= target
-    assert fa.ftrl_epsilon(0.99 * sigma, b, epochs, 1e-5, restart_every, completion, accountant=accountant) > target
-    assert fa.ftrl_epsilon(0.9999 * sigma, b, epochs, 1e-5, restart_every, completion, accountant=accountant) > target
+    sigma = dpftrl_accounting.calibrate_ftrl_noise(
+        target, b, epochs, 1e-5, restart_every, completion, accountant=accountant
+    )
+    assert (
+        dpftrl_accounting.ftrl_epsilon(sigma, b, epochs, 1e-5, restart_every, completion, accountant=accountant)
+        <= target
+    )
+    assert (
+        dpftrl_accounting.ftrl_epsilon(0.99 * sigma, b, epochs, 1e-5, restart_every, completion, accountant=accountant)
+        > target
+    )
+    assert (
+        dpftrl_accounting.ftrl_epsilon(
+            0.9999 * sigma, b, epochs, 1e-5, restart_every, completion, accountant=accountant
+        )
+        > target
+    )
 
 
 def test_schedule_helpers() -> None:
     assert (
-        fa.tree_segments(5, 2) == (2, 2, 1)
-        and fa.tree_segments(6, 2) == (2, 2, 2)
-        and fa.tree_segments(3, None) == (3,)
+        dpftrl_accounting.tree_segments(5, 2) == (2, 2, 1)
+        and dpftrl_accounting.tree_segments(6, 2) == (2, 2, 2)
+        and dpftrl_accounting.tree_segments(3, None) == (3,)
     )
-    assert [fa.restart_after_epoch(k, 6, 2) for k in range(1, 7)] == [False, True, False, True, False, False]
+    assert [dpftrl_accounting.restart_after_epoch(k, 6, 2) for k in range(1, 7)] == [
+        False,
+        True,
+        False,
+        True,
+        False,
+        False,
+    ]
     for epochs, restart_every in ((5, 2), (6, 2), (7, 3), (4, 4), (4, None)):
-        assert list(fa.tree_segments(epochs, restart_every)) == trees_by_restart_rule(epochs, restart_every)
-    assert [fa.completion_steps(n) for n in (1, 2, 3, 5, 8, 2000)] == [0, 0, 1, 3, 0, 48]
+        assert list(dpftrl_accounting.tree_segments(epochs, restart_every)) == trees_by_restart_rule(
+            epochs, restart_every
+        )
+    assert [dpftrl_accounting.completion_steps(n) for n in (1, 2, 3, 5, 8, 2000)] == [0, 0, 1, 3, 0, 48]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,18 +417,18 @@ def test_schedule_helpers() -> None:
 @pytest.mark.parametrize(
     ("call", "key"),
     [
-        (lambda: fa.ftrl_epsilon(1.0, 10, 3, 1e-5, restart_every=4), "dp.ftrl_restart_every"),
-        (lambda: fa.ftrl_sensitivity_squared(10, 3, restart_every=0), "dp.ftrl_restart_every"),
-        (lambda: fa.calibrate_ftrl_noise(1.0, 10, 3, 1e-5, restart_every=5), "dp.ftrl_restart_every"),
-        (lambda: fa.ftrl_epsilon(1.0, 10, 0, 1e-5), "train.epochs"),
-        (lambda: fa.ftrl_sensitivity_squared(10, -2), "train.epochs"),
-        (lambda: fa.ftrl_epsilon(1.0, 0, 3, 1e-5), "steps_per_epoch"),
-        (lambda: fa.ftrl_event(1.0, -1, 3), "steps_per_epoch"),
-        (lambda: fa.ftrl_epsilon(-1.0, 10, 3, 1e-5), "dp.noise_multiplier"),
-        (lambda: fa.ftrl_epsilon(1.0, 10, 3, 0.0), "dp.delta"),
-        (lambda: fa.ftrl_epsilon(1.0, 10, 3, 1e-5, accountant="prv"), "dp.accountant"),
-        (lambda: fa.calibrate_ftrl_noise(0.0, 10, 3, 1e-5), "dp.target_epsilon"),
-        (lambda: fa.calibrate_ftrl_noise(1e-6, 10, 3, 1e-12), "dp.target_epsilon"),
+        (lambda: dpftrl_accounting.ftrl_epsilon(1.0, 10, 3, 1e-5, restart_every=4), "dp.ftrl_restart_every"),
+        (lambda: dpftrl_accounting.ftrl_sensitivity_squared(10, 3, restart_every=0), "dp.ftrl_restart_every"),
+        (lambda: dpftrl_accounting.calibrate_ftrl_noise(1.0, 10, 3, 1e-5, restart_every=5), "dp.ftrl_restart_every"),
+        (lambda: dpftrl_accounting.ftrl_epsilon(1.0, 10, 0, 1e-5), "train.epochs"),
+        (lambda: dpftrl_accounting.ftrl_sensitivity_squared(10, -2), "train.epochs"),
+        (lambda: dpftrl_accounting.ftrl_epsilon(1.0, 0, 3, 1e-5), "steps_per_epoch"),
+        (lambda: dpftrl_accounting.ftrl_event(1.0, -1, 3), "steps_per_epoch"),
+        (lambda: dpftrl_accounting.ftrl_epsilon(-1.0, 10, 3, 1e-5), "dp.noise_multiplier"),
+        (lambda: dpftrl_accounting.ftrl_epsilon(1.0, 10, 3, 0.0), "dp.delta"),
+        (lambda: dpftrl_accounting.ftrl_epsilon(1.0, 10, 3, 1e-5, accountant="prv"), "dp.accountant"),
+        (lambda: dpftrl_accounting.calibrate_ftrl_noise(0.0, 10, 3, 1e-5), "dp.target_epsilon"),
+        (lambda: dpftrl_accounting.calibrate_ftrl_noise(1e-6, 10, 3, 1e-12), "dp.target_epsilon"),
     ],
 )
 def test_bad_input_names_the_key(call: Callable[[], object], key: str) -> None:

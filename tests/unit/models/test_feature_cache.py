@@ -13,7 +13,7 @@ from torch.utils.data import TensorDataset
 
 from dpsweep.config import DigitsConfig
 from dpsweep.data.loaders import DataSplits, load_digits_splits
-from dpsweep.models import feature_cache as fc
+from dpsweep.models import feature_cache
 from dpsweep.models.classifiers import FrozenVGG16
 
 CPU = torch.device("cpu")
@@ -51,7 +51,7 @@ def _tensors(n: int = 6, dim: int = 5, seed: int = 0) -> tuple[torch.Tensor, tor
 
 
 def test_head_on_cached_features_gives_the_models_logits(vgg: FrozenVGG16, splits: DataSplits, tmp_path: Path) -> None:
-    cached = fc.cached_splits(vgg, splits, DATASET_CFG, root=tmp_path, batch_size=7, device=CPU)
+    cached = feature_cache.cached_splits(vgg, splits, DATASET_CFG, root=tmp_path, batch_size=7, device=CPU)
     assert cached.status == {"train": "built", "test": "built"}
     assert cached.map_shape == (512, 1, 1) and cached.feature_dim == 512  # 32 px: before the 7x7 pool
     assert cached.num_classes == 3 and cached.n_train == 24
@@ -66,7 +66,7 @@ def test_head_on_cached_features_gives_the_models_logits(vgg: FrozenVGG16, split
         x_test, _ = splits.test.tensors  # type: ignore[attr-defined]
         assert torch.allclose(head(cached.test.tensors[0]), vgg(x_test), atol=1e-5, rtol=1e-4)
 
-    again = fc.cached_splits(vgg, splits, DATASET_CFG, root=tmp_path, batch_size=5, device=CPU)
+    again = feature_cache.cached_splits(vgg, splits, DATASET_CFG, root=tmp_path, batch_size=5, device=CPU)
     assert again.status == {"train": "hit", "test": "hit"}
     assert again.keys == cached.keys and again.keys["train"] != again.keys["test"]
     assert torch.equal(again.train.tensors[0], features)
@@ -74,7 +74,7 @@ def test_head_on_cached_features_gives_the_models_logits(vgg: FrozenVGG16, split
 
 def test_extract_features_is_in_dataset_order_and_restores_mode(vgg: FrozenVGG16, splits: DataSplits) -> None:
     vgg.train()
-    features, labels = fc.extract_features(vgg, splits.test, batch_size=3, device=CPU)
+    features, labels = feature_cache.extract_features(vgg, splits.test, batch_size=3, device=CPU)
     assert vgg.training
     x, y = splits.test.tensors  # type: ignore[attr-defined]
     assert torch.equal(labels, y)
@@ -86,9 +86,9 @@ def _key(vgg: FrozenVGG16, **overrides: object) -> str:
         "dataset": DATASET_CFG,
         "split": "train",
         "input_shape": (1, 32, 32),
-        "weights": fc.weights_fingerprint(vgg),
+        "weights": feature_cache.weights_fingerprint(vgg),
     }
-    return fc.cache_key(**(args | overrides))  # type: ignore[arg-type]
+    return feature_cache.cache_key(**(args | overrides))  # type: ignore[arg-type]
 
 
 def test_key_changes_with_weights_split_and_size_but_not_download(vgg: FrozenVGG16) -> None:
@@ -98,7 +98,7 @@ def test_key_changes_with_weights_split_and_size_but_not_download(vgg: FrozenVGG
     perturbed = copy.deepcopy(vgg)
     with torch.no_grad():
         perturbed.features[0].weight[0, 0, 0, 0] += 1e-3
-    assert fc.weights_fingerprint(perturbed) != fc.weights_fingerprint(vgg)
+    assert feature_cache.weights_fingerprint(perturbed) != feature_cache.weights_fingerprint(vgg)
     assert _key(perturbed) != base
 
     head_changed = copy.deepcopy(vgg)  # the trained head does not shape the features
@@ -126,20 +126,22 @@ def test_key_of_the_same_dataset_at_32_and_40_px(vgg: FrozenVGG16) -> None:
 
 
 def test_second_load_is_a_hit_and_does_not_build(tmp_path: Path) -> None:
-    cache = fc.FeatureCache(tmp_path / "cache")
+    cache = feature_cache.FeatureCache(tmp_path / "cache")
     build = CountingBuild(*_tensors())
     (f1, l1), status1 = cache.load_or_build("a" * 64, build, describe={"split": "train", "shape": (1, 32, 32)})
     (f2, l2), status2 = cache.load_or_build("a" * 64, build, describe={})
     assert (status1, status2, build.calls) == ("built", "hit", 1)
     assert torch.equal(f1, f2) and torch.equal(l1, l2) and torch.equal(f2, build.features)
     stored = torch.load(cache.path_for("a" * 64), weights_only=True)
-    assert stored["format"] == fc.FORMAT_VERSION and stored["key"] == "a" * 64
+    assert stored["format"] == feature_cache.FORMAT_VERSION and stored["key"] == "a" * 64
     assert stored["describe"] == {"split": "train", "shape": [1, 32, 32]}
     files = sorted(p.name for p in (tmp_path / "cache").iterdir())
     assert files == ["." + "a" * 64 + ".lock", "a" * 64 + ".pt"]  # the lock, and no temporary files left
 
 
-def _rebuilt(cache: fc.FeatureCache, key: str, build: CountingBuild, caplog: pytest.LogCaptureFixture) -> str:
+def _rebuilt(
+    cache: feature_cache.FeatureCache, key: str, build: CountingBuild, caplog: pytest.LogCaptureFixture
+) -> str:
     """Load ``key`` once more, expecting a logged rebuild; return the reason; check the new file."""
     calls = build.calls
     caplog.clear()
@@ -156,7 +158,7 @@ def _rebuilt(cache: fc.FeatureCache, key: str, build: CountingBuild, caplog: pyt
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "garbage"])
 def test_corrupt_file_is_detected_and_rebuilt(damage: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    cache, key = fc.FeatureCache(tmp_path), "c" * 64
+    cache, key = feature_cache.FeatureCache(tmp_path), "c" * 64
     build = CountingBuild(*_tensors(n=64, dim=512))  # the features are most of the file
     cache.load_or_build(key, build, describe={})
     path = cache.path_for(key)
@@ -174,7 +176,7 @@ def test_corrupt_file_is_detected_and_rebuilt(damage: str, tmp_path: Path, caplo
 
 
 def test_checksum_mismatch_is_corrupt(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    cache, key = fc.FeatureCache(tmp_path), "d" * 64
+    cache, key = feature_cache.FeatureCache(tmp_path), "d" * 64
     build = CountingBuild(*_tensors())
     cache.load_or_build(key, build, describe={})
     stored = torch.load(cache.path_for(key), weights_only=True)
@@ -184,7 +186,7 @@ def test_checksum_mismatch_is_corrupt(tmp_path: Path, caplog: pytest.LogCaptureF
 
 
 def test_inconsistent_shapes_are_detected(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    cache, key = fc.FeatureCache(tmp_path), "e" * 64
+    cache, key = feature_cache.FeatureCache(tmp_path), "e" * 64
     build = CountingBuild(*_tensors())
     cache.load_or_build(key, build, describe={})
     stored = torch.load(cache.path_for(key), weights_only=True)
@@ -194,7 +196,7 @@ def test_inconsistent_shapes_are_detected(tmp_path: Path, caplog: pytest.LogCapt
 
 
 def test_stale_file_copied_from_another_key_is_rebuilt(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    cache, key_a, key_b = fc.FeatureCache(tmp_path), "a" * 64, "b" * 64
+    cache, key_a, key_b = feature_cache.FeatureCache(tmp_path), "a" * 64, "b" * 64
     build_a, build_b = CountingBuild(*_tensors(seed=1)), CountingBuild(*_tensors(seed=2))
     cache.load_or_build(key_a, build_a, describe={})
     shutil.copyfile(cache.path_for(key_a), cache.path_for(key_b))
@@ -204,17 +206,17 @@ def test_stale_file_copied_from_another_key_is_rebuilt(tmp_path: Path, caplog: p
 
 
 def test_older_format_is_stale(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    cache, key = fc.FeatureCache(tmp_path), "f" * 64
+    cache, key = feature_cache.FeatureCache(tmp_path), "f" * 64
     build = CountingBuild(*_tensors())
     cache.load_or_build(key, build, describe={})
     stored = torch.load(cache.path_for(key), weights_only=True)
-    stored["format"] = fc.FORMAT_VERSION - 1
+    stored["format"] = feature_cache.FORMAT_VERSION - 1
     torch.save(stored, cache.path_for(key))
-    assert _rebuilt(cache, key, build, caplog).startswith(f"stale: format {fc.FORMAT_VERSION - 1}")
+    assert _rebuilt(cache, key, build, caplog).startswith(f"stale: format {feature_cache.FORMAT_VERSION - 1}")
 
 
 def test_bad_build_output_is_refused_and_not_written(tmp_path: Path) -> None:
-    cache = fc.FeatureCache(tmp_path)
+    cache = feature_cache.FeatureCache(tmp_path)
     with pytest.raises(ValueError, match="bad tensors: 3 feature rows but 2 labels"):
         cache.load_or_build("g" * 64, lambda: (torch.zeros(3, 4), torch.zeros(2, dtype=torch.int64)), describe={})
     assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []  # nothing written
@@ -226,11 +228,11 @@ def test_a_cache_of_another_number_of_examples_is_stale(
     vgg: FrozenVGG16, splits: DataSplits, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The files under a dataset's root changed (the config did not): the rows no longer match N."""
-    fc.cached_splits(vgg, splits, DATASET_CFG, root=tmp_path, batch_size=8, device=CPU)
+    feature_cache.cached_splits(vgg, splits, DATASET_CFG, root=tmp_path, batch_size=8, device=CPU)
     x, y = splits.train.tensors  # type: ignore[attr-defined]
     fewer = DataSplits(TensorDataset(x[:20], y[:20]), splits.test, num_classes=3, input_shape=(1, 32, 32))
     with caplog.at_level("WARNING", logger="dpsweep.models.feature_cache"):
-        cached = fc.cached_splits(vgg, fewer, DATASET_CFG, root=tmp_path, batch_size=8, device=CPU)
+        cached = feature_cache.cached_splits(vgg, fewer, DATASET_CFG, root=tmp_path, batch_size=8, device=CPU)
     assert cached.status["train"] == "rebuilt (stale: holds 24 examples, the dataset has 20)"
     assert cached.status["test"] == "hit" and cached.n_train == 20
     assert "not usable" in caplog.text
@@ -246,7 +248,7 @@ def _build_slowly(root: str, log: str) -> str:
         time.sleep(1.0)
         return _tensors()
 
-    _, status = fc.FeatureCache(Path(root)).load_or_build("k" * 64, build, describe={})
+    _, status = feature_cache.FeatureCache(Path(root)).load_or_build("k" * 64, build, describe={})
     return status
 
 

@@ -17,8 +17,7 @@ from mlflow.tracking import MlflowClient
 from dpsweep.config import ConfigError, to_config, validate
 from dpsweep.data.facts import DatasetFacts
 from dpsweep.plan import prepare
-from dpsweep.privacy import clipping, ledger
-from dpsweep.privacy import schedule as privacy
+from dpsweep.privacy import clipping, ledger, schedule
 from dpsweep.run.runner import train
 from dpsweep.tasks.classifier.passes import per_example_grad_norms
 
@@ -40,7 +39,7 @@ def test_a_quantile_clipped_run_charges_its_release_and_logs_c(
     # the release, amplified by its Poisson sample, is in the logged ε; the planner priced it exactly
     assert release.event.epsilon == pytest.approx(ledger.amplified_by_poisson(0.5, plan.privacy.sample_rate))
     assert plan.privacy is not None and result.epsilon == plan.privacy.epsilon
-    fixed = privacy.epsilon(privacy.poisson_schedule(1437, 64), 1.0, 1e-5, steps=result.steps)
+    fixed = schedule.epsilon(schedule.poisson_schedule(1437, 64), 1.0, 1e-5, steps=result.steps)
     assert result.epsilons["rdp"] > fixed.epsilon and result.epsilons["pld"] > 0
     bill = json.loads(
         Path(client.download_artifacts(run.info.run_id, "privacy_ledger.json", str(tmp_path))).read_text()
@@ -52,12 +51,12 @@ def test_a_quantile_clipped_run_charges_its_release_and_logs_c(
 def test_the_released_c_tracks_the_true_quantile_of_the_norms(make_cfg: Composer) -> None:
     # With a generous ε the private median is close to the true median of the same sample's norms.
     cfg = to_config(make_cfg("dp.clipping=quantile", "dp.clip_epsilon=50", "dp.clip_quantile_method=exponential"))
-    from dpsweep.data import loaders as data
-    from dpsweep.models import classifiers as zoo
+    from dpsweep.data import loaders
+    from dpsweep.models import classifiers
 
     torch.manual_seed(0)
-    splits = data.build(cfg.dataset)
-    model = zoo.build(cfg.model, splits.input_shape, splits.num_classes)
+    splits = loaders.build(cfg.dataset)
+    model = classifiers.build(cfg.model, splits.input_shape, splits.num_classes)
     norms = per_example_grad_norms(
         model, torch.nn.CrossEntropyLoss(), splits.train, list(range(300)), torch.device("cpu")
     )
@@ -114,12 +113,12 @@ def _adaptive_optimizer(make_cfg: Composer, sigma: float, *overrides: str) -> tu
     """A private optimizer of adaptive clipping over a 200,000-weight linear layer (N = 640, B = 64)."""
     from torch.utils.data import DataLoader, TensorDataset
 
-    from dpsweep.mechanisms import opacus_engine as dpsgd
+    from dpsweep.mechanisms import opacus_engine
 
     cfg = to_config(make_cfg("dp.clipping=adaptive", *overrides))
     layer = torch.nn.Linear(1000, 200)
     loader = DataLoader(TensorDataset(torch.zeros(640, 1000), torch.zeros(640, dtype=torch.long)), batch_size=64)
-    _, _, optimizer, _, _ = dpsgd.make_private(
+    _, _, optimizer, _, _ = opacus_engine.make_private(
         cfg.dp, sigma, 1.0, layer, torch.optim.SGD(layer.parameters(), lr=0.1), loader, torch.nn.MSELoss()
     )
     return optimizer, layer
@@ -128,11 +127,11 @@ def _adaptive_optimizer(make_cfg: Composer, sigma: float, *overrides: str) -> tu
 def test_adaptive_gradient_noise_is_sigma_delta_and_the_ledger_charges_the_full_sigma(make_cfg: Composer) -> None:
     """The Opacus fix: gradient noise at σ_Δ = (σ^-2 - (2σ_b)^-2)^(-1/2) > σ, accounting at σ. Charging σ_Δ
     (the old Opacus accounting) would under-state ε."""
-    from dpsweep.mechanisms import opacus_engine as dpsgd
+    from dpsweep.mechanisms import opacus_engine
 
     sigma, sigma_b = 1.0, 0.8
     optimizer, layer = _adaptive_optimizer(make_cfg, sigma, f"dp.clip_count_noise={sigma_b}")
-    assert isinstance(optimizer, dpsgd.ExpectedBatchAdaClip)
+    assert isinstance(optimizer, opacus_engine.ExpectedBatchAdaClip)
     assert optimizer.noise_multiplier == sigma  # what Opacus's accountant records: the full σ
     # the noise Opacus adds to a zero gradient sum: its std is σ_Δ·C (C = 1)
     for p in optimizer.params:
@@ -167,12 +166,12 @@ def test_adaptive_counts_cover_every_physical_pass_of_a_logical_batch(make_cfg: 
     zero_grad, so the update divided the last pass's count by the whole expected batch (C barely moved)."""
     from torch.utils.data import DataLoader, TensorDataset
 
-    from dpsweep.mechanisms import opacus_engine as dpsgd
+    from dpsweep.mechanisms import opacus_engine
 
     cfg = to_config(make_cfg("dp.clipping=adaptive", "dp.clip_count_noise=5"))
     layer = torch.nn.Linear(10, 2)
     loader = DataLoader(TensorDataset(torch.zeros(640, 10), torch.zeros(640, dtype=torch.long)), batch_size=64)
-    _, model, optimizer, _, _ = dpsgd.make_private(
+    _, model, optimizer, _, _ = opacus_engine.make_private(
         cfg.dp, 1.0, 1.0, layer, torch.optim.SGD(layer.parameters(), lr=0.1), loader, torch.nn.MSELoss()
     )
     counted = []

@@ -14,9 +14,16 @@ from opacus.data_loader import DPDataLoader
 from torch.utils.data import DataLoader, TensorDataset
 
 from dpsweep.privacy import ledger, rdp
-from dpsweep.privacy import schedule as privacy
 from dpsweep.privacy.ledger import Accounting, Ledger
-from dpsweep.privacy.schedule import GridAxes, calibrate_noise, epsilon, poisson_schedule
+from dpsweep.privacy.schedule import (
+    GridAxes,
+    calibrate_epochs,
+    calibrate_noise,
+    epsilon,
+    epsilon_curve,
+    epsilon_grid,
+    poisson_schedule,
+)
 
 OPACUS = Accounting(orders=rdp.OPACUS_ORDERS)  # Opacus's and TF Privacy's orders: published figures
 
@@ -182,12 +189,12 @@ def test_opacus_orders_are_opacus_defaults_and_the_default_grid_holds_them() -> 
 
 def test_grid_equals_pointwise_epsilon_serial_and_parallel() -> None:
     axes = GridAxes(batch_sizes=[50, 100, 250, 500], noise_multipliers=[0.7, 1.0, 1.3, 2.0], epochs=[1, 3, 7])
-    serial = privacy.epsilon_grid(5000, axes, 1e-5, workers=1)
-    parallel = privacy.epsilon_grid(5000, axes, 1e-5, workers=2)  # 16 pairs: the process pool
+    serial = epsilon_grid(5000, axes, 1e-5, workers=1)
+    parallel = epsilon_grid(5000, axes, 1e-5, workers=2)  # 16 pairs: the process pool
     assert serial.shape == (4, 4, 3)
     assert (serial == parallel).all()
     classic = Accounting(conversion="classic", orders=(2, 5, 10, 20, 100))
-    other = privacy.epsilon_grid(5000, axes, 1e-5, accounting=classic)
+    other = epsilon_grid(5000, axes, 1e-5, accounting=classic)
     for i, b in enumerate(axes.batch_sizes):
         for j, s in enumerate(axes.noise_multipliers):
             schedule = poisson_schedule(5000, b)
@@ -198,14 +205,14 @@ def test_grid_equals_pointwise_epsilon_serial_and_parallel() -> None:
 def test_grid_is_rdp_only() -> None:
     axes = GridAxes(batch_sizes=[50], noise_multipliers=[1.0], epochs=[1])
     with pytest.raises(ValueError, match="RDP"):
-        privacy.epsilon_grid(5000, axes, 1e-5, accounting=Accounting("prv"))
+        epsilon_grid(5000, axes, 1e-5, accounting=Accounting("prv"))
 
 
 def test_epsilon_curve_and_epoch_calibration_agree() -> None:
     schedule = poisson_schedule(1437, 64)
-    curve = privacy.epsilon_curve(schedule, 1.0, 1e-5, 12)
+    curve = epsilon_curve(schedule, 1.0, 1e-5, 12)
     assert all(a < b for a, b in itertools.pairwise(curve))
     assert curve[6] == epsilon(schedule, 1.0, 1e-5, epochs=7).epsilon
-    assert privacy.calibrate_epochs(schedule, curve[6] + 1e-9, 1.0, 1e-5) == 7
-    assert privacy.calibrate_epochs(schedule, curve[0] / 2, 1.0, 1e-5) == 0
-    assert privacy.calibrate_epochs(schedule, curve[11] + 1e-9, 1.0, 1e-5, max_epochs=5) == 5
+    assert calibrate_epochs(schedule, curve[6] + 1e-9, 1.0, 1e-5) == 7
+    assert calibrate_epochs(schedule, curve[0] / 2, 1.0, 1e-5) == 0
+    assert calibrate_epochs(schedule, curve[11] + 1e-9, 1.0, 1e-5, max_epochs=5) == 5

@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from dpsweep.errors import InputError
 from dpsweep.privacy import ledger, tuning
-from dpsweep.privacy import schedule as privacy
+from dpsweep.privacy.schedule import epsilon, poisson_schedule, run_ledger
 
 
 @pytest.mark.parametrize(("distribution", "eta"), [("poisson", 0.5), ("geometric", 0.5), ("tnb", 0.5), ("tnb", 3.0)])
@@ -34,13 +34,13 @@ def test_the_secret_generator_is_fresh() -> None:
 
 
 def test_the_dominant_candidate_is_the_costliest_and_crossing_costs_are_refused() -> None:
-    schedule = privacy.poisson_schedule(1437, 64)
-    by_sigma = [privacy.run_ledger(schedule, s, 230) for s in (1.5, 0.8, 1.1)]
+    schedule = poisson_schedule(1437, 64)
+    by_sigma = [run_ledger(schedule, s, 230) for s in (1.5, 0.8, 1.1)]
     assert tuning.dominant(by_sigma) == 1  # the smallest σ costs most at every order
     # B = 16 for 2 epochs against B = 512 for 40 epochs: one is costlier at small orders, the other at large
     crossing = [
-        privacy.run_ledger(privacy.poisson_schedule(1437, 16), 1.0, 2 * 89),
-        privacy.run_ledger(privacy.poisson_schedule(1437, 512), 1.0, 40 * 2),
+        run_ledger(poisson_schedule(1437, 16), 1.0, 2 * 89),
+        run_ledger(poisson_schedule(1437, 512), 1.0, 40 * 2),
     ]
     with pytest.raises(InputError, match="dominates") as info:
         tuning.dominant(crossing)
@@ -78,8 +78,8 @@ def test_a_private_tuning_sweep_releases_the_best_trial_and_logs_the_procedures_
     best_accuracy = max(r.data.metrics["test_accuracy"] for r in trials)
     assert released[0].data.metrics["test_accuracy"] == best_accuracy
     # the cost: the dominant candidate (σ = 1) repeated K ~ geometric(mean 2) times, best released
-    steps = privacy.poisson_schedule(1437, 64).steps(1)
-    bill = privacy.run_ledger(privacy.poisson_schedule(1437, 64), 1.0, steps)
+    steps = poisson_schedule(1437, 64).steps(1)
+    bill = run_ledger(poisson_schedule(1437, 64), 1.0, steps)
     expected = ledger.tuning_epsilon(bill, 1e-5, 2, 1.0).epsilon
     assert parent.data.metrics["epsilon_tuning"] == pytest.approx(expected)
     assert parent.data.metrics["epsilon_tuning"] > parent.data.metrics["epsilon_single_run"]
@@ -140,8 +140,8 @@ def test_dpsweep_plan_prices_a_private_tuning_and_refuses_crossing_costs() -> No
 
     table = run_main(main, "sweep.private_tuning=true", "sweep.tuning_mean_trials=4", "dp.noise_multiplier=1,1.5")
     assert table.returncode == 0, table.stderr
-    steps = privacy.poisson_schedule(1437, 64).steps(10)
-    bill = privacy.run_ledger(privacy.poisson_schedule(1437, 64), 1.0, steps)
+    steps = poisson_schedule(1437, 64).steps(10)
+    bill = run_ledger(poisson_schedule(1437, 64), 1.0, steps)
     expected = ledger.tuning_epsilon(bill, 1e-5, 4, float("inf")).epsilon
     assert f"ε = {expected:.4g} (δ = 1e-05) for the whole procedure" in table.stdout, table.stdout
     # issue 54, item 3: like with like: job 0's ε alone under RDP too (the procedure's analysis), not PLD's
@@ -150,7 +150,7 @@ def test_dpsweep_plan_prices_a_private_tuning_and_refuses_crossing_costs() -> No
     assert f"against ε = {alone:.4g} for job 0 alone, both under the rdp accountant" in table.stdout, table.stdout
     assert f"the table's {pld:.4g} for it is pld's" in table.stdout and alone > pld
     # issue 39, item 9: each trial within the budget, the procedure not: refused before launch
-    single = privacy.epsilon(privacy.poisson_schedule(1437, 64), 1.0, 1e-5, epochs=10).epsilon
+    single = epsilon(poisson_schedule(1437, 64), 1.0, 1e-5, epochs=10).epsilon
     budget = (single + expected) / 2
     over = run_main(main, "sweep.private_tuning=true", "sweep.tuning_mean_trials=4", "dp.noise_multiplier=1,1.5",
                     f"sweep.max_epsilon={budget}")  # fmt: skip
@@ -163,8 +163,8 @@ def test_dpsweep_plan_prices_a_private_tuning_and_refuses_crossing_costs() -> No
 def test_the_procedure_and_a_single_run_are_priced_by_one_accountant_whatever_the_runs() -> None:
     """Issue 54, item 3: dp-accounting analyses RepeatAndSelectDpEvent by RDP alone, so the single run set
     beside the procedure is priced by RDP too (over the same orders), not by the runs' own accountant."""
-    schedule = privacy.poisson_schedule(1437, 64)
-    bills = [privacy.run_ledger(schedule, s, schedule.steps(10)) for s in (1.5, 1.0)]
+    schedule = poisson_schedule(1437, 64)
+    bills = [run_ledger(schedule, s, schedule.steps(10)) for s in (1.5, 1.0)]
     orders = tuple(float(a) for a in range(2, 64))
     for accountant in ("pld", "prv", "rdp"):
         cost = tuning.procedure(bills, 1e-5, ledger.Accounting(accountant, orders=orders), "poisson", 4, 0.5)

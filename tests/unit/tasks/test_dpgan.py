@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from dpsweep.tasks.gan import critic as dpgan
+from dpsweep.tasks.gan.critic import CriticStep, clip_and_sum, per_example_critic_gradients, private_critic_gradient
 
 
 class Critic(nn.Module):
@@ -48,12 +48,12 @@ def test_per_example_gradients_equal_an_explicit_loop_with_double_backward() -> 
     torch.manual_seed(0)
     critic = Critic()
     x, y, f, r = _batch(5)
-    ours = dpgan.per_example_critic_gradients(critic, x, y, f, r, gp_weight=10.0)
+    ours = per_example_critic_gradients(critic, x, y, f, r, gp_weight=10.0)
     for i in range(5):
         theirs = _loop_gradient(critic, x[i], y[i], f[i], r[i], 10.0)
         for name, g in theirs.items():
             assert torch.allclose(ours[name][i], g, atol=1e-5, rtol=1e-4), name
-    without_penalty = dpgan.per_example_critic_gradients(critic, x, y, f, r, gp_weight=0.0)
+    without_penalty = per_example_critic_gradients(critic, x, y, f, r, gp_weight=0.0)
     assert not torch.allclose(without_penalty["body.0.weight"], ours["body.0.weight"])  # the penalty counts
 
 
@@ -61,18 +61,18 @@ def test_clipping_bounds_each_examples_contribution_and_the_noise_is_sigma_c() -
     torch.manual_seed(1)
     critic = Critic()
     x, y, f, r = _batch(6, seed=1)
-    per_example = dpgan.per_example_critic_gradients(critic, x, y, f, r, gp_weight=10.0)
+    per_example = per_example_critic_gradients(critic, x, y, f, r, gp_weight=10.0)
     for i in range(6):  # one example's clipped contribution has norm at most C
-        alone = dpgan.clip_and_sum({k: g[i : i + 1] for k, g in per_example.items()}, max_grad_norm=0.1)
+        alone = clip_and_sum({k: g[i : i + 1] for k, g in per_example.items()}, max_grad_norm=0.1)
         assert torch.cat([g.flatten() for g in alone.values()]).norm() <= 0.1 + 1e-6
-    step = dpgan.CriticStep(gp_weight=10.0, max_grad_norm=0.5, noise_multiplier=2.0, expected_batch_size=1.0)
-    empty, none = dpgan.private_critic_gradient(
+    step = CriticStep(gp_weight=10.0, max_grad_norm=0.5, noise_multiplier=2.0, expected_batch_size=1.0)
+    empty, none = private_critic_gradient(
         critic, x[:0], y[:0], f[:0], r[:0], step, generator=torch.Generator().manual_seed(0)
     )  # an empty Poisson batch: noise only
     assert none.shape == (0,)
     noise = torch.cat([g.flatten() for g in empty.values()])
     assert noise.std().item() == pytest.approx(2.0 * 0.5, rel=0.05)
-    noisy, losses = dpgan.private_critic_gradient(critic, x, y, f, r, step, generator=torch.Generator().manual_seed(0))
+    noisy, losses = private_critic_gradient(critic, x, y, f, r, step, generator=torch.Generator().manual_seed(0))
     assert losses.shape == (len(y),)
-    clipped = dpgan.clip_and_sum(per_example, 0.5)
+    clipped = clip_and_sum(per_example, 0.5)
     assert all(torch.allclose(noisy[k] - clipped[k], empty[k], atol=1e-5) for k in noisy)  # the same draw added
