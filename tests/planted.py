@@ -8,6 +8,10 @@ box) should find more. Attached before the audit, so that the audit sees the bro
 
 - ``noise_tenth``: the noise of each release is a tenth of σC (the ledger's σ unchanged);
 - ``reused_noise``: the first release's noise is added again at every step (DP-FTRL: in every node of its tree);
+- ``half_sample_rate``: the sample rate the ledger records is half the real one: the batches are drawn at
+  twice the planned rate, with the planned steps per epoch (Opacus's Poisson sampler and dpsweep's
+  device-resident Poisson batches, through ``monkeypatch``; DP-FTRL samples nothing and is unchanged). The
+  step's ``sample_rate`` is the real rate, so that the white-box canaries are in a step as often as an example;
 - ``no_clipping``: per-unit gradients are summed unclipped. Where the step holds them (Opacus's
   ``grad_sample``, :attr:`Release.units`), the release is their unclipped sum plus its noise; the steps that
   never hold them (the fused step, and with it dpsweep's own steps and the GAN's critic) get their own
@@ -16,16 +20,19 @@ box) should find more. Attached before the audit, so that the audit sees the bro
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
+from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from torch import Tensor
 
-from dpsweep.data import users
+from dpsweep.data import resident, users
 from dpsweep.mechanisms import fused
 from dpsweep.mechanisms.private_step import Attachment, FixedOrder, PrivateRun, PrivateStep, Release, StepWrapper
 from dpsweep.tasks.gan import critic
 
-BUGS = ("noise_tenth", "no_clipping", "reused_noise")
+BUGS = ("noise_tenth", "no_clipping", "reused_noise", "half_sample_rate")
 
 
 class NoiseTenth(StepWrapper):
@@ -74,6 +81,19 @@ def clips_nothing(norms: Tensor, max_grad_norm: float) -> Tensor:
     return torch.ones_like(norms)
 
 
+def sampling_twice_as_often(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Poisson samplers built from now on (until the test ends) draw at twice the rate they were given
+    (at most 1), their steps per epoch those of the given rate: the ledger's q is then half the real one."""
+    for sampler in (UniformWithReplacementSampler, resident.PoissonBatches):
+        built = sampler.__init__
+
+        def doubled(self: Any, *args: Any, _built: Any = built, **kwargs: Any) -> None:
+            _built(self, *args, **kwargs)
+            self.sample_rate = min(1.0, 2 * self.sample_rate)
+
+        monkeypatch.setattr(sampler, "__init__", doubled)
+
+
 class Planted(Attachment):
     """One bug, planted in the run's private step before training."""
 
@@ -96,4 +116,7 @@ def bug(name: str, monkeypatch: pytest.MonkeyPatch) -> Planted:
         for module in (users, fused, critic):  # the steps that clip units they never show
             monkeypatch.setattr(module, "clip_factors", clips_nothing)
         return Planted(UnclippedSum())
+    if name == "half_sample_rate":
+        sampling_twice_as_often(monkeypatch)
+        return Planted(StepWrapper())  # the batches are the bug; the release is the step's own
     raise ValueError(f"{name}: one of {', '.join(BUGS)}")
