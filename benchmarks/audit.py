@@ -12,7 +12,8 @@ confidence (:mod:`dpsweep.audit`). For each claimed ε it records:
   (``audit.epsilon_lower``) and the f-DP one against the run's ledger (``audit.epsilon_lower_fdp``):
   their mean, largest, the share of the claim the mean reaches, and how many runs either flags
   (exceeds the claim: soundness wants none);
-- one run with each bug of ``dpsweep.audit.planted.PLANTED_BUGS`` planted (seed 0): both bounds, and
+- one run with each bug of ``tests/planted.py``'s ``BUGS`` planted (seed 0), attached to the run as a
+  test attaches it (``train(cfg, attach=[planted.bug(...)])``): both bounds, and
   whether either exceeds the claim (a detection);
 - the cost: the median wall time of 3 audit runs against 3 plain runs of the same config (MLflow
   included, in this process);
@@ -39,14 +40,17 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
-from dpsweep.audit import planted
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the planted bugs live with the tests
+import planted  # tests/planted.py
 
 CLAIMS = (1.0, 4.0, 8.0)
 
@@ -57,19 +61,16 @@ def run(store: str, overrides: list[str], bug: str | None = None) -> tuple[dict[
 
     from dpsweep.run.runner import train
 
-    if bug is None:
-        os.environ.pop(planted.PLANTED_BUG_ENV, None)
-    else:
-        os.environ[planted.PLANTED_BUG_ENV] = bug
     with initialize_config_module("dpsweep.conf", version_base="1.3"):
         cfg = compose("config", overrides=[
             f"tracking.uri={store}", "tracking.experiment_name=audit", "tracking.log_model=false",
             "train.progress=false", *overrides,
         ])  # fmt: skip
-    started = time.perf_counter()
-    result = train(cfg)
-    seconds = time.perf_counter() - started
-    os.environ.pop(planted.PLANTED_BUG_ENV, None)
+    with pytest.MonkeyPatch.context() as monkeypatch:  # what a bug patches is undone after its run
+        attach = [] if bug is None else [planted.bug(bug, monkeypatch)]
+        started = time.perf_counter()
+        result = train(cfg, attach=attach)
+        seconds = time.perf_counter() - started
     from mlflow.tracking import MlflowClient
 
     return dict(MlflowClient(store).get_run(result.run_id).data.metrics), seconds
@@ -128,7 +129,7 @@ def claim_record(store: str, claim: float, mechanism: str, seeds: int) -> dict[s
     base = [f"dp.target_epsilon={claim:g}", *MECHANISMS[mechanism]]
     audit = [*base, "audit.mode=white_box"]
     correct = correct_runs([run(store, [*audit, f"train.seed={s}", f"audit.seed={s}"])[0] for s in range(seeds)], claim)
-    takes = [bug for bug in planted.PLANTED_BUGS if not (mechanism == "dpftrl" and bug == "half_sample_rate")]
+    takes = [bug for bug in planted.BUGS if not (mechanism == "dpftrl" and bug == "half_sample_rate")]
     bugs = {bug: planted_run(run(store, audit, bug)[0], claim) for bug in takes}
     audit_s = [run(store, [*audit, "train.seed=100"])[1] for _ in range(3)]
     plain_s = [run(store, [*base, "train.seed=100"])[1] for _ in range(3)]
@@ -155,7 +156,7 @@ def black_box_record(store: str, claim: float, mechanism: str, seeds: int) -> tu
     takes; the record and its line."""
     base = [f"dp.target_epsilon={claim:g}", *MECHANISMS[mechanism], "audit.mode=black_box"]
     blind = correct_runs([run(store, [*base, f"train.seed={s}", f"audit.seed={s}"])[0] for s in range(seeds)], claim)
-    takes = [bug for bug in planted.PLANTED_BUGS if not (mechanism == "dpftrl" and bug == "half_sample_rate")]
+    takes = [bug for bug in planted.BUGS if not (mechanism == "dpftrl" and bug == "half_sample_rate")]
     bugs = {bug: planted_run(run(store, base, bug)[0], claim) for bug in takes}
     line = (f"black box: mean {blind['steinke']['mean']:.3f} / {blind['fdp']['mean']:.3f} (max "
             f"{blind['steinke']['max']:.3f} / {blind['fdp']['max']:.3f}), {blind['flagged']} of {seeds} flagged, "
