@@ -169,6 +169,7 @@ class FusedStep:
         # detached views of the model's tensors (the optimizer updates them in place): build it on its device
         self.params = {k: p.detach() for k, p in model.named_parameters() if p.requires_grad}
         self.names = list(self.params)  # the flat vectors' order
+        self.sizes = [p.numel() for p in self.params.values()]  # each parameter's share of a flat vector
         self.buffers = {k: b.detach() for k, b in model.named_buffers()}
         self.max_grad_norm = float(max_grad_norm)
         self.passes = 0  # passes run (a step whose batch exceeds pad_to takes more than one)
@@ -180,20 +181,27 @@ class FusedStep:
         self._pass: Callable[..., Tensor] = one if mode is None else torch.compile(one, mode=mode, dynamic=False)
 
     def _clipped_sum(self, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor, y: Tensor,
-                     weight: Tensor) -> Tensor:  # fmt: skip
-        """Σᵢ wᵢ·min(1, C/(‖gᵢ‖+1e-6))·gᵢ over the P rows, flat (the parameters' order)."""
+                     weight: Tensor, *extra: Tensor) -> Tensor:  # fmt: skip
+        """Σᵢ wᵢ·min(1, C/(‖gᵢ‖+1e-6))·gᵢ over the P rows and the pass's ``extra`` units, flat (the parameters'
+        order)."""
 
         def loss(p: dict[str, Tensor], xi: Tensor, yi: Tensor) -> Tensor:
             out: Tensor = functional_call(self.model, (p, buffers), (xi.unsqueeze(0),))
             return self.loss_fn(out, yi.unsqueeze(0))
 
         per_row = vmap(grad(loss), in_dims=(None, 0, 0), randomness="different")(params, x, y)
-        return self._clipped(per_row, weight)
+        return self._clipped(per_row, weight, *extra)
 
-    def _clipped(self, per_unit: dict[str, Tensor], weight: Tensor) -> Tensor:
+    def _clipped(self, per_unit: dict[str, Tensor], weight: Tensor, *extra: Tensor) -> Tensor:
         """Σ_u w_u·min(1, C/(‖g_u‖+1e-6))·g_u of per-unit gradients ``{name: (P, *shape)}``, the norm flat over
-        all trainable parameters; flat, in the parameters' order."""
+        all trainable parameters; flat, in the parameters' order. ``extra``: more units, ``(rows, weight)`` with
+        ``rows`` (k, D) flat in the parameters' order (:meth:`clipped_sum`), clipped with them: the same norms,
+        the same factors."""
         flat = [per_unit[k].flatten(1) for k in self.names]
+        if extra:
+            rows, extra_weight = extra
+            flat = [torch.cat([f, r]) for f, r in zip(flat, rows.split(self.sizes, dim=1), strict=True)]
+            weight = torch.cat([weight, extra_weight])
         norms = torch.sqrt(cast(Tensor, sum(f.pow(2).sum(1) for f in flat)))  # (a sum of tensors, never 0)
         factor = clip_factors(norms, self.max_grad_norm) * weight
         return torch.cat([factor @ f for f in flat])
@@ -217,15 +225,25 @@ class FusedStep:
                 part = [torch.cat([t, t.new_zeros((short, *t.shape[1:]))]) for t in part]
             yield (*part, weight)
 
-    def _passes(self, x: Tensor, y: Tensor, segment: Tensor | None) -> Iterator[tuple[Tensor, ...]]:
+    def _passes(self, x: Tensor, y: Tensor, segment: Tensor | None, pad: bool) -> Iterator[tuple[Tensor, ...]]:
         """Each pass's inputs to :meth:`_run`: here the rows themselves, each its own unit (``segment`` unused)."""
-        return self.passes_of(x, y, pad=self.padded)
+        return self.passes_of(x, y, pad=pad)
 
     def _run(self, *inputs: Tensor) -> Tensor:
-        """One pass's clipped sum, flat."""
+        """One pass's clipped sum, flat (``inputs``: the pass's, then any extra units' rows and weights)."""
         if self.linear is not None:
             return self.linear.clipped_sum(*inputs)
         return self._pass(self.params, self.buffers, *inputs)
+
+    def _with_extra(self, passes: list[tuple[Tensor, ...]], extra: dict[str, Tensor]) -> list[tuple[Tensor, ...]]:
+        """The passes with the ``extra`` units as more rows: flat (k, D) in the parameters' order, in parts of at
+        most ``pad_to`` units with their weights (:meth:`_cut`), after a pass's inputs. More parts than passes: the
+        first pass's inputs at weight 0 carry the rest (they add exactly nothing)."""
+        flat = torch.cat([extra[k].to(self.params[k].device, self.params[k].dtype).flatten(1) for k in self.names], 1)
+        parts = list(self._cut((flat,), self.padded, flat.dtype))
+        blank = tuple(t.new_zeros(t.shape) for t in passes[0])  # its weight 0: the rows count for nothing
+        passes += [blank] * (len(parts) - len(passes))
+        return [(*inputs, *part) for inputs, part in zip(passes, parts, strict=False)] + passes[len(parts) :]
 
     def clipped_sum(
         self, x: Tensor, y: Tensor, segment: Tensor | None = None, extra: dict[str, Tensor] | None = None
@@ -237,9 +255,14 @@ class FusedStep:
         over no rows fails), so that its step releases the noise alone, N(0, σ²C²) over the divisor
         (Abadi et al. 2016, "Deep Learning with Differential Privacy", Algorithm 1: the noised sum of the
         lot's clipped gradients, of which there are none). ``extra``: more units' gradients
-        ``{name: (k, *shape)}`` (a white-box audit's canaries, ``dpsweep.mechanisms.private_step``), clipped by
-        the step's own clipping (:meth:`_clipped`, every pass's but the book-keeping one's) and summed with them."""
-        passes = list(self._passes(x, y, segment))
+        ``{name: (k, *shape)}`` (a white-box audit's canaries, ``dpsweep.mechanisms.private_step``), rows of the
+        step's own passes (:meth:`_with_extra`): clipped by the pass's own norms, compiled or captured with it
+        (as jax_privacy's ``CanaryGradientForwardFnWrapper`` puts canaries among the gradients its step clips)."""
+        extra = extra if extra is not None and len(next(iter(extra.values()))) else None  # no rows: none
+        # an empty batch with extra units: one pass of padding (its rows of weight 0) carries them
+        passes = list(self._passes(x, y, segment, pad=self.padded or (extra is not None and len(y) == 0)))
+        if extra is not None:
+            passes = self._with_extra(passes, extra)
         total: Tensor | None = None
         for i, inputs in enumerate(passes):
             part = self._run(*inputs)
@@ -247,11 +270,6 @@ class FusedStep:
             last = i == len(passes) - 1
             total = (part if last else part.clone()) if total is None else total + part
             self.passes += 1
-        if extra is not None:
-            rows = {k: extra[k].to(self.params[k].device, self.params[k].dtype) for k in self.names}
-            first = rows[self.names[0]]
-            part = self._clipped(rows, torch.ones(len(first), device=first.device, dtype=first.dtype))
-            total = part if total is None else total + part
         if total is None:
             first = next(iter(self.params.values()))
             return torch.zeros(sum(p.numel() for p in self.params.values()), device=first.device, dtype=first.dtype)
@@ -308,9 +326,10 @@ class FusedUserStep(FusedStep):
         self._pass = users if mode is None else torch.compile(users, mode=mode, dynamic=False)
 
     def _users_sum(self, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor, y: Tensor, rows: Tensor,
-                   weight: Tensor) -> Tensor:  # fmt: skip
+                   weight: Tensor, *extra: Tensor) -> Tensor:  # fmt: skip
         """Σ_u w_u·min(1, C/(‖Δ_u‖+1e-6))·Δ_u over the pass's users, Δ_u the gradient of user u's mean loss
-        over their rows (``rows``: 1 for an example, 0 for padding), flat (the parameters' order)."""
+        over their rows (``rows``: 1 for an example, 0 for padding), and the pass's ``extra`` units (:meth:`_clipped`),
+        flat (the parameters' order)."""
 
         def one(out: Tensor, label: Tensor) -> Tensor:
             return self.loss_fn(out.unsqueeze(0), label.unsqueeze(0))
@@ -320,9 +339,9 @@ class FusedUserStep(FusedStep):
             return (losses * ru).sum() / ru.sum().clamp(min=1.0)
 
         per_user = vmap(grad(user_loss), in_dims=(None, 0, 0, 0), randomness="different")(params, x, y, rows)
-        return self._clipped(per_user, weight)
+        return self._clipped(per_user, weight, *extra)
 
-    def _passes(self, x: Tensor, y: Tensor, segment: Tensor | None) -> Iterator[tuple[Tensor, ...]]:
+    def _passes(self, x: Tensor, y: Tensor, segment: Tensor | None, pad: bool) -> Iterator[tuple[Tensor, ...]]:
         """The batch as users × m examples (``segment``: each row's user 0..b−1, non-decreasing, at most m rows
         each, as ``UserBatches`` draws them), in passes of at most P users: (x, y, rows, weight)."""
         if segment is None:
@@ -333,7 +352,7 @@ class FusedUserStep(FusedStep):
         xs, ys = x.new_zeros((b, m, *x.shape[1:])), y.new_zeros((b, m))
         rows = torch.zeros((b, m), device=device, dtype=x.dtype if x.is_floating_point() else torch.float32)
         xs[segment, rank], ys[segment, rank], rows[segment, rank] = x, y, 1.0  # a rank >= m: IndexError
-        return self._cut((xs, ys, rows), self.padded, rows.dtype)
+        return self._cut((xs, ys, rows), pad, rows.dtype)
 
 
 class _LinearRows:
@@ -343,15 +362,16 @@ class _LinearRows:
                  layers: list[tuple[str, nn.Linear]], names: list[str], max_grad_norm: float, pad_to: int,
                  mode: CompileMode) -> None:  # fmt: skip
         self.model, self.loss_fn, self.layers, self.names = model, loss_fn, layers, names
+        self.sizes = [p.numel() for k, p in model.named_parameters() if k in names]  # (names: in this order)
         self.max_grad_norm = float(max_grad_norm)
         self.trained = [(m.weight.requires_grad, m.bias is not None and m.bias.requires_grad) for _, m in layers]
         tail = self._tail
         compiled_tail = mode is not None and mode != CUDA_GRAPHS  # under CUDA graphs the whole pass is captured
         self.tail: Callable[..., Tensor] = torch.compile(tail, mode=mode, dynamic=False) if compiled_tail else tail
         self.captured = mode == CUDA_GRAPHS
-        self.clipped_sum: Callable[[Tensor, Tensor, Tensor], Tensor] = (
-            _CapturedPass(self._pass, pad_to) if self.captured else self._pass
-        )
+        # captured: one graph for the passes of the batch's rows alone, one for those that also hold extra units
+        self.plain: Callable[..., Tensor] = _CapturedPass(self._pass, pad_to) if self.captured else self._pass
+        self.with_extra: Callable[..., Tensor] = _CapturedPass(self._pass, pad_to) if self.captured else self._pass
         self.inputs: dict[str, Tensor] = {}
         self.outputs: dict[str, Tensor] = {}
         self.capturing = False
@@ -377,8 +397,13 @@ class _LinearRows:
             return None
         return cls(model, loss_fn, layers, names, max_grad_norm, pad_to, mode)
 
-    def _pass(self, x: Tensor, y: Tensor, weight: Tensor) -> Tensor:
-        """One pass: Σᵢ wᵢ·min(1, C/(‖gᵢ‖+1e-6))·gᵢ over its rows, flat (the parameters' order)."""
+    def clipped_sum(self, x: Tensor, y: Tensor, weight: Tensor, *extra: Tensor) -> Tensor:
+        """One pass's clipped sum (:meth:`_pass`), captured where the pass is."""
+        return (self.with_extra if extra else self.plain)(x, y, weight, *extra)
+
+    def _pass(self, x: Tensor, y: Tensor, weight: Tensor, *extra: Tensor) -> Tensor:
+        """One pass: Σᵢ wᵢ·min(1, C/(‖gᵢ‖+1e-6))·gᵢ over its rows and its ``extra`` units (:meth:`_tail`), flat
+        (the parameters' order)."""
         if self.handles is None:  # once: hooks that keep the layers' inputs and outputs while capturing
             self.handles = [m.register_forward_hook(self._keep(n)) for n, m in self.layers]
         inputs, outputs = self.inputs, self.outputs
@@ -393,24 +418,48 @@ class _LinearRows:
         if missing:
             raise ValueError(f"layers {missing} took no part in the forward pass: the fused step needs them all")
         grads = torch.autograd.grad(loss, [outputs[n] for n, _ in self.layers])
-        return self.tail([inputs[n] for n, _ in self.layers], list(grads), weight, self.max_grad_norm)
+        return self.tail([inputs[n] for n, _ in self.layers], list(grads), weight, self.max_grad_norm, *extra)
 
-    def _tail(self, inputs: list[Tensor], grads: list[Tensor], weight: Tensor, max_grad_norm: float) -> Tensor:
-        """From each layer's inputs A and output gradients G: the norms, the factors, the clipped sums."""
-        squared = torch.zeros_like(weight)
-        for a, g, (w, b) in zip(inputs, grads, self.trained, strict=True):
+    def _tail(self, inputs: list[Tensor], grads: list[Tensor], weight: Tensor, max_grad_norm: float,
+              *extra: Tensor) -> Tensor:  # fmt: skip
+        """From each layer's inputs A and output gradients G: the norms, the factors, the clipped sums.
+        ``extra``: more units, ``(rows, weight)`` with ``rows`` (k, D) flat in the parameters' order (a white-box
+        audit's canaries, :meth:`FusedStep.clipped_sum`): rows of the pass, their norms summed by the rows' own
+        :meth:`_squared_norms` and clipped by the rows' own factors."""
+        terms = []  # each layer's squared norms of each row's weight and bias gradients
+        for a, g in zip(inputs, grads, strict=True):
             g2 = torch.linalg.vector_norm(g, dim=1).square()  # one reduction, no P x d temporary of squares
-            if w:
-                squared = squared + torch.linalg.vector_norm(a, dim=1).square() * g2  # ‖g_i a_iᵀ‖² = ‖g_i‖²‖a_i‖²
-            if b:
-                squared = squared + g2
-        factor = clip_factors(squared.sqrt(), max_grad_norm) * weight
+            terms.append((torch.linalg.vector_norm(a, dim=1).square() * g2, g2))  # ‖g_i a_iᵀ‖² = ‖g_i‖²‖a_i‖²
+        if extra:
+            rows, extra_weight = extra
+            terms = [(torch.cat([w, wx]), torch.cat([b, bx])) for (w, b), (wx, bx) in zip(terms, self._terms(rows),
+                                                                                          strict=True)]  # fmt: skip
+            weight = torch.cat([weight, extra_weight])
+        factor = clip_factors(self._squared_norms(terms, weight).sqrt(), max_grad_norm) * weight
         sums: dict[str, Tensor] = {}
         for (n, _), a, g in zip(self.layers, inputs, grads, strict=True):
-            scaled = g * factor[:, None]
+            scaled = g * factor[: len(g), None]
             sums[f"{n}.weight"] = scaled.T @ a
             sums[f"{n}.bias"] = scaled.sum(0)
-        return torch.cat([sums[k].flatten() for k in self.names])
+        flat = torch.cat([sums[k].flatten() for k in self.names])
+        return flat + factor[len(grads[0]) :] @ extra[0] if extra else flat
+
+    def _squared_norms(self, terms: list[tuple[Tensor, Tensor]], weight: Tensor) -> Tensor:
+        """Each row's squared gradient norm: the sum of its layers' weight and bias ``terms``, the trained ones."""
+        squared = torch.zeros_like(weight)
+        for (weight_term, bias_term), (w, b) in zip(terms, self.trained, strict=True):
+            if w:
+                squared = squared + weight_term
+            if b:
+                squared = squared + bias_term
+        return squared
+
+    def _terms(self, rows: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Each layer's squared norms of the flat rows' (k, D) weight and bias parts (0: a part not trained)."""
+        parts = dict(zip(self.names, rows.split(self.sizes, dim=1), strict=True))
+        zero = rows.new_zeros(len(rows))
+        norm = {k: v.square().sum(1) for k, v in parts.items()}
+        return [(norm.get(f"{n}.weight", zero), norm.get(f"{n}.bias", zero)) for n, _ in self.layers]
 
 
 class _CapturedPass:

@@ -212,6 +212,9 @@ def test_the_compiled_pass_equals_the_eager_one() -> None:
         torch.testing.assert_close(compiled.clipped_sum(x, y), expected, rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(compiled.clipped_sum(x[:20], y[:20]), eager.clipped_sum(x[:20], y[:20]),
                                    rtol=1e-4, atol=1e-6)  # fmt: skip
+        extra, _ = _dirac(eager, eager.names[-1], k=3)  # canaries: rows of the compiled pass too
+        torch.testing.assert_close(_with_extra(compiled, x, y, extra), _with_extra(eager, x, y, extra),
+                                   rtol=1e-4, atol=1e-6)  # fmt: skip
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (benchmarks/fused_check.py on one)")
@@ -228,6 +231,9 @@ def test_the_linear_pass_captured_as_a_cuda_graph_equals_the_eager_one() -> None
                     p.add_(torch.randn_like(p), alpha=0.1)
         x, y = torch.randn(rows, 1, 28, 28, device="cuda"), torch.randint(0, 10, (rows,), device="cuda")
         torch.testing.assert_close(captured.clipped_sum(x, y), eager.clipped_sum(x, y), rtol=1e-4, atol=1e-6)
+        extra, _ = _dirac(eager, eager.names[-1], k=rows % 5 + 1)  # canaries: rows of the captured pass (its 2nd graph)
+        torch.testing.assert_close(_with_extra(captured, x, y, extra), _with_extra(eager, x, y, extra),
+                                   rtol=1e-4, atol=1e-6)  # fmt: skip
 
 
 def _user_batch(n_users: int, most: int, x: Tensor, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
@@ -301,3 +307,119 @@ def test_extra_units_go_through_the_steps_own_clipping_before_its_noise(name: st
 def plain_part(step: fused.FusedStep, summed: Tensor) -> dict[str, Tensor]:
     """The plain clipped sum over the divisor 2, by parameter name."""
     return step.unflatten(summed / 2.0)
+
+
+def _dirac(step: fused.FusedStep, name: str, k: int = 1, size: float = 100.0 * C) -> tuple[dict[str, Tensor], int]:
+    """``k`` extra units (a white-box canary's rows), each ``size`` at the first coordinate of parameter ``name``,
+    and that coordinate's place in the flat vector."""
+    extra = {n: torch.zeros(k, *p.shape) for n, p in step.params.items()}
+    extra[name].view(k, -1)[:, 0] = size
+    return extra, sum(step.params[n].numel() for n in step.names[: step.names.index(name)])
+
+
+def _with_extra(step: fused.FusedStep, x: Tensor, y: Tensor, extra: dict[str, Tensor], segment: Tensor | None = None
+                ) -> Tensor:  # fmt: skip
+    """The flat clipped sum the step releases with ``extra`` units (divisor 1)."""
+    generator = torch.Generator(x.device).manual_seed(0)
+    clipped, _ = step.release(x, y, noise_multiplier=1.0, divisor=1.0, generator=generator, segment=segment,
+                              extra=extra)  # fmt: skip
+    return torch.cat([clipped[k].flatten() for k in step.names])
+
+
+def _forgets_biases(self: fused._LinearRows, terms: list[tuple[Tensor, Tensor]], weight: Tensor) -> Tensor:
+    """A planted bug in the book-keeping pass's norms: the bias terms left out."""
+    squared = torch.zeros_like(weight)
+    for (weight_term, _), (trained, _) in zip(terms, self.trained, strict=True):
+        if trained:
+            squared = squared + weight_term
+    return squared
+
+
+@pytest.mark.parametrize("plant", ["norm_function", "bias_flags"])
+def test_a_bug_in_the_book_keeping_passs_norms_is_a_bug_of_the_extra_units_too(
+    plant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mlp's pass takes each row's norm from ‖aᵢ‖ and ‖gᵢ‖ (_LinearRows._tail). Its norms made to forget
+    the biases (its function that sums the layers' terms replaced, or its record of which biases are trained
+    emptied): a canary on a bias, of norm 100·C, gets a norm of 0 from the same pass, so it is not clipped
+    (and an audit sees 100·C where C was claimed). (When the canaries were clipped apart from the pass, they
+    kept their true norm and were clipped to C: the bug was not seen.)"""
+    torch.manual_seed(6)
+    model, x = _mlp()
+    y = torch.randint(0, 10, (len(x),))
+    step = fused.FusedStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=32, mode=None)
+    assert step.linear is not None
+    extra, at = _dirac(step, "fc2.bias")
+    correct, got = step.clipped_sum(x, y).clone(), _with_extra(step, x, y, extra)
+    assert float(got[at] - correct[at]) == pytest.approx(C, rel=1e-4)  # a correct pass clips the canary to C
+    if plant == "norm_function":
+        monkeypatch.setattr(fused._LinearRows, "_squared_norms", _forgets_biases, raising=False)
+    else:
+        monkeypatch.setattr(step.linear, "trained", [(w, False) for w, _ in step.linear.trained])
+    buggy = step.clipped_sum(x, y).clone()
+    assert not torch.allclose(buggy, correct)  # the bug is the pass's: its own rows are clipped less
+    got = _with_extra(step, x, y, extra)
+    assert float(got[at] - buggy[at]) == pytest.approx(100.0 * C, rel=1e-4)  # the canary's norm is the pass's: 0
+    torch.testing.assert_close(torch.cat([got[:at], got[at + 1 :]]), torch.cat([buggy[:at], buggy[at + 1 :]]))
+
+
+@pytest.mark.parametrize(("name", "users"), [("cnn", False), ("mlp", False), ("mlp", True)])
+def test_a_bug_in_the_pass_that_clips_the_rows_is_a_bug_of_the_extra_units_too(name: str, users: bool) -> None:
+    """The pass itself (the vmap way's and the user level's compiled function, the book-keeping way's tail) made
+    to clip at 2C: the canaries, rows of that pass, are clipped at 2C too, in passes of 7 padded rows (three
+    parts of canaries over the batch's passes) and in an empty batch (a pass of padding carries them)."""
+    torch.manual_seed(7)
+    model, pool = MODELS[name]()
+    if users:
+        x, y, segment = _user_batch(9, 4, pool)
+        step: fused.FusedStep = fused.FusedUserStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=7,
+                                                    max_examples=4, mode=None)  # fmt: skip
+    else:
+        x, y, segment = pool, torch.randint(0, 10, (len(pool),)), None
+        step = fused.FusedStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=7, mode=None)
+    step.padded = True  # as a compiled pass: every pass of 7 rows (or users)
+    if step.linear is not None:
+        tail = step.linear.tail
+        step.linear.tail = lambda inputs, grads, weight, c, *extra: tail(inputs, grads, weight, 2 * c, *extra)
+    else:
+        own = step._pass
+
+        def doubled(*args: Tensor) -> Tensor:
+            step.max_grad_norm = 2 * C
+            try:
+                return own(*args)
+            finally:
+                step.max_grad_norm = C
+
+        step._pass = doubled
+    extra, at = _dirac(step, step.names[0], k=17)  # 17 canaries: parts of 7, 7 and 3
+    spike = torch.zeros(sum(p.numel() for p in step.params.values()))
+    spike[at] = 17 * 100.0 * C * float(clip_factors(torch.tensor(100.0 * C), 2 * C))  # each clipped to 2C
+    buggy = step.clipped_sum(x, y, segment).clone()
+    torch.testing.assert_close(_with_extra(step, x, y, extra, segment), buggy + spike, rtol=1e-4, atol=1e-5)
+    empty = (pool[:0], torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long) if users else None)
+    torch.testing.assert_close(_with_extra(step, *empty[:2], extra, empty[2]), spike, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("name", "users"), [("cnn", False), ("mlp", False), ("mlp", True)])
+def test_a_release_without_extra_units_is_a_plain_steps_bit_for_bit(name: str, users: bool) -> None:
+    """What a run no audit wraps releases: the step's clipped sum plus N(0, σ²C²), over the divisor, from the
+    generator's first draws, exactly; extra units with no rows change nothing."""
+    torch.manual_seed(8)
+    model, pool = MODELS[name]()
+    if users:
+        x, y, segment = _user_batch(9, 4, pool)
+        step: fused.FusedStep = fused.FusedUserStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=4,
+                                                    max_examples=4, mode=None)  # fmt: skip
+    else:
+        x, y, segment = pool, torch.randint(0, 10, (len(pool),)), None
+        step = fused.FusedStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=16, mode=None)
+    summed = step.clipped_sum(x, y, segment).clone()
+    drawn = torch.normal(0.0, 1.3 * C / 3.0, summed.shape, generator=torch.Generator().manual_seed(1))
+    none = {k: torch.zeros(0, *p.shape) for k, p in step.params.items()}
+    for extra in (None, none):
+        clipped, noisy = step.release(x, y, noise_multiplier=1.3, divisor=3.0, segment=segment, extra=extra,
+                                      generator=torch.Generator().manual_seed(1))  # fmt: skip
+        assert torch.equal(torch.cat([clipped[k].flatten() for k in step.names]), summed / 3.0)
+        assert torch.equal(torch.cat([noisy[k].flatten() for k in step.names]), drawn.add_(summed, alpha=1 / 3.0))
+        drawn = torch.normal(0.0, 1.3 * C / 3.0, summed.shape, generator=torch.Generator().manual_seed(1))
