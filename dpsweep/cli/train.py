@@ -4,7 +4,8 @@
     dpsweep dp.noise_multiplier=1.3 train.epochs=5   # one run with overrides
     dpsweep -m experiment=demo                       # the README's demo sweep (4 configs, 3 train)
 
-A thin entry point: the run is :func:`dpsweep.run.runner.train`; this module sets the checkpoint
+A thin entry point: the run is :func:`dpsweep.run.runner.train` (across ``train.devices`` devices,
+:func:`dpsweep.run.across_devices.launch` starts its ranks); this module sets the checkpoint
 directory to the Hydra job's own, prints the result line, and turns bad input into exit code 2 (in
 a sweep it raises instead, so that the sweeper records the job as failed and goes on). A config over
 ``sweep.max_epsilon`` is skipped, not failed.
@@ -13,12 +14,10 @@ a sweep it raises instead, so that the sweeper records the job as failed and goe
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import secrets
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from dpsweep.cli.script import run_script
 from dpsweep.config import given_overrides, to_config
 from dpsweep.errors import InputError
 from dpsweep.launchers.overrides import string_override
-from dpsweep.process import RANKS_ENV, a_rank
+from dpsweep.process import a_rank
 from dpsweep.process.liveness import die_with_driver
 
 
@@ -224,32 +223,27 @@ def app(cfg: DictConfig) -> JobSummary | None:
     return summary
 
 
-RANK0_SUMMARY = ".dpsweep-ranks.json"  # in the job's directory: rank 0's summary, for the job that launched it
-
-
 def _say_skipped(why: object) -> None:
     print(f"dpsweep: skip {_job_overrides()}: {why}", flush=True)
 
 
 def _leave_summary(hydra_cfg: Any, summary: dict[str, Any]) -> None:
-    (Path(hydra_cfg.runtime.output_dir) / RANK0_SUMMARY).write_text(json.dumps(summary))
+    from dpsweep.run.across_devices import leave_summary
+
+    leave_summary(Path(hydra_cfg.runtime.output_dir), summary)
 
 
 def _launch_ranks(cfg: DictConfig, hydra_cfg: Any) -> JobSummary | None:
-    """A run across ``train.devices`` devices: checked here as a run would be (bad input: exit 2 before
-    any rank starts), then its ranks under torchrun (:mod:`dpsweep.distributed.launch`), each the same
-    command line in this job's directory. torchrun exits non-zero when any rank failed (it ends the
-    others); the experiment's dead runs are then ended (:func:`dpsweep.tracking.reconcile`), so none
-    is left RUNNING even where rank 0 itself was killed outright, and a run that torchrun's SIGTERM
-    ended KILLED because another rank failed is set FAILED (:func:`dpsweep.tracking.failed_by_a_rank`).
-    A single run exits with torchrun's code; a sweep's job returns rank 0's summary (None: skipped) or
-    raises, as a job of one process."""
-    from dpsweep.distributed import run_ranks, torchrun_command
-    from dpsweep.run.runner import OverBudget, check_launch
+    """A run across ``train.devices`` devices (:func:`dpsweep.run.across_devices.launch`: checked, then
+    its ranks under torchrun, its runs ended after a failed rank): bad input exits 2 before any rank
+    starts, a config over budget is skipped. A single run exits with torchrun's code; a sweep's job
+    returns rank 0's summary (None: skipped) or raises, as a job of one process."""
+    from dpsweep.run.across_devices import launch
+    from dpsweep.run.runner import OverBudget
 
     sweep = hydra_cfg.mode == RunMode.MULTIRUN
     try:
-        config_hash = check_launch(cfg)
+        ended = launch(cfg, hydra_cfg.overrides.task, Path(hydra_cfg.runtime.output_dir))
     except OverBudget as why:
         _say_skipped(why)
         return None
@@ -257,36 +251,20 @@ def _launch_ranks(cfg: DictConfig, hydra_cfg: Any) -> JobSummary | None:
         if sweep:
             raise
         raise SystemExit(report_bad_input("dpsweep", err)) from err
-    output = Path(hydra_cfg.runtime.output_dir)
-    (output / RANK0_SUMMARY).unlink(missing_ok=True)
-    given = [o for o in hydra_cfg.overrides.task if not o.startswith("train.checkpoint_dir=")]
-    overrides = [*given, f"train.checkpoint_dir={cfg.train.checkpoint_dir}"]  # this job's, for every rank
-    command = torchrun_command(cfg.train.devices, overrides, str(output))
-    threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # torchrun's default, said quietly
-    since_ms = int(time.time() * 1000)
-    ranks = run_ranks(command, os.environ | threads | {RANKS_ENV: "1"}, output)
-    code = ranks.code
-    if code != 0:  # a rank failed (a Ctrl-C or SIGTERM of this command itself never gets here)
-        from dpsweep.tracking import failed_by_a_rank, reconcile
-
-        uri, experiment = cfg.tracking.uri, cfg.tracking.experiment_name
-        cause = ranks.root_cause or f"torchrun exited with {code}"
-        print(f"dpsweep: a rank of this run failed first: {cause}; torchrun's report: {ranks.report}",
+    if ended.code != 0:
+        cause = ended.root_cause or f"torchrun exited with {ended.code}"
+        print(f"dpsweep: a rank of this run failed first: {cause}; torchrun's report: {ended.report}",
               file=sys.stderr, flush=True)  # fmt: skip
-        # another rank failed, and torchrun's SIGTERM (or the dead rank's closed connection) ended rank 0's
-        # run KILLED (or FAILED on that exception): a failure of a rank, FAILED; its checkpoint kept
-        for run_id in failed_by_a_rank(uri, experiment, config_hash, since_ms, code):
+        for run_id in ended.failed:
             print(f"dpsweep: run {run_id[:8]} ended FAILED: a rank failed; run the same command again to resume "
                   "it from its last checkpoint", file=sys.stderr, flush=True)  # fmt: skip
-        # rank 0 killed outright (SIGKILL, the OOM killer) could not end its run: ended KILLED here, and this
-        # config's checkpoint kept for the same command to resume
-        for run_id, reason, _ in reconcile(uri, experiment, spare=config_hash):
+        for run_id, reason in ended.killed:
             print(f"dpsweep: run {run_id[:8]} ended KILLED: {reason}", file=sys.stderr, flush=True)
     if not sweep:
-        raise SystemExit(code)
-    if code != 0:
-        raise RuntimeError(f"a rank of this run failed: torchrun exited with {code} (its output is above)")
-    summary = json.loads((output / RANK0_SUMMARY).read_text())
+        raise SystemExit(ended.code)
+    if ended.code != 0:
+        raise RuntimeError(f"a rank of this run failed: torchrun exited with {ended.code} (its output is above)")
+    summary = ended.summary()
     if "skipped" in summary:
         _say_skipped(summary["skipped"])
         return None

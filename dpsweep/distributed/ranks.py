@@ -6,7 +6,7 @@
     leave()
 
 A process is a rank of a run only when dpsweep started it (``dpsweep.process.RANKS_ENV``, set by
-:func:`dpsweep.distributed.launch.torchrun_command`): a Slurm job or an outer ``torchrun`` may set
+:func:`dpsweep.run.across_devices.launch`): a Slurm job or an outer ``torchrun`` may set
 ``RANK`` and ``WORLD_SIZE`` for reasons of its own, and a run must not join a group it did not ask for.
 """
 
