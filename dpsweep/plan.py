@@ -12,9 +12,10 @@ The trainer (``dpsweep.run.runner``), ``dpsweep-plan``, the sweeper's preflight 
 all call :func:`prepare`; none of them repeats its sequence:
 
 1. the ranges that need no data (:func:`dpsweep.config.validate`); what the run's task, mechanism and
-   engine declare they run (:func:`dpsweep.mechanisms.engines.check`); the ranges that need N
-   (:func:`dpsweep.config.validate_for_dataset`: B <= N, δ < 1/N); the model of an engine whose steps
-   need its layers to treat examples apart (:func:`dpsweep.mechanisms.fused.check_planned_model`);
+   engine declare they run (both in :func:`dpsweep.mechanisms.engines.checked`, as every entry point
+   checks a config); the ranges that need N (:func:`dpsweep.config.validate_for_dataset`: B <= N,
+   δ < 1/N); the model of an engine whose steps need its layers to treat examples apart
+   (:func:`dpsweep.mechanisms.fused.check_planned_model`);
 2. σ: ``dp.noise_multiplier``, or calibrated so that ε <= ``dp.target_epsilon``, which the whole
    ledger spends: the clipping release of ``dp.clipping=quantile`` (``dpsweep.privacy.clipping``) included;
 3. the sampling schedule and steps (Opacus's Poisson-loader convention, ``dpsweep.privacy.schedule``) and the
@@ -45,7 +46,6 @@ from dpsweep.config import (
     identity,
     identity_hash,
     population,
-    validate,
     validate_for_dataset,
     validate_input_shape,
 )
@@ -118,8 +118,7 @@ class RunPlan:
 
 def prepare(cfg: Config, facts: DatasetFacts, memory: MemoryBudget | None = None) -> RunPlan:
     """The plan of one run of ``cfg`` on a training set described by ``facts`` (see the module doc)."""
-    validate(cfg)
-    engine = engines.check(cfg) if cfg.dp.enabled else None
+    engine = engines.checked(cfg)
     validate_for_dataset(cfg, facts.n_train)
     validate_input_shape(cfg, facts.input_shape)
     if engine is not None and engine.rows_apart:
@@ -128,7 +127,9 @@ def prepare(cfg: Config, facts: DatasetFacts, memory: MemoryBudget | None = None
         check_planned_model(cfg.model, facts.input_shape, facts.num_classes)
     planned = _planned_privacy(cfg, facts.n_train)
     steps = planned.steps if planned is not None else _scheduled_steps(cfg, population(cfg, facts.n_train))
-    physical, prediction, figure = _memory(cfg, facts, memory)
+    # a memory model splits a step into passes only where the engine may (no DP: the loader's steps may)
+    splits = engine is None or engine.physical_batches
+    physical, prediction, figure = _memory(cfg, facts, memory, splits)
     if cfg.audit.mode == "white_box" and physical is not None:  # a canary per pass would enter a release k times
         raise ConfigError(
             "train.memory_model", cfg.train.memory_model,
@@ -307,9 +308,11 @@ def _budget_verdict(cfg: Config, planned: PlannedPrivacy | None) -> str | None:
 
 
 def _memory(
-    cfg: Config, facts: DatasetFacts, memory: MemoryBudget | None
+    cfg: Config, facts: DatasetFacts, memory: MemoryBudget | None, splits: bool
 ) -> tuple[int | None, MemoryPrediction | None, str | None]:
-    """The physical batch, the memory prediction when asked, and the GPU memory figure planned against."""
+    """The physical batch, the memory prediction when asked, and the GPU memory figure planned against; a
+    memory model chooses a physical batch only where the run's steps may be split (``splits``:
+    ``Engine.physical_batches``)."""
     t = cfg.train
     if memory is None or t.probe:
         return t.physical_batch_size, None, None
@@ -319,7 +322,7 @@ def _memory(
     figure, budget = gpu_budget(cfg, memory.gpu_memory)
     fitted = model_for(memory.models, model_key(cfg), memory.backend)
     physical = t.physical_batch_size
-    if physical is None and t.memory_model is not None and budget is not None:
+    if physical is None and splits and t.memory_model is not None and budget is not None:
         physical = chosen_physical_batch(fitted, cfg, facts, budget)
         if physical is None:
             raise ConfigError(

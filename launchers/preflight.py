@@ -63,14 +63,11 @@ def job_error(job: Sequence[str], err: InputError) -> Refused:
 def check_ranges(configs: Sequence[Config], jobs: Sequence[Sequence[str]]) -> None:
     """Each job's ranges that need no data (``dpsweep.config.validate``), and what its task, mechanism and
     engine declare (``dpsweep.mechanisms.engines.check``): cheap, before a first line."""
-    from dpsweep.config import validate
     from dpsweep.mechanisms import engines
 
     for cfg, job in zip(configs, jobs, strict=True):
         try:
-            validate(cfg)
-            if cfg.dp.enabled:
-                engines.check(cfg)
+            engines.checked(cfg)
         except InputError as err:
             raise job_error(job, err) from None
 

@@ -101,7 +101,7 @@ def _run(overrides: list[str]) -> Checked | None:
     from omegaconf import OmegaConf, open_dict
 
     from dpsweep.cli.lines import start_line
-    from dpsweep.config import to_config, validate
+    from dpsweep.config import to_config
     from dpsweep.mechanisms import engines
 
     cfg = compose("config", overrides=overrides, return_hydra_config=True)
@@ -114,9 +114,7 @@ def _run(overrides: list[str]) -> Checked | None:
     if submits(launcher):  # an unknown name: refused, with the valid ones
         raise scheduler_refusal(launcher)
     config = to_config(cfg)
-    validate(config)
-    if config.dp.enabled:  # the task's, mechanism's and engine's declarations (no torch)
-        engines.check(config)
+    engines.checked(config)  # the ranges, and the task's, mechanism's and engine's declarations (no torch)
     line = start_line(cfg, str(Path(run_dir).absolute())) if run_dir is not None else None
     return Checked(line, [config], [overrides], sweep=False, run_dir=run_dir)
 

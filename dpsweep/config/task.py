@@ -10,7 +10,6 @@ from omegaconf import MISSING
 from dpsweep.config import audit
 from dpsweep.config.checks import ConfigError, require
 from dpsweep.config.dataset import RatingsConfig
-from dpsweep.config.dp import Clipping
 
 if TYPE_CHECKING:
     from dpsweep.config.schema import Config
@@ -30,14 +29,14 @@ class TaskConfig:
     # Whether a row of this task shows model.name as its model (a task whose model group is only an
     # evaluation model shows the task's name instead: :func:`shown_model`).
     shows_model: ClassVar[bool] = True
-    # What it can run, asked by the checks (dpsweep.config.audit, .train, dpsweep.mechanisms.engines):
+    # What it can run, asked by the checks (this module's, dpsweep.config.dp and .train, dpsweep.mechanisms.engines):
     units: ClassVar[tuple[str, ...]] = ("example", "user")  # the dp.unit values it can protect
     engines: ClassVar[tuple[str, ...]] = ("opacus", "own_steps")  # the dp.engine values its private steps take
-    # the dp.grad_sample_mode values it takes (None: its engine's), and why no other, "{mode}" filled in
-    grad_sample_modes: ClassVar[tuple[str, ...] | None] = None
-    grad_sample_modes_why: ClassVar[str] = ""
+    # its runs build each private step by the engine's own builder (dpsweep.mechanisms.engines.Engine.steps), so
+    # an engine it takes must say one; False: it trains its engines' steps itself
+    builds_steps: ClassVar[bool] = False
     audits: ClassVar[tuple[str, ...]] = ()  # the audit.mode values (besides off) it can be audited by
-    unaudited_why: ClassVar[str] = ""  # a task with no audits: why, for the refusal
+    unaudited_why: ClassVar[str] = ""  # a task with no audits: why, for the refusal (see unaudited)
     distributed: ClassVar[bool] = False  # a run can span train.devices x train.nodes ranks
     label: ClassVar[str] = ""  # the task's name in words, for messages
     # What a report says of the task's rows (dpsweep.analysis.report reads these; it names no task):
@@ -68,6 +67,15 @@ class TaskConfig:
         """Whether a run reads ``train.batch_size`` and ``dp.max_grad_norm`` (a run's lines show them)."""
         return True
 
+    def unaudited(self) -> str:
+        """Why a run of this task cannot be audited (a task with no audits); "": no reason given."""
+        return self.unaudited_why
+
+    def method_name(self) -> str | None:
+        """The ``task.method`` a run trains by, which a mechanism declares it trains (``Mechanism.methods``,
+        asked by :func:`dpsweep.mechanisms.engines.check`); None: a task with one way of training."""
+        return None
+
     def check(self, cfg: Config) -> None:
         """The task's own settings, and what it needs of the other groups (ConfigError names the key)."""
         return None
@@ -80,6 +88,7 @@ class ClassifierTaskConfig(TaskConfig):
     name: str = "classifier"
     objective: ClassVar[str] = "test_accuracy"
     engines: ClassVar[tuple[str, ...]] = ("opacus", "own_steps", "fused")
+    builds_steps: ClassVar[bool] = True  # dpsweep.tasks.classifier.task: each engine's step by its builder
     audits: ClassVar[tuple[str, ...]] = ("white_box", "black_box")
     distributed: ClassVar[bool] = True  # through Opacus's distributed optimizers (dpsweep.distributed)
     at_chance_is_failure: ClassVar[bool] = True
@@ -100,12 +109,9 @@ class GanTaskConfig(TaskConfig):
     objective: ClassVar[str] = "tstr_accuracy"  # train on synthetic, test on real (dpsweep.tasks.gan.synthetic)
     shows_model: ClassVar[bool] = False  # model.name is the TSTR classifier
     units: ClassVar[tuple[str, ...]] = ("example",)
-    engines: ClassVar[tuple[str, ...]] = ("opacus",)  # the critic's private step is Opacus's (torch.func grads)
-    grad_sample_modes: ClassVar[tuple[str, ...] | None] = ("functorch",)  # a gradient of a gradient
-    grad_sample_modes_why: ClassVar[str] = (
-        "the gradient penalty needs a gradient of a gradient inside each example's clipped gradient, which "
-        "Opacus's {mode} mode cannot take (Opacus #31, #548); dpsweep computes it with torch.func"
-    )
+    # its critic's own step (dpsweep.tasks.gan.critic): the gradient penalty's gradient of a gradient inside
+    # each example's clipped gradient, by torch.func, which Opacus's modes cannot take (Opacus #31, #548)
+    engines: ClassVar[tuple[str, ...]] = ("critic",)
     audits: ClassVar[tuple[str, ...]] = ("white_box", "black_box")  # its critic's steps
     label: ClassVar[str] = "task=gan"
     objective_label: ClassVar[str] = "TSTR accuracy"
@@ -203,10 +209,6 @@ class RecommenderTaskConfig(TaskConfig):
     units: ClassVar[tuple[str, ...]] = ("user",)
     # DPALS (sufficient statistics); DPAM and the joint baseline: user-level DP-SGD's own steps
     engines: ClassVar[tuple[str, ...]] = ("sufficient_statistics", "own_steps")
-    unaudited_why: ClassVar[str] = (
-        "DP-ALS releases noised item-side sufficient statistics, not clipped per-unit gradients a canary could "
-        "join, and a user's embedding, which a black-box score needs, is never released (docs: guides/audit.md)"
-    )
     label: ClassVar[str] = "task=recommender"
     objective_label: ClassVar[str] = "Recall@20"
     objective_note: ClassVar[str] = (
@@ -243,6 +245,12 @@ class RecommenderTaskConfig(TaskConfig):
         """DPAM and the joint baseline sample users in batches and clip; DPALS and popularity neither."""
         return self.method in BATCHED_METHODS
 
+    def unaudited(self) -> str:
+        return UNAUDITED.get(self.method, "")
+
+    def method_name(self) -> str | None:
+        return self.method
+
     def check(self, cfg: Config) -> None:
         require(self.rank >= 1, "task.rank", self.rank, "a rank of 1 or more")
         require(self.feedback in FEEDBACK, "task.feedback", self.feedback, f"one of {', '.join(FEEDBACK)}")
@@ -261,18 +269,25 @@ class RecommenderTaskConfig(TaskConfig):
             require(
                 cfg.train.epochs == 1, "train.epochs", cfg.train.epochs, "1 with task.method=popularity (one release)"
             )
-        mechanism = METHODS[self.method]
-        if cfg.dp.enabled:
-            require(
-                cfg.dp.mechanism == mechanism, "dp.mechanism", cfg.dp.mechanism,
-                f"{mechanism} with task.method={self.method}",
-            )  # fmt: skip
 
 
 FEEDBACK = ("implicit", "explicit")
-# task=recommender's models (dpsweep.tasks.recommender.task.RUNS) and the mechanism each trains with
-METHODS = {"als": "dpals", "popularity": "dpals", "dpam": "dpsgd", "sgd": "dpsgd"}
+# task=recommender's models (dpsweep.tasks.recommender.task.RUNS); the mechanism each trains with declares it
+# (Mechanism.methods), asked where the engine is (dpsweep.mechanisms.engines.check)
+METHODS = ("als", "popularity", "dpam", "sgd")
 BATCHED_METHODS = ("dpam", "sgd")  # those that sample users in batches and clip (user-level DP-SGD's steps)
+_NO_SCORE = "and a user's embedding, which a black-box score needs, is never released (docs: guides/audit.md)"
+# why each task.method's runs are not audited (audit.mode's refusal)
+UNAUDITED = {
+    "als": "DP-ALS releases noised item-side sufficient statistics, not clipped per-unit gradients a canary could "
+    f"join, {_NO_SCORE}",
+    "popularity": "the popularity baseline releases noised item counts once, no gradient a canary could join, "
+    f"{_NO_SCORE}",
+    "dpam": "DPAM's item steps are user-level DP-SGD, but the recommender exposes no private step "
+    f"(dpsweep.mechanisms.private_step) a white-box canary could join, {_NO_SCORE}",
+    "sgd": "the joint baseline's steps are user-level DP-SGD, but the recommender exposes no private step "
+    f"(dpsweep.mechanisms.private_step) a white-box canary could join, {_NO_SCORE}",
+}
 
 
 def check(cfg: Config) -> None:
@@ -282,25 +297,20 @@ def check(cfg: Config) -> None:
         wanted = "a ratings dataset (planted_ratings)" if task.ratings else "an image dataset (digits, mnist, ...)"
         raise ConfigError("dataset.name", cfg.dataset.name, f"{wanted} with {task.label or 'task=' + task.name}")
     if cfg.dp.enabled:
-        _check_steps(cfg, type(task))
+        _check_steps(cfg, task)
     task.check(cfg)
 
 
-def _check_steps(cfg: Config, task: type[TaskConfig]) -> None:
+def _check_steps(cfg: Config, task: TaskConfig) -> None:
     """What the task's private steps take, asked of its declarations: ``dp.engine`` (where given; null is
-    the mechanism's own, asked where the run is planned: ``dpsweep.mechanisms.engines``),
-    ``dp.grad_sample_mode``, and the audit."""
-    dp, label, mode = cfg.dp, task.label or f"task={task.name}", cfg.audit.mode
+    the mechanism's own, asked with the engine's own needs: ``dpsweep.mechanisms.engines.check``) and the audit."""
+    dp, label, mode, why_not = cfg.dp, task.label or f"task={task.name}", cfg.audit.mode, task.unaudited()
     if mode in audit.MODES and cfg.audit.enabled and mode not in task.audits:
         audited = " or ".join(f"task={name}" for name, t in sorted(task_schemas().items()) if mode in t.audits)
-        why = f"{label} is not audited: {task.unaudited_why}" if task.unaudited_why else f"{mode} runs with {audited}"
+        why = f"{label} is not audited: {why_not}" if why_not else f"{mode} runs with {audited}"
         raise ConfigError("audit.mode", mode, f"off with {label}: {why}")
     engine = dp.engine
     require(engine is None or engine in task.engines, "dp.engine", engine, f"{_either(task.engines)} with {label}")
-    modes, mode = task.grad_sample_modes, dp.grad_sample_mode.value
-    if modes is not None:
-        why = task.grad_sample_modes_why.format(mode=mode)
-        require(mode in modes, "dp.grad_sample_mode", mode, f"{_either(modes)} with {label}" + (f": {why}" * bool(why)))
 
 
 def _either(names: tuple[str, ...] | list[str]) -> str:
@@ -339,11 +349,9 @@ def _check_gan_settings(g: GanTaskConfig) -> None:
 
 
 def _check_gan_privacy(cfg: Config, g: GanTaskConfig) -> None:
-    """task=gan with DP: what its critic's private steps run with (dp.*, train.physical_batch_size)."""
+    """task=gan with DP: its stopping rule (what its critic's steps run with is their engine's to say:
+    ``critic``, :mod:`dpsweep.mechanisms.engines`)."""
     dp = cfg.dp
-    require(dp.clipping == Clipping.fixed, "dp.clipping", dp.clipping.value, "fixed with task=gan (dp.max_grad_norm)")
-    pb = cfg.train.physical_batch_size
-    require(pb is None, "train.physical_batch_size", pb, "null with task=gan: a critic step is one pass")
     require(
         not g.stop_at_budget or dp.target_epsilon is not None, "task.stop_at_budget", g.stop_at_budget,
         "false, or true with dp.target_epsilon set (the budget training stops at)",

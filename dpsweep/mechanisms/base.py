@@ -80,6 +80,13 @@ class Mechanism(ABC):
     note: ClassVar[str]  # the report's one line on how it is accounted
     # dp.unit -> the engines (dpsweep.mechanisms.engines) that take its steps there, its default first
     engines_at: ClassVar[EngineTable]
+    # the audit.mode values its steps let canaries into: black_box trains on another set and needs nothing
+    # of the step; white_box needs a rule whose release takes the canaries' units (OwnRule.release), which a
+    # rule that says only its gradient does not
+    audits: ClassVar[tuple[str, ...]] = ("black_box",)
+    distributed: ClassVar[bool] = False  # its steps run across train.devices x train.nodes ranks
+    # the task.method values it trains (a task with methods, task=recommender: TaskConfig.method_name)
+    methods: ClassVar[tuple[str, ...]] = ()
     accountants: ClassVar[tuple[str, ...]] = ("rdp", "prv", "pld")
     # how it counts q and steps (Setting.convention): dpsweep's as runs train, and for DP-SGD TF Privacy's too
     conventions: ClassVar[tuple[str, ...]] = ("opacus",)

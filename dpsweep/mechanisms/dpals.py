@@ -77,6 +77,9 @@ class DPALS(Mechanism):
     note = "a Gaussian release of the item side's sufficient statistics per round, every user in it, no amplification"
     # task=recommender's ALS rounds (dpsweep.tasks.recommender.als): a user's ratings bound each round
     engines_at: ClassVar[EngineTable] = {"user": ("sufficient_statistics",)}
+    # no gradient a canary could join, and no released score of a user (their embedding is never released)
+    audits: ClassVar[tuple[str, ...]] = ()
+    methods: ClassVar[tuple[str, ...]] = ("als", "popularity")  # task=recommender's ALS and popularity baseline
     citation = "Chien et al. 2021 (ICML), Alg. 1; google-research dp_alternating_minimization (DPALSAccountant)"
 
     def steps(self, s: Setting) -> int:

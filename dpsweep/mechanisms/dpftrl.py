@@ -31,6 +31,7 @@ class DPFTRL(Mechanism):
     note = "tree aggregation over batches in a fixed order, no sampling and no amplification"
     # torch.func steps (dpsweep.mechanisms.functional), the tree's noise on their prefix sums
     engines_at: ClassVar[EngineTable] = {"example": ("own_steps",), "user": ("own_steps",)}
+    audits: ClassVar[tuple[str, ...]] = ("white_box", "black_box")  # TreeAggregation.release takes canaries
     accountants = dpftrl_accounting.ACCOUNTANTS
     options = (
         Option("ftrl_restart_every", "--restart-every", "restart the tree every this many epochs (default: never)"),

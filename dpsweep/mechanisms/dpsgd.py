@@ -24,8 +24,11 @@ class DPSGD(Mechanism):
     sampled = True
     note = "Poisson-sampled batches, amplified by sampling"
     # per example through Opacus, per user by its own steps (Opacus's hooks clip examples, not users);
-    # either by the fused step
-    engines_at: ClassVar[EngineTable] = {"example": ("opacus", "fused"), "user": ("own_steps", "fused")}
+    # either by the fused step; task=gan's critic per example
+    engines_at: ClassVar[EngineTable] = {"example": ("opacus", "fused", "critic"), "user": ("own_steps", "fused")}
+    audits: ClassVar[tuple[str, ...]] = ("white_box", "black_box")  # every engine's release takes canaries
+    distributed: ClassVar[bool] = True  # through Opacus's distributed optimizers (its engine's to say too)
+    methods: ClassVar[tuple[str, ...]] = ("dpam", "sgd")  # task=recommender's items by user-level DP-SGD
     citation = "Abadi et al. 2016; Mironov, Talwar & Zhang 2019 (the subsampled Gaussian's RDP)"
     conventions = tuple(CONVENTIONS)  # Opacus's, as runs train, and TF Privacy's (its published ε)
 

@@ -36,7 +36,7 @@ import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -52,12 +52,6 @@ from dpsweep.registry import Registry
 
 STEPS_KEY = "dp_steps"  # the optimizer param-group entry counting DP steps (saved with its state_dict)
 ORDER_SEED_OFFSET = 4_243  # the fixed order's permutation: its own generator, seeded from train.seed
-
-
-def uses_own_steps(cfg: Config) -> bool:
-    """A DP run whose steps are this module's: its engine's (``Engine.functional``: own_steps, fused;
-    :func:`dpsweep.mechanisms.engines.engine_of`)."""
-    return cfg.dp.enabled and engines.engine_of(cfg).functional
 
 
 def rule_of(cfg: Config) -> OwnRule:
@@ -133,6 +127,14 @@ class FixedOrderBatches:
             self._batches = self._build()
         for index, segment in self._batches:
             yield users.UserBatch(self.x[index], self.y[index], segment)
+
+
+@runtime_checkable
+class Sampled(Protocol):
+    """Batches Poisson-sampled at a rate (:class:`dpsweep.data.users.UserBatches`, the fused step's batches);
+    DP-FTRL's fixed order samples nothing."""
+
+    sample_rate: float
 
 
 @dataclass
@@ -437,8 +439,8 @@ class OwnSteps:
         its Poisson batches' real rate, or, for batches that sample nothing (DP-FTRL's), its fixed order."""
         cfg, batches = self.run.cfg, setup.batches
         params = {k: p for k, p in self.run.model.named_parameters() if p.requires_grad}
-        if hasattr(batches, "sample_rate"):
-            sampled: Any = batches
+        if isinstance(batches, Sampled):
+            sampled = batches
             return PrivateStep(params, cfg.dp.max_grad_norm, lambda: float(sampled.sample_rate), None, self.wrappers)
         b = len(self.run.exact)
         order = private_step.FixedOrder(
@@ -462,8 +464,8 @@ def ftrl_optimizer(
     return ftrl.FTRLOptimizer(params, lr=cfg.optimizer.lr, momentum=getattr(cfg.optimizer, "momentum", 0.0), noise=tree)
 
 
-# How each engine whose steps are this module's (``Engine.functional``) takes them: the mechanism's own
-# rule (``Mechanism.own_steps``), or DP-SGD's Poisson steps in fused passes, per example or per user.
+# How each engine whose steps are this module's (``Engine.steps``: the classifier's own_step) takes them: the
+# mechanism's own rule (``Mechanism.own_steps``), or DP-SGD's Poisson steps in fused passes, per example or per user.
 RULES: Registry[Callable[[Config], OwnRule]] = Registry("engine with its own steps")
 RULES.register("own_steps")(lambda cfg: get(cfg.dp.mechanism).own_steps())
 RULES.register("fused")(lambda cfg: FusedUsers() if cfg.dp.unit == PrivacyUnit.user else FusedPoisson())

@@ -47,11 +47,11 @@ from dpsweep.config import (
     Device,
     TrackingConfig,
     to_config,
-    validate,
     world_size,
 )
 from dpsweep.data import loaders
 from dpsweep.data.facts import DatasetFacts
+from dpsweep.mechanisms import engines
 from dpsweep.mechanisms.private_step import Attachment
 from dpsweep.memory.stages import MemoryMonitor, StageRecorder, backend_for, monitor_for
 from dpsweep.memory.tables import metric as memory_metric
@@ -137,9 +137,10 @@ def check_launch(cfg: DictConfig | Config) -> str:
 
 
 def _checked_config(cfg: DictConfig | Config) -> tuple[Config, torch.device]:
-    """The config checked, and its device, with as many of them as ``train.devices`` asks for."""
+    """The config checked (its ranges, and what its task, mechanism and engine declare: before any data is
+    read, as every entry point checks it), and its device, with as many of them as ``train.devices`` asks for."""
     config = to_config(cfg)
-    validate(config)
+    engines.checked(config)
     credentials.clean_stores(config)  # no param, tag or artifact of the run holds a store's secret
     device = resolve_device(config.train.device)
     devices = config.train.devices

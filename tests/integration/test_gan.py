@@ -238,9 +238,18 @@ def test_dpsweep_plan_prices_a_gan_as_its_critic_steps(make_cfg: Composer) -> No
         (["task.generator_ema=1"], "task.generator_ema", "a decay in [0, 1)"),
         (["task.snapshots=0"], "task.snapshots", "a positive integer"),
         (["task.snapshot_every=0"], "task.snapshot_every", "a positive integer"),
-        (["dp.grad_sample_mode=hooks"], "dp.grad_sample_mode", "Opacus's hooks mode cannot take"),
-        (["dp.grad_sample_mode=ghost"], "dp.grad_sample_mode", "Opacus's ghost mode cannot take"),
-        (["dp.grad_sample_mode=ew"], "dp.grad_sample_mode", "Opacus's ew mode cannot take"),
+        # the critic's own step (dp.engine=critic) states what it takes; Opacus's modes are not asked
+        (
+            ["dp.clipping=adaptive"],
+            "dp.clipping",
+            "fixed with dp.mechanism=dpsgd at dp.unit=example (its engine: critic)",
+        ),
+        (
+            ["train.physical_batch_size=8"],
+            "train.physical_batch_size",
+            "(its engine: critic): a critic step is one pass",
+        ),
+        (["dp.engine=opacus"], "dp.engine", "critic with task=gan"),
         (["dataset.image_size=32"], "dataset.image_size", "28 with task=gan"),
         (["dataset=cifar10"], "dataset.name", "a single-channel dataset"),
         (["task.stop_at_budget=true"], "task.stop_at_budget", "with dp.target_epsilon set"),

@@ -36,7 +36,7 @@ from dpsweep.config import Clipping, ConfigError, population
 from dpsweep.data import gathered, loaders, resident, users
 from dpsweep.distributed import PoissonAcrossRanks, Ranks
 from dpsweep.interop import opacus_private
-from dpsweep.mechanisms import functional, opacus_engine
+from dpsweep.mechanisms import engines, functional, opacus_engine
 from dpsweep.mechanisms.batches import Batch, physical_batches
 from dpsweep.mechanisms.private_step import PrivateStep, Score, TrainingSet
 from dpsweep.models import classifiers, feature_cache
@@ -63,6 +63,17 @@ class ClassifierTask:
 
 
 TASKS.register("classifier")(ClassifierTask())
+
+
+def opacus_step(run: ClassifierRun) -> Checkpointed:
+    """dp.engine=opacus's step (``Engine.steps``): Opacus's make_private on the run's loader."""
+    return run.start_loader()
+
+
+def own_step(run: ClassifierRun) -> Checkpointed:
+    """The step of an engine whose steps noise their own gradients (own_steps, fused: ``Engine.steps``): its
+    rule (:data:`dpsweep.mechanisms.functional.RULES`)."""
+    return run.start_own_steps(functional.rule_of(run.cfg))
 
 
 def check_writable(directory: Path, key: str) -> None:
@@ -123,8 +134,17 @@ class ClassifierRun:
         if self.wrapper is not None:  # e.g. a black-box audit's canaries in and out, before any loader
             self.data = dataclasses.replace(self.data, train=self.wrapper.training_set(self.data.train))
         self.model = self.model.to(device)
-        if functional.uses_own_steps(cfg):
-            return self._start_own_steps()
+        if not cfg.dp.enabled:
+            return self.start_loader()
+        # each engine says how its step is built (dpsweep.mechanisms.engines.Engine.steps: opacus_step, own_step)
+        built: Checkpointed = engines.builder(engines.engine_of(cfg))(self)
+        return built
+
+    def start_loader(self) -> Checkpointed:
+        """Training from a loader of logical batches: shuffled without DP; with DP, Opacus's make_private (its
+        Poisson loader, per-sample gradients by ``dp.grad_sample_mode``, its noise), across ranks through its
+        distributed optimizer."""
+        cfg, device = self.cfg, self.device
         if self.ranks.distributed:  # Opacus's DDP: rank 0's parameters broadcast; make_private goes distributed
             self.model = DPDDP(self.model)
         self.optimizer = build_optimizer(cfg.optimizer, self.model)
@@ -174,9 +194,9 @@ class ClassifierRun:
             self.test = TensorDataset(*(t.to(device) for t in resident.materialize(self.data.test)))  # once
         return Checkpointed(self.model, self.optimizer, self.engine, self.generator)
 
-    def _start_own_steps(self) -> Checkpointed:
-        """A mechanism that noises its own gradients, or any at user level (``dpsweep.mechanisms.functional``):
-        the training split on the device, in units; batches and optimizer from the mechanism's rule."""
+    def start_own_steps(self, rule: functional.OwnRule) -> Checkpointed:
+        """Steps that noise their own gradients (``dpsweep.mechanisms.functional``) by ``rule``: the training
+        split on the device, in units; batches and optimizer from the rule."""
         cfg, device = self.cfg, self.device
         sigma = self.inputs.plan.noise_multiplier
         assert sigma is not None  # a DP run
@@ -191,7 +211,6 @@ class ClassifierRun:
         # another training set (a black-box audit's), in the plan's batches per epoch (DP-FTRL's ε depends on them)
         batches = -(-priced // b) if wrapper is not None else None
         self.exact = functional.FixedOrderBatches(x, y, unit, b, m, cfg.train.seed, device, batches)
-        rule = functional.rule_of(cfg)
         run = functional.OwnRun(
             cfg, self.model, self.criterion, (x, y, unit), self.exact, sigma, device, self.inputs.streams, priced
         )
