@@ -116,9 +116,9 @@ class DPConfig:
     target_epsilon: float | None = None  # when set, σ is calibrated so that ε <= target_epsilon
     allow_large_delta: bool = False  # permit δ >= 1/N, which makes the guarantee void
     grad_sample_mode: GradSampleMode = GradSampleMode.hooks  # how Opacus computes per-sample gradients
-    # What takes the private steps (dpsweep.mechanisms.engines): opacus | own_steps | fused |
-    # sufficient_statistics; null: the mechanism's own at dp.unit (dpsgd: opacus per example, own_steps per
-    # user; dpftrl: own_steps; dpals: sufficient_statistics). fused: DP-SGD's steps in compiled passes of one
+    # What takes the private steps (dpsweep.mechanisms.engines): opacus | own_steps | fused | critic |
+    # sufficient_statistics; null: the mechanism's own at dp.unit that the task takes (dpsgd: opacus per
+    # example, own_steps per user, critic with task=gan; dpftrl: own_steps; dpals: sufficient_statistics). fused: DP-SGD's steps in compiled passes of one
     # fixed shape (dpsweep.mechanisms.fused), per example or per user (dp.grad_sample_mode=fused before).
     engine: str | None = None
     # fused: the rows (users, at user level) of every pass (>= train.batch_size; null: fused.default_pad_to(B)).

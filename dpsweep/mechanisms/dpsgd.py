@@ -1,7 +1,8 @@
 """``dp.mechanism=dpsgd``: DP-SGD with Poisson sampling (Abadi et al. 2016, "Deep Learning with
 Differential Privacy"), one Poisson-subsampled Gaussian mechanism per step; trained through Opacus
 (:mod:`dpsweep.mechanisms.opacus_engine`), or by :mod:`dpsweep.mechanisms.functional` at user level, or by
-the fused step at either (``dp.engine=fused``; :mod:`dpsweep.mechanisms.engines`).
+the fused step at either (``dp.engine=fused``; :mod:`dpsweep.mechanisms.engines`), or, for task=gan, by its
+critic's own step (``critic``: :mod:`dpsweep.tasks.gan.critic`).
 
     dpsweep dp.mechanism=dpsgd dp.noise_multiplier=1.1   # the default mechanism
     dpsweep-epsilon -s 60000 -b 256 -n 1.1 -e 10
