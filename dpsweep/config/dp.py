@@ -118,8 +118,9 @@ class DPConfig:
     grad_sample_mode: GradSampleMode = GradSampleMode.hooks  # how Opacus computes per-sample gradients
     # What takes the private steps (dpsweep.mechanisms.engines): opacus | own_steps | fused | critic |
     # sufficient_statistics; null: the mechanism's own at dp.unit that the task takes (dpsgd: opacus per
-    # example, own_steps per user, critic with task=gan; dpftrl: own_steps; dpals: sufficient_statistics). fused: DP-SGD's steps in compiled passes of one
-    # fixed shape (dpsweep.mechanisms.fused), per example or per user (dp.grad_sample_mode=fused before).
+    # example, own_steps per user, critic with task=gan; dpftrl: own_steps; dpals: sufficient_statistics).
+    # fused: DP-SGD's steps in compiled passes of one fixed shape (dpsweep.mechanisms.fused), per example or
+    # per user (dp.grad_sample_mode=fused before).
     engine: str | None = None
     # fused: the rows (users, at user level) of every pass (>= train.batch_size; null: fused.default_pad_to(B)).
     # A Poisson batch larger than that takes more passes: nothing is truncated, the accounting is DP-SGD's.
