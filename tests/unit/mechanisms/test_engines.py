@@ -6,6 +6,7 @@ declares is refused; a toy engine runs its checks from one registry line; and th
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -29,7 +30,7 @@ from dpsweep.mechanisms.base import EngineTable
 from dpsweep.mechanisms.dpftrl import DPFTRL
 from dpsweep.mechanisms.dpsgd import DPSGD
 from dpsweep.mechanisms.engines import ENGINES, Engine, engine_of
-from dpsweep.plan import config_hash, prepare
+from dpsweep.plan import MemoryFiles, config_hash, prepare
 
 DIGITS = DatasetFacts(1437, (1, 28, 28), 10)
 USERS = ["dp.unit=user", "dataset.users=partition", "dataset.num_users=50", "train.batch_size=10"]
@@ -283,3 +284,22 @@ def test_the_mechanisms_own_engine_given_by_name_is_the_same_run_as_null(
     assert identity(flatten(plans[1].config)) == identity(flatten(plans[0].config))
     if "task=gan" not in default:  # another engine is another run
         assert prepare(to_config(make_cfg(*default, *FUSED)), DIGITS).config_hash != plans[0].config_hash
+
+
+def test_a_memory_model_splits_no_step_of_an_engine_whose_step_is_one_pass(
+    make_cfg: Composer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan asks ``Engine.physical_batches``: DP-FTRL's own steps and the fused step stay one pass under a
+    small GPU budget (a white-box audit of them is planned), Opacus's are split."""
+    import pandas as pd
+
+    from dpsweep.analysis import memory_model
+
+    monkeypatch.chdir(tmp_path)
+    reference = Path(__file__).resolve().parents[3] / "analysis" / "data" / "cpu_probes_digits.csv"
+    memory_model.save_models(tmp_path / "m.json", memory_model.fit_all(pd.read_csv(reference), "cnn"), meta={})
+    chosen = ["train.memory_model=m.json", "launcher.gpu_memory=3MiB", "train.batch_size=256"]
+    for overrides in ([*FTRL, "audit.mode=white_box"], [*FUSED, "audit.mode=white_box"], []):
+        cfg = to_config(make_cfg(*chosen, *overrides))
+        plan = prepare(cfg, DIGITS, MemoryFiles().budget(cfg, "cpu-tensors"))
+        assert (plan.physical_batch_size is None) == bool(overrides), overrides
