@@ -53,8 +53,8 @@ from dpsweep.data import loaders
 from dpsweep.data.facts import DatasetFacts
 from dpsweep.mechanisms import engines
 from dpsweep.mechanisms.private_step import Attachment
+from dpsweep.memory import tables
 from dpsweep.memory.stages import MemoryMonitor, StageRecorder, backend_for, monitor_for
-from dpsweep.memory.tables import metric as memory_metric
 from dpsweep.memory.tables import per_rank, to_logged
 from dpsweep.plan import MemoryFiles, RunPlan, accounting, mechanism_of, prepare
 from dpsweep.privacy import ledger
@@ -392,7 +392,7 @@ def _epochs(
         started = time.monotonic()
         metrics, final = _epoch(cfg, task_run, stages, parts, ckpt.attached or Attached(task_run, ()), epoch)
         if not cfg.dp.enabled:  # with DP the peak of the Poisson batches would tell their (private) sizes
-            metrics[memory_metric("peak_bytes")] = to_logged(stages.recorder.observe())  # in MiB
+            metrics[tables.metric("peak_bytes")] = to_logged(stages.recorder.observe())  # in MiB
         if cfg.dp.enabled:  # ε so far, from the same ledger and accountant as the final ε (before the
             how = accounting(cfg.dp)  # last epoch, PLD on its coarser interval: an upper bound, 7x faster)
             spent = ledger.epsilon(task_run.privacy_ledger(), cfg.dp.delta, how if final else ledger.coarse(how))
@@ -448,7 +448,7 @@ def _epoch(
 
 def _probe(task_run: tasks.TaskRun, stages: StageLog) -> dict[str, float]:
     """Memory probe: one iteration, the four stages and the peak; no evaluation, no ε."""
-    measured = task_run.probe(stages) | {memory_metric("peak_bytes"): to_logged(stages.recorder.observe())}
+    measured = task_run.probe(stages) | {tables.metric("peak_bytes"): to_logged(stages.recorder.observe())}
     stages.run.log_metrics(measured, step=0)  # the stages were logged by stages.stepped()
     return stages.recorder.metrics() | measured
 

@@ -84,7 +84,7 @@ def test_sweep_runs_each_job_and_prints_accuracy_and_epsilon(tmp_path: Path) -> 
         (["dp.max_grad_norm=1e39"], "dp.max_grad_norm=1e+39 is invalid: a positive, finite clipping norm C of at most"),
         (["dataset=cifar10", "dataset.root=nowhere"], "cifar-10-batches-py"),
         (["task=gan", "task.n_critic=0"], "task.n_critic=0 is invalid: 1 or more critic steps per generator step"),
-        (["task=gan", "dp.grad_sample_mode=ghost"], "dp.grad_sample_mode='ghost' is invalid: functorch with task=gan"),
+        (["task=gan", "dp.engine=opacus"], "dp.engine='opacus' is invalid: critic with task=gan"),
         (["dp.accountant=pld", "dp.noise_multiplier=0.03"], "dp.accountant='pld' is invalid: rdp for this run"),
         # without -m it trained on this machine (a login node) and was tagged slurm (issue 33, item 10)
         (

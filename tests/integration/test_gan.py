@@ -21,11 +21,10 @@ from dpsweep.config import ConfigError, flatten, identity, to_config
 from dpsweep.data.facts import DatasetFacts
 from dpsweep.data.loaders import DigitsConfig, build
 from dpsweep.plan import prepare
-from dpsweep.privacy import schedule as privacy
 from dpsweep.privacy.ledger import Accounting
+from dpsweep.privacy.schedule import epsilon, poisson_schedule
 from dpsweep.run.runner import train
-from dpsweep.tasks.gan import synthetic
-from dpsweep.tasks.gan import task as gan_task
+from dpsweep.tasks.gan import synthetic, task
 
 DIGITS = DatasetFacts(1437, (1, 28, 28), 10)
 STEPS_PER_EPOCH = 23  # ceil(1437 / 64)
@@ -55,7 +54,7 @@ def test_a_private_gan_run_logs_its_epsilon_samples_and_scores(make_cfg: Compose
     [entry] = result.ledger.entries
     assert entry.params == {"noise_multiplier": 1.2, "sample_rate": 1 / STEPS_PER_EPOCH, "steps": 46}
     pld = Accounting("pld")  # the default accountant
-    expected = privacy.epsilon(privacy.poisson_schedule(1437, 64), 1.2, 1e-5, epochs=2, accounting=pld).epsilon
+    expected = epsilon(poisson_schedule(1437, 64), 1.2, 1e-5, epochs=2, accounting=pld).epsilon
     assert m["epsilon"] == pytest.approx(expected, rel=1e-12) and m["epsilon_pld"] == m["epsilon"]
     per_epoch = client.get_metric_history(run.info.run_id, "epsilon")
     assert [h.step for h in per_epoch] == [1, 2] and per_epoch[0].value < per_epoch[1].value
@@ -120,11 +119,11 @@ def test_stop_at_budget_stops_at_the_last_step_within_it(make_cfg: Composer, cli
         "task.stop_at_budget=true", "task.memorisation_check=false",
     )  # fmt: skip
     result = train(cfg)
-    schedule = privacy.poisson_schedule(1437, 64)
+    schedule = poisson_schedule(1437, 64)
     assert result.noise_multiplier == 1.2  # kept, not calibrated
     assert 0 < result.steps < 20 * STEPS_PER_EPOCH
     assert result.epsilon is not None and result.epsilon <= target
-    one_more = privacy.epsilon(schedule, 1.2, 1e-5, steps=result.steps + 1).epsilon
+    one_more = epsilon(schedule, 1.2, 1e-5, steps=result.steps + 1).epsilon
     assert one_more > target  # dp-GAN's rule: the next step would have passed the budget
     run = client.get_run(result.run_id)
     last_epoch = max(h.step for h in client.get_metric_history(result.run_id, "epsilon"))
@@ -138,7 +137,7 @@ def test_an_interrupted_gan_run_resumes_to_the_same_generator_and_epsilon(
 ) -> None:
     args = [*QUICK, "train.epochs=2", "dp.noise_multiplier=1.2"]  # the memorisation check: off by default under DP
     args += ["task.generator_ema=0.9", "task.snapshots=2", "task.snapshot_every=1"]  # restored too
-    straight, resumed = straight_and_resumed(make_cfg, client, experiment_name, args, gan_task.GanRun, 2, tmp_path)
+    straight, resumed = straight_and_resumed(make_cfg, client, experiment_name, args, task.GanRun, 2, tmp_path)
     run = client.get_run(resumed.run_id)  # issue 33, item 3: no un-noised statistic released by default
     assert "memorisation_share" not in run.data.metrics and "dp.outside_ledger" not in run.data.tags
     assert resumed.steps == 2 * STEPS_PER_EPOCH
@@ -210,7 +209,7 @@ def test_the_gans_settings_are_its_task_section_and_leave_the_classifier_identit
     classifier = to_config(make_cfg())
     assert [k for k in identity(flatten(classifier)) if k.startswith(("task.", "gan"))] == ["task.name"]
     gan = to_config(make_cfg("task=gan"))
-    assert gan.task.n_critic == 5 and gan.dp.grad_sample_mode.value == "functorch"  # set by task=gan
+    assert gan.task.n_critic == 5 and gan.dp.grad_sample_mode.value == "hooks"  # read by no step of the GAN's
     assert gan.task.objective == "tstr_accuracy" and classifier.task.objective == "test_accuracy"
     assert "task.n_critic" in identity(flatten(gan)) and "task.grid_every" not in identity(flatten(gan))
 
@@ -218,9 +217,9 @@ def test_the_gans_settings_are_its_task_section_and_leave_the_classifier_identit
 def test_dpsweep_plan_prices_a_gan_as_its_critic_steps(make_cfg: Composer) -> None:
     plan = prepare(to_config(make_cfg("task=gan", "train.epochs=30", "dp.noise_multiplier=1.1")), DIGITS)
     assert plan.privacy is not None and plan.steps == 30 * STEPS_PER_EPOCH
-    schedule = privacy.poisson_schedule(1437, 64)
+    schedule = poisson_schedule(1437, 64)
     pld = Accounting("pld")  # the default accountant
-    assert plan.privacy.epsilon == privacy.epsilon(schedule, 1.1, 1e-5, epochs=30, accounting=pld).epsilon
+    assert plan.privacy.epsilon == epsilon(schedule, 1.1, 1e-5, epochs=30, accounting=pld).epsilon
     capped = prepare(
         to_config(make_cfg("task=gan", "train.epochs=30", "dp.target_epsilon=2", "task.stop_at_budget=true")), DIGITS
     )
@@ -320,12 +319,10 @@ def test_snapshots_keep_the_last_generators_and_the_synthetic_set_mixes_them() -
 
 @pytest.mark.slow
 def test_dpsweep_m_sweeps_gans_and_dpsweep_plan_prices_them(tmp_path: Path) -> None:
-    from dpsweep.cli import plan as plan_cli
+    from dpsweep.cli import plan
 
     tiny = [a for a in QUICK if a != "task.grid_every=1"] + ["tracking.log_model=false"]
-    planned = run_main(
-        plan_cli.main, *tiny, "train.epochs=30", "dp.target_epsilon=2", "task.stop_at_budget=true", "--json"
-    )
+    planned = run_main(plan.main, *tiny, "train.epochs=30", "dp.target_epsilon=2", "task.stop_at_budget=true", "--json")
     assert planned.returncode == 0, planned.stderr
     [row] = json.loads(planned.stdout)
     assert row["steps"] < 30 * STEPS_PER_EPOCH and row["epsilon"] <= 2 and row["noise_multiplier"] == 1.0

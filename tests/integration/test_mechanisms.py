@@ -20,15 +20,13 @@ from torch import nn
 
 from dpsweep.config import ConfigError, to_config
 from dpsweep.data.facts import DatasetFacts
-from dpsweep.mechanisms import dpftrl_accounting as ftrl_accounting
-from dpsweep.mechanisms import functional as func_dp
-from dpsweep.mechanisms import fused
+from dpsweep.mechanisms import dpftrl_accounting, functional, fused
 from dpsweep.plan import prepare
-from dpsweep.privacy import schedule as privacy
 from dpsweep.privacy.ledger import Accounting
+from dpsweep.privacy.schedule import epsilon, poisson_schedule
 from dpsweep.privacy.streams import Streams
 from dpsweep.run.runner import train
-from dpsweep.tasks.classifier import task as classifier
+from dpsweep.tasks.classifier import task
 
 STREAMS = Streams.of_run(seed=0, config_hash="0")  # the private streams of a hand-built run
 
@@ -54,7 +52,7 @@ def test_dpftrl_is_planned_without_sampling_and_dpsgd_with_it(make_cfg: Composer
     assert ftrl.privacy is not None and ftrl.privacy.sample_rate is None and ftrl.steps == 6 * 23
     [entry] = ftrl.privacy.ledger.entries
     assert dp_event.PoissonSampledDpEvent not in _event_types(entry.event)
-    expected = ftrl_accounting.ftrl_epsilon(4.0, 23, 6, 1e-5, 2, True, accountant="pld")  # the default accountant
+    expected = dpftrl_accounting.ftrl_epsilon(4.0, 23, 6, 1e-5, 2, True, accountant="pld")  # the default accountant
     assert ftrl.privacy.epsilon == pytest.approx(expected, rel=1e-12)
     sgd = prepare(to_config(make_cfg("train.epochs=6", "dp.noise_multiplier=4")), DIGITS)
     assert sgd.privacy is not None
@@ -67,12 +65,12 @@ def test_dpftrl_is_planned_without_sampling_and_dpsgd_with_it(make_cfg: Composer
 def test_user_level_plans_over_users(make_cfg: Composer) -> None:
     plan = prepare(to_config(make_cfg(*USERS, "train.epochs=4", "dp.noise_multiplier=1.5")), DIGITS)
     assert plan.privacy is not None and plan.privacy.sample_rate == 1 / 5 and plan.steps == 4 * 5
-    schedule = privacy.poisson_schedule(50, 10)  # N = 50 users, 10 expected per step
+    schedule = poisson_schedule(50, 10)  # N = 50 users, 10 expected per step
     pld = Accounting("pld")  # the default accountant
-    assert plan.privacy.epsilon == privacy.epsilon(schedule, 1.5, 1e-5, epochs=4, accounting=pld).epsilon
+    assert plan.privacy.epsilon == epsilon(schedule, 1.5, 1e-5, epochs=4, accounting=pld).epsilon
     both = prepare(to_config(make_cfg(*USERS, *FTRL, "train.epochs=4", "dp.noise_multiplier=3")), DIGITS)
     assert both.privacy is not None
-    expected = ftrl_accounting.ftrl_epsilon(3.0, 5, 4, 1e-5, accountant="pld")
+    expected = dpftrl_accounting.ftrl_epsilon(3.0, 5, 4, 1e-5, accountant="pld")
     assert both.privacy.epsilon == pytest.approx(expected, rel=1e-12)
 
 
@@ -111,19 +109,17 @@ def test_dpftrl_and_user_level_runs_log_the_epsilon_of_what_ran(make_cfg: Compos
     tags, m = run.data.tags, run.data.metrics
     assert tags["dp.mechanism"] == "dpftrl" and tags["dp.neighbours"] == "replace_one_with_zero"
     assert tags["dp.unit"] == "example" and ftrl.steps == 2 * 23
-    assert m["epsilon"] == pytest.approx(ftrl_accounting.ftrl_epsilon(4.0, 23, 2, 1e-5, accountant="pld"), rel=1e-12)
+    assert m["epsilon"] == pytest.approx(dpftrl_accounting.ftrl_epsilon(4.0, 23, 2, 1e-5, accountant="pld"), rel=1e-12)
     first = min(client.get_metric_history(ftrl.run_id, "epsilon"), key=lambda h: h.step)
     # after epoch 1: one epoch's tree, on PLD's coarser grid before the last epoch (an upper bound)
-    assert first.value == pytest.approx(ftrl_accounting.ftrl_epsilon(4.0, 23, 1, 1e-5, accountant="pld"), rel=1e-3)
+    assert first.value == pytest.approx(dpftrl_accounting.ftrl_epsilon(4.0, 23, 1, 1e-5, accountant="pld"), rel=1e-3)
     assert "train_loss" not in m and 0 <= m["test_accuracy"] <= 1
 
     user = train(make_cfg(*USERS, "dp.noise_multiplier=1.5", "train.epochs=2", "tracking.run_name=user"))
     tags, m = client.get_run(user.run_id).data.tags, client.get_run(user.run_id).data.metrics
     assert tags["dp.unit"] == "user" and tags["dp.mechanism"] == "dpsgd" and user.steps == 2 * 5
     pld = Accounting("pld")
-    assert (
-        m["epsilon"] == privacy.epsilon(privacy.poisson_schedule(50, 10), 1.5, 1e-5, epochs=2, accounting=pld).epsilon
-    )
+    assert m["epsilon"] == epsilon(poisson_schedule(50, 10), 1.5, 1e-5, epochs=2, accounting=pld).epsilon
     for stage in ("batch_load", "backward", "optimizer_step"):
         assert memory_bytes(m, stage) > 0  # the stages of one step on exactly B users
 
@@ -135,10 +131,10 @@ def test_an_interrupted_dpftrl_run_resumes_its_tree_exactly(
     args = [*FTRL, "dp.noise_multiplier=3", "train.epochs=4", "dp.ftrl_restart_every=2", "dp.ftrl_tree_completion=true"]
     # interrupted in epoch 4: after epoch 3 the second tree is half done
     ckpt = tmp_path / "ckpt"
-    straight, resumed = straight_and_resumed(make_cfg, client, experiment_name, args, classifier.ClassifierRun, 4, ckpt)
+    straight, resumed = straight_and_resumed(make_cfg, client, experiment_name, args, task.ClassifierRun, 4, ckpt)
     assert resumed.steps == straight.steps == 4 * 23
     assert resumed.epsilons == straight.epsilons
-    expected = ftrl_accounting.ftrl_epsilon(3.0, 23, 4, 1e-5, 2, True, accountant="pld")
+    expected = dpftrl_accounting.ftrl_epsilon(3.0, 23, 4, 1e-5, 2, True, accountant="pld")
     assert resumed.epsilon == pytest.approx(expected, rel=1e-12)
     assert resumed.model is not None and straight.model is not None
     for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
@@ -193,10 +189,10 @@ def test_a_fused_run_is_dpsgd_with_the_same_ledger_and_sampling(
     cfg = to_config(make_cfg(*args, *FUSED))
     x, y = torch.zeros(1437, 1), torch.zeros(1437, dtype=torch.long)
     no_order: Any = None  # Poisson-sampled: no fixed order
-    own = func_dp.OwnRun(
+    own = functional.OwnRun(
         cfg, nn.Linear(1, 2), nn.CrossEntropyLoss(), (x, y, None), no_order, 1.0, torch.device("cpu"), STREAMS
     )
-    setup = func_dp.FusedPoisson().setup(own)
+    setup = functional.FusedPoisson().setup(own)
     assert setup.expected_units == int(1437 / 23)  # Opacus's expected batch size: its divisor
     sizes = [len(b.y) for _ in range(40) for b in setup.batches]  # 40 epochs of 23 steps
     q = 1 / 23
@@ -219,10 +215,10 @@ def test_a_user_level_fused_run_is_user_level_dpsgd(make_cfg: Composer, client: 
     cfg = to_config(make_cfg(*args, *FUSED))
     x, y, users = torch.zeros(200, 1), torch.zeros(200, dtype=torch.long), torch.arange(200) % 50
     no_order: Any = None  # Poisson-sampled: no fixed order
-    own = func_dp.OwnRun(
+    own = functional.OwnRun(
         cfg, nn.Linear(1, 2), nn.CrossEntropyLoss(), (x, y, users), no_order, 0.8, torch.device("cpu"), STREAMS
     )
-    setup = func_dp.FusedUsers().setup(own)
+    setup = functional.FusedUsers().setup(own)
     sampled = [b.num_users for _ in range(200) for b in setup.batches]  # 200 epochs of 5 steps
     edges = [0, 7, 9, 10, 11, 13, 51]
     observed = [sum(lo <= s < hi for s in sampled) for lo, hi in itertools.pairwise(edges)]
@@ -237,7 +233,7 @@ def test_an_interrupted_fused_run_resumes_exactly(
 ) -> None:
     args = [*FUSED, "dp.noise_multiplier=1.0", "train.epochs=3"]
     ckpt = tmp_path / "ckpt"
-    straight, resumed = straight_and_resumed(make_cfg, client, experiment_name, args, classifier.ClassifierRun, 3, ckpt)
+    straight, resumed = straight_and_resumed(make_cfg, client, experiment_name, args, task.ClassifierRun, 3, ckpt)
     assert resumed.steps == straight.steps == 3 * 23
     assert resumed.epsilons == straight.epsilons
     assert resumed.model is not None and straight.model is not None

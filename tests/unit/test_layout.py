@@ -167,21 +167,7 @@ def renamed_imports(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 # Pending, in files other changes of issue 57 hold now (path, the import): each to be imported by its own name.
-PENDING_ALIASES = {
-    ("dpsweep/run/runner.py", "from dpsweep.memory.tables import metric as memory_metric"),
-    ("tests/integration/test_gan.py", "from dpsweep.privacy import schedule as privacy"),
-    ("tests/integration/test_gan.py", "from dpsweep.tasks.gan import task as gan_task"),
-    ("tests/integration/test_gan.py", "from dpsweep.cli import plan as plan_cli"),
-    ("tests/integration/test_mechanisms.py", "from dpsweep.mechanisms import dpftrl_accounting as ftrl_accounting"),
-    ("tests/integration/test_mechanisms.py", "from dpsweep.mechanisms import functional as func_dp"),
-    ("tests/integration/test_mechanisms.py", "from dpsweep.privacy import schedule as privacy"),
-    ("tests/integration/test_mechanisms.py", "from dpsweep.tasks.classifier import task as classifier"),
-    ("tests/unit/config/test_config.py", "from dpsweep import config as C"),
-    ("tests/unit/config/test_input_hygiene.py", "from dpsweep.privacy import schedule as privacy"),
-    ("tests/unit/config/test_input_hygiene.py", "from dpsweep.data import loaders as data"),
-    ("tests/unit/mechanisms/test_engines.py", "from dpsweep.config import dp as dp_config"),
-    ("tests/unit/mechanisms/test_fused.py", "from dpsweep.models import classifiers as model_zoo"),
-}
+PENDING_ALIASES: set[tuple[str, str]] = set()
 
 
 def test_no_module_of_the_project_is_imported_under_another_name() -> None:

@@ -11,7 +11,7 @@ from helpers import REPO, Composer
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf, ReadonlyConfigError
 
-from dpsweep import config as C
+from dpsweep import config
 from dpsweep.config import (
     UNITS,
     ConfigError,
@@ -31,16 +31,16 @@ GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and not p.name.star
 OPTIONS = [(g, y.stem) for g in GROUPS for y in sorted((CONF / g).glob("*.yaml"))]
 
 SCHEMA_OF_OPTION = {
-    ("dataset", "digits"): C.DigitsConfig,
-    ("dataset", "mnist"): C.TorchvisionDatasetConfig,
-    ("dataset", "cifar10"): C.TorchvisionDatasetConfig,
-    ("dataset", "flowers102"): C.Flowers102Config,
-    ("model", "cnn"): C.CNNConfig,
-    ("model", "vgg16_frozen"): C.VGG16FrozenConfig,
-    ("dataset", "planted_ratings"): C.PlantedRatingsConfig,
-    ("dataset", "movielens"): C.MovieLensConfig,
-    ("optimizer", "sgd"): C.SGDConfig,
-    ("optimizer", "adam"): C.AdamConfig,
+    ("dataset", "digits"): config.DigitsConfig,
+    ("dataset", "mnist"): config.TorchvisionDatasetConfig,
+    ("dataset", "cifar10"): config.TorchvisionDatasetConfig,
+    ("dataset", "flowers102"): config.Flowers102Config,
+    ("model", "cnn"): config.CNNConfig,
+    ("model", "vgg16_frozen"): config.VGG16FrozenConfig,
+    ("dataset", "planted_ratings"): config.PlantedRatingsConfig,
+    ("dataset", "movielens"): config.MovieLensConfig,
+    ("optimizer", "sgd"): config.SGDConfig,
+    ("optimizer", "adam"): config.AdamConfig,
 }
 
 
@@ -60,7 +60,7 @@ def test_every_group_has_options() -> None:
 def test_every_option_composes_to_its_schema(make_cfg: Composer, group: str, option: str) -> None:
     cfg = make_cfg(*REQUIRES.get(group, []), *REQUIRES.get(option, []), f"{group}={option}")
     typed = to_config(cfg)
-    assert isinstance(typed, C.Config)
+    assert isinstance(typed, config.Config)
     expected = SCHEMA_OF_OPTION.get((group, option))
     if expected is not None:
         assert type(getattr(typed, group)) is expected
@@ -114,7 +114,7 @@ def test_option_files_state_no_schema_default(path: str) -> None:
     if bases:  # a group option: its keys are those of its schema
         schema = ConfigStore.instance().load(f"{path.split('/')[0]}/{bases[0]}.yaml").node
     else:  # a @package _global_ option (launchers): its keys are those of the root config
-        schema = OmegaConf.structured(C.Config)
+        schema = OmegaConf.structured(config.Config)
     defaults = _leaves("", OmegaConf.to_container(schema, resolve=False, enum_to_str=True))
     restated = [
         k for k, v in _leaves("", raw).items() if k in defaults and defaults[k] == v and (path, k) not in RESTATED
@@ -222,7 +222,7 @@ def test_flowers_train_splits_must_exclude_test(make_cfg: Composer) -> None:
 
 
 def test_flatten_uses_dotted_keys_and_plain_values(make_cfg: Composer) -> None:
-    flat = C.flatten(make_cfg("dp.noise_multiplier=1.3"))
+    flat = config.flatten(make_cfg("dp.noise_multiplier=1.3"))
     assert flat["dp.noise_multiplier"] == 1.3
     assert flat["dp.accountant"] == "pld"  # enums become their names
     assert flat["train.device"] == "auto"
@@ -246,23 +246,23 @@ def test_a_typed_config_flattens_as_omegaconf_flattens_it(make_cfg: Composer, ov
     """The dataclass walk gives what OmegaConf.structured would (the config hash rests on it)."""
     cfg = to_config(make_cfg(*overrides))
     through_omegaconf = schema._flatten(OmegaConf.structured(cfg))
-    walked = C.flatten(cfg)
+    walked = config.flatten(cfg)
     assert list(walked.items()) == list(through_omegaconf.items())
     assert [type(v) for v in walked.values()] == [type(v) for v in through_omegaconf.values()]
 
 
 def test_a_typed_config_is_made_structured_once_and_read_only(make_cfg: Composer) -> None:
     cfg = to_config(make_cfg("dp.noise_multiplier=1.3"))
-    node = C.structured(cfg)
-    assert node is C.structured(cfg)  # made once per config
+    node = config.structured(cfg)
+    assert node is config.structured(cfg)  # made once per config
     assert OmegaConf.to_container(node) == OmegaConf.to_container(OmegaConf.structured(cfg))
     with pytest.raises(ReadonlyConfigError):
         node.dp.noise_multiplier = 2.0
-    flat = C.flatten(cfg)
+    flat = config.flatten(cfg)
     flat["dp.noise_multiplier"] = 9.0  # a copy for the caller
-    assert C.flatten(cfg)["dp.noise_multiplier"] == 1.3
+    assert config.flatten(cfg)["dp.noise_multiplier"] == 1.3
     other = dataclasses.replace(cfg, dp=dataclasses.replace(cfg.dp, noise_multiplier=2.0))
-    assert C.flatten(other)["dp.noise_multiplier"] == 2.0 and C.structured(other) is not node
+    assert config.flatten(other)["dp.noise_multiplier"] == 2.0 and config.structured(other) is not node
 
 
 def test_the_logged_config_has_the_calibrated_noise(make_cfg: Composer) -> None:
@@ -272,7 +272,7 @@ def test_the_logged_config_has_the_calibrated_noise(make_cfg: Composer) -> None:
     logged = yaml.safe_load(resolved_yaml(plan))
     assert logged["dp"]["noise_multiplier"] == plan.privacy.noise_multiplier
     assert logged["dp"]["target_epsilon"] == 3 and logged["train"] == yaml.safe_load(OmegaConf.to_yaml(cfg.train))
-    assert C.structured(cfg).dp.noise_multiplier == cfg.dp.noise_multiplier  # the run's config as given
+    assert config.structured(cfg).dp.noise_multiplier == cfg.dp.noise_multiplier  # the run's config as given
 
 
 def test_to_config_rejects_a_plain_mapping() -> None:
@@ -295,9 +295,15 @@ def test_the_config_checks_ask_a_tasks_declarations_not_its_name(
     """Several devices, an audit, an engine: the task's ClassVars decide (TaskConfig.distributed, audits,
     engines), so a task that declares more is let through without a line of the checks changing."""
     cases = [
-        (C.GanTaskConfig, "distributed", True, ["task=gan", "train.devices=2"], "task"),
-        (C.RecommenderTaskConfig, "audits", ("black_box",), ["task=recommender", "audit.mode=black_box"], "audit.mode"),
-        (C.GanTaskConfig, "engines", ("opacus", "fused"), ["task=gan", "dp.engine=fused"], "dp.engine"),
+        (config.GanTaskConfig, "distributed", True, ["task=gan", "train.devices=2"], "task"),
+        (
+            config.RecommenderTaskConfig,
+            "audits",
+            ("black_box",),
+            ["task=recommender", "audit.mode=black_box"],
+            "audit.mode",
+        ),
+        (config.GanTaskConfig, "engines", ("opacus", "fused"), ["task=gan", "dp.engine=fused"], "dp.engine"),
     ]
     for schema_class, name, declared, overrides, key in cases:
         cfg = to_config(make_cfg(*overrides))

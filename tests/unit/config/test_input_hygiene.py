@@ -18,7 +18,7 @@ from dpsweep.data.facts import DatasetFacts
 from dpsweep.launchers.overrides import new_sweep_id, string_override
 from dpsweep.plan import prepare
 from dpsweep.privacy import ledger, rdp
-from dpsweep.privacy import schedule as privacy
+from dpsweep.privacy.schedule import epsilon, poisson_schedule
 from dpsweep.run.runner import train
 
 DIGITS = DatasetFacts(1437, (1, 28, 28), 10)
@@ -73,12 +73,12 @@ def test_every_key_of_the_composed_config_is_known(make_cfg: Composer) -> None:
 
 
 def test_epsilon_is_never_negative_even_where_the_conversion_says_so() -> None:
-    schedule = privacy.poisson_schedule(1437, 64)
+    schedule = poisson_schedule(1437, 64)
     orders = rdp.OPACUS_ORDERS
     curve = 10 * rdp.subsampled_gaussian(schedule.sample_rate, 1.0, orders)
     raw, _ = opacus_rdp.get_privacy_spent(orders=orders, rdp=curve, delta=0.5)
     assert raw < 0  # what Opacus's conversion gives for δ = 0.5: no guarantee can be negative
-    assert privacy.epsilon(schedule, 1.0, 0.5, steps=10).epsilon == 0.0
+    assert epsilon(schedule, 1.0, 0.5, steps=10).epsilon == 0.0
     assert ledger.sound_epsilon(math.nan) == math.inf and ledger.sound_epsilon(-0.6) == 0.0
 
 
@@ -134,10 +134,10 @@ def test_a_store_that_is_not_a_database_is_bad_input_and_left_untouched(make_cfg
 
 
 def test_a_digits_split_too_small_for_the_classes_names_the_key(make_cfg: Composer) -> None:
-    from dpsweep.data import loaders as data
+    from dpsweep.data import loaders
 
     with pytest.raises(ConfigError, match=r"dataset.test_fraction=0.001 is invalid: a share leaving each of the 10"):
-        data.build(to_config(make_cfg("dataset.test_fraction=0.001")).dataset)
+        loaders.build(to_config(make_cfg("dataset.test_fraction=0.001")).dataset)
 
 
 def test_a_corrupt_weights_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

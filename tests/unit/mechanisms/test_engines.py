@@ -17,13 +17,13 @@ from dpsweep.config import (
     ConfigError,
     DPConfig,
     GradSampleMode,
+    dp,
     flatten,
     identity,
     step_kind,
     to_config,
     validate,
 )
-from dpsweep.config import dp as dp_config
 from dpsweep.data.facts import DatasetFacts
 from dpsweep.mechanisms import MECHANISMS, engines
 from dpsweep.mechanisms.base import EngineTable
@@ -169,7 +169,7 @@ def test_a_toy_engine_is_asked_as_the_others_from_one_registry_line(
 def test_the_old_spelling_is_read_as_the_engine_with_one_warning_and_the_same_identity(
     make_cfg: Composer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(dp_config, "_warned", set())  # as in a fresh process
+    monkeypatch.setattr(dp, "_warned", set())  # as in a fresh process
     capsys.readouterr()
     old = [to_config(make_cfg(*OLD_FUSED, *more)) for more in ([], USERS)]
     again = to_config(make_cfg(*OLD_FUSED))

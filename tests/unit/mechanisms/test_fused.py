@@ -21,23 +21,23 @@ from dpsweep.data.users import clip_factors
 from dpsweep.errors import InputError
 from dpsweep.mechanisms import fused
 from dpsweep.mechanisms.opacus_engine import make_private
-from dpsweep.models import classifiers as model_zoo
+from dpsweep.models import classifiers
 from dpsweep.models.optimizers import build_optimizer
 
 C = 0.5  # small enough that most rows are clipped, large enough that some are not
 
 
 def _cnn() -> tuple[nn.Module, Tensor]:
-    return model_zoo.build(CNNConfig(hidden_units=16), (1, 28, 28), 10), torch.randn(24, 1, 28, 28)
+    return classifiers.build(CNNConfig(hidden_units=16), (1, 28, 28), 10), torch.randn(24, 1, 28, 28)
 
 
 def _mlp() -> tuple[nn.Module, Tensor]:
-    return model_zoo.build(MLPConfig(), (1, 8, 8), 10), torch.randn(24, 1, 8, 8)
+    return classifiers.build(MLPConfig(), (1, 8, 8), 10), torch.randn(24, 1, 8, 8)
 
 
 def _head() -> tuple[nn.Module, Tensor]:
-    vgg = model_zoo.build(VGG16FrozenConfig(hidden_units=16, pretrained=False), (3, 32, 32), 10)
-    assert isinstance(vgg, model_zoo.FrozenVGG16)
+    vgg = classifiers.build(VGG16FrozenConfig(hidden_units=16, pretrained=False), (3, 32, 32), 10)
+    assert isinstance(vgg, classifiers.FrozenVGG16)
     return vgg.cached_head((512, 1, 1)), torch.randn(24, 512)
 
 
@@ -133,7 +133,7 @@ def test_padding_adds_nothing_and_a_larger_batch_takes_more_passes(name: str) ->
 
 def test_the_noise_is_sigma_c_over_the_divisor() -> None:
     torch.manual_seed(2)
-    model = model_zoo.build(MLPConfig(hidden_units=128), (1, 28, 28), 10)  # 101,770 parameters
+    model = classifiers.build(MLPConfig(hidden_units=128), (1, 28, 28), 10)  # 101,770 parameters
     step = fused.FusedStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=8, mode=None)
     empty_x, empty_y = torch.zeros(0, 1, 28, 28), torch.zeros(0, dtype=torch.long)
     assert torch.count_nonzero(step.clipped_sum(empty_x, empty_y)) == 0  # an empty Poisson batch: only noise
@@ -185,7 +185,7 @@ def test_a_model_that_mixes_rows_is_refused_before_a_sweep_launches_any_job(
     def mlp_with_batchnorm(cfg: MLPConfig, shape: tuple[int, int, int], classes: int) -> nn.Module:
         return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(shape), 8), nn.BatchNorm1d(8), nn.Linear(8, classes))
 
-    monkeypatch.setitem(model_zoo.MODELS._entries, "mlp", mlp_with_batchnorm)
+    monkeypatch.setitem(classifiers.MODELS._entries, "mlp", mlp_with_batchnorm)
     monkeypatch.setattr(fused, "_PLANNED", set())  # the real mlp may have passed in this process
     job = ["model=mlp", "dp.engine=fused", "launcher=local"]
     cfg = make_cfg(*job)
@@ -220,7 +220,7 @@ def test_the_compiled_pass_equals_the_eager_one() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (benchmarks/fused_check.py on one)")
 def test_the_linear_pass_captured_as_a_cuda_graph_equals_the_eager_one() -> None:
     torch.manual_seed(0)
-    model = model_zoo.build(MLPConfig(hidden_units=32), (1, 28, 28), 10).cuda()
+    model = classifiers.build(MLPConfig(hidden_units=32), (1, 28, 28), 10).cuda()
     eager = fused.FusedStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=16, mode=None)
     captured = fused.FusedStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=16, mode=fused.CUDA_GRAPHS)
     assert captured.linear is not None and captured.linear.captured and not captured.padded
