@@ -7,7 +7,7 @@ afterwards. A two-job sweep through it trains both runs in this process, and the
 Hydra instantiates a plugin only from a class named under the ``hydra_plugins`` package: ``Plugins._instantiate``
 refuses any other ``_target_`` ("not the hydra_plugins package"), looks the name up among the classes registered
 with its public ``Plugins.instance().register`` (by ``cls.__module__ + "." + cls.__name__``), then imports the
-``_target_`` by its path. So the toy class, defined here (importable as ``test_toy_launcher``: tests/ is on
+``_target_`` by its path. So the toy class, defined here (importable as ``toy_launcher``: tests/toys/ is on
 sys.path), is named under ``hydra_plugins.dpsweep_test_toy``, and that module name is this module, for this
 module's tests (``sys.modules``); no file under ``hydra_plugins`` is needed, and no job unpickles the class (an
 inline launcher's jobs run in the sweep's process)."""
