@@ -100,6 +100,9 @@ def test_a_study_resumed_after_its_driver_was_killed_ends_its_runs_and_fails_its
     """The killed driver's trial is told FAIL and its MLflow run ended KILLED by the resumed study."""
     args = ["search=accuracy_tpe", "hydra.sweeper.optuna.pruner=null", "hydra.sweeper.optuna.n_jobs=1",
             "hydra.sweeper.optuna.n_trials=2", "train.progress=false", "tracking.log_model=false"]  # fmt: skip
+    # the store exists before the driver starts: this test's polling client and the driver would both create it
+    # (MLflow's migrations of a new sqlite file are not safe against a second process doing the same)
+    MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_experiments(max_results=1)
     log = (tmp_path / "driver.log").open("w")
     driver = subprocess.Popen(
         [Path(sys.executable).parent / "dpsweep", "-m", *args, "train.epochs=500"],
