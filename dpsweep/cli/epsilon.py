@@ -40,7 +40,7 @@ from dpsweep.cli.options import plain_text
 from dpsweep.cli.script import run_script
 from dpsweep.cli.sigma import SIGMA_DIGITS, sigma_text
 from dpsweep.errors import InputError
-from dpsweep.privacy import calibrate, clipping, ledger, ranges, rdp, schedule
+from dpsweep.privacy import calibrate, certainty, clipping, ledger, ranges, rdp, schedule
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -286,7 +286,7 @@ def _price(a: argparse.Namespace, mechanism: mechanisms.Mechanism) -> dict[str, 
         # a calibrated σ described in 4 digits, rounded up (sigma_text); "noise_multiplier" keeps it whole
         "description": mechanism.describe(s, float(sigma_text(sigma)) if calibrated == "noise_multiplier" else sigma),
     }  # fmt: skip
-    out |= mechanism.details(s)
+    out |= mechanism.details(s) | certain(bill, a.delta)
     if a.convention != schedule.TRAINED:
         out["convention"] = a.convention
     if s.epochs is not None:
@@ -300,6 +300,42 @@ def _price(a: argparse.Namespace, mechanism: mechanisms.Mechanism) -> dict[str, 
     if a.plot is not None:
         out["plots"] = _plots(a, sigma, out["steps"])
     return out
+
+
+def certain(bill: ledger.Ledger, delta: float) -> dict[str, float]:
+    """How certain the ledger's ε is and what it means for an attacker (:mod:`dpsweep.privacy.certainty`):
+    the PLD's sound interval [``epsilon_lower``, ``epsilon_upper``] (the upper end is ``epsilon`` under
+    pld), μ of Gaussian DP down to δ = ``gdp_delta_allowance``, and a membership-inference attacker's
+    largest TPR at 1 % and 10 % FPR and largest advantage. The PLD's profile is computed once."""
+    interval = certainty.epsilon_interval(bill, delta)
+    found = certainty.profile(bill)
+    risk = certainty.attack_risk(bill, found=found)
+    allowance = min(1.0, 2 * found.tail) if found else 0.0  # μ holds down to this δ (certainty.is_gdp)
+    return {
+        "epsilon_lower": interval.lower, "epsilon_upper": interval.upper,
+        "mu_gdp": certainty.mu_gdp(bill, found=found), "gdp_delta_allowance": allowance,
+        "tpr_at_1pct": risk["tpr_at_1pct"], "tpr_at_10pct": risk["tpr_at_10pct"], "mia_advantage": risk["advantage"],
+    }  # fmt: skip
+
+
+def certainty_text(o: dict[str, Any]) -> str:
+    """The lines of :func:`certain`'s figures: the interval (the PLD's, whatever the accountant; its
+    relative width where it exceeds 1 %), μ and the attack risk."""
+    lower, upper = o["epsilon_lower"], o["epsilon_upper"]
+    whose = "" if o["accountant"] == "pld" else " (the interval is the PLD's: its upper end is the PLD accountant's ε)"
+    if not math.isfinite(upper):
+        return "\nThe PLD accountant does not compute this ε (beyond its reach): no interval, μ or attack risk."
+    text = f"\nThe true ε at δ = {o['delta']:g} lies in [{lower:.6g}, {upper:.6g}]{whose}"
+    width = certainty.Interval(lower, upper).relative_width
+    text += f"; its width is {100 * width:.3g} % of ε." if width > WIDTH_SHOWN else "."
+    return text + (
+        f"\nIt is μ-GDP with μ = {o['mu_gdp']:.4g} (up to δ = {o['gdp_delta_allowance']:.2g}); a membership-inference "
+        f"attacker's TPR is at most {o['tpr_at_1pct']:.4g} at 1 % FPR and {o['tpr_at_10pct']:.4g} at 10 % FPR, "
+        f"its advantage (TPR - FPR) at most {o['mia_advantage']:.4g}."
+    )
+
+
+WIDTH_SHOWN = 0.01  # the interval's relative width is printed where it exceeds 1 %
 
 
 def _calibrated_epochs(
@@ -360,6 +396,8 @@ def statement(o: dict[str, Any]) -> str:
                 f" σ is shown rounded up to {SIGMA_DIGITS} significant digits (a run at the σ shown spends at most "
                 "that ε); --json gives it whole."
             )
+    if "epsilon_lower" in o:
+        text += certainty_text(o)
     if "epsilon_tuning" in o:
         text += (
             f"\nTuning: releasing the best of K runs, K ~ {o['tuning_distribution']} with mean {o['tuning_trials']:g}, "

@@ -15,7 +15,8 @@ from dpsweep.privacy import ledger, rdp, schedule
 
 JSON_KEYS = {
     "mechanism", "epsilon", "delta", "alpha", "steps", "sample_rate", "noise_multiplier", "accountant", "conversion",
-    "neighbours", "description",
+    "neighbours", "description", "epsilon_lower", "epsilon_upper", "mu_gdp", "gdp_delta_allowance", "tpr_at_1pct",
+    "tpr_at_10pct", "mia_advantage",
 }  # fmt: skip
 
 
