@@ -11,6 +11,7 @@ From Python, e.g. in a notebook::
     r.runs                             # one row per run (mlflow.search_runs layout), with its outcome
     r.counts                           # {"total": .., "finished": .., "failed": .., "pruned": .., "running": ..}
     r.warnings                         # mixed accountants or δ, missing metrics, missing baselines
+    r.table[["epsilon_lower", "epsilon", "mu_gdp", "tpr_at_1pct"]]  # how certain ε is, the attack risk
     report.memory_table(r.table_runs)  # bytes per memory stage, per config
     report.pareto_front(r.table)       # the private rows no other row beats on both ε and accuracy
     print(report.render(r, "md"))      # or "csv", "tex", "html"
@@ -47,6 +48,7 @@ from dpsweep.analysis.report.columns import (
 )
 from dpsweep.analysis.report.notes import check, privacy_kind_notes, score_note, task_notes
 from dpsweep.analysis.report.query import outcome_counts, parent_run_id, report_runs, search_runs
+from dpsweep.analysis.report.risk import RISK_NOTE
 from dpsweep.analysis.report.table import SORT_KEYS, score_metrics, shows_audits, summary_table
 
 
@@ -64,6 +66,8 @@ class Report:
     baseline_runs: pd.DataFrame = field(default_factory=pd.DataFrame)
     # every trial of a private tuning (dpsweep-report --all-trials): the analyst's view, not for release
     all_trials: bool = False
+    # the risk columns (dpsweep-report --risk): ε interval, μ-GDP, TPR at 1 % FPR (analysis.report.risk)
+    risk: bool = False
 
     @property
     def table_runs(self) -> pd.DataFrame:
@@ -91,6 +95,8 @@ class Report:
         explained = objective_notes()
         lines += [explained[m] + "." for m in score_metrics(self.table) if m in explained]
         lines += task_notes(self.table, self.table_runs)
+        if self.risk:
+            lines.append(RISK_NOTE)
         if self.all_trials:
             lines.insert(0, ALL_TRIALS_NOTE)
         return lines + [f"warning: {w}" for w in self.warnings]
@@ -113,10 +119,16 @@ AUDIT_NOTE = (
 
 
 def build_report(
-    uri: str, experiment: str, sweep_id: str | None = None, sort: str = "accuracy", all_trials: bool = False
+    uri: str,
+    experiment: str,
+    sweep_id: str | None = None,
+    sort: str = "accuracy",
+    all_trials: bool = False,
+    risk: bool = False,
 ) -> Report:
     """Read, check and tabulate a selection: of a private tuning, its released trial alone, unless
-    ``all_trials`` (then every trial, and the report is marked not for release). Raises ReportError on
+    ``all_trials`` (then every trial, and the report is marked not for release); ``risk``: its renderings
+    show the risk columns (:mod:`dpsweep.analysis.report.risk`). Raises ReportError on
     an unknown experiment or sweep, an unknown sort key, or a selection without FINISHED runs."""
     lookup(SORT_KEYS, sort, "sort")  # fail before reading anything
     raw = search_runs(uri, experiment, sweep_id)
@@ -137,7 +149,9 @@ def build_report(
         raise ReportError(
             *where, f"0 FINISHED runs of {counts['total']}{f' ({others})' if others else ''}; nothing to report"
         )
-    report = Report(uri, experiment, sweep_id, runs, pd.DataFrame(), counts, parent_run_id(raw), all_trials=all_trials)
+    report = Report(
+        uri, experiment, sweep_id, runs, pd.DataFrame(), counts, parent_run_id(raw), all_trials=all_trials, risk=risk
+    )
     borrowed: list[str] = []  # notes on baseline runs taken from outside the sweep
     if sweep_id is not None:
         report.baseline_runs, borrowed = _outside_baselines(uri, experiment, runs)

@@ -29,6 +29,7 @@ from dpsweep.analysis.report.columns import (
     run_pairs,
     run_tasks,
 )
+from dpsweep.analysis.report.risk import analysis_text, tuning_analyses
 from dpsweep.analysis.report.table import (
     SPREAD_LIMIT,
     baseline_key,
@@ -182,7 +183,8 @@ def _release_notes(done: pd.DataFrame) -> list[str]:
 def _tuning_notes(done: pd.DataFrame, table: pd.DataFrame, all_trials: bool = False) -> list[str]:
     """The privacy of choosing among rows. A private tuning's runs (column ``tuning``): only the released
     trial may be published, at the whole procedure's ε (epsilon_tuning) under the accountant that computed
-    it (rdp). Without ``all_trials`` the report holds the released trials alone, and the note says nothing
+    it (rdp), by the analysis its tag ``tuning.analysis`` names (before the tag: papernot_steinke). Without
+    ``all_trials`` the report holds the released trials alone, and the note says nothing
     of how many trials ran (K must stay secret: Papernot & Steinke 2022); with it, the note counts them and
     names the released one. Otherwise, where the table offers K > 1 private
     rows of one dataset and model at the same ε (tuned hyperparameters: lr, C, ...), the best of them is
@@ -195,18 +197,19 @@ def _tuning_notes(done: pd.DataFrame, table: pd.DataFrame, all_trials: bool = Fa
     tuned = private[roles.notna()]
     kept = tuned[roles[tuned.index] == RELEASED]
     accountants = ", ".join(sorted({str(a) for a in table[column(table, "tuning").notna()]["accountant"]})) or "rdp"
+    analysis = analysis_text(tuning_analyses(table[column(table, "tuning").notna()])) if not tuned.empty else ""
     if not tuned.empty and all_trials:
         notes.append(
             f"{runs_text(len(tuned))} are trials of a private tuning (sweep.private_tuning): only "
             f"{', '.join(r[:8] for r in kept['run_id']) or 'none'} (tag tuning.released=true; trial: released) may "
-            f"be published, at the whole procedure's ε (epsilon_tuning, under the {accountants} accountant: the ε "
-            "shown for their rows), not at one run's; the other trials and their number stay private"
+            f"be published, at the whole procedure's ε (epsilon_tuning, under the {accountants} accountant, by "
+            f"{analysis}: the ε shown for their rows), not at one run's; the other trials and their number stay private"
         )
     elif not kept.empty:
         notes.append(
             f"{'runs' if len(kept) > 1 else 'run'} {', '.join(r[:8] for r in kept['run_id'])}: the released trial "
             f"of a private tuning (sweep.private_tuning), shown at the whole procedure's ε (epsilon_tuning, under "
-            f"the {accountants} accountant, which computed it; Papernot & Steinke 2022), not at one run's; the "
+            f"the {accountants} accountant, which computed it, by {analysis}), not at one run's; the "
             "tuning's other trials, if any, and their number are withheld"
         )
     plain = private.drop(tuned.index)

@@ -40,6 +40,7 @@ from dpsweep.analysis.report.columns import (
     row_shares,
     row_tasks,
 )
+from dpsweep.analysis.report.risk import RISK_HEADERS, RISK_METRICS, analysis_text, risk_columns, tuning_analyses
 from dpsweep.analysis.report.table import (
     audit_columns,
     extra_columns,
@@ -59,9 +60,10 @@ def _accuracy(row: pd.Series) -> str:
     return f"{mean * PERCENT:.2f}" + ("" if pd.isna(std) else f" ± {std * PERCENT:.2f}")
 
 
-def display_columns(table: pd.DataFrame, all_trials: bool = False) -> list[tuple[str, str, Cell]]:
+def display_columns(table: pd.DataFrame, all_trials: bool = False, risk: bool = False) -> list[tuple[str, str, Cell]]:
     """(header, LaTeX header, cell formatter) per column of the paper table; with ``all_trials`` (every
-    trial of a private tuning), ``trial`` and ``release`` (:data:`ALL_TRIALS_COLUMNS`) last."""
+    trial of a private tuning), ``trial`` and ``release`` (:data:`ALL_TRIALS_COLUMNS`) last; with ``risk``,
+    the ε interval, μ and TPR at 1 % FPR after ε (:func:`dpsweep.analysis.report.risk.risk_columns`)."""
 
     def param(key: str) -> Cell:
         return lambda row: param_text(row[f"params.{key}"]) if row_applies(row, key) else "—"
@@ -91,6 +93,7 @@ def display_columns(table: pd.DataFrame, all_trials: bool = False) -> list[tuple
     if shows_privacy_kinds(table):  # whom each ε protects, and how its noise was added
         cols += [(name, name, _privacy_kind(name)) for name in PRIVACY_KINDS]
     cols.append(("ε", r"$\varepsilon$", lambda r: epsilon_text(r["epsilon"])))
+    cols += risk_columns() if risk else []
     shown = audit_columns(table)  # the empirical checks beside the accountant's bound
     if "audit_epsilon_lower" in shown:
         cols.append(("audit ε ≥", r"audit $\varepsilon \geq$", lambda r: number_text(r["audit_epsilon_lower"], ".3f")))
@@ -161,10 +164,11 @@ def _clip_norm(row: pd.Series) -> str:
     return "—" if row["private"] and _clipping_of(row) == "quantile" else number_text(row["max_grad_norm"], "g")
 
 
-def paper_table(table: pd.DataFrame, latex: bool = False, all_trials: bool = False) -> pd.DataFrame:
+def paper_table(table: pd.DataFrame, latex: bool = False, all_trials: bool = False, risk: bool = False) -> pd.DataFrame:
     """The table as text cells, with the headers a paper shows (unicode, or LaTeX when ``latex``);
-    ``all_trials``: a report of every trial of a private tuning (:func:`display_columns`)."""
-    cols = display_columns(table, all_trials)
+    ``all_trials``: a report of every trial of a private tuning, ``risk``: with the risk columns
+    (:func:`display_columns`)."""
+    cols = display_columns(table, all_trials, risk)
     rows = [row for _, row in table.iterrows()]
     cells = {(tex if latex else plain): [fmt(row) for row in rows] for plain, tex, fmt in cols}
     return pd.DataFrame(cells, columns=[tex if latex else plain for plain, tex, _ in cols])
@@ -188,7 +192,9 @@ def _right_aligned(shown: pd.DataFrame) -> list[bool]:
 
 def to_markdown(report: Report) -> str:
     """A GitHub-flavoured markdown table (numbers right-aligned), then the notes as a list."""
-    shown = paper_table(report.table, all_trials=report.all_trials).map(lambda c: c.replace("|", r"\|"))
+    shown = paper_table(report.table, all_trials=report.all_trials, risk=report.risk).map(
+        lambda c: c.replace("|", r"\|")
+    )
     widths = [max(3, len(h), *(len(v) for v in shown[h])) for h in shown.columns]  # a rule needs 3 dashes
     right = _right_aligned(shown)
 
@@ -205,7 +211,7 @@ def to_markdown(report: Report) -> str:
 def to_csv(report: Report) -> str:
     """The numbers at full precision (accuracies as fractions), one row per config, no notes; a report of
     all trials adds ``trial`` (a private tuning's released or withheld trial) and ``release`` (not for
-    release, on every row)."""
+    release, on every row); a report with ``risk`` adds ``epsilon_lower``, ``mu_gdp`` and ``tpr_at_1pct``."""
     table = report.table
     extras = [f"params.{k}" for k in extra_columns(table)]
     kinds = [
@@ -216,7 +222,8 @@ def to_csv(report: Report) -> str:
     ]
     privacy = list(PRIVACY_KINDS) if shows_privacy_kinds(table) else []
     audits = audit_columns(table)
-    names = ["config_id", *kinds, *SETTING_COLUMNS, *privacy, "private", *extras, "epsilon", *audits]
+    risks = list(RISK_METRICS) if report.risk else []  # dpsweep-report --risk
+    names = ["config_id", *kinds, *SETTING_COLUMNS, *privacy, "private", *extras, "epsilon", *risks, *audits]
     names += ["test_accuracy_mean"]
     names += ["test_accuracy_std", "accuracy_drop", "runs", "runs_without_accuracy", "run_ids"]
     names += ["unstable"] if "unstable" in table and table["unstable"].any() else []  # the spread over seeds
@@ -248,7 +255,7 @@ def _latex_cell(text: str) -> str:
 
 
 # Columns a paper's table keeps even where every row has the same value: the results.
-RESULT_COLUMNS = ("ε", "drop (pp)")
+RESULT_COLUMNS = ("ε", "drop (pp)", *RISK_HEADERS)
 
 
 def to_latex(report: Report) -> str:
@@ -258,8 +265,8 @@ def to_latex(report: Report) -> str:
     caption says what a private tuning's ε is (:func:`tuning_caption`), and a report of all trials is
     captioned not for release."""
     all_trials = report.all_trials
-    plain = paper_table(report.table, all_trials=all_trials)
-    shown = paper_table(report.table, latex=True, all_trials=all_trials)
+    plain = paper_table(report.table, all_trials=all_trials, risk=report.risk)
+    shown = paper_table(report.table, latex=True, all_trials=all_trials, risk=report.risk)
     shown = _latex_numbers(report.table, plain, shown)
     constant = [
         c for c, p in zip(shown.columns, plain.columns, strict=True)
@@ -283,22 +290,24 @@ def to_latex(report: Report) -> str:
 
 def tuning_caption(report: Report) -> list[str]:
     """The caption's sentences on private tuning: a report of all trials is not for release; a
-    released trial's ε is the whole procedure's, under the accountant that computed it (rdp), and
+    released trial's ε is the whole procedure's, under the accountant that computed it (rdp), by the
+    analysis its tag ``tuning.analysis`` names (:func:`dpsweep.analysis.report.risk.tuning_analyses`), and
     neither the number of trials nor the others are shown (Papernot & Steinke 2022 need K secret)."""
     table = report.table
     rows = table[column(table, "tuning").notna()]
     accountants = ", ".join(sorted({str(a) for a in rows["accountant"].dropna()}))
+    analysis = analysis_text(tuning_analyses(rows)) if len(rows) else ""  # tag tuning.analysis
     if report.all_trials:
         return [
             f"{NOT_FOR_RELEASE.capitalize()}: every trial of a private tuning; publish the released trial alone "
-            f"(ε of every trial: the whole procedure's, {accountants} accountant)." if len(rows) else
+            f"(ε of every trial: the whole procedure's, {accountants} accountant, by {analysis})." if len(rows) else
             f"{NOT_FOR_RELEASE.capitalize()}: a report of all trials."
         ]  # fmt: skip
     if rows.empty:
         return []
     return [
         f"ε of the released trial of a private tuning: the whole tuning procedure's, under the {accountants} "
-        "accountant (Papernot & Steinke 2022); the other trials and their number are not released."
+        f"accountant, by {analysis}; the other trials and their number are not released."
     ]
 
 
@@ -331,7 +340,9 @@ def _power_of_ten(value: float) -> str:
 
 def to_html(report: Report) -> str:
     """An HTML ``<table>`` and the notes as paragraphs (no page around them)."""
-    table = paper_table(report.table, all_trials=report.all_trials).to_html(index=False, border=0, escape=True)
+    table = paper_table(report.table, all_trials=report.all_trials, risk=report.risk).to_html(
+        index=False, border=0, escape=True
+    )
     notes = "\n".join(f"<p>{html_escape(n)}</p>" for n in report.notes())
     return f"{table}\n{notes}\n"
 

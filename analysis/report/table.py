@@ -58,6 +58,7 @@ from dpsweep.analysis.report.columns import (
     run_tasks,
 )
 from dpsweep.analysis.report.query import hyperparameter_keys
+from dpsweep.analysis.report.risk import RISK_METRICS, pooled_risks, run_risks, run_tuning_analyses
 from dpsweep.config import TASK_SECTIONS, UNITS, task_objectives, task_schemas
 from dpsweep.registry import Registry
 
@@ -80,10 +81,13 @@ def summary_table(runs: pd.DataFrame, sort: str = "accuracy") -> pd.DataFrame:
     dpam: :func:`columns.run_methods`; None for other tasks' rows), private, batch_size, noise_multiplier,
     max_grad_norm, lr, epochs, delta, accountant, mechanism, unit (privacy_kinds: None for a non-private row),
     epsilon, test_accuracy_mean, test_accuracy_std, tuning (a private tuning's ``released`` or
-    ``withheld`` trials; None), accuracy_drop, runs (FINISHED runs pooled),
+    ``withheld`` trials; None), tuning_analysis (the analysis of such a row's ε, tag ``tuning.analysis``;
+    None), accuracy_drop, runs (FINISHED runs pooled),
     runs_without_accuracy, baseline_config_id, run_ids, audit_epsilon_lower and audit_epsilon_lower_fdp
     (the smallest one-run audit bounds of the row's runs, Steinke et al.'s and the f-DP one; NaN without
-    audits), unstable (the spread over seeds above :data:`SPREAD_LIMIT` of the mean: :func:`unstable_rows`),
+    audits), epsilon_lower, mu_gdp and tpr_at_1pct (the rows' certainty and attack risk,
+    :mod:`dpsweep.analysis.report.risk`; NaN where the runs logged none), unstable (the spread over seeds above
+    :data:`SPREAD_LIMIT` of the mean: :func:`unstable_rows`),
     the tasks' shares (:func:`columns.row_shares`),
     and ``params.<key>`` for every hyperparameter (the raw strings). The accuracy columns are of
     each run's score, its task's objective metric; the ``model`` of a row of a task whose model
@@ -100,8 +104,8 @@ def summary_table(runs: pd.DataFrame, sort: str = "accuracy") -> pd.DataFrame:
     head = ["config_id", "dataset", "model", "task", "method", *SETTING_COLUMNS, *PRIVACY_KINDS, "private", "epsilon"]
     head += ["test_accuracy_mean", "test_accuracy_std"]
     tail = [
-        "tuning", "accuracy_drop", "runs", "runs_without_accuracy", "baseline_config_id", "run_ids",
-        "audit_epsilon_lower", "audit_epsilon_lower_fdp", "unstable",
+        "tuning", "tuning_analysis", "accuracy_drop", "runs", "runs_without_accuracy", "baseline_config_id",
+        "run_ids", "audit_epsilon_lower", "audit_epsilon_lower_fdp", *RISK_METRICS, "unstable",
     ]  # fmt: skip
     tail += row_shares()
     table = table[head + tail + [f"params.{k}" for k in keys]]
@@ -122,6 +126,7 @@ def _pooled(done: pd.DataFrame) -> pd.DataFrame:
             "audit": column(done, AUDIT_METRIC).astype(float),
             "audit_fdp": column(done, AUDIT_FDP_METRIC).astype(float),
             **{name: column(done, f"metrics.{name}").astype(float) for name in row_shares()},
+            **run_risks(done),
         }
     )
     grouped = work.groupby("config_id", sort=False)
@@ -136,6 +141,7 @@ def _pooled(done: pd.DataFrame) -> pd.DataFrame:
             "audit_epsilon_lower": grouped["audit"].min(),
             "audit_epsilon_lower_fdp": grouped["audit_fdp"].min(),
             **{name: grouped[name].mean() for name in row_shares()},
+            **pooled_risks(grouped),
         }
     )
 
@@ -195,6 +201,7 @@ def _with_settings(table: pd.DataFrame, done: pd.DataFrame, keys: Sequence[str])
     table["method"] = run_methods(first)
     table["model"] = run_models(first)
     table["tuning"] = column(first, "tuning").astype(object)
+    table["tuning_analysis"] = run_tuning_analyses(first)  # which analysis gave epsilon_tuning
     tuned = column(first, "metrics.epsilon_tuning").notna()  # its ε: the procedure's, under its accountant
     procedure = column(first, "tags.tuning.accountant").astype(object).fillna(TUNING_ACCOUNTANT)
     table.loc[tuned[tuned].index, "accountant"] = procedure[tuned]

@@ -5,6 +5,7 @@
     dpsweep-report --experiment demo --format csv > table.csv          # notes go to stderr
     dpsweep-report --experiment demo --out report/ --sort epsilon --runs 41b733ba 9f0c2d11
     dpsweep-report --experiment demo --sweep s3d13dc24edc --all-trials  # a private tuning's trials: not for release
+    dpsweep-report --experiment demo --risk                            # + ε interval, μ-GDP, TPR at 1% FPR
 
 One row per config (runs equal but for the seed): dataset, model, B, σ, C, lr, epochs, δ,
 accountant, ε, test accuracy mean ± std over seeds, its drop against the non-private baseline of
@@ -29,7 +30,14 @@ Of a private tuning (``sweep.private_tuning``) the table, the notes and the plot
 trial alone, at the whole procedure's ε under the accountant that computed it (rdp): nothing in them
 tells how many trials ran, the other trials or the released trial's seed (Papernot & Steinke 2022's
 bound needs the number secret). ``--all-trials`` shows every trial, in a table marked not for release
-(columns ``trial`` and ``release``, in every format; the LaTeX caption and every plot say so too).
+(columns ``trial`` and ``release``, in every format; the LaTeX caption and every plot say so too). The
+released trial's ε is named with the analysis that gave it (tag ``tuning.analysis``; older runs:
+papernot_steinke, the only one then).
+
+``--risk`` adds how certain each row's ε is and what it means for an attacker: the ε interval (a sound
+lower bound .. the row's ε), μ (the row is μ-GDP) and TPR@1% (a membership-inference attack's largest
+true-positive rate at 1 % false-positive rate), from the metrics epsilon_lower, mu_gdp and tpr_at_1pct a
+DP run logs; runs from before them show a dash (see dpsweep.analysis.report.risk).
 
 Bad input exits with code 2 and names the option, its value and what is allowed, e.g.
 ``dpsweep-report: error: --format='docx' is invalid: unknown format; valid: csv, html, md, tex``.
@@ -87,6 +95,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--all-trials", action="store_true",
                    help="every trial of a private tuning, not only the released one: the analyst's view, marked "
                    "not for release (it tells the number of trials, which must stay secret)")  # fmt: skip
+    p.add_argument("--risk", action="store_true",
+                   help="add the columns ε interval (a sound lower bound .. ε), μ (μ-GDP) and TPR@1%% (a "
+                   "membership-inference attack's largest true-positive rate at 1%% false-positive rate), from "
+                   "the runs' metrics epsilon_lower, mu_gdp and tpr_at_1pct; a dash for runs without them")  # fmt: skip
     return p
 
 
@@ -176,7 +188,7 @@ def run(argv: Sequence[str] | None = None) -> report.Report:
     try:
         for dead in reconcile(a.tracking_uri, a.experiment):  # so that no dead run counts as running
             print(f"dpsweep-report: ended run {dead.run_id} KILLED: {dead.reason}", file=sys.stderr)
-        built = report.build_report(a.tracking_uri, a.experiment, a.sweep, a.sort, all_trials=a.all_trials)
+        built = report.build_report(a.tracking_uri, a.experiment, a.sweep, a.sort, all_trials=a.all_trials, risk=a.risk)
     except MlflowException as err:
         raise InputError("--tracking-uri", a.tracking_uri, f"a store MLflow can read ({err.message})") from err
     chosen = _chosen_runs(built, a.runs)
