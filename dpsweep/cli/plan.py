@@ -6,6 +6,7 @@
     dpsweep-plan train.seed=0,0,1        # jobs dpsweep -m would skip (repeats, configs FINISHED) are marked
     dpsweep-plan experiment=demo --json
     dpsweep-plan train.batch_size=64,512 --memory-model memory_model.json --gpu-memory 16GiB   # peak memory
+    dpsweep-plan dp.noise_multiplier=0.8,1.6 --risk   # with μ-GDP and the attack's TPR at 1 % FPR
 
 It takes exactly the overrides ``dpsweep -m`` takes and expands them with Hydra's own basic-sweeper
 logic (``hydra.sweeper.params`` from the config first, then the command line), so the rows are the
@@ -19,7 +20,7 @@ import json
 import sys
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -73,6 +74,9 @@ class PlanRow:
     gpu_memory: str | None = None  # the budget it is compared with
     fits_memory: bool | None = None  # None: no memory model or no budget
     world_size: int = 1  # ranks of the run (train.devices): each takes its share of every Poisson batch
+    mu_gdp: float | None = None  # with --risk: μ of Gaussian DP (dpsweep.privacy.certainty.mu_gdp)
+    tpr_at_1pct: float | None = None  # with --risk: a membership-inference attack's largest TPR at 1 % FPR
+    gdp_delta_allowance: float | None = None  # with --risk: μ-GDP holds down to this δ (certainty.is_gdp)
 
 
 def _store_readable(uri: str) -> bool:
@@ -127,11 +131,14 @@ def plan_row(job: int, overrides: list[str], plan: RunPlan, skipped: str | None 
 
 
 OPTIONS = """
-usage: dpsweep-plan [--json] [--memory-model FILE [--gpu-memory SIZE] [--backend cuda|cpu-tensors]] [OVERRIDES ...]
+usage: dpsweep-plan [--json] [--risk] [--memory-model FILE [--gpu-memory SIZE] [--backend cuda|cpu-tensors]]
+                    [OVERRIDES ...]
 
 options:
   -h, --help            show this help and exit
   --json                print the jobs as JSON only (for jq and scripts)
+  --risk                add columns μ (the run is μ-GDP) and TPR@1% (a membership-inference attack's largest
+                        true-positive rate at 1 % false positives), from each distinct ledger's PLD
   --memory-model FILE   a dpsweep-memory fit file: predict each job's peak memory and OOM verdict
   --gpu-memory SIZE     the GPU memory to plan against, with units (e.g. 16GiB); default: each job's
                         launcher.gpu_memory
@@ -199,6 +206,28 @@ def rows_of(jobs: Sequence[tuple[list[str], RunPlan]]) -> list[PlanRow]:
     return [plan_row(i, job, p, why) for i, ((job, p), why) in enumerate(zip(jobs, reasons, strict=True))]
 
 
+def with_risk(rows: Sequence[PlanRow], jobs: Sequence[tuple[list[str], RunPlan]]) -> list[PlanRow]:
+    """``--risk``: each DP row with its μ of Gaussian DP and a membership-inference attacker's largest TPR at
+    1 % FPR (:mod:`dpsweep.privacy.certainty`, from the pessimistic PLD's profile), computed once per
+    distinct ledger: a grid that repeats a setting (seeds, learning rates) prices it once."""
+    from dpsweep.privacy import certainty
+
+    cache: dict[str, tuple[float, float, float]] = {}
+    out = []
+    for row, (_, p) in zip(rows, jobs, strict=True):
+        if p.privacy is None:
+            out.append(row)
+            continue
+        key = repr(p.privacy.ledger)
+        if key not in cache:
+            found = certainty.profile(p.privacy.ledger)
+            allowance = min(1.0, 2 * found.tail) if found is not None else 0.0
+            cache[key] = (certainty.mu_gdp(p.privacy.ledger, found=found), certainty.tpr_bound(found, 0.01), allowance)
+        mu, tpr, allowance = cache[key]
+        out.append(replace(row, mu_gdp=mu, tpr_at_1pct=tpr, gdp_delta_allowance=allowance))
+    return out
+
+
 # the keys the table's own columns show (a swept one needs no column of its own; dp: σ and ε say off)
 SHOWN_KEYS = frozenset({"dataset", "model", "train.batch_size", "dp.noise_multiplier", "dp.max_grad_norm",
                         "optimizer.lr", "train.epochs", "dp.mechanism", "dp.unit", "dp"})  # fmt: skip
@@ -218,11 +247,13 @@ def swept_keys(rows: Sequence[PlanRow]) -> tuple[list[str], list[dict[str, str]]
 def format_table(rows: Sequence[PlanRow]) -> str:
     cols = ("job", "dataset", "model", "B", "σ", "C", "lr", "epochs", "δ", "ε")
     memory = any(r.peak_bytes is not None for r in rows)
+    risk = any(r.mu_gdp is not None for r in rows)
     swept, given = swept_keys(rows)
     widths = [max(len(k), *(len(g.get(k, "—")) for g in given)) for k in swept]
     # mechanism and unit columns where some job's differ from the defaults (example-level DP-SGD)
     kinds = any((r.mechanism, r.unit) not in ((None, None), (mechanisms.dpsgd.DPSGD.name, "example")) for r in rows)
     header = "{:>3}  {:<10} {:<12} {:>5} {:>7} {:>6} {:>8} {:>6} {:>8} {:>9}".format(*cols)
+    header += "  {:>6} {:>7}".format("μ", "TPR@1%") if risk else ""
     header += "  {:<9} {:<8}".format("mechanism", "ε per") if kinds else ""
     header += "".join(f"  {k:<{w}}" for k, w in zip(swept, widths, strict=True))
     lines = [(header + ("  {:>10}".format("peak") if memory else "")).rstrip()]
@@ -236,6 +267,8 @@ def format_table(rows: Sequence[PlanRow]) -> str:
             f"{r.job:>3}  {r.dataset:<10} {r.model:<12} {r.batch_size:>5} {sigma:>7} {clip:>6} {r.lr:>8.3g} "
             f"{r.epochs:>6} {delta:>8} {eps:>9}"
         )
+        if risk:
+            line += f"  {_figure(r.mu_gdp):>6} {_figure(r.tpr_at_1pct):>7}"
         if kinds:
             line += f"  {r.mechanism or dash:<9} {r.unit or dash:<8}"
         line += "".join(f"  {values.get(k, dash):<{w}}" for k, w in zip(swept, widths, strict=True))
@@ -251,12 +284,22 @@ def format_table(rows: Sequence[PlanRow]) -> str:
         used = sorted({r.mechanism for r in rows if r.mechanism})
         how = "; ".join(f"{m}: {mechanisms.get(m).note}" for m in used)
         lines.append(f"ε: {', '.join(accountants)} accountant(s) over each job's steps ({how})")
+    if risk:
+        allowed = max(r.gdp_delta_allowance or 0.0 for r in rows)
+        lines.append(
+            f"μ: each job is μ-GDP (certified from its pessimistic PLD, down to δ = {allowed:.2g}); TPR@1%: the "
+            "largest true-positive rate of a membership-inference attack at 1 % false positives"
+        )
     if memory:
         lines.append(
             "peak: predicted iteration peak (envelope fit; with DP for the run's largest Poisson batch); "
             "dpsweep-memory predict says what would fit"
         )
     return "\n".join(lines)
+
+
+def _figure(value: float | None) -> str:
+    return f"{value:.3g}" if value is not None else "—"
 
 
 def _packing_line(jobs: Sequence[tuple[list[str], RunPlan]], rows: Sequence[PlanRow]) -> str | None:
@@ -298,10 +341,11 @@ def _take_option(args: list[str], flag: str) -> str | None:
 
 @exits_on_bad_input(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
-    """``dpsweep-plan [--json] [--memory-model FILE [--gpu-memory SIZE] [--backend cuda|cpu-tensors]] OVERRIDES``"""
+    """``dpsweep-plan [--json] [--risk] [--memory-model FILE [--gpu-memory SIZE] [--backend B]] OVERRIDES``"""
     args = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in args
-    args = [a for a in args if a not in ("--json", "-m", "--multirun")]  # -m: what dpsweep-plan always plans
+    risk = "--risk" in args
+    args = [a for a in args if a not in ("--json", "--risk", "-m", "--multirun")]  # -m: what dpsweep-plan plans
     if "-h" in args or "--help" in args:
         print(plain_text(__doc__ + OPTIONS))
         return 0
@@ -319,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
         jobs = job_plans(args, memory)
-        rows = rows_of(jobs)
+        rows = with_risk(rows_of(jobs), jobs) if risk else rows_of(jobs)
         tuned = None
         if jobs and jobs[0][1].config.sweep.private_tuning:
             from dpsweep.plan import tuning_procedure
