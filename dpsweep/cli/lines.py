@@ -13,6 +13,7 @@ they show the run less private than its ledger (:mod:`dpsweep.audit`).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -20,6 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 from dpsweep import units
 from dpsweep.cli.sigma import sigma_text
 from dpsweep.config import Config, DPConfig, GradSampleMode, TaskConfig, shown_model, step_kind
+
+WIDE = 0.01  # an ε interval wider than this, relative to its upper end, has its width printed (issue 58)
 
 if TYPE_CHECKING:  # torch and MLflow are imported where a run needs them: --help stays fast
     from dpsweep.run.runner import TrainResult
@@ -67,8 +70,9 @@ def _step_text(dp: Any) -> str:
 
 
 def summary_line(cfg: Config, r: TrainResult) -> str:
-    """``dpsweep: run 1a2b3c4d digits/cnn B=64 epochs=8 seed=0  test_accuracy=0.8778  ε=7.414 (rdp, δ=1e-05,
-    dpsgd per example; …)``"""
+    """``dpsweep: run 1a2b3c4d digits/cnn B=64 epochs=8 seed=0  test_accuracy=0.8556  ε=6.483 ∈ [6.470, 6.483]
+    (pld, δ=1e-05, dpsgd per example; …)``: the accountant's ε and the sound interval around the PLD ε
+    (:func:`_interval_text`; under another accountant, beside the PLD's figure among the others)."""
     if cfg.train.probe:
         from dpsweep.memory import stages
         from dpsweep.memory.tables import logged
@@ -86,12 +90,16 @@ def summary_line(cfg: Config, r: TrainResult) -> str:
             f"dp={cfg.dp.enabled}  {figures}  peak={peak} ({r.memory_backend})"
         )
     if r.epsilon is not None:
-        others = ", ".join(f"{name} {eps:.3f}" for name, eps in r.epsilons.items())
+        pld = cfg.dp.accountant.value == "pld"  # else the interval stands beside the PLD figure, whose it is
+        interval = _interval_text(r)
+        others = ", ".join(f"{name} {eps:.3f}" + ("" if pld or name != "pld" else interval)
+                           for name, eps in r.epsilons.items())  # fmt: skip
         clip = r.ledger.entries[0].params.get("max_grad_norm_chosen") if cfg.dp.clipping == "quantile" else None
         clip_text = f"C={cfg.dp.max_grad_norm:g}" if clip is None else f"C={clip:.3g} (private quantile)"
         sigma = "σ=—" if r.noise_multiplier is None else f"σ={sigma_text(r.noise_multiplier)}"
         privacy_text = (
-            f"ε={r.epsilon:.3f} ({cfg.dp.accountant.value}, δ={cfg.dp.delta:g}, {cfg.dp.mechanism} per "
+            f"ε={r.epsilon:.3f}{interval if pld else ''} ({cfg.dp.accountant.value}, δ={cfg.dp.delta:g}, "
+            f"{cfg.dp.mechanism} per "
             f"{cfg.dp.unit.value}{_step_text(cfg.dp)}; {others})  "
             f"{sigma}" + (f" {clip_text}" if cfg.task.reads_batches() else "")
         ) + _audit_text(cfg, r)
@@ -104,6 +112,19 @@ def summary_line(cfg: Config, r: TrainResult) -> str:
         f"dpsweep: run {r.run_id[:8]} {cfg.dataset.name}/{what}{batch} epochs={cfg.train.epochs} "
         f"seed={cfg.train.seed}{_how_text(cfg.task, cfg.train)}  {r.objective}={r.score:.4f}  {privacy_text}{diverged}"
     )
+
+
+def _interval_text(r: TrainResult) -> str:
+    """`` ∈ [6.470, 6.483]``, with `` width 2.1 %`` where the interval is wider than 1 % of its upper end:
+    the sound interval around the run's PLD ε (its upper end; metric ``epsilon_lower`` the lower end,
+    :func:`dpsweep.privacy.certainty.epsilon_interval`), the lower end rounded down so that the interval
+    shown holds the true ε. Empty where the run has no lower end (the PLD not computed)."""
+    upper = r.epsilons.get("pld")
+    if r.epsilon_lower is None or upper is None:
+        return ""
+    lower = math.floor(r.epsilon_lower * 1000) / 1000
+    relative = (upper - r.epsilon_lower) / upper if upper > 0 else 0.0
+    return f" ∈ [{lower:.3f}, {upper:.3f}]" + (f" width {relative * 100:.1f} %" if relative > WIDE else "")
 
 
 def _audit_text(cfg: Config, r: TrainResult) -> str:

@@ -17,7 +17,8 @@ It owns what every task shares (``dpsweep.tasks`` owns what differs):
    pruner, and a checkpoint after every epoch (``dpsweep.run.checkpoint``: a resumed run continues from
    the last completed epoch, its accountant restored);
 4. the memory stages of the first iteration (``dpsweep.memory.stages``), or only them for a probe;
-5. the final ε over the steps actually taken, under both accountants, from the task's history.
+5. the final ε over the steps actually taken, under every accountant, from the task's ledger, with its
+   interval, μ-GDP and attack risk (``dpsweep.run.records.certainty_figures``).
 """
 
 from __future__ import annotations
@@ -94,6 +95,10 @@ class TrainResult:
     epsilon: float | None = None  # final ε under dp.accountant; None without DP
     epsilons: dict[str, float] = field(default_factory=dict)  # final ε by accountant: rdp, prv, pld
     delta: float | None = None
+    epsilon_lower: float | None = None  # a sound lower end of ε: the true ε is in [this, epsilons["pld"]]
+    mu_gdp: float | None = None  # the run is μ-GDP ...
+    gdp_delta_allowance: float | None = None  # ... down to this δ (dpsweep.privacy.certainty.mu_gdp)
+    attack_risk: dict[str, float] = field(default_factory=dict)  # tpr_at_1pct, tpr_at_10pct, advantage
     noise_multiplier: float | None = None  # σ used (calibrated when dp.target_epsilon is set)
     sample_rate: float | None = None  # q the accountant used
     accountant_history: list[tuple[float, float, int]] = field(default_factory=list)  # DP-SGD's (σ, q, steps)
@@ -458,7 +463,8 @@ log = logging.getLogger("dpsweep")
 
 def _finish_privacy(cfg: Config, plan: RunPlan, task_run: tasks.TaskRun, result: TrainResult, run: Tracker) -> None:
     """Final ε of the task's ledger over the releases and steps actually made, under every
-    accountant, and the ledger itself as the ``privacy_ledger.json`` artifact."""
+    accountant, with its interval, μ-GDP and attack risk (computed once, by rank 0: the whole ledger, a
+    resumed run's included), and the ledger itself as the ``privacy_ledger.json`` artifact."""
     if plan.privacy is None:
         return
     bill = task_run.privacy_ledger()
@@ -470,9 +476,18 @@ def _finish_privacy(cfg: Config, plan: RunPlan, task_run: tasks.TaskRun, result:
     result.epsilon = result.epsilons[cfg.dp.accountant.value]
     result.delta, result.noise_multiplier = delta, plan.privacy.noise_multiplier
     result.sample_rate = plan.privacy.sample_rate
-    run.log_metrics({f"epsilon_{name}": eps for name, eps in result.epsilons.items()}, step=cfg.train.epochs)
+    figures = records.certainty_figures(bill, delta) if run.writes and "pld" in result.epsilons else {}
+    if figures:
+        result.epsilon_lower, result.mu_gdp, result.gdp_delta_allowance = (
+            figures[k] for k in records.CERTAINTY_METRICS[:3]
+        )
+        result.attack_risk = records.attack_risk_of(figures)
+        run.set_tags({"epsilon_interval.accountant": records.INTERVAL_ACCOUNTANT})
+    run.log_metrics({f"epsilon_{name}": eps for name, eps in result.epsilons.items()} | figures, step=cfg.train.epochs)
     unit, neighbours = cfg.dp.unit.value, mechanism_of(cfg).neighbours
     record = ledger.to_json(bill, delta, how, result.epsilons, unit=unit, neighbours=neighbours)
+    if figures:
+        record["certainty"] = records.certainty_record(figures, result.epsilons["pld"])
     run.log_text(json.dumps(record, indent=2), PRIVACY_LEDGER)
     run.set_tags({
         "dp.steps": result.steps, "dp.sample_rate": result.sample_rate, "dp.conversion": how.conversion,

@@ -47,7 +47,7 @@ def test_an_audit_runs_result_line_shows_its_lower_bounds_beside_epsilon(
     [run] = client.search_runs([exp.experiment_id])
     m = run.data.metrics
     bounds = f"white_box audit: ε ≥ {m['audit.epsilon_lower']:.3f}, f-DP ε ≥ {m['audit.epsilon_lower_fdp']:.3f} (95%)"
-    assert f"ε={m['epsilon']:.3f} (" in line and bounds in line, line
+    assert f"ε={m['epsilon']:.3f} ∈ [" in line and f", {m['epsilon']:.3f}] (pld, " in line and bounds in line, line
     assert line.index(f"ε={m['epsilon']:.3f}") < line.index("audit: ε ≥"), line  # beside the accountant's bound
     assert "FLAGGED" not in line and m["audit.claim_rejected"] == 0, line  # a correct run
 
