@@ -18,6 +18,8 @@ all call :func:`prepare`; none of them repeats its sequence:
    (:func:`dpsweep.mechanisms.fused.check_planned_model`);
 2. σ: ``dp.noise_multiplier``, or calibrated so that ε <= ``dp.target_epsilon``, which the whole
    ledger spends: the clipping release of ``dp.clipping=quantile`` (``dpsweep.privacy.clipping``) included;
+   or so that no membership-inference attack on the whole ledger reaches a TPR above
+   ``dp.target_tpr_at_1pct`` at 1 % FPR (``dpsweep.privacy.certainty.noise_for_risk``);
 3. the sampling schedule and steps (Opacus's Poisson-loader convention, ``dpsweep.privacy.schedule``) and the
    planned ε of the ledger (releases and steps), which is exactly the ε the run logs at its end;
 4. the budget verdict against ``sweep.max_epsilon`` (a probe takes one step: no budget applies);
@@ -65,13 +67,14 @@ class PlannedPrivacy:
     """The privacy cost a DP-SGD run will have spent after its last step (``dp.accountant``)."""
 
     noise_multiplier: float  # σ
-    calibrated: bool  # σ was calibrated to dp.target_epsilon
+    calibrated: bool  # σ was calibrated to dp.target_epsilon or dp.target_tpr_at_1pct
     sample_rate: float | None  # q the accountant records per step (of examples or users); None: no sampling
     steps: int  # every step of train.epochs, or fewer where the task stops at the budget
     delta: float
     accountant: str
     epsilon: float
     ledger: Ledger  # every release the run will make, its DP-SGD steps included (dpsweep.privacy.ledger)
+    calibrated_to: str | None = None  # what σ was calibrated to ("ε <= 3", "TPR at 1 % FPR <= 0.05"); None: given
 
     @property
     def poisson_rate(self) -> float:
@@ -242,12 +245,41 @@ def _planned_privacy(cfg: Config, n_train: int) -> PlannedPrivacy | None:
         steps = _steps_within_budget(mechanism, s, dp.target_epsilon, sigma, steps)
     elif dp.target_epsilon is not None:
         sigma = _calibrated(mechanism, s, dp)
+    elif dp.target_tpr_at_1pct is not None:
+        sigma = _calibrated_to_risk(mechanism, s, dp.target_tpr_at_1pct)
     clipping.check_adaptive(dp, sigma, cfg.train.batch_size)
     bill = mechanism.ledger(replace(s, steps=steps), sigma)
     return _computable(dp, PlannedPrivacy(
-        sigma, dp.target_epsilon is not None and not stops_at_budget(cfg), q, steps, dp.delta,
-        dp.accountant.value, ledger.epsilon(bill, dp.delta, s.accounting).epsilon, bill,
+        sigma, calibrated_to(cfg) is not None, q, steps, dp.delta,
+        dp.accountant.value, ledger.epsilon(bill, dp.delta, s.accounting).epsilon, bill, calibrated_to(cfg),
     ))  # fmt: skip
+
+
+def calibrated_to(cfg: Config) -> str | None:
+    """What the run's σ is calibrated to (the run's lines and tags say it): ``ε <= target`` or
+    ``TPR at 1 % FPR <= target``; None where σ is ``dp.noise_multiplier`` (a task that stops at the budget
+    keeps it)."""
+    dp = cfg.dp
+    if dp.target_epsilon is not None and not stops_at_budget(cfg):
+        return f"ε <= {dp.target_epsilon:g}"
+    if dp.target_tpr_at_1pct is not None:
+        return f"TPR at 1 % FPR <= {dp.target_tpr_at_1pct:g}"
+    return None
+
+
+def _calibrated_to_risk(mechanism: mechanisms.Mechanism, s: mechanisms.Setting, target_tpr: float) -> float:
+    """σ calibrated to ``dp.target_tpr_at_1pct``: the smallest σ whose whole ledger (the other releases
+    included) lets no membership-inference attack reach a TPR above the target at 1 % FPR
+    (:func:`dpsweep.privacy.certainty.noise_for_risk`; Kulynych et al. 2024, "Attack-Aware Noise
+    Calibration for Differential Privacy", NeurIPS), by the bisection of ``dp.target_epsilon``."""
+    from dpsweep.privacy import certainty  # scipy's signal module: only for a run calibrated to risk
+
+    try:
+        return certainty.noise_for_risk(lambda sigma: mechanism.ledger(s, sigma), target_tpr)
+    except ValueError as err:  # the target is out of reach
+        if isinstance(err, InputError):
+            raise
+        raise ConfigError("dp.target_tpr_at_1pct", target_tpr, f"a risk reachable with σ <= 1e6 ({err})") from err
 
 
 def _steps_within_budget(

@@ -114,6 +114,9 @@ class DPConfig:
     accountant: Accountant = Accountant.pld
     rdp_orders: RdpOrders = RdpOrders.default  # default (to 1024) | opacus (Opacus's grid, to 63)
     target_epsilon: float | None = None  # when set, σ is calibrated so that ε <= target_epsilon
+    # when set (instead of target_epsilon), σ is calibrated so that no membership-inference attack reaches a
+    # true-positive rate above it at 1 % false positives (dpsweep.privacy.certainty.noise_for_risk), in (0.01, 1)
+    target_tpr_at_1pct: float | None = None
     allow_large_delta: bool = False  # permit δ >= 1/N, which makes the guarantee void
     grad_sample_mode: GradSampleMode = GradSampleMode.hooks  # how Opacus computes per-sample gradients
     # What takes the private steps (dpsweep.mechanisms.engines): opacus | own_steps | fused | critic |
@@ -200,11 +203,16 @@ def step_kind(dp: DPConfig) -> str:
     return old.get(dp.engine or "", str(dp.grad_sample_mode))
 
 
+RISK_TARGET = "dp.target_tpr_at_1pct"  # left out of a run's identity where null (spelled_as_before)
+
+
 def spelled_as_before(flat: dict[str, Any]) -> dict[str, Any]:
     """A flattened config with ``dp.engine`` as a run was hashed and logged before the key existed: left
-    out where null (every run then), and an engine that was a ``dp.grad_sample_mode`` value
-    (:data:`RENAMED_MODES`) spelt as that value. The two spellings of a run, and runs made before, share
-    one config hash (resume, skipping FINISHED runs) and one set of params."""
+    out where null (every run then; so is ``dp.target_tpr_at_1pct``), and an engine that was a
+    ``dp.grad_sample_mode`` value (:data:`RENAMED_MODES`) spelt as that value. The two spellings of a run,
+    and runs made before, share one config hash (resume, skipping FINISHED runs) and one set of params."""
+    if flat.get(RISK_TARGET) is None:  # a key added later: left out where null, as runs before had it
+        flat = {k: v for k, v in flat.items() if k != RISK_TARGET}
     if "dp.engine" not in flat:
         return flat
     out = {k: v for k, v in flat.items() if k != "dp.engine"}
@@ -227,11 +235,27 @@ def check(cfg: Config) -> None:
     ranges.check("delta", "dp.delta", dp.delta)
     ranges.check("max_grad_norm", "dp.max_grad_norm", dp.max_grad_norm)
     _check_clipping(cfg)
-    if dp.target_epsilon is None:
-        ranges.check("noise_multiplier", "dp.noise_multiplier", dp.noise_multiplier)
-    else:
+    if dp.target_epsilon is not None:
         ranges.check("target_epsilon", "dp.target_epsilon", dp.target_epsilon)
+    if dp.target_tpr_at_1pct is not None:
+        _check_risk_target(dp)
+    elif dp.target_epsilon is None:
+        ranges.check("noise_multiplier", "dp.noise_multiplier", dp.noise_multiplier)
     _check_secure_mode(cfg)
+
+
+def _check_risk_target(dp: DPConfig) -> None:
+    """dp.target_tpr_at_1pct: a true-positive rate in (0.01, 1) (above the 1 % an attack that guesses
+    reaches), and not beside dp.target_epsilon (σ is calibrated to one target)."""
+    tpr = dp.target_tpr_at_1pct
+    require(
+        dp.target_epsilon is None, "dp.target_tpr_at_1pct", tpr,
+        f"null with dp.target_epsilon={dp.target_epsilon}: σ is calibrated to one target, ε or attack risk",
+    )  # fmt: skip
+    require(
+        isinstance(tpr, int | float) and not isinstance(tpr, bool) and 0.01 < tpr < 1, "dp.target_tpr_at_1pct", tpr,
+        "a true-positive rate in (0.01, 1): above the 1 % FPR itself, below 1",
+    )  # fmt: skip
 
 
 def _check_unit(cfg: Config) -> None:
