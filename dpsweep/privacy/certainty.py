@@ -234,7 +234,9 @@ def rounded_epsilon(first: int, probs: np.ndarray, spacing: float, delta: float)
 # ---------------------------------------------------------------------------------------------
 # the privacy profile, μ-GDP and attack risk
 # ---------------------------------------------------------------------------------------------
-PROFILE_POINTS = 20001  # the ε grid the pessimistic profile is read on, from 0 to where it ends
+# the ε grid the pessimistic profile is read on, from 0 to where it ends: a coarser grid is sound and looser
+# (20001 points: μ 0.04 % lower, twice the time at a run's end)
+PROFILE_POINTS = 4001
 MU_MAX = 1e4  # μ beyond this is reported as inf (the run is no better than no privacy)
 FPRS = (0.01, 0.10)  # the false-positive rates the attack risk is reported at
 RISK_KEYS = {0.01: "tpr_at_1pct", 0.10: "tpr_at_10pct"}

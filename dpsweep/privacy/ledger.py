@@ -242,15 +242,19 @@ def _pld(ledger: Ledger, delta: float, a: Accounting) -> tuple[float, float | No
 
 def pld_of(ledger: Ledger, interval: float = PLD_DISCRETIZATION) -> Any:
     """The ledger's privacy loss distribution (dp-accounting's ``PrivacyLossDistribution``, pessimistic,
-    both directions of add/remove-one) on ``interval``, or None for an empty ledger."""
+    both directions of add/remove-one) on ``interval``, or None for an empty ledger. The run's ε and its
+    certainty figures (:mod:`dpsweep.privacy.certainty`) read the same distribution: it is composed once."""
+    parts = tuple(leaf for entry in ledger.entries for leaf in leaves(entry.event) if leaf.count > 0)
+    return _composed_pld(parts, interval) if parts else None
+
+
+@functools.lru_cache(maxsize=4)  # the last few ledgers' (a run's plan and its end); up to a few MB each
+def _composed_pld(parts: tuple[Leaf, ...], interval: float) -> Any:
     total = None
-    for entry in ledger.entries:
-        for leaf in leaves(entry.event):
-            if leaf.count == 0:
-                continue
-            one = _one_pld(replace(leaf, count=1), interval)
-            many = one.self_compose(leaf.count) if leaf.count > 1 else one
-            total = many if total is None else total.compose(many)
+    for leaf in parts:
+        one = _one_pld(replace(leaf, count=1), interval)
+        many = one.self_compose(leaf.count) if leaf.count > 1 else one
+        total = many if total is None else total.compose(many)
     return total
 
 

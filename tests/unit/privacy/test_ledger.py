@@ -169,12 +169,25 @@ def test_a_steps_pld_is_built_once_and_composing_it_leaves_it_as_it_was() -> Non
         return float(ledger.pld_of(Ledger((ledger.dpsgd(0.9, 0.04, steps),)), 1e-3).get_epsilon_for_delta(1e-5))
 
     ledger._one_pld.cache_clear()
+    ledger._composed_pld.cache_clear()
     fresh = eps(40)
     assert eps(400) > eps(80) > fresh
     assert ledger._one_pld.cache_info().misses == 1  # one step's PLD, composed 40, 400 and 80 times
     assert eps(40) == fresh
     ledger._one_pld.cache_clear()
+    ledger._composed_pld.cache_clear()
     assert eps(40) == fresh
+
+
+def test_a_ledgers_pld_is_composed_once_for_its_epsilon_and_its_certainty_figures() -> None:
+    """A run's end reads ε and the certainty figures (its profile) off one composed PLD: the second
+    reader gets the same distribution, not a recomposition."""
+    bill = Ledger((ledger.dpsgd(0.95, 0.03, 70),))
+    ledger._composed_pld.cache_clear()
+    first = ledger.pld_of(bill)
+    assert ledger.pld_of(Ledger((ledger.dpsgd(0.95, 0.03, 70),))) is first
+    assert ledger._composed_pld.cache_info().misses == 1
+    assert ledger.pld_of(Ledger()) is None
 
 
 def test_beyond_its_cap_pld_and_prv_report_infinity_and_the_bill_says_why() -> None:
