@@ -179,9 +179,10 @@ def accounting(dp: DPConfig) -> Accounting:
 
 def tuning_procedure(plans: Sequence[RunPlan], sweep: SweepConfig) -> tuning.Procedure:
     """The privacy cost of a private tuning (``sweep.private_tuning``) over these candidates' plans
-    (:func:`dpsweep.privacy.tuning.procedure`: the procedure's ε and the dominant candidate's alone, both
-    under RDP); InputError for a non-private candidate, mixed δ, or a procedure whose ε exceeds
-    ``sweep.max_epsilon`` (each trial alone may be within it: the released model's ε is the procedure's)."""
+    (:func:`dpsweep.privacy.tuning.procedure` under ``sweep.tuning_analysis``: the procedure's ε and the
+    dominant candidate's alone, both under RDP); InputError for a non-private candidate, mixed δ, or a
+    procedure whose ε exceeds ``sweep.max_epsilon`` (each trial alone may be within it: the released
+    model's ε is the procedure's)."""
     for p in plans:
         if p.privacy is None:
             raise InputError("dp.enabled", False, "true in every job of a private tuning")
@@ -189,10 +190,13 @@ def tuning_procedure(plans: Sequence[RunPlan], sweep: SweepConfig) -> tuning.Pro
     if len(deltas) > 1:
         raise InputError("dp.delta", deltas, "one δ for every job of a private tuning")
     bills = [p.privacy.ledger for p in plans if p.privacy is not None]
-    how = accounting(plans[tuning.dominant(bills)].config.dp)
+    # the orders: the dominant candidate's (papernot_steinke refuses a grid without one); mixture prices any grid
+    top = tuning.dominant(bills) if sweep.tuning_analysis == tuning.DEFAULT_ANALYSIS else 0
+    how = accounting(plans[top].config.dp)
     cost = tuning.procedure(
-        bills, deltas[0], how, sweep.tuning_distribution, sweep.tuning_mean_trials, sweep.tuning_eta
-    )
+        bills, deltas[0], how, sweep.tuning_distribution, sweep.tuning_mean_trials, sweep.tuning_eta,
+        sweep.tuning_analysis,
+    )  # fmt: skip
     if sweep.max_epsilon is not None and cost.epsilon > sweep.max_epsilon:
         raise InputError(
             "sweep.max_epsilon", sweep.max_epsilon,

@@ -400,7 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def tuning_line(s: SweepConfig, cost: Procedure, rows: Sequence[PlanRow]) -> str:
     """The cost of a private tuning over ``rows``: the procedure's ε beside the dominant job's alone, both
     under the procedure's accountant (RDP: dp-accounting analyses its RepeatAndSelectDpEvent by RDP alone),
-    which the line names, with the job's ε under its own accountant where the table shows another."""
+    which the line names, with the job's ε under its own accountant where the table shows another, and the
+    analysis that priced the procedure (``sweep.tuning_analysis``) with its reference."""
     dominant = rows[cost.dominant]
     own = ""
     if dominant.accountant != cost.accountant and dominant.epsilon is not None:
@@ -409,7 +410,8 @@ def tuning_line(s: SweepConfig, cost: Procedure, rows: Sequence[PlanRow]) -> str
         f"private tuning: K ~ {s.tuning_distribution} with mean {s.tuning_mean_trials:g} trials drawn from these "
         f"{len(rows)} jobs, the best released: ε = {cost.epsilon:.4g} (δ = {cost.delta:g}) for the whole procedure, "
         f"against ε = {cost.single_run_epsilon:.4g} for job {cost.dominant} alone, both under the {cost.accountant} "
-        f"accountant (Papernot & Steinke 2022's bound is an RDP one{own})"
+        f"accountant (the tuning bounds are RDP ones{own}); analysis: sweep.tuning_analysis={cost.analysis}, "
+        f"{cost.reference}"
     )
 
 

@@ -38,6 +38,10 @@ class SweepConfig:
     tuning_distribution: str = "poisson"
     tuning_mean_trials: float = 10.0
     tuning_eta: float = 0.5  # shape η > 0 of the truncated negative binomial (tnb)
+    # The analysis that prices the procedure (dpsweep.privacy.tuning.ANALYSES): papernot_steinke (their Thms. 2
+    # and 6 on the dominant candidate's RDP) | mixture (the same theorems on the exact RDP of one uniformly
+    # drawn trial: never higher, lower where the candidates' costs differ, and it prices grids whose costs cross)
+    tuning_analysis: str = "papernot_steinke"
 
     @property
     def prunes(self) -> bool:
@@ -61,6 +65,12 @@ def check(cfg: Config) -> None:
         s.min_jobs_for_failure_rate,
         "1 or more jobs",
     )
+    from dpsweep.privacy.tuning import ANALYSES  # numpy and dp-accounting's ledger: no torch
+
+    require(
+        s.tuning_analysis in ANALYSES, "sweep.tuning_analysis", s.tuning_analysis,
+        f"one of {', '.join(ANALYSES)} (dpsweep.privacy.tuning.ANALYSES)",
+    )  # fmt: skip
     # Papernot & Steinke 2022 ("Hyperparameter Tuning with Renyi Differential Privacy", ICLR) bound K
     # independent runs of a randomized algorithm; trials that share their batches and noise are not
     require(

@@ -116,6 +116,13 @@ RELEASED_TAG = "tuning.released"  # a private tuning's FINISHED trials: true for
 # its parent run, which holds K): what dpsweep-ui's view leaves out (dpsweep.tracking.views)
 WITHHELD_TAG = "tuning.withheld"
 ACCOUNTANT_TAG = "tuning.accountant"  # the accountant of epsilon_tuning: rdp (dpsweep.privacy.tuning.ACCOUNTANT)
+# the analysis that priced epsilon_tuning (sweep.tuning_analysis: dpsweep.privacy.tuning.ANALYSES); a procedure
+# that names none is papernot_steinke's, the only analysis before the key
+ANALYSIS_TAG = "tuning.analysis"
+BEFORE_ANALYSES = "papernot_steinke"
+# a single run's certainty figures (dpsweep.run.records.CERTAINTY_METRICS): the released trial's describe the
+# trial alone, not the procedure, and become NaN, as epsilon_pld does
+SINGLE_RUN_FIGURES = ("epsilon_lower", "mu_gdp", "gdp_delta_allowance", "tpr_at_1pct", "tpr_at_10pct", "mia_advantage")
 PARENT_LINKS = ("mlflow.parentRunId", "sweep.parent_run_id")  # a job's tags that name its sweep's parent run
 # the released trial's other tags that lead to its sweep (and so to the parent run and the other trials) or
 # to its seed: the sweep's id (dpsweep.tracking.OWNER_TAG, claim.owner, holds it too) and the config hash,
@@ -136,20 +143,24 @@ def release_best(
     procedure's (logged again at the last step, so that they are the latest values), its own RDP ε (its
     ``epsilon_rdp``: the procedure's accountant, at the trial's orders, like for like, whatever its
     ``dp.accountant``) is kept as ``epsilon_single_run``, ``epsilon_pld`` and ``epsilon_prv`` become NaN
-    (not computed for the procedure), and its ``privacy_ledger.json`` gains the tuning event. It stands
+    (not computed for the procedure), so do the single run's certainty figures it has
+    (:data:`SINGLE_RUN_FIGURES`: its interval's lower end, μ-GDP and attack risk), and its
+    ``privacy_ledger.json`` gains the tuning event. It stands
     alone (:func:`_stand_alone`): no tag leads from it to its sweep, the parent run (which holds K, tag
     ``tuning.k``; the parent keeps ``tuning.best_run_id``) or the other trials, and no name or tag to its
     secret ``train.seed``. The models the other trials logged (MLflow 3 LoggedModels, which the
     experiment's Models tab lists whatever dpsweep-ui's view filters: K of them) are deleted, so that
     the released trial's is the sweep's only one. K's secrecy is what Papernot & Steinke 2022's bound
-    needs ("Hyperparameter Tuning with Renyi Differential Privacy", ICLR). Returns the released run id
-    (None: none finished) and how many finished."""
+    needs ("Hyperparameter Tuning with Renyi Differential Privacy", ICLR). The finished trials and the
+    sweep's parent run are tagged ``tuning.analysis`` (``procedure['analysis']``, :data:`ANALYSIS_TAG`).
+    Returns the released run id (None: none finished) and how many finished."""
     client = MlflowClient(uri)
     jobs = sweep_jobs(client, experiment, sweep_id)
     runs = [r for r in jobs if r.info.status == "FINISHED"]
     best = max(runs, key=lambda r: r.data.metrics.get(objective, float("-inf")), default=None)
     proc = float(procedure["epsilon"])
     accountant = str(procedure["accountant"])
+    analysis = str(procedure.get("analysis", BEFORE_ANALYSES))
     now = int(time.time() * 1000)
     for r in runs:
         run_id = r.info.run_id
@@ -157,15 +168,20 @@ def release_best(
         step = max((m.step for m in history), default=0)
         metrics = [Metric("epsilon_tuning", proc, now, step)]
         released = r is best
-        tags = [RunTag(RELEASED_TAG, str(released).lower()), RunTag(ACCOUNTANT_TAG, accountant)]
+        tags = [RunTag(RELEASED_TAG, str(released).lower()), RunTag(ACCOUNTANT_TAG, accountant),
+                RunTag(ANALYSIS_TAG, analysis)]  # fmt: skip
         if released:
             own = r.data.metrics.get("epsilon_rdp", float("nan"))  # the procedure's accountant, rdp
             metrics += [Metric("epsilon_single_run", own, now, step), Metric("epsilon", proc, now, step),
                         Metric("epsilon_rdp", proc, now, step), Metric("epsilon_pld", float("nan"), now, step),
                         Metric("epsilon_prv", float("nan"), now, step)]  # fmt: skip
+            metrics += [Metric(k, float("nan"), now, step) for k in SINGLE_RUN_FIGURES if k in r.data.metrics]
             tags.append(RunTag("tuning.epsilon", TUNED_EPSILON_NOTE))
             _add_tuning_event(client, run_id, procedure, own)
         retry_busy(lambda run_id=run_id, m=metrics, t=tags: client.log_batch(run_id, metrics=m, tags=t))  # type: ignore[misc]
+    parents = {r.data.tags[k] for r in jobs for k in PARENT_LINKS if r.data.tags.get(k)}
+    for parent in sorted(parents):  # before _stand_alone removes the released trial's link to it
+        retry_busy(lambda parent=parent: client.set_tag(parent, ANALYSIS_TAG, analysis))  # type: ignore[misc]
     withheld = [r for r in jobs if r is not best]
     for r in withheld:
         retry_busy(lambda run_id=r.info.run_id: client.set_tag(run_id, WITHHELD_TAG, "true"))  # type: ignore[misc]
@@ -243,6 +259,13 @@ TUNED_EPSILON_NOTE = (
 )
 
 
+# what each analysis repeats (dpsweep.privacy.tuning.ANALYSES), for the tuning event of the released ledger
+TUNED_LEDGER = {
+    "papernot_steinke": "the dominant candidate's ledger",
+    "mixture": "one trial's ledger, its candidate drawn uniformly from the grid",
+}
+
+
 def _add_tuning_event(client: MlflowClient, run_id: str, procedure: Mapping[str, Any], own: float) -> None:
     """The released trial's ``privacy_ledger.json`` with the tuning as its last event, and the
     procedure's ε as the ledger's, under the procedure's accountant (``procedure['accountant']``, rdp);
@@ -257,8 +280,8 @@ def _add_tuning_event(client: MlflowClient, run_id: str, procedure: Mapping[str,
     record["accountant"] = accountant
     record["events"] = [*record.get("events", []), {
         "name": "tuning",
-        "event": f"RepeatAndSelect(the dominant candidate's ledger, K ~ {procedure['distribution']} with mean "
-                 f"{procedure['mean_trials']:g})",
+        "event": f"RepeatAndSelect({TUNED_LEDGER.get(str(procedure.get('analysis')), TUNED_LEDGER[BEFORE_ANALYSES])}, "
+                 f"K ~ {procedure['distribution']} with mean {procedure['mean_trials']:g})",
         "params": {k: v for k, v in procedure.items() if k != "epsilon"},
         "note": f"K trials drawn from the candidates, {procedure['selection']} released; this trial's own "
                 f"ε under {accountant} was {own:.6g}, the procedure's under {accountant} is "
