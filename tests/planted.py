@@ -16,6 +16,10 @@ box) should find more. Attached before the audit, so that the audit sees the bro
   ``grad_sample``, :attr:`Release.units`), the release is their unclipped sum plus its noise; the steps that
   never hold them (the fused step, and with it dpsweep's own steps and the GAN's critic) get their own
   clipping function replaced by one that clips nothing, through ``monkeypatch`` (undone after the test).
+- ``fixed_size_batches``: shuffled batches of exactly round(N·q) examples instead of Poisson batches
+  (Opacus's sampler and the device-resident Poisson batches, through ``monkeypatch``): the rate the ledger
+  records, on average, but batches too regular for Poisson sampling (not an audit's to catch: the sampling
+  check's, :mod:`dpsweep.privacy.sampling`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from dpsweep.mechanisms.private_step import Attachment, FixedOrder, PrivateRun, 
 from dpsweep.tasks.gan import critic
 
 BUGS = ("noise_tenth", "no_clipping", "reused_noise", "half_sample_rate")
+SAMPLING_BUGS = ("half_sample_rate", "fixed_size_batches")  # what the sampling check must catch
 
 
 class NoiseTenth(StepWrapper):
@@ -94,6 +99,25 @@ def sampling_twice_as_often(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(sampler, "__init__", doubled)
 
 
+def fixed_size_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Poisson samplers iterated from now on (until the test ends) yield shuffled batches of exactly
+    round(N·q) examples, their steps per epoch unchanged."""
+
+    def opacus_batches(self: UniformWithReplacementSampler) -> Any:
+        size = round(self.num_samples * self.sample_rate)
+        for _ in range(self.steps):
+            yield torch.randperm(self.num_samples, generator=self.generator)[:size].tolist()
+
+    def resident_batches(self: resident.PoissonBatches) -> Any:
+        size = round(self.num_samples * self.sample_rate)
+        for _ in range(self.steps_per_epoch):
+            pick = torch.randperm(self.num_samples, generator=self.generator, device=self.device)[:size]
+            yield self.x[pick], self.y[pick]
+
+    monkeypatch.setattr(UniformWithReplacementSampler, "__iter__", opacus_batches)
+    monkeypatch.setattr(resident.PoissonBatches, "__iter__", resident_batches)
+
+
 class Planted(Attachment):
     """One bug, planted in the run's private step before training."""
 
@@ -119,4 +143,7 @@ def bug(name: str, monkeypatch: pytest.MonkeyPatch) -> Planted:
     if name == "half_sample_rate":
         sampling_twice_as_often(monkeypatch)
         return Planted(StepWrapper())  # the batches are the bug; the release is the step's own
-    raise ValueError(f"{name}: one of {', '.join(BUGS)}")
+    if name == "fixed_size_batches":
+        fixed_size_batches(monkeypatch)
+        return Planted(StepWrapper())
+    raise ValueError(f"{name}: one of {', '.join(BUGS + SAMPLING_BUGS[1:])}")

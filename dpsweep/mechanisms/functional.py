@@ -413,6 +413,8 @@ class OwnSteps:
         step = self.steps
         extra = private_step.extra_units(self.wrappers, step)
         release = self.rule.release(self.run, batch, expected_units, extra, step)
+        if self.wrappers:  # the batch's units (the rows of `extra` not among them): the sampling check's
+            release.batch_units = users.segment_count(batch.segment)
         if not self.rule.noised_by_optimizer:
             private_step.show(self.wrappers, release)
         stages.mark("backward")

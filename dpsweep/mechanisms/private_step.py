@@ -47,18 +47,25 @@ class Release:
     A wrapper may change ``noisy`` in place. ``units``: the per-unit gradients before clipping (unit ×
     the parameter's shape), where the engine holds them anyway (Opacus's ``grad_sample``), else None.
     ``clipped`` is None where the step says only what it releases (a mechanism's own rule that returns
-    its noisy gradient alone)."""
+    its noisy gradient alone). ``batch_units``: how many of the run's units (examples, or users at
+    dp.unit=user) the step's logical batch held, a wrapper's rows not among them, counted once however
+    many physical passes it took; None where the engine does not say (the sampling check,
+    :mod:`dpsweep.privacy.sampling`, reads it). Where no wrapper reads gradients
+    (:attr:`StepWrapper.reads_gradients`), an engine may leave ``clipped``, ``noisy`` and ``units`` empty."""
 
     step: int
     clipped: dict[str, Tensor] | None
     noisy: dict[str, Tensor]
     divisor: float
     units: dict[str, Tensor] | None = None
+    batch_units: int | None = None
 
 
 class StepWrapper:
     """What wraps a private step (a white-box audit's canaries, a test's planted bug); each method does
     nothing unless a subclass says otherwise."""
+
+    reads_gradients = True  # False: it reads a release's step and batch_units only (the sampling check)
 
     def units(self, step: int) -> dict[str, Tensor] | None:
         """Rows to add to step ``step``'s (0-based in the run) per-unit gradients before the step clips

@@ -38,6 +38,7 @@ class OpacusStep:
         it clips at; ``sample_rate``: its loader's real rate."""
         names = {id(p): k for k, p in model.named_parameters()}
         self.optimizer, self.steps = optimizer, 0
+        self.batch_units = 0  # the examples of the logical batch so far, over its physical passes
         self.names = [names[id(p)] for p in optimizer.params]
         self.step = PrivateStep(dict(zip(self.names, optimizer.params, strict=True)), max_grad_norm, sample_rate)
         accountant = optimizer.step_hook
@@ -50,7 +51,11 @@ class OpacusStep:
         optimizer.attach_step_hook(hook)
 
     def before_step(self) -> None:
-        """After the backward pass, before ``optimizer.step()``: the wrappers' rows join the per-sample gradients."""
+        """After the backward pass of each physical pass, before ``optimizer.step()``: its examples are counted
+        (the logical batch's, once its last pass steps) and the wrappers' rows join the per-sample gradients."""
+        first: Any = self.optimizer.params[0].grad_sample if self.optimizer.params else None
+        if first is not None:
+            self.batch_units += sum(len(g) for g in first) if isinstance(first, list) else len(first)
         rows = extra_units(self.step.wrappers, self.steps) if self.step.wrappers else None
         if rows is None:
             return
@@ -62,17 +67,21 @@ class OpacusStep:
         """Opacus's step hook, after ``add_noise`` and ``scale_grad``: each ``p.grad`` is the noisy sum over the
         expected batch (``loss_reduction="mean"``), ``p.summed_grad`` the clipped sum."""
         steps, self.steps = self.steps, self.steps + 1
+        counted, self.batch_units = self.batch_units, 0
         if not self.step.wrappers:
             return
         opacus = self.optimizer
         divisor = float(opacus.expected_batch_size * opacus.accumulated_iterations)
         if opacus.loss_reduction != "mean":
             divisor = 1.0
+        if not any(w.reads_gradients for w in self.step.wrappers):  # the sampling check alone: no copies
+            show(self.step.wrappers, Release(steps, None, {}, divisor, batch_units=counted))
+            return
         params = list(zip(self.names, opacus.params, strict=True))
         clipped = {k: p.summed_grad / divisor for k, p in params}
         noisy: dict[str, Tensor] = {k: p.grad for k, p in params if p.grad is not None}
         units = dict(zip(self.names, opacus.grad_samples, strict=True))
-        show(self.step.wrappers, Release(steps, clipped, noisy, divisor, units))
+        show(self.step.wrappers, Release(steps, clipped, noisy, divisor, units, batch_units=counted))
 
 
 def keep_planned_sampling(

@@ -198,7 +198,9 @@ class GanRun:
         if self.step is not None:  # the wrappers' rows clipped and noised with the examples'
             extra = private_step.extra_units(self.wrappers, self.critic_steps)
             clipped, grads, losses = self.draw(gan.critic, x, y, fake, rho, self.step, extra=extra)
-            release = private_step.Release(self.critic_steps, clipped, grads, self.step.expected_batch_size)
+            release = private_step.Release(
+                self.critic_steps, clipped, grads, self.step.expected_batch_size, batch_units=len(y)
+            )
             private_step.show(self.wrappers, release)
         else:
             grads, losses = critic_gradient(gan.critic, x, y, fake, rho, g.gp_weight)
