@@ -184,3 +184,7 @@ class Attachment:
     def result(self, run: PrivateRun, claim: Ledger) -> dict[str, float]:
         """Metrics logged after the final epoch (``claim``: the run's ledger)."""
         return {}
+
+    def end_tags(self) -> dict[str, str]:
+        """Tags of the run once :meth:`result` has read it (e.g. the sampling check's verdict)."""
+        return {}

@@ -145,7 +145,7 @@ class Attached:
 
     def finish(self, run: Tracker) -> None:
         """After the final epoch's :meth:`result`: the tags that result decided (the sampling check's)."""
-        tags = {k: v for a in self.attachments if isinstance(a, SamplingCheck) for k, v in a.end_tags().items()}
+        tags = {k: v for a in self.attachments for k, v in a.end_tags().items()}
         if tags:
             run.set_tags(tags)
 

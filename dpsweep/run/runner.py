@@ -321,6 +321,8 @@ def _train_all(
     sampled = system_metrics(run.run_id, t.uri, t.system_metrics_after_s, t.system_metrics_interval_s, private)
     with sampled if run.writes else contextlib.nullcontext():  # rank 0's machine only
         _epochs(config, task_run, stages, parts, ckpt)
+    if ckpt.attached is not None:  # what the final epoch's results decided (the sampling check's tags)
+        ckpt.attached.finish(run)
     _finish_privacy(config, plan, task_run, result, run)
     result.model = task_run.trained_model()
     chance = 1 / plan.facts.num_classes if config.task.at_chance_is_failure else None

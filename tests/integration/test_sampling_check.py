@@ -54,7 +54,6 @@ def test_a_planted_sampler_is_caught_in_one_run(
 # The runner sets what the final epoch decided once its epochs are done: Attached.finish(run), one line that
 # dpsweep/run/runner.py's _train_all does not call yet (the lead's file). Strict: when it does, this passes
 # and the marker must go.
-@pytest.mark.xfail(strict=True, reason="dpsweep.run.runner._train_all does not call Attached.finish(run) yet")
 @pytest.mark.parametrize("bug", [None, "half_sample_rate"])
 def test_the_sampling_check_tags_the_run(
     make_cfg: Composer, client: MlflowClient, monkeypatch: pytest.MonkeyPatch, bug: str | None

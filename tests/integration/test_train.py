@@ -45,6 +45,7 @@ MEMORY_METRICS = {  # in MiB, under MLflow's system/ prefix (off a run's Model m
 # no train_loss with DP: an un-noised statistic of the private examples (kept in TrainResult only)
 DP_METRICS = {"test_accuracy", "epsilon", "epsilon_rdp", "epsilon_prv", "epsilon_pld", *MEMORY_METRICS}
 DP_METRICS |= {"epsilon_lower", "mu_gdp", "gdp_delta_allowance", "tpr_at_1pct", "tpr_at_10pct", "mia_advantage"}
+DP_METRICS |= {"sampling_statistic", "sampling_p_value"}  # the run-time sampling check (dpsweep.privacy.sampling)
 OUR_TAGS = {
     "git.commit", "torch.version", "opacus.version", "device.name", "memory.backend", "memory.batch",
     "dataset.n_train", "dataset.n_test", "model.trainable_params", "dp.enabled", "dataset.input_shape",
