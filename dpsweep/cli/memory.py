@@ -22,7 +22,8 @@ are not results: ``sweep.max_epsilon`` does not apply to them.
 ``fit`` fits each stage's allocated bytes as a linear function of config features, by least squares
 and as an upper envelope (a linear program), prints the formulas and k-fold held-out errors, writes a
 residual plot and saves the models as JSON for ``predict``, ``dpsweep-plan --memory-model`` and
-``train.memory_model``. See :mod:`dpsweep.analysis.memory_model`.
+``train.memory_model``. See :mod:`dpsweep.analysis.memory_model`; the probe sweep and the probe table
+are :mod:`dpsweep.memory.probes`.
 
 Bad input exits with code 2 before any work starts, naming the flag or key, the value and what is
 allowed (``--gpu-memory=16: a memory figure with units, e.g. 16GiB ...``).
@@ -33,9 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -48,8 +47,8 @@ from dpsweep.cli.script import run_script
 from dpsweep.config import Config
 from dpsweep.config.launcher import LAUNCHERS, launchers_where, spec
 from dpsweep.errors import InputError
-from dpsweep.memory.model import PEAK_TARGET, STAGE_PEAK_TARGETS
-from dpsweep.memory.tables import logged, metric
+from dpsweep.memory import probes
+from dpsweep.memory.model import PEAK_TARGET, MemoryModel
 from dpsweep.units import format_bytes
 
 if TYPE_CHECKING:  # pandas, torch, Hydra and MLflow are imported where used: --help stays fast
@@ -63,13 +62,6 @@ FORCED_VALUES = ("train.probe=true", "sweep.force=true", "sweep.max_epsilon=null
 # so that the reports and the UI of the training runs do not list them
 PROBE_EXPERIMENT = "dpsweep-probes"
 FORCED = tuple(v.partition("=")[0] for v in FORCED_VALUES)
-
-# The probe table: config columns (see dpsweep.memory.stages.config_features), then the measurements.
-MEASURED = (
-    "model_load_bytes", "batch_load_bytes", "backward_bytes", "optimizer_step_bytes",
-    "model_load_delta_bytes", "batch_load_delta_bytes", "backward_delta_bytes", "optimizer_step_delta_bytes",
-    "iteration_peak_bytes", "reserved_peak_bytes",
-)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,84 +104,6 @@ def plan_probes(overrides: Sequence[str]) -> tuple[list[Config], list[str]]:
     return [p.config for p in plans], [p.config_hash for p in plans]
 
 
-def probe_table(
-    uri: str, experiment: str, hashes: Sequence[str] | None = None, since_ms: int | None = None
-) -> pd.DataFrame:
-    """The FINISHED probes of an experiment (only those of ``hashes``, and started at or after
-    ``since_ms``, when given), one row each, newest per config and device: the config columns and
-    the measurements in bytes. Runs that lack a probe's tags or metrics are left out with a note."""
-    import pandas as pd
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        raise InputError("--experiment", experiment, f"an experiment of {uri} that holds probes")
-    rows: dict[str, dict[str, Any]] = {}
-    token = None
-    while True:
-        page = client.search_runs(
-            [exp.experiment_id], filter_string="tags.probe = 'true' and attributes.status = 'FINISHED'",
-            max_results=10000, order_by=["attributes.start_time ASC"], page_token=token,
-        )  # fmt: skip
-        for run in page:
-            tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
-            h = tags.get("config.hash")
-            if (hashes is not None and h not in hashes) or (since_ms is not None and run.info.start_time < since_ms):
-                continue
-            try:
-                row = _probe_row(run, tags, params, metrics)
-            except (KeyError, ValueError) as err:
-                print(f"dpsweep-memory: note: run {run.info.run_id} is not a complete probe ({err}); left out",
-                      file=sys.stderr)  # fmt: skip
-                continue
-            rows[f"{h}/{row['device_name']}"] = row
-        token = page.token
-        if not token:
-            break
-    return pd.DataFrame(list(rows.values()))
-
-
-def _measured(metrics: dict[str, float], name: str, missing: float | None = None) -> float:
-    """Memory figure ``name`` (``backward_bytes``) of a probe run, in bytes (logged in MiB, or in bytes
-    under an older dpsweep's name: :func:`dpsweep.memory.tables.logged`); ``missing`` if it was not
-    logged, or KeyError without one."""
-    value = logged(metrics, name)
-    if value is not None:
-        return value
-    if missing is None:
-        raise KeyError(metric(name))
-    return missing
-
-
-def _probe_row(run: Any, tags: dict[str, str], params: dict[str, str], metrics: dict[str, float]) -> dict[str, Any]:
-    """One probe run as a row of the probe table (KeyError or ValueError when something is missing)."""
-    h = tags.get("config.hash")
-    channels, height, width = (int(v) for v in tags["dataset.input_shape"].split("x"))
-    dp = params.get("dp.enabled") == "True"
-    row: dict[str, Any] = {
-        "run_id": run.info.run_id,
-        "config_hash": h,
-        "model": params["model.name"] + ("+cache" if params.get("model.feature_cache") == "True" else ""),
-        "dataset": params["dataset.name"],
-        "hidden_units": int(params["model.hidden_units"]),
-        "batch_size": int(params["train.batch_size"]),
-        "channels": channels,
-        "height": height,
-        "width": width,
-        "trainable_params": int(tags["model.trainable_params"]),
-        "dp": dp,
-        "grad_sample_mode": params.get("dp.grad_sample_mode", "hooks") if dp else "none",
-        "backend": tags["memory.backend"],
-        "device_name": tags.get("device.name", ""),
-        "torch_version": tags.get("torch.version", ""),
-    }
-    row |= {name: int(_measured(metrics, name)) for name in MEASURED}
-    # the in-stage peaks, logged since dpsweep 0.2: an older probe's row has them empty (its fit leaves them out)
-    row |= {name: _measured(metrics, name, float("nan")) for name in STAGE_PEAK_TARGETS}
-    return row
-
-
 def run_probes(overrides: Sequence[str], csv: Path) -> pd.DataFrame:
     """Probe every config of ``overrides`` (a ``dpsweep -m`` sweep) and write the table to ``csv``."""
     args = probe_overrides(overrides)
@@ -199,92 +113,53 @@ def run_probes(overrides: Sequence[str], csv: Path) -> pd.DataFrame:
         configs, hashes = plan_probes(args)
     first = configs[0]
     print(f"dpsweep-memory: probing {len(configs)} configs, a fresh process each", flush=True)
-    command = [sys.executable, "-m", "dpsweep", "-m", *args]
-    started_ms = int(time.time() * 1000)
-    done = subprocess.run(command, check=False)
-    table = probe_table(first.tracking.uri, first.tracking.experiment_name, hashes, since_ms=started_ms)
-    csv.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(csv, index=False)
-    missing = len(set(hashes)) - len(table)
+    swept = probes.run_probe_sweep(args, first.tracking.uri, first.tracking.experiment_name, hashes, csv, _note)
+    table, missing = swept.table, swept.missing
     print(
         f"dpsweep-memory: {len(table)} probes written to {csv}"
         + (f"; {missing} configs have no FINISHED probe (see the sweep's output above)" if missing else ""),
         flush=True,
     )
-    if done.returncode != 0 or missing:
+    if swept.returncode != 0 or missing:
         raise SystemExit(1)
     print(f"dpsweep-memory: next: dpsweep-memory fit --csv {csv} --out memory_model.json, then plan with "
           "dpsweep-plan --memory-model memory_model.json ...", flush=True)  # fmt: skip
     return table
 
 
+def _note(text: str) -> None:
+    """A probe run left out of a probe table, said on stderr."""
+    print(f"dpsweep-memory: note: {text}", file=sys.stderr)
+
+
 # ---------------------------------------------------------------------------------------------
 # fit
 # ---------------------------------------------------------------------------------------------
-def load_probes(args: argparse.Namespace) -> tuple[pd.DataFrame, str]:
-    """The probe table from ``--csv`` or from the experiment's probe runs, and where it came from."""
-    if args.csv is not None:
-        if not args.csv.is_file():
-            raise InputError("--csv", str(args.csv), "an existing probe table (dpsweep-memory probe --csv)")
-        from dpsweep.analysis.memory_model import read_probes
-
-        try:
-            return read_probes(args.csv), str(args.csv)
-        except (ValueError, UnicodeDecodeError) as err:  # pandas' parser errors are ValueErrors
-            raise InputError("--csv", str(args.csv), f"a probe table in CSV ({err})") from err
-    if args.experiment is None:
-        raise InputError("--experiment", None, "an MLflow experiment holding probes, or --csv FILE")
-    table = probe_table(args.tracking_uri, args.experiment)
-    if table.empty:
-        raise InputError(
-            "--experiment",
-            args.experiment,
-            f"an experiment with FINISHED probes (tag probe=true) in {args.tracking_uri}",
-        )
-    return table, f"{args.tracking_uri} experiment {args.experiment}"
-
-
-def _one_device_per_model(probes: pd.DataFrame, device: str | None) -> pd.DataFrame:
-    """Probes of one device per model: figures of two GPU models are not one memory law."""
-    if "device_name" not in probes.columns:
-        return probes
-    if device is not None:
-        kept = probes[probes["device_name"] == device]
-        if kept.empty:
-            found = ", ".join(sorted(set(probes["device_name"].astype(str))))
-            raise InputError("--device", device, f"a device the probes ran on: {found}")
-        return kept
-    for model, block in probes.groupby("model"):
-        devices = sorted(set(block["device_name"].astype(str)))
-        if len(devices) > 1:
-            raise InputError(
-                "--device", None, f"one of {', '.join(devices)}: the probes of {model} ran on several devices"
-            )
-    return probes
-
-
 def run_fit(args: argparse.Namespace) -> dict[str, Any]:
-    from dpsweep.analysis import memory_model  # scipy and matplotlib: only here
+    from dpsweep.analysis.memory_model import fit_all, pipeline  # scipy and matplotlib: only here
 
-    features = [f.strip() for f in args.features.split(",") if f.strip()] if args.features else None
-    probes, source = load_probes(args)
-    probes = memory_model.clean_probes(probes)
-    if args.model is not None and "model" in probes.columns:
-        present = sorted(probes["model"].unique())
-        if args.model not in present:
-            raise InputError("--model", args.model, f"a model the probes are of: {', '.join(present)}")
-        probes = probes[probes["model"] == args.model]
-    probes = _one_device_per_model(probes, args.device)
+    features = _names(args.features) or None
     targets = None
     if args.targets:  # the iteration peak is what plans use: always fitted
-        targets = list(dict.fromkeys([*(t.strip() for t in args.targets.split(",") if t.strip()), PEAK_TARGET]))
-    models = memory_model.fit_all(probes, args.model, features, targets=targets, folds=args.folds)
-    import pandas as pd
+        targets = list(dict.fromkeys([*_names(args.targets), PEAK_TARGET]))
+    table, source = pipeline.load_probes(args.csv, args.experiment, args.tracking_uri, _note)
+    chosen = pipeline.select_probes(table, args.model, args.device)
+    models = fit_all(chosen, args.model, features, targets=targets, folds=args.folds)
+    out, plot = pipeline.save_fit(models, source, args.out, args.plot)
+    _print_fit(models)
+    print(f"\nmodels written to {out}; residual plot {plot}")
+    return {"models": models, "out": out, "plot": plot}
 
-    meta = {"source": source, "created": pd.Timestamp.now(tz="UTC").isoformat(timespec="seconds")}
-    out = memory_model.save_models(args.out, models, meta)
-    plot = args.plot or out.with_name(out.stem + "_residuals.png")
-    memory_model.residual_plot(memory_model.cv_predictions_table(models), plot)
+
+def _names(listed: str | None) -> list[str]:
+    """The names of a comma-separated option (``--features``, ``--targets``), blanks left out."""
+    return [name.strip() for name in (listed or "").split(",") if name.strip()]
+
+
+def _print_fit(models: dict[str, MemoryModel]) -> None:
+    """Each model's formulas, then the k-fold held-out error of every fit."""
+    from dpsweep.analysis import memory_model
+
     for name, m in models.items():
         devices = ", ".join(m.provenance.get("device_name", [])) or "?"
         print(f"\n{name}: {m.n_probes} probes, backend {m.backend} ({devices})")
@@ -300,8 +175,6 @@ def run_fit(args: argparse.Namespace) -> dict[str, Any]:
     used = ", ".join(f"{m}: {k}" for m, k in table.groupby("model", sort=False)["folds"].max().items())
     print(f"\nk-fold held-out error (folds: {used}; relative to the observed bytes):")
     print(shown.to_string(index=False))
-    print(f"\nmodels written to {out}; residual plot {plot}")
-    return {"models": models, "out": out, "plot": plot}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,9 +15,10 @@ from memory_metrics import memory_bytes
 from mlflow.tracking import MlflowClient
 
 from dpsweep.cli import plan
-from dpsweep.cli.memory import FORCED_VALUES, main, probe_overrides, probe_table
+from dpsweep.cli.memory import FORCED_VALUES, main, probe_overrides
 from dpsweep.errors import InputError
 from dpsweep.memory.model import load_models
+from dpsweep.memory.probes import probe_table
 from dpsweep.units import parse_bytes
 
 PROBED = pytest.mark.xdist_group("probed")  # the tests of the 12 probes below: one worker trains them once
