@@ -60,6 +60,7 @@ from dpsweep.errors import InputError
 
 if TYPE_CHECKING:  # pandas and MLflow are imported once the arguments parse: --help stays fast
     from dpsweep.analysis import report
+    from dpsweep.analysis.report.publish import ParentLog
 
 # The names of analysis.report's FORMATS, SORT_KEYS and FIGURE_FORMATS, for --help (a test keeps them equal)
 FORMAT_NAMES, SORT_NAMES, FIGURE_FORMAT_NAMES = (
@@ -68,7 +69,6 @@ FORMAT_NAMES, SORT_NAMES, FIGURE_FORMAT_NAMES = (
     ("png", "pdf", "svg"),
 )
 
-ARTIFACT_DIR = "report"  # where the files go on the sweep's parent run
 DEFAULT_CURVES = 3  # runs on curves.png unless --runs names them
 
 
@@ -148,24 +148,19 @@ def _chosen_runs(built: report.Report, wanted: Sequence[str] | None) -> list[str
     return chosen
 
 
-def _log_on_parent(built: report.Report, paths: Sequence[Path]) -> None:
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
+def _say_parent_log(done: ParentLog | None) -> None:
+    """Where the files went on the sweep's parent run (:func:`dpsweep.analysis.report.publish.log_on_parent`)."""
+    from dpsweep.analysis.report.publish import ARTIFACT_DIR
 
-    if built.sweep_id is None:
+    if done is None:
         return
-    if built.parent_run_id is None:
-        print(f"dpsweep-report: sweep {built.sweep_id} has no parent run; the files are only on disk", file=sys.stderr)
-        return
-    client = MlflowClient(built.uri)
-    try:
-        for path in paths:
-            client.log_artifact(built.parent_run_id, str(path), artifact_path=ARTIFACT_DIR)
-    except (MlflowException, OSError) as err:
-        print(f"dpsweep-report: warning: could not log the files on run {built.parent_run_id}: {err}", file=sys.stderr)
-        return
-    print(f"dpsweep-report: logged {len(paths)} files on the parent run {built.parent_run_id} under {ARTIFACT_DIR}/",
-          file=sys.stderr)  # fmt: skip
+    if done.run_id is None:
+        print(f"dpsweep-report: sweep {done.sweep_id} has no parent run; the files are only on disk", file=sys.stderr)
+    elif done.error is not None:
+        print(f"dpsweep-report: warning: could not log the files on run {done.run_id}: {done.error}", file=sys.stderr)
+    else:
+        print(f"dpsweep-report: logged {done.files} files on the parent run {done.run_id} under {ARTIFACT_DIR}/",
+              file=sys.stderr)  # fmt: skip
 
 
 def run(argv: Sequence[str] | None = None) -> report.Report:
@@ -200,7 +195,7 @@ def run(argv: Sequence[str] | None = None) -> report.Report:
             print(f"dpsweep-report: {note}", file=sys.stderr)
     if a.out is None:
         return built
-    from dpsweep.analysis.report import FigureStyle, plot_report  # matplotlib only when plotting
+    from dpsweep.analysis.report import FigureStyle, plot_report, publish  # matplotlib only when plotting
 
     histories = report.metric_histories(built.uri, chosen, report.history_metrics(built.table_runs, chosen))
     figures = plot_report(built, a.out, histories, FigureStyle(a.figure_format, a.dpi))
@@ -208,7 +203,7 @@ def run(argv: Sequence[str] | None = None) -> report.Report:
     for path in paths:
         print(f"dpsweep-report: wrote {path}", file=sys.stderr)
     if not a.no_log:
-        _log_on_parent(built, paths)
+        _say_parent_log(publish.log_on_parent(built, paths))
     return built
 
 
