@@ -5,7 +5,8 @@
 #   benchmarks/gpu_check.sh /scratch/gpu_run  # results there
 #   STEPS="stages speed" benchmarks/gpu_check.sh   # some steps only (in this order: env stages speed
 #                                                  #   speed_224 profile probes_cnn probes_vgg fit oom
-#                                                  #   oom_expandable fused throughput packing sysmetrics)
+#                                                  #   oom_expandable fused throughput packing packing_long
+#                                                  #   sysmetrics)
 #   STEPS="fit oom" PROBES_CSV=analysis/data/gpu_probes_h100.csv benchmarks/gpu_check.sh
 #                                                  # the largest-batch check on the committed probes
 #   PYTHON=/opt/venv/bin/python PARALLEL=4 OOM_CASES=cnn SPEED_ARGS=--quick benchmarks/gpu_check.sh
@@ -37,6 +38,12 @@
 #   packing     benchmarks/packing.py: K trials per device (launcher.trials_per_device): trials per hour of a
 #               16-trial cnn grid at K = 1, 2, 4, 8, 16; auto's K against the GPU memory in use; K + 1
 #               trials without a memory model, the ones out of memory FAILED  -> packing.json
+#   packing_long  benchmarks/packing_long.py: K = 1, 2, 4, 8, 16 training-dominated DP trials per device (cnn at
+#               32 px and the cached VGG16 head at 224 px, B = 256, each ~60 s of training alone), default sharing
+#               and CUDA MPS: trials per GPU-hour, busy share, slowdowns, peak memory against the prediction, ε
+#               against alone. About 35-40 min with every case (its own limit: PACKING_LONG_TIMEOUT_S, 2700 s;
+#               rows are saved as measured); PACKING_LONG_ARGS="--cases cnn32 --ks 1,8" fits one 10-min call
+#                                                                                -> packing_long.json
 #   sysmetrics  benchmarks/system_metrics_gpu.py: the GPU memory MLflow's system metrics log, by batch
 #               size, for non-private and DP runs                                -> sysmetrics.json
 # Exit status: the number of steps that failed (0: all passed).
@@ -44,7 +51,7 @@ set -u
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 R=$(mkdir -p "${1:-gpu_check}" && cd "${1:-gpu_check}" && pwd)
-STEPS=${STEPS:-env stages speed speed_224 profile probes_cnn probes_vgg fit oom oom_expandable fused throughput packing sysmetrics}
+STEPS=${STEPS:-env stages speed speed_224 profile probes_cnn probes_vgg fit oom oom_expandable fused throughput packing packing_long sysmetrics}
 PARALLEL=${PARALLEL:-16}          # probes at once: each is its own process with its own allocator
 STEP_TIMEOUT_S=${STEP_TIMEOUT_S:-1800}
 export PYTHONUNBUFFERED=1
@@ -125,6 +132,8 @@ step oom_expandable env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
 step fused "$PY" benchmarks/fused_check.py --device cuda --json "$R/fused.json"
 step throughput "$PY" benchmarks/throughput.py --device cuda --json "$R/throughput.json" ${THROUGHPUT_ARGS:-}
 step packing "$PY" benchmarks/packing.py --json "$R/packing.json" ${PACKING_ARGS:-}
+STEP_TIMEOUT_S=${PACKING_LONG_TIMEOUT_S:-2700} step packing_long "$PY" benchmarks/packing_long.py \
+  --json "$R/packing_long.json" ${PACKING_LONG_ARGS:-}
 step sysmetrics "$PY" benchmarks/system_metrics_gpu.py --json "$R/sysmetrics.json"
 echo "gpu_check: $failed step(s) failed; results in $R"
 exit "$failed"
