@@ -230,6 +230,8 @@ class PrivateTuning:
     single_run_epsilon: float  # of the dominant candidate alone, under the same accountant
     dominant: str  # its overrides
     accountant: str  # of both ε: rdp (dpsweep.privacy.tuning.ACCOUNTANT)
+    analysis: str  # the analysis that gave the procedure's ε (sweep.tuning_analysis, dpsweep.privacy.tuning.ANALYSES)
+    reference: str  # the papers behind it
 
     def record(self, session: SweepSession) -> None:
         """Log the procedure's ε on the parent run, and tag the trials: only the best is released
@@ -250,9 +252,7 @@ class PrivateTuning:
             "epsilon": self.epsilon, "delta": self.delta, "accountant": self.accountant,
             "epsilon_single_run_of_dominant": self.single_run_epsilon, "dominant_candidate": self.dominant,
             "distribution": s.tuning_distribution, "mean_trials": s.tuning_mean_trials, "eta": s.tuning_eta,
-            "selection": f"the best trial by {objective}",
-            "reference": "Papernot & Steinke 2022, Hyperparameter Tuning with Renyi Differential Privacy, Thms. 2 "
-                         "and 6 (dp-accounting's RepeatAndSelectDpEvent)",
+            "selection": f"the best trial by {objective}", "analysis": self.analysis, "reference": self.reference,
         }  # fmt: skip
         uri, experiment = first.tracking.uri, first.tracking.experiment_name
         best, finished = release_best(uri, experiment, session.sweep_id, objective, procedure)
@@ -261,13 +261,14 @@ class PrivateTuning:
             "tuning.k": len(self.jobs),  # part of the secret randomness: not for publication
             "tuning.dominant_candidate": self.dominant, "dp.delta": self.delta,
             "tuning.release": f"the best trial only (by {objective}); publishing K or other trials voids its ε",
-            "tuning.accountant": self.accountant, "tuning.withheld": "true",  # dpsweep.tracking.sweeps.WITHHELD_TAG
+            "tuning.accountant": self.accountant, "tuning.analysis": self.analysis,
+            "tuning.withheld": "true",  # dpsweep.tracking.sweeps.WITHHELD_TAG
         })  # fmt: skip
         best_text = f"run {best[:8]}" if best is not None else "no finished trial"
         print(
             f"dpsweep: private tuning: {finished} trials finished; release only the best ({best_text}): "
             f"ε={self.epsilon:.4g} for the whole procedure (δ={self.delta:g}; one run alone: "
-            f"ε={self.single_run_epsilon:.4g}; both {self.accountant})",
+            f"ε={self.single_run_epsilon:.4g}; both {self.accountant}, the {self.analysis} analysis)",
             flush=True,
         )
 
@@ -304,7 +305,9 @@ def private_trials(jobs: Sequence[list[str]], typed: Sequence[Config], sweep_dir
         trials.append([*job, seed, string_override("train.checkpoint_dir", str(directory))])
     common = set.intersection(*(set(job) for job in jobs))  # the overrides every candidate shares
     axes = " ".join(o for o in given_overrides(jobs[cost.dominant]) if o not in common) or "(every candidate)"
-    return PrivateTuning(trials, cost.epsilon, cost.delta, cost.single_run_epsilon, axes, cost.accountant)
+    return PrivateTuning(
+        trials, cost.epsilon, cost.delta, cost.single_run_epsilon, axes, cost.accountant, cost.analysis, cost.reference
+    )
 
 
 def select_jobs(jobs: Sequence[list[str]], typed: Sequence[Config]) -> tuple[list[list[str]], list[str]]:

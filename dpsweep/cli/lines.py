@@ -38,7 +38,11 @@ def start_line(cfg: DictConfig, output_dir: str) -> str:
     if not dp.enabled:
         privacy = "non-private"
     else:
-        sigma = f"σ for ε<={dp.target_epsilon:g}" if dp.target_epsilon is not None else f"σ={dp.noise_multiplier:g}"
+        sigma = (
+            f"σ for ε<={dp.target_epsilon:g}" if dp.target_epsilon is not None
+            else f"σ for TPR@1%<={dp.target_tpr_at_1pct:g}" if dp.target_tpr_at_1pct is not None
+            else f"σ={dp.noise_multiplier:g}"
+        )  # fmt: skip
         privacy = f"{dp.mechanism} per {dp.unit}{_step_text(dp)} ({sigma}" + (
             f", C={dp.max_grad_norm:g})" if batches else ")"
         )

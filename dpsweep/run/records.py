@@ -123,6 +123,7 @@ def run_tags(plan: RunPlan, data: loaders.DataSplits, device: torch.device, back
         }  # fmt: skip
         if plan.privacy.calibrated:
             tags["dp.noise_multiplier_calibrated"] = plan.privacy.noise_multiplier
+            tags["dp.noise_multiplier_calibrated_to"] = plan.privacy.calibrated_to  # "ε <= 3", or a TPR target
     return redacted(tags)
 
 

@@ -108,3 +108,19 @@ def test_the_result_line_prints_the_intervals_width_where_it_exceeds_one_percent
     assert "ε=2.000 ∈ [1.943, 2.000] width 2.8 % (pld, " in summary_line(config, wide)
     narrow = dataclasses.replace(wide, epsilon_lower=1.99)
     assert "ε=2.000 ∈ [1.990, 2.000] (pld, " in summary_line(config, narrow)
+
+
+def test_a_run_calibrated_to_an_attack_risk_says_so_and_stays_within_it(
+    make_cfg: Composer, client: MlflowClient, experiment_name: str, tmp_path: Path
+) -> None:
+    """``dp.target_tpr_at_1pct``: the start line and the run's tags say what σ was calibrated to, and the
+    run's logged TPR at 1 % FPR is within the target."""
+    from dpsweep.cli.lines import start_line
+
+    cfg = make_cfg("train.epochs=1", "dp.target_tpr_at_1pct=0.1")
+    assert "σ for TPR@1%<=0.1" in start_line(cfg, str(tmp_path))
+    result = train(cfg)
+    [run] = runs_of(client, experiment_name)
+    assert run.data.tags["dp.noise_multiplier_calibrated_to"] == "TPR at 1 % FPR <= 0.1"
+    assert float(run.data.tags["dp.noise_multiplier_calibrated"]) == result.noise_multiplier != 1.0
+    assert 0.09 < run.data.metrics["tpr_at_1pct"] <= 0.1

@@ -109,6 +109,29 @@ def test_a_private_tuning_sweep_releases_the_best_trial_and_logs_the_procedures_
         assert not re.search(r"/\d+/checkpoint", logged["train.checkpoint_dir"])
 
 
+@pytest.mark.slow
+def test_a_private_tuning_sweep_says_which_analysis_priced_it(tmp_path: Path) -> None:
+    """``sweep.tuning_analysis=mixture``: the parent run, the released trial, its ledger and the driver's
+    line name the analysis whose ε they carry (issue 58, item 4)."""
+    proc = run_script(
+        "dpsweep", "-m", "sweep.private_tuning=true", "sweep.tuning_mean_trials=1.5", "sweep.tuning_analysis=mixture",
+        "sweep.tuning_distribution=geometric", "dp.noise_multiplier=1.0,1.5", "train.epochs=1",
+        "train.progress=false", "tracking.experiment_name=tuned", "tracking.log_model=false", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "the mixture analysis)" in proc.stdout
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("tuned")
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id])
+    [parent] = [r for r in runs if r.data.tags.get("sweep.role") == "parent"]
+    [best] = [r for r in runs if r.data.tags.get("tuning.released") == "true"]
+    assert parent.data.tags["tuning.analysis"] == best.data.tags["tuning.analysis"] == "mixture"
+    with tempfile.TemporaryDirectory() as tmp:
+        record = json.loads(Path(client.download_artifacts(best.info.run_id, "privacy_ledger.json", tmp)).read_text())
+    assert "Koskela" in json.dumps(record["events"][-1])  # the mixture analysis's reference
+
+
 def test_a_trials_seed_is_fresh_and_in_range() -> None:
     seeds = {tuning.secret_seed() for _ in range(64)}
     assert len(seeds) > 60 and all(0 <= s < 2**tuning.SEED_BITS for s in seeds)
