@@ -51,7 +51,8 @@ DP-FedSGD), at each step:
    contribution is the mean of those examples' gradients Δ_u, clipped as a whole to norm C over all
    trainable parameters: Δ_u · min(1, C / (‖Δ_u‖ + 1e-6)) (the 1e-6 as Opacus and dpsweep.tasks.gan.critic);
 3. the clipped contributions are summed, N(0, σ²C²) is added per coordinate, and the sum is divided by
-   the expected number of users per step q·U (public, not the realised count): an empty sample still
+   B, the expected number of users per step of the config (public, not the realised count, nor q·U, a
+   function of U: issue 58, item 5, cf. arXiv 2605.15648): an empty sample still
    releases pure noise, and the accountant counts the step.
 
 Adding or removing one user changes the sum of step 3 by their one clipped term, of norm at most C,
@@ -272,7 +273,8 @@ class UserBatches:
         # q and the steps of the U users the ledger priced (``priced_users``: a black-box audit's canary
         # users are sampled at the plain run's q), else of these
         self.priced_users = num_users if priced_users is None else priced_users
-        self.schedule: PoissonSchedule = poisson_schedule(self.priced_users, int(expected_users_per_step))
+        self.expected_users_per_step = int(expected_users_per_step)
+        self.schedule: PoissonSchedule = poisson_schedule(self.priced_users, self.expected_users_per_step)
         self.sample_rate = self.schedule.inclusion_probability
         # examples grouped by user (index order within a user), where each user starts, and how many
         self.order = torch.argsort(user_ids, stable=True)
@@ -287,8 +289,10 @@ class UserBatches:
 
     @property
     def expected_users(self) -> float:
-        """q·U of the priced U, the mean number of users per step: what :func:`user_level_gradient` divides by."""
-        return self.priced_users * self.sample_rate
+        """B = ``expected_users_per_step``, what :func:`user_level_gradient` divides by: a public constant,
+        not q·U of the priced U (q·U = U/⌈U/B⌉ ≤ B is a function of U; issue 58, item 5, cf. arXiv
+        2605.15648). Post-processing of the noisy sum: q and the ledger are U's."""
+        return float(self.expected_users_per_step)
 
     def __len__(self) -> int:
         return self.schedule.steps_per_epoch
@@ -418,7 +422,7 @@ def user_level_gradient(
 ) -> dict[str, Tensor]:
     """The noisy user-level gradient of one step ``{name: shape}``: the users' clipped contributions
     (:func:`user_contributions`) summed, N(0, σ²C²) added per coordinate, divided by the expected
-    number of users q·U. An empty batch (no user sampled) gets the noise alone. ``generator``, on the
+    number of users B (public). An empty batch (no user sampled) gets the noise alone. ``generator``, on the
     parameters' device, draws the noise (the default generator when ``None``)."""
     return user_level_release(
         model, loss_fn, x, y, segment, num_segments, max_grad_norm, noise_multiplier, expected_users, generator,
@@ -441,13 +445,13 @@ def user_level_release(
     chunk_size: int | None = None,
     extra: dict[str, Tensor] | None = None,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """:func:`user_level_gradient` and the clipped sum it noised, both over q·U: ``(clipped, noisy)``.
+    """:func:`user_level_gradient` and the clipped sum it noised, both over B: ``(clipped, noisy)``.
     ``extra``: more units' contributions, clipped and summed with the users' before the noise
     (:func:`user_contributions`)."""
     if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
         raise ValueError(f"noise_multiplier={noise_multiplier}: expected a finite σ >= 0")
     if not (math.isfinite(expected_users) and expected_users > 0):
-        raise ValueError(f"expected_users={expected_users}: expected the positive, public q·U")
+        raise ValueError(f"expected_users={expected_users}: expected the positive, public B")
     contributions = user_contributions(
         model, loss_fn, x, y, segment, num_segments, max_grad_norm, chunk_size=chunk_size, extra=extra
     )

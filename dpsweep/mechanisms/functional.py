@@ -23,8 +23,8 @@ own gradient clipped), and a step sums the contributions of its units:
   after every ``dp.ftrl_restart_every`` epochs. Accounted by ``dpsweep.mechanisms.dpftrl_accounting`` over the
   epochs begun (a unit's sensitivity only grows with steps): no amplification.
 - **User-level DP-SGD** (McMahan et al. 2018): users Poisson-sampled at q = 1/ceil(U/B)
-  (``dpsweep.data.users.UserBatches``), N(0, σ²C²) added to the sum, divided by q·U, and the configured
-  optimizer steps. Accounted as DP-SGD over U users.
+  (``dpsweep.data.users.UserBatches``), N(0, σ²C²) added to the sum, divided by B (public; not q·U, a
+  function of U: issue 58, item 5), and the configured optimizer steps. Accounted as DP-SGD over U users.
 
 The count of steps taken lives in the optimizer's first parameter group (``dp_steps``), so that a
 checkpoint restores it with the optimizer and the ledger counts exactly the steps taken.
@@ -201,7 +201,7 @@ class OwnRule(ABC):
 
 class PoissonUnits(OwnRule):
     """User-level DP-SGD (McMahan et al. 2018): users Poisson-sampled at q = 1/ceil(U/B), N(0, σ²C²) on
-    the sum of their clipped contributions, over the expected number of users; the configured optimizer.
+    the sum of their clipped contributions, over B users (the config's, public); the configured optimizer.
     The users are drawn from the run's sampling stream, the noise from its noise stream."""
 
     def __init__(self) -> None:
@@ -247,7 +247,8 @@ def private_generators(run: OwnRun) -> resident.Generators:
 class FusedPoisson(OwnRule):
     """Example-level DP-SGD by the fused step (:mod:`dpsweep.mechanisms.fused`): examples Poisson-sampled on
     the device at Opacus's q and steps per epoch, the clipped sum in fixed-shape passes, N(0, σ²C²) from
-    the run's one generator (checkpointed with the sampling state), over Opacus's ``int(N·q)``."""
+    the run's one generator (checkpointed with the sampling state), over the config's B (public, as
+    :func:`~dpsweep.mechanisms.opacus_engine.make_private` divides)."""
 
     def __init__(self) -> None:
         self.step: fused.FusedStep | None = None
@@ -265,8 +266,10 @@ class FusedPoisson(OwnRule):
         self.step = fused.FusedStep(
             run.model, run.loss_fn, max_grad_norm=cfg.dp.max_grad_norm, pad_to=pad_to, mode=mode
         )
-        expected = int(n * schedule.inclusion_probability)  # Opacus's expected_batch_size (make_private)
-        return OwnSetup(build_optimizer(cfg.optimizer, run.model), generators, _AsUnits(sampled), float(expected))
+        # over the config's B, a public constant, as make_private's (issue 58, item 5; cf. arXiv 2605.15648):
+        # not int(N·q), a function of the private N; post-processing, q and the ledger unchanged
+        expected = float(cfg.train.batch_size)
+        return OwnSetup(build_optimizer(cfg.optimizer, run.model), generators, _AsUnits(sampled), expected)
 
     def gradient(self, run: OwnRun, batch: users.UserBatch, expected_units: float) -> dict[str, Tensor]:
         assert self.step is not None, "setup() first"
@@ -287,7 +290,7 @@ class FusedUsers(OwnRule):
     """User-level DP-SGD by the fused step (:class:`dpsweep.mechanisms.fused.FusedUserStep`): users Poisson-sampled
     as :class:`PoissonUnits` samples them (the same q, steps and ledger), their clipped contributions summed in
     fixed-shape passes of P users × ``dp.max_examples_per_user`` examples, N(0, σ²C²) from the run's one
-    generator, over the expected number of users q·U."""
+    generator, over B users (the config's, public)."""
 
     def __init__(self) -> None:
         self.step: fused.FusedUserStep | None = None

@@ -39,7 +39,9 @@ exactly, and the shape that varies with it is hidden by padding.
    - **vmap** (any other model: the cnn): each row's gradient by ``vmap(grad(loss))`` over
      ``functional_call``, compiled once (the shapes never change).
 4. **Noise**: one flat draw N(0, σ²C²) over all trainable coordinates added to the sum, divided by
-   ``int(N·q)`` (Opacus's expected batch size, ``PrivacyEngine.make_private``), unflattened into each
+   the config's B (``train.batch_size``, public, as :func:`dpsweep.mechanisms.opacus_engine.make_private`
+   divides; not Opacus's expected batch size int(N·q), a function of the private N: issue 58, item 5,
+   cf. arXiv 2605.15648), unflattened into each
    parameter's ``.grad``; the configured optimizer steps.
 
 The clipped sum equals Opacus hooks' on the same batch (tests/unit/mechanisms/test_fused.py: the cnn,

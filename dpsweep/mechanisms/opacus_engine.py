@@ -17,9 +17,11 @@ from typing import Any
 
 import torch
 from opacus import PrivacyEngine
+from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
 from opacus.optimizers import DPOptimizer
 from opacus.optimizers.adaclipoptimizer import AdaClipDPOptimizer
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
 from dpsweep.config import Clipping, DPConfig, GradSampleMode
@@ -42,7 +44,8 @@ def make_private(
     noise_generator: torch.Generator | None = None,
 ) -> tuple[PrivacyEngine, nn.Module, DPOptimizer, nn.Module, DataLoader[Any]]:
     """Opacus DP-SGD: per-sample clipping to C = ``max_grad_norm``, Gaussian noise of std σ·C,
-    Poisson sampling at rate 1/len(loader), every step recorded in Opacus's accountant history,
+    Poisson sampling at rate 1/len(loader), the noisy sum over the loader's batch size B (the config's,
+    public; not Opacus's int(N/len(loader)): issue 58, item 5), every step recorded in Opacus's accountant history,
     which the run's ledger (``dpsweep.privacy.ledger``) accounts under ``dp.accountant``.
 
     The Poisson batches draw from the loader's generator, the noise from ``noise_generator`` (on the
@@ -54,6 +57,9 @@ def make_private(
     criterion (its loss runs Opacus's two backward passes), so the criterion to use is returned."""
     # Opacus's accountant only records the (σ, q, steps) history here; ε comes from the ledger.
     engine = PrivacyEngine(accountant="rdp", secure_mode=False)
+    batch_size = loader.batch_size  # the config's B (train.batch_size): the divisor of every release below
+    if batch_size is None:
+        raise ValueError("make_private needs a loader with a batch_size (B, the expected batch of its Poisson steps)")
     adaptive: dict[str, Any] = {}
     if dp.clipping == Clipping.adaptive:
         adaptive = {
@@ -78,6 +84,12 @@ def make_private(
         private_model, private_optimizer, criterion, private_loader = made
     else:
         private_model, private_optimizer, private_loader = made
+    # The noisy sum over B, a public constant (issue 58, item 5; cf. arXiv 2605.15648), not over Opacus's
+    # int(N / len(loader)), a function of the private N (62 at N = 1437, B = 64; 61 at N = 1473): dividing a
+    # release by a public constant is post-processing; the sample rate 1/len(loader) and the ledger are Opacus's.
+    # Per rank as Opacus's own (its DistributedDPOptimizer averages the ranks' sums over the world size).
+    world = torch.distributed.get_world_size() if isinstance(model, DPDDP | DDP) else 1
+    private_optimizer.expected_batch_size = batch_size if world == 1 else batch_size / world
     if adaptive:  # Opacus's own AdaClipDPOptimizer replaced by dpsweep's subclass, built as Opacus builds it
         private_optimizer = adaptive_clipping(engine, private_optimizer, private_loader, adaptive, dp.clip_normalize)
     return engine, private_model, private_optimizer, criterion, private_loader
@@ -114,8 +126,9 @@ MIN_CLIP_NORM = 1e-6  # adaptive clipping's floor when dp.clip_low is 0: a norm 
 class ExpectedBatchAdaClip(AdaClipDPOptimizer):
     """Opacus's adaptive clipping with the clipping-norm update of Andrew et al. 2021 and TF Privacy:
     the unclipped share is the noisy count centred by 1/2 per example (sensitivity 1/2, the count noise
-    the accounting assumes) over the expected batch size, plus 1/2. Opacus's own update divides the
-    raw noisy count by the actual batch size, which is private and not noised. See dpsweep.privacy.clipping.
+    the accounting assumes) over the expected batch size B (the config's, public: :func:`make_private`),
+    plus 1/2. Opacus's own update divides the raw noisy count by the actual batch size, which is private
+    and not noised. See dpsweep.privacy.clipping.
 
     With ``normalize`` (``dp.clip_normalize``), the noisy clipped sum is divided by the C it was
     clipped at, so the step does not grow with C. C is part of the optimizer's state_dict (checkpoints,

@@ -93,14 +93,15 @@ def keep_planned_sampling(
     n_train: int,
 ) -> None:
     """Sample a training set other than the plan's (a black-box audit's, with canaries in and out) at the
-    plan's rate and steps per epoch, record that rate in the accountant, and divide the noisy sum by the
-    plan's expected batch, as for ``n_train`` examples: each example is then sampled as a plain run's
-    would be, and the ledger is the plain run's."""
+    plan's rate and steps per epoch, those of ``n_train`` examples, and record that rate in the accountant:
+    each example is then sampled as a plain run's would be, and the ledger is the plain run's. The noisy sum
+    stays over the config's B, which :func:`~dpsweep.mechanisms.opacus_engine.make_private` set, whatever
+    set is sampled: a public constant, not the expected batch of the N examples (issue 58, item 5; cf. arXiv
+    2605.15648)."""
     sampler: Any = loader.batch_sampler
     sampler.sample_rate, sampler.steps = sample_rate, steps_per_epoch
     loader.sample_rate = sample_rate
     optimizer.attach_step_hook(engine.accountant.get_optimizer_hook_fn(sample_rate=sample_rate))
-    optimizer.expected_batch_size = int(n_train * sample_rate)  # Opacus's own expected batch of N examples
 
 
 def minus_loss(model: nn.Module) -> Score:

@@ -32,7 +32,7 @@ from dpsweep.data.users import clip_factors
 
 @dataclass(frozen=True)
 class CriticStep:
-    """One private critic step: λ, C, σ, and the expected (public) Poisson batch size q·N."""
+    """One private critic step: λ, C, σ, and the expected (public) Poisson batch size B, the config's."""
 
     gp_weight: float
     max_grad_norm: float

@@ -171,9 +171,10 @@ class GanRun:
             functools.partial(private_critic_release, generator=self.noise)
         )
         privacy = self.inputs.plan.privacy
+        # over the config's B, a public constant (issue 58, item 5; cf. arXiv 2605.15648), not q·N_train, a
+        # function of the private N: post-processing, the rate q and the ledger unchanged
         self.step = None if privacy is None else CriticStep(
-            g.gp_weight, cfg.dp.max_grad_norm, privacy.noise_multiplier,
-            privacy.poisson_rate * self.inputs.plan.facts.n_train,
+            g.gp_weight, cfg.dp.max_grad_norm, privacy.noise_multiplier, float(cfg.train.batch_size)
         )  # fmt: skip
         return Checkpointed(self.gan, self.optimizer, None, self.generator)
 

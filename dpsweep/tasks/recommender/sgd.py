@@ -25,8 +25,9 @@ user's embedding kept on the user's side (joint DP, Jain et al. 2021):
 user's gradient of L_i with respect to V is G_i = −2 Σ_{j∈Ω_i} e_ij 1_j uᵀ + 2 w₀ V u uᵀ, e_ij = r_ij − ⟨u, v_j⟩
 the residual, over the user's first ``task.max_ratings_per_user`` ratings. The trusted aggregator
 (:class:`GradientAggregator`) clips each G_i **as a whole** to C = ``dp.max_grad_norm`` in Frobenius norm,
-sums, adds N(0, σ²C²) to every coordinate and divides by the expected number of users qU, as Opacus
-does for examples; the untrusted server (:class:`GradientServer`) adds the gradient of the public
+sums, adds N(0, σ²C²) to every coordinate and divides by B = ``train.batch_size``, the expected number
+of users per step of the config (public; not qU, a function of U: issue 58, item 5, cf. arXiv 2605.15648);
+the untrusted server (:class:`GradientServer`) adds the gradient of the public
 regulariser λ_v ‖θ‖² / U of each part θ it trains (V, or E and W with features) and steps its optimizer.
 G_i is never formed: its norm has the closed form
 ‖G_i‖² = 4 ‖u‖² (Σ_j e_ij² − 2 w₀ Σ_j e_ij ⟨u, v_j⟩ + w₀² ‖V u‖²) (the items of Ω_i are distinct), and the
@@ -129,7 +130,7 @@ def user_gradients(
 
 @dataclass(frozen=True)
 class NoisyGradient:
-    """What the aggregator releases to the server each step: (Σ_i clip(G_i) + N(0, σ²C²)) / (qU), of
+    """What the aggregator releases to the server each step: (Σ_i clip(G_i) + N(0, σ²C²)) / B, of
     the per-item embeddings and, with public features, of their map W."""
 
     mean: torch.Tensor
@@ -138,7 +139,8 @@ class NoisyGradient:
 
 class GradientAggregator:
     """The trusted aggregator of a DP-SGD step: clips each sampled user's gradient as a whole to C,
-    sums them, adds N(0, σ²C²) per coordinate and divides by the expected number of users. Without
+    sums them, adds N(0, σ²C²) per coordinate and divides by the expected number of users (the config's B,
+    public). Without
     DP (``max_grad_norm`` None) it only averages."""
 
     def __init__(

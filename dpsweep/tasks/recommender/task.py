@@ -323,7 +323,9 @@ class DPAMRun(RecommenderRun):
         b = self.bounds
         self.contributions = self.train if b is None else self.train.first(b.max_ratings, b.max_abs_rating)
         clip = self.cfg.dp.max_grad_norm if b is not None else None
-        expected = self.schedule.inclusion_probability * n_users  # qU: a public constant, as Opacus divides
+        # over the config's B, a public constant (issue 58, item 5; cf. arXiv 2605.15648), not q·U, a function
+        # of U: post-processing, q and the ledger unchanged
+        expected = float(self.cfg.train.batch_size)
         mapped = None if self.features is None else features.unit_rows(self.features.float())
         if mapped is not None:  # V = E + F W
             self.module = ItemsWithFeatures(self.n_items, s.rank, self.cfg.train.seed, mapped)

@@ -1,28 +1,20 @@
 """Issue 58, item 5: every constant a release is normalised by must be public (cf. arXiv 2605.15648 on
 Opacus's ``expected_batch_size``, computed from the dataset's size).
 
-What each engine divides its noisy sum by, read in the code and checked here (q = 1/ceil(N/B), the
-ledger's inclusion probability: ``dpsweep.privacy.schedule.poisson_schedule``):
-
-- ``dp.engine=opacus``: Opacus's ``make_private``, ``int(len(loader.dataset) · 1/len(loader))`` =
-  int(N·q) (``opacus.privacy_engine``; ``ExpectedBatchAdaClip`` keeps it, and divides its unclipped count
-  by it); a black-box audit's set (canaries in) by int(N·q) of the plan's N (``keep_planned_sampling``);
-- ``dp.engine=fused`` (``FusedPoisson.setup``): int(N·q), N the plan's (``OwnRun.priced``), else the split's;
-- user level, own steps and fused (``users.UserBatches.expected_users``): U·q, U the priced users;
-- ``task=gan``'s critic (``CriticStep``): q·N_train, N_train the plan's.
-
-So every divisor is the expected batch of the N (examples or users) that the ledger priced, a function
-of N and the config's B, never of the batch drawn: public exactly when N is, the assumption dp-accounting's
-q = 1/ceil(N/B) already makes (docs/src/guides/privacy-accounting.md, "What is assumed public"). None of them
-is the config's ``train.batch_size`` itself: :func:`test_the_divisor_is_the_configs_batch_size_whatever_n`
-records that, as a strict xfail, until a divisor from B alone replaces Opacus's convention.
+What each engine divided its noisy sum by before: a function of the training set's size N, with q =
+1/ceil(N/B) the ledger's inclusion probability (``dpsweep.privacy.schedule.poisson_schedule``): Opacus's
+``make_private`` int(N·q) (62 at N = 1437, B = 64; 64 at N = 1472; 61 at N = 1473), which its adaptive
+clipping's count shared and a black-box audit's set kept at the plan's N; the fused step int(N·q); user
+level U·q; ``task=gan``'s critic q·N_train; the recommender's aggregator q·U. Each now divides by the
+config's ``train.batch_size`` B (examples, or users at ``dp.unit=user``), whatever N and whatever set the
+step samples from (a black-box audit's canaries in it): a public constant, so the division is
+post-processing, and the sample rate q, what the ledger prices, is unchanged.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import pytest
 import torch
 from helpers import Composer
 from torch import nn
@@ -87,29 +79,37 @@ def _user_divisor(users: int, planned: int | None) -> float:
     return batches.expected_users
 
 
-def test_a_releases_divisor_is_the_expected_batch_of_the_planned_n_not_of_the_data_it_holds(
-    make_cfg: Composer,
-) -> None:
-    """Every engine divides by the expected batch of the N the ledger priced (q·N, or Opacus's int(q·N)), the
-    same whatever set the step samples from: with a black-box audit's canaries in it, the plan's N still."""
+def test_a_releases_divisor_is_the_configs_batch_size_not_the_expected_batch_of_n(make_cfg: Composer) -> None:
+    """Every engine divides by the config's B, not by the expected batch of the N the ledger priced (q·N, or
+    Opacus's int(q·N)), with a black-box audit's canaries in the sampled set as without; the sample rate
+    stays the plan's q."""
     q = poisson_schedule(N, B).inclusion_probability
-    expected = int(N * q)
-    assert expected != B  # the case that tells the conventions apart
-    assert _opacus_divisor(make_cfg, N) == expected  # a plain run: the set is the plan's
-    assert _opacus_divisor(make_cfg, N + CANARIES, planned=N) == expected
-    assert _fused_divisor(make_cfg, N, None) == _fused_divisor(make_cfg, N + CANARIES, N) == expected
-    assert _user_divisor(N, None) == _user_divisor(N + CANARIES, N) == pytest.approx(N * q)
+    assert int(N * q) != B  # the case that tells the conventions apart
+    assert _opacus_divisor(make_cfg, N) == B  # a plain run: the set is the plan's
+    assert _opacus_divisor(make_cfg, N + CANARIES, planned=N) == B
+    assert _fused_divisor(make_cfg, N, None) == _fused_divisor(make_cfg, N + CANARIES, N) == B
+    assert _user_divisor(N, None) == _user_divisor(N + CANARIES, N) == B
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="issue 58, item 5: the divisor is Opacus's int(N / ceil(N/B)) of the dataset's size N (B = 64: 62 at "
-    "N = 1437, 64 at N = 1472, 61 at N = 1473), not the config's B; public only where N is (as the ledger's q)",
-)
+def test_adaptive_clippings_count_is_over_the_configs_batch_size(make_cfg: Composer) -> None:
+    """Opacus's adaptive clipping (dpsweep's ``ExpectedBatchAdaClip``) divides its noisy unclipped count by the
+    same public B as the gradient, and its loader samples at the ledger's q all the same."""
+    from dpsweep.mechanisms import opacus_engine
+
+    cfg = to_config(make_cfg(f"train.batch_size={B}", "dp.clipping=adaptive"))
+    layer = nn.Linear(4, 2)
+    _, _, optimizer, _, loader = opacus_engine.make_private(
+        cfg.dp, 1.0, 1.0, layer, torch.optim.SGD(layer.parameters(), lr=0.1), _loader(N), nn.CrossEntropyLoss()
+    )
+    assert isinstance(optimizer, opacus_engine.ExpectedBatchAdaClip)
+    assert optimizer.expected_batch_size == B
+    assert loader.sample_rate == poisson_schedule(N, B).inclusion_probability  # type: ignore[attr-defined]
+
+
 def test_the_divisor_is_the_configs_batch_size_whatever_n(make_cfg: Composer) -> None:
     """Datasets of different N, one config B: a release normalised by public constants alone divides by the
-    same number, B, for each. Opacus's convention (and so each engine's) does not."""
+    same number, B, for each, where Opacus's own convention int(N / ceil(N/B)) gives 62, 64 and 61."""
     sizes = (N, 1472, 1473)
     assert {n: _opacus_divisor(make_cfg, n) for n in sizes} == dict.fromkeys(sizes, B)
     assert {n: _fused_divisor(make_cfg, n, None) for n in sizes} == dict.fromkeys(sizes, B)
+    assert {n: _user_divisor(n, None) for n in sizes} == dict.fromkeys(sizes, B)
