@@ -1,0 +1,40 @@
+"""benchmarks/job_startup.py --quick: it runs, writes its JSON, and its phases add up to the measured time to
+the first step (issue 59, item 4)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import REPO
+
+SCRIPT = REPO / "benchmarks" / "job_startup.py"
+PHASES = ("interpreter", "imports", "config", "store", "tracking", "data", "model", "first_step")
+
+
+@pytest.mark.slow  # about 90 s: a plain run and a one-job sweep, each twice (instrumented, then as shipped)
+def test_job_startup_quick_phases_sum_to_the_end_to_end_time(tmp_path: Path) -> None:
+    out = tmp_path / "job_startup.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--json", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    record = json.loads(out.read_text())
+    assert record["repeat"] == 1
+    assert record["machine"]["cores"] >= 1 and record["machine"]["torch"]
+    for kind in ("plain", "sweep_job"):
+        figures = record[kind]
+        phases = figures["phases_s"]
+        assert set(phases) == set(PHASES), kind
+        assert all(phases[p] > 0 for p in PHASES), (kind, phases)
+        end_to_end = figures["end_to_end_median_s"]
+        assert end_to_end > 0, kind
+        assert abs(sum(phases.values()) - end_to_end) <= 0.25 * end_to_end, (kind, phases, end_to_end, done.stdout)
+        assert figures["imports_by_package_s"]["torch"] > 0, kind
