@@ -30,7 +30,6 @@ import os
 import sys
 import warnings
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -38,9 +37,10 @@ from dpsweep import mechanisms
 from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.cli.options import plain_text
 from dpsweep.cli.script import run_script
-from dpsweep.cli.sigma import SIGMA_DIGITS, sigma_text
+from dpsweep.cli.sigma import SIGMA_DIGITS
 from dpsweep.errors import InputError
-from dpsweep.privacy import calibrate, certainty, clipping, ledger, ranges, rdp, schedule
+from dpsweep.mechanisms import query
+from dpsweep.privacy import certainty, clipping, ledger, ranges, rdp, schedule
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -173,28 +173,6 @@ def _accounting(a: argparse.Namespace) -> ledger.Accounting:
     return ledger.Accounting(a.accountant, a.conversion, a.alphas or rdp.DEFAULT_ORDERS)
 
 
-def _extra(a: argparse.Namespace) -> ledger.Ledger:
-    """The releases besides the steps: the quantile clipping norm, on a Poisson sample at the run's q."""
-    if a.clipping != "quantile":
-        return ledger.Ledger()
-    return ledger.Ledger((clipping.release(a.clip_epsilon, _schedule(a).sample_rate, "histogram"),))
-
-
-def _result(a: argparse.Namespace, sigma: float, epochs: int | None, steps: int | None) -> schedule.EpsilonResult:
-    return schedule.epsilon(
-        _schedule(a), noise_multiplier=sigma, delta=a.delta, epochs=epochs, steps=steps, accounting=_accounting(a),
-        extra=_extra(a),
-    )  # fmt: skip
-
-
-def _tuning_shape(a: argparse.Namespace) -> float:
-    return a.tuning_eta if a.tuning_distribution == "tnb" else ledger.TUNING_SHAPES.get(a.tuning_distribution)
-
-
-def _schedule(a: argparse.Namespace) -> schedule.PoissonSchedule:
-    return schedule.poisson_schedule(a.dataset_size, a.batch_size)
-
-
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Parse, check and compute; returns the JSON object (also printed). Bad input raises InputError."""
     a = _parser().parse_args(argv)
@@ -223,7 +201,8 @@ FLAGS = {
 
 
 def _setting(a: argparse.Namespace, mechanism: mechanisms.Mechanism) -> mechanisms.Setting:
-    """The command line as the mechanism's setting; refuses another mechanism's options."""
+    """The command line as the mechanism's setting (without the clipping norm's release, which
+    :func:`dpsweep.mechanisms.query.price` adds); refuses another mechanism's options."""
     for name, option in _options():
         value = getattr(a, _dest(option))
         if value not in (None, False) and option not in mechanism.options:
@@ -240,16 +219,17 @@ def _setting(a: argparse.Namespace, mechanism: mechanisms.Mechanism) -> mechanis
         raise InputError("--plot", str(a.plot), "left out with --convention tf_privacy (the plots use dpsweep's)")
     if a.plot is not None and not mechanism.sampled:
         raise InputError("--plot", str(a.plot), f"left out with --mechanism {a.mechanism}: the plots vary q")
-    q = mechanism.sample_rate(base)
-    if a.clipping != "quantile" or q is None:
-        return base
-    return replace(base, extra=ledger.Ledger((clipping.release(a.clip_epsilon, q, "histogram"),)))
+    return base
 
 
 def price(a: argparse.Namespace, mechanism: mechanisms.Mechanism) -> dict[str, Any]:
-    """ε of ``mechanism`` (and the releases and tuning asked for), or σ or the epochs calibrated."""
+    """ε of ``mechanism`` (and the releases and tuning asked for), or σ or the epochs calibrated
+    (:func:`dpsweep.mechanisms.query.price`), and the plots asked for."""
     try:
-        return _price(a, mechanism)
+        out = query.price(mechanism, _query(a, _setting(a, mechanism)), described_digits=SIGMA_DIGITS)
+        if a.plot is not None:
+            out["plots"] = _plots(a, out["noise_multiplier"], out["steps"])
+        return out
     except InputError as err:  # the privacy code names config keys: name this command's flags
         flags = FLAGS | {f"dp.{o.key}": o.flag for _, o in _options()}
         if err.key in flags:
@@ -257,70 +237,18 @@ def price(a: argparse.Namespace, mechanism: mechanisms.Mechanism) -> dict[str, A
         raise
 
 
-def _price(a: argparse.Namespace, mechanism: mechanisms.Mechanism) -> dict[str, Any]:
-    s = _setting(a, mechanism)
-    mechanism.check(s)
-    sigma, calibrated = a.noise_multiplier, None
-    if a.target_epsilon is not None and sigma is None:
-        try:
-            sigma = mechanism.calibrate(s, a.target_epsilon)
-        except ValueError as err:
-            if isinstance(err, InputError):
-                raise
-            raise InputError(
-                "--target-epsilon", a.target_epsilon, "an ε that can be reached with σ <= 1e6 at this B, N and length"
-            ) from err
-        calibrated = "noise_multiplier"
-    elif a.target_epsilon is not None:
-        s = replace(s, epochs=_calibrated_epochs(a, mechanism, s, sigma))
-        calibrated = "epochs"
-    bill = mechanism.ledger(s, sigma)
-    why = ledger.not_computed(bill, a.delta, s.accounting, "here")
-    if why is not None:
-        raise InputError("--accountant", a.accountant, why)
-    spent = ledger.epsilon(bill, a.delta, s.accounting)
-    out: dict[str, Any] = {
-        "mechanism": a.mechanism, "epsilon": spent.epsilon, "delta": a.delta, "alpha": spent.order,
-        "steps": mechanism.steps(s), "sample_rate": mechanism.sample_rate(s), "noise_multiplier": sigma,
-        "accountant": spent.accountant, "conversion": spent.conversion, "neighbours": mechanism.neighbours,
-        # a calibrated σ described in 4 digits, rounded up (sigma_text); "noise_multiplier" keeps it whole
-        "description": mechanism.describe(s, float(sigma_text(sigma)) if calibrated == "noise_multiplier" else sigma),
-    }  # fmt: skip
-    out |= mechanism.details(s) | certain(bill, a.delta)
-    if a.convention != schedule.TRAINED:
-        out["convention"] = a.convention
-    if s.epochs is not None:
-        out["epochs"] = s.epochs
-    if calibrated:
-        out |= {"target_epsilon": a.target_epsilon, "calibrated": calibrated}
-    if a.clipping == "quantile":
-        out |= {"clipping": "quantile", "clip_epsilon": a.clip_epsilon}
+def _query(a: argparse.Namespace, setting: mechanisms.Setting) -> query.Query:
+    """The command line as the question :func:`dpsweep.mechanisms.query.price` answers."""
+    tuning = None
     if a.tuning_trials is not None:
-        out |= _tuning(a, bill)
-    if a.plot is not None:
-        out["plots"] = _plots(a, sigma, out["steps"])
-    return out
-
-
-def certain(bill: ledger.Ledger, delta: float) -> dict[str, float]:
-    """How certain the ledger's ε is and what it means for an attacker (:mod:`dpsweep.privacy.certainty`):
-    the PLD's sound interval [``epsilon_lower``, ``epsilon_upper``] (the upper end is ``epsilon`` under
-    pld), μ of Gaussian DP down to δ = ``gdp_delta_allowance``, and a membership-inference attacker's
-    largest TPR at 1 % and 10 % FPR and largest advantage. The PLD's profile is computed once."""
-    interval = certainty.epsilon_interval(bill, delta)
-    found = certainty.profile(bill)
-    risk = certainty.attack_risk(bill, found=found)
-    allowance = min(1.0, 2 * found.tail) if found else 0.0  # μ holds down to this δ (certainty.is_gdp)
-    return {
-        "epsilon_lower": interval.lower, "epsilon_upper": interval.upper,
-        "mu_gdp": certainty.mu_gdp(bill, found=found), "gdp_delta_allowance": allowance,
-        "tpr_at_1pct": risk["tpr_at_1pct"], "tpr_at_10pct": risk["tpr_at_10pct"], "mia_advantage": risk["advantage"],
-    }  # fmt: skip
+        tuning = query.Tuning(a.tuning_trials, a.tuning_distribution, a.tuning_eta)
+    clip_epsilon = a.clip_epsilon if a.clipping == "quantile" else None
+    return query.Query(a.mechanism, setting, a.noise_multiplier, a.target_epsilon, clip_epsilon, tuning)
 
 
 def certainty_text(o: dict[str, Any]) -> str:
-    """The lines of :func:`certain`'s figures: the interval (the PLD's, whatever the accountant; its
-    relative width where it exceeds 1 %), μ and the attack risk."""
+    """The lines of :func:`dpsweep.mechanisms.query.certain`'s figures: the interval (the PLD's, whatever
+    the accountant; its relative width where it exceeds 1 %), μ and the attack risk."""
     lower, upper = o["epsilon_lower"], o["epsilon_upper"]
     whose = "" if o["accountant"] == "pld" else " (the interval is the PLD's: its upper end is the PLD accountant's ε)"
     if not math.isfinite(upper):
@@ -336,35 +264,6 @@ def certainty_text(o: dict[str, Any]) -> str:
 
 
 WIDTH_SHOWN = 0.01  # the interval's relative width is printed where it exceeds 1 %
-
-
-def _calibrated_epochs(
-    a: argparse.Namespace, mechanism: mechanisms.Mechanism, s: mechanisms.Setting, sigma: float
-) -> int:
-    """The most epochs whose ε stays within --target-epsilon at σ."""
-
-    def eps(epochs: int) -> float:
-        return ledger.epsilon(mechanism.ledger(replace(s, epochs=epochs), sigma), a.delta, s.accounting).epsilon
-
-    epochs = calibrate.largest_count(eps, a.target_epsilon, EPOCHS_MAX)
-    if epochs == 0:
-        raise InputError("--target-epsilon", a.target_epsilon, f"an ε above that of one epoch at σ={sigma}")
-    return epochs
-
-
-EPOCHS_MAX = 100_000  # the epochs calibration looks no further
-
-
-def _tuning(a: argparse.Namespace, bill: ledger.Ledger) -> dict[str, Any]:
-    """ε of releasing the best of K runs of this ledger (Papernot & Steinke 2022)."""
-    tuned = ledger.tuning_epsilon(bill, a.delta, a.tuning_trials, _tuning_shape(a), _accounting(a).orders)
-    out = {
-        "epsilon_tuning": tuned.epsilon, "tuning_trials": a.tuning_trials,
-        "tuning_distribution": a.tuning_distribution, "tuning_alpha": tuned.order,
-    }  # fmt: skip
-    if a.tuning_distribution == "tnb":
-        out["tuning_eta"] = a.tuning_eta
-    return out
 
 
 def _plots(a: argparse.Namespace, sigma: float, steps: int) -> list[str]:
