@@ -39,10 +39,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from dpsweep.analysis.sweep_plan import MemoryCheck
+from dpsweep.cli.composing import CONFIG_MODULE
 from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.cli.options import add_tracking_uri, plain_text
 from dpsweep.cli.overrides import override_value
-from dpsweep.cli.plan import CONFIG_MODULE, MemoryCheck, job_plans
+from dpsweep.cli.plan import job_plans
 from dpsweep.cli.script import run_script
 from dpsweep.config import Config
 from dpsweep.config.launcher import LAUNCHERS, launchers_where, spec

@@ -21,10 +21,10 @@ import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from dpsweep import mechanisms
+from dpsweep.analysis import sweep_plan
 from dpsweep.cli.composing import CONFIG_MODULE
 from dpsweep.cli.errors import exits_on_bad_input
 from dpsweep.cli.options import plain_text
@@ -39,15 +39,6 @@ if TYPE_CHECKING:  # Hydra, torch and the planner are imported where used: --hel
     from dpsweep.privacy.tuning import Procedure
 
 PROG = "dpsweep-plan"
-
-
-def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
-    """The override lists of the jobs ``dpsweep -m <overrides>`` launches, in launch order
-    (``dpsweep.cli.composing.sweep_jobs``, as the sweeper expands them); needs Hydra initialised on
-    dpsweep.conf."""
-    from dpsweep.cli.composing import sweep_jobs
-
-    return sweep_jobs(overrides)[0]
 
 
 @dataclass(frozen=True)
@@ -79,34 +70,14 @@ class PlanRow:
     gdp_delta_allowance: float | None = None  # with --risk: μ-GDP holds down to this δ (certainty.is_gdp)
 
 
-def _store_readable(uri: str) -> bool:
-    """Whether ``uri`` can be asked for runs without creating it (a local SQLite file that is not
-    there holds no runs, and opening it would create it)."""
-    if uri.startswith("sqlite:///"):
-        return Path(uri.removeprefix("sqlite:///")).is_file()
-    return True
-
-
 def skip_reasons(plans: Sequence[RunPlan]) -> list[str | None]:
-    """Why ``dpsweep -m`` would skip each job (``dpsweep.plan.skip_reasons``, as its sweeper decides):
-    its config already FINISHED in its experiment (unless ``sweep.force``), or the same config as an
-    earlier job. None: it runs. (Jobs running now in live processes are skipped too; that is known
-    only when the sweep starts.)"""
-    from dpsweep import plan
+    """Why ``dpsweep -m`` would skip each job (:func:`dpsweep.analysis.sweep_plan.skip_reasons`), a store
+    that cannot be read said on stderr."""
+    return sweep_plan.skip_reasons(plans, note=_note)
 
-    done: dict[str, str] = {}
-    stores = {(p.config.tracking.uri, p.config.tracking.experiment_name) for p in plans if not p.config.sweep.force}
-    for uri, experiment in sorted(stores):
-        if not _store_readable(uri):
-            continue
-        from dpsweep.tracking.sweeps import runs_by_hash  # MLflow: only where there is a store to ask
 
-        try:
-            done |= runs_by_hash(uri, experiment, "FINISHED")
-        except Exception as err:  # an unreachable server: the plan stands, without this column
-            print(f"{PROG}: note: could not read {uri} ({type(err).__name__}); FINISHED configs are not marked",
-                  file=sys.stderr)  # fmt: skip
-    return plan.skip_reasons([p.config_hash for p in plans], done)
+def _note(text: str) -> None:
+    print(f"{PROG}: note: {text}", file=sys.stderr)
 
 
 def plan_row(job: int, overrides: list[str], plan: RunPlan, skipped: str | None = None) -> PlanRow:
@@ -149,53 +120,30 @@ options:
 """
 
 
-@dataclass(frozen=True)
-class MemoryCheck:
-    """``--memory-model FILE [--gpu-memory SIZE] [--backend B]``: predict each job's peak memory."""
-
-    model_file: str
-    gpu_memory: str | None = None  # default: each job's launcher.gpu_memory
-    backend: str | None = None  # default: cuda where a GPU is visible, else the backend the file was fitted on
-
-
-def default_backend() -> str | None:
-    """The memory backend to plan with when none is given: ``cuda`` where a GPU is visible; else
-    None, which takes the backend each fit in the file was made on (e.g. CUDA probes from a cluster,
-    planned on a CPU-only login node, or the CPU twin's probes on a laptop)."""
-    import torch  # only where a memory model is given
-
-    return "cuda" if torch.cuda.is_available() else None
-
-
-def job_plans(overrides: Sequence[str], memory: MemoryCheck | None = None) -> list[tuple[list[str], RunPlan]]:
-    """Each job of ``dpsweep -m <overrides>`` with its run plan (``dpsweep.plan.prepare``), in launch
-    order; needs Hydra initialised on dpsweep.conf. The notes of datasets whose files are missing
-    (planned with their official size) go to stderr."""
+def job_plans(
+    overrides: Sequence[str], memory: sweep_plan.MemoryCheck | None = None
+) -> list[tuple[list[str], RunPlan]]:
+    """Each job of ``dpsweep -m <overrides>`` with its run plan (:func:`dpsweep.analysis.sweep_plan.plan_jobs`),
+    in launch order, composed as the sweeper composes them (Hydra's errors as bad input); needs Hydra
+    initialised on dpsweep.conf. The notes of datasets whose files are missing (planned with their
+    official size) go to stderr."""
     from hydra.core.global_hydra import GlobalHydra
 
     from dpsweep.cli.composing import composition_refused, sweep_jobs
     from dpsweep.launchers.composed import ComposedJobs
-    from dpsweep.memory.model import load_models
-    from dpsweep.plan import FactsCache, MemoryBudget, prepare
 
-    facts = FactsCache()
-    budget = None
-    if memory is not None:  # the file read once, not per job
-        backend = memory.backend or default_backend()
-        budget = MemoryBudget(load_models(memory.model_file), backend, memory.gpu_memory, predict=True)
-    out = []
+    budget = sweep_plan.memory_budget(memory)  # the file read before any job is composed
     with composition_refused(overrides):
         jobs, master = sweep_jobs(overrides)
         composer = ComposedJobs(GlobalHydra.instance().config_loader(), keep=False)  # as the sweeper composes
         typed = [composer.typed(master, job) for job in jobs]
-    for job, cfg in zip(jobs, typed, strict=True):
-        out.append((job, prepare(cfg, facts(cfg), budget)))
-    for note in dict.fromkeys(facts.notes):
-        print(f"{PROG}: note: {note}", file=sys.stderr)
-    return out
+    plans, notes = sweep_plan.plan_jobs(typed, budget)
+    for note in notes:
+        _note(note)
+    return list(zip(jobs, plans, strict=True))
 
 
-def plan(overrides: Sequence[str], memory: MemoryCheck | None = None) -> list[PlanRow]:
+def plan(overrides: Sequence[str], memory: sweep_plan.MemoryCheck | None = None) -> list[PlanRow]:
     """One row per job of ``dpsweep -m <overrides>``; needs Hydra initialised on dpsweep.conf."""
     return rows_of(job_plans(overrides, memory))
 
@@ -208,24 +156,14 @@ def rows_of(jobs: Sequence[tuple[list[str], RunPlan]]) -> list[PlanRow]:
 
 def with_risk(rows: Sequence[PlanRow], jobs: Sequence[tuple[list[str], RunPlan]]) -> list[PlanRow]:
     """``--risk``: each DP row with its μ of Gaussian DP and a membership-inference attacker's largest TPR at
-    1 % FPR (:mod:`dpsweep.privacy.certainty`, from the pessimistic PLD's profile), computed once per
-    distinct ledger: a grid that repeats a setting (seeds, learning rates) prices it once."""
-    from dpsweep.privacy import certainty
-
-    cache: dict[str, tuple[float, float, float]] = {}
-    out = []
-    for row, (_, p) in zip(rows, jobs, strict=True):
-        if p.privacy is None:
-            out.append(row)
-            continue
-        key = repr(p.privacy.ledger)
-        if key not in cache:
-            found = certainty.profile(p.privacy.ledger)
-            allowance = min(1.0, 2 * found.tail) if found is not None else 0.0
-            cache[key] = (certainty.mu_gdp(p.privacy.ledger, found=found), certainty.tpr_bound(found, 0.01), allowance)
-        mu, tpr, allowance = cache[key]
-        out.append(replace(row, mu_gdp=mu, tpr_at_1pct=tpr, gdp_delta_allowance=allowance))
-    return out
+    1 % FPR (:func:`dpsweep.analysis.sweep_plan.risk_figures`)."""
+    figures = sweep_plan.risk_figures([p for _, p in jobs])
+    return [
+        row
+        if f is None
+        else replace(row, mu_gdp=f.mu_gdp, tpr_at_1pct=f.tpr_at_1pct, gdp_delta_allowance=f.gdp_delta_allowance)
+        for row, f in zip(rows, figures, strict=True)
+    ]
 
 
 # the keys the table's own columns show (a swept one needs no column of its own; dp: σ and ε say off)
@@ -358,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if model_file is None and (gpu_memory is not None or backend is not None):
         flag, value = ("--gpu-memory", gpu_memory) if gpu_memory is not None else ("--backend", backend)
         raise InputError(flag, value, "used with --memory-model FILE (dpsweep-memory fit)")
-    memory = MemoryCheck(model_file, gpu_memory, backend) if model_file is not None else None
+    memory = sweep_plan.MemoryCheck(model_file, gpu_memory, backend) if model_file is not None else None
     from hydra import initialize_config_module
 
     with initialize_config_module(CONFIG_MODULE, version_base="1.3"):

@@ -10,7 +10,8 @@ import pytest
 from helpers import child_runs, run_dpsweep, run_main, run_script
 from hydra import initialize_config_module
 
-from dpsweep.cli.plan import expand_sweep, format_table, main, plan
+from dpsweep.cli.composing import sweep_jobs
+from dpsweep.cli.plan import format_table, main, plan
 from dpsweep.launchers.expand import expand
 from dpsweep.privacy import schedule
 from dpsweep.privacy.ledger import Accounting
@@ -23,19 +24,19 @@ def hydra_ctx() -> Iterator[None]:
 
 
 def test_expansion_is_the_cartesian_product_in_hydra_order(hydra_ctx: None) -> None:
-    jobs = expand_sweep(["train.batch_size=32,64", "dp.noise_multiplier=0.5,1.0,2.0", "train.epochs=3"])
+    jobs, _ = sweep_jobs(["train.batch_size=32,64", "dp.noise_multiplier=0.5,1.0,2.0", "train.epochs=3"])
     assert len(jobs) == 6
     assert jobs[0] == ["train.batch_size=32", "dp.noise_multiplier=0.5", "train.epochs=3"]
     assert jobs[-1] == ["train.batch_size=64", "dp.noise_multiplier=2.0", "train.epochs=3"]
 
 
 def test_sweeper_params_of_a_preset_come_first_and_the_command_line_wins(hydra_ctx: None) -> None:
-    jobs = expand_sweep(["experiment=demo"])
+    jobs, _ = sweep_jobs(["experiment=demo"])
     assert [j[:2] for j in jobs] == [
         ["dp=off", "dp.noise_multiplier=0.8"], ["dp=off", "dp.noise_multiplier=1.6"],
         ["dp=dpsgd", "dp.noise_multiplier=0.8"], ["dp=dpsgd", "dp.noise_multiplier=1.6"],
     ]  # fmt: skip
-    assert len(expand_sweep(["experiment=demo", "dp.noise_multiplier=1.0"])) == 2
+    assert len(sweep_jobs(["experiment=demo", "dp.noise_multiplier=1.0"])[0]) == 2
 
 
 @pytest.mark.slow
