@@ -1,7 +1,7 @@
 """Benchmark: where a job's start-up goes, from its process's start to its first training step (issue 59, item 4).
 
     .venv/bin/python benchmarks/job_startup.py            # 3 runs of each kind (medians), JSON committed
-    .venv/bin/python benchmarks/job_startup.py --quick    # 1 run of each (the slow tier's check)
+    .venv/bin/python benchmarks/job_startup.py --quick    # 1 of each, both ways at once (the slow tier's check)
 
 Two kinds of job, each the default run (digits, ``cnn``, DP-SGD) of one epoch, in a folder whose MLflow
 store exists (as after a user's first run: a new store's tables take about a second more, once): a plain
@@ -50,6 +50,7 @@ import textwrap
 import threading
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -232,9 +233,9 @@ class JobWatch:
                 if entry.name.isdigit() and int(entry.name) not in self.seen:
                     try:
                         cmd = (entry / "cmdline").read_bytes()
-                        if (
-                            b"dpsweep.launchers.job" in cmd and (entry / "cwd").resolve() == self.cwd
-                        ):  # not others' sweeps
+                        # not another sweep on the machine, nor the instrumented job run beside (--quick)
+                        mine = (entry / "cwd").resolve() == self.cwd
+                        if b"dpsweep.launchers.job" in cmd and mine and b"PYTHONPROFILEIMPORTTIME" not in env(entry):
                             pid = int(entry.name)
                             ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
                             self.seen[pid] = (ppid, cmd.split(b"\0")[0], self.boot + start_ticks(pid) / self.hz)
@@ -246,6 +247,13 @@ class JobWatch:
         """The job processes' starts: Python started by submitit, not a shell, nor a process a job forked."""
         pythons = {pid for pid, (_, argv0, _) in self.seen.items() if Path(argv0.decode()).name.startswith("python")}
         return sorted(start for pid, (ppid, _, start) in self.seen.items() if pid in pythons and ppid not in pythons)
+
+
+def env(entry: Path) -> bytes:
+    try:
+        return (entry / "environ").read_bytes()
+    except OSError:
+        return b""
 
 
 def end_to_end(kind: str, seed: int, cwd: Path, boot: float, hz: float) -> float:
@@ -271,7 +279,8 @@ def end_to_end(kind: str, seed: int, cwd: Path, boot: float, hz: float) -> float
 
 
 def plain_argv(seed: int) -> list[str]:
-    return [str(BIN / "dpsweep"), "train.epochs=1", f"train.seed={seed}"]
+    """A run in its own output folder (its checkpoint's): two runs started in the same second would share one."""
+    return [str(BIN / "dpsweep"), "train.epochs=1", f"train.seed={seed}", f"hydra.run.dir=runs/{seed}"]
 
 
 def sweep_argv(seed: int) -> list[str]:
@@ -332,11 +341,12 @@ def instrumented(kind: str, seed: int, cwd: Path, site: Path, boot: float, hz: f
     return phases_of(logs[0].read_text(), boot, hz)
 
 
-def measured(kind: str, repeat: int, boot: float, hz: float) -> dict[str, Any]:
+def measured(kind: str, repeat: int, boot: float, hz: float, side_by_side: bool = False) -> dict[str, Any]:
     """``repeat`` jobs of a kind each way, instrumented and as shipped in turn (so that the machine's load
-    changes alike for both), in one folder whose MLflow store exists already, as after a user's first run
-    (a new store's tables take about a second more, once); each job its own seed: a grid sweep's job skips
-    a config that another run has finished."""
+    changes alike for both; ``side_by_side``: the two at once, which shares the load closer still but has
+    each job compete with the other: --quick's check that the phases add up, not a figure), in one folder
+    whose MLflow store exists already, as after a user's first run (a new store's tables take about a
+    second more, once); each job its own seed: a grid sweep's job skips a config another run finished."""
     with tempfile.TemporaryDirectory(prefix="dpsweep-job-startup-") as tmp:
         cwd, site = Path(tmp) / "work", Path(tmp) / "site"
         cwd.mkdir()
@@ -347,8 +357,14 @@ def measured(kind: str, repeat: int, boot: float, hz: float) -> dict[str, Any]:
         MlflowClient(f"sqlite:///{cwd / 'mlflow.db'}").search_experiments()  # the store's tables created
         jobs, e2e = [], []
         for r in range(repeat):
-            jobs.append(instrumented(kind, 2 * r, cwd, site, boot, hz))
-            e2e.append(end_to_end(kind, 2 * r + 1, cwd, boot, hz))
+            if side_by_side:
+                with ThreadPoolExecutor(2) as pool:
+                    job = pool.submit(instrumented, kind, 2 * r, cwd, site, boot, hz)
+                    e2e.append(end_to_end(kind, 2 * r + 1, cwd, boot, hz))
+                    jobs.append(job.result())
+            else:
+                jobs.append(instrumented(kind, 2 * r, cwd, site, boot, hz))
+                e2e.append(end_to_end(kind, 2 * r + 1, cwd, boot, hz))
         return summary(jobs, e2e)
 
 
@@ -412,7 +428,11 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="one run of each kind (the slow tier's check)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="one run of each kind, instrumented and as shipped side by side (the slow tier's check)",
+    )
     parser.add_argument("--repeat", type=int, default=3, help="runs of each kind, medians taken (default 3)")
     parser.add_argument("--json", type=Path, default=OUT, help=f"where the figures go (default {OUT})")
     args = parser.parse_args()
@@ -423,7 +443,7 @@ def main() -> int:
     results = {}
     for kind in ("plain", "sweep_job"):
         mode = "plain" if kind == "plain" else "sweep"
-        results[kind] = measured(mode, repeat, boot, hz)
+        results[kind] = measured(mode, repeat, boot, hz, side_by_side=args.quick)
     load_after = os.getloadavg()
     print(f"bare python -c pass: {bare:.3f} s (median)")
     print(table(results))
@@ -438,6 +458,7 @@ def main() -> int:
                                    cwd=Path(__file__).parent, check=False).stdout.strip(),
         "date": time.strftime("%Y-%m-%d"),
         "repeat": repeat,
+        "side_by_side": args.quick,
         "workloads": {"plain": "dpsweep " + " ".join(plain_argv(0)[1:]),
                       "sweep_job": "dpsweep " + " ".join(sweep_argv(0)[1:])},
         "end_point": "the end of the run's first optimizer step (its memory stages logged after it)",

@@ -15,7 +15,7 @@ SCRIPT = REPO / "benchmarks" / "job_startup.py"
 PHASES = ("interpreter", "imports", "config", "store", "tracking", "data", "model", "first_step")
 
 
-@pytest.mark.slow  # about 90 s: a plain run and a one-job sweep, each twice (instrumented, then as shipped)
+@pytest.mark.slow  # about 40-90 s: a plain run and a one-job sweep, each twice at once (instrumented, as shipped)
 def test_job_startup_quick_phases_sum_to_the_end_to_end_time(tmp_path: Path) -> None:
     out = tmp_path / "job_startup.json"
     done = subprocess.run(
