@@ -193,7 +193,7 @@ def test_a_fused_run_is_dpsgd_with_the_same_ledger_and_sampling(
         cfg, nn.Linear(1, 2), nn.CrossEntropyLoss(), (x, y, None), no_order, 1.0, torch.device("cpu"), STREAMS
     )
     setup = functional.FusedPoisson().setup(own)
-    assert setup.expected_units == int(1437 / 23)  # Opacus's expected batch size: its divisor
+    assert setup.expected_units == 64  # train.batch_size, public (issue 58, item 5): not int(1437 / 23) = 62
     sizes = [len(b.y) for _ in range(40) for b in setup.batches]  # 40 epochs of 23 steps
     q = 1 / 23
     edges = [0, 50, 55, 58, 61, 64, 67, 70, 75, 1438]
