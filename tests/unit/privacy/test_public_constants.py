@@ -13,8 +13,10 @@ post-processing, and the sample rate q, what the ledger prices, is unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 from helpers import Composer
 from torch import nn
@@ -113,3 +115,41 @@ def test_the_divisor_is_the_configs_batch_size_whatever_n(make_cfg: Composer) ->
     assert {n: _opacus_divisor(make_cfg, n) for n in sizes} == dict.fromkeys(sizes, B)
     assert {n: _fused_divisor(make_cfg, n, None) for n in sizes} == dict.fromkeys(sizes, B)
     assert {n: _user_divisor(n, None) for n in sizes} == dict.fromkeys(sizes, B)
+
+
+class _Built(Exception):
+    """Raised by a spy once the divisor is built: the run stops there, before training."""
+
+
+def _divisor_built(monkeypatch: pytest.MonkeyPatch, module: Any, name: str, divisor: Callable[[Any], float]) -> Any:
+    """Spy on ``module.name``'s construction: record its divisor, then stop the run (:class:`_Built`)."""
+    built, seen = getattr(module, name), []
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(divisor(built(*args, **kwargs)))
+        raise _Built
+
+    monkeypatch.setattr(module, name, spy)
+    return seen
+
+
+def test_the_gan_critic_and_the_recommenders_aggregator_divide_by_the_configs_batch_size(
+    make_cfg: Composer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``task=gan``'s critic (digits: N = 1437, q·N = 62.48 at B = 64) and the recommender's DP-SGD aggregator
+    (400 users, B = 150: q·U = 133.3) divide their noisy sums by B, as each run builds them."""
+    from dpsweep.run.runner import train
+    from dpsweep.tasks.gan import task as gan
+    from dpsweep.tasks.recommender import sgd
+
+    critic = _divisor_built(monkeypatch, gan, "CriticStep", lambda step: step.expected_batch_size)
+    with pytest.raises(_Built):
+        train(make_cfg("task=gan", f"train.batch_size={B}", "dp.noise_multiplier=1.2", "task.critic_width=8"))
+    aggregator = _divisor_built(monkeypatch, sgd, "GradientAggregator", lambda agg: agg.expected_users)
+    with pytest.raises(_Built):
+        train(make_cfg(
+            "task=recommender", "dataset.num_users=400", "dataset.held_out_users=60", "dataset.items=150",
+            "dataset.mean_ratings=15", "task.method=dpam", "dp.mechanism=dpsgd", "train.batch_size=150",
+            "dp.max_grad_norm=0.1",
+        ))  # fmt: skip
+    assert (critic, aggregator) == ([B], [150])
