@@ -4,6 +4,7 @@
         spec = LAUNCHERS.get("slurm")               # what it can do (dpsweep.config.launcher.LauncherSpec)
 
     launcher.trials_per_device = k                  # the grid sweeper and the Optuna study, before a launch
+    launcher.trials_per_job = t
     launcher.take_ranks(first.train)
     launcher.on_job_done = progress.job_done        # dpsweep.launchers.session
 
@@ -33,6 +34,9 @@ class DpsweepLauncher(Launcher):
     # K trials per job, each its own process (dpsweep.launchers.packing); set by the sweeper. A launcher
     # whose spec has no processes keeps 1 (the config check refuses more)
     trials_per_device: int = 1
+    # T trials per job, one after another in its process (dpsweep.launchers.serial); set by the sweeper. A
+    # launcher whose spec has no processes keeps 1 (the config check refuses more)
+    trials_per_job: int = 1
     # told of each job's result as the job ends, where the launcher sees it end before its batch returns;
     # set by the sweeper (progress lines). The sweeper reports the others when the batch returns
     on_job_done: Callable[[JobReturn], None] | None = None

@@ -40,7 +40,7 @@ from submitit.slurm.slurm import SlurmInfoWatcher
 from dpsweep.config import given_overrides, ranks_shape
 from dpsweep.config.launcher import LAUNCHERS
 from dpsweep.config.schema import swept_keys
-from dpsweep.launchers import packing
+from dpsweep.launchers import packing, serial
 from dpsweep.launchers.base import DpsweepLauncher
 from dpsweep.process.liveness import driver_environment
 
@@ -116,7 +116,7 @@ class _DpsweepSubmititLauncher(DpsweepLauncher, BaseSubmititLauncher):
         run's config."""
         self.devices_per_job, self.nodes_per_job = ranks_shape(train)
 
-    def _executor(self, trials: int = 1) -> Any:
+    def _executor(self, trials: int = 1, in_turn: int = 1) -> Any:
         import submitit
 
         init = {"folder": self.params["submitit_folder"]}
@@ -126,7 +126,7 @@ class _DpsweepSubmititLauncher(DpsweepLauncher, BaseSubmititLauncher):
         generic = set(OmegaConf.structured(BaseQueueConf).keys())
         params = {
             k if k in generic else f"{self._EXECUTOR}_{k}": v
-            for k, v in packing.job_resources(dict(self.params), trials).items()
+            for k, v in serial.job_resources(packing.job_resources(dict(self.params), trials), in_turn).items()
             if k not in self._INIT_KEYS | {"submitit_folder"}
         }
         if self.spec.rank_tasks and self.devices_per_job * self.nodes_per_job > 1:
@@ -136,8 +136,8 @@ class _DpsweepSubmititLauncher(DpsweepLauncher, BaseSubmititLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.config is not None
-        k = self.trials_per_device
-        executor = self._executor(k)
+        k, t = self.trials_per_device, self.trials_per_job
+        executor = self._executor(k, t)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         log.debug(f"Submitit '{self._EXECUTOR}' sweep output dir : {sweep_dir}")  # hydra.verbose=dpsweep shows these
@@ -145,8 +145,12 @@ class _DpsweepSubmititLauncher(DpsweepLauncher, BaseSubmititLauncher):
         for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
             log.debug(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
             job_params.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state()))
-        folder = None  # where packed jobs keep their trials' files
-        if k == 1:
+        folder = None  # where packed jobs, or jobs of several trials in turn, keep their trials' files
+        if t > 1:  # T trials per job, one after another in its process (dpsweep.launchers.serial)
+            folder = serial.folder(self.params["submitit_folder"])
+            jobs = executor.map_array(serial.SerialTrials(self, folder), packing.groups(job_params, t))
+            per_job = packing.groups(job_overrides, t)
+        elif k == 1:
             jobs = executor.map_array(self, *zip(*job_params, strict=True))
             per_job = [[o] for o in job_overrides]
         else:  # K trials per job, each its own process (dpsweep.launchers.packing)

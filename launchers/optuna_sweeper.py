@@ -178,6 +178,7 @@ class OptunaSearch:
         """Ask, launch and tell trials in batches of n_jobs until n_trials are counted (or the grid is
         done): the trials failed in this run, and why the failure policy stopped the study (None: it did not)."""
         from dpsweep.config import trials_per_device
+        from dpsweep.config.launcher import trials_per_job
         from dpsweep.launchers.base import DpsweepLauncher
 
         c, launcher = self.conf, self.sweeper.launcher
@@ -185,6 +186,7 @@ class OptunaSearch:
         if isinstance(launcher, DpsweepLauncher):  # not a Hydra launcher a user chose (hydra/launcher=...)
             # K trials per device: a batch of n_jobs in jobs of K
             launcher.trials_per_device = trials_per_device(session.first.launcher) or 1
+            launcher.trials_per_job = trials_per_job(session.first.launcher)  # T in turn: a batch in jobs of T
             launcher.take_ranks(session.first.train)  # spec.rank_tasks: one task a rank of each trial's run
         failed = told = 0
         while trials := self._ask_batch(study, space):

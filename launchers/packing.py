@@ -169,10 +169,10 @@ def returned(folder: str | Path, overrides: Sequence[Sequence[str]]) -> list[Job
     """The results of a packed job's trials that returned (None for the others): for a job that ended
     without a result of its own (cancelled, requeued, its driver gone)."""
     work = work_dir(folder, overrides)
-    return [_returned(work / f"trial-{i}.pkl") for i in range(len(overrides))]
+    return [returned_file(work / f"trial-{i}.pkl") for i in range(len(overrides))]
 
 
-def _returned(path: Path) -> JobReturn | None:
+def returned_file(path: Path) -> JobReturn | None:
     """The JobReturn the trial of ``path`` wrote beside it, or None."""
     import cloudpickle
 
@@ -195,7 +195,7 @@ def _passing_on(procs: Sequence[subprocess.Popen[bytes]], received: list[int]) -
 
 def _result(path: Path, returncode: int | None, args: tuple[Any, ...]) -> JobReturn:
     """The trial's JobReturn, or a FAILED one when its process ended without writing it."""
-    result = _returned(path)
+    result = returned_file(path)
     if result is not None:
         return result
     code = returncode if returncode is not None else -1

@@ -167,8 +167,10 @@ class DpsweepSweeper(Sweeper):
 
     def _pack(self, first: Config, configs: Sequence[Config], todo: list[list[str]]) -> list[list[str]]:
         """K, the trials per device (``launcher.trials_per_device``; ``auto`` resolved from the memory
-        model and given to every job as a number), told to the launcher; one line when K > 1."""
+        model and given to every job as a number), and T, the trials per job in turn
+        (``launcher.trials_per_job``), told to the launcher; one line when either is above 1."""
         from dpsweep.config import trials_per_device
+        from dpsweep.config.launcher import trials_per_job
         from dpsweep.launchers import packing
         from dpsweep.launchers.preflight import job_backend
 
@@ -183,21 +185,29 @@ class DpsweepSweeper(Sweeper):
             check_rank_shapes(configs)
         except InputError as err:
             refuse(str(err))
+        t = trials_per_job(first.launcher)
         if isinstance(self.launcher, DpsweepLauncher):  # not a Hydra launcher a user chose (hydra/launcher=...)
             self.launcher.trials_per_device = k
+            self.launcher.trials_per_job = t
             self.launcher.take_ranks(first.train)
-        if k > 1 and todo:
-            n_jobs = -(-len(todo) // k)
+        if max(k, t) > 1 and todo:
+            n_jobs = -(-len(todo) // max(k, t))
             jobs = f"{n_jobs} job{'s' * (n_jobs > 1)}"
-            print(f"dpsweep: {len(todo)} trials in {jobs} of up to {k} trials, one device each (time-slicing it, "
-                  "or through CUDA MPS where its daemon runs)", flush=True)  # fmt: skip
+            how = (
+                "one after another in each job's process (one start-up a job)"
+                if t > 1
+                else "one device each (time-slicing it, or through CUDA MPS where its daemon runs)"
+            )
+            print(f"dpsweep: {len(todo)} trials in {jobs} of up to {max(k, t)} trials, {how}", flush=True)
         return todo
 
     def _launch(self, jobs: list[list[str]], outcome: SweepOutcome, session: SweepSession) -> list[Sequence[JobReturn]]:
         """Launch in batches; stop once the share of failed jobs exceeds sweep.max_failure_rate."""
         assert self.launcher is not None
         # inline jobs run one at a time anyway: batches of one let the failure policy act early
-        k = self.launcher.trials_per_device if isinstance(self.launcher, DpsweepLauncher) else 1
+        k = 1  # trials per job: K at once on a device, or T in turn
+        if isinstance(self.launcher, DpsweepLauncher):
+            k = self.launcher.trials_per_device * self.launcher.trials_per_job
         size = self.max_batch_size * k if self.max_batch_size else (1 if session.inline else max(1, len(jobs)))
         returns: list[Sequence[JobReturn]] = []
         progress = session.progress(self.launcher, len(jobs))

@@ -118,6 +118,11 @@ class LauncherConfig:
     # predicts fit launcher.gpu_memory together (and the CPU cores allow). A string, as OmegaConf
     # has no int-or-string field: "4" or "auto" (see trials_per_device()).
     trials_per_device: str = "1"
+    # Trials run one after another in one job's process (launcher=local, slurm, sge): the sweep's jobs,
+    # in order, T at a time, each T one submitted job (a T x launcher.timeout_min limit) that pays the
+    # process's start-up (mostly imports) once; each trial keeps its own Hydra job, seed, MLflow run,
+    # checkpoint and result (dpsweep.launchers.serial).
+    trials_per_job: int = 1
 
 
 def trials_per_device(launcher: LauncherConfig) -> int | None:
@@ -169,6 +174,48 @@ def check(cfg: Config) -> None:
         launcher.gpus_per_job,
         f"0 or 1 with launcher.trials_per_device={launcher.trials_per_device}: packed trials share one device",
     )
+    _check_trials_per_job(cfg, k)
+
+
+def trials_per_job(launcher: LauncherConfig) -> int:
+    """T, the trials a job runs one after another in its process (ConfigError unless a whole number >= 1)."""
+    t = launcher.trials_per_job
+    require(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 1,
+        "launcher.trials_per_job",
+        t,
+        "a whole number of trials run one after another in a job's process, 1 or more",
+    )
+    return t
+
+
+def _check_trials_per_job(cfg: Config, k: int | None) -> None:
+    """launcher.trials_per_job: 1 for a launcher that runs its trials in this process; above 1, neither
+    with trials per device (a job is one or the other) nor with a run across devices (its ranks)."""
+    launcher, t = cfg.launcher, trials_per_job(cfg.launcher)
+    if t == 1:
+        return
+    require(
+        not spec(launcher).inline,
+        "launcher.trials_per_job",
+        t,
+        f"1 with launcher={launcher.name} (it runs every trial in this process already); more with "
+        f"launcher={either(launchers_where(lambda s: s.processes))} and -m",
+    )
+    require(
+        k == 1,
+        "launcher.trials_per_job",
+        t,
+        f"1 with launcher.trials_per_device={launcher.trials_per_device}: a job runs its trials either at once "
+        "on one device (launcher.trials_per_device) or one after another (launcher.trials_per_job), not both",
+    )
+    require(
+        cfg.train.devices == 1 and cfg.train.nodes == 1,
+        "launcher.trials_per_job",
+        t,
+        f"1 with train.devices={cfg.train.devices} and train.nodes={cfg.train.nodes}: a run across devices "
+        "holds its job's tasks alone",
+    )
 
 
 def validate_launcher(launcher: LauncherConfig) -> None:
@@ -181,6 +228,7 @@ def validate_launcher(launcher: LauncherConfig) -> None:
     )
     require(launcher.max_parallel >= 1, "launcher.max_parallel", launcher.max_parallel, "1 or more jobs at once")
     trials_per_device(launcher)
+    trials_per_job(launcher)
     if launcher.gpu_memory is not None:
         units.parse_bytes(launcher.gpu_memory, key="launcher.gpu_memory")
     require(
