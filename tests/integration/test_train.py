@@ -439,7 +439,7 @@ def test_every_grad_sample_mode_clips_per_sample_gradients_to_c(mode: GradSample
     c = 0.05  # small, so that clipping binds for most samples
     x, y = splits.train.tensors[0][:12], splits.train.tensors[1][:12]  # type: ignore[attr-defined]
     if mode == GradSampleMode.fused:  # dpsweep's own step (dpsweep.mechanisms.fused), not Opacus's
-        divisor = int(len(splits.train) / len(loader))  # type: ignore[arg-type]  # Opacus's expected batch size
+        divisor = 64  # the config's B, as every engine divides (issue 58, item 5)
         step = FusedStep(model, torch.nn.CrossEntropyLoss(), max_grad_norm=c, pad_to=16, mode=None)
         grads = step.gradient(x, y, noise_multiplier=0.0, divisor=divisor, generator=torch.Generator())
         got = torch.cat([grads[k].flatten() for k, _ in model.named_parameters()])

@@ -90,10 +90,9 @@ def keep_planned_sampling(
     loader: DPDataLoader,
     sample_rate: float,
     steps_per_epoch: int,
-    n_train: int,
 ) -> None:
     """Sample a training set other than the plan's (a black-box audit's, with canaries in and out) at the
-    plan's rate and steps per epoch, those of ``n_train`` examples, and record that rate in the accountant:
+    plan's rate and steps per epoch (those of the plan's N examples), and record that rate in the accountant:
     each example is then sampled as a plain run's would be, and the ledger is the plain run's. The noisy sum
     stays over the config's B, which :func:`~dpsweep.mechanisms.opacus_engine.make_private` set, whatever
     set is sampled: a public constant, not the expected batch of the N examples (issue 58, item 5; cf. arXiv

@@ -175,9 +175,8 @@ class ClassifierRun:
                 assert self.engine is not None and isinstance(loader, DPDataLoader)
                 schedule = poisson_schedule(self.inputs.plan.facts.n_train, cfg.train.batch_size)
                 keep_planned_sampling(
-                    self.engine, self.optimizer, loader, schedule.inclusion_probability, schedule.steps_per_epoch,
-                    self.inputs.plan.facts.n_train,
-                )  # fmt: skip
+                    self.engine, self.optimizer, loader, schedule.inclusion_probability, schedule.steps_per_epoch
+                )
         self.loader, self.generator = loader, generators
         before_step = None
         if sigma is not None and not self.ranks.distributed:  # the step at the loader's own rate

@@ -435,7 +435,7 @@ def test_noisy_gradient_is_the_sum_plus_noise_over_expected_users(
     )
     expected = (summed + sigma * clip * noise) / batches.expected_users
     assert torch.allclose(_flat(got), expected, rtol=1e-9, atol=1e-12)
-    assert batches.expected_users == pytest.approx(30 * batches.sample_rate)
+    assert batches.expected_users == 10  # the config's users per step B, a public constant (issue 58, item 5)
 
 
 def test_segments_are_checked_and_an_empty_one_contributes_zeros(digits: tuple[Tensor, Tensor]) -> None:

@@ -49,7 +49,7 @@ def _opacus_divisor(make_cfg: Composer, n: int, planned: int | None = None) -> f
     )
     if planned is not None:
         s = poisson_schedule(planned, B)
-        keep_planned_sampling(engine, optimizer, loader, s.inclusion_probability, s.steps_per_epoch, planned)
+        keep_planned_sampling(engine, optimizer, loader, s.inclusion_probability, s.steps_per_epoch)
     return float(optimizer.expected_batch_size)
 
 
