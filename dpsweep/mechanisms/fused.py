@@ -39,10 +39,8 @@ exactly, and the shape that varies with it is hidden by padding.
    - **vmap** (any other model: the cnn): each row's gradient by ``vmap(grad(loss))`` over
      ``functional_call``, compiled once (the shapes never change).
 4. **Noise**: one flat draw N(0, σ²C²) over all trainable coordinates added to the sum, divided by
-   the config's B (``train.batch_size``, public, as :func:`dpsweep.mechanisms.opacus_engine.make_private`
-   divides; not Opacus's expected batch size int(N·q), a function of the private N: issue 58, item 5,
-   cf. arXiv 2605.15648), unflattened into each
-   parameter's ``.grad``; the configured optimizer steps.
+   the config's B (``train.batch_size``, public; not int(N·q), a function of the private N: issue 58,
+   item 5), unflattened into each parameter's ``.grad``; the configured optimizer steps.
 
 The clipped sum equals Opacus hooks' on the same batch (tests/unit/mechanisms/test_fused.py: the cnn,
 the mlp and the VGG16 head). Models must treat examples independently: a layer that mixes the rows of a

@@ -139,10 +139,10 @@ def test_the_gan_critic_and_the_recommenders_aggregator_divide_by_the_configs_ba
     """``task=gan``'s critic (digits: N = 1437, q·N = 62.48 at B = 64) and the recommender's DP-SGD aggregator
     (400 users, B = 150: q·U = 133.3) divide their noisy sums by B, as each run builds them."""
     from dpsweep.run.runner import train
-    from dpsweep.tasks.gan import task as gan
+    from dpsweep.tasks.gan import task
     from dpsweep.tasks.recommender import sgd
 
-    critic = _divisor_built(monkeypatch, gan, "CriticStep", lambda step: step.expected_batch_size)
+    critic = _divisor_built(monkeypatch, task, "CriticStep", lambda step: step.expected_batch_size)
     with pytest.raises(_Built):
         train(make_cfg("task=gan", f"train.batch_size={B}", "dp.noise_multiplier=1.2", "task.critic_width=8"))
     aggregator = _divisor_built(monkeypatch, sgd, "GradientAggregator", lambda agg: agg.expected_users)
