@@ -262,6 +262,15 @@ def _packing_line(jobs: Sequence[tuple[list[str], RunPlan]], rows: Sequence[Plan
     return f"trials per device: {k}{how}; {n} jobs to run take {-(-n // k)} device jobs"
 
 
+def _serial_line(jobs: Sequence[tuple[list[str], RunPlan]], rows: Sequence[PlanRow]) -> str | None:
+    """T trials one after another in each job's process (``launcher.trials_per_job``); None for one."""
+    t = jobs[0][1].config.launcher.trials_per_job if jobs else 1
+    if t == 1:
+        return None
+    n = sum(r.skipped is None and not r.over_budget for r in rows)
+    return f"trials per job: {t}, one after another in each job's process; {n} jobs to run take {-(-n // t)} jobs"
+
+
 def _take_option(args: list[str], flag: str) -> str | None:
     """Remove ``--flag VALUE`` or ``--flag=VALUE`` from ``args`` and return VALUE."""
     for i, a in enumerate(args):
@@ -324,6 +333,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     packed = _packing_line(jobs, rows)
     if packed:
         print(packed)
+    serial = _serial_line(jobs, rows)
+    if serial:
+        print(serial)
     ranked = sorted({r.world_size for r in rows if r.world_size > 1})
     if ranked:
         print(

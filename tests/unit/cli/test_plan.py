@@ -194,3 +194,13 @@ def test_plan_shows_the_ranks_of_a_run_across_devices_and_its_single_process_eps
     assert refused.returncode == 2 and "train.devices=2 is invalid: 1 with dp.mechanism=dpftrl" in refused.stderr, (
         refused.stderr
     )
+
+
+def test_plan_says_how_many_jobs_trials_per_job_make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``launcher.trials_per_job=3``: 4 jobs to run take 2 submitted jobs, each running its trials in turn."""
+    monkeypatch.chdir(tmp_path)
+    done = run_main(main, "launcher=local", "launcher.trials_per_job=3", "train.seed=0,1,2,3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "trials per job: 3, one after another in each job's process; 4 jobs to run take 2 jobs" in done.stdout
+    single = run_main(main, "launcher=local", "train.seed=0,1")
+    assert single.returncode == 0 and "trials per job" not in single.stdout, single.stdout + single.stderr
