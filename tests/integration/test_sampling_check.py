@@ -16,6 +16,9 @@ USER_LEVEL = ["dp.unit=user", "dataset.users=partition", "dataset.num_users=1000
 ENGINES = {
     "opacus": [],
     "opacus_split": ["train.physical_batch_size=16"],  # a logical batch in several passes, counted once
+    "opacus_ghost": ["dp.grad_sample_mode=ghost"],  # ghost clipping keeps no per-sample gradients to count
+    "opacus_functorch": ["dp.grad_sample_mode=functorch"],
+    "opacus_ew": ["dp.grad_sample_mode=ew"],
     "fused": ["dp.grad_sample_mode=fused"],
     "user": USER_LEVEL,
     "gan": ["task=gan", "task.tstr_epochs=1", "task.critic_width=8", "task.generator_width=16"],  # its critic

@@ -26,14 +26,15 @@ from dpsweep.tasks import Marks
 @dataclass(frozen=True)
 class Trainer:
     """What one training pass needs: the (private) model, its optimizer and loss, and the device; and what
-    runs after the backward pass of a step's last pass, before the optimizer steps (a DP run's
-    ``OpacusStep.before_step``: what wraps its private step adds its rows to the per-sample gradients)."""
+    runs after the backward pass of each pass, told the pass's examples and whether the optimizer steps
+    next (a DP run's ``OpacusStep.before_step``: the logical batch's examples are counted, and what wraps
+    its private step adds its rows to the per-sample gradients before the step)."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
     criterion: nn.Module
     device: torch.device
-    before_step: Callable[[], None] | None = None
+    before_step: Callable[[int, bool], None] | None = None
 
 
 def train_pass(
@@ -62,10 +63,10 @@ def train_pass(
         stages.mark("forward")  # the forward activations' peak, apart from the backward's
         (loss * weight if weight != 1.0 else loss).backward()
     stages.mark("backward")
+    if trainer.before_step is not None:
+        trainer.before_step(len(y), last)
     if not last:
         return loss.detach(), False
-    if trainer.before_step is not None:
-        trainer.before_step()
     optimizer.step()  # with DP: clip per sample, add noise, account for the step
     stepped = not opacus_private.last_step_skipped(optimizer)
     if stepped:  # the level right after the step, while the batch is still on the device

@@ -50,12 +50,13 @@ class OpacusStep:
 
         optimizer.attach_step_hook(hook)
 
-    def before_step(self) -> None:
-        """After the backward pass of each physical pass, before ``optimizer.step()``: its examples are counted
-        (the logical batch's, once its last pass steps) and the wrappers' rows join the per-sample gradients."""
-        first: Any = self.optimizer.params[0].grad_sample if self.optimizer.params else None
-        if first is not None:
-            self.batch_units += sum(len(g) for g in first) if isinstance(first, list) else len(first)
+    def before_step(self, examples: int, last: bool) -> None:
+        """After the backward pass of each physical pass: its ``examples`` are counted (from the batch, not
+        from per-sample gradients, which ghost clipping never keeps), and before the logical batch's
+        ``optimizer.step()`` (``last``) the wrappers' rows join the per-sample gradients."""
+        self.batch_units += examples
+        if not last:
+            return
         rows = extra_units(self.step.wrappers, self.steps) if self.step.wrappers else None
         if rows is None:
             return
