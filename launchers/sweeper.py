@@ -19,6 +19,7 @@ summary come from ``dpsweep.launchers.session``.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,6 +249,7 @@ class PrivateTuning:
         (``dpsweep.tracking.sweeps.release_best``). The parent run, which holds K, is withheld from
         dpsweep-ui's view (tag ``tuning.withheld``), as the trials not released are."""
         from dpsweep.tracking import release_best
+        from dpsweep.tracking.sweeps import void_of
 
         parent, first = session.parent, session.first
         assert parent is not None
@@ -275,6 +277,9 @@ class PrivateTuning:
             "tuning.withheld": "true",  # dpsweep.tracking.sweeps.WITHHELD_TAG
         })  # fmt: skip
         best_text = f"run {best[:8]}" if best is not None else "no finished trial"
+        void = void_of(uri, parent.run_id)
+        if void is not None:
+            print(f"dpsweep: private tuning: not for release: {void}", file=sys.stderr, flush=True)
         print(
             f"dpsweep: private tuning: {finished} trials finished; release only the best ({best_text}): "
             f"ε={self.epsilon:.4g} for the whole procedure (δ={self.delta:g}; one run alone: "

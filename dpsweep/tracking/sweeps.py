@@ -123,6 +123,11 @@ BEFORE_ANALYSES = "papernot_steinke"
 # a single run's certainty figures (dpsweep.run.records.CERTAINTY_METRICS): the released trial's describe the
 # trial alone, not the procedure, and become NaN, as epsilon_pld does
 SINGLE_RUN_FIGURES = ("epsilon_lower", "mu_gdp", "gdp_delta_allowance", "tpr_at_1pct", "tpr_at_10pct", "mia_advantage")
+# a trial whose batches failed the sampling check (dpsweep.run.attached.SamplingCheck) did not run the
+# mechanism its ledger describes: a procedure that selected among its results has no sound ε either
+SAMPLING_REFUSED_TAG = "sampling.refused"
+INTERVAL_TAG = "epsilon_interval.accountant"  # a single run's, with its certainty figures
+VOID_TAG = "tuning.void"  # on the parent and the released trial: why the procedure's ε does not hold
 PARENT_LINKS = ("mlflow.parentRunId", "sweep.parent_run_id")  # a job's tags that name its sweep's parent run
 # the released trial's other tags that lead to its sweep (and so to the parent run and the other trials) or
 # to its seed: the sweep's id (dpsweep.tracking.OWNER_TAG, claim.owner, holds it too) and the config hash,
@@ -153,6 +158,8 @@ def release_best(
     the released trial's is the sweep's only one. K's secrecy is what Papernot & Steinke 2022's bound
     needs ("Hyperparameter Tuning with Renyi Differential Privacy", ICLR). The finished trials and the
     sweep's parent run are tagged ``tuning.analysis`` (``procedure['analysis']``, :data:`ANALYSIS_TAG`).
+    Where a trial failed its sampling check (:func:`void_reason`), the parent and the released trial are
+    tagged ``dp.release=not-for-release`` and :data:`VOID_TAG` says why.
     Returns the released run id (None: none finished) and how many finished."""
     client = MlflowClient(uri)
     jobs = sweep_jobs(client, experiment, sweep_id)
@@ -161,6 +168,7 @@ def release_best(
     proc = float(procedure["epsilon"])
     accountant = str(procedure["accountant"])
     analysis = str(procedure.get("analysis", BEFORE_ANALYSES))
+    void = void_reason(jobs)
     now = int(time.time() * 1000)
     for r in runs:
         run_id = r.info.run_id
@@ -177,11 +185,16 @@ def release_best(
                         Metric("epsilon_prv", float("nan"), now, step)]  # fmt: skip
             metrics += [Metric(k, float("nan"), now, step) for k in SINGLE_RUN_FIGURES if k in r.data.metrics]
             tags.append(RunTag("tuning.epsilon", TUNED_EPSILON_NOTE))
+            if void is not None:
+                tags += [RunTag("dp.release", "not-for-release"), RunTag(VOID_TAG, void)]
             _add_tuning_event(client, run_id, procedure, own)
         retry_busy(lambda run_id=run_id, m=metrics, t=tags: client.log_batch(run_id, metrics=m, tags=t))  # type: ignore[misc]
+        if released and INTERVAL_TAG in r.data.tags:  # whose interval: none is logged for the procedure
+            retry_busy(lambda run_id=run_id: client.delete_tag(run_id, INTERVAL_TAG))  # type: ignore[misc]
     parents = {r.data.tags[k] for r in jobs for k in PARENT_LINKS if r.data.tags.get(k)}
+    parent_tags = {ANALYSIS_TAG: analysis} | ({"dp.release": "not-for-release", VOID_TAG: void} if void else {})
     for parent in sorted(parents):  # before _stand_alone removes the released trial's link to it
-        retry_busy(lambda parent=parent: client.set_tag(parent, ANALYSIS_TAG, analysis))  # type: ignore[misc]
+        set_tags(uri, parent, parent_tags)
     withheld = [r for r in jobs if r is not best]
     for r in withheld:
         retry_busy(lambda run_id=r.info.run_id: client.set_tag(run_id, WITHHELD_TAG, "true"))  # type: ignore[misc]
@@ -190,6 +203,25 @@ def release_best(
     if best is not None:
         _stand_alone(client, best)
     return (best.info.run_id if best is not None else None), len(runs)
+
+
+def void_reason(jobs: list[Any]) -> str | None:
+    """Why a private tuning's ε does not hold, or None: a trial whose sampling check refused its batches
+    (tag :data:`SAMPLING_REFUSED_TAG`) ran another mechanism than the ledgers the procedure was priced on,
+    and the selection read its result."""
+    refused = [r for r in jobs if r.data.tags.get(SAMPLING_REFUSED_TAG)]
+    if not refused:
+        return None
+    return (
+        f"{len(refused)} trial(s) failed the sampling check ({refused[0].data.tags[SAMPLING_REFUSED_TAG]}): "
+        "the procedure's ε assumes every trial ran its ledger's mechanism"
+    )
+
+
+def void_of(uri: str, run_id: str) -> str | None:
+    """Why a private tuning's ε does not hold, as its parent run ``run_id`` is tagged (:data:`VOID_TAG`), or None."""
+    tags: dict[str, str] = retry_busy(lambda: MlflowClient(uri).get_run(run_id).data.tags)
+    return tags.get(VOID_TAG)
 
 
 def delete_models(client: MlflowClient, experiment_id: str, run_ids: set[str]) -> list[str]:
@@ -270,13 +302,16 @@ def _add_tuning_event(client: MlflowClient, run_id: str, procedure: Mapping[str,
     """The released trial's ``privacy_ledger.json`` with the tuning as its last event, and the
     procedure's ε as the ledger's, under the procedure's accountant (``procedure['accountant']``, rdp);
     the trial's own ε, ``own``, under the same accountant, kept as ``epsilon_single_run`` (like for like:
-    ``{"rdp": ε}``, beside the ledger's ``{"rdp": ε}``)."""
+    ``{"rdp": ε}``, beside the ledger's ``{"rdp": ε}``). Its ``certainty`` (one run's interval, μ and
+    attack risk, which would understate the procedure's) is dropped."""
     accountant = str(procedure["accountant"])
     with tempfile.TemporaryDirectory(prefix="dpsweep-ledger-") as tmp, no_download_bar():
         path = client.download_artifacts(run_id, PRIVACY_LEDGER, tmp)
         record = json.loads(Path(path).read_text())
     record["epsilon_single_run"] = {accountant: own}
     record["epsilon"] = {accountant: float(procedure["epsilon"])}
+    # the trial's interval, μ and attack risk are one run's, not the procedure's (its metrics are NaN)
+    record.pop("certainty", None)
     record["accountant"] = accountant
     record["events"] = [*record.get("events", []), {
         "name": "tuning",
