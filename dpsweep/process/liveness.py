@@ -139,6 +139,7 @@ def driver_environment() -> dict[str, str]:
 
 
 DRIVER_GONE = threading.Event()  # set by die_with_driver's watch once the driver is gone
+_WATCHED: set[ProcessId] = set()  # the drivers this process watches: one watch each, whatever the trials
 
 
 def die_with_driver(poll_s: float = DRIVER_POLL_S, resend_s: float = DRIVER_RESEND_S) -> bool:
@@ -161,6 +162,9 @@ def die_with_driver(poll_s: float = DRIVER_POLL_S, resend_s: float = DRIVER_RESE
     driver = ProcessId.parse(os.environ.get(ENV_DRIVER, ""))
     if driver is None or driver.pid == os.getpid() or driver.alive() is None:
         return False  # no driver, an inline job (the driver itself), or a driver on another host
+    if driver in _WATCHED:  # a later trial of a job of several (launcher.trials_per_job): one SIGTERM per resend
+        return True
+    _WATCHED.add(driver)
 
     def watch() -> None:
         while _runs(driver):

@@ -184,3 +184,21 @@ def test_a_packed_job_passes_the_sigterm_on_to_its_trials(driver: subprocess.Pop
     assert job.returncode == 0 and "Terminated" in out and "bypassed" not in out, out
     seconds = float(out.rstrip().split()[-2])
     assert seconds < TRAINS_ON_S / 2, out
+
+
+def test_the_trials_of_one_job_share_one_watch(driver: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    """launcher.trials_per_job runs several trials in one process, each calling ``die_with_driver``: one
+    watch thread for them all, so that the driver's death sends one SIGTERM per resend, not one per trial."""
+    job = start_job(
+        """
+        import threading
+        from dpsweep.process.liveness import die_with_driver
+        started = [die_with_driver() for _ in range(3)]
+        watches = [t for t in threading.enumerate() if t.name == "dpsweep-driver-watch"]
+        print(started, len(watches), flush=True)
+        """,
+        driver,
+        tmp_path,
+    )
+    out, _ = job.communicate(timeout=JOB_TIMEOUT_S)
+    assert job.returncode == 0 and out.strip() == "[True, True, True] 1", out
