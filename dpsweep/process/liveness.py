@@ -145,7 +145,8 @@ _WATCHED: set[ProcessId] = set()  # the drivers this process watches: one watch 
 def die_with_driver(poll_s: float = DRIVER_POLL_S, resend_s: float = DRIVER_RESEND_S) -> bool:
     """When ``$DPSWEEP_DRIVER`` names a process on this host, watch it in a daemon thread and send this
     process SIGTERM once it is gone (its run then ends KILLED), then again every ``resend_s`` seconds for
-    as long as the process runs on. Returns whether a watch started.
+    as long as the process runs on. Returns whether this process watches its driver (one watch a process,
+    whatever the trials it runs one after another).
 
     A job still starting may not be listening yet (submitit's job process logs "Bypassing signal
     SIGTERM" and goes on): :data:`DRIVER_GONE` is set first, and the run's SIGTERM handler looks at it
