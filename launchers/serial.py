@@ -24,6 +24,8 @@ checkpoint. A job that ends without a result (killed) keeps the results of the t
 
 from __future__ import annotations
 
+import gc
+import sys
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,6 +58,8 @@ class SerialTrials:
                 results.append(done)
                 continue
             result = run_one(self.trial, args)
+            if result.status == JobStatus.FAILED:
+                release_frames(result)
             tmp = path.with_suffix(".result.tmp")
             tmp.write_bytes(cloudpickle.dumps(result))
             tmp.rename(path.with_suffix(".result"))
@@ -80,6 +84,25 @@ def run_one(trial: Any, args: tuple[Any, ...]) -> JobReturn:
         result = JobReturn(overrides=list(args[0]), status=JobStatus.FAILED)
         result.return_value = err  # JobReturn stores it; reading return_value re-raises it
     return result
+
+
+def release_frames(result: JobReturn) -> None:
+    """Let a failed trial's memory go before the next trial of the job starts: its error's traceback (and
+    those it was raised from) holds the frames of its run, and so its model, optimizer state and batches,
+    on the GPU too; an out-of-memory trial would leave the next one short. The error itself is kept (the
+    driver reports it; a pickled exception carries no traceback)."""
+    try:
+        result.return_value  # noqa: B018  (Hydra's JobReturn re-raises a failed task's error here)
+    except BaseException as err:  # the trial's own error, whatever it is
+        seen: set[int] = set()
+        while err is not None and id(err) not in seen:
+            seen.add(id(err))
+            traceback.clear_frames(err.__traceback__)
+            err = err.__cause__ or err.__context__  # type: ignore[assignment]
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()  # the allocator's cached blocks, for the next trial's own
 
 
 def folder(submitit_folder: str) -> str:

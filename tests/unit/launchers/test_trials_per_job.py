@@ -85,3 +85,28 @@ def test_trials_per_job_needs_a_launcher_of_processes_and_no_trials_per_device(m
         validate(to_config(make_cfg("launcher=local", "launcher.trials_per_job=2", "launcher.trials_per_device=4")))
     with pytest.raises(ConfigError, match=r"launcher.trials_per_job=0 is invalid: a whole number"):
         validate(to_config(make_cfg("launcher=inline", "launcher.trials_per_job=0")))
+
+
+class Model:
+    """Stands for a failed trial's model, optimizer state and batches."""
+
+
+def test_a_failed_trials_memory_is_let_go_before_the_next_trial(tmp_path: Path) -> None:
+    """The error a trial raised keeps its traceback's frames, and so what its run held (on the GPU too): the
+    job lets them go before the next trial, keeping the error itself for the driver."""
+    import weakref
+
+    held: list[weakref.ref[Model]] = []
+
+    def trial(overrides: list[str], key: str, num: int, job_id: str, state: Any) -> JobReturn:
+        model = Model()  # a local of the failing trial's frames
+        held.append(weakref.ref(model))
+        if num == 0:
+            raise MemoryError("CUDA out of memory")
+        assert held[0]() is None, "the failed trial's model is still alive as the next trial runs"
+        return JobReturn(overrides=overrides, status=JobStatus.COMPLETED)
+
+    results = SerialTrials(trial, str(tmp_path))(_args(2))
+    assert [r.status for r in results] == [JobStatus.FAILED, JobStatus.COMPLETED]
+    with pytest.raises(MemoryError, match="CUDA out of memory"):
+        results[0].return_value  # noqa: B018 (the error is kept)
