@@ -165,32 +165,10 @@ def release_best(
     jobs = sweep_jobs(client, experiment, sweep_id)
     runs = [r for r in jobs if r.info.status == "FINISHED"]
     best = max(runs, key=lambda r: r.data.metrics.get(objective, float("-inf")), default=None)
-    proc = float(procedure["epsilon"])
-    accountant = str(procedure["accountant"])
     analysis = str(procedure.get("analysis", BEFORE_ANALYSES))
     void = void_reason(jobs)
-    now = int(time.time() * 1000)
     for r in runs:
-        run_id = r.info.run_id
-        history = client.get_metric_history(run_id, "epsilon")
-        step = max((m.step for m in history), default=0)
-        metrics = [Metric("epsilon_tuning", proc, now, step)]
-        released = r is best
-        tags = [RunTag(RELEASED_TAG, str(released).lower()), RunTag(ACCOUNTANT_TAG, accountant),
-                RunTag(ANALYSIS_TAG, analysis)]  # fmt: skip
-        if released:
-            own = r.data.metrics.get("epsilon_rdp", float("nan"))  # the procedure's accountant, rdp
-            metrics += [Metric("epsilon_single_run", own, now, step), Metric("epsilon", proc, now, step),
-                        Metric("epsilon_rdp", proc, now, step), Metric("epsilon_pld", float("nan"), now, step),
-                        Metric("epsilon_prv", float("nan"), now, step)]  # fmt: skip
-            metrics += [Metric(k, float("nan"), now, step) for k in SINGLE_RUN_FIGURES if k in r.data.metrics]
-            tags.append(RunTag("tuning.epsilon", TUNED_EPSILON_NOTE))
-            if void is not None:
-                tags += [RunTag("dp.release", "not-for-release"), RunTag(VOID_TAG, void)]
-            _add_tuning_event(client, run_id, procedure, own)
-        retry_busy(lambda run_id=run_id, m=metrics, t=tags: client.log_batch(run_id, metrics=m, tags=t))  # type: ignore[misc]
-        if released and INTERVAL_TAG in r.data.tags:  # whose interval: none is logged for the procedure
-            retry_busy(lambda run_id=run_id: client.delete_tag(run_id, INTERVAL_TAG))  # type: ignore[misc]
+        _report_procedure(client, r, r is best, procedure, void)
     parents = {r.data.tags[k] for r in jobs for k in PARENT_LINKS if r.data.tags.get(k)}
     parent_tags = {ANALYSIS_TAG: analysis} | ({"dp.release": "not-for-release", VOID_TAG: void} if void else {})
     for parent in sorted(parents):  # before _stand_alone removes the released trial's link to it
@@ -203,6 +181,33 @@ def release_best(
     if best is not None:
         _stand_alone(client, best)
     return (best.info.run_id if best is not None else None), len(runs)
+
+
+def _report_procedure(
+    client: MlflowClient, r: Any, released: bool, procedure: Mapping[str, Any], void: str | None
+) -> None:
+    """A finished trial of a private tuning tagged released or not, with the procedure's ε; the released one
+    reports the procedure (see :func:`release_best`)."""
+    run_id = r.info.run_id
+    proc, accountant = float(procedure["epsilon"]), str(procedure["accountant"])
+    now = int(time.time() * 1000)
+    step = max((m.step for m in client.get_metric_history(run_id, "epsilon")), default=0)
+    metrics = [Metric("epsilon_tuning", proc, now, step)]
+    tags = [RunTag(RELEASED_TAG, str(released).lower()), RunTag(ACCOUNTANT_TAG, accountant),
+            RunTag(ANALYSIS_TAG, str(procedure.get("analysis", BEFORE_ANALYSES)))]  # fmt: skip
+    if released:
+        own = r.data.metrics.get("epsilon_rdp", float("nan"))  # the procedure's accountant, rdp
+        metrics += [Metric("epsilon_single_run", own, now, step), Metric("epsilon", proc, now, step),
+                    Metric("epsilon_rdp", proc, now, step), Metric("epsilon_pld", float("nan"), now, step),
+                    Metric("epsilon_prv", float("nan"), now, step)]  # fmt: skip
+        metrics += [Metric(k, float("nan"), now, step) for k in SINGLE_RUN_FIGURES if k in r.data.metrics]
+        tags.append(RunTag("tuning.epsilon", TUNED_EPSILON_NOTE))
+        if void is not None:
+            tags += [RunTag("dp.release", "not-for-release"), RunTag(VOID_TAG, void)]
+        _add_tuning_event(client, run_id, procedure, own)
+    retry_busy(lambda: client.log_batch(run_id, metrics=metrics, tags=tags))
+    if released and INTERVAL_TAG in r.data.tags:  # whose interval: none is logged for the procedure
+        retry_busy(lambda: client.delete_tag(run_id, INTERVAL_TAG))
 
 
 def void_reason(jobs: list[Any]) -> str | None:
