@@ -14,7 +14,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,9 +24,8 @@ import mlflow
 import pandas as pd
 import pytest
 import torch
-from helpers import browser_dom, chromium_path, run_script
+from helpers import browser_dom, chromium_path, log_run, run_script
 from hydra import compose, initialize_config_module
-from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
@@ -487,26 +485,6 @@ DP = {
     "model.hidden_units": "32", "tracking.uri": "elsewhere", "train.checkpoint_dir": "/tmp/x",
 }  # fmt: skip
 OFF = {k: v for k, v in DP.items() if not k.startswith("dp.")} | {"dp.enabled": "False"}
-
-
-def log_run(
-    client: MlflowClient,
-    experiment: str,
-    params: dict[str, str],
-    metrics: dict[str, float] | None = None,
-    tags: dict[str, str] | None = None,
-    status: str = "FINISHED",
-) -> str:
-    exp = client.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
-    run_id = client.create_run(exp_id, tags=tags or {}).info.run_id
-    now = int(time.time() * 1000)
-    client.log_batch(
-        run_id, metrics=[Metric(k, v, now, 2) for k, v in (metrics or {}).items()],
-        params=[Param(k, v) for k, v in params.items()],
-    )  # fmt: skip
-    client.set_terminated(run_id, status)
-    return run_id
 
 
 def test_a_run_with_a_missing_metric_is_reported_not_crashed_on(

@@ -9,7 +9,6 @@ the module into their own sqlite store; the other tests log small runs with the 
 from __future__ import annotations
 
 import io
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean, stdev
@@ -17,9 +16,8 @@ from statistics import mean, stdev
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import fresh_store
+from helpers import fresh_store, log_run
 from hydra import compose, initialize_config_module
-from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
@@ -160,19 +158,6 @@ def test_report_out_draws_the_final_sample_grids_by_epsilon(
 # ---------------------------------------------------------------------------------------------
 # logged runs: the newest sample grid, tasks mixed in one table
 # ---------------------------------------------------------------------------------------------
-def log_run(
-    client: MlflowClient, experiment: str, params: dict[str, str], metrics: dict[str, float], tags: dict[str, str]
-) -> str:
-    exp = client.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
-    run_id = client.create_run(exp_id, tags=tags).info.run_id
-    now = int(time.time() * 1000)
-    client.log_batch(
-        run_id, metrics=[Metric(k, v, now, 1) for k, v in metrics.items()],
-        params=[Param(k, v) for k, v in params.items()],
-    )  # fmt: skip
-    client.set_terminated(run_id, "FINISHED")
-    return run_id
 
 
 BASE = {"dataset.name": "digits", "model.name": "cnn", "train.batch_size": "64", "optimizer.lr": "0.05",

@@ -12,15 +12,13 @@ with the keys as tags only.
 from __future__ import annotations
 
 import io
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import markdown_rows, row_of_run, trained_store
+from helpers import log_run, markdown_rows, row_of_run, trained_store
 from matplotlib.colors import to_hex
-from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
@@ -174,18 +172,6 @@ DP = {
 }  # fmt: skip
 OFF = {k: v for k, v in DP.items() if not k.startswith("dp.")} | {"dp.enabled": "False"}
 TAGS = {"dp.neighbours": "add_or_remove_one", "dp.release": "not-for-release", "dp.secure_mode": "False"}
-
-
-def log_run(client: MlflowClient, experiment: str, params: dict[str, str], metrics: dict[str, float],
-            tags: dict[str, str] | None = None) -> str:  # fmt: skip
-    exp = client.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
-    run_id = client.create_run(exp_id, tags=tags or {}).info.run_id
-    now = int(time.time() * 1000)
-    client.log_batch(run_id, metrics=[Metric(k, v, now, 2) for k, v in metrics.items()],
-                     params=[Param(k, v) for k, v in params.items()])  # fmt: skip
-    client.set_terminated(run_id, "FINISHED")
-    return run_id
 
 
 def test_runs_from_before_the_keys_are_dpsgd_over_examples_and_render_as_before(

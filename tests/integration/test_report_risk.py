@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import io
 import math
-import time
 
 import pandas as pd
 import pytest
-from mlflow.entities import Metric, Param
+from helpers import log_run
 from mlflow.tracking import MlflowClient
 
 from dpsweep.analysis import report
@@ -34,22 +33,6 @@ OLD = {"test_accuracy": 0.7, "epsilon": 1.0}
 HEADERS = ("ε interval", "μ", "TPR@1% (%)")
 
 
-def _log(
-    client: MlflowClient, experiment: str, params: dict[str, str], metrics: dict[str, float],
-    tags: dict[str, str] | None = None,
-) -> str:  # fmt: skip
-    exp = client.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
-    run_id = client.create_run(exp_id, tags=tags or {}).info.run_id
-    now = int(time.time() * 1000)
-    client.log_batch(
-        run_id, metrics=[Metric(k, v, now, 2) for k, v in metrics.items()],
-        params=[Param(k, v) for k, v in params.items()],
-    )  # fmt: skip
-    client.set_terminated(run_id, "FINISHED")
-    return run_id
-
-
 def _md_cells(text: str) -> dict[str, dict[str, str]]:
     """σ cell -> {header: cell} of a markdown table."""
     lines = [x for x in text.splitlines() if x.startswith("|")]
@@ -67,10 +50,10 @@ def _digits(value: float, places: int, up: bool) -> str:
 def test_risk_columns_show_the_logged_interval_mu_and_tpr_and_a_dash_for_older_runs(
     mlflow_uri: str, experiment_name: str, client: MlflowClient, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _log(client, experiment_name, OFF, {"test_accuracy": 0.9})
+    log_run(client, experiment_name, OFF, {"test_accuracy": 0.9})
     for seed, metrics in enumerate(SEEDS):
-        _log(client, experiment_name, DP | {"train.seed": str(seed)}, metrics)
-    _log(client, experiment_name, DP | {"dp.noise_multiplier": "2.0"}, OLD)
+        log_run(client, experiment_name, DP | {"train.seed": str(seed)}, metrics)
+    log_run(client, experiment_name, DP | {"dp.noise_multiplier": "2.0"}, OLD)
     built = report.build_report(mlflow_uri, experiment_name, risk=True)
     row = built.table[built.table["noise_multiplier"] == 1.1].iloc[0]
     # a row's figures are its runs' worst: the least lower end, the largest μ and TPR
@@ -107,7 +90,7 @@ def test_a_private_tunings_epsilon_names_the_analysis_that_gave_it(
     tags = {"tuning.released": "true", "tuning.accountant": "rdp"}
     tags |= {"tuning.analysis": analysis} if analysis else {}
     metrics = SEEDS[0] | {"epsilon": 4.1, "epsilon_single_run": 3.0, "epsilon_tuning": 4.1}
-    _log(client, experiment_name, DP | {"train.seed": "7"}, metrics, tags)
+    log_run(client, experiment_name, DP | {"train.seed": "7"}, metrics, tags)
     built = report.build_report(mlflow_uri, experiment_name, risk=True)
     named = analysis or "papernot_steinke"
     expected = f"by the {named} analysis ({ANALYSES[named]})"

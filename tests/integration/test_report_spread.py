@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import io
 import statistics
-import time
 
 import pandas as pd
 import pytest
-from mlflow.entities import Metric, Param
+from helpers import log_run
 from mlflow.tracking import MlflowClient
 
 from dpsweep.analysis import report
@@ -31,19 +30,6 @@ SCORES = {  # σ ("off": the baseline) -> test accuracy of each seed
 }
 
 
-def _log(client: MlflowClient, experiment: str, params: dict[str, str], metrics: dict[str, float]) -> str:
-    exp = client.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
-    run_id = client.create_run(exp_id).info.run_id
-    now = int(time.time() * 1000)
-    client.log_batch(
-        run_id, metrics=[Metric(k, v, now, 2) for k, v in metrics.items()],
-        params=[Param(k, v) for k, v in params.items()],
-    )  # fmt: skip
-    client.set_terminated(run_id, "FINISHED")
-    return run_id
-
-
 def _row(table: pd.DataFrame, sigma: str) -> pd.Series:
     if sigma == "off":
         return table[~table["private"]].iloc[0]
@@ -56,7 +42,7 @@ def test_rows_unstable_across_seeds_are_flagged_private_or_not_with_why(
     for sigma, scores in SCORES.items():
         for seed, score in enumerate(scores):
             params = (OFF if sigma == "off" else DP | {"dp.noise_multiplier": sigma}) | {"train.seed": str(seed)}
-            _log(
+            log_run(
                 client, experiment_name, params, {"test_accuracy": score} | ({} if sigma == "off" else {"epsilon": 3.0})
             )
     r = report.build_report(mlflow_uri, experiment_name)
@@ -92,7 +78,7 @@ def test_a_table_without_unstable_rows_has_no_flag_column_in_csv(
 ) -> None:
     """The CSV is as before where no row is flagged; the frame says False for every row."""
     for seed, score in enumerate(SCORES["1.0"]):
-        _log(client, experiment_name, DP | {"train.seed": str(seed)}, {"test_accuracy": score, "epsilon": 3.0})
+        log_run(client, experiment_name, DP | {"train.seed": str(seed)}, {"test_accuracy": score, "epsilon": 3.0})
     r = report.build_report(mlflow_uri, experiment_name)
     assert list(r.table["unstable"]) == [False]
     assert "unstable" not in pd.read_csv(io.StringIO(report.render(r, "csv"))).columns
