@@ -114,9 +114,10 @@ def risk_figures(plans: Sequence[RunPlan]) -> list[Risk | None]:
         key = repr(p.privacy.ledger)
         if key not in cache:
             found = certainty.profile(p.privacy.ledger)
-            allowance = min(1.0, 2 * found.tail) if found is not None else 0.0
             cache[key] = Risk(
-                certainty.mu_gdp(p.privacy.ledger, found=found), certainty.tpr_bound(found, 0.01), allowance
+                certainty.mu_gdp(p.privacy.ledger, found=found),
+                certainty.tpr_bound(found, 0.01),
+                certainty.delta_allowance(found),
             )
         out.append(cache[key])
     return out

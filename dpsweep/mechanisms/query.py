@@ -141,16 +141,12 @@ def certain(bill: ledger.Ledger, delta: float) -> dict[str, float]:
     the PLD's sound interval [``epsilon_lower``, ``epsilon_upper``] (the upper end is ``epsilon`` under
     pld), μ of Gaussian DP down to δ = ``gdp_delta_allowance`` (Dong, Roth & Su 2022), and a
     membership-inference attacker's largest TPR at 1 % and 10 % FPR and largest advantage (Kairouz, Oh &
-    Viswanath 2015). The PLD's profile is computed once."""
-    interval = certainty.epsilon_interval(bill, delta)
-    found = certainty.profile(bill)
-    risk = certainty.attack_risk(bill, found=found)
-    allowance = min(1.0, 2 * found.tail) if found else 0.0  # μ holds down to this δ (certainty.is_gdp)
-    return {
-        "epsilon_lower": interval.lower, "epsilon_upper": interval.upper,
-        "mu_gdp": certainty.mu_gdp(bill, found=found), "gdp_delta_allowance": allowance,
-        "tpr_at_1pct": risk["tpr_at_1pct"], "tpr_at_10pct": risk["tpr_at_10pct"], "mia_advantage": risk["advantage"],
-    }  # fmt: skip
+    Viswanath 2015). The PLD's profile is computed once (:func:`dpsweep.privacy.certainty.figures`)."""
+    found = certainty.figures(bill, delta)
+    upper = ledger.epsilon(bill, delta, ledger.Accounting("pld")).epsilon  # the interval's upper end (cached)
+    return {"epsilon_lower": found["epsilon_lower"], "epsilon_upper": upper} | {
+        k: v for k, v in found.items() if k != "epsilon_lower"
+    }
 
 
 def tuning_figures(bill: ledger.Ledger, delta: float, tuning: Tuning, orders: tuple[float, ...]) -> dict[str, Any]:

@@ -360,6 +360,31 @@ def attack_risk(ledger: Ledger, found: Profile | None = None, fpr: Sequence[floa
     return risk
 
 
+def delta_allowance(found: Profile | None) -> float:
+    """The δ down to which :func:`mu_gdp`'s μ holds, 2·``found.tail`` (:func:`is_gdp`), at most 1; 0 without
+    a profile (an empty ledger)."""
+    return min(1.0, 2 * found.tail) if found is not None else 0.0
+
+
+# the figures beside a ledger's ε, by the names a run logs them under (:func:`figures`)
+FIGURES = ("epsilon_lower", "mu_gdp", "gdp_delta_allowance", "tpr_at_1pct", "tpr_at_10pct", "mia_advantage")
+
+
+def figures(ledger: Ledger, delta: float, found: Profile | None = None) -> dict[str, float]:
+    """How certain the ledger's ε at δ is and what it means for an attacker, by name (:data:`FIGURES`): the
+    interval's sound lower end (:func:`epsilon_interval`; its upper end is the PLD ε), μ of Gaussian DP down
+    to its δ allowance (:func:`mu_gdp`, :func:`delta_allowance`), and a membership-inference attacker's
+    largest TPR at 1 % and 10 % FPR and largest advantage (:func:`attack_risk`); the profile (``found``, or
+    :func:`profile`'s) read once for all of them."""
+    found = found if found is not None else profile(ledger)
+    risk = attack_risk(ledger, found=found)
+    return {
+        "epsilon_lower": epsilon_interval(ledger, delta).lower, "mu_gdp": mu_gdp(ledger, found=found),
+        "gdp_delta_allowance": delta_allowance(found), "tpr_at_1pct": risk["tpr_at_1pct"],
+        "tpr_at_10pct": risk["tpr_at_10pct"], "mia_advantage": risk["advantage"],
+    }  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------
 # calibration to a risk target
 # ---------------------------------------------------------------------------------------------

@@ -171,37 +171,21 @@ def resolved_yaml(plan: RunPlan) -> str:
     return WITHHELD_NOTE + redact(OmegaConf.to_yaml(OmegaConf.create(tree)))
 
 
-# The figures beside a DP run's final ε (metrics at its last epoch, fields of its TrainResult, and the
-# "certainty" of its privacy_ledger.json): the metric's name and attack_risk's key where it differs
-CERTAINTY_METRICS = ("epsilon_lower", "mu_gdp", "gdp_delta_allowance", "tpr_at_1pct", "tpr_at_10pct", "mia_advantage")
 INTERVAL_ACCOUNTANT = "pld"  # the interval is the PLD's, whatever dp.accountant is (tag epsilon_interval.accountant)
 
 
 def certainty_figures(bill: Ledger, delta: float) -> dict[str, float]:
-    """How certain the ledger's ε at δ is, and what it means for an attacker (:mod:`dpsweep.privacy.certainty`),
-    by metric name (:data:`CERTAINTY_METRICS`): ``epsilon_lower``, a sound lower end of the interval whose
-    upper end is the PLD ε (:func:`dpsweep.privacy.certainty.epsilon_interval`: Gopi, Lee & Wutschitz 2021);
-    ``mu_gdp``, the smallest μ of Gaussian DP certified from the pessimistic PLD's profile, down to a δ of
-    ``gdp_delta_allowance`` (:func:`dpsweep.privacy.certainty.mu_gdp`: Dong, Roth & Su 2022, Cor. 2.13); and
-    a membership-inference attacker's largest TPR at 1 % and 10 % FPR and largest advantage TPR - FPR
-    (:func:`dpsweep.privacy.certainty.attack_risk`: Kairouz, Oh & Viswanath 2015; Kulynych et al. 2024).
-    Computed once, at the run's end, from the whole ledger (a resumed run's included): a few seconds for a
-    long run. Empty for an empty ledger, or where the PLD is not computed (its RDP ε beyond
+    """The figures beside a DP run's final ε (metrics at its last epoch, fields of its TrainResult, and the
+    ``certainty`` of its privacy_ledger.json), by metric name (:func:`dpsweep.privacy.certainty.figures`:
+    the interval's sound lower end, Gopi, Lee & Wutschitz 2021; μ-GDP, Dong, Roth & Su 2022, Cor. 2.13; a
+    membership-inference attacker's TPRs and advantage, Kairouz, Oh & Viswanath 2015, Kulynych et al.
+    2024). Computed once, at the run's end, from the whole ledger (a resumed run's included): a few seconds
+    for a long run. Empty for an empty ledger, or where the PLD is not computed (its RDP ε beyond
     :data:`dpsweep.privacy.ledger.DISCRETISED_MAX_EPSILON`: ``epsilon_pld`` is not either)."""
     found = certainty.profile(bill)
     if found is None or found.tail >= 1:
         return {}
-    risk = certainty.attack_risk(bill, found=found)
-    figures = {
-        "epsilon_lower": certainty.epsilon_interval(bill, delta).lower,
-        "mu_gdp": certainty.mu_gdp(bill, found=found),
-        "gdp_delta_allowance": 2 * found.tail,  # μ-GDP holds up to this δ (certainty.is_gdp)
-        "tpr_at_1pct": risk["tpr_at_1pct"],
-        "tpr_at_10pct": risk["tpr_at_10pct"],
-        "mia_advantage": risk["advantage"],
-    }
-    assert tuple(figures) == CERTAINTY_METRICS
-    return figures
+    return certainty.figures(bill, delta, found)
 
 
 def certainty_record(figures: dict[str, float], upper: float) -> dict[str, Any]:

@@ -480,9 +480,8 @@ def _finish_privacy(cfg: Config, plan: RunPlan, task_run: tasks.TaskRun, result:
     result.sample_rate = plan.privacy.sample_rate
     figures = records.certainty_figures(bill, delta) if run.writes and "pld" in result.epsilons else {}
     if figures:
-        result.epsilon_lower, result.mu_gdp, result.gdp_delta_allowance = (
-            figures[k] for k in records.CERTAINTY_METRICS[:3]
-        )
+        result.epsilon_lower, result.mu_gdp = figures["epsilon_lower"], figures["mu_gdp"]
+        result.gdp_delta_allowance = figures["gdp_delta_allowance"]
         result.attack_risk = records.attack_risk_of(figures)
         run.set_tags({"epsilon_interval.accountant": records.INTERVAL_ACCOUNTANT})
     run.log_metrics({f"epsilon_{name}": eps for name, eps in result.epsilons.items()} | figures, step=cfg.train.epochs)

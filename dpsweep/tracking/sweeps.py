@@ -21,6 +21,7 @@ from typing import Any
 from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
 
+from dpsweep.privacy import certainty
 from dpsweep.tracking import OWNER_TAG, PRIVACY_LEDGER, PROCESS_TAG
 from dpsweep.tracking.store import differing_params, models_of, retry_busy, set_tags
 
@@ -120,9 +121,9 @@ ACCOUNTANT_TAG = "tuning.accountant"  # the accountant of epsilon_tuning: rdp (d
 # that names none is papernot_steinke's, the only analysis before the key
 ANALYSIS_TAG = "tuning.analysis"
 BEFORE_ANALYSES = "papernot_steinke"
-# a single run's certainty figures (dpsweep.run.records.CERTAINTY_METRICS): the released trial's describe the
+# a single run's certainty figures (dpsweep.privacy.certainty.FIGURES): the released trial's describe the
 # trial alone, not the procedure, and become NaN, as epsilon_pld does
-SINGLE_RUN_FIGURES = ("epsilon_lower", "mu_gdp", "gdp_delta_allowance", "tpr_at_1pct", "tpr_at_10pct", "mia_advantage")
+SINGLE_RUN_FIGURES = certainty.FIGURES
 # a trial whose batches failed the sampling check (dpsweep.run.attached.SamplingCheck) did not run the
 # mechanism its ledger describes: a procedure that selected among its results has no sound ε either
 SAMPLING_REFUSED_TAG = "sampling.refused"
