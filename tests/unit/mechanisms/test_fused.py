@@ -363,20 +363,29 @@ def test_a_bug_in_the_book_keeping_passs_norms_is_a_bug_of_the_extra_units_too(
     torch.testing.assert_close(torch.cat([got[:at], got[at + 1 :]]), torch.cat([buggy[:at], buggy[at + 1 :]]))
 
 
+def _step_and_batch(
+    name: str, users: bool, pad_to: int, users_pad_to: int
+) -> tuple[fused.FusedStep, Tensor, Tensor, Tensor | None, Tensor]:
+    """A fused step of model ``name`` (at the user level where ``users``: 9 users of up to 4 examples, in
+    passes of ``users_pad_to`` users; else the model's pool, in passes of ``pad_to`` rows), its batch (x, y and
+    the users' segment ids, or None) and the pool."""
+    model, pool = MODELS[name]()
+    if users:
+        x, y, segment = _user_batch(9, 4, pool)
+        step: fused.FusedStep = fused.FusedUserStep(model, nn.CrossEntropyLoss(), max_grad_norm=C,
+                                                    pad_to=users_pad_to, max_examples=4, mode=None)  # fmt: skip
+        return step, x, y, segment, pool
+    y = torch.randint(0, 10, (len(pool),))
+    return fused.FusedStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=pad_to, mode=None), pool, y, None, pool
+
+
 @pytest.mark.parametrize(("name", "users"), [("cnn", False), ("mlp", False), ("mlp", True)])
 def test_a_bug_in_the_pass_that_clips_the_rows_is_a_bug_of_the_extra_units_too(name: str, users: bool) -> None:
     """The pass itself (the vmap way's and the user level's compiled function, the book-keeping way's tail) made
     to clip at 2C: the canaries, rows of that pass, are clipped at 2C too, in passes of 7 padded rows (three
     parts of canaries over the batch's passes) and in an empty batch (a pass of padding carries them)."""
     torch.manual_seed(7)
-    model, pool = MODELS[name]()
-    if users:
-        x, y, segment = _user_batch(9, 4, pool)
-        step: fused.FusedStep = fused.FusedUserStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=7,
-                                                    max_examples=4, mode=None)  # fmt: skip
-    else:
-        x, y, segment = pool, torch.randint(0, 10, (len(pool),)), None
-        step = fused.FusedStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=7, mode=None)
+    step, x, y, segment, pool = _step_and_batch(name, users, pad_to=7, users_pad_to=7)
     step.padded = True  # as a compiled pass: every pass of 7 rows (or users)
     if step.linear is not None:
         tail = step.linear.tail
@@ -406,14 +415,7 @@ def test_a_release_without_extra_units_is_a_plain_steps_bit_for_bit(name: str, u
     """What a run no audit wraps releases: the step's clipped sum plus N(0, σ²C²), over the divisor, from the
     generator's first draws, exactly; extra units with no rows change nothing."""
     torch.manual_seed(8)
-    model, pool = MODELS[name]()
-    if users:
-        x, y, segment = _user_batch(9, 4, pool)
-        step: fused.FusedStep = fused.FusedUserStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=4,
-                                                    max_examples=4, mode=None)  # fmt: skip
-    else:
-        x, y, segment = pool, torch.randint(0, 10, (len(pool),)), None
-        step = fused.FusedStep(model, nn.CrossEntropyLoss(), max_grad_norm=C, pad_to=16, mode=None)
+    step, x, y, segment, _ = _step_and_batch(name, users, pad_to=16, users_pad_to=4)
     summed = step.clipped_sum(x, y, segment).clone()
     drawn = torch.normal(0.0, 1.3 * C / 3.0, summed.shape, generator=torch.Generator().manual_seed(1))
     none = {k: torch.zeros(0, *p.shape) for k, p in step.params.items()}
