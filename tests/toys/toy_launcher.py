@@ -1,8 +1,9 @@
 """A toy launcher from this test file alone (issue 57, done-when: a launcher is a class, a spec and a yaml): its
-spec registered in ``LAUNCHERS``, its class a :class:`dpsweep.launchers.base.DpsweepLauncher` registered with
-Hydra's plugins, and its two config nodes (``hydra/launcher``, the class; ``launcher``, what a user's
-``launcher=<name>`` selects, as ``conf/launcher/<name>.yaml`` would) stored in Hydra's ConfigStore, each removed
-afterwards. A two-job sweep through it trains both runs in this process, and the toy counts the jobs it launched.
+spec registered in ``LAUNCHERS``, its class a :class:`dpsweep.launchers.base.DpsweepLauncher` (dpsweep's inline
+launcher, extended by subclassing) registered with Hydra's plugins, and its two config nodes
+(``hydra/launcher``, the class; ``launcher``, what a user's ``launcher=<name>`` selects, as
+``conf/launcher/<name>.yaml`` would) stored in Hydra's ConfigStore, each removed afterwards. A two-job sweep
+through it trains both runs in this process, and the toy counts the jobs it launched.
 
 Hydra instantiates a plugin only from a class named under the ``hydra_plugins`` package: ``Plugins._instantiate``
 refuses any other ``_target_`` ("not the hydra_plugins package"), looks the name up among the classes registered
@@ -23,49 +24,27 @@ import pytest
 from helpers import FAST, child_runs, run_dpsweep
 from hydra.core.config_store import ConfigStore
 from hydra.core.plugins import Plugins
-from hydra.core.utils import JobReturn, run_job, setup_globals
+from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
-from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, open_dict
 
 from dpsweep.config.launcher import LAUNCHERS, LauncherSpec
-from dpsweep.launchers.base import DpsweepLauncher
+from dpsweep.launchers.hydra_launchers import InlineLauncher
 
 NAME = "toy_counting"
 SPEC = LauncherSpec(NAME, title="the toy counting launcher")  # its jobs run one after another in the sweep's process
 PLUGIN_MODULE = "hydra_plugins.dpsweep_test_toy"  # where Hydra's plugins must be named (module doc)
 
 
-class CountingLauncher(DpsweepLauncher):
-    """Each batch of jobs one after another in this process (on Hydra's public ``run_job``), counted."""
+class CountingLauncher(InlineLauncher):
+    """dpsweep's inline launcher (jobs one after another in this process, on Hydra's public ``run_job``),
+    extended by subclassing under a spec of its own: each batch of jobs it launched is counted."""
 
     spec = SPEC
     launched: ClassVar[list[list[int]]] = []  # the job indices of each launch
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.config: DictConfig | None = None
-        self.hydra_context: HydraContext | None = None
-        self.task_function: TaskFunction | None = None
-
-    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
-
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
-        setup_globals()
-        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
-        returns = []
-        indices = list(range(initial_job_idx, initial_job_idx + len(job_overrides)))
-        for idx, overrides in zip(indices, job_overrides, strict=True):
-            job = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-            with open_dict(job):
-                job.hydra.job.id = job.hydra.job.num = idx
-            context = self.hydra_context
-            returns.append(
-                run_job(self.task_function, job, "hydra.sweep.dir", "hydra.sweep.subdir", hydra_context=context)
-            )
-        CountingLauncher.launched.append(indices)
+        returns = super().launch(job_overrides, initial_job_idx)
+        CountingLauncher.launched.append(list(range(initial_job_idx, initial_job_idx + len(job_overrides))))
         return returns
 
 
