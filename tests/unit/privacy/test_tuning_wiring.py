@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 import pytest
-from helpers import fresh_store, run_main
+from helpers import fresh_store, log_run, run_main
 from hydra import compose, initialize_config_module
 from mlflow.tracking import MlflowClient
 
@@ -80,12 +80,10 @@ def test_the_release_tags_the_analysis_and_voids_the_single_runs_certainty(tmp_p
     parent = client.create_run(exp.experiment_id, tags={"sweep.role": "parent"}).info.run_id
     run_ids = []
     for accuracy, figures in ((0.8, FIGURES), (0.9, FIGURES), (0.95, {})):  # the last: a run from before them
-        run = client.create_run(exp.experiment_id, tags={"sweep.id": "s1", "sweep.parent_run_id": parent})
-        for name, value in {"test_accuracy": accuracy, "epsilon": 1.0, "epsilon_rdp": 1.0, **figures}.items():
-            client.log_metric(run.info.run_id, name, value, step=1)
-        client.log_text(run.info.run_id, json.dumps({"epsilon": {"rdp": 1.0}, "events": []}), PRIVACY_LEDGER)
-        client.set_terminated(run.info.run_id, "FINISHED")
-        run_ids.append(run.info.run_id)
+        metrics = {"test_accuracy": accuracy, "epsilon": 1.0, "epsilon_rdp": 1.0, **figures}
+        run_id = log_run(client, "tuned", {}, metrics, {"sweep.id": "s1", "sweep.parent_run_id": parent})
+        client.log_text(run_id, json.dumps({"epsilon": {"rdp": 1.0}, "events": []}), PRIVACY_LEDGER)
+        run_ids.append(run_id)
     procedure = {"epsilon": 2.5, "accountant": "rdp", "distribution": "poisson", "mean_trials": 3.0,
                  "selection": "the best", "reference": tuning.ANALYSES["mixture"], "analysis": "mixture"}  # fmt: skip
     best, _ = release_best(uri, "tuned", "s1", "test_accuracy", procedure)

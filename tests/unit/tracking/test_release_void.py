@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from helpers import fresh_store
+from helpers import fresh_store, log_run
 from mlflow.tracking import MlflowClient
 
 from dpsweep.tracking import PRIVACY_LEDGER
@@ -33,12 +33,10 @@ def _sweep(tmp_path: Path, refused: bool) -> tuple[str, str, str]:
         tags = {"sweep.id": "s1", "mlflow.parentRunId": parent, "epsilon_interval.accountant": "pld"}
         if refused and accuracy == 0.8:
             tags |= {"sampling.check": "refused", "sampling.refused": "count test p=1e-9"}
-        run_id = client.create_run(exp.experiment_id, tags=tags).info.run_id
-        for name, value in (("test_accuracy", accuracy), ("epsilon", 1.0), ("epsilon_rdp", 1.0), ("mu_gdp", 0.3)):
-            client.log_metric(run_id, name, value, step=1)
+        metrics = {"test_accuracy": accuracy, "epsilon": 1.0, "epsilon_rdp": 1.0, "mu_gdp": 0.3}
+        run_id = log_run(client, "tuned", {}, metrics, tags)
         record = {"epsilon": {"rdp": 1.0}, "events": [], "certainty": CERTAINTY}
         client.log_text(run_id, json.dumps(record), PRIVACY_LEDGER)
-        client.set_terminated(run_id, "FINISHED")
         ids.append(run_id)
     return uri, parent, ids[1]
 
