@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
@@ -41,6 +41,9 @@ from dpsweep.launchers.nodes import OptunaSearchConf
 from dpsweep.launchers.overrides import new_sweep_id, string_override
 from dpsweep.launchers.preflight import check_rank_shapes, check_search, preflight, refuse
 from dpsweep.launchers.session import SweepOutcome, SweepSession, close_dead_runs
+
+if TYPE_CHECKING:
+    from dpsweep.privacy.tuning import Procedure  # imported where a private tuning is drawn (dp-accounting)
 
 log = logging.getLogger(__name__)
 
@@ -236,13 +239,8 @@ class PrivateTuning:
     """``sweep.private_tuning``: the trials drawn from the grid (``dpsweep.privacy.tuning``) and their cost."""
 
     jobs: list[list[str]]
-    epsilon: float  # of the whole procedure, releasing the best trial only
-    delta: float
-    single_run_epsilon: float  # of the dominant candidate alone, under the same accountant
-    dominant: str  # its overrides
-    accountant: str  # of both ε: rdp (dpsweep.privacy.tuning.ACCOUNTANT)
-    analysis: str  # the analysis that gave the procedure's ε (sweep.tuning_analysis, dpsweep.privacy.tuning.ANALYSES)
-    reference: str  # the papers behind it
+    cost: Procedure  # both ε (the procedure's, the dominant candidate's alone), their accountant and analysis
+    dominant: str  # the dominant candidate's overrides
 
     def record(self, session: SweepSession) -> None:
         """Log the procedure's ε on the parent run, and tag the trials: only the best is released
@@ -254,26 +252,27 @@ class PrivateTuning:
         parent, first = session.parent, session.first
         assert parent is not None
         s = first.sweep
-        parent.log_metrics({"epsilon_tuning": self.epsilon, "epsilon_single_run": self.single_run_epsilon})
+        cost = self.cost
+        parent.log_metrics({"epsilon_tuning": cost.epsilon, "epsilon_single_run": cost.single_run_epsilon})
         parent.log_params({
             "sweep.tuning_distribution": s.tuning_distribution, "sweep.tuning_mean_trials": s.tuning_mean_trials,
             "sweep.tuning_eta": s.tuning_eta,
         })  # fmt: skip
         objective = first.task.objective
         procedure = {
-            "epsilon": self.epsilon, "delta": self.delta, "accountant": self.accountant,
-            "epsilon_single_run_of_dominant": self.single_run_epsilon, "dominant_candidate": self.dominant,
+            "epsilon": cost.epsilon, "delta": cost.delta, "accountant": cost.accountant,
+            "epsilon_single_run_of_dominant": cost.single_run_epsilon, "dominant_candidate": self.dominant,
             "distribution": s.tuning_distribution, "mean_trials": s.tuning_mean_trials, "eta": s.tuning_eta,
-            "selection": f"the best trial by {objective}", "analysis": self.analysis, "reference": self.reference,
+            "selection": f"the best trial by {objective}", "analysis": cost.analysis, "reference": cost.reference,
         }  # fmt: skip
         uri, experiment = first.tracking.uri, first.tracking.experiment_name
         best, finished = release_best(uri, experiment, session.sweep_id, objective, procedure)
         parent.set_tags({
             "tuning.best_run_id": best if best is not None else "none",
             "tuning.k": len(self.jobs),  # part of the secret randomness: not for publication
-            "tuning.dominant_candidate": self.dominant, "dp.delta": self.delta,
+            "tuning.dominant_candidate": self.dominant, "dp.delta": cost.delta,
             "tuning.release": f"the best trial only (by {objective}); publishing K or other trials voids its ε",
-            "tuning.accountant": self.accountant, "tuning.analysis": self.analysis,
+            "tuning.accountant": cost.accountant, "tuning.analysis": cost.analysis,
             "tuning.withheld": "true",  # dpsweep.tracking.sweeps.WITHHELD_TAG
         })  # fmt: skip
         best_text = f"run {best[:8]}" if best is not None else "no finished trial"
@@ -282,8 +281,8 @@ class PrivateTuning:
             print(f"dpsweep: private tuning: not for release: {void}", file=sys.stderr, flush=True)
         print(
             f"dpsweep: private tuning: {finished} trials finished; release only the best ({best_text}): "
-            f"ε={self.epsilon:.4g} for the whole procedure (δ={self.delta:g}; one run alone: "
-            f"ε={self.single_run_epsilon:.4g}; both {self.accountant}, the {self.analysis} analysis)",
+            f"ε={cost.epsilon:.4g} for the whole procedure (δ={cost.delta:g}; one run alone: "
+            f"ε={cost.single_run_epsilon:.4g}; both {cost.accountant}, the {cost.analysis} analysis)",
             flush=True,
         )
 
@@ -320,9 +319,7 @@ def private_trials(jobs: Sequence[list[str]], typed: Sequence[Config], sweep_dir
         trials.append([*job, seed, string_override("train.checkpoint_dir", str(directory))])
     common = set.intersection(*(set(job) for job in jobs))  # the overrides every candidate shares
     axes = " ".join(o for o in given_overrides(jobs[cost.dominant]) if o not in common) or "(every candidate)"
-    return PrivateTuning(
-        trials, cost.epsilon, cost.delta, cost.single_run_epsilon, axes, cost.accountant, cost.analysis, cost.reference
-    )
+    return PrivateTuning(trials, cost, axes)
 
 
 def select_jobs(jobs: Sequence[list[str]], typed: Sequence[Config]) -> tuple[list[list[str]], list[str]]:
