@@ -147,7 +147,7 @@ class _DpsweepSubmititLauncher(DpsweepLauncher, BaseSubmititLauncher):
             job_params.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state()))
         folder = None  # where packed jobs, or jobs of several trials in turn, keep their trials' files
         if t > 1:  # T trials per job, one after another in its process (dpsweep.launchers.serial)
-            folder = serial.folder(self.params["submitit_folder"])
+            folder = packing.trials_folder(self.params["submitit_folder"], "serial")
             jobs = executor.map_array(serial.SerialTrials(self, folder), packing.groups(job_params, t))
             per_job = packing.groups(job_overrides, t)
         elif k == 1:
@@ -155,8 +155,7 @@ class _DpsweepSubmititLauncher(DpsweepLauncher, BaseSubmititLauncher):
             per_job = [[o] for o in job_overrides]
         else:  # K trials per job, each its own process (dpsweep.launchers.packing)
             packed = packing.groups(job_params, k)
-            folder = str(self.params["submitit_folder"]).replace("%j", "packed")
-            Path(folder).mkdir(parents=True, exist_ok=True)
+            folder = packing.trials_folder(self.params["submitit_folder"], "packed")
             cpus = int(self.params.get("cpus_per_task") or 1)
             jobs = executor.map_array(packing.PackedTrials(self, folder, cpus), packed)
             per_job = packing.groups(job_overrides, k)

@@ -157,6 +157,14 @@ class PackedTrials:
         return submitit.helpers.DelayedSubmission(self, trials)
 
 
+def trials_folder(submitit_folder: str, kind: str) -> str:
+    """Where a sweep's jobs of several trials (``kind``: ``packed``, at once; ``serial``, in turn) keep their
+    trials' result files: the submitit folder with ``kind`` for its ``%j``, made."""
+    out = str(submitit_folder).replace("%j", kind)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def work_dir(folder: str | Path, overrides: Sequence[Sequence[str]]) -> Path:
     """A packed job's directory of trial files, named by a hash of its trials' overrides (the sweep's id among
     them): the same for the job requeued, and known to the driver, which reads the results of the trials

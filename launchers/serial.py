@@ -29,7 +29,6 @@ import sys
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
@@ -103,14 +102,6 @@ def release_frames(result: JobReturn) -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         torch.cuda.empty_cache()  # the allocator's cached blocks, for the next trial's own
-
-
-def folder(submitit_folder: str) -> str:
-    """Where a sweep's jobs of several trials keep their trials' result files (the submitit folder's
-    ``%j`` as ``serial``)."""
-    out = str(submitit_folder).replace("%j", "serial")
-    Path(out).mkdir(parents=True, exist_ok=True)
-    return out
 
 
 def job_resources(params: dict[str, Any], t: int) -> dict[str, Any]:
