@@ -67,7 +67,6 @@ class PlannedPrivacy:
     """The privacy cost a DP-SGD run will have spent after its last step (``dp.accountant``)."""
 
     noise_multiplier: float  # σ
-    calibrated: bool  # σ was calibrated to dp.target_epsilon or dp.target_tpr_at_1pct
     sample_rate: float | None  # q the accountant records per step (of examples or users); None: no sampling
     steps: int  # every step of train.epochs, or fewer where the task stops at the budget
     delta: float
@@ -75,6 +74,11 @@ class PlannedPrivacy:
     epsilon: float
     ledger: Ledger  # every release the run will make, its DP-SGD steps included (dpsweep.privacy.ledger)
     calibrated_to: str | None = None  # what σ was calibrated to ("ε <= 3", "TPR at 1 % FPR <= 0.05"); None: given
+
+    @property
+    def calibrated(self) -> bool:
+        """σ was calibrated, to dp.target_epsilon or dp.target_tpr_at_1pct."""
+        return self.calibrated_to is not None
 
     @property
     def poisson_rate(self) -> float:
@@ -254,8 +258,8 @@ def _planned_privacy(cfg: Config, n_train: int) -> PlannedPrivacy | None:
     clipping.check_adaptive(dp, sigma, cfg.train.batch_size)
     bill = mechanism.ledger(replace(s, steps=steps), sigma)
     return _computable(dp, PlannedPrivacy(
-        sigma, calibrated_to(cfg) is not None, q, steps, dp.delta,
-        dp.accountant.value, ledger.epsilon(bill, dp.delta, s.accounting).epsilon, bill, calibrated_to(cfg),
+        sigma, q, steps, dp.delta, dp.accountant.value, ledger.epsilon(bill, dp.delta, s.accounting).epsilon, bill,
+        calibrated_to(cfg),
     ))  # fmt: skip
 
 
