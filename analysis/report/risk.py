@@ -22,7 +22,7 @@ a dash: a tuning trial's figures are of one run, not of the whole procedure whos
 
 A private tuning's procedure ε comes from one of :data:`dpsweep.privacy.tuning.ANALYSES`, named by the
 released trial's tag ``tuning.analysis``; runs from before that tag had the only analysis there was,
-``papernot_steinke`` (:data:`LEGACY_TUNING_ANALYSIS`).
+``papernot_steinke`` (:data:`dpsweep.tracking.sweeps.BEFORE_ANALYSES`).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import pandas as pd
 
 from dpsweep.analysis.report.cells import PERCENT
 from dpsweep.analysis.report.columns import column
+from dpsweep.tracking.sweeps import ANALYSIS_TAG, BEFORE_ANALYSES
 from dpsweep.units import rounded_up
 
 # the report's column -> the metric a DP run logs (dpsweep.privacy.certainty)
@@ -46,8 +47,6 @@ RISK_METRICS: dict[str, str] = {
 # how a row pools its runs' figures: the worst run's (the interval then holds every run's ε)
 RISK_POOLING: dict[str, str] = {"epsilon_lower": "min", "mu_gdp": "max", "tpr_at_1pct": "max"}
 RISK_DIGITS = 4  # significant digits of the interval's ends, the lower rounded down, the upper up
-TUNING_ANALYSIS_TAG = "tuning.analysis"  # the analysis of a private tuning's epsilon_tuning
-LEGACY_TUNING_ANALYSIS = "papernot_steinke"  # before the tag: the only analysis dpsweep had
 
 RISK_NOTE = (
     "ε interval: a sound lower bound on each row's ε (epsilon_lower: a mean-preserving discretisation of the "
@@ -123,14 +122,14 @@ RISK_HEADERS = tuple(header for header, _, _ in risk_columns())
 
 def tuning_analyses(rows: pd.DataFrame) -> list[str]:
     """The analyses behind the private tuning rows' ε (column ``tuning_analysis``), sorted."""
-    return sorted({str(a) for a in column(rows, "tuning_analysis").dropna()}) or [LEGACY_TUNING_ANALYSIS]
+    return sorted({str(a) for a in column(rows, "tuning_analysis").dropna()}) or [BEFORE_ANALYSES]
 
 
 def run_tuning_analyses(first: pd.DataFrame) -> pd.Series:
     """Each run's tuning analysis: its tag ``tuning.analysis``, else papernot_steinke for a private
     tuning's trial (one with ``epsilon_tuning``) from before the tag; None for other runs."""
     tuned = column(first, "metrics.epsilon_tuning").notna()
-    tagged = column(first, f"tags.{TUNING_ANALYSIS_TAG}").astype(object).fillna(LEGACY_TUNING_ANALYSIS)
+    tagged = column(first, f"tags.{ANALYSIS_TAG}").astype(object).fillna(BEFORE_ANALYSES)
     return tagged.where(tuned, None)
 
 
