@@ -155,6 +155,18 @@ class PrivateRun(Protocol):
         """After training: a per-example score of the final model (higher: more likely trained on)."""
 
 
+@runtime_checkable
+class SampledUnits(Protocol):
+    """What a task's run that is not a :class:`PrivateRun` (no private step for attachments to wrap, e.g.
+    the recommender's DPAM) exposes so that its Poisson batches are still checked against its ledger's
+    sampling (``dpsweep.run.attached.SamplingCheck``, :mod:`dpsweep.privacy.sampling`)."""
+
+    def sampled_units(self) -> Sequence[tuple[int, int]]:
+        """(step, units) of each logical step this process took in training epochs since it started or
+        resumed: the step's 0-based index in the run, and how many of the run's units (examples, or users
+        at dp.unit=user) its batch held."""
+
+
 class Attachment:
     """What the runner attaches to a private run before training and reads at its end (``dpsweep.run.runner``:
     the one-run audit of ``audit.mode``, and what a caller passes to ``train(cfg, attach=...)``, e.g. a
