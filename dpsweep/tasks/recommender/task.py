@@ -308,7 +308,12 @@ class DPAMRun(RecommenderRun):
     expectation), each one's gradient, over their first ``task.max_ratings_per_user`` ratings, clipped as
     a whole to ``dp.max_grad_norm`` by the aggregator, noised, and stepped by the server with
     ``optimizer.*``. The checkpoint holds the items, the optimizer's state and the generator the samples
-    and the noise are drawn from."""
+    and the noise are drawn from. Each training step's number of sampled users is kept
+    (:meth:`sampled_units`), so the runner checks them against the ledger's Binomial(U, q)."""
+
+    def __init__(self, inputs: RunInputs) -> None:
+        super().__init__(inputs)
+        self.sampled_sizes: list[tuple[int, int]] = []  # (step, users) of each training step this process took
 
     def build_roles(self) -> None:
         s, n_users = self.settings, self.train.n_users
@@ -356,6 +361,13 @@ class DPAMRun(RecommenderRun):
     def steps_taken(self) -> int:
         return self.rounds * self.schedule.steps_per_epoch
 
+    def sampled_units(self) -> list[tuple[int, int]]:
+        """(step, users) of each training step since this process started or resumed: the step's 0-based
+        index in the run (a resumed run's continue from the checkpoint's :meth:`steps_taken`) and how many
+        users its Poisson sample held (:class:`dpsweep.mechanisms.private_step.SampledUnits`). A probe's
+        or a memory iteration's fixed batch of B users is no training step: not among them."""
+        return list(self.sampled_sizes)
+
     def local_users(self) -> torch.Tensor:
         """The round's user embeddings, on each user's side: their exact solve against the released items."""
         return als.client_embeddings(self.module.model, self.train, self.reg)
@@ -377,9 +389,10 @@ class DPAMRun(RecommenderRun):
 
     def train_epoch(self, epoch: int, stages: Stages) -> dict[str, float]:
         users = self.local_users()
-        rate = self.schedule.inclusion_probability
-        for _ in range(self.schedule.steps_per_epoch):
+        rate, first = self.schedule.inclusion_probability, self.steps_taken()
+        for i in range(self.schedule.steps_per_epoch):
             sampled = sgd.sample_users(self.train.n_users, rate, self.generator["sampling"])
+            self.sampled_sizes.append((first + i, len(sampled)))
             self._step(users, sampled, stages, apply=True)
             stages.stepped()
         with torch.no_grad():
