@@ -7,6 +7,7 @@ import torch
 from helpers import Composer
 
 from dpsweep import tasks
+from dpsweep.config import population
 from dpsweep.mechanisms.private_step import SampledUnits
 from dpsweep.run import runner
 from dpsweep.tasks.recommender import sgd
@@ -60,6 +61,9 @@ def test_dpam_counts_the_users_of_each_training_step_and_a_resumed_run_continues
     run.train_epoch(1, NoStages())
     assert list(run.sampled_units()) == list(enumerate(expected))
     assert len(set(expected)) > 1, "Poisson samples: their sizes vary"
+    # the check reads them against Binomial(N, q) of the plan and ledger: N is the users sampled from, q their rate
+    assert population(run.cfg, run.inputs.plan.facts.n_train) == run.train.n_users
+    assert {q for _, q, _ in run.privacy_ledger().dpsgd_segments()} == {run.schedule.inclusion_probability}
 
     # a resumed run: another process, from the checkpoint's parts; its steps continue from steps_taken()
     resumed, resumed_parts = _started(make_cfg)
