@@ -111,6 +111,11 @@ class BlackBox(Attachment):
         assert self.canaries is not None, "training_set first"
         return self.canaries.as_users(units)
 
+    def sampled_population(self, planned: int) -> int:
+        """The canaries change the set the run samples (:meth:`black_box.InputCanaries.sampled_population`)."""
+        assert self.canaries is not None, "the run did not take its training set from the audit"
+        return self.canaries.sampled_population(planned)
+
     def result(self, run: PrivateRun, claim: Ledger) -> dict[str, float]:
         assert self.canaries is not None, "the run did not take its training set from the audit"
         a = self.audit

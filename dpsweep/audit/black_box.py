@@ -82,6 +82,14 @@ class InputCanaries:
         ]
         return torch.cat(parts).to(torch.float64)
 
+    def sampled_population(self, planned: int) -> int:
+        """The units of :meth:`training_set`, from the ``planned`` N of the original set: the m canaries
+        taken out and the included ones put back (N − m + included), or, at user level (``added``), each
+        included canary a user of its own (N + included). Sampled at the plan's rate q, a step's batch
+        is then Binomial(that, q) (the sampling check, :mod:`dpsweep.privacy.sampling`)."""
+        included = int(self.included.sum())
+        return planned + included if self.added else planned - self.count + included
+
     def as_users(self, units: Tensor) -> Tensor:
         """At user level (``added``): the training examples' users ``units`` (0..U−1), then each included
         canary a user of its own (U, U + 1, ...): adding or removing one user, the unit of the run's ε."""

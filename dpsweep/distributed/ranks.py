@@ -13,6 +13,7 @@ A process is a rank of a run only when dpsweep started it (``dpsweep.process.RAN
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -93,3 +94,23 @@ def gathered(value: T) -> list[T]:
     values: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(values, value)
     return values
+
+
+def summed_by_step(counts: Sequence[tuple[int, int | None]]) -> list[tuple[int, int | None]]:
+    """Over every rank, each step's counts summed: ``counts`` is this rank's (step, units) of each step it
+    took (its share of the step's batch; None: it did not count it); returns, on every rank alike, (step,
+    the ranks' sum) in step order, None where any rank did not count the step. A collective: every rank
+    calls it, with an empty ``counts`` too. Aligned by step index, so a step that one rank did not take
+    adds nothing there (under :class:`~dpsweep.distributed.PoissonAcrossRanks` every rank yields every
+    step, an empty share included, so the ranks' steps are the same)."""
+    return sum_by_step(gathered([(int(t), None if b is None else int(b)) for t, b in counts]))
+
+
+def sum_by_step(per_rank: Sequence[Sequence[tuple[int, int | None]]]) -> list[tuple[int, int | None]]:
+    """:func:`summed_by_step`'s sum of every rank's ``counts`` (in rank order), by step."""
+    summed: dict[int, int | None] = {}
+    for mine in per_rank:
+        for t, b in mine:
+            so_far = summed.get(t, 0)
+            summed[t] = None if so_far is None or b is None else so_far + b
+    return sorted(summed.items())

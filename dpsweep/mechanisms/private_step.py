@@ -200,3 +200,10 @@ class Attachment:
     def end_tags(self) -> dict[str, str]:
         """Tags of the run once :meth:`result` has read it (e.g. the sampling check's verdict)."""
         return {}
+
+    def sampled_population(self, planned: int) -> int:
+        """How many units (examples, or users) the set the run samples from holds, given ``planned``: the
+        plan's N, or what the attachments before this one made it. ``planned`` unless this attachment
+        changes the training set (:meth:`PrivateRun.wrap_training_set`: a black-box audit's canaries); read
+        after training by the sampling check, whose Binomial(N, q) is of that set."""
+        return planned
