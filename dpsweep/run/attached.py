@@ -121,8 +121,6 @@ def sampling_check(inputs: tasks.RunInputs, task_run: tasks.TaskRun) -> Sampling
     if privacy.sample_rate is None:
         return "not checked: the mechanism samples nothing (a fixed order)"
     planned = population(cfg, inputs.plan.facts.n_train)  # the whole run's, not a rank's shard
-    if inputs.ranks.distributed and isinstance(task_run, PrivateRun) and not isinstance(task_run, SampledUnits):
-        return "not checked: its private step counts one process's batches, not a rank's share"  # see report
     if isinstance(task_run, PrivateRun):
         return SamplingCheck(planned, inputs.ranks)
     if isinstance(task_run, SampledUnits):

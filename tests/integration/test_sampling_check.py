@@ -72,19 +72,12 @@ def test_the_sampling_check_tags_the_run(
     assert tags["sampling.test"] == "count" and "\n" not in tags["sampling.refused"]
 
 
-RECOMMENDER = ["task=recommender", "dataset.num_users=400", "dataset.held_out_users=60", "dataset.items=150",
-               "dataset.mean_ratings=15", "train.batch_size=100", "task.method=dpam", "dp.mechanism=dpsgd",
-               "dp.noise_multiplier=1", "train.epochs=1"]  # fmt: skip
-
-
 @pytest.mark.parametrize(
     ("args", "why"),
     [
         (["dp.mechanism=dpftrl", "train.epochs=1"], "samples nothing"),
-        (RECOMMENDER, "no private step"),
-        (["audit.mode=black_box", "dp.target_epsilon=1", "train.epochs=1"], "black-box audit"),
     ],
-    ids=["dpftrl", "recommender", "black_box"],
+    ids=["dpftrl"],
 )
 def test_a_run_the_check_cannot_read_is_tagged_not_checked(
     make_cfg: Composer, client: MlflowClient, args: list[str], why: str

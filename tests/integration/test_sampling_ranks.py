@@ -22,10 +22,6 @@ def test_a_black_box_audit_run_is_checked_and_passes(make_cfg: Composer, client:
     assert run.data.tags["sampling.check"] == "passed", run.data.tags
 
 
-# Strict: the classifier's Opacus step is built on one process only (dpsweep/tasks/classifier/task.py,
-# ``if sigma is not None and not self.ranks.distributed``), so a run across ranks has no private step to
-# count its shares in; once it has, and attached.sampling_check's line refusing that is gone, this passes.
-@pytest.mark.xfail(strict=True, reason="the classifier's private step is one process's (see the comment)")
 @pytest.mark.slow  # about 25 s: one 2-rank run on 2 cores
 def test_an_honest_run_across_two_ranks_is_checked_on_its_summed_batches(tmp_path: Path) -> None:
     done = run_script("dpsweep", *RUN, "train.devices=2", cwd=tmp_path)

@@ -179,7 +179,7 @@ class ClassifierRun:
                 )
         self.loader, self.generator = loader, generators
         before_step = None
-        if sigma is not None and not self.ranks.distributed:  # the step at the loader's own rate
+        if sigma is not None:  # the step at the loader's own rate (across ranks: this rank's share's sampler)
             assert isinstance(self.optimizer, DPOptimizer) and self.max_grad_norm is not None
             sampler: Any = loader.batch_sampler
             rate = lambda: float(sampler.sample_rate)  # noqa: E731
