@@ -61,7 +61,7 @@ class SamplingCheck(Attachment):
 
     def __init__(self, population: int, ranks: Ranks, counted: SampledUnits | None = None) -> None:
         """``counted``: a task run's own counts; None: counted in its private step (:meth:`after_start`)."""
-        self.population, self.ranks = population, ranks
+        self.planned, self.ranks = population, ranks  # N as planned; the set sampled: see result
         self.sizes = BatchSizes()
         self.counted = counted
         self.checked: sampling.Checked | None = None
@@ -79,8 +79,9 @@ class SamplingCheck(Attachment):
     def end_epoch(self, optimizer: torch.optim.Optimizer) -> None:
         self.sizes.active = False
 
-    def result(self, run: object, claim: Ledger) -> dict[str, float]:
-        """After the final epoch, on every rank (across ranks: a collective)."""
+    def result(self, run: object, claim: Ledger, sampled: int | None = None) -> dict[str, float]:
+        """After the final epoch, on every rank (across ranks: a collective); ``sampled``: the units of the
+        set the run sampled, where its attachments changed it (None: :attr:`planned`)."""
         counted = self.sizes.sizes if self.counted is None else self.counted.sampled_units()
         sizes: Sequence[tuple[int, int | None]] = list(counted)
         if self.ranks.distributed:  # every rank, whatever it counted: the decision below is alike on all
@@ -97,7 +98,7 @@ class SamplingCheck(Attachment):
             self.not_checked = "not checked: a ledger rate of 1 (every unit in every step)"
             return {}
         q = [rates[min(t, len(rates) - 1)] for t, _ in sizes]
-        self.checked = sampling.check(counts, q, self.population)
+        self.checked = sampling.check(counts, q, self.planned if sampled is None else sampled)
         if self.checked.refused() and self.ranks.leader:
             print(f"dpsweep: not for release: sampling refused: {self.checked.why()}", file=sys.stderr, flush=True)
         return {"sampling_statistic": self.checked.statistic, "sampling_p_value": self.checked.p_value}
@@ -200,11 +201,12 @@ class Attached:
         if self.run is None and self.check is None:
             return {}
         claim = task_run.privacy_ledger()
-        metrics = {}
+        metrics: dict[str, float] = {}
         if self.run is not None:
             metrics = {k: v for a in self.attachments for k, v in a.result(self.run, claim).items()}
         if self.check is not None:
+            sampled = self.check.planned
             for a in self.attachments:
-                self.check.population = a.sampled_population(self.check.population)
-            metrics |= self.check.result(task_run, claim)
+                sampled = a.sampled_population(sampled)
+            metrics |= self.check.result(task_run, claim, sampled)
         return metrics

@@ -273,6 +273,7 @@ def test_a_killed_rank_leaves_no_running_run_nor_process_and_the_run_resumes(tmp
     for key in ("epsilon", "epsilon_rdp"):
         assert runs[0].data.metrics[key] == uninterrupted.data.metrics[key], key
     assert runs[0].data.tags["dp.steps"] == uninterrupted.data.tags["dp.steps"]
+    assert runs[0].data.tags["sampling.check"] == "passed", runs[0].data.tags  # the steps since it resumed
 
 
 def test_the_one_mlflow_run_is_tracked_by_rank_0(tmp_path: Path) -> None:
@@ -303,6 +304,7 @@ def test_a_run_across_ranks_with_ghost_clipping_logs_one_processs_epsilon(tmp_pa
     assert run.info.status == "FINISHED" and run.data.params["dp.grad_sample_mode"] == "ghost"
     assert run.data.metrics["epsilon"] == pytest.approx(planned, rel=1e-6)
     assert run.data.metrics["test_accuracy"] > 0.3  # it learns (chance: 0.1)
+    assert run.data.tags["sampling.check"] == "passed", run.data.tags  # ghost keeps no per-sample gradients
 
 
 @pytest.mark.slow  # about 40 s: two 2-rank runs
@@ -320,6 +322,9 @@ def test_a_physical_batch_split_across_ranks_trains_the_same_run(tmp_path: Path)
     assert split.params["train.physical_batch_size"] == "16"
     assert split.metrics["epsilon"] == pytest.approx(whole.metrics["epsilon"], rel=1e-12)
     assert split.metrics["test_accuracy"] == pytest.approx(whole.metrics["test_accuracy"], abs=0.01)
+    # the same draws, each rank's share counted once over its passes: the same batch sizes, the same statistic
+    assert split.tags["sampling.check"] == whole.tags["sampling.check"] == "passed", split.tags
+    assert split.metrics["sampling_statistic"] == whole.metrics["sampling_statistic"]
 
 
 @pytest.mark.slow  # about 60 s: a sweep of two 2-rank runs, then the same sweep again

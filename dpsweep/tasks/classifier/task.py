@@ -183,7 +183,7 @@ class ClassifierRun:
             assert isinstance(self.optimizer, DPOptimizer) and self.max_grad_norm is not None
             sampler: Any = loader.batch_sampler
             rate = lambda: float(sampler.sample_rate)  # noqa: E731
-            opacus = OpacusStep(self.optimizer, self.plain_model, self.max_grad_norm, rate)
+            opacus = OpacusStep(self.optimizer, self.plain_model, self.max_grad_norm, rate, self.engine)
             self.step, before_step = opacus.step, opacus.before_step
         self.trainer = Trainer(self.model, self.optimizer, self.criterion, device, before_step)
         self.batches = loader

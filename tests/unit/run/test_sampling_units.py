@@ -15,16 +15,19 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import Composer
+from torch.utils.data import TensorDataset
 
 import dpsweep.run.attached
+from dpsweep.audit.black_box import InputCanaries
 from dpsweep.config import to_config
 from dpsweep.data.facts import DatasetFacts
-from dpsweep.distributed.ranks import Ranks, summed_by_step
+from dpsweep.distributed.ranks import summed_by_step
+from dpsweep.mechanisms.private_step import Attachment
 from dpsweep.plan import prepare
 from dpsweep.privacy import ledger
 from dpsweep.privacy.ledger import Ledger
 from dpsweep.privacy.streams import Streams
-from dpsweep.run.attached import Attached, SamplingCheck
+from dpsweep.run.attached import Attached
 from dpsweep.tasks import RunInputs
 
 DIGITS = DatasetFacts(1437, (1, 28, 28), 10)
@@ -69,7 +72,7 @@ CHECK_NOTE = "sampling.check"  # where a run has no check, Attached.tags() says 
 def test_other_attachments_still_need_a_private_run(make_cfg: Composer) -> None:
     toy = ToyCountedRun(1437, 0.03, 0.03, 10)
     with pytest.raises(TypeError, match="not a private run"):
-        Attached(toy, [SamplingCheck(1437, Ranks())])  # type: ignore[arg-type]
+        Attached(toy, [Attachment()])  # type: ignore[arg-type]
 
 
 def _free_port() -> int:
@@ -104,3 +107,18 @@ def test_each_steps_shares_are_summed_over_a_gloo_group_of_two(tmp_path: Path) -
 def test_the_runner_asks_the_audit_not_its_modes_name() -> None:
     source = Path(dpsweep.run.attached.__file__).read_text()
     assert '"black_box"' not in source and "'black_box'" not in source
+
+
+@pytest.mark.parametrize("added", [False, True], ids=["example_level", "user_level"])
+def test_a_black_box_audit_declares_the_set_it_samples(added: bool) -> None:
+    """Example level: N - m + the included canaries, the size of the set the run samples; user level
+    (``added``): every user, and each included canary a user of its own, U + the included."""
+    train = TensorDataset(torch.randn(300, 4), torch.randint(0, 10, (300,)))
+    canaries = InputCanaries(train, num_classes=10, count=40, seed=3, added=added)
+    included = int(canaries.included.sum())
+    assert 0 < included < 40
+    if added:
+        assert canaries.sampled_population(120) == 120 + included  # 120 users own the 300 examples
+        assert len(canaries.training_set()) == 300 + included  # type: ignore[arg-type]
+    else:
+        assert canaries.sampled_population(300) == len(canaries.training_set()) == 300 - 40 + included  # type: ignore[arg-type]
