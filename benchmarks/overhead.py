@@ -324,7 +324,6 @@ def vs_script(args: argparse.Namespace) -> None:
         **versions_and_cpu(),
         "note": args.note,
         "load_average_start": load_start, "load_average_end": load_end,
-        "load_note": "other sessions' work (a slow test run among it) ran on this 2-core VM at the same time",
         "sides": {"dpsweep": "dpsweep train.epochs=E train.progress=false (the default config)",
                   "script": "benchmarks/overhead_script.py --epochs E (Opacus + MLflow by hand, sqlite store)",
                   "bare": "benchmarks/overhead.py --bare (Opacus alone, no MLflow, σ=1.0, eval and ε every epoch)"},
