@@ -95,6 +95,7 @@ def _summing_rank(rank: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # 6-9 s on 2 cores: two spawned processes, each importing torch
 def test_each_steps_shares_are_summed_over_a_gloo_group_of_two(tmp_path: Path) -> None:
     out = str(tmp_path / "summed")
     mp.spawn(_summing_rank, args=(_free_port(), out), nprocs=2)
