@@ -34,6 +34,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from dpsweep.config import ConfigError, TrackingConfig
+from dpsweep.process.shutdown import signals_deferred
 from dpsweep.tracking import (
     EXPERIMENT_KIND,
     EXPERIMENT_KIND_TAG,
@@ -174,10 +175,17 @@ def retry_busy(call: Callable[[], T], conflicts: bool = False) -> T:
     """``call()``, retried with exponential backoff (0.05 s doubling, BUSY_RETRIES attempts) while
     SQLite answers "database is locked" or "busy": concurrent jobs writing one local store. With
     ``conflicts``, also while another writer inserted the same row first (:data:`CONFLICTS`): for a
-    write that reuses a row that exists, the retry then finds it."""
+    write that reuses a row that exists, the retry then finds it.
+
+    Each attempt holds SIGTERM and SIGINT back until it returns (:func:`signals_deferred`; not the sleeps
+    between attempts): an interrupt raised in the middle of a SQLite statement left its cursor alive in
+    the traceback, holding the database's lock, and every later write of the run (its KILLED status
+    among them) then failed as "database is locked" for minutes (a launcher=local job whose driver was
+    killed while the job read its run)."""
     for attempt in range(BUSY_RETRIES):
         try:
-            return call()
+            with signals_deferred():
+                return call()
         except Exception as err:  # MlflowException and SQLAlchemy's OperationalError both carry the text
             text = str(err).lower()
             busy = "database is locked" in text or "busy" in text
