@@ -2,7 +2,7 @@
 (:mod:`dpsweep.mechanisms.private_step`), its sampling kept to the plan's when its training set is another,
 and the final model's per-example score.
 
-    opacus = OpacusStep(optimizer, model, max_grad_norm, sample_rate=lambda: loader.sample_rate)
+    opacus = OpacusStep(optimizer, model, max_grad_norm, lambda: loader.sample_rate, engine)
     trainer = Trainer(model, optimizer, criterion, device, before_step=opacus.before_step)
     step = opacus.step                                 # a PrivateStep: wrappers are appended to it
 
@@ -37,13 +37,13 @@ class OpacusStep:
         model: nn.Module,
         max_grad_norm: float,
         sample_rate: Callable[[], float],
-        engine: PrivacyEngine | None = None,
+        engine: PrivacyEngine,
     ) -> None:
         """``model``: the module whose parameters ``optimizer`` steps (their names); ``max_grad_norm``: the C
         it clips at; ``sample_rate``: its loader's real rate; ``engine``: its privacy engine, whose accountant
         numbers the steps (:attr:`steps`)."""
         names = {id(p): k for k, p in model.named_parameters()}
-        self.optimizer, self.engine, self.counted = optimizer, engine, 0
+        self.optimizer, self.engine = optimizer, engine
         self.batch_units = 0  # the examples of the logical batch so far, over its physical passes
         self.names = [names[id(p)] for p in optimizer.params]
         self.step = PrivateStep(dict(zip(self.names, optimizer.params, strict=True)), max_grad_norm, sample_rate)
@@ -60,9 +60,7 @@ class OpacusStep:
     def steps(self) -> int:
         """The steps the run has taken before the one under way: its engine accountant's (a checkpoint
         restores them on resume; a memory iteration's step is taken out of them again), so that a step's
-        index is its 0-based place in the run, as the ledger's; without an engine, this process's count."""
-        if self.engine is None:
-            return self.counted
+        index is its 0-based place in the run, as the ledger's."""
         return sum(int(steps) for _, _, steps in self.engine.accountant.history)
 
     def before_step(self, examples: int, last: bool) -> None:
@@ -82,8 +80,7 @@ class OpacusStep:
     def _released(self) -> None:
         """Opacus's step hook, after ``add_noise`` and ``scale_grad``: each ``p.grad`` is the noisy sum over the
         expected batch (``loss_reduction="mean"``), ``p.summed_grad`` the clipped sum."""
-        steps = self.steps - 1 if self.engine is not None else self.steps  # its accountant has counted this one
-        self.counted += 1
+        steps = self.steps - 1  # the accountant's hook, called before this one, has counted this step
         counted, self.batch_units = self.batch_units, 0
         if not self.step.wrappers:
             return

@@ -181,6 +181,7 @@ class ClassifierRun:
         before_step = None
         if sigma is not None:  # the step at the loader's own rate (across ranks: this rank's share's sampler)
             assert isinstance(self.optimizer, DPOptimizer) and self.max_grad_norm is not None
+            assert self.engine is not None  # make_private's, above
             sampler: Any = loader.batch_sampler
             rate = lambda: float(sampler.sample_rate)  # noqa: E731
             opacus = OpacusStep(self.optimizer, self.plain_model, self.max_grad_norm, rate, self.engine)
