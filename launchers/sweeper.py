@@ -247,7 +247,7 @@ class PrivateTuning:
         (``dpsweep.tracking.sweeps.release_best``). The parent run, which holds K, is withheld from
         dpsweep-ui's view (tag ``tuning.withheld``), as the trials not released are."""
         from dpsweep.tracking import release_best
-        from dpsweep.tracking.sweeps import void_of
+        from dpsweep.tracking.sweeps import ANALYSIS_TAG, WITHHELD_TAG, void_of
 
         parent, first = session.parent, session.first
         assert parent is not None
@@ -272,8 +272,8 @@ class PrivateTuning:
             "tuning.k": len(self.jobs),  # part of the secret randomness: not for publication
             "tuning.dominant_candidate": self.dominant, "dp.delta": cost.delta,
             "tuning.release": f"the best trial only (by {objective}); publishing K or other trials voids its ε",
-            "tuning.accountant": cost.accountant, "tuning.analysis": cost.analysis,
-            "tuning.withheld": "true",  # dpsweep.tracking.sweeps.WITHHELD_TAG
+            "tuning.accountant": cost.accountant, ANALYSIS_TAG: cost.analysis,
+            WITHHELD_TAG: "true",
         })  # fmt: skip
         best_text = f"run {best[:8]}" if best is not None else "no finished trial"
         void = void_of(uri, parent.run_id)
