@@ -276,8 +276,9 @@ def test_a_killed_rank_leaves_no_running_run_nor_process_and_the_run_resumes(tmp
     assert runs[0].data.tags["sampling.check"] == "passed", runs[0].data.tags  # the steps since it resumed
 
 
+@pytest.mark.slow  # about 25 s: two ranks starting torch, gloo and Opacus
 def test_the_one_mlflow_run_is_tracked_by_rank_0(tmp_path: Path) -> None:
-    """(fast) A 2-rank run of one epoch: one run, FINISHED, its params saying train.devices=2."""
+    """A 2-rank run of one epoch: one run, FINISHED, its params saying train.devices=2."""
     done = run_script("dpsweep", *RUN[:2], "train.epochs=1", "train.devices=2", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     runs = child_runs(tmp_path)

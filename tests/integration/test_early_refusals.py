@@ -138,7 +138,9 @@ def test_a_refusal_imports_no_torch(tmp_path: Path, args: list[str]) -> None:
     [
         # Hydra's resolver of the job's own config: only the app has it; the early checks leave it to the app
         (["train.checkpoint_dir=${hydra:runtime.output_dir}/ck"], "outputs"),
-        (["hydra.mode=MULTIRUN", "train.seed=0,1"], "multirun"),  # Hydra's other spelling of -m: a sweep
+        pytest.param(  # Hydra's other spelling of -m: a sweep (slow: about 13 s, two jobs)
+            ["hydra.mode=MULTIRUN", "train.seed=0,1"], "multirun", marks=pytest.mark.slow
+        ),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )
