@@ -30,6 +30,7 @@ import numpy as np
 from scipy import signal, special
 
 from dpsweep.errors import InputError
+from dpsweep.interop.dp_accounting_private import deltas_for_epsilons
 from dpsweep.privacy import calibrate
 from dpsweep.privacy.ledger import Accounting, Leaf, Ledger, beyond_discretised, coarse, epsilon, leaves, pld_of
 
@@ -280,7 +281,7 @@ def profile(
     while float(pld.get_delta_for_epsilon(end)) > floor:
         end *= 2
     epsilons = np.linspace(0.0, end, points)
-    deltas = np.asarray(pld.get_delta_for_epsilon(epsilons), dtype=float)
+    deltas = deltas_for_epsilons(pld, epsilons)  # dp-accounting's figures, read in numpy (its loop: 0.5 s)
     rise = float(np.max(deltas - np.minimum.accumulate(deltas)))
     return Profile(epsilons, deltas, max(floor, 10 * rise))
 

@@ -9,6 +9,7 @@ import importlib.util
 import inspect
 from types import ModuleType
 
+import numpy as np
 import optuna
 import pytest
 import torch
@@ -138,3 +139,23 @@ def test_torchvision_door_lists_a_flowers_split() -> None:
     dataset._image_files = ["a.jpg"]
     assert [p.name for p in torchvision_private.image_files(dataset)] == ["a.jpg"]
     assert torchvision_private.image_files(object()) == []
+
+
+@pytest.mark.parametrize(
+    ("sigma", "sample_rate", "steps"),
+    [(1.0, 64 / 1437, 23), (1.1, 256 / 60000, 2000), (5.0, 1.0, 1)],
+    ids=["digits default", "mnist-like", "gaussian"],
+)
+def test_dp_accounting_door_reads_the_profile_as_dp_accounting(sigma: float, sample_rate: float, steps: int) -> None:
+    """The numpy read of a PLD's δ(ε) gives dp-accounting's own figures, both directions and the mass at
+    infinity included (a subsampled PLD is asymmetric; σ=5 at q=1 a plain Gaussian)."""
+    from dp_accounting import pld
+
+    built = pld.privacy_loss_distribution.from_gaussian_mechanism(
+        sigma, sampling_prob=sample_rate, value_discretization_interval=1e-4, use_connect_dots=True
+    ).self_compose(steps)
+    epsilons = np.concatenate((np.linspace(0.0, 12.0, 1201), [np.inf]))
+    expected = np.asarray(built.get_delta_for_epsilon(epsilons), dtype=float)
+    got = dp_accounting_private.deltas_for_epsilons(built, epsilons)
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-300)
+    assert expected[0] > 0.05 and expected[-2] < 1e-3  # the grid spans the profile's range
