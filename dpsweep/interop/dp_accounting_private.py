@@ -52,8 +52,8 @@ def deltas_for_epsilons(pld: Any, epsilons: np.ndarray) -> np.ndarray:
 
     Private names: ``PrivacyLossDistribution._pmf_remove``, ``._pmf_add`` and ``._symmetric``;
     ``DensePLDPmf._lower_loss``, ``._probs``, ``._discretization`` and ``._infinity_mass``."""
-    epsilons = np.asarray(epsilons, dtype=float)
-    if np.any(np.diff(epsilons) < 0):
+    epsilons = np.atleast_1d(np.asarray(epsilons, dtype=float))
+    if not np.all(np.diff(epsilons) >= 0):  # dp-accounting's own check (a NaN fails it too)
         raise ValueError("epsilons must be in ascending order, as dp-accounting requires")
     pmfs = [pld._pmf_remove] if pld._symmetric else [pld._pmf_remove, pld._pmf_add]
     deltas = [_pmf_deltas(pmf, epsilons) for pmf in pmfs]

@@ -10,15 +10,19 @@ interpreter's teardown (CPython's private ``threading._shutdown`` and ``atexit._
 without, on a shared machine), so it was removed: a process ends as Python ends it.
 
 One public step is kept before that exit. The teardown clears the modules and runs full collections of
-every object as it goes: about 2 CPU-s in a process that imported torch, Opacus and MLflow, a fifth of a
-default 1-epoch run. :func:`run_then_exit` collects once (what the run left in reference cycles is
-finalised now, while every module is intact), then ``gc.freeze()`` moves what is still alive out of the
-collector's reach, so the teardown's collections find nothing to walk: the default run took 9.5 CPU-s
-and 10.5 s before, 8.1 CPU-s and 9.1 s after, pinned to one core (``benchmarks/overhead.py --vs-script``
-has the pair). Threads, atexit handlers, the streams and temporary directories end as before; objects
-still referenced by a module at the exit may not be finalised, as Python never promised ("It is not
-guaranteed that ``__del__()`` methods are called for objects that still exist when the interpreter
-exits", the language reference, Data model, ``object.__del__``).
+every object as it goes (about 1.4 CPU-s for the default run; about 1.5 for the hand-written script of
+``benchmarks/overhead.py --vs-script``, which imports the same torch, Opacus and MLflow).
+:func:`run_then_exit` collects once (what the run left in reference cycles is finalised now, while every
+module is intact), then ``gc.freeze()`` moves what is still alive out of the collector's reach, so the
+teardown's collections find nothing to walk: the default 1-epoch run, pinned to one core, took 9.5 CPU-s
+and 10.5 s before, 8.1 CPU-s and 9.1 s after (three runs each, 2026-11-29). Threads, atexit handlers,
+``weakref.finalize`` callbacks (temporary directories), logging's handlers and the standard streams end
+as before. What is still reachable from a module when the process exits is not finalised: a module's
+dict outlives its module in a reference cycle that only a collection frees, so a file left open in a
+global loses what it had buffered. Python never promised otherwise ("It is not guaranteed that
+``__del__()`` methods are called for objects that still exist when the interpreter exits", the language
+reference, Data model, ``object.__del__``); the rule here is that whatever must be flushed or closed is
+closed by the code that opened it (``with``), or through ``atexit`` or ``weakref.finalize``.
 
 :func:`run_then_exit` runs ``main`` and exits with the code Python would exit with. An uncaught
 exception other than SystemExit is left to Python (its traceback), except, for a command (``prog``),
@@ -98,6 +102,7 @@ def run_then_exit(main: Callable[[], int | None], prog: str | None = None) -> No
         if prog is None:
             raise
         code = interrupted(prog, stop)
-    gc.collect()  # what the run left in reference cycles is finalised now, every module intact
-    gc.freeze()  # the teardown's collections then skip what is left (module docstring)
+    with contextlib.suppress(KeyboardInterrupt):  # a Ctrl-C now: the run is over, its code stands
+        gc.collect()  # what the run left in reference cycles is finalised now, every module intact
+        gc.freeze()  # the teardown's collections then skip what is left (module docstring)
     sys.exit(code)

@@ -7,7 +7,9 @@ import copy
 import importlib
 import importlib.util
 import inspect
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import optuna
@@ -141,21 +143,40 @@ def test_torchvision_door_lists_a_flowers_split() -> None:
     assert torchvision_private.image_files(object()) == []
 
 
-@pytest.mark.parametrize(
-    ("sigma", "sample_rate", "steps"),
-    [(1.0, 64 / 1437, 23), (1.1, 256 / 60000, 2000), (5.0, 1.0, 1)],
-    ids=["digits default", "mnist-like", "gaussian"],
-)
-def test_dp_accounting_door_reads_the_profile_as_dp_accounting(sigma: float, sample_rate: float, steps: int) -> None:
-    """The numpy read of a PLD's δ(ε) gives dp-accounting's own figures, both directions and the mass at
-    infinity included (a subsampled PLD is asymmetric; σ=5 at q=1 a plain Gaussian)."""
+def _gaussian_pld(sigma: float, sample_rate: float, steps: int) -> object:
     from dp_accounting import pld
 
-    built = pld.privacy_loss_distribution.from_gaussian_mechanism(
+    return pld.privacy_loss_distribution.from_gaussian_mechanism(
         sigma, sampling_prob=sample_rate, value_discretization_interval=1e-4, use_connect_dots=True
     ).self_compose(steps)
-    epsilons = np.concatenate((np.linspace(0.0, 12.0, 1201), [np.inf]))
+
+
+def _randomized_response_pld() -> object:  # a sparse PMF of a few points
+    from dp_accounting import pld
+
+    return pld.privacy_loss_distribution.from_randomized_response(0.2, 4, value_discretization_interval=1e-3)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: _gaussian_pld(1.0, 64 / 1437, 23),
+        lambda: _gaussian_pld(1.1, 256 / 60000, 2000),
+        lambda: _gaussian_pld(5.0, 1.0, 1),
+        _randomized_response_pld,
+    ],
+    ids=["digits default", "mnist-like", "gaussian", "randomized response (sparse)"],
+)
+def test_dp_accounting_door_reads_the_profile_as_dp_accounting(build: Callable[[], object]) -> None:
+    """The numpy read of a PLD's δ(ε) gives dp-accounting's own figures (to round-off; bit for bit on the
+    development VM): both directions (a subsampled PLD is asymmetric; σ=5 at q=1 a plain Gaussian), the
+    mass at infinity, ε below every loss (δ=1 region), exactly on the loss grid, beyond the largest loss."""
+    built: Any = build()
+    grid = np.linspace(-2.0, 12.0, 1401)  # 0.01 apart: on the grid of 1e-4 and 1e-3 losses (to round-off)
+    epsilons = np.concatenate((grid, [50.0, np.inf]))
     expected = np.asarray(built.get_delta_for_epsilon(epsilons), dtype=float)
     got = dp_accounting_private.deltas_for_epsilons(built, epsilons)
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-300)
     assert expected[0] > 0.05 and expected[-2] < 1e-3  # the grid spans the profile's range
+    with pytest.raises(ValueError, match="ascending"):
+        dp_accounting_private.deltas_for_epsilons(built, np.array([1.0, np.nan]))
