@@ -225,25 +225,17 @@ def versions_and_cpu() -> dict[str, str]:
 
     cpuinfo = Path("/proc/cpuinfo")
     models = [ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines() if ln.startswith("model name")]
+
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", *argv], capture_output=True, text=True, cwd=Path(__file__).parent,
+                              check=False).stdout.strip()  # fmt: skip
+
     return {
         "machine": f"2-core development VM ({platform.machine()}, {os.cpu_count()} cores)",
         "cpu_model": models[0] if models else platform.processor(),
         "python": platform.python_version(),
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).parent,
-            check=False,
-        ).stdout.strip(),
-        "working_tree": subprocess.run(
-            ["git", "status", "--short", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).parent,
-            check=False,
-        ).stdout.strip()
-        or "clean (no tracked file changed)",
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "working_tree": git("status", "--short", "--untracked-files=no") or "clean (no tracked file changed)",
         **{name: version(name) for name in ("torch", "opacus", "mlflow", "hydra-core")},
     }
 
