@@ -55,9 +55,8 @@ def deltas_for_epsilons(pld: Any, epsilons: np.ndarray) -> np.ndarray:
     epsilons = np.atleast_1d(np.asarray(epsilons, dtype=float))
     if not np.all(np.diff(epsilons) >= 0):  # dp-accounting's own check (a NaN fails it too)
         raise ValueError("epsilons must be in ascending order, as dp-accounting requires")
-    pmfs = [pld._pmf_remove] if pld._symmetric else [pld._pmf_remove, pld._pmf_add]
-    deltas = [_pmf_deltas(pmf, epsilons) for pmf in pmfs]
-    return deltas[0] if len(deltas) == 1 else np.maximum(deltas[0], deltas[1])
+    removed = _pmf_deltas(pld._pmf_remove, epsilons)
+    return removed if pld._symmetric else np.maximum(removed, _pmf_deltas(pld._pmf_add, epsilons))
 
 
 def _pmf_deltas(pmf: Any, epsilons: np.ndarray) -> np.ndarray:
