@@ -208,12 +208,11 @@ SCRIPT = Path(__file__).with_name("overhead_script.py")  # the hand-written yard
 VS_SCRIPT_JSON = Path(__file__).parent.parent / "analysis" / "data" / "overhead_vs_script.json"
 GOALS = {1: 1.15, 8: 1.10}  # issue 57: dpsweep's CPU time at most this times the script's, by epochs
 DEFAULT_SIGMA = 1.0  # dpsweep's default dp.noise_multiplier, which the script and the bare side use here
-FROZEN_EXIT = (  # the script, then the exit dpsweep's processes take (dpsweep.process.shutdown.run_then_exit)
-    "import gc, runpy, sys\n"
+FROZEN_EXIT = (  # the script ended by dpsweep's own exit (one collection, gc.freeze()): the two cannot drift
+    "import runpy, sys\n"
+    "from dpsweep.process.shutdown import run_then_exit\n"
     "sys.argv = sys.argv[1:]\n"
-    "runpy.run_path(sys.argv[0], run_name='__main__')\n"
-    "gc.collect()\n"
-    "gc.freeze()\n"
+    "run_then_exit(lambda: runpy.run_path(sys.argv[0], run_name='__main__') and 0)\n"
 )
 
 
@@ -335,8 +334,8 @@ def vs_script(args: argparse.Namespace) -> None:
         "load_average_start": load_start, "load_average_end": load_end,
         "sides": {"dpsweep": "dpsweep train.epochs=E train.progress=false (the default config)",
                   "script": "benchmarks/overhead_script.py --epochs E (Opacus + MLflow by hand, sqlite store)",
-                  "script_frozen_exit": "the same script, then gc.collect() and gc.freeze() before the interpreter's "
-                                        "teardown, as dpsweep's processes exit (no goal: the like-for-like figure)",
+                  "script_frozen_exit": "the same script ended by dpsweep.process.shutdown.run_then_exit (gc.collect() "
+                                        "and gc.freeze() before the teardown; no goal: the like-for-like figure)",
                   "bare": "benchmarks/overhead.py --bare (Opacus alone, no MLflow, σ=1.0, eval and ε every epoch)"},
         "rows": rows, "profile": profile,
         "raw": {str(e): {s: [asdict(t) for t in ts] for s, ts in by_side.items()} for e, by_side in raw.items()},
